@@ -1,0 +1,125 @@
+/* coll.h — the whole public API of libcoll, NCCL-shaped.
+ *
+ * A communicator is a group of `nranks` processes that call the same collectives in
+ * the same order.  Every call returns a coll_result; on failure a sentence saying what
+ * happened is available from coll_comm_last_error().  Counts are in elements, never
+ * bytes.  Collectives are asynchronous when given a stream (they enqueue and return)
+ * and blocking when the stream is NULL.
+ *
+ * This header must never grow a dependency on anything but the C standard library:
+ * programs outside the project compile against it as it is.
+ */
+#ifndef COLL_H
+#define COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define COLL_API __attribute__((visibility("default")))
+#else
+#define COLL_API
+#endif
+
+#define COLL_VERSION_MAJOR 0
+#define COLL_VERSION_MINOR 1
+#define COLL_VERSION_PATCH 0
+#define COLL_VERSION_STRING "0.1.0"
+
+typedef enum {
+  COLL_OK = 0,
+  COLL_ERR_INVALID_ARG,  /* refused up front: nothing was sent */
+  COLL_ERR_SYSTEM,       /* an OS call failed (errno is in the sentence) */
+  COLL_ERR_REMOTE,       /* a peer died or reported an error */
+  COLL_ERR_TIMEOUT,      /* a wait took longer than COLL_TIMEOUT_MS */
+  COLL_ERR_MISMATCH,     /* ranks called different collectives / counts / types */
+  COLL_ERR_UNSUPPORTED,  /* valid, but not possible with this build or machine */
+  COLL_ERR_INTERNAL,     /* a bug in libcoll: please report the sentence */
+  COLL_IN_PROGRESS       /* coll_stream_query: work is still pending */
+} coll_result;
+
+typedef enum {
+  COLL_INT8, COLL_UINT8, COLL_INT32, COLL_UINT32, COLL_INT64, COLL_UINT64,
+  COLL_FLOAT16, COLL_BFLOAT16, COLL_FLOAT32, COLL_FLOAT64
+} coll_dtype;
+#define COLL_NUM_DTYPES 10
+
+typedef enum { COLL_SUM, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG } coll_op;
+#define COLL_NUM_OPS 5
+
+typedef struct coll_comm *coll_comm_t;
+typedef struct coll_stream *coll_stream_t; /* NULL: the call blocks until done */
+typedef struct { unsigned char internal[128]; } coll_unique_id;
+
+/* --- communicators --------------------------------------------------------------- */
+
+/* Opens the rendezvous listener in this process (a background thread serves it until
+ * every rank of the job has joined) and encodes its address plus a random secret.
+ * Hand the id to every rank (fork, a file, MPI_Bcast ...) and call coll_comm_init_rank. */
+COLL_API coll_result coll_get_unique_id(coll_unique_id *id);
+COLL_API coll_result coll_comm_init_rank(coll_comm_t *comm, int nranks, coll_unique_id id,
+                                         int rank);
+/* Reads the launcher's environment: torchrun (RANK, WORLD_SIZE, LOCAL_RANK), Open MPI
+ * (OMPI_COMM_WORLD_*), MPICH/PMI (PMI_RANK, PMI_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_LOCALID); the rendezvous address from COLL_ADDR=host:port or
+ * MASTER_ADDR/MASTER_PORT.  Rank 0 listens there. */
+COLL_API coll_result coll_comm_init_from_env(coll_comm_t *comm);
+/* Waits for this communicator's queued work, then frees it. */
+COLL_API coll_result coll_comm_destroy(coll_comm_t comm);
+/* Fails all pending and future work of the communicator with COLL_ERR_REMOTE, wakes any
+ * thread blocked in it, and frees it once it is idle.  Safe from any thread. */
+COLL_API coll_result coll_comm_abort(coll_comm_t comm);
+COLL_API coll_result coll_comm_rank(coll_comm_t comm, int *rank);
+COLL_API coll_result coll_comm_size(coll_comm_t comm, int *nranks);
+
+COLL_API const char *coll_result_string(coll_result r);
+/* The sentence for the last failure seen by this communicator (comm may be NULL: the
+ * last failure of a call that had no communicator, in this thread). */
+COLL_API const char *coll_comm_last_error(coll_comm_t comm);
+
+/* --- streams: ordered queues of asynchronous work ------------------------------------
+ * Work enqueued on streams runs in call order per communicator.  A stream may carry
+ * work of several communicators.  synchronize waits for everything enqueued so far
+ * and returns the first error any of it met (then clears it). */
+COLL_API coll_result coll_stream_create(coll_stream_t *s);
+COLL_API coll_result coll_stream_destroy(coll_stream_t s); /* synchronizes first */
+COLL_API coll_result coll_stream_synchronize(coll_stream_t s);
+/* COLL_OK when all enqueued work is done (or its error), COLL_IN_PROGRESS otherwise. */
+COLL_API coll_result coll_stream_query(coll_stream_t s);
+
+/* --- collectives ------------------------------------------------------------------- */
+
+COLL_API coll_result coll_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                                    coll_dtype dtype, int root, coll_comm_t comm,
+                                    coll_stream_t s);
+COLL_API coll_result coll_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                 coll_dtype dtype, coll_op op, int root, coll_comm_t comm,
+                                 coll_stream_t s);
+COLL_API coll_result coll_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                     coll_dtype dtype, coll_op op, coll_comm_t comm,
+                                     coll_stream_t s);
+COLL_API coll_result coll_reduce_scatter(const void *sendbuf, void *recvbuf,
+                                         size_t recvcount, coll_dtype dtype, coll_op op,
+                                         coll_comm_t comm, coll_stream_t s);
+COLL_API coll_result coll_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                     coll_dtype dtype, coll_comm_t comm, coll_stream_t s);
+COLL_API coll_result coll_send(const void *buf, size_t count, coll_dtype dtype, int peer,
+                               coll_comm_t comm, coll_stream_t s);
+COLL_API coll_result coll_recv(void *buf, size_t count, coll_dtype dtype, int peer,
+                               coll_comm_t comm, coll_stream_t s);
+COLL_API coll_result coll_barrier(coll_comm_t comm, coll_stream_t s);
+
+/* --- small helpers users of the API keep asking for ------------------------------- */
+
+COLL_API size_t coll_dtype_size(coll_dtype dtype);     /* 0 for an invalid dtype */
+COLL_API const char *coll_dtype_name(coll_dtype dtype); /* "float32", ... or NULL */
+COLL_API const char *coll_op_name(coll_op op);          /* "sum", ... or NULL */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLL_H */
