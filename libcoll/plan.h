@@ -1,0 +1,78 @@
+/* plan.h — algorithms as data.
+ *
+ * An algorithm is a pure function from (collective, count, nranks, rank, root) to this
+ * rank's schedule: an ordered list of steps over element ranges of the user's send and
+ * receive buffers.  The executor streams each step's range through the connector in
+ * slices; because both ends of a connection slice equal-length ranges the same way,
+ * slices pair up without any negotiation.  Nothing here does I/O, allocates behind the
+ * caller's back, or knows about dtypes beyond counting elements: the same schedule is
+ * what the trace prints and what the tests check for invariants.
+ */
+#ifndef COLL_PLAN_H
+#define COLL_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "coll.h"
+
+typedef enum {
+  COLL_COLL_BROADCAST, COLL_COLL_REDUCE, COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
+  COLL_COLL_ALL_GATHER, COLL_COLL_SEND, COLL_COLL_RECV, COLL_COLL_BARRIER
+} coll_coll_kind;
+#define COLL_NUM_COLLS 8
+
+typedef enum { COLL_ALGO_AUTO = 0, COLL_ALGO_RING } coll_algo;
+
+/* Which user buffer a range lives in. */
+typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;
+
+/* One step.  Field use by kind:
+ *   COPY:                 dst <- src                       (local, no peer)
+ *   SEND:                 peer_out <- src
+ *   RECV:                 dst <- peer_in
+ *   RECV_COPY_SEND:       dst <- peer_in; peer_out <- same data
+ *   RECV_REDUCE_SEND:     peer_out <- (peer_in OP src)
+ *   RECV_REDUCE_COPY:     dst <- (peer_in OP src)          (+avg when `final`)
+ *   RECV_REDUCE_COPY_SEND dst <- (peer_in OP src); peer_out <- dst   (+avg when `final`)
+ * A range is (buffer, offset, count) in elements; src and dst always have `count`
+ * elements.  `chunk` is the chunk index the step moves (for the trace), -1 if none. */
+typedef enum {
+  COLL_STEP_COPY, COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_COPY_SEND,
+  COLL_STEP_RECV_REDUCE_SEND, COLL_STEP_RECV_REDUCE_COPY, COLL_STEP_RECV_REDUCE_COPY_SEND
+} coll_step_kind;
+
+typedef struct {
+  coll_step_kind kind;
+  int peer_in, peer_out;   /* -1 when unused */
+  coll_buf src_buf, dst_buf;
+  size_t src_off, dst_off; /* elements */
+  size_t count;            /* elements */
+  int chunk;
+  int final;               /* this step produces the final reduced value (AVG divides) */
+} coll_step;
+
+/* The most steps any algorithm here produces for nranks ranks. */
+size_t coll_plan_max_steps(int nranks);
+
+typedef struct {
+  coll_coll_kind coll;
+  coll_algo algo;
+  size_t count;   /* all_reduce/broadcast/reduce/send/recv: count; reduce_scatter:
+                     recvcount; all_gather: sendcount */
+  int nranks, rank, root; /* root: broadcast/reduce root; send/recv: the peer */
+  int in_place;           /* send and recv buffers are the in-place pair */
+} coll_plan_args;
+
+/* Fills steps[0..*nsteps) (capacity coll_plan_max_steps(nranks)).  Steps with count 0
+ * are left out: both ends of a connection leave out the same ones.  Returns
+ * COLL_ERR_INVALID_ARG for arguments no algorithm can serve. */
+coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *nsteps);
+
+/* Ring chunking: `count` elements split into n chunks whose sizes differ by at most one
+ * (the first count % n chunks are one longer).  Chunk i is [off, off+len). */
+void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
+
+const char *coll_coll_name(coll_coll_kind c);
+const char *coll_step_name(coll_step_kind k);
+
+#endif
