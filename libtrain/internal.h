@@ -1,0 +1,183 @@
+/*
+ * internal.h — what the libtrain sources share and users do not see: the table of layer
+ * kernels ("ops") that the CPU (layers_cpu.c) and CUDA (layers_cuda.cu) back ends both
+ * fill in, the model struct, and small helpers (RNG, hashing, atomic file writes).
+ *
+ * model.c drives the forward and backward passes only through this table and pointer
+ * arithmetic on flat buffers, so one orchestration serves both devices.
+ */
+#ifndef TRAIN_INTERNAL_H
+#define TRAIN_INTERNAL_H
+
+#include "train.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+/* Layer kernels. Shapes in the comments: N = B*T rows. All backward kernels ACCUMULATE
+ * (+=) into their outputs. Pointers are device pointers on the GPU. */
+typedef struct train_ops {
+    const char *name;
+    void *(*alloc)(size_t bytes);        /* zero-filled */
+    void (*release)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    void (*to_device)(void *dst, const void *src, size_t bytes);
+    void (*set_threads)(int threads);
+
+    /* out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) ids */
+    void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    /* dwte, dwpe += scatter of dout (B,T,C) */
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp,
+                             int B, int T, int C);
+    /* out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N) */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C);
+    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C);
+    /* out (N,OC) = inp (N,C) @ w (OC,C)^T + b (OC), b may be NULL */
+    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *b,
+                           int N, int C, int OC);
+    /* dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp; db (OC) += sum_rows dout */
+    void (*matmul_backward)(float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC);
+    /* qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) saves the softmax probabilities */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+    /* dqkv (B,T,3C) +=; datt (B,NH,T,T) is scratch (overwritten) */
+    void (*attention_backward)(float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *att, int B, int T, int C,
+                               int NH);
+    /* out (n) = gelu_tanh(inp) */
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* out (n) = a + b */
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    /* probs (N,V) = softmax(logits); losses (N) = -log probs[target] */
+    void (*crossentropy_forward)(float *losses, float *probs, const float *logits,
+                                 const int *targets, int N, int V);
+    /* dlogits (N,V) += (probs - onehot(target)) * dloss */
+    void (*crossentropy_backward)(float *dlogits, const float *probs, const int *targets,
+                                  float dloss, int N, int V);
+    /* sum of losses (N), accumulated in double */
+    double (*sum)(const float *x, size_t n);
+    /* sum of squares, accumulated in double */
+    double (*sumsq)(const float *x, size_t n);
+    void (*scale)(float *x, float s, size_t n);
+    /* AdamW on one range [0,n) (one tensor); wd = 0 for tensors without decay;
+     * bc1, bc2 are the bias corrections 1 - beta^t (formula in layers_cpu.c) */
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float bc1, float bc2);
+    void (*sync)(void);
+} train_ops;
+
+const train_ops *train_cpu_ops(void);
+/* NULL when CUDA is not built in or no usable GPU is present (reason in err). */
+const train_ops *train_cuda_ops(char *err);
+
+/* Forward activations, views into one allocation (sizes for the B,T of creation). */
+typedef struct train_acts {
+    float *encoded;   /* (B,T,C) */
+    float *ln1;       /* (L,B,T,C) */
+    float *ln1_mean;  /* (L,B,T) */
+    float *ln1_rstd;  /* (L,B,T) */
+    float *qkv;       /* (L,B,T,3C) */
+    float *atty;      /* (L,B,T,C) */
+    float *att;       /* (L,B,NH,T,T) */
+    float *attproj;   /* (L,B,T,C) */
+    float *residual2; /* (L,B,T,C) */
+    float *ln2;       /* (L,B,T,C) */
+    float *ln2_mean;  /* (L,B,T) */
+    float *ln2_rstd;  /* (L,B,T) */
+    float *fch;       /* (L,B,T,4C) */
+    float *fch_gelu;  /* (L,B,T,4C) */
+    float *fcproj;    /* (L,B,T,C) */
+    float *residual3; /* (L,B,T,C) */
+    float *lnf;       /* (B,T,C) */
+    float *lnf_mean;  /* (B,T) */
+    float *lnf_rstd;  /* (B,T) */
+    float *logits;    /* (B,T,V) */
+    float *probs;     /* (B,T,V) */
+    float *losses;    /* (B,T) */
+} train_acts;
+
+/* Backward scratch: one block's worth, reused from the top block down. */
+typedef struct train_scratch {
+    float *dlogits;   /* (B,T,V) */
+    float *dres;      /* (B,T,C) gradient of the residual stream */
+    float *dln;       /* (B,T,C) */
+    float *datty;     /* (B,T,C) */
+    float *dqkv;      /* (B,T,3C) */
+    float *dfch_gelu; /* (B,T,4C) */
+    float *dfch;      /* (B,T,4C) */
+    float *datt;      /* (B,NH,T,T) */
+} train_scratch;
+
+/* Parameter tensors of one block, as pointers into a flat array. */
+typedef struct train_block {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb;
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} train_block;
+
+struct train_model {
+    train_config cfg;
+    train_device dev;
+    const train_ops *ops;
+    int maxB, maxT;        /* batch shape the buffers were sized for */
+    int ntensors;
+    train_param *tensors;
+    size_t nparams;
+    float *params, *grads; /* device */
+    float *adam_m, *adam_v;/* device, allocated on the first step */
+    float *actmem;         /* device */
+    size_t act_floats;
+    train_acts acts;
+    float *scratchmem;
+    train_scratch scr;
+    int *inputs, *targets; /* device (B,T) */
+    int lastB, lastT, have_targets;
+    float last_loss;
+};
+
+/* Views of block l (or of embeddings / final LayerNorm) inside a flat array `base`. */
+void train_block_view(const train_model *m, float *base, int l, train_block *out);
+float *train_tensor(const train_model *m, float *base, const char *name);
+
+/* ---- helpers (util.c) ---- */
+uint64_t train_splitmix64(uint64_t *state);
+float train_rand_uniform(uint64_t *state);      /* [0,1) */
+float train_rand_normal(uint64_t *state);       /* N(0,1), Box-Muller */
+uint64_t train_fnv1a(uint64_t h, const void *p, size_t n);
+#define TRAIN_FNV_INIT 0xcbf29ce484222325ULL
+void train_errf(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+double train_now(void);
+int train_cpu_count(void);
+
+/* Atomic file write: open a temp file next to `path`; commit = fsync, rename, fsync dir;
+ * abort = close and unlink. */
+typedef struct train_atomic {
+    FILE *f;
+    char path[4096];
+    char tmp[4200];
+} train_atomic;
+int train_atomic_open(train_atomic *a, const char *path, char *err);
+int train_atomic_commit(train_atomic *a, char *err);
+void train_atomic_abort(train_atomic *a);
+
+
+
+/* ---- session (session.c), shared with the checkpoint code (ckpt.c) ---- */
+struct train_session {
+    train_options opt;
+    char data_path[4096];
+    train_model *model;
+    train_data *data;
+    train_loader_state pos; /* data position */
+    long step;              /* optimizer steps taken */
+    uint64_t sample_rng;    /* state of the sampling RNG */
+    int *inputs, *targets;  /* host (B,T) */
+    float *logits;          /* host (T,V), for sampling */
+};
+#endif

@@ -1,0 +1,376 @@
+/*
+ * main.c — coll-train: trains the GPT-2-style model of libtrain on one process.
+ *
+ * With no arguments it trains the default small model on the embedded corpus on the CPU.
+ * Every problem with the input (flags, data file, checkpoint) is reported as one line on
+ * stderr, the exit status is non-zero, and nothing is written: all validation happens
+ * before the first file is created, and every file is written atomically.
+ */
+#include "train.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: coll-train [options]\n"
+        "model:\n"
+        "  --layers N        transformer blocks (4)\n"
+        "  --channels N      embedding width, divisible by --heads (128)\n"
+        "  --heads N         attention heads (4)\n"
+        "  --max-seq N       rows of the position table (256)\n"
+        "  --vocab N         vocabulary size; 256 = bytes (256)\n"
+        "training:\n"
+        "  --seq N           tokens per sequence, <= --max-seq (64)\n"
+        "  --batch N         sequences per step (16)\n"
+        "  --steps N         optimizer steps (400)\n"
+        "  --lr X            peak learning rate (3e-3)\n"
+        "  --warmup N        linear warmup steps (20)\n"
+        "  --min-lr-frac X   cosine floor as a fraction of --lr (0.1)\n"
+        "  --weight-decay X  AdamW decoupled weight decay (0.1)\n"
+        "  --clip X          clip the global gradient norm; 0 = off (1.0)\n"
+        "  --seed N          init, data order and sampling seed (1337)\n"
+        "  --device cpu|cuda (cpu)\n"
+        "  --threads N       CPU threads; 0 = all available (0)\n"
+        "data:\n"
+        "  --data FILE       token file (COLLTOK1) or raw text; default: embedded corpus\n"
+        "checkpoints:\n"
+        "  --ckpt-dir DIR    where checkpoints go (created if missing)\n"
+        "  --ckpt-every N    write one every N steps (0 = only at the end)\n"
+        "  --resume FILE     continue from a checkpoint, bit-exactly\n"
+        "evaluation and output:\n"
+        "  --eval-every N    validation loss + a sample every N steps; 0 = off (100)\n"
+        "  --eval-batches N  validation batches per evaluation (8)\n"
+        "  --sample-len N    bytes generated per sample; 0 = none (120)\n"
+        "  --prompt TEXT     start of the sample (a newline)\n"
+        "  --plot FILE.svg   draw the loss curve at the end\n"
+        "  --quiet           only evaluations and the summary\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *msg)
+{
+    fprintf(stderr, "coll-train: %s\n", msg);
+    exit(1);
+}
+
+static long parse_int(const char *flag, const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    char msg[TRAIN_ERRLEN];
+    if (errno || end == s || *end) {
+        snprintf(msg, sizeof msg, "%s: '%s' is not an integer", flag, s);
+        die(msg);
+    }
+    if (v < lo || v > hi) {
+        snprintf(msg, sizeof msg, "%s: %ld is out of range %ld..%ld", flag, v, lo, hi);
+        die(msg);
+    }
+    return v;
+}
+
+static float parse_float(const char *flag, const char *s, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    char msg[TRAIN_ERRLEN];
+    if (errno || end == s || *end || !isfinite(v)) {
+        snprintf(msg, sizeof msg, "%s: '%s' is not a number", flag, s);
+        die(msg);
+    }
+    if (v < lo || v > hi) {
+        snprintf(msg, sizeof msg, "%s: %g is out of range %g..%g", flag, v, lo, hi);
+        die(msg);
+    }
+    return (float)v;
+}
+
+/* Directory part of path must exist and be writable (checked before training). */
+static void check_writable_dir_of(const char *flag, const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    if (access(dir, W_OK) != 0) {
+        char msg[TRAIN_ERRLEN];
+        snprintf(msg, sizeof msg, "%s %s: directory %s is not writable: %s", flag, path, dir,
+                 strerror(errno));
+        die(msg);
+    }
+}
+
+static void print_escaped(const char *s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\n    ", stdout);
+        else if (c >= 32 && c < 127)
+            putchar(c);
+        else
+            printf("\\x%02x", c);
+    }
+    putchar('\n');
+}
+
+enum {
+    O_LAYERS = 256, O_CHANNELS, O_HEADS, O_MAXSEQ, O_VOCAB, O_SEQ, O_BATCH, O_STEPS, O_LR,
+    O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
+    O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
+    O_QUIET, O_HELP
+};
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"layers", required_argument, 0, O_LAYERS},
+        {"channels", required_argument, 0, O_CHANNELS},
+        {"heads", required_argument, 0, O_HEADS},
+        {"max-seq", required_argument, 0, O_MAXSEQ},
+        {"vocab", required_argument, 0, O_VOCAB},
+        {"seq", required_argument, 0, O_SEQ},
+        {"batch", required_argument, 0, O_BATCH},
+        {"steps", required_argument, 0, O_STEPS},
+        {"lr", required_argument, 0, O_LR},
+        {"warmup", required_argument, 0, O_WARMUP},
+        {"min-lr-frac", required_argument, 0, O_MINLR},
+        {"weight-decay", required_argument, 0, O_WD},
+        {"clip", required_argument, 0, O_CLIP},
+        {"seed", required_argument, 0, O_SEED},
+        {"device", required_argument, 0, O_DEVICE},
+        {"threads", required_argument, 0, O_THREADS},
+        {"data", required_argument, 0, O_DATA},
+        {"ckpt-dir", required_argument, 0, O_CKPTDIR},
+        {"ckpt-every", required_argument, 0, O_CKPTEVERY},
+        {"resume", required_argument, 0, O_RESUME},
+        {"eval-every", required_argument, 0, O_EVALEVERY},
+        {"eval-batches", required_argument, 0, O_EVALBATCHES},
+        {"sample-len", required_argument, 0, O_SAMPLELEN},
+        {"prompt", required_argument, 0, O_PROMPT},
+        {"plot", required_argument, 0, O_PLOT},
+        {"quiet", no_argument, 0, O_QUIET},
+        {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0},
+    };
+    train_options o = {
+        .cfg = {.vocab = 256, .max_seq = 256, .layers = 4, .channels = 128, .heads = 4},
+        .hp = train_hparams_default(),
+        .batch = 16,
+        .seq = 64,
+        .seed = 1337,
+        .device = TRAIN_DEVICE_CPU,
+        .threads = 0,
+        .data_path = NULL,
+    };
+    o.hp.steps = 400;
+    const char *ckpt_dir = NULL, *resume = NULL, *plot = NULL, *prompt = "\n";
+    long ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
+    int quiet = 0;
+    char msg[TRAIN_ERRLEN];
+
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        const char *a = optarg;
+        switch (c) {
+        case O_LAYERS: o.cfg.layers = (int)parse_int("--layers", a, 1, 1024); break;
+        case O_CHANNELS: o.cfg.channels = (int)parse_int("--channels", a, 1, 65536); break;
+        case O_HEADS: o.cfg.heads = (int)parse_int("--heads", a, 1, 65536); break;
+        case O_MAXSEQ: o.cfg.max_seq = (int)parse_int("--max-seq", a, 1, 1 << 20); break;
+        case O_VOCAB: o.cfg.vocab = (int)parse_int("--vocab", a, 2, 65536); break;
+        case O_SEQ: o.seq = (int)parse_int("--seq", a, 1, 1 << 20); break;
+        case O_BATCH: o.batch = (int)parse_int("--batch", a, 1, 1 << 20); break;
+        case O_STEPS: o.hp.steps = (int)parse_int("--steps", a, 0, INT_MAX); break;
+        case O_LR: o.hp.lr = parse_float("--lr", a, 0.0, 10.0); break;
+        case O_WARMUP: o.hp.warmup = (int)parse_int("--warmup", a, 0, INT_MAX); break;
+        case O_MINLR: o.hp.min_lr_frac = parse_float("--min-lr-frac", a, 0.0, 1.0); break;
+        case O_WD: o.hp.weight_decay = parse_float("--weight-decay", a, 0.0, 10.0); break;
+        case O_CLIP: o.hp.grad_clip = parse_float("--clip", a, 0.0, 1e30); break;
+        case O_SEED: o.seed = (uint64_t)parse_int("--seed", a, 0, LONG_MAX); break;
+        case O_DEVICE:
+            if (strcmp(a, "cpu") == 0)
+                o.device = TRAIN_DEVICE_CPU;
+            else if (strcmp(a, "cuda") == 0)
+                o.device = TRAIN_DEVICE_CUDA;
+            else {
+                snprintf(msg, sizeof msg, "--device: '%s' is not cpu or cuda", a);
+                die(msg);
+            }
+            break;
+        case O_THREADS: o.threads = (int)parse_int("--threads", a, 0, 4096); break;
+        case O_DATA: o.data_path = a; break;
+        case O_CKPTDIR: ckpt_dir = a; break;
+        case O_CKPTEVERY: ckpt_every = parse_int("--ckpt-every", a, 0, LONG_MAX); break;
+        case O_RESUME: resume = a; break;
+        case O_EVALEVERY: eval_every = parse_int("--eval-every", a, 0, LONG_MAX); break;
+        case O_EVALBATCHES: eval_batches = parse_int("--eval-batches", a, 1, 1 << 20); break;
+        case O_SAMPLELEN: sample_len = parse_int("--sample-len", a, 0, 1 << 20); break;
+        case O_PROMPT: prompt = a; break;
+        case O_PLOT: plot = a; break;
+        case O_QUIET: quiet = 1; break;
+        case O_HELP:
+        case 'h': usage(stdout); return 0;
+        default:
+            if (optopt)
+                snprintf(msg, sizeof msg, "option needs an argument or is unknown: %s (see --help)",
+                         argv[optind - 1]);
+            else
+                snprintf(msg, sizeof msg, "unknown option %s (see --help)", argv[optind - 1]);
+            die(msg);
+        }
+    }
+    if (optind < argc) {
+        snprintf(msg, sizeof msg, "unexpected argument '%s' (see --help)", argv[optind]);
+        die(msg);
+    }
+    if (ckpt_every > 0 && !ckpt_dir)
+        die("--ckpt-every needs --ckpt-dir");
+    if (plot)
+        check_writable_dir_of("--plot", plot);
+
+    /* Everything that can fail on the input fails here, before any file is written. */
+    train_session *s = train_session_create(&o, msg);
+    if (!s)
+        die(msg);
+    if (resume && train_session_load(s, resume, msg) != 0) {
+        train_session_free(s);
+        die(msg);
+    }
+    if (ckpt_dir) {
+        struct stat st;
+        if (stat(ckpt_dir, &st) != 0) {
+            if (mkdir(ckpt_dir, 0755) != 0) {
+                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
+                         strerror(errno));
+                train_session_free(s);
+                die(msg);
+            }
+        } else if (!S_ISDIR(st.st_mode)) {
+            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
+            train_session_free(s);
+            die(msg);
+        }
+    }
+
+    train_model *m = train_session_model(s);
+    const train_config *cfg = train_model_config(m);
+    size_t np = train_num_params(m);
+    const char *devname = "cpu";
+    char gpuname_err[TRAIN_ERRLEN];
+    if (o.device == TRAIN_DEVICE_CUDA)
+        devname = train_cuda_device_name(gpuname_err);
+    double peak = o.device == TRAIN_DEVICE_CUDA ? train_cuda_peak_flops() : 0.0;
+    double fpt = train_flops_per_token(cfg, o.seq);
+    printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
+           "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
+           "activations)\n",
+           cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np,
+           np * 4.0 / 1048576, np * 4.0 / 1048576, np * 8.0 / 1048576,
+           train_activation_bytes(m) / 1048576.0);
+    printf("coll-train: data %s (%zu tokens, 10%% held out)  batch %d x seq %d  steps %d  "
+           "lr %g  device %s\n",
+           train_data_name(train_session_data(s)), train_data_tokens(train_session_data(s)),
+           o.batch, o.seq, o.hp.steps, o.hp.lr, devname ? devname : "cuda");
+    if (resume)
+        printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
+    fflush(stdout);
+
+    long first = train_session_step_count(s) + 1;
+    long total = o.hp.steps, n = total >= first ? total - first + 1 : 0;
+    float *losses = calloc((size_t)n + 1, sizeof *losses);
+    long *vsteps = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vsteps);
+    float *vloss = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vloss);
+    long nv = 0;
+    char *sample = malloc((size_t)sample_len + 1);
+    double t_start = now_s();
+    double tok_total = 0, time_total = 0;
+    train_step_stats st = {0};
+    char path[4200];
+
+    for (long i = 0; i < n; i++) {
+        st = train_session_step(s);
+        losses[i] = st.loss;
+        if (st.step > first) { /* the first step warms caches; keep it out of the mean */
+            tok_total += (double)o.batch * o.seq;
+            time_total += st.ms * 1e-3;
+        }
+        if (!quiet) {
+            printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s",
+                   st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
+            if (peak > 0)
+                printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
+            putchar('\n');
+        }
+        int last = st.step == total;
+        if ((eval_every && st.step % eval_every == 0) || (last && eval_every)) {
+            float vl = train_session_val_loss(s, (int)eval_batches);
+            vsteps[nv] = st.step;
+            vloss[nv++] = vl;
+            printf("eval step %ld | val loss %.6f\n", st.step, vl);
+            if (sample_len > 0) {
+                train_session_sample(s, prompt, (int)sample_len, sample);
+                printf("sample: ");
+                print_escaped(sample, (int)sample_len);
+            }
+        }
+        if (ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
+            if (train_session_save(s, path, msg) != 0) {
+                train_session_free(s);
+                die(msg);
+            }
+            printf("checkpoint %s\n", path);
+        }
+        fflush(stdout);
+    }
+    double wall = now_s() - t_start;
+    printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
+    if (nv)
+        printf(" | val loss %.6f", vloss[nv - 1]);
+    if (time_total > 0) {
+        printf(" | %.0f tok/s", tok_total / time_total);
+        if (peak > 0)
+            printf(" | MFU %.1f%%", 100.0 * fpt * (tok_total / time_total) / peak);
+    }
+    putchar('\n');
+    if (plot) {
+        char title[256];
+        snprintf(title, sizeof title, "coll-train: L=%d C=%d H=%d, batch %d x %d, lr %g",
+                 cfg->layers, cfg->channels, cfg->heads, o.batch, o.seq, o.hp.lr);
+        if (train_plot_svg(plot, first, losses, n, vsteps, vloss, nv, title, msg) != 0) {
+            train_session_free(s);
+            die(msg);
+        }
+        printf("plot %s\n", plot);
+    }
+    free(losses);
+    free(vsteps);
+    free(vloss);
+    free(sample);
+    train_session_free(s);
+    return 0;
+}

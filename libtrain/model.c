@@ -1,0 +1,458 @@
+/*
+ * model.c — the GPT-2-style model: parameter layout, initialisation, and the forward and
+ * backward passes written out layer by layer.
+ *
+ * Layout (one flat float array; gradients and AdamW moments mirror it):
+ *
+ *   wte (V,C) | wpe (maxT,C) | block 0 | block 1 | ... | block L-1 | lnf.w (C) | lnf.b (C)
+ *   block l = ln1.w (C)  ln1.b (C)  attn.qkv.w (3C,C)  attn.qkv.b (3C)
+ *             attn.proj.w (C,C)  attn.proj.b (C)  ln2.w (C)  ln2.b (C)
+ *             mlp.fc.w (4C,C)  mlp.fc.b (4C)  mlp.proj.w (C,4C)  mlp.proj.b (C)
+ *
+ * so a block is one contiguous range (what FSDP gathers, what a DDP bucket covers) and
+ * the LM head reuses wte (tied weights: its gradient is the sum of both uses).
+ *
+ * All arithmetic goes through m->ops (layers_cpu.c or layers_cuda.cu); this file only
+ * does pointer arithmetic, so the same code drives both devices.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK_TENSORS 12
+
+int train_config_check(const train_config *c, char *err)
+{
+    if (c->vocab < 2 || c->vocab > 65536) {
+        train_errf(err, "impossible config: vocab %d must be in 2..65536", c->vocab);
+        return -1;
+    }
+    if (c->layers < 1 || c->layers > 1024) {
+        train_errf(err, "impossible config: layers %d must be in 1..1024", c->layers);
+        return -1;
+    }
+    if (c->heads < 1) {
+        train_errf(err, "impossible config: heads %d must be at least 1", c->heads);
+        return -1;
+    }
+    if (c->channels < 1 || c->channels > 65536) {
+        train_errf(err, "impossible config: channels %d must be in 1..65536", c->channels);
+        return -1;
+    }
+    if (c->channels % c->heads != 0) {
+        train_errf(err, "impossible config: channels %d is not divisible by heads %d",
+                   c->channels, c->heads);
+        return -1;
+    }
+    if (c->max_seq < 1 || c->max_seq > 1 << 20) {
+        train_errf(err, "impossible config: max_seq %d must be in 1..1048576", c->max_seq);
+        return -1;
+    }
+    return 0;
+}
+
+static void add_tensor(train_model *m, const char *name, int layer, int rows, int cols,
+                       int decay)
+{
+    train_param *p = &m->tensors[m->ntensors++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->offset = m->nparams;
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols > 0 ? cols : 1;
+    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    p->decay = decay;
+    p->layer = layer;
+    m->nparams += p->numel;
+}
+
+static void build_layout(train_model *m)
+{
+    const train_config *c = &m->cfg;
+    int C = c->channels;
+    char nm[32];
+    m->tensors = calloc((size_t)c->layers * BLOCK_TENSORS + 4, sizeof *m->tensors);
+    add_tensor(m, "wte", -1, c->vocab, C, 1);
+    add_tensor(m, "wpe", -1, c->max_seq, C, 1);
+    for (int l = 0; l < c->layers; l++) {
+#define T_(suffix, rows, cols, decay)                                                      \
+    snprintf(nm, sizeof nm, "h.%d." suffix, l);                                            \
+    add_tensor(m, nm, l, rows, cols, decay)
+        T_("ln1.w", C, 0, 0);
+        T_("ln1.b", C, 0, 0);
+        T_("attn.qkv.w", 3 * C, C, 1);
+        T_("attn.qkv.b", 3 * C, 0, 0);
+        T_("attn.proj.w", C, C, 1);
+        T_("attn.proj.b", C, 0, 0);
+        T_("ln2.w", C, 0, 0);
+        T_("ln2.b", C, 0, 0);
+        T_("mlp.fc.w", 4 * C, C, 1);
+        T_("mlp.fc.b", 4 * C, 0, 0);
+        T_("mlp.proj.w", C, 4 * C, 1);
+        T_("mlp.proj.b", C, 0, 0);
+#undef T_
+    }
+    add_tensor(m, "lnf.w", -1, C, 0, 0);
+    add_tensor(m, "lnf.b", -1, C, 0, 0);
+}
+
+void train_block_view(const train_model *m, float *base, int l, train_block *o)
+{
+    const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+    float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw,  &o->qkvb,
+                                  &o->projw, &o->projb, &o->ln2w, &o->ln2b,
+                                  &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
+    for (int i = 0; i < BLOCK_TENSORS; i++)
+        *dst[i] = base + t[i].offset;
+}
+
+float *train_tensor(const train_model *m, float *base, const char *name)
+{
+    for (int i = 0; i < m->ntensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0)
+            return base + m->tensors[i].offset;
+    return NULL;
+}
+
+/* Carves the activation views out of one allocation (or, with mem == NULL, counts). */
+static size_t layout_acts(train_model *m, float *mem)
+{
+    const train_config *c = &m->cfg;
+    size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = c->vocab,
+           NH = c->heads, BT = B * T;
+    size_t off = 0;
+    train_acts *a = &m->acts;
+#define A_(field, n)                                                                       \
+    a->field = mem ? mem + off : NULL;                                                     \
+    off += (n)
+    A_(encoded, BT * C);
+    A_(ln1, L * BT * C);
+    A_(ln1_mean, L * BT);
+    A_(ln1_rstd, L * BT);
+    A_(qkv, L * BT * 3 * C);
+    A_(atty, L * BT * C);
+    A_(att, L * B * NH * T * T);
+    A_(attproj, L * BT * C);
+    A_(residual2, L * BT * C);
+    A_(ln2, L * BT * C);
+    A_(ln2_mean, L * BT);
+    A_(ln2_rstd, L * BT);
+    A_(fch, L * BT * 4 * C);
+    A_(fch_gelu, L * BT * 4 * C);
+    A_(fcproj, L * BT * C);
+    A_(residual3, L * BT * C);
+    A_(lnf, BT * C);
+    A_(lnf_mean, BT);
+    A_(lnf_rstd, BT);
+    A_(logits, BT * V);
+    A_(probs, BT * V);
+    A_(losses, BT);
+#undef A_
+    return off;
+}
+
+static size_t layout_scratch(train_model *m, float *mem)
+{
+    size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = m->cfg.vocab,
+           NH = m->cfg.heads, BT = B * T;
+    size_t off = 0;
+    train_scratch *s = &m->scr;
+#define S_(field, n)                                                                       \
+    s->field = mem ? mem + off : NULL;                                                     \
+    off += (n)
+    S_(dlogits, BT * V);
+    S_(dres, BT * C);
+    S_(dln, BT * C);
+    S_(datty, BT * C);
+    S_(dqkv, BT * 3 * C);
+    S_(dfch_gelu, BT * 4 * C);
+    S_(dfch, BT * 4 * C);
+    S_(datt, B * NH * T * T);
+#undef S_
+    return off;
+}
+
+/* GPT-2 initialisation, drawn in layout order from one splitmix64 stream. */
+static void init_params(const train_model *m, float *host, uint64_t seed)
+{
+    uint64_t rng = seed;
+    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
+    for (int i = 0; i < m->ntensors; i++) {
+        const train_param *p = &m->tensors[i];
+        float *x = host + p->offset;
+        const char *dot = strrchr(p->name, '.');
+        int is_ln = strstr(p->name, "ln") != NULL;
+        if (p->ndim == 2) {
+            int resid = strstr(p->name, "attn.proj.w") || strstr(p->name, "mlp.proj.w");
+            float std = resid ? resid_std : 0.02f;
+            for (size_t k = 0; k < p->numel; k++)
+                x[k] = std * train_rand_normal(&rng);
+        } else if (is_ln && dot && strcmp(dot, ".w") == 0) {
+            for (size_t k = 0; k < p->numel; k++)
+                x[k] = 1.0f;
+        } else {
+            memset(x, 0, p->numel * sizeof *x);
+        }
+    }
+}
+
+train_model *train_model_create(const train_config *cfg, int B, int T, train_device dev,
+                                int threads, uint64_t seed, char *err)
+{
+    if (train_config_check(cfg, err) != 0)
+        return NULL;
+    if (B < 1 || T < 1) {
+        train_errf(err, "impossible config: batch %d and sequence length %d must be >= 1", B,
+                   T);
+        return NULL;
+    }
+    if (T > cfg->max_seq) {
+        train_errf(err,
+                   "impossible config: sequence length %d is longer than the position "
+                   "table (max_seq %d)",
+                   T, cfg->max_seq);
+        return NULL;
+    }
+    const train_ops *ops = train_cpu_ops();
+    if (dev == TRAIN_DEVICE_CUDA) {
+        ops = train_cuda_ops(err);
+        if (!ops)
+            return NULL;
+    }
+    train_model *m = calloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->dev = dev;
+    m->ops = ops;
+    m->maxB = B;
+    m->maxT = T;
+    ops->set_threads(threads > 0 ? threads : train_cpu_count());
+    build_layout(m);
+
+    size_t pbytes = m->nparams * sizeof(float);
+    m->act_floats = layout_acts(m, NULL);
+    size_t sfloats = layout_scratch(m, NULL);
+    m->params = ops->alloc(pbytes);
+    m->grads = ops->alloc(pbytes);
+    m->actmem = ops->alloc(m->act_floats * sizeof(float));
+    m->scratchmem = ops->alloc(sfloats * sizeof(float));
+    m->inputs = ops->alloc((size_t)B * T * sizeof(int));
+    m->targets = ops->alloc((size_t)B * T * sizeof(int));
+    if (!m->params || !m->grads || !m->actmem || !m->scratchmem || !m->inputs ||
+        !m->targets) {
+        train_errf(err, "out of %s memory: %zu parameters and %zu activation floats "
+                        "need %.1f MiB",
+                   ops->name, m->nparams, m->act_floats,
+                   (2.0 * pbytes + (m->act_floats + sfloats) * 4.0) / 1048576.0);
+        train_model_free(m);
+        return NULL;
+    }
+    layout_acts(m, m->actmem);
+    layout_scratch(m, m->scratchmem);
+
+    float *host = malloc(pbytes);
+    if (!host) {
+        train_errf(err, "out of host memory for %zu parameters", m->nparams);
+        train_model_free(m);
+        return NULL;
+    }
+    init_params(m, host, seed);
+    ops->to_device(m->params, host, pbytes);
+    free(host);
+    return m;
+}
+
+void train_model_free(train_model *m)
+{
+    if (!m)
+        return;
+    const train_ops *o = m->ops;
+    o->release(m->params);
+    o->release(m->grads);
+    o->release(m->adam_m);
+    o->release(m->adam_v);
+    o->release(m->actmem);
+    o->release(m->scratchmem);
+    o->release(m->inputs);
+    o->release(m->targets);
+    free(m->tensors);
+    free(m);
+}
+
+const train_config *train_model_config(const train_model *m) { return &m->cfg; }
+train_device train_model_device(const train_model *m) { return m->dev; }
+size_t train_num_params(const train_model *m) { return m->nparams; }
+int train_num_tensors(const train_model *m) { return m->ntensors; }
+const train_param *train_param_info(const train_model *m, int i)
+{
+    return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
+}
+size_t train_activation_bytes(const train_model *m) { return m->act_floats * sizeof(float); }
+float *train_params(train_model *m) { return m->params; }
+float *train_grads(train_model *m) { return m->grads; }
+
+void train_copy_params_to_host(const train_model *m, float *dst)
+{
+    m->ops->to_host(dst, m->params, m->nparams * sizeof(float));
+}
+void train_copy_params_from_host(train_model *m, const float *src)
+{
+    m->ops->to_device(m->params, src, m->nparams * sizeof(float));
+}
+void train_copy_grads_to_host(const train_model *m, float *dst)
+{
+    m->ops->to_host(dst, m->grads, m->nparams * sizeof(float));
+}
+void train_copy_logits_to_host(const train_model *m, float *dst)
+{
+    m->ops->to_host(dst, m->acts.logits,
+                    (size_t)m->lastB * m->lastT * m->cfg.vocab * sizeof(float));
+}
+
+double train_flops_per_token(const train_config *c, int T)
+{
+    /* 2 FLOPs per multiply-add; backward costs twice the forward. Matmul weights per
+     * token: 12*L*C^2 (qkv 3C^2, proj C^2, fc 4C^2, fc proj 4C^2) plus the LM head V*C;
+     * attention does q k^T and att v: 2*T*C per layer and token (PaLM's accounting). */
+    double C = c->channels, L = c->layers, V = c->vocab;
+    double n = 12.0 * L * C * C + V * C;
+    return 6.0 * n + 6.0 * 2.0 * L * T * C;
+}
+
+/* ---- forward --------------------------------------------------------------------- */
+
+float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T)
+{
+    const train_ops *o = m->ops;
+    const train_config *c = &m->cfg;
+    int C = c->channels, L = c->layers, V = c->vocab, NH = c->heads;
+    int N = B * T;
+    size_t bt = (size_t)m->maxB * m->maxT;           /* per-layer stride of (B,T) buffers */
+    size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
+    train_acts *a = &m->acts;
+
+    o->to_device(m->inputs, inputs, (size_t)N * sizeof(int));
+    if (targets)
+        o->to_device(m->targets, targets, (size_t)N * sizeof(int));
+    m->lastB = B;
+    m->lastT = T;
+    m->have_targets = targets != NULL;
+
+    float *wte = m->params + m->tensors[0].offset;
+    float *wpe = m->params + m->tensors[1].offset;
+    o->encoder_forward(a->encoded, m->inputs, wte, wpe, B, T, C);
+
+    float *x = a->encoded; /* (B,T,C) input of the current block */
+    for (int l = 0; l < L; l++) {
+        train_block w;
+        train_block_view(m, m->params, l, &w);
+        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * bt,
+              *ln1_rstd = a->ln1_rstd + l * bt, *qkv = a->qkv + l * bt * 3 * C,
+              *atty = a->atty + l * bt * C, *att = a->att + l * batt,
+              *attproj = a->attproj + l * bt * C, *res2 = a->residual2 + l * bt * C,
+              *ln2 = a->ln2 + l * bt * C, *ln2_mean = a->ln2_mean + l * bt,
+              *ln2_rstd = a->ln2_rstd + l * bt, *fch = a->fch + l * bt * 4 * C,
+              *fch_gelu = a->fch_gelu + l * bt * 4 * C, *fcproj = a->fcproj + l * bt * C,
+              *res3 = a->residual3 + l * bt * C;
+
+        o->layernorm_forward(ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, N, C);
+        o->matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * C);
+        o->attention_forward(atty, att, qkv, B, T, C, NH);
+        o->matmul_forward(attproj, atty, w.projw, w.projb, N, C, C);
+        o->residual_forward(res2, x, attproj, (size_t)N * C);
+        o->layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, N, C);
+        o->matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
+        o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
+        o->matmul_forward(fcproj, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
+        o->residual_forward(res3, res2, fcproj, (size_t)N * C);
+        x = res3;
+    }
+    float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
+    float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
+    o->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, N, C);
+    o->matmul_forward(a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
+    if (!targets) {
+        m->last_loss = 0.0f;
+        return 0.0f;
+    }
+    o->crossentropy_forward(a->losses, a->probs, a->logits, m->targets, N, V);
+    m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
+    return m->last_loss;
+}
+
+/* ---- backward -------------------------------------------------------------------- */
+
+void train_zero_grad(train_model *m)
+{
+    m->ops->zero(m->grads, m->nparams * sizeof(float));
+}
+
+void train_backward(train_model *m)
+{
+    if (!m->have_targets)
+        return;
+    const train_ops *o = m->ops;
+    const train_config *c = &m->cfg;
+    int C = c->channels, L = c->layers, V = c->vocab, NH = c->heads;
+    int B = m->lastB, T = m->lastT, N = B * T;
+    size_t NC = (size_t)N * C;
+    size_t bt = (size_t)m->maxB * m->maxT;
+    size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
+    train_acts *a = &m->acts;
+    train_scratch *s = &m->scr;
+
+    float *wte = m->params + m->tensors[0].offset;
+    float *dwte = m->grads + m->tensors[0].offset;
+    float *dwpe = m->grads + m->tensors[1].offset;
+    float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
+    float *dlnfw = m->grads + m->tensors[m->ntensors - 2].offset;
+    float *dlnfb = m->grads + m->tensors[m->ntensors - 1].offset;
+    float *xlast = L > 0 ? a->residual3 + (L - 1) * bt * C : a->encoded;
+
+    /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
+    o->zero(s->dlogits, (size_t)N * V * sizeof(float));
+    o->crossentropy_backward(s->dlogits, a->probs, m->targets, 1.0f / N, N, V);
+    o->zero(s->dln, NC * sizeof(float));
+    o->matmul_backward(s->dln, dwte, NULL, s->dlogits, a->lnf, wte, N, C, V);
+    o->zero(s->dres, NC * sizeof(float));
+    o->layernorm_backward(s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean,
+                          a->lnf_rstd, N, C);
+
+    /* s->dres now holds dloss/d(output of block L-1); walk the blocks top-down. The
+     * residual connections pass dres straight through; each branch adds its part. */
+    for (int l = L - 1; l >= 0; l--) {
+        train_block w, g;
+        train_block_view(m, m->params, l, &w);
+        train_block_view(m, m->grads, l, &g);
+        float *x = l == 0 ? a->encoded : a->residual3 + (l - 1) * bt * C;
+        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * bt,
+              *ln1_rstd = a->ln1_rstd + l * bt, *qkv = a->qkv + l * bt * 3 * C,
+              *atty = a->atty + l * bt * C, *att = a->att + l * batt,
+              *res2 = a->residual2 + l * bt * C, *ln2 = a->ln2 + l * bt * C,
+              *ln2_mean = a->ln2_mean + l * bt, *ln2_rstd = a->ln2_rstd + l * bt,
+              *fch = a->fch + l * bt * 4 * C, *fch_gelu = a->fch_gelu + l * bt * 4 * C;
+
+        /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))) */
+        o->zero(s->dfch_gelu, NC * 4 * sizeof(float));
+        o->matmul_backward(s->dfch_gelu, g.fcprojw, g.fcprojb, s->dres, fch_gelu, w.fcprojw,
+                           N, 4 * C, C);
+        o->zero(s->dfch, NC * 4 * sizeof(float));
+        o->gelu_backward(s->dfch, fch, s->dfch_gelu, NC * 4);
+        o->zero(s->dln, NC * sizeof(float));
+        o->matmul_backward(s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * C);
+        o->layernorm_backward(s->dres, g.ln2w, g.ln2b, s->dln, res2, w.ln2w, ln2_mean,
+                              ln2_rstd, N, C);
+
+        /* attention branch: res2 = x + proj(attention(qkv(ln1(x)))) */
+        o->zero(s->datty, NC * sizeof(float));
+        o->matmul_backward(s->datty, g.projw, g.projb, s->dres, atty, w.projw, N, C, C);
+        o->zero(s->dqkv, NC * 3 * sizeof(float));
+        o->attention_backward(s->dqkv, s->datt, s->datty, qkv, att, B, T, C, NH);
+        o->zero(s->dln, NC * sizeof(float));
+        o->matmul_backward(s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * C);
+        o->layernorm_backward(s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean,
+                              ln1_rstd, N, C);
+    }
+    o->encoder_backward(dwte, dwpe, s->dres, m->inputs, B, T, C);
+}
