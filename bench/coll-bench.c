@@ -591,7 +591,7 @@ static void json_string(FILE *f, const char *s) {
 }
 
 static void json_number(FILE *f, double v) {
-  if (isfinite(v)) fprintf(f, "%.6g", v);
+  if (isfinite(v)) fprintf(f, "%.9g", v);
   else fputs("null", f);
 }
 
@@ -652,7 +652,7 @@ static void csv_place(FILE *f, const bench_opts *o, const place_result *r) {
     fputs(",,,,", f);
     return;
   }
-  fprintf(f, ",%.3f,%.6f,%.6f,", r->time_us, r->algbw, r->busbw);
+  fprintf(f, ",%.9g,%.9g,%.9g,", r->time_us, r->algbw, r->busbw);
   if (o->check) fprintf(f, "%llu", r->wrong);
 }
 
@@ -661,7 +661,7 @@ static void csv_stats(FILE *f, const bench_opts *o, const place_result *r) {
     fputs(",,,,", f);
     return;
   }
-  fprintf(f, ",%.3f,%.3f,%.3f,%.3f", r->min_us, r->p50_us, r->p99_us, r->max_us);
+  fprintf(f, ",%.9g,%.9g,%.9g,%.9g", r->min_us, r->p50_us, r->p99_us, r->max_us);
 }
 
 static void write_csv(run_ctx *x, FILE *f, const bench_data *d, const bench_shape *sh,
