@@ -47,6 +47,7 @@ static void usage(FILE *f)
         "  --ckpt-dir DIR    where checkpoints go (created if missing)\n"
         "  --ckpt-every N    write one every N steps (0 = only at the end)\n"
         "  --resume FILE     continue from a checkpoint, bit-exactly\n"
+        "  --stop-after N    stop after step N (the schedule still ends at --steps)\n"
         "evaluation and output:\n"
         "  --eval-every N    validation loss + a sample every N steps; 0 = off (100)\n"
         "  --eval-batches N  validation batches per evaluation (8)\n"
@@ -141,7 +142,7 @@ enum {
     O_LAYERS = 256, O_CHANNELS, O_HEADS, O_MAXSEQ, O_VOCAB, O_SEQ, O_BATCH, O_STEPS, O_LR,
     O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
     O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
-    O_QUIET, O_HELP
+    O_QUIET, O_HELP, O_STOPAFTER
 };
 
 int main(int argc, char **argv)
@@ -173,6 +174,7 @@ int main(int argc, char **argv)
         {"prompt", required_argument, 0, O_PROMPT},
         {"plot", required_argument, 0, O_PLOT},
         {"quiet", no_argument, 0, O_QUIET},
+        {"stop-after", required_argument, 0, O_STOPAFTER},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -188,7 +190,7 @@ int main(int argc, char **argv)
     };
     o.hp.steps = 400;
     const char *ckpt_dir = NULL, *resume = NULL, *plot = NULL, *prompt = "\n";
-    long ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
+    long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
     int quiet = 0;
     char msg[TRAIN_ERRLEN];
 
@@ -232,6 +234,7 @@ int main(int argc, char **argv)
         case O_PROMPT: prompt = a; break;
         case O_PLOT: plot = a; break;
         case O_QUIET: quiet = 1; break;
+        case O_STOPAFTER: stop_after = parse_int("--stop-after", a, 0, LONG_MAX); break;
         case O_HELP:
         case 'h': usage(stdout); return 0;
         default:
@@ -300,7 +303,10 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     long first = train_session_step_count(s) + 1;
-    long total = o.hp.steps, n = total >= first ? total - first + 1 : 0;
+    long total = o.hp.steps, last_step = total;
+    if (stop_after >= 0 && stop_after < last_step)
+        last_step = stop_after;
+    long n = last_step >= first ? last_step - first + 1 : 0;
     float *losses = calloc((size_t)n + 1, sizeof *losses);
     long *vsteps = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vsteps);
     float *vloss = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vloss);
@@ -325,7 +331,7 @@ int main(int argc, char **argv)
                 printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
             putchar('\n');
         }
-        int last = st.step == total;
+        int last = st.step == last_step;
         if ((eval_every && st.step % eval_every == 0) || (last && eval_every)) {
             float vl = train_session_val_loss(s, (int)eval_batches);
             vsteps[nv] = st.step;

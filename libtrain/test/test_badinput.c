@@ -1,0 +1,211 @@
+/*
+ * test_badinput.c — every bad input makes coll-train exit non-zero with ONE line on
+ * stderr that names the problem, and leaves nothing behind: no checkpoint directory,
+ * no checkpoint, no plot, no temp file (the directory the run was pointed at holds
+ * exactly what it held before).
+ */
+#include <criterion/criterion.h>
+
+#include "helpers.h"
+#include "train.h"
+
+static const char *cli(void)
+{
+    const char *c = getenv("TRAIN_CLI");
+    cr_assert(c, "TRAIN_CLI is not set");
+    return c;
+}
+
+#define SMALL "--layers 1 --channels 32 --heads 2 --seq 16 --batch 2 --steps 2 " \
+              "--eval-every 0 --threads 1"
+
+/* Runs coll-train with args (with %D replaced by dir) plus --ckpt-dir DIR/ck and
+ * --plot DIR/loss.svg, and checks: non-zero exit, one stderr line containing `want`,
+ * and that dir has the same number of entries as before. */
+static void expect_failure(const char *dir, const char *args, const char *want)
+{
+    int before = th_count_entries(dir);
+    char *out = th_fmt("%s/../%s.out", dir, strrchr(dir, '/') + 1);
+    char *err = th_fmt("%s/../%s.err", dir, strrchr(dir, '/') + 1);
+    char *cmd = th_fmt("cd '%s' && %s %s --ckpt-dir '%s/ck' --plot '%s/loss.svg'", dir, cli(),
+                       args, dir, dir);
+    int rc = th_run(cmd, out, err);
+    char *msg = th_read(err, NULL);
+    cr_assert(msg);
+    cr_expect(rc != 0 && rc != -1, "%s: exit status %d, expected a failure", args, rc);
+    size_t len = strlen(msg);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++)
+        lines += msg[i] == '\n';
+    cr_expect(lines == 1 && len > 0 && msg[len - 1] == '\n',
+              "%s: stderr should be exactly one line, got: %s", args, msg);
+    cr_expect(strstr(msg, want) != NULL, "%s: message '%s' does not mention '%s'", args,
+              msg, want);
+    cr_expect(strncmp(msg, "coll-train: ", 12) == 0, "message not prefixed: %s", msg);
+    cr_expect_eq(th_count_entries(dir), before,
+                 "%s: left files behind (%d entries, had %d)", args, th_count_entries(dir),
+                 before);
+    cr_log_info("%-60.60s -> %s", args, msg);
+    unlink(out);
+    unlink(err);
+    free(out), free(err), free(cmd), free(msg);
+}
+
+static char *dir;
+static void setup(void) { dir = th_tmpdir(); }
+static void teardown(void)
+{
+    th_rmrf(dir);
+    free(dir);
+}
+TestSuite(badinput, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(badinput, missing_data_file)
+{
+    expect_failure(dir, SMALL " --data no-such-file.txt", "no-such-file.txt: cannot open");
+}
+
+Test(badinput, empty_data_file)
+{
+    char *p = th_fmt("%s/empty.txt", dir);
+    th_write(p, "", 0);
+    expect_failure(dir, SMALL " --data empty.txt", "empty.txt: empty");
+    free(p);
+}
+
+Test(badinput, corrupt_token_file_size)
+{
+    /* header says 1000 tokens, the file holds 10 */
+    unsigned char f[24 + 20] = "COLLTOK1";
+    f[8] = 1;                   /* version */
+    f[12] = 0, f[13] = 1;       /* vocab 256 */
+    f[16] = 1000 & 0xff, f[17] = 1000 >> 8;
+    char *p = th_fmt("%s/bad.tok", dir);
+    th_write(p, f, sizeof f);
+    expect_failure(dir, SMALL " --data bad.tok", "corrupt token file");
+    free(p);
+}
+
+Test(badinput, corrupt_token_file_ids)
+{
+    int ids[400];
+    for (int i = 0; i < 400; i++)
+        ids[i] = i % 200;
+    char *p = th_fmt("%s/ids.tok", dir), err[TRAIN_ERRLEN];
+    cr_assert_eq(train_tokfile_write(p, ids, 400, 200, err), 0, "%s", err);
+    /* patch token 7 to id 250 >= vocab 200 */
+    FILE *f = fopen(p, "r+b");
+    fseek(f, 24 + 2 * 7, SEEK_SET);
+    fputc(250, f);
+    fclose(f);
+    expect_failure(dir, SMALL " --data ids.tok", "token 7 has id 250 >= vocab 200");
+    free(p);
+}
+
+Test(badinput, token_file_bad_version)
+{
+    unsigned char f[24] = "COLLTOK1";
+    f[8] = 9;
+    char *p = th_fmt("%s/v9.tok", dir);
+    th_write(p, f, sizeof f);
+    expect_failure(dir, SMALL " --data v9.tok", "unsupported token file version 9");
+    free(p);
+}
+
+Test(badinput, data_too_small_for_seq)
+{
+    char *p = th_fmt("%s/tiny.txt", dir);
+    th_write(p, "just a few bytes of text", 24);
+    expect_failure(dir, SMALL " --data tiny.txt", "too small");
+    free(p);
+}
+
+Test(badinput, channels_not_divisible_by_heads)
+{
+    expect_failure(dir, "--channels 30 --heads 4", "channels 30 is not divisible by heads 4");
+}
+
+Test(badinput, seq_longer_than_position_table)
+{
+    expect_failure(dir, "--seq 300 --max-seq 256",
+                   "sequence length 300 is longer than the position table (max_seq 256)");
+}
+
+Test(badinput, bad_flag_value)
+{
+    expect_failure(dir, "--layers four", "--layers: 'four' is not an integer");
+    expect_failure(dir, "--device tpu", "--device: 'tpu' is not cpu or cuda");
+    expect_failure(dir, "--bogus", "unknown option --bogus");
+}
+
+Test(badinput, cuda_without_gpu)
+{
+    char err[TRAIN_ERRLEN];
+    if (train_cuda_device_name(err))
+        cr_skip_test("a CUDA device is present; nothing to check here");
+    expect_failure(dir, SMALL " --device cuda", "cuda");
+}
+
+/* Makes a real checkpoint of the SMALL model in dir/good/ckpt_00000002.bin. */
+static char *make_checkpoint(void)
+{
+    char *out = th_fmt("%s.ck.out", dir), *err = th_fmt("%s.ck.err", dir);
+    char *cmd = th_fmt("%s " SMALL " --ckpt-dir '%s/good'", cli(), dir);
+    cr_assert_eq(th_run(cmd, out, err), 0, "could not make a checkpoint");
+    unlink(out), unlink(err);
+    free(out), free(err), free(cmd);
+    return th_fmt("%s/good/ckpt_00000002.bin", dir);
+}
+
+Test(badinput, checkpoint_from_another_config)
+{
+    char *ck = make_checkpoint();
+    char *args = th_fmt("--layers 2 --channels 32 --heads 2 --seq 16 --batch 2 --steps 4 "
+                        "--eval-every 0 --resume '%s'", ck);
+    expect_failure(dir, args, "is from another config: layers 1 channels 32");
+    free(args);
+    args = th_fmt(SMALL " --batch 3 --resume '%s'", ck);
+    expect_failure(dir, args, "is from another config: batch 2 seq 16 seed 1337");
+    free(args);
+    char *other = th_fmt("%s/other.txt", dir);
+    char text[4000];
+    for (int i = 0; i < 4000; i++)
+        text[i] = "abcdefgh \n"[i % 10];
+    th_write(other, text, sizeof text);
+    args = th_fmt(SMALL " --data other.txt --resume '%s'", ck);
+    expect_failure(dir, args, "was trained on other data");
+    free(args);
+    free(other);
+    free(ck);
+}
+
+Test(badinput, truncated_checkpoint)
+{
+    char *ck = make_checkpoint();
+    size_t n = 0;
+    char *buf = th_read(ck, &n);
+    char *half = th_fmt("%s/half.bin", dir), *hdr = th_fmt("%s/hdr.bin", dir);
+    th_write(half, buf, n / 2);
+    th_write(hdr, buf, 40);
+    char *args = th_fmt(SMALL " --resume half.bin");
+    expect_failure(dir, args, "half.bin: truncated");
+    free(args);
+    args = th_fmt(SMALL " --resume hdr.bin");
+    expect_failure(dir, args, "hdr.bin: truncated");
+    free(args), free(buf), free(half), free(hdr), free(ck);
+}
+
+Test(badinput, corrupt_checkpoint)
+{
+    char *ck = make_checkpoint();
+    size_t n = 0;
+    char *buf = th_read(ck, &n);
+    buf[n / 2] ^= 0x10; /* one flipped bit in the parameters */
+    char *p = th_fmt("%s/flip.bin", dir), *q = th_fmt("%s/text.bin", dir);
+    th_write(p, buf, n);
+    th_write(q, "hello, not a checkpoint\n", 24);
+    expect_failure(dir, SMALL " --resume flip.bin", "flip.bin: corrupt (checksum mismatch)");
+    expect_failure(dir, SMALL " --resume text.bin", "not a coll-train checkpoint");
+    expect_failure(dir, SMALL " --resume missing.bin", "missing.bin: cannot open");
+    free(buf), free(p), free(q), free(ck);
+}
