@@ -47,9 +47,11 @@ static void cpu_sync(void) {}
 
 static void cpu_set_threads(int threads)
 {
-    openblas_set_num_threads(threads);
+    const char *e = getenv("TRAIN_BLAS_THREADS");
+    openblas_set_num_threads(e ? atoi(e) : threads);
 #ifdef _OPENMP
-    omp_set_num_threads(threads);
+    e = getenv("TRAIN_OMP_THREADS");
+    omp_set_num_threads(e ? atoi(e) : threads);
 #endif
 }
 
@@ -301,6 +303,26 @@ static void attention_backward(float *dqkv, float *datt, const float *dout, cons
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+/* tanh through exp(-2|u|) with exp done in plain arithmetic (round-to-nearest by the
+ * 1.5*2^23 trick, Cody-Waite reduction, degree-6 Taylor polynomial, exponent built from
+ * bits), so the GELU loops vectorise; glibc's scalar tanhf was 40% of a training step.
+ * Absolute error < 2e-7 against tanh in double, which is what 1 + tanh needs. */
+static inline float tanh_fast(float u)
+{
+    float a = fabsf(u) * -2.0f;
+    a = a < -87.0f ? -87.0f : a;
+    float k = (a * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(a/ln2) */
+    float r = (a - k * 0.693145751953125f) - k * 1.42860682030941723e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
+                                                                     r * (1.0f / 720))))));
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    float e = p * scale; /* exp(-2|u|) in (0, 1] */
+    float t = (1.0f - e) / (1.0f + e);
+    return copysignf(t, u);
+}
+
 /* inp, out are (n) */
 static void gelu_forward(float *out, const float *inp, size_t n)
 {
@@ -309,7 +331,7 @@ static void gelu_forward(float *out, const float *inp, size_t n)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_K * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = 0.5f * x * (1.0f + tanh_fast(u));
     }
 }
 
@@ -321,7 +343,7 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
+        float th = tanh_fast(u);
         float sech2 = 1.0f - th * th;
         float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] += g * dout[i];
