@@ -2,10 +2,12 @@
  * layers_cpu.c — the CPU back end: every layer of the model as a forward/backward pair.
  *
  * Matmuls (the Linear layers, the LM head and the two products inside attention) go to
- * the BLAS (OpenBLAS, row-major cblas_sgemm). Everything else is plain C loops written so
- * the compiler vectorises them, parallelised over rows with OpenMP when it is available.
- * Parallel loops give every output element to exactly one thread and reduce in a fixed
- * order, so results do not depend on thread scheduling (bit-exact reruns and resumes).
+ * the BLAS (OpenBLAS, row-major cblas_sgemm), which is where the threads are used
+ * (--threads sets OpenBLAS's thread count). Everything else is plain single-threaded C
+ * written so the compiler vectorises it: after the matmuls it is ~25% of a step, and
+ * an OpenMP version was much slower on a shared machine (spinning barriers losing
+ * their time slices). Reductions run in a fixed order, so results do not depend on the
+ * thread count: reruns and resumes are bit-exact.
  *
  * Conventions (shared with layers_cuda.cu, listed in internal.h): N = B*T rows,
  * row-major tensors, Linear weights stored (out, in) like torch.nn.Linear, and backward
@@ -17,16 +19,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef _OPENMP
-#include <omp.h>
-#define PARALLEL_FOR _Pragma("omp parallel for schedule(static) if (par)")
-#else
-#define PARALLEL_FOR
-#endif
-
-/* Loops smaller than this (in elements touched) run on one thread. */
-#define PAR_MIN 32768
 
 /* ---- memory ---------------------------------------------------------------------- */
 
@@ -47,12 +39,7 @@ static void cpu_sync(void) {}
 
 static void cpu_set_threads(int threads)
 {
-    const char *e = getenv("TRAIN_BLAS_THREADS");
-    openblas_set_num_threads(e ? atoi(e) : threads);
-#ifdef _OPENMP
-    e = getenv("TRAIN_OMP_THREADS");
-    omp_set_num_threads(e ? atoi(e) : threads);
-#endif
+    openblas_set_num_threads(threads);
 }
 
 /* ---- encoder: token + position embedding ----------------------------------------- */
@@ -94,8 +81,6 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
                               const float *w, const float *b, int N, int C)
 {
     const float eps = 1e-5f;
-    int par = (size_t)N * C >= PAR_MIN;
-    PARALLEL_FOR
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *o = out + (size_t)n * C;
@@ -121,9 +106,7 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C)
 {
-    int par = (size_t)N * C >= PAR_MIN;
     /* dinp: one row per iteration */
-    PARALLEL_FOR
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         const float *d = dout + (size_t)n * C;
@@ -144,10 +127,9 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
             di[i] += r * (dxhat - dsum - xhat * dxsum);
         }
     }
-    /* dw, db: reduce over rows; each thread owns a block of columns */
+    /* dw, db: reduce over rows, a block of columns at a time (cache-friendly) */
     enum { CB = 64 };
     int nblk = (C + CB - 1) / CB;
-    PARALLEL_FOR
     for (int blk = 0; blk < nblk; blk++) {
         int i0 = blk * CB, i1 = i0 + CB < C ? i0 + CB : C;
         float sw[CB], sb[CB];
@@ -178,8 +160,6 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C,
                 0.0f, out, OC);
     if (b) {
-        int par = (size_t)N * OC >= PAR_MIN;
-        PARALLEL_FOR
         for (int n = 0; n < N; n++) {
             float *o = out + (size_t)n * OC;
             for (int j = 0; j < OC; j++)
@@ -200,8 +180,6 @@ static void matmul_backward(float *dinp, float *dw, float *db, const float *dout
     if (db) {
         enum { CB = 64 };
         int nblk = (OC + CB - 1) / CB;
-        int par = (size_t)N * OC >= PAR_MIN;
-        PARALLEL_FOR
         for (int blk = 0; blk < nblk; blk++) {
             int j0 = blk * CB, j1 = j0 + CB < OC ? j0 + CB : OC;
             float s[CB];
@@ -326,8 +304,6 @@ static inline float tanh_fast(float u)
 /* inp, out are (n) */
 static void gelu_forward(float *out, const float *inp, size_t n)
 {
-    int par = n >= PAR_MIN;
-    PARALLEL_FOR
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_K * (x + 0.044715f * x * x * x);
@@ -338,8 +314,6 @@ static void gelu_forward(float *out, const float *inp, size_t n)
 /* dinp (n) += gelu'(inp) * dout */
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    int par = n >= PAR_MIN;
-    PARALLEL_FOR
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_K * (x + 0.044715f * x * x * x);
@@ -355,8 +329,6 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
 /* a, b, out are (n) */
 static void residual_forward(float *out, const float *a, const float *b, size_t n)
 {
-    int par = n >= PAR_MIN;
-    PARALLEL_FOR
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
 }
@@ -367,8 +339,6 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
 static void crossentropy_forward(float *losses, float *probs, const float *logits,
                                  const int *targets, int N, int V)
 {
-    int par = (size_t)N * V >= PAR_MIN;
-    PARALLEL_FOR
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * V;
         float *p = probs + (size_t)n * V;
@@ -392,8 +362,6 @@ static void crossentropy_forward(float *losses, float *probs, const float *logit
 static void crossentropy_backward(float *dlogits, const float *probs, const int *targets,
                                   float dloss, int N, int V)
 {
-    int par = (size_t)N * V >= PAR_MIN;
-    PARALLEL_FOR
     for (int n = 0; n < N; n++) {
         const float *p = probs + (size_t)n * V;
         float *d = dlogits + (size_t)n * V;
@@ -415,13 +383,10 @@ static double cpu_sum(const float *x, size_t n)
 
 static double cpu_sumsq(const float *x, size_t n)
 {
-    /* fixed-size blocks, partial sums in a fixed order: the result does not depend on the
-     * thread count */
+    /* fixed-size blocks summed in float, the block sums in double */
     enum { BLK = 4096 };
     size_t nblk = (n + BLK - 1) / BLK;
     double *part = malloc((nblk ? nblk : 1) * sizeof *part);
-    int par = n >= PAR_MIN;
-    PARALLEL_FOR
     for (size_t k = 0; k < nblk; k++) {
         size_t i0 = k * BLK, i1 = i0 + BLK < n ? i0 + BLK : n;
         float s = 0.0f;
@@ -438,8 +403,6 @@ static double cpu_sumsq(const float *x, size_t n)
 
 static void cpu_scale(float *x, float s, size_t n)
 {
-    int par = n >= PAR_MIN;
-    PARALLEL_FOR
     for (size_t i = 0; i < n; i++)
         x[i] *= s;
 }
@@ -452,8 +415,6 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
                       float beta1, float beta2, float eps, float wd, float bc1, float bc2)
 {
     float step = lr / bc1, bc2s = sqrtf(bc2), keep = 1.0f - lr * wd;
-    int par = n >= PAR_MIN;
-    PARALLEL_FOR
     for (size_t i = 0; i < n; i++) {
         float pi = wd != 0.0f ? p[i] * keep : p[i];
         float mi = m[i] * beta1 + (1.0f - beta1) * g[i];

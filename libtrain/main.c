@@ -294,10 +294,14 @@ int main(int argc, char **argv)
            cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np,
            np * 4.0 / 1048576, np * 4.0 / 1048576, np * 8.0 / 1048576,
            train_activation_bytes(m) / 1048576.0);
-    printf("coll-train: data %s (%zu tokens, 10%% held out)  batch %d x seq %d  steps %d  "
-           "lr %g  device %s\n",
-           train_data_name(train_session_data(s)), train_data_tokens(train_session_data(s)),
-           o.batch, o.seq, o.hp.steps, o.hp.lr, devname ? devname : "cuda");
+    printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
+           "steps %d  lr %g  device %s",
+           o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
+           train_data_tokens(train_session_data(s)), o.batch, o.seq, o.hp.steps, o.hp.lr,
+           devname ? devname : "cuda");
+    if (o.device == TRAIN_DEVICE_CPU)
+        printf(" (%d threads)", o.threads ? o.threads : train_cpu_threads());
+    putchar('\n');
     if (resume)
         printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
     fflush(stdout);

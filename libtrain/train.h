@@ -222,6 +222,8 @@ TRAIN_API int train_plot_svg(const char *path, long first_step, const float *los
                              const char *title, char *err);
 /* Model FLOPs per token for forward+backward at sequence length T (see model.c). */
 TRAIN_API double train_flops_per_token(const train_config *cfg, int T);
+/* CPUs this process may run on (the default thread count). */
+TRAIN_API int train_cpu_threads(void);
 /* Name of the CUDA device, or NULL when CUDA is unavailable (reason in err). */
 TRAIN_API const char *train_cuda_device_name(char *err);
 /* Peak fp32 FLOP/s of the CUDA device (0 if unknown), for MFU. */

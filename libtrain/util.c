@@ -86,6 +86,8 @@ int train_cpu_count(void)
     return n > 0 ? (int)n : 1;
 }
 
+int train_cpu_threads(void) { return train_cpu_count(); }
+
 int train_atomic_open(train_atomic *a, const char *path, char *err)
 {
     memset(a, 0, sizeof *a);
