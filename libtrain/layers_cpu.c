@@ -20,6 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Hot element-wise loops get an AVX2 clone picked at load time (the default build
+ * targets baseline x86-64, i.e. SSE2); same arithmetic, so same results. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 /* ---- memory ---------------------------------------------------------------------- */
 
 static void *cpu_alloc(size_t bytes)
@@ -77,7 +85,7 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 /* ---- layernorm ------------------------------------------------------------------- */
 
 /* inp, out are (N,C); w, b are (C); mean, rstd are (N) */
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+VECTOR_CLONES static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C)
 {
     const float eps = 1e-5f;
@@ -102,7 +110,7 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 }
 
 /* dout, inp, dinp are (N,C); w, dw, db are (C); mean, rstd are (N) */
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+VECTOR_CLONES static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C)
 {
@@ -302,7 +310,7 @@ static inline float tanh_fast(float u)
 }
 
 /* inp, out are (n) */
-static void gelu_forward(float *out, const float *inp, size_t n)
+VECTOR_CLONES static void gelu_forward(float *out, const float *inp, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -312,7 +320,7 @@ static void gelu_forward(float *out, const float *inp, size_t n)
 }
 
 /* dinp (n) += gelu'(inp) * dout */
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+VECTOR_CLONES static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -411,7 +419,7 @@ static void cpu_scale(float *x, float s, size_t n)
  *   p *= 1 - lr*wd   (wd = 0 for tensors without decay)
  *   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
  *   p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps),   bc_i = 1 - beta_i^t */
-static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+VECTOR_CLONES static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
                       float beta1, float beta2, float eps, float wd, float bc1, float bc2)
 {
     float step = lr / bc1, bc2s = sqrtf(bc2), keep = 1.0f - lr * wd;
