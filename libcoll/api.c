@@ -1,0 +1,228 @@
+/* api.c — the collective entry points: check every argument, then hand the work to the
+ * executor.
+ *
+ * Everything a caller can get wrong is refused here, before a byte moves, with
+ * COLL_ERR_INVALID_ARG and a sentence naming the call and the argument: so a rank that
+ * passes bad arguments fails at once instead of leaving its peers waiting half-way
+ * through a ring.  Must never block, allocate or touch the user's buffers.
+ */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+size_t coll_dtype_size(coll_dtype d) {
+  switch (d) {
+  case COLL_INT8: case COLL_UINT8: return 1;
+  case COLL_FLOAT16: case COLL_BFLOAT16: return 2;
+  case COLL_INT32: case COLL_UINT32: case COLL_FLOAT32: return 4;
+  case COLL_INT64: case COLL_UINT64: case COLL_FLOAT64: return 8;
+  }
+  return 0;
+}
+
+const char *coll_dtype_name(coll_dtype d) {
+  static const char *names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+                                "float16", "bfloat16", "float32", "float64"};
+  return (unsigned)d < COLL_NUM_DTYPES ? names[d] : NULL;
+}
+
+const char *coll_op_name(coll_op op) {
+  static const char *names[] = {"sum", "prod", "min", "max", "avg"};
+  return (unsigned)op < COLL_NUM_OPS ? names[op] : NULL;
+}
+
+typedef struct {
+  const char *fn;
+  coll_comm_t comm;
+} ctx;
+
+#define BAD(c, ...) coll_fail((c)->comm, COLL_ERR_INVALID_ARG, __VA_ARGS__)
+
+static coll_result check_comm(ctx *c) {
+  if (!c->comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "%s: comm is NULL", c->fn);
+  return COLL_OK;
+}
+
+static coll_result check_dtype(ctx *c, coll_dtype d) {
+  if ((unsigned)d >= COLL_NUM_DTYPES)
+    return BAD(c, "%s on rank %d: dtype %d is not a coll_dtype", c->fn, c->comm->rank, (int)d);
+  return COLL_OK;
+}
+
+static coll_result check_op(ctx *c, coll_op op) {
+  if ((unsigned)op >= COLL_NUM_OPS)
+    return BAD(c, "%s on rank %d: op %d is not a coll_op", c->fn, c->comm->rank, (int)op);
+  return COLL_OK;
+}
+
+static coll_result check_rank_arg(ctx *c, int r, const char *what) {
+  if (r < 0 || r >= c->comm->nranks)
+    return BAD(c, "%s on rank %d: %s %d is outside 0..%d", c->fn, c->comm->rank, what, r,
+               c->comm->nranks - 1);
+  return COLL_OK;
+}
+
+/* bytes = count * elem * mult, refusing anything that does not fit a size_t or a pointer
+ * range (count near SIZE_MAX is a classic negative-int-cast bug in callers). */
+static coll_result check_bytes(ctx *c, size_t count, coll_dtype d, size_t mult, size_t *bytes) {
+  size_t es = coll_dtype_size(d), b;
+  if (__builtin_mul_overflow(count, es, &b) || __builtin_mul_overflow(b, mult, &b) ||
+      b > (size_t)PTRDIFF_MAX)
+    return BAD(c, "%s on rank %d: count %zu of %s%s overflows the address space", c->fn,
+               c->comm->rank, count, coll_dtype_name(d), mult > 1 ? " times nranks" : "");
+  *bytes = b;
+  return COLL_OK;
+}
+
+static coll_result check_buf(ctx *c, const void *p, size_t bytes, const char *name) {
+  if (!p && bytes > 0)
+    return BAD(c, "%s on rank %d: %s is NULL but %zu bytes are to be moved", c->fn,
+               c->comm->rank, name, bytes);
+  return COLL_OK;
+}
+
+/* Out-of-place buffers must not overlap at all: a partial overlap would be overwritten
+ * while still being read. */
+static coll_result check_overlap(ctx *c, const void *a, size_t alen, const void *b, size_t blen) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  if (!a || !b || !alen || !blen) return COLL_OK;
+  if (x < y + blen && y < x + alen)
+    return BAD(c, "%s on rank %d: send and receive buffers overlap but are not the in-place "
+               "arrangement", c->fn, c->comm->rank);
+  return COLL_OK;
+}
+
+static coll_result submit(ctx *c, coll_work *w) {
+  coll_comm_enter(c->comm);
+  coll_result r = coll_exec_submit(c->comm, w);
+  coll_comm_leave(c->comm);
+  return r;
+}
+
+#define TRY(x) do { coll_result r_ = (x); if (r_ != COLL_OK) return r_; } while (0)
+
+coll_result coll_all_reduce(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
+                            coll_op op, coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_all_reduce", comm};
+  size_t bytes;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_op(&c, op));
+  TRY(check_bytes(&c, count, dtype, 1, &bytes));
+  TRY(check_buf(&c, sendbuf, bytes, "sendbuf"));
+  TRY(check_buf(&c, recvbuf, bytes, "recvbuf"));
+  if (sendbuf != recvbuf) TRY(check_overlap(&c, sendbuf, bytes, recvbuf, bytes));
+  coll_work w = {.coll = COLL_COLL_ALL_REDUCE, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                 .count = count, .dtype = dtype, .op = op, .stream = s};
+  return submit(&c, &w);
+}
+
+coll_result coll_broadcast(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
+                           int root, coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_broadcast", comm};
+  size_t bytes;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_rank_arg(&c, root, "root"));
+  TRY(check_bytes(&c, count, dtype, 1, &bytes));
+  if (comm->rank == root) {
+    TRY(check_buf(&c, sendbuf, bytes, "sendbuf"));
+    if (sendbuf != recvbuf) TRY(check_overlap(&c, sendbuf, bytes, recvbuf, bytes));
+  }
+  TRY(check_buf(&c, recvbuf, bytes, "recvbuf"));
+  coll_work w = {.coll = COLL_COLL_BROADCAST, .sendbuf = comm->rank == root ? sendbuf : recvbuf,
+                 .recvbuf = recvbuf, .count = count, .dtype = dtype, .root = root, .stream = s};
+  return submit(&c, &w);
+}
+
+coll_result coll_reduce(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
+                        coll_op op, int root, coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_reduce", comm};
+  size_t bytes;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_op(&c, op));
+  TRY(check_rank_arg(&c, root, "root"));
+  TRY(check_bytes(&c, count, dtype, 1, &bytes));
+  TRY(check_buf(&c, sendbuf, bytes, "sendbuf"));
+  if (comm->rank == root) {
+    TRY(check_buf(&c, recvbuf, bytes, "recvbuf"));
+    if (sendbuf != recvbuf) TRY(check_overlap(&c, sendbuf, bytes, recvbuf, bytes));
+  }
+  coll_work w = {.coll = COLL_COLL_REDUCE, .sendbuf = sendbuf,
+                 .recvbuf = comm->rank == root ? recvbuf : NULL, .count = count,
+                 .dtype = dtype, .op = op, .root = root, .stream = s};
+  return submit(&c, &w);
+}
+
+coll_result coll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                coll_dtype dtype, coll_op op, coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_reduce_scatter", comm};
+  size_t bytes, total;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_op(&c, op));
+  TRY(check_bytes(&c, recvcount, dtype, 1, &bytes));
+  TRY(check_bytes(&c, recvcount, dtype, (size_t)comm->nranks, &total));
+  TRY(check_buf(&c, sendbuf, total, "sendbuf"));
+  TRY(check_buf(&c, recvbuf, bytes, "recvbuf"));
+  bool in_place = sendbuf && (const char *)sendbuf + (size_t)comm->rank * bytes == recvbuf;
+  if (!in_place) TRY(check_overlap(&c, sendbuf, total, recvbuf, bytes));
+  coll_work w = {.coll = COLL_COLL_REDUCE_SCATTER, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                 .count = recvcount, .dtype = dtype, .op = op, .stream = s};
+  return submit(&c, &w);
+}
+
+coll_result coll_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                            coll_dtype dtype, coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_all_gather", comm};
+  size_t bytes, total;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_bytes(&c, sendcount, dtype, 1, &bytes));
+  TRY(check_bytes(&c, sendcount, dtype, (size_t)comm->nranks, &total));
+  TRY(check_buf(&c, sendbuf, bytes, "sendbuf"));
+  TRY(check_buf(&c, recvbuf, total, "recvbuf"));
+  bool in_place = recvbuf && (const char *)recvbuf + (size_t)comm->rank * bytes == sendbuf;
+  if (!in_place) TRY(check_overlap(&c, sendbuf, bytes, recvbuf, total));
+  coll_work w = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                 .count = sendcount, .dtype = dtype, .stream = s};
+  return submit(&c, &w);
+}
+
+static coll_result p2p(ctx *c, bool send, void *buf, size_t count, coll_dtype dtype, int peer,
+                       coll_stream_t s) {
+  size_t bytes;
+  TRY(check_comm(c));
+  TRY(check_dtype(c, dtype));
+  TRY(check_rank_arg(c, peer, "peer"));
+  if (peer == c->comm->rank)
+    return BAD(c, "%s on rank %d: peer is this rank itself (copy locally instead)", c->fn,
+               c->comm->rank);
+  TRY(check_bytes(c, count, dtype, 1, &bytes));
+  TRY(check_buf(c, buf, bytes, "buf"));
+  coll_work w = {.coll = send ? COLL_COLL_SEND : COLL_COLL_RECV, .sendbuf = buf, .recvbuf = buf,
+                 .count = count, .dtype = dtype, .root = peer, .stream = s};
+  return submit(c, &w);
+}
+
+coll_result coll_send(const void *buf, size_t count, coll_dtype dtype, int peer,
+                      coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_send", comm};
+  return p2p(&c, true, (void *)(uintptr_t)buf, count, dtype, peer, s);
+}
+
+coll_result coll_recv(void *buf, size_t count, coll_dtype dtype, int peer, coll_comm_t comm,
+                      coll_stream_t s) {
+  ctx c = {"coll_recv", comm};
+  return p2p(&c, false, buf, count, dtype, peer, s);
+}
+
+coll_result coll_barrier(coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_barrier", comm};
+  TRY(check_comm(&c));
+  coll_work w = {.coll = COLL_COLL_BARRIER, .count = 1, .dtype = COLL_UINT8, .op = COLL_MAX,
+                 .stream = s};
+  return submit(&c, &w);
+}

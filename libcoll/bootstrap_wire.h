@@ -1,0 +1,51 @@
+/* bootstrap_wire.h — encoding and checking of the bootstrap's authentication message.
+ *
+ * Kept apart from bootstrap.c so the parser of bytes that arrive from the network can
+ * be unit-tested and fuzzed on its own.  Must never read past COLL_AUTH_BYTES or accept
+ * a message whose secret, magic, version, rank or size is not what the job expects.
+ */
+#ifndef COLL_BOOTSTRAP_WIRE_H
+#define COLL_BOOTSTRAP_WIRE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#define COLL_AUTH_MAGIC 0x434c4241u /* "CLBA" */
+#define COLL_AUTH_VERSION 1u
+#define COLL_AUTH_BYTES 32
+#define COLL_BOOT_MAX_LEN (64u * 1024u)   /* largest blob a rank may send in a round */
+#define COLL_MAX_RANKS (1u << 16)
+
+static inline void coll_put32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+static inline uint32_t coll_get32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+typedef struct { uint32_t rank, nranks; } coll_auth;
+
+static inline void coll_auth_build(uint8_t out[COLL_AUTH_BYTES], const uint8_t secret[16],
+                                   uint32_t rank, uint32_t nranks) {
+  coll_put32(out, COLL_AUTH_MAGIC);
+  coll_put32(out + 4, COLL_AUTH_VERSION);
+  memcpy(out + 8, secret, 16);
+  coll_put32(out + 24, rank);
+  coll_put32(out + 28, nranks);
+}
+
+/* True when `in` is a valid auth message for a job with this secret.  The secret is
+ * compared in constant time so a stranger learns nothing from timing. */
+static inline bool coll_auth_parse(const uint8_t in[COLL_AUTH_BYTES], const uint8_t secret[16],
+                                   coll_auth *out) {
+  uint8_t diff = 0;
+  for (int i = 0; i < 16; i++) diff |= (uint8_t)(in[8 + i] ^ secret[i]);
+  uint32_t magic = coll_get32(in), version = coll_get32(in + 4);
+  out->rank = coll_get32(in + 24);
+  out->nranks = coll_get32(in + 28);
+  return diff == 0 && magic == COLL_AUTH_MAGIC && version == COLL_AUTH_VERSION &&
+         out->nranks >= 1 && out->nranks <= COLL_MAX_RANKS && out->rank < out->nranks;
+}
+
+#endif

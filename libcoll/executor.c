@@ -1,0 +1,353 @@
+/* executor.c — runs schedules, slice by slice, through the connectors.
+ *
+ * One progress thread per communicator takes work from the communicator's queue in call
+ * order.  A blocking call that finds the queue empty runs its work inline on the
+ * caller's thread instead (no hand-off: that saves two thread wake-ups per small call,
+ * which is most of the latency when ranks outnumber cores).
+ *
+ * Running a plan: every step's range is cut into slices of one FIFO slot.  Steps are
+ * interleaved round by round — round j does slice j of every step, in step order —
+ * which is what lets a ring make progress with a FIFO of any depth: a rank never has
+ * to push a whole chunk before it starts receiving, so the sends of all ranks can never
+ * fill every FIFO at once and wait on each other.  Within a round the order is the same
+ * on both ends of every connection, so slices pair up without negotiation.
+ *
+ * Must never: allocate or take a lock on the data path, wait without a bound (every
+ * wait is cut into slices of at most 100 ms to look at abort, deadline and peer health),
+ * or touch a user buffer outside the ranges the plan names.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "reduce.h"
+
+#define WAIT_SLICE_MS 100
+
+typedef struct {
+  struct coll_comm *comm;
+  const coll_work *w;
+  const coll_step *step;
+  int step_index;
+  size_t done_bytes, total_bytes;
+} wait_ctx;
+
+static coll_result waited_too_long(wait_ctx *x, int peer, const char *what) {
+  struct coll_comm *c = x->comm;
+  return coll_fail(c, COLL_ERR_TIMEOUT,
+                   "rank %d timed out after %d ms waiting %s rank %d in step %d (%s, chunk %d)"
+                   " of %s #%llu (count %zu, %s): %zu of %zu bytes of this step had moved",
+                   c->rank, c->timeout_ms, what, peer, x->step_index,
+                   coll_step_name(x->step->kind), x->step->chunk, coll_coll_name(x->w->coll),
+                   (unsigned long long)x->w->seq, x->w->count, coll_dtype_name(x->w->dtype),
+                   x->done_bytes, x->total_bytes);
+}
+
+static coll_result check_abort(wait_ctx *x) {
+  if (atomic_load_explicit(&x->comm->aborted, memory_order_relaxed))
+    return coll_fail(x->comm, COLL_ERR_REMOTE, "rank %d: communicator aborted during %s #%llu",
+                     x->comm->rank, coll_coll_name(x->w->coll), (unsigned long long)x->w->seq);
+  return COLL_OK;
+}
+
+static coll_result get_send(wait_ctx *x, coll_conn *c, void **slot) {
+  const coll_transport *t = c->t;
+  if ((*slot = t->send_slot(c))) return COLL_OK;
+  uint64_t start = coll_now_ns();
+  for (;;) {
+    coll_result r = check_abort(x);
+    if (r != COLL_OK) return r;
+    if ((r = t->wait(x->comm, c, WAIT_SLICE_MS)) != COLL_OK) return r;
+    if ((*slot = t->send_slot(c))) return COLL_OK;
+    if (x->comm->timeout_ms && coll_now_ns() - start > (uint64_t)x->comm->timeout_ms * 1000000u)
+      return waited_too_long(x, c->peer, "for FIFO space from");
+  }
+}
+
+static coll_result get_recv(wait_ctx *x, coll_conn *c, size_t want, const void **slot) {
+  const coll_transport *t = c->t;
+  uint32_t bytes = 0;
+  *slot = t->recv_slot(c, &bytes);
+  if (!*slot) {
+    uint64_t start = coll_now_ns();
+    for (;;) {
+      coll_result r = check_abort(x);
+      if (r != COLL_OK) return r;
+      if ((r = t->wait(x->comm, c, WAIT_SLICE_MS)) != COLL_OK) return r;
+      if ((*slot = t->recv_slot(c, &bytes))) break;
+      if (x->comm->timeout_ms &&
+          coll_now_ns() - start > (uint64_t)x->comm->timeout_ms * 1000000u)
+        return waited_too_long(x, c->peer, "for data from");
+    }
+  }
+  if (bytes != want) {
+    struct coll_comm *cm = x->comm;
+    return coll_fail(cm, COLL_ERR_MISMATCH,
+                     "rank %d received a %u-byte slice from rank %d in step %d (%s) of %s "
+                     "#%llu (count %zu, %s) but expected %zu bytes: the ranks called "
+                     "different collectives, counts or types",
+                     cm->rank, bytes, c->peer, x->step_index, coll_step_name(x->step->kind),
+                     coll_coll_name(x->w->coll), (unsigned long long)x->w->seq, x->w->count,
+                     coll_dtype_name(x->w->dtype), want);
+  }
+  return COLL_OK;
+}
+
+/* Executes slice [off, off+n) (elements) of one step. */
+static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, size_t n,
+                             size_t es) {
+  struct coll_comm *comm = x->comm;
+  const coll_step *s = x->step;
+  const coll_work *w = x->w;
+  size_t bytes = n * es;
+  const uint8_t *src = bufs[s->src_buf] ? bufs[s->src_buf] + (s->src_off + off) * es : NULL;
+  uint8_t *dst = bufs[s->dst_buf] ? bufs[s->dst_buf] + (s->dst_off + off) * es : NULL;
+  coll_conn *in = s->peer_in >= 0 ? comm->conn_recv[s->peer_in] : NULL;
+  coll_conn *out = s->peer_out >= 0 ? comm->conn_send[s->peer_out] : NULL;
+  bool avg = s->final && w->op == COLL_AVG && comm->nranks > 1;
+  const void *p = NULL;
+  void *q = NULL;
+  coll_result r;
+
+  switch (s->kind) {
+  case COLL_STEP_COPY:
+    if (src != dst) memcpy(dst, src, bytes);
+    return COLL_OK;
+  case COLL_STEP_SEND:
+    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
+    memcpy(q, src, bytes);
+    out->t->send_post(out, (uint32_t)bytes);
+    return COLL_OK;
+  case COLL_STEP_RECV:
+    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
+    memcpy(dst, p, bytes);
+    in->t->recv_release(in);
+    return COLL_OK;
+  case COLL_STEP_RECV_COPY_SEND:
+    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
+    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
+    memcpy(q, p, bytes);
+    out->t->send_post(out, (uint32_t)bytes);
+    memcpy(dst, p, bytes);
+    in->t->recv_release(in);
+    return COLL_OK;
+  case COLL_STEP_RECV_REDUCE_SEND:
+    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
+    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
+    coll_kernel_reduce(q, p, src, n, w->dtype, w->op);
+    out->t->send_post(out, (uint32_t)bytes);
+    in->t->recv_release(in);
+    return COLL_OK;
+  case COLL_STEP_RECV_REDUCE_COPY:
+    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
+    coll_kernel_reduce(dst, p, src, n, w->dtype, w->op);
+    if (avg) coll_kernel_avg(dst, n, w->dtype, comm->nranks);
+    in->t->recv_release(in);
+    return COLL_OK;
+  case COLL_STEP_RECV_REDUCE_COPY_SEND:
+    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
+    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
+    coll_kernel_reduce(dst, p, src, n, w->dtype, w->op);
+    if (avg) coll_kernel_avg(dst, n, w->dtype, comm->nranks);
+    memcpy(q, dst, bytes);
+    out->t->send_post(out, (uint32_t)bytes);
+    in->t->recv_release(in);
+    return COLL_OK;
+  }
+  return coll_fail(comm, COLL_ERR_INTERNAL, "unknown step kind %d", (int)s->kind);
+}
+
+static coll_algo forced_algo(void) {
+  /* Only the ring exists so far; COLL_ALGO is read so a forced choice is honoured or
+   * reported, never silently ignored. */
+  static _Atomic int warned = 0;
+  const char *e = getenv("COLL_ALGO");
+  if (e && *e && strcmp(e, "ring") != 0 && strcmp(e, "auto") != 0 && !atomic_exchange(&warned, 1))
+    COLL_WARN(-1, "COLL_ALGO=%s is not available in this build; using ring", e);
+  return COLL_ALGO_RING;
+}
+
+coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
+  if (atomic_load(&comm->aborted))
+    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
+  if (comm->sticky != COLL_OK)
+    return comm->sticky; /* the sentence of the first failure stays in errbuf */
+
+  size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
+  uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
+  coll_plan_args a = {.coll = w->coll, .algo = forced_algo(), .count = w->count,
+                      .nranks = comm->nranks, .rank = comm->rank, .root = w->root};
+  switch (w->coll) {
+  case COLL_COLL_ALL_REDUCE: a.in_place = w->sendbuf == w->recvbuf; break;
+  case COLL_COLL_BROADCAST:
+  case COLL_COLL_REDUCE: a.in_place = w->sendbuf == w->recvbuf; break;
+  case COLL_COLL_REDUCE_SCATTER:
+    a.in_place = bufs[0] && bufs[0] + (size_t)comm->rank * w->count * es == bufs[1];
+    break;
+  case COLL_COLL_ALL_GATHER:
+    a.in_place = bufs[1] && bufs[1] + (size_t)comm->rank * w->count * es == bufs[0];
+    break;
+  case COLL_COLL_BARRIER:
+    bufs[0] = bufs[1] = comm->barrier_buf;
+    a.count = 1;
+    a.in_place = 1;
+    break;
+  default: break;
+  }
+  size_t nsteps = 0;
+  coll_result r = coll_plan_build(&a, comm->steps, &nsteps);
+  if (r != COLL_OK)
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no plan for %s #%llu", comm->rank,
+                     coll_coll_name(w->coll), (unsigned long long)w->seq);
+
+  COLL_TRACE(comm->rank, "%s #%llu count %zu %s: %zu steps", coll_coll_name(w->coll),
+             (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype), nsteps);
+
+  size_t slice = comm->slot_bytes / es, rounds = 0;
+  for (size_t i = 0; i < nsteps; i++) {
+    size_t k = (comm->steps[i].count + slice - 1) / slice;
+    if (k > rounds) rounds = k;
+  }
+  wait_ctx x = {.comm = comm, .w = w};
+  for (size_t j = 0; j < rounds; j++) {
+    size_t off = j * slice;
+    for (size_t i = 0; i < nsteps; i++) {
+      const coll_step *s = &comm->steps[i];
+      if (off >= s->count) continue;
+      size_t n = s->count - off < slice ? s->count - off : slice;
+      x.step = s;
+      x.step_index = (int)i;
+      x.done_bytes = off * es;
+      x.total_bytes = s->count * es;
+      if ((r = run_slice(&x, bufs, off, n, es)) != COLL_OK) return r;
+    }
+  }
+  return COLL_OK;
+}
+
+/* ---- the queue and the progress thread ----------------------------------------- */
+
+static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_work *waiter) {
+  if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+  if (w->stream) {
+    const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);
+    coll_stream_complete(w->stream, r, msg);
+  }
+  if (waiter) {
+    waiter->result = r;
+    atomic_store(&waiter->done, 1);
+  }
+}
+
+typedef struct {
+  coll_work w;
+  coll_work *waiter; /* the blocked caller's record, or NULL */
+} queued;
+
+static queued *qslot(struct coll_comm *comm, uint64_t i);
+
+static void *progress_main(void *arg) {
+  struct coll_comm *comm = arg;
+  pthread_mutex_lock(&comm->qmu);
+  for (;;) {
+    while (!(comm->qhead != comm->qtail && !comm->running) &&
+           !(comm->shutdown && comm->qhead == comm->qtail && !comm->running))
+      pthread_cond_wait(&comm->qcv, &comm->qmu);
+    if (comm->qhead == comm->qtail) break; /* shutdown with nothing left */
+    queued item = *qslot(comm, comm->qhead);
+    comm->running = true;
+    pthread_mutex_unlock(&comm->qmu);
+    coll_result r = coll_exec_run(comm, &item.w);
+    pthread_mutex_lock(&comm->qmu);
+    comm->qhead++;
+    comm->running = false;
+    finish(comm, &item.w, r, item.waiter);
+    pthread_cond_broadcast(&comm->donecv);
+  }
+  pthread_mutex_unlock(&comm->qmu);
+  return NULL;
+}
+
+/* The queue stores `queued` records; comm->queue is sized for them via a cast-free
+ * side array allocated at start. */
+static queued *queue_mem(struct coll_comm *comm) { return (queued *)comm->queue_store; }
+static queued *qslot(struct coll_comm *comm, uint64_t i) {
+  return &queue_mem(comm)[i % COLL_QUEUE_SLOTS];
+}
+
+coll_result coll_exec_start(struct coll_comm *comm) {
+  comm->queue_store = calloc(COLL_QUEUE_SLOTS, sizeof(queued));
+  comm->steps = calloc(coll_plan_max_steps(comm->nranks), sizeof(coll_step));
+  comm->barrier_buf = calloc(64, 1);
+  if (!comm->queue_store || !comm->steps || !comm->barrier_buf)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating the executor");
+  int e = pthread_create(&comm->thread, NULL, progress_main, comm);
+  if (e)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: starting the progress thread failed: %s",
+                     comm->rank, strerror(e));
+  comm->thread_started = true;
+  return COLL_OK;
+}
+
+/* Waits until the queue is empty and nothing runs, then stops the thread. */
+void coll_exec_stop(struct coll_comm *comm) {
+  if (comm->thread_started) {
+    pthread_mutex_lock(&comm->qmu);
+    comm->shutdown = true;
+    pthread_cond_broadcast(&comm->qcv);
+    pthread_mutex_unlock(&comm->qmu);
+    pthread_join(comm->thread, NULL);
+    comm->thread_started = false;
+  }
+  free(comm->queue_store);
+  free(comm->steps);
+  free(comm->barrier_buf);
+  comm->queue_store = NULL;
+  comm->steps = NULL;
+  comm->barrier_buf = NULL;
+}
+
+void coll_exec_wake_all(struct coll_comm *comm) {
+  for (int p = 0; p < comm->nranks; p++) {
+    if (comm->conn_send && comm->conn_send[p]) comm->conn_send[p]->t->wake(comm->conn_send[p]);
+    if (comm->conn_recv && comm->conn_recv[p]) comm->conn_recv[p]->t->wake(comm->conn_recv[p]);
+  }
+  pthread_mutex_lock(&comm->qmu);
+  pthread_cond_broadcast(&comm->qcv);
+  pthread_cond_broadcast(&comm->donecv);
+  pthread_mutex_unlock(&comm->qmu);
+}
+
+coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
+  coll_work w = *wk;
+  pthread_mutex_lock(&comm->qmu);
+  while (comm->qtail - comm->qhead >= COLL_QUEUE_SLOTS && !atomic_load(&comm->aborted))
+    pthread_cond_wait(&comm->donecv, &comm->qmu);
+  w.seq = comm->next_seq++;
+  atomic_store(&w.done, 0);
+  if (!w.stream && comm->qhead == comm->qtail && !comm->running) {
+    comm->running = true;
+    pthread_mutex_unlock(&comm->qmu);
+    coll_result r = coll_exec_run(comm, &w);
+    pthread_mutex_lock(&comm->qmu);
+    comm->running = false;
+    if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+    if (comm->qhead != comm->qtail) pthread_cond_broadcast(&comm->qcv);
+    pthread_mutex_unlock(&comm->qmu);
+    return r;
+  }
+  queued *q = qslot(comm, comm->qtail);
+  q->w = w;
+  q->waiter = w.stream ? NULL : &w;
+  comm->qtail++;
+  if (w.stream) coll_stream_enqueued(w.stream);
+  pthread_cond_broadcast(&comm->qcv);
+  coll_result r = COLL_OK;
+  if (!w.stream) {
+    while (!atomic_load(&w.done)) pthread_cond_wait(&comm->donecv, &comm->qmu);
+    r = w.result;
+  }
+  pthread_mutex_unlock(&comm->qmu);
+  return r;
+}

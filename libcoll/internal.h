@@ -1,0 +1,170 @@
+/* internal.h — the communicator and the pieces every libcoll file shares.
+ *
+ * Layers (data flows down, never up): api.c validates and enqueues; executor.c runs a
+ * plan (plan.c, ring.c) slice by slice through connectors (transport/); reduce.c does
+ * arithmetic; bootstrap.c only runs during init.  Nothing in here may print and exit:
+ * every failure becomes a coll_result plus a sentence in the communicator.
+ */
+#ifndef COLL_INTERNAL_H
+#define COLL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "coll.h"
+#include "plan.h"
+#include "transport.h"
+
+#define COLL_SECRET_BYTES 16
+#define COLL_ERRBUF 512
+#define COLL_QUEUE_SLOTS 1024 /* asynchronous operations in flight per communicator */
+
+/* ---- logging and errors (debug.c) ------------------------------------------------ */
+
+enum { COLL_LOG_NONE = 0, COLL_LOG_WARN = 1, COLL_LOG_INFO = 2, COLL_LOG_TRACE = 3 };
+int coll_log_level(void);
+void coll_log(int level, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define COLL_WARN(rank, ...) \
+  do { if (coll_log_level() >= COLL_LOG_WARN) coll_log(COLL_LOG_WARN, rank, __VA_ARGS__); } while (0)
+#define COLL_INFO(rank, ...) \
+  do { if (coll_log_level() >= COLL_LOG_INFO) coll_log(COLL_LOG_INFO, rank, __VA_ARGS__); } while (0)
+#define COLL_TRACE(rank, ...) \
+  do { if (coll_log_level() >= COLL_LOG_TRACE) coll_log(COLL_LOG_TRACE, rank, __VA_ARGS__); } while (0)
+
+struct coll_comm;
+/* Records `r` with a sentence on comm (or, comm == NULL, in this thread) and returns r.
+ * At TRACE level the sentence is also logged with the file:line of the caller. */
+coll_result coll_fail_at(struct coll_comm *comm, coll_result r, const char *file, int line,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+#define coll_fail(comm, r, ...) coll_fail_at(comm, r, __FILE__, __LINE__, __VA_ARGS__)
+
+/* ---- environment (env.c) ----------------------------------------------------------- */
+
+/* Integer from the environment, `def` when unset; false (and *out = def) if malformed. */
+bool coll_env_int(const char *name, long def, long *out);
+/* COLL_TIMEOUT_MS, default 600000 (10 minutes; 0 = wait forever). */
+int coll_env_timeout_ms(void);
+uint64_t coll_now_ns(void);
+
+/* ---- bootstrap (bootstrap.c) ---------------------------------------------------------
+ * Every rank holds one TCP connection to the rendezvous root; allgather rounds through
+ * it exchange connection info during init.  The root is served by a thread of the
+ * process that created the unique id (or by rank 0 for env-based init). */
+
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t family; /* AF_INET or AF_INET6 */
+  uint16_t port;   /* host order */
+  uint8_t addr[16];
+  uint8_t secret[COLL_SECRET_BYTES];
+} coll_id_fields;
+
+coll_result coll_id_encode(const coll_id_fields *f, coll_unique_id *id);
+coll_result coll_id_decode(const coll_unique_id *id, coll_id_fields *f, char *why,
+                           size_t why_len);
+
+/* Starts the root server for `f` (fills port when 0 and addr from the chosen interface
+ * when `pick_addr`).  The server thread exits once every rank has closed its link. */
+coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms,
+                                      char *why, size_t why_len);
+
+typedef struct {
+  int fd;
+  int rank, nranks;
+  int timeout_ms;
+} coll_bootstrap;
+
+coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
+                                   const coll_id_fields *f, int rank, int nranks);
+/* Every rank contributes `len` bytes (same len on all ranks); `all` receives nranks*len
+ * bytes, rank i's at offset i*len. */
+coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
+                                     const void *mine, void *all, size_t len);
+void coll_bootstrap_close(coll_bootstrap *b);
+
+/* ---- operations, streams and the executor --------------------------------------- */
+
+struct coll_stream {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t enqueued, completed;
+  coll_result err;
+  char errmsg[COLL_ERRBUF];
+};
+
+typedef struct {
+  coll_coll_kind coll;
+  const void *sendbuf;
+  void *recvbuf;
+  size_t count;
+  coll_dtype dtype;
+  coll_op op;
+  int root; /* root, or peer for send/recv */
+  uint64_t seq;
+  struct coll_stream *stream; /* NULL for a blocking call */
+  _Atomic int done;
+  coll_result result;
+} coll_work;
+
+struct coll_comm {
+  int rank, nranks;
+  uint8_t secret[COLL_SECRET_BYTES];
+  int timeout_ms;
+  pid_t *pids;        /* per rank, for liveness checks on this host */
+  uint64_t *host_ids; /* per rank */
+
+  /* connectors: conn_send[p] moves data to p, conn_recv[p] from p (NULL for self) */
+  coll_conn **conn_send, **conn_recv;
+  void *transport_ctx;
+  const coll_transport *transport;
+  size_t slot_bytes;
+
+  /* executor */
+  pthread_mutex_t qmu;
+  pthread_cond_t qcv;    /* work arrived / runner released / shutdown */
+  pthread_cond_t donecv; /* some work finished */
+  void *queue_store;     /* COLL_QUEUE_SLOTS queued records (executor.c) */
+  uint64_t qhead, qtail; /* queue[qhead % N] is the oldest pending */
+  bool running;          /* some thread is executing work right now */
+  bool shutdown;
+  pthread_t thread;
+  bool thread_started;
+  uint64_t next_seq;
+  coll_step *steps; /* scratch for one plan */
+  uint8_t *barrier_buf;
+
+  _Atomic int aborted;
+  _Atomic int users; /* API calls inside the communicator right now */
+  coll_result sticky; /* first asynchronous failure: every later call fails too */
+
+  pthread_mutex_t errmu;
+  char errbuf[COLL_ERRBUF];
+};
+
+coll_result coll_exec_start(struct coll_comm *comm);
+void coll_exec_stop(struct coll_comm *comm);
+/* Enqueues `w` (copied) and, for a blocking call (w->stream == NULL), waits for it. */
+coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *w);
+/* Runs one piece of work to completion on the calling thread. */
+coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
+/* Wakes every thread of this process blocked on one of comm's connectors. */
+void coll_exec_wake_all(struct coll_comm *comm);
+
+void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg);
+void coll_stream_enqueued(struct coll_stream *s);
+
+/* ---- communicator lifetime (comm.c) ------------------------------------------------ */
+
+coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank);
+void coll_comm_free(struct coll_comm *comm);
+/* Raises/lowers the count of API calls inside comm (abort waits for zero). */
+static inline void coll_comm_enter(struct coll_comm *c) { atomic_fetch_add(&c->users, 1); }
+static inline void coll_comm_leave(struct coll_comm *c) { atomic_fetch_sub(&c->users, 1); }
+
+#endif

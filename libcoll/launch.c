@@ -1,0 +1,171 @@
+/* launch.c — the local launcher: fork N ranks, run a function in each, reap them all.
+ *
+ * The parent makes the unique id (so the rendezvous root runs in the parent, which
+ * outlives every rank), forks, and waits on pidfds so it notices at once when a rank
+ * crashes — then kills the others rather than letting them wait for a peer that will
+ * never come.  Afterwards it removes any shared segment of the job left in /dev/shm
+ * (normally none: ranks unlink their segments during init; this covers a rank killed
+ * during init itself).  Must never leave a child running or unreaped when it returns.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll_launch.h"
+#include "internal.h"
+
+static coll_unique_id launched_id;
+
+coll_unique_id coll_launch_unique_id(void) { return launched_id; }
+
+static int pidfd_open_(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+static void cleanup_segments(const coll_unique_id *id) {
+  coll_id_fields f;
+  char why[64];
+  if (coll_id_decode(id, &f, why, sizeof why) != COLL_OK) return;
+  char prefix[32];
+  int n = snprintf(prefix, sizeof prefix, "coll-");
+  for (int i = 0; i < 8; i++) n += snprintf(prefix + n, sizeof prefix - (size_t)n, "%02x", f.secret[i]);
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+      char name[300];
+      snprintf(name, sizeof name, "/%s", e->d_name);
+      shm_unlink(name);
+    }
+  closedir(d);
+}
+
+static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why,
+                  size_t why_len, bool raw) {
+  char dummy[8];
+  if (!why) { why = dummy; why_len = sizeof dummy; }
+  why[0] = 0;
+  if (nranks < 1 || !fn) {
+    snprintf(why, why_len, "coll_launch_local: need nranks >= 1 and a function");
+    return 2;
+  }
+  coll_unique_id id;
+  if (coll_get_unique_id(&id) != COLL_OK) {
+    snprintf(why, why_len, "coll_launch_local: %s", coll_comm_last_error(NULL));
+    return 2;
+  }
+  launched_id = id;
+  pid_t *pids = calloc((size_t)nranks, sizeof *pids);
+  struct pollfd *pfs = calloc((size_t)nranks, sizeof *pfs);
+  if (!pids || !pfs) {
+    free(pids);
+    free(pfs);
+    snprintf(why, why_len, "coll_launch_local: out of memory");
+    return 2;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  int status = 0, alive = 0;
+  for (int r = 0; r < nranks; r++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      char buf[16];
+      snprintf(buf, sizeof buf, "%d", r);
+      setenv("COLL_LAUNCH_RANK", buf, 1);
+      snprintf(buf, sizeof buf, "%d", nranks);
+      setenv("COLL_LAUNCH_NRANKS", buf, 1);
+      int rc;
+      if (raw) {
+        rc = fn(NULL, r, nranks, arg);
+      } else {
+        coll_comm_t comm;
+        coll_result cr = coll_comm_init_rank(&comm, nranks, id, r);
+        if (cr != COLL_OK) {
+          fprintf(stderr, "rank %d: init failed: %s: %s\n", r, coll_result_string(cr),
+                  coll_comm_last_error(NULL));
+          rc = 3;
+        } else {
+          rc = fn(comm, r, nranks, arg);
+          coll_comm_destroy(comm);
+        }
+      }
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc & 0xff);
+    }
+    if (pid < 0) {
+      snprintf(why, why_len, "coll_launch_local: fork failed for rank %d: %s", r, strerror(errno));
+      status = 2;
+      break;
+    }
+    pids[r] = pid;
+    pfs[r] = (struct pollfd){.fd = pidfd_open_(pid), .events = POLLIN};
+    alive++;
+  }
+  uint64_t end = timeout_ms > 0 ? coll_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+  bool killed = status != 0;
+  if (killed)
+    for (int r = 0; r < nranks; r++) if (pids[r] > 0) kill(pids[r], SIGKILL);
+  while (alive > 0) {
+    int wait_ms = 1000;
+    if (end && !killed) {
+      uint64_t now = coll_now_ns();
+      if (now >= end) {
+        if (!status) {
+          status = 124;
+          snprintf(why, why_len, "job of %d ranks ran longer than %d ms: killed", nranks, timeout_ms);
+        }
+        for (int r = 0; r < nranks; r++) if (pids[r] > 0) kill(pids[r], SIGKILL);
+        killed = true;
+      } else {
+        wait_ms = (int)((end - now) / 1000000u) + 1;
+        if (wait_ms > 1000) wait_ms = 1000;
+      }
+    }
+    poll(pfs, (nfds_t)nranks, wait_ms);
+    for (int r = 0; r < nranks; r++) {
+      if (pids[r] <= 0) continue;
+      int st;
+      pid_t got = waitpid(pids[r], &st, WNOHANG);
+      if (got != pids[r]) continue;
+      pids[r] = 0;
+      if (pfs[r].fd >= 0) close(pfs[r].fd);
+      pfs[r].fd = -1;
+      alive--;
+      int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (code != 0 && !status) {
+        status = code;
+        if (WIFEXITED(st))
+          snprintf(why, why_len, "rank %d exited with status %d", r, code);
+        else
+          snprintf(why, why_len, "rank %d was killed by signal %d (%s)", r, WTERMSIG(st),
+                   strsignal(WTERMSIG(st)));
+      }
+      if (code != 0 && !killed) {
+        for (int o = 0; o < nranks; o++) if (pids[o] > 0) kill(pids[o], SIGKILL);
+        killed = true;
+      }
+    }
+  }
+  free(pids);
+  free(pfs);
+  cleanup_segments(&id);
+  return status;
+}
+
+int coll_launch_local(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why,
+                      size_t why_len) {
+  return launch(nranks, fn, arg, timeout_ms, why, why_len, false);
+}
+
+int coll_launch_local_raw(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why,
+                          size_t why_len) {
+  return launch(nranks, fn, arg, timeout_ms, why, why_len, true);
+}

@@ -1,0 +1,71 @@
+/* plan.c — choosing an algorithm and building this rank's schedule.
+ *
+ * The algorithms live one per file (ring.c, ...); this file picks one, handles the
+ * cases that need no algorithm at all (one rank, point-to-point), and names things for
+ * logs and traces.  Pure: no I/O, no allocation, no globals.
+ */
+#include "internal.h"
+#include "ring.h"
+
+size_t coll_plan_max_steps(int nranks) { return 2 * (size_t)(nranks > 0 ? nranks : 1) + 2; }
+
+void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len) {
+  size_t base = count / (size_t)n, extra = count % (size_t)n, ui = (size_t)i;
+  *len = base + (ui < extra ? 1 : 0);
+  *off = ui * base + (ui < extra ? ui : extra);
+}
+
+static void push(coll_step *steps, size_t *n, coll_step s) {
+  if (s.count > 0) steps[(*n)++] = s;
+}
+
+/* One rank: every collective is a local copy (or nothing when in place). */
+static void plan_single(const coll_plan_args *a, coll_step *steps, size_t *n) {
+  size_t cnt = a->count;
+  if (a->coll == COLL_COLL_BARRIER) return;
+  coll_step s = {.kind = COLL_STEP_COPY, .peer_in = -1, .peer_out = -1,
+                 .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = cnt,
+                 .chunk = 0, .final = 1};
+  if (a->in_place) return; /* nothing moves; AVG over one rank divides by one */
+  push(steps, n, s);
+}
+
+coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *nsteps) {
+  *nsteps = 0;
+  if (a->nranks < 1 || a->rank < 0 || a->rank >= a->nranks) return COLL_ERR_INVALID_ARG;
+  if (a->coll == COLL_COLL_SEND || a->coll == COLL_COLL_RECV) {
+    if (a->root < 0 || a->root >= a->nranks || a->root == a->rank) return COLL_ERR_INVALID_ARG;
+    bool send = a->coll == COLL_COLL_SEND;
+    coll_step s = {.kind = send ? COLL_STEP_SEND : COLL_STEP_RECV,
+                   .peer_in = send ? -1 : a->root, .peer_out = send ? a->root : -1,
+                   .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV,
+                   .count = a->count, .chunk = -1};
+    push(steps, nsteps, s);
+    return COLL_OK;
+  }
+  if ((a->coll == COLL_COLL_BROADCAST || a->coll == COLL_COLL_REDUCE) &&
+      (a->root < 0 || a->root >= a->nranks))
+    return COLL_ERR_INVALID_ARG;
+  if (a->nranks == 1) {
+    plan_single(a, steps, nsteps);
+    return COLL_OK;
+  }
+  switch (a->algo) {
+  case COLL_ALGO_AUTO:
+  case COLL_ALGO_RING:
+    return coll_ring_plan(a, steps, nsteps);
+  }
+  return COLL_ERR_INVALID_ARG;
+}
+
+const char *coll_coll_name(coll_coll_kind c) {
+  static const char *names[] = {"broadcast", "reduce", "all_reduce", "reduce_scatter",
+                                "all_gather", "send", "recv", "barrier"};
+  return (unsigned)c < COLL_NUM_COLLS ? names[c] : "?";
+}
+
+const char *coll_step_name(coll_step_kind k) {
+  static const char *names[] = {"copy", "send", "recv", "recv-copy-send", "recv-reduce-send",
+                                "recv-reduce-copy", "recv-reduce-copy-send"};
+  return (unsigned)k <= COLL_STEP_RECV_REDUCE_COPY_SEND ? names[k] : "?";
+}

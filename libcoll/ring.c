@@ -1,0 +1,147 @@
+/* ring.c — ring and chain schedules for the five collectives.
+ *
+ * Ranks form the ring 0 -> 1 -> ... -> p-1 -> 0; every rank only ever sends to
+ * next = r+1 and receives from prev = r-1 (mod p).  The data is cut into p chunks
+ * (coll_ring_chunk: sizes differ by at most one element).
+ *
+ * All-reduce = reduce-scatter then all-gather.  Reduce-scatter, step s = 0..p-2: rank r
+ * sends chunk r-1-s and receives chunk r-2-s, adding its own contribution; after p-1
+ * steps rank r holds chunk r reduced over all ranks.  Picture for p = 4 (which chunk
+ * each rank sends at each step; after the last step rank r owns chunk r):
+ *
+ *            rank0  rank1  rank2  rank3
+ *   step 0     c3     c0     c1     c2      (own data)
+ *   step 1     c2     c3     c0     c1      (received + own, forwarded)
+ *   step 2     c1     c2     c3     c0      -> then rank r holds c_r complete
+ *
+ * All-gather then circulates the finished chunks for p-1 more steps.  The rank that
+ * finishes a chunk divides it for COLL_AVG before anyone copies it, so every rank ends
+ * with the same bits, and the reduction order of each element is fixed (it starts at
+ * the rank after its owner and goes round the ring), so a rerun gives the same bits.
+ *
+ * Cost (p ranks, n bytes, α per message, β per byte moved, γ per byte reduced):
+ *   all-reduce      2(p-1)·α + 2·(p-1)/p·n·β + (p-1)/p·n·γ
+ *   reduce-scatter   (p-1)·α +   (p-1)/p·n·β + (p-1)/p·n·γ      (n = whole input)
+ *   all-gather       (p-1)·α +   (p-1)/p·n·β                    (n = whole output)
+ * Every rank sends 2(p-1)/p·n bytes in all-reduce, which is the lower bound for any
+ * algorithm, hence "bandwidth-optimal"; the price is the 2(p-1) latency terms.
+ *
+ * Broadcast and reduce are pipelined chains rooted anywhere: broadcast runs
+ * root -> root+1 -> ... -> root-1; reduce runs root+1 -> ... -> root-1 -> root.  Cut into
+ * k slices of n/k bytes, the slices flow down the chain like a pipeline:
+ *   broadcast       (p-1+k-1)·(α + n/k·β)
+ *   reduce          (p-1+k-1)·(α + n/k·(β+γ))
+ * which approaches n·β (n·(β+γ)) for large n: each link carries the data once.
+ *
+ * Pure: builds steps, touches no memory but `steps`, never fails for valid arguments.
+ */
+#include "ring.h"
+
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+static void add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int out,
+                coll_buf sb, size_t so, coll_buf db, size_t doff, size_t count, int chunk,
+                int final) {
+  if (count == 0) return;
+  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out,
+                              .src_buf = sb, .dst_buf = db, .src_off = so, .dst_off = doff,
+                              .count = count, .chunk = chunk, .final = final};
+}
+
+static void all_reduce(int p, int r, size_t count, coll_step *st, size_t *n) {
+  int prev = mod(r - 1, p), next = mod(r + 1, p);
+  size_t off, len;
+  int c = mod(r - 1, p);
+  coll_ring_chunk(count, p, c, &off, &len);
+  add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, off, COLL_BUF_RECV, off, len, c, 0);
+  for (int s = 1; s <= p - 2; s++) {
+    c = mod(r - 1 - s, p);
+    coll_ring_chunk(count, p, c, &off, &len);
+    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, off, COLL_BUF_RECV,
+        off, len, c, 0);
+  }
+  coll_ring_chunk(count, p, r, &off, &len);
+  add(st, n, COLL_STEP_RECV_REDUCE_COPY_SEND, prev, next, COLL_BUF_SEND, off, COLL_BUF_RECV,
+      off, len, r, 1);
+  for (int k = 1; k <= p - 2; k++) {
+    c = mod(r - k, p);
+    coll_ring_chunk(count, p, c, &off, &len);
+    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, off, COLL_BUF_RECV, off,
+        len, c, 0);
+  }
+  c = mod(r + 1, p);
+  coll_ring_chunk(count, p, c, &off, &len);
+  add(st, n, COLL_STEP_RECV, prev, -1, COLL_BUF_RECV, off, COLL_BUF_RECV, off, len, c, 0);
+}
+
+static void reduce_scatter(int p, int r, size_t rc, coll_step *st, size_t *n) {
+  int prev = mod(r - 1, p), next = mod(r + 1, p);
+  int c = mod(r - 1, p);
+  add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, (size_t)c * rc, COLL_BUF_RECV, 0, rc, c,
+      0);
+  for (int s = 1; s <= p - 2; s++) {
+    c = mod(r - 1 - s, p);
+    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, (size_t)c * rc,
+        COLL_BUF_RECV, 0, rc, c, 0);
+  }
+  add(st, n, COLL_STEP_RECV_REDUCE_COPY, prev, -1, COLL_BUF_SEND, (size_t)r * rc,
+      COLL_BUF_RECV, 0, rc, r, 1);
+}
+
+static void all_gather(int p, int r, size_t sc, int in_place, coll_step *st, size_t *n) {
+  int prev = mod(r - 1, p), next = mod(r + 1, p);
+  if (!in_place)
+    add(st, n, COLL_STEP_COPY, -1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, (size_t)r * sc, sc, r,
+        0);
+  add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, sc, r, 0);
+  for (int k = 1; k <= p - 2; k++) {
+    int c = mod(r - k, p);
+    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, (size_t)c * sc,
+        COLL_BUF_RECV, (size_t)c * sc, sc, c, 0);
+  }
+  int c = mod(r + 1, p);
+  add(st, n, COLL_STEP_RECV, prev, -1, COLL_BUF_RECV, (size_t)c * sc, COLL_BUF_RECV,
+      (size_t)c * sc, sc, c, 0);
+}
+
+static void broadcast(int p, int r, int root, size_t count, int in_place, coll_step *st,
+                      size_t *n) {
+  int pos = mod(r - root, p), prev = mod(r - 1, p), next = mod(r + 1, p);
+  if (pos == 0) {
+    if (!in_place)
+      add(st, n, COLL_STEP_COPY, -1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0, 0);
+    add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0, 0);
+  } else if (pos < p - 1) {
+    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, count,
+        0, 0);
+  } else {
+    add(st, n, COLL_STEP_RECV, prev, -1, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, count, 0, 0);
+  }
+}
+
+static void reduce(int p, int r, int root, size_t count, coll_step *st, size_t *n) {
+  int pos = mod(r - root - 1, p), prev = mod(r - 1, p), next = mod(r + 1, p);
+  if (pos == 0)
+    add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0, 0);
+  else if (pos < p - 1)
+    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0,
+        count, 0, 0);
+  else
+    add(st, n, COLL_STEP_RECV_REDUCE_COPY, prev, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count,
+        0, 1);
+}
+
+coll_result coll_ring_plan(const coll_plan_args *a, coll_step *steps, size_t *nsteps) {
+  int p = a->nranks, r = a->rank;
+  *nsteps = 0;
+  switch (a->coll) {
+  case COLL_COLL_ALL_REDUCE: all_reduce(p, r, a->count, steps, nsteps); break;
+  case COLL_COLL_BARRIER: all_reduce(p, r, 1, steps, nsteps); break;
+  case COLL_COLL_REDUCE_SCATTER: reduce_scatter(p, r, a->count, steps, nsteps); break;
+  case COLL_COLL_ALL_GATHER: all_gather(p, r, a->count, a->in_place, steps, nsteps); break;
+  case COLL_COLL_BROADCAST: broadcast(p, r, a->root, a->count, a->in_place, steps, nsteps); break;
+  case COLL_COLL_REDUCE: reduce(p, r, a->root, a->count, steps, nsteps); break;
+  default: return COLL_ERR_INVALID_ARG;
+  }
+  return COLL_OK;
+}

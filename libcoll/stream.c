@@ -1,0 +1,71 @@
+/* stream.c — streams: ordered queues of asynchronous work the caller can wait on.
+ *
+ * A stream only counts: how much work was enqueued on it and how much has finished, and
+ * the first error among the finished.  The work itself sits in its communicator's queue
+ * (executor.c), which is what orders it.  A stream may carry work of several
+ * communicators, so it must never hold a communicator lock while it waits.
+ */
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+coll_result coll_stream_create(coll_stream_t *s) {
+  if (!s) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_create: stream pointer is NULL");
+  struct coll_stream *st = calloc(1, sizeof *st);
+  if (!st) return coll_fail(NULL, COLL_ERR_SYSTEM, "coll_stream_create: out of memory");
+  pthread_mutex_init(&st->mu, NULL);
+  pthread_cond_init(&st->cv, NULL);
+  *s = st;
+  return COLL_OK;
+}
+
+coll_result coll_stream_synchronize(coll_stream_t s) {
+  if (!s) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_synchronize: stream is NULL");
+  pthread_mutex_lock(&s->mu);
+  while (s->completed < s->enqueued) pthread_cond_wait(&s->cv, &s->mu);
+  coll_result r = s->err;
+  if (r != COLL_OK) coll_fail(NULL, r, "%s", s->errmsg);
+  s->err = COLL_OK;
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+coll_result coll_stream_query(coll_stream_t s) {
+  if (!s) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_query: stream is NULL");
+  pthread_mutex_lock(&s->mu);
+  coll_result r = s->completed < s->enqueued ? COLL_IN_PROGRESS : s->err;
+  if (r != COLL_OK && r != COLL_IN_PROGRESS) {
+    coll_fail(NULL, r, "%s", s->errmsg);
+    s->err = COLL_OK;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+coll_result coll_stream_destroy(coll_stream_t s) {
+  if (!s) return COLL_OK;
+  coll_result r = coll_stream_synchronize(s);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+  return r;
+}
+
+void coll_stream_enqueued(struct coll_stream *s) {
+  pthread_mutex_lock(&s->mu);
+  s->enqueued++;
+  pthread_mutex_unlock(&s->mu);
+}
+
+void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg) {
+  pthread_mutex_lock(&s->mu);
+  s->completed++;
+  if (r != COLL_OK && s->err == COLL_OK) {
+    s->err = r;
+    snprintf(s->errmsg, sizeof s->errmsg, "%s", msg);
+  }
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,68 @@
+/* transport.h — the one connector interface every transport implements.
+ *
+ * A connection is a FIFO of `nslots` fixed-size slots in the receiver's memory with two
+ * counters: the sender's `tail` (slots written) and the receiver's `head` (slots
+ * consumed).  The sender may fill slot tail % nslots only while tail - head < nslots.
+ * That is the whole contract between the executor and a transport: shm keeps the FIFO
+ * in a shared segment; tcp/ib/cuda_ipc map the same counters onto their own hardware.
+ *
+ * The data-path calls never block and never allocate: they return NULL when the FIFO
+ * is full (send) or empty (recv), and the executor calls `wait` to sleep until that
+ * may have changed.  Only `wait` may sleep, and it returns within `max_ms`.
+ */
+#ifndef COLL_TRANSPORT_H
+#define COLL_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+
+struct coll_comm;
+typedef struct coll_conn coll_conn;
+typedef struct coll_transport coll_transport;
+
+/* The part of a connection every transport shares; each transport embeds it first. */
+struct coll_conn {
+  const coll_transport *t;
+  int peer;
+  bool is_send;
+  size_t slot_bytes;
+  uint32_t nslots;
+};
+
+struct coll_transport {
+  const char *name;
+  /* Can this transport connect this rank to `peer` (e.g. same host for shm)? */
+  bool (*can_connect)(struct coll_comm *comm, int peer);
+  /* Creates this rank's local resources and writes the info peers need into `blob`
+   * (at most COLL_CONN_BLOB bytes). */
+  coll_result (*setup)(struct coll_comm *comm, void **ctx, void *blob);
+  /* Builds the send and receive connections with `peer` from the peer's blob. */
+  coll_result (*connect)(struct coll_comm *comm, void *ctx, int peer, const void *peer_blob,
+                         coll_conn **send, coll_conn **recv);
+  /* Called once every rank has connected (shm unlinks its segment here). */
+  coll_result (*ready)(struct coll_comm *comm, void *ctx);
+
+  /* Data path.  send_slot: the next free slot or NULL; send_post publishes it with
+   * `bytes` valid bytes.  recv_slot: the next filled slot (its size in *bytes) or NULL;
+   * recv_release hands it back. */
+  void *(*send_slot)(coll_conn *c);
+  void (*send_post)(coll_conn *c, uint32_t bytes);
+  const void *(*recv_slot)(coll_conn *c, uint32_t *bytes);
+  void (*recv_release)(coll_conn *c);
+  /* Sleeps until send_slot (is_send) / recv_slot might succeed, or max_ms passes.
+   * Returns COLL_OK on either; COLL_ERR_REMOTE (with a sentence) if the peer is gone. */
+  coll_result (*wait)(struct coll_comm *comm, coll_conn *c, int max_ms);
+  /* Wakes any thread of this process sleeping in wait() on `c`. */
+  void (*wake)(coll_conn *c);
+
+  void (*close)(struct coll_comm *comm, void *ctx);
+};
+
+#define COLL_CONN_BLOB 256
+
+extern const coll_transport coll_transport_shm;
+
+#endif
