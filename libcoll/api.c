@@ -219,6 +219,33 @@ coll_result coll_recv(void *buf, size_t count, coll_dtype dtype, int peer, coll_
   return p2p(&c, false, buf, count, dtype, peer, s);
 }
 
+coll_result coll_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf,
+                          size_t recvcount, int src, coll_dtype dtype, coll_comm_t comm,
+                          coll_stream_t s) {
+  ctx c = {"coll_sendrecv", comm};
+  size_t sbytes, rbytes;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_rank_arg(&c, dst, "dst"));
+  TRY(check_rank_arg(&c, src, "src"));
+  if ((dst == comm->rank) != (src == comm->rank))
+    return BAD(&c, "coll_sendrecv on rank %d: dst %d and src %d must both be this rank or "
+               "both be other ranks", comm->rank, dst, src);
+  TRY(check_bytes(&c, sendcount, dtype, 1, &sbytes));
+  TRY(check_bytes(&c, recvcount, dtype, 1, &rbytes));
+  if (dst == comm->rank && sendcount != recvcount)
+    return BAD(&c, "coll_sendrecv on rank %d: a copy to itself needs sendcount (%zu) == "
+               "recvcount (%zu)", comm->rank, sendcount, recvcount);
+  TRY(check_buf(&c, sendbuf, sbytes, "sendbuf"));
+  TRY(check_buf(&c, recvbuf, rbytes, "recvbuf"));
+  if (sendbuf != recvbuf || dst != comm->rank)
+    TRY(check_overlap(&c, sendbuf, sbytes, recvbuf, rbytes));
+  coll_work w = {.coll = COLL_COLL_SENDRECV, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                 .count = sendcount, .dtype = dtype, .root = dst, .recv_count = recvcount,
+                 .recv_peer = src, .stream = s};
+  return submit(&c, &w);
+}
+
 coll_result coll_barrier(coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_barrier", comm};
   TRY(check_comm(&c));

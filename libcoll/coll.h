@@ -111,6 +111,12 @@ COLL_API coll_result coll_send(const void *buf, size_t count, coll_dtype dtype, 
                                coll_comm_t comm, coll_stream_t s);
 COLL_API coll_result coll_recv(void *buf, size_t count, coll_dtype dtype, int peer,
                                coll_comm_t comm, coll_stream_t s);
+/* Sends `sendcount` elements to `dst` and receives `recvcount` from `src` as one operation,
+ * so that a ring of exchanges cannot deadlock (like MPI_Sendrecv, or a NCCL group of one
+ * send and one recv).  dst == src == own rank copies locally. */
+COLL_API coll_result coll_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf,
+                                   size_t recvcount, int src, coll_dtype dtype,
+                                   coll_comm_t comm, coll_stream_t s);
 COLL_API coll_result coll_barrier(coll_comm_t comm, coll_stream_t s);
 
 /* --- small helpers users of the API keep asking for ------------------------------- */

@@ -177,7 +177,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
   coll_plan_args a = {.coll = w->coll, .algo = forced_algo(), .count = w->count,
-                      .nranks = comm->nranks, .rank = comm->rank, .root = w->root};
+                      .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
+                      .recv_count = w->recv_count, .recv_peer = w->recv_peer};
   switch (w->coll) {
   case COLL_COLL_ALL_REDUCE: a.in_place = w->sendbuf == w->recvbuf; break;
   case COLL_COLL_BROADCAST:

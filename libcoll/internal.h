@@ -105,7 +105,9 @@ typedef struct {
   size_t count;
   coll_dtype dtype;
   coll_op op;
-  int root; /* root, or peer for send/recv */
+  int root; /* root, or peer for send/recv, or destination for sendrecv */
+  size_t recv_count; /* sendrecv */
+  int recv_peer;     /* sendrecv */
   uint64_t seq;
   struct coll_stream *stream; /* NULL for a blocking call */
   _Atomic int done;

@@ -43,6 +43,31 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
     push(steps, nsteps, s);
     return COLL_OK;
   }
+  if (a->coll == COLL_COLL_SENDRECV) {
+    bool self_out = a->root == a->rank, self_in = a->recv_peer == a->rank;
+    if (a->root < 0 || a->root >= a->nranks || a->recv_peer < 0 ||
+        a->recv_peer >= a->nranks || self_out != self_in ||
+        (self_out && a->count != a->recv_count))
+      return COLL_ERR_INVALID_ARG;
+    if (self_out) {
+      coll_step s = {.kind = COLL_STEP_COPY, .peer_in = -1, .peer_out = -1,
+                     .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = a->count,
+                     .chunk = -1};
+      push(steps, nsteps, s);
+      return COLL_OK;
+    }
+    /* Two independent steps: the executor interleaves their slices round by round, so
+     * the send never waits for the whole receive (or the other way round). */
+    coll_step s = {.kind = COLL_STEP_SEND, .peer_in = -1, .peer_out = a->root,
+                   .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = a->count,
+                   .chunk = -1};
+    coll_step r = {.kind = COLL_STEP_RECV, .peer_in = a->recv_peer, .peer_out = -1,
+                   .src_buf = COLL_BUF_RECV, .dst_buf = COLL_BUF_RECV,
+                   .count = a->recv_count, .chunk = -1};
+    push(steps, nsteps, s);
+    push(steps, nsteps, r);
+    return COLL_OK;
+  }
   if ((a->coll == COLL_COLL_BROADCAST || a->coll == COLL_COLL_REDUCE) &&
       (a->root < 0 || a->root >= a->nranks))
     return COLL_ERR_INVALID_ARG;
@@ -60,7 +85,8 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
 
 const char *coll_coll_name(coll_coll_kind c) {
   static const char *names[] = {"broadcast", "reduce", "all_reduce", "reduce_scatter",
-                                "all_gather", "send", "recv", "barrier"};
+                                "all_gather", "send", "recv", "barrier",
+                                "sendrecv"};
   return (unsigned)c < COLL_NUM_COLLS ? names[c] : "?";
 }
 

@@ -17,9 +17,10 @@
 
 typedef enum {
   COLL_COLL_BROADCAST, COLL_COLL_REDUCE, COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
-  COLL_COLL_ALL_GATHER, COLL_COLL_SEND, COLL_COLL_RECV, COLL_COLL_BARRIER
+  COLL_COLL_ALL_GATHER, COLL_COLL_SEND, COLL_COLL_RECV, COLL_COLL_BARRIER,
+  COLL_COLL_SENDRECV
 } coll_coll_kind;
-#define COLL_NUM_COLLS 8
+#define COLL_NUM_COLLS 9
 
 typedef enum { COLL_ALGO_AUTO = 0, COLL_ALGO_RING } coll_algo;
 
@@ -61,6 +62,8 @@ typedef struct {
                      recvcount; all_gather: sendcount */
   int nranks, rank, root; /* root: broadcast/reduce root; send/recv: the peer */
   int in_place;           /* send and recv buffers are the in-place pair */
+  size_t recv_count;      /* sendrecv: elements received (count is elements sent) */
+  int recv_peer;          /* sendrecv: the source (root is the destination) */
 } coll_plan_args;
 
 /* Fills steps[0..*nsteps) (capacity coll_plan_max_steps(nranks)).  Steps with count 0
