@@ -88,6 +88,11 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   for (int p = 0; p < nranks; p++) {
     comm->pids[p] = all[p].pid;
     comm->host_ids[p] = all[p].host_id;
+    comm->local_ranks += all[p].host_id == me.host_id;
+  }
+  {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    comm->oversubscribed = cores > 0 && comm->local_ranks > cores;
   }
   for (int p = 0; p < nranks; p++) {
     if (p == rank) continue;

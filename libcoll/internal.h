@@ -126,6 +126,8 @@ struct coll_comm {
   void *transport_ctx;
   const coll_transport *transport;
   size_t slot_bytes;
+  int local_ranks;      /* ranks on this host */
+  bool oversubscribed;  /* more local ranks than online cores: spinning only hurts */
 
   /* executor */
   pthread_mutex_t qmu;

@@ -274,7 +274,10 @@ static inline void cpu_relax(void) {
  * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
 static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
   shm_conn *c = (shm_conn *)cc;
-  for (int i = 0; i < 2000; i++) {
+  /* When ranks outnumber cores the peer we wait for is likely not running: spinning
+   * would only keep it off the core, so go straight to yielding. */
+  int spins = comm->oversubscribed ? 0 : 1000;
+  for (int i = 0; i < spins; i++) {
     if (can_go(c)) return COLL_OK;
     cpu_relax();
   }
