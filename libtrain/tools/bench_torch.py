@@ -11,8 +11,23 @@ import os
 import sys
 import time
 
-import numpy as np
-import torch
+
+def _threads_from_argv():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return str(os.cpu_count())
+
+
+# torch.set_num_threads() does not reach the BLAS: Debian's torch calls OpenBLAS, whose
+# own thread pool would use every core. Pin it before torch (and numpy) load it.
+os.environ["OPENBLAS_NUM_THREADS"] = _threads_from_argv()
+os.environ["OMP_NUM_THREADS"] = _threads_from_argv()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import GPT  # noqa: E402
