@@ -86,14 +86,12 @@ typedef struct train_acts {
     float *qkv;       /* (L,B,T,3C) */
     float *atty;      /* (L,B,T,C) */
     float *att;       /* (L,B,NH,T,T) */
-    float *attproj;   /* (L,B,T,C) */
     float *residual2; /* (L,B,T,C) */
     float *ln2;       /* (L,B,T,C) */
     float *ln2_mean;  /* (L,B,T) */
     float *ln2_rstd;  /* (L,B,T) */
     float *fch;       /* (L,B,T,4C) */
     float *fch_gelu;  /* (L,B,T,4C) */
-    float *fcproj;    /* (L,B,T,C) */
     float *residual3; /* (L,B,T,C) */
     float *lnf;       /* (B,T,C) */
     float *lnf_mean;  /* (B,T) */
@@ -101,6 +99,9 @@ typedef struct train_acts {
     float *logits;    /* (B,T,V) */
     float *probs;     /* (B,T,V) */
     float *losses;    /* (B,T) */
+    float *branch;    /* (B,T,C) output of a block's attention or MLP projection before it
+                       * is added to the residual stream: not needed by backward, so one
+                       * buffer serves every block */
 } train_acts;
 
 /* Backward scratch: one block's worth, reused from the top block down. */

@@ -134,14 +134,12 @@ static size_t layout_acts(train_model *m, float *mem)
     A_(qkv, L * BT * 3 * C);
     A_(atty, L * BT * C);
     A_(att, L * B * NH * T * T);
-    A_(attproj, L * BT * C);
     A_(residual2, L * BT * C);
     A_(ln2, L * BT * C);
     A_(ln2_mean, L * BT);
     A_(ln2_rstd, L * BT);
     A_(fch, L * BT * 4 * C);
     A_(fch_gelu, L * BT * 4 * C);
-    A_(fcproj, L * BT * C);
     A_(residual3, L * BT * C);
     A_(lnf, BT * C);
     A_(lnf_mean, BT);
@@ -149,6 +147,7 @@ static size_t layout_acts(train_model *m, float *mem)
     A_(logits, BT * V);
     A_(probs, BT * V);
     A_(losses, BT);
+    A_(branch, BT * C);
 #undef A_
     return off;
 }
@@ -350,22 +349,21 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
         float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * bt,
               *ln1_rstd = a->ln1_rstd + l * bt, *qkv = a->qkv + l * bt * 3 * C,
               *atty = a->atty + l * bt * C, *att = a->att + l * batt,
-              *attproj = a->attproj + l * bt * C, *res2 = a->residual2 + l * bt * C,
+              *res2 = a->residual2 + l * bt * C,
               *ln2 = a->ln2 + l * bt * C, *ln2_mean = a->ln2_mean + l * bt,
               *ln2_rstd = a->ln2_rstd + l * bt, *fch = a->fch + l * bt * 4 * C,
-              *fch_gelu = a->fch_gelu + l * bt * 4 * C, *fcproj = a->fcproj + l * bt * C,
-              *res3 = a->residual3 + l * bt * C;
+              *fch_gelu = a->fch_gelu + l * bt * 4 * C, *res3 = a->residual3 + l * bt * C;
 
         o->layernorm_forward(ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, N, C);
         o->matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * C);
         o->attention_forward(atty, att, qkv, B, T, C, NH);
-        o->matmul_forward(attproj, atty, w.projw, w.projb, N, C, C);
-        o->residual_forward(res2, x, attproj, (size_t)N * C);
+        o->matmul_forward(a->branch, atty, w.projw, w.projb, N, C, C);
+        o->residual_forward(res2, x, a->branch, (size_t)N * C);
         o->layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, N, C);
         o->matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
         o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
-        o->matmul_forward(fcproj, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
-        o->residual_forward(res3, res2, fcproj, (size_t)N * C);
+        o->matmul_forward(a->branch, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
+        o->residual_forward(res3, res2, a->branch, (size_t)N * C);
         x = res3;
     }
     float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;

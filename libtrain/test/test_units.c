@@ -191,3 +191,52 @@ Test(output, plot_svg)
     th_rmrf(dir);
     free(dir), free(p);
 }
+
+/* The checkpoint loader against damaged files: every truncation and a few hundred single
+ * bit flips must be refused with a message, and must leave the session untouched. */
+Test(ckpt, damaged_files_are_refused, .timeout = 60)
+{
+    char err[TRAIN_ERRLEN];
+    train_options o = {
+        .cfg = {.vocab = 256, .max_seq = 16, .layers = 1, .channels = 16, .heads = 2},
+        .hp = train_hparams_default(),
+        .batch = 2,
+        .seq = 8,
+        .seed = 3,
+        .threads = 1,
+    };
+    train_session *s = train_session_create(&o, err);
+    cr_assert(s, "%s", err);
+    train_session_step(s);
+    char *dir = th_tmpdir(), *good = th_fmt("%s/good.ckpt", dir), *bad = th_fmt("%s/bad.ckpt", dir);
+    cr_assert_eq(train_session_save(s, good, err), 0, "%s", err);
+    size_t n = 0;
+    char *buf = th_read(good, &n);
+    size_t np = train_num_params(train_session_model(s));
+    float *before = malloc(np * 4), *after = malloc(np * 4);
+    train_copy_params_to_host(train_session_model(s), before);
+
+    for (size_t len = 0; len < n; len += len < 200 ? 1 : 997) {
+        th_write(bad, buf, len);
+        err[0] = '\0';
+        cr_assert_neq(train_session_load(s, bad, err), 0, "truncated to %zu bytes: accepted", len);
+        cr_assert(strlen(err) > 0 && strchr(err, '\n') == NULL);
+    }
+    uint64_t rng = 12345;
+    for (int k = 0; k < 300; k++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        size_t pos = (size_t)(rng >> 33) % n;
+        buf[pos] ^= (char)(1 << (k % 8));
+        th_write(bad, buf, n);
+        cr_assert_neq(train_session_load(s, bad, err), 0, "bit flip at byte %zu accepted", pos);
+        buf[pos] ^= (char)(1 << (k % 8));
+    }
+    train_copy_params_to_host(train_session_model(s), after);
+    cr_expect(memcmp(before, after, np * 4) == 0, "a refused load changed the parameters");
+    cr_expect_eq(train_session_step_count(s), 1);
+    cr_expect_eq(train_session_load(s, good, err), 0, "%s", err); /* the original still loads */
+    free(before), free(after), free(buf), free(good), free(bad);
+    train_session_free(s);
+    th_rmrf(dir);
+    free(dir);
+}

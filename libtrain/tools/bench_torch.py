@@ -29,6 +29,7 @@ os.environ["OMP_NUM_THREADS"] = _threads_from_argv()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import GPT  # noqa: E402
 
