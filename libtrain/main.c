@@ -239,7 +239,7 @@ int main(int argc, char **argv)
         case 'h': usage(stdout); return 0;
         default:
             if (optopt)
-                snprintf(msg, sizeof msg, "option needs an argument or is unknown: %s (see --help)",
+                snprintf(msg, sizeof msg, "option %s needs an argument (see --help)",
                          argv[optind - 1]);
             else
                 snprintf(msg, sizeof msg, "unknown option %s (see --help)", argv[optind - 1]);
