@@ -3,6 +3,11 @@
  * The algorithms live one per file (ring.c, ...); this file picks one, handles the
  * cases that need no algorithm at all (one rank, point-to-point), and names things for
  * logs and traces.  Pure: no I/O, no allocation, no globals.
+ *
+ * Costs of what this file schedules itself (α per message, β per byte, n bytes):
+ *   send / recv       α + n·β      (one FIFO, pipelined in slots)
+ *   sendrecv          α + max(n_send, n_recv)·β   (the two directions interleave)
+ *   any collective on one rank: a local copy, n·β_mem (nothing when in place)
  */
 #include "internal.h"
 #include "ring.h"

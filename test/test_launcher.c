@@ -38,7 +38,7 @@ static int free_port(void) {
 
 /* Runs a shell command with a time limit; returns its output's count of "ok" lines. */
 static int run_count_ok(const char *cmd, int *status) {
-  char full[2048];
+  char full[4096];
   snprintf(full, sizeof full, "timeout -s KILL 60 %s 2>&1", cmd);
   FILE *p = popen(full, "r");
   cr_assert(p);
@@ -55,7 +55,7 @@ static int run_count_ok(const char *cmd, int *status) {
 Test(launcher, mpirun_np4, .timeout = 120) {
   if (system("command -v mpirun >/dev/null 2>&1") != 0)
     cr_skip_test("mpirun not found: install Debian's openmpi-bin to run this test");
-  char cmd[1024];
+  char cmd[2048];
   snprintf(cmd, sizeof cmd,
            "mpirun --allow-run-as-root --oversubscribe -np 4 -x COLL_ADDR=127.0.0.1:%d %s",
            free_port(), prog());

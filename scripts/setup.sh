@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# setup.sh — installs (from Debian) whatever the build and tests need and is missing.
+# Idempotent: does nothing but check when everything is there.  Needs root for apt.
+set -euo pipefail
+PKGS=(
+  build-essential meson ninja-build pkg-config   # build
+  libcriterion-dev                                # tests
+  libopenblas-dev                                 # libtrain matmuls
+  libibverbs-dev                                  # the ib transport (built, needs no device)
+  openmpi-bin libopenmpi-dev                      # mpirun launch test, MPI backend
+  python3 python3-torch python3-numpy             # PyTorch reference for libtrain
+  gnuplot-nox                                     # coll-bench --plot
+  clang libclang-rt-14-dev                        # sanitizers' runtime, fuzzing
+  iproute2 procps                                 # ip netns test bed, process tools
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

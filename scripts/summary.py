@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""summary.py — count Criterion test cases in meson test logs and print the closing line.
+
+Reads meson's testlog.json files; for each test program takes Criterion's
+"Synthesis: Tested: T | Passing: P | Failing: F | Crashing: C" line from its output.
+A program without that line counts as one test: passed if meson says OK or SKIP,
+else failed.  Prints one line per program, then "N passed, N failed" last.
+"""
+import json, re, sys
+
+SYN = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)")
+passed = failed = 0
+for path in sys.argv[1:]:
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        print(f"{path}: missing (build failed?)")
+        failed += 1
+        continue
+    for line in lines:
+        t = json.loads(line)
+        out = (t.get("stdout") or "") + (t.get("stderr") or "")
+        m = SYN.findall(out)
+        res = t.get("result")
+        if m:
+            tested, p, f, c = map(int, m[-1])
+            # a program that crashed after its synthesis, or timed out, is a failure too
+            extra = 1 if res not in ("OK", "SKIP", "EXPECTEDFAIL") and f + c == 0 else 0
+            passed += p
+            failed += f + c + extra
+            print(f"{path.split('/')[0]:>10} {t['name']:<28} {res:<8} {p} passed, {f + c + extra} failed")
+        else:
+            ok = res in ("OK", "SKIP")
+            passed += ok
+            failed += not ok
+            print(f"{path.split('/')[0]:>10} {t['name']:<28} {res:<8} (no Criterion summary)")
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)

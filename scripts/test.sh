@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# test.sh — the README's second command: set up, build twice (plain with -Werror, and
+# with ASan+UBSan), run every test suite, and end with one line "N passed, N failed"
+# counting Criterion test cases over all runs (a test program that dies without its
+# summary counts as one failure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh || exit 1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
+build() { # dir, extra meson args...
+  local dir=$1; shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" -Dwerror=true "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+  fi
+  ninja -C "$dir" || return 1
+}
+
+status=0
+build build || status=1
+build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug || status=1
+
+run() { # dir, suites...
+  local dir=$1; shift
+  local args=()
+  for s in "$@"; do args+=(--suite "$s"); done
+  meson test -C "$dir" --no-rebuild --print-errorlogs "${args[@]}" || true
+}
+if [ $status = 0 ]; then
+  run build coll train
+  run build-asan coll
+fi
+python3 scripts/summary.py build/meson-logs/testlog.json build-asan/meson-logs/testlog.json
+rc=$?
+[ $status = 0 ] || { echo "0 passed, 1 failed"; exit 1; }
+exit $rc
