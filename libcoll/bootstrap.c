@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -141,8 +142,11 @@ typedef struct {
   bool have_len, have_data, closed;
 } root_conn;
 
-typedef struct {
+typedef struct coll_root {
   int listen_fd;
+  int wake_fd;     /* eventfd: coll_bootstrap_root_stop() asks the loop to end */
+  bool detached;   /* the thread frees this state itself */
+  pthread_t thread;
   uint8_t secret[COLL_SECRET_BYTES];
   int timeout_ms;
   int nranks;
@@ -330,7 +334,11 @@ static void *root_main(void *arg) {
   root_state *st = arg;
   bool any_joined = false;
   uint64_t last_progress = coll_now_ns();
-  struct pollfd *pfs = calloc(MAX_CONNS + 1, sizeof *pfs);
+  struct pollfd *pfs = calloc(MAX_CONNS + 2, sizeof *pfs);
+  if (!pfs) {
+    fail_all(st, "bootstrap root is out of memory");
+    goto out;
+  }
   for (;;) {
     /* Everyone who joined has hung up after the last round: done. */
     if (any_joined) {
@@ -344,8 +352,10 @@ static void *root_main(void *arg) {
                                 .events = POLLIN};
     for (int i = 0; i < st->nconns; i++)
       pfs[np++] = (struct pollfd){.fd = st->conns[i].fd, .events = POLLIN};
-    int rc = poll(pfs, (nfds_t)np, 200);
+    pfs[np] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
+    int rc = poll(pfs, (nfds_t)np + 1, 200);
     if (rc < 0 && errno != EINTR) break;
+    if (pfs[np].revents & POLLIN) break; /* asked to stop */
     uint64_t now = coll_now_ns();
     if (st->timeout_ms && now - last_progress > (uint64_t)st->timeout_ms * 1000000u) {
       fail_all(st, "bootstrap timed out: not every rank joined within COLL_TIMEOUT_MS");
@@ -405,18 +415,26 @@ static void *root_main(void *arg) {
       }
     }
   }
+out:
   for (int i = 0; i < st->nconns; i++)
     if (st->conns[i].fd >= 0) drop(&st->conns[i]);
   close(st->listen_fd);
+  st->listen_fd = -1;
   free(pfs);
   free(st->conns);
+  st->conns = NULL;
   free(st->by_rank);
-  free(st);
+  st->by_rank = NULL;
+  if (st->detached) {
+    close(st->wake_fd);
+    free(st);
+  }
   return NULL;
 }
 
-coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms,
-                                      char *why, size_t why_len) {
+coll_result coll_bootstrap_root_listen(coll_id_fields *f, bool pick_addr, int timeout_ms,
+                                       coll_root **out, char *why, size_t why_len) {
+  *out = NULL;
   if (pick_addr) pick_local_addr(f);
   int fd = socket(f->family == AF_INET6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -446,46 +464,97 @@ coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int tim
                                              : ((struct sockaddr_in *)&ss)->sin_port);
   }
   set_nonblock(fd);
+  int wfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   root_state *st = calloc(1, sizeof *st);
   if (st) st->conns = calloc(MAX_CONNS, sizeof *st->conns);
-  if (!st || !st->conns) {
-    if (st) free(st);
+  if (wfd < 0 || !st || !st->conns) {
+    if (st) free(st->conns);
+    free(st);
+    if (wfd >= 0) close(wfd);
     close(fd);
-    snprintf(why, why_len, "bootstrap root: out of memory");
+    snprintf(why, why_len, "bootstrap root: out of memory or file descriptors");
     return COLL_ERR_SYSTEM;
   }
   st->listen_fd = fd;
+  st->wake_fd = wfd;
   memcpy(st->secret, f->secret, COLL_SECRET_BYTES);
   st->timeout_ms = timeout_ms;
-  pthread_t t;
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  int e = pthread_create(&t, &attr, root_main, st);
-  pthread_attr_destroy(&attr);
-  if (e) {
-    close(fd);
-    free(st->conns);
-    free(st);
-    snprintf(why, why_len, "bootstrap root: cannot start its thread: %s", strerror(e));
-    return COLL_ERR_SYSTEM;
-  }
-  char a[80];
-  addr_string(f, a, sizeof a);
-  COLL_INFO(-1, "bootstrap root listening at %s", a);
+  *out = st;
   return COLL_OK;
 }
 
-coll_result coll_get_unique_id(coll_unique_id *id) {
-  if (!id) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_get_unique_id: id is NULL");
+coll_result coll_bootstrap_root_run(coll_root *st, bool detached, char *why, size_t why_len) {
+  st->detached = detached;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  if (detached) pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int e = pthread_create(&st->thread, &attr, root_main, st);
+  pthread_attr_destroy(&attr);
+  if (e) {
+    coll_bootstrap_root_discard(st);
+    snprintf(why, why_len, "bootstrap root: cannot start its thread: %s", strerror(e));
+    return COLL_ERR_SYSTEM;
+  }
+  return COLL_OK;
+}
+
+void coll_bootstrap_root_stop(coll_root *st) {
+  if (!st) return;
+  uint64_t one = 1;
+  if (write(st->wake_fd, &one, sizeof one) < 0) { /* the loop still ends on its own */ }
+  pthread_join(st->thread, NULL);
+  close(st->wake_fd);
+  free(st);
+}
+
+void coll_bootstrap_root_discard(coll_root *st) {
+  if (!st) return;
+  close(st->listen_fd);
+  close(st->wake_fd);
+  free(st->conns);
+  free(st);
+}
+
+void coll_bootstrap_root_forget(coll_root *st) {
+  if (!st) return;
+  close(st->listen_fd);
+  close(st->wake_fd);
+}
+
+coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms,
+                                      char *why, size_t why_len) {
+  coll_root *st;
+  coll_result r = coll_bootstrap_root_listen(f, pick_addr, timeout_ms, &st, why, why_len);
+  if (r != COLL_OK) return r;
+  char a[80];
+  addr_string(f, a, sizeof a);
+  COLL_INFO(-1, "bootstrap root listening at %s", a);
+  return coll_bootstrap_root_run(st, true, why, why_len);
+}
+
+coll_result coll_make_unique_id(coll_unique_id *id, coll_root **held) {
   coll_id_fields f = {.magic = ID_MAGIC, .version = ID_VERSION};
   if (getrandom(f.secret, sizeof f.secret, 0) != (ssize_t)sizeof f.secret)
     return coll_fail(NULL, COLL_ERR_SYSTEM, "coll_get_unique_id: getrandom failed: %s",
                      strerror(errno));
   char why[256];
-  coll_result r = coll_bootstrap_root_start(&f, true, coll_env_timeout_ms(), why, sizeof why);
+  coll_root *st;
+  coll_result r = coll_bootstrap_root_listen(&f, true, coll_env_timeout_ms(), &st, why, sizeof why);
   if (r != COLL_OK) return coll_fail(NULL, r, "%s", why);
+  char a[80];
+  addr_string(&f, a, sizeof a);
+  COLL_INFO(-1, "bootstrap root listening at %s", a);
+  if (held) {
+    *held = st;
+  } else if ((r = coll_bootstrap_root_run(st, true, why, sizeof why)) != COLL_OK) {
+    return coll_fail(NULL, r, "%s", why);
+  }
   return coll_id_encode(&f, id);
+}
+
+coll_result coll_get_unique_id(coll_unique_id *id) {
+  if (!id) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_get_unique_id: id is NULL");
+  return coll_make_unique_id(id, NULL);
 }
 
 /* ---- the client side -------------------------------------------------------------- */

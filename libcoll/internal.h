@@ -74,6 +74,25 @@ coll_result coll_id_decode(const coll_unique_id *id, coll_id_fields *f, char *wh
 coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms,
                                       char *why, size_t why_len);
 
+/* The same in two halves, for a process that forks ranks: listen first (no thread yet),
+ * fork, then run.  A process must not fork while the root thread might hold a lock that
+ * the child would need (ASan's allocator, for one, has no fork handler in GCC 12), so the
+ * launcher forks every rank before the thread exists and stops it before returning. */
+typedef struct coll_root coll_root;
+coll_result coll_bootstrap_root_listen(coll_id_fields *f, bool pick_addr, int timeout_ms,
+                                       coll_root **out, char *why, size_t why_len);
+/* Starts the thread; detached roots free themselves, others end in root_stop().  On
+ * failure the root is discarded. */
+coll_result coll_bootstrap_root_run(coll_root *r, bool detached, char *why, size_t why_len);
+/* Ends a joinable root's loop, joins its thread and frees it. */
+void coll_bootstrap_root_stop(coll_root *r);
+/* Frees a root that never ran. */
+void coll_bootstrap_root_discard(coll_root *r);
+/* In a forked child: closes the root's descriptors, touches nothing else. */
+void coll_bootstrap_root_forget(coll_root *r);
+/* A fresh id; with `held`, the listening root is handed back without a thread. */
+coll_result coll_make_unique_id(coll_unique_id *id, coll_root **held);
+
 typedef struct {
   int fd;
   int rank, nranks;

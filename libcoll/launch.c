@@ -1,7 +1,11 @@
 /* launch.c — the local launcher: fork N ranks, run a function in each, reap them all.
  *
  * The parent makes the unique id (so the rendezvous root runs in the parent, which
- * outlives every rank), forks, and waits on pidfds so it notices at once when a rank
+ * outlives every rank), forks, and only then starts the root's thread: a process with a
+ * second thread that forks can hand its child a lock held forever (ASan's allocator in
+ * GCC 12 has no fork handler; CI hung that way).  The thread is stopped and joined before
+ * returning, so the next launch forks from a single-threaded process again.  It waits on
+ * pidfds so it notices at once when a rank
  * crashes — then kills the others rather than letting them wait for a peer that will
  * never come.  Afterwards it removes any shared segment of the job left in /dev/shm
  * (normally none: ranks unlink their segments during init; this covers a rank killed
@@ -57,7 +61,8 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
     return 2;
   }
   coll_unique_id id;
-  if (coll_get_unique_id(&id) != COLL_OK) {
+  coll_root *root = NULL;
+  if (coll_make_unique_id(&id, &root) != COLL_OK) {
     snprintf(why, why_len, "coll_launch_local: %s", coll_comm_last_error(NULL));
     return 2;
   }
@@ -65,6 +70,7 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
   pid_t *pids = calloc((size_t)nranks, sizeof *pids);
   struct pollfd *pfs = calloc((size_t)nranks, sizeof *pfs);
   if (!pids || !pfs) {
+    coll_bootstrap_root_discard(root);
     free(pids);
     free(pfs);
     snprintf(why, why_len, "coll_launch_local: out of memory");
@@ -76,6 +82,7 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
   for (int r = 0; r < nranks; r++) {
     pid_t pid = fork();
     if (pid == 0) {
+      coll_bootstrap_root_forget(root);
       char buf[16];
       snprintf(buf, sizeof buf, "%d", r);
       setenv("COLL_LAUNCH_RANK", buf, 1);
@@ -109,6 +116,16 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
     pfs[r] = (struct pollfd){.fd = pidfd_open_(pid), .events = POLLIN};
     alive++;
   }
+  if (status == 0) {
+    char rwhy[256];
+    if (coll_bootstrap_root_run(root, false, rwhy, sizeof rwhy) != COLL_OK) {
+      snprintf(why, why_len, "coll_launch_local: %s", rwhy);
+      status = 2;
+    }
+  } else {
+    coll_bootstrap_root_discard(root);
+  }
+  if (status != 0) root = NULL;
   uint64_t end = timeout_ms > 0 ? coll_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
   bool killed = status != 0;
   if (killed)
@@ -154,6 +171,7 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
       }
     }
   }
+  coll_bootstrap_root_stop(root);
   free(pids);
   free(pfs);
   cleanup_segments(&id);
