@@ -1,9 +1,11 @@
 /* comm.c — communicator lifetime: init (from an id or from the launcher's environment),
  * destroy and abort.
  *
- * Init is: join the bootstrap, exchange (pid, host, transport info) in one round, map
- * every peer's FIFOs, meet again so that every rank has mapped everything, let the
- * transport unlink what it created, start the progress thread.  After init nothing
+ * Init is: join the bootstrap, set up the transports this rank may need, exchange (pid,
+ * host, transport info) in one round, connect each peer with its transport (same host:
+ * shm, else tcp; COLL_TRANSPORT=shm|tcp forces one), meet again so that every rank has
+ * connected everything, let the transports finish (shm unlinks its segment, tcp accepts
+ * and starts its proxy), start the progress thread.  After init nothing
  * talks to the bootstrap again.  Must never leave a half-built communicator behind: a
  * failure frees everything it made, shared segments included.
  */
@@ -20,8 +22,24 @@ typedef struct {
   int32_t pid;
   uint32_t pad;
   uint64_t host_id;
-  uint8_t blob[COLL_CONN_BLOB];
+  uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, [0] shm [1] tcp */
 } rank_info;
+
+typedef enum { MODE_AUTO, MODE_SHM, MODE_TCP } transport_mode;
+
+/* COLL_TRANSPORT=auto|shm|tcp: auto (the default) is shm within a host, tcp across. */
+static coll_result read_transport_mode(struct coll_comm *comm, transport_mode *mode) {
+  const char *e = getenv("COLL_TRANSPORT");
+  *mode = MODE_AUTO;
+  if (!e || !*e || strcmp(e, "auto") == 0) return COLL_OK;
+  if (strcmp(e, "shm") == 0) *mode = MODE_SHM;
+  else if (strcmp(e, "tcp") == 0) *mode = MODE_TCP;
+  else
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "rank %d: COLL_TRANSPORT=%s is not a transport of this build (auto, shm, "
+                     "tcp)", comm->rank, e);
+  return COLL_OK;
+}
 
 /* Same hostname and same boot => same machine (containers with one hostname on two
  * machines differ in boot_id). */
@@ -42,7 +60,10 @@ static uint64_t host_id(void) {
 void coll_comm_free(struct coll_comm *comm) {
   if (!comm) return;
   coll_exec_stop(comm);
-  if (comm->transport && comm->transport_ctx) comm->transport->close(comm, comm->transport_ctx);
+  coll_trace_free(comm);
+  for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
+    if (comm->transports[t] && comm->transport_ctxs[t])
+      comm->transports[t]->close(comm, comm->transport_ctxs[t]);
   free(comm->conn_send);
   free(comm->conn_recv);
   free(comm->pids);
@@ -79,11 +100,23 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   }
   if ((r = coll_bootstrap_connect(comm, &b, f, rank, nranks)) != COLL_OK) goto fail;
 
-  /* Only shared memory exists so far: every rank must be on this host. */
-  comm->transport = &coll_transport_shm;
+  /* The route we took to the rendezvous tells TCP which local address peers can reach. */
+  comm->boot_local_len = sizeof comm->boot_local;
+  if (getsockname(b.fd, (struct sockaddr *)&comm->boot_local, &comm->boot_local_len) != 0)
+    comm->boot_local_len = 0;
+  transport_mode mode;
+  if ((r = read_transport_mode(comm, &mode)) != COLL_OK) goto fail;
+  /* Set up every transport this rank might need before the exchange: which peers are
+   * remote is only known after it.  [0] shm, [1] tcp. */
+  comm->ntransports = COLL_MAX_TRANSPORTS;
+  comm->transports[0] = mode != MODE_TCP ? &coll_transport_shm : NULL;
+  comm->transports[1] = mode != MODE_SHM ? &coll_transport_tcp : NULL;
   rank_info me = {.pid = (int32_t)getpid(), .host_id = host_id()};
   comm->host_ids[rank] = me.host_id; /* setup may ask can_connect before the round */
-  if ((r = comm->transport->setup(comm, &comm->transport_ctx, me.blob)) != COLL_OK) goto fail;
+  for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
+    if (comm->transports[t] &&
+        (r = comm->transports[t]->setup(comm, &comm->transport_ctxs[t], me.blob[t])) != COLL_OK)
+      goto fail;
   if ((r = coll_bootstrap_allgather(comm, &b, &me, all, sizeof me)) != COLL_OK) goto fail;
   for (int p = 0; p < nranks; p++) {
     comm->pids[p] = all[p].pid;
@@ -94,18 +127,24 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     comm->oversubscribed = cores > 0 && comm->local_ranks > cores;
   }
+  int uses[COLL_MAX_TRANSPORTS] = {0};
   for (int p = 0; p < nranks; p++) {
     if (p == rank) continue;
-    if (!comm->transport->can_connect(comm, p)) {
+    bool same_host = all[p].host_id == me.host_id;
+    int t = mode == MODE_TCP ? 1 : mode == MODE_SHM ? 0 : same_host ? 0 : 1;
+    if (t == 0 && !same_host) {
       r = coll_fail(comm, COLL_ERR_UNSUPPORTED,
-                    "rank %d: rank %d runs on another host, and this build has only the "
-                    "shared-memory transport", rank, p);
+                    "rank %d: COLL_TRANSPORT=shm, but rank %d runs on another host: shared "
+                    "memory cannot reach it (unset COLL_TRANSPORT or set it to tcp)", rank, p);
       goto fail;
     }
-    if ((r = comm->transport->connect(comm, comm->transport_ctx, p, all[p].blob,
-                                      &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
+    uses[t]++;
+    if ((r = comm->transports[t]->connect(comm, comm->transport_ctxs[t], p, all[p].blob[t],
+                                          &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
       goto fail;
   }
+  comm->transport = comm->transports[uses[1] > uses[0] ? 1 : 0];
+  if (!comm->transport) comm->transport = comm->transports[1];
   /* Second round: everyone has mapped everyone's segment, so names can go. */
   {
     uint8_t token = 1;
@@ -118,7 +157,10 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
     free(tokens);
     if (r != COLL_OK) goto fail;
   }
-  if ((r = comm->transport->ready(comm, comm->transport_ctx)) != COLL_OK) goto fail;
+  for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
+    if (comm->transports[t] &&
+        (r = comm->transports[t]->ready(comm, comm->transport_ctxs[t])) != COLL_OK)
+      goto fail;
   coll_bootstrap_close(&b);
   if ((r = coll_exec_start(comm)) != COLL_OK) goto fail;
   free(all);
@@ -155,7 +197,9 @@ coll_result coll_comm_init_rank(coll_comm_t *comm, int nranks, coll_unique_id id
 coll_result coll_comm_destroy(coll_comm_t comm) {
   if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_destroy: comm is NULL");
   /* coll_exec_stop drains the queue first.  Errors met by queued work were already
-   * reported through its stream; destroying a failed communicator succeeds. */
+   * reported through its stream; destroying a failed communicator succeeds.  With
+   * COLL_TRACE=FILE.json the ranks first gather their traces (a collective step). */
+  coll_trace_flush_json(comm);
   coll_comm_free(comm);
   return COLL_OK;
 }

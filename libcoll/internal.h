@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "coll.h"
@@ -142,8 +143,16 @@ struct coll_comm {
 
   /* connectors: conn_send[p] moves data to p, conn_recv[p] from p (NULL for self) */
   coll_conn **conn_send, **conn_recv;
-  void *transport_ctx;
-  const coll_transport *transport;
+  /* Transports in use, chosen per peer pair in comm.c (same host -> shm, else tcp;
+   * COLL_TRANSPORT forces one); each connector points at its own. */
+#define COLL_MAX_TRANSPORTS 2
+  const coll_transport *transports[COLL_MAX_TRANSPORTS];
+  void *transport_ctxs[COLL_MAX_TRANSPORTS];
+  int ntransports;
+  const coll_transport *transport; /* the one most peers use (for logs) */
+  /* This rank's address on the route to the rendezvous (TCP listens there). */
+  struct sockaddr_storage boot_local;
+  socklen_t boot_local_len;
   size_t slot_bytes;
   int local_ranks;      /* ranks on this host */
   bool oversubscribed;  /* more local ranks than online cores: spinning only hurts */
@@ -161,6 +170,8 @@ struct coll_comm {
   uint64_t next_seq;
   coll_step *steps; /* scratch for one plan */
   uint8_t *barrier_buf;
+
+  struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
 
   _Atomic int aborted;
   _Atomic int users; /* API calls inside the communicator right now */
@@ -181,6 +192,24 @@ void coll_exec_wake_all(struct coll_comm *comm);
 
 void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg);
 void coll_stream_enqueued(struct coll_stream *s);
+
+/* ---- tracing (trace.c) ------------------------------------------------------------ */
+
+typedef struct coll_trace coll_trace;
+/* Reads COLL_TRACE (text, or a .json path) and turns recording on. */
+coll_result coll_trace_from_env(struct coll_comm *comm);
+bool coll_trace_on(struct coll_comm *comm);
+/* Per-step start / end times of the running call, filled by the executor. */
+uint64_t *coll_trace_t0(struct coll_comm *comm);
+uint64_t *coll_trace_t1(struct coll_comm *comm);
+/* Called by the executor after a call that succeeded. */
+void coll_trace_record(struct coll_comm *comm, const coll_work *w, coll_algo algo,
+                       const coll_step *steps, size_t nsteps, size_t es, uint64_t t_start,
+                       uint64_t t_end);
+/* COLL_TRACE=FILE.json: gathers every rank's events to rank 0, which writes the file.
+ * Collective: every rank calls it (from coll_comm_destroy). */
+void coll_trace_flush_json(struct coll_comm *comm);
+void coll_trace_free(struct coll_comm *comm);
 
 /* ---- communicator lifetime (comm.c) ------------------------------------------------ */
 

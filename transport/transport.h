@@ -64,5 +64,6 @@ struct coll_transport {
 #define COLL_CONN_BLOB 256
 
 extern const coll_transport coll_transport_shm;
+extern const coll_transport coll_transport_tcp;
 
 #endif

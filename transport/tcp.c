@@ -1,0 +1,825 @@
+/* tcp.c — the TCP transport: the same FIFO protocol as shm, carried over sockets.
+ *
+ * Each connection keeps its FIFO (nslots slots, tail and head counters) in *local*
+ * memory.  On the send side the executor fills a slot and bumps `tail`; a proxy thread
+ * (one per communicator) writes the slot to a socket and bumps `head` once the kernel
+ * holds every byte, freeing the slot.  On the receive side the proxy reads a slice off
+ * the socket straight into the next free slot and bumps `tail`; the executor consumes it
+ * and bumps `head`.  The receiver's proxy reads from a socket only while it has a free
+ * slot, so TCP's own window is the credit that flows back to the sender: a full FIFO
+ * stops the reader, the peer's socket buffer fills, and the peer's proxy stops writing.
+ *
+ * A peer pair holds `nsocks` sockets (COLL_SOCKS_PER_PEER, default 2) used in both
+ * directions; slice s travels on socket s % nsocks, each slice framed by a 4-byte
+ * big-endian length.  The counter advances to the lowest slice not yet complete on any
+ * socket, so slices land in order whatever socket is fastest.  A communicator that is
+ * destroyed normally flushes what it posted and sends a "goodbye" frame first; a socket
+ * that ends (EOF, reset) without one means the peer died or aborted, and every wait of
+ * this communicator then fails with COLL_ERR_REMOTE naming that rank.
+ *
+ * Sockets: the lower rank of a pair connects, sending a hello (magic, the communicator's
+ * secret, its rank, the socket's index); the higher rank accepts in ready(), once every
+ * rank has connected, and drops anything that does not present the secret.  The listen
+ * address is COLL_SOCKET_IFNAME's, else the local address of the route this rank used to
+ * reach the rendezvous (so a host with a real interface never advertises loopback unless
+ * the rendezvous itself is on loopback, which means every rank is on this host).
+ *
+ * Must never: block the executor (only wait() sleeps, bounded), allocate or make a
+ * system call on the data path while the proxy is awake, read a length from the wire
+ * without bounding it, or let the proxy spin when there is nothing to move.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <linux/futex.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap_wire.h"
+#include "internal.h"
+
+#define TCP_NSLOTS 8
+#define TCP_SLOT_BYTES (64 * 1024)
+#define TCP_MAX_SOCKS 8
+#define TCP_HELLO_MAGIC 0x434c5443u /* "CLTC" */
+#define TCP_HELLO_BYTES 28
+#define TCP_GOODBYE 0xffffffffu
+#define TCP_IDLE_POLL_MS 1000
+#define TCP_DRAIN_MS 10000
+
+typedef struct {
+  _Alignas(64) _Atomic uint32_t tail; /* slices filled (sender: by the executor) */
+  _Atomic uint32_t tail_waiter;       /* a thread sleeps on tail */
+  _Alignas(64) _Atomic uint32_t head; /* slices freed (sender: by the proxy) */
+  _Atomic uint32_t head_waiter;       /* a thread sleeps on head */
+  _Alignas(64) uint32_t bytes[TCP_NSLOTS];
+} tcp_ctl;
+
+struct tcp_ctx;
+struct tcp_peer;
+
+typedef struct {
+  coll_conn base;
+  tcp_ctl ctl;
+  uint8_t *slots;
+  uint32_t pos;    /* the executor's own counter: sender tail, receiver head */
+  uint32_t cached; /* last value seen of the other counter */
+  struct tcp_peer *peer;
+  struct tcp_ctx *ctx;
+} tcp_conn;
+
+typedef struct {
+  int fd;
+  /* sending: slice sseq (this socket's next), soff bytes of header+data written */
+  uint32_t sseq, soff;
+  bool sactive;
+  uint8_t shdr[4];
+  /* receiving: slice rseq, roff bytes of header+data read */
+  uint32_t rseq, roff, rlen;
+  uint8_t rhdr[4];
+  bool said_goodbye; /* the peer's goodbye frame arrived on this socket */
+} tcp_sock;
+
+typedef struct tcp_peer {
+  int rank;
+  int nsocks, nconnected;
+  tcp_sock socks[TCP_MAX_SOCKS];
+  tcp_conn send, recv;
+  _Atomic int dead; /* set by the proxy; `why` is written before */
+  _Atomic int gone; /* said goodbye on every socket: destroyed its communicator */
+  char why[200];
+  char addr[64];
+} tcp_peer;
+
+typedef struct tcp_ctx {
+  struct coll_comm *comm;
+  int listen_fd, evfd;
+  int nsocks;
+  struct sockaddr_storage addr;
+  socklen_t addr_len;
+  tcp_peer **peers; /* by rank; NULL where another transport (or none) is used */
+  int *order;       /* ranks of tcp peers */
+  int npeers;
+  struct pollfd *pfds;
+  tcp_sock **pfd_sock;
+  tcp_peer **pfd_peer;
+  pthread_t thread;
+  bool thread_started;
+  _Atomic int stop;     /* 1: flush, say goodbye and leave; 2: leave now */
+  _Atomic int sleeping; /* the proxy is (about to be) in poll(): wake it via evfd */
+  _Atomic int first_dead; /* rank of the first peer lost, -1 while none */
+} tcp_ctx;
+
+typedef struct {
+  uint16_t family, port; /* port in host order */
+  uint32_t nsocks;
+  uint8_t addr[16];
+} tcp_blob;
+
+static void put32(uint8_t *p, uint32_t v) { coll_put32(p, v); }
+
+static void futex_wake_all(_Atomic uint32_t *addr) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 64, NULL, NULL, 0);
+}
+
+static void addr_text(const struct sockaddr_storage *ss, char *out, size_t len) {
+  char a[INET6_ADDRSTRLEN] = "?";
+  unsigned port;
+  if (ss->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+    inet_ntop(AF_INET6, &s6->sin6_addr, a, sizeof a);
+    port = ntohs(s6->sin6_port);
+    snprintf(out, len, "[%s]:%u", a, port);
+  } else {
+    const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+    inet_ntop(AF_INET, &s4->sin_addr, a, sizeof a);
+    port = ntohs(s4->sin_port);
+    snprintf(out, len, "%s:%u", a, port);
+  }
+}
+
+static bool tcp_can_connect(struct coll_comm *comm, int peer) {
+  (void)comm;
+  (void)peer;
+  return true;
+}
+
+static int set_nonblock(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* The address peers should connect to: COLL_SOCKET_IFNAME's, else the one this rank's
+ * route to the rendezvous leaves from. */
+static coll_result pick_addr(struct coll_comm *comm, struct sockaddr_storage *ss, socklen_t *len) {
+  const char *want = getenv("COLL_SOCKET_IFNAME");
+  memset(ss, 0, sizeof *ss);
+  if (want && *want) {
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: listing interfaces failed: %s",
+                       comm->rank, strerror(errno));
+    bool found = false;
+    for (int fam = 0; fam < 2 && !found; fam++) /* IPv4 first, then IPv6 */
+      for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || strcmp(i->ifa_name, want) != 0 || !(i->ifa_flags & IFF_UP)) continue;
+        if (i->ifa_addr->sa_family != (fam ? AF_INET6 : AF_INET)) continue;
+        *len = fam ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+        memcpy(ss, i->ifa_addr, *len);
+        found = true;
+      }
+    freeifaddrs(ifs);
+    if (!found)
+      return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                       "rank %d: COLL_SOCKET_IFNAME=%s names no interface that is up with an "
+                       "IP address on this host", comm->rank, want);
+  } else {
+    if (comm->boot_local_len == 0)
+      return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no local address for TCP", comm->rank);
+    memcpy(ss, &comm->boot_local, comm->boot_local_len);
+    *len = comm->boot_local_len;
+  }
+  if (ss->ss_family == AF_INET) ((struct sockaddr_in *)ss)->sin_port = 0;
+  else ((struct sockaddr_in6 *)ss)->sin6_port = 0;
+  return COLL_OK;
+}
+
+static coll_result tcp_setup(struct coll_comm *comm, void **ctxp, void *blob) {
+  tcp_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up tcp");
+  *ctxp = ctx;
+  ctx->comm = comm;
+  ctx->listen_fd = ctx->evfd = -1;
+  atomic_store(&ctx->first_dead, -1);
+  ctx->peers = calloc((size_t)comm->nranks, sizeof *ctx->peers);
+  ctx->order = calloc((size_t)comm->nranks, sizeof *ctx->order);
+  if (!ctx->peers || !ctx->order)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up tcp");
+  long ns;
+  coll_env_int("COLL_SOCKS_PER_PEER", 2, &ns);
+  if (ns < 1 || ns > TCP_MAX_SOCKS)
+    return coll_fail(comm, COLL_ERR_INVALID_ARG, "COLL_SOCKS_PER_PEER=%ld must be 1..%d", ns,
+                     TCP_MAX_SOCKS);
+  ctx->nsocks = (int)ns;
+  coll_result r = pick_addr(comm, &ctx->addr, &ctx->addr_len);
+  if (r != COLL_OK) return r;
+  ctx->listen_fd = socket(ctx->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (ctx->listen_fd < 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", comm->rank,
+                     strerror(errno));
+  char a[80];
+  addr_text(&ctx->addr, a, sizeof a);
+  if (bind(ctx->listen_fd, (struct sockaddr *)&ctx->addr, ctx->addr_len) != 0 ||
+      listen(ctx->listen_fd, 1024) != 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cannot listen for TCP peers on %s: %s",
+                     comm->rank, a, strerror(errno));
+  ctx->addr_len = sizeof ctx->addr;
+  getsockname(ctx->listen_fd, (struct sockaddr *)&ctx->addr, &ctx->addr_len);
+  set_nonblock(ctx->listen_fd);
+  ctx->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ctx->evfd < 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: eventfd failed: %s", comm->rank,
+                     strerror(errno));
+
+  tcp_blob b;
+  memset(&b, 0, sizeof b);
+  b.family = ctx->addr.ss_family;
+  b.nsocks = (uint32_t)ctx->nsocks;
+  if (b.family == AF_INET) {
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ctx->addr;
+    b.port = ntohs(s4->sin_port);
+    memcpy(b.addr, &s4->sin_addr, 4);
+  } else {
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ctx->addr;
+    b.port = ntohs(s6->sin6_port);
+    memcpy(b.addr, &s6->sin6_addr, 16);
+  }
+  _Static_assert(sizeof b <= COLL_CONN_BLOB, "blob fits");
+  memcpy(blob, &b, sizeof b);
+  addr_text(&ctx->addr, a, sizeof a);
+  COLL_INFO(comm->rank, "tcp: listening at %s, %d sockets per peer", a, ctx->nsocks);
+  comm->slot_bytes = TCP_SLOT_BYTES;
+  return COLL_OK;
+}
+
+/* Writes all of buf before the deadline (ns); false on error or time up. */
+static bool write_until(int fd, const void *buf, size_t len, uint64_t deadline) {
+  const uint8_t *p = buf;
+  while (len) {
+    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    uint64_t now = coll_now_ns();
+    if (now >= deadline) return false;
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    uint64_t left = (deadline - now) / 1000000u + 1;
+    poll(&pf, 1, left > 100 ? 100 : (int)left);
+  }
+  return true;
+}
+
+static bool read_until(int fd, void *buf, size_t len, uint64_t deadline) {
+  uint8_t *p = buf;
+  while (len) {
+    ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= (size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+    uint64_t now = coll_now_ns();
+    if (now >= deadline) return false;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    uint64_t left = (deadline - now) / 1000000u + 1;
+    poll(&pf, 1, left > 100 ? 100 : (int)left);
+  }
+  return true;
+}
+
+static uint64_t setup_deadline(struct coll_comm *comm) {
+  int ms = comm->timeout_ms > 0 ? comm->timeout_ms : 600000;
+  return coll_now_ns() + (uint64_t)ms * 1000000u;
+}
+
+static void tune_socket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  set_nonblock(fd);
+}
+
+static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
+                               const void *peer_blob, coll_conn **send, coll_conn **recv) {
+  tcp_ctx *ctx = vctx;
+  tcp_blob b;
+  memcpy(&b, peer_blob, sizeof b);
+  if ((b.family != AF_INET && b.family != AF_INET6) || b.port == 0 || b.nsocks < 1 ||
+      b.nsocks > TCP_MAX_SOCKS)
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d sent no usable TCP address",
+                     comm->rank, peer);
+  if ((int)b.nsocks != ctx->nsocks)
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "rank %d: rank %d uses %u sockets per peer but this rank %d: set "
+                     "COLL_SOCKS_PER_PEER alike on every rank", comm->rank, peer, b.nsocks,
+                     ctx->nsocks);
+  /* tcp_peer holds cache-line-aligned counters: calloc only promises 16 bytes. */
+  size_t psize = (sizeof(tcp_peer) + 63) / 64 * 64;
+  tcp_peer *p = aligned_alloc(64, psize);
+  if (p) memset(p, 0, psize);
+  uint8_t *mem = malloc(2 * (size_t)TCP_NSLOTS * TCP_SLOT_BYTES);
+  if (!p || !mem) {
+    free(p);
+    free(mem);
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  }
+  /* Touch the FIFOs now: first touch costs ~10 us a page, never on the data path. */
+  memset(mem, 0, 2 * (size_t)TCP_NSLOTS * TCP_SLOT_BYTES);
+  ctx->peers[peer] = p;
+  ctx->order[ctx->npeers++] = peer;
+  p->rank = peer;
+  p->nsocks = ctx->nsocks;
+  for (int k = 0; k < p->nsocks; k++)
+    p->socks[k] = (tcp_sock){.fd = -1, .sseq = (uint32_t)k, .rseq = (uint32_t)k};
+  p->send = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = true,
+                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
+                       .slots = mem, .peer = p, .ctx = ctx};
+  p->recv = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = false,
+                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
+                       .slots = mem + (size_t)TCP_NSLOTS * TCP_SLOT_BYTES, .peer = p, .ctx = ctx};
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss);
+  socklen_t sl;
+  if (b.family == AF_INET) {
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons(b.port);
+    memcpy(&s4->sin_addr, b.addr, 4);
+    sl = sizeof *s4;
+  } else {
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons(b.port);
+    memcpy(&s6->sin6_addr, b.addr, 16);
+    sl = sizeof *s6;
+  }
+  addr_text(&ss, p->addr, sizeof p->addr);
+  *send = &p->send.base;
+  *recv = &p->recv.base;
+  if (peer < comm->rank) return COLL_OK; /* it connects to us; ready() accepts */
+
+  uint64_t deadline = setup_deadline(comm);
+  for (int k = 0; k < p->nsocks; k++) {
+    int fd = socket(b.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", comm->rank,
+                       strerror(errno));
+    p->socks[k].fd = fd;
+    int e = 0;
+    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
+      e = errno;
+      if (e == EINPROGRESS) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int left;
+        for (;;) {
+          uint64_t now = coll_now_ns();
+          left = now >= deadline ? 0 : (int)((deadline - now) / 1000000u) + 1;
+          if (poll(&pf, 1, left > 1000 ? 1000 : left) != 0 || left == 0) break;
+        }
+        socklen_t el = sizeof e;
+        if (pf.revents) getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el);
+        else e = ETIMEDOUT;
+      }
+    }
+    if (e)
+      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: cannot open a TCP connection to rank "
+                       "%d at %s: %s (is that address reachable from this host? set "
+                       "COLL_SOCKET_IFNAME to choose the interface)", comm->rank, peer,
+                       p->addr, strerror(e));
+    tune_socket(fd);
+    uint8_t hello[TCP_HELLO_BYTES];
+    put32(hello, TCP_HELLO_MAGIC);
+    memcpy(hello + 4, comm->secret, COLL_SECRET_BYTES);
+    put32(hello + 20, (uint32_t)comm->rank);
+    put32(hello + 24, (uint32_t)k);
+    if (!write_until(fd, hello, sizeof hello, deadline))
+      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: sending the TCP hello to rank %d at %s "
+                       "failed", comm->rank, peer, p->addr);
+    p->nconnected++;
+  }
+  return COLL_OK;
+}
+
+/* ---- the proxy ---------------------------------------------------------------------- */
+
+static void wake_conn(tcp_conn *c) {
+  futex_wake_all(&c->ctl.tail);
+  futex_wake_all(&c->ctl.head);
+}
+
+static void lose_peer(tcp_ctx *ctx, tcp_peer *p, const char *fmt, int err) {
+  if (atomic_load(&p->dead)) return;
+  struct coll_comm *comm = ctx->comm;
+  if (err)
+    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s: %s", comm->rank,
+             p->rank, p->addr, fmt, strerror(err));
+  else
+    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s", comm->rank, p->rank,
+             p->addr, fmt);
+  atomic_store(&p->dead, 1);
+  int none = -1;
+  atomic_compare_exchange_strong(&ctx->first_dead, &none, p->rank);
+  COLL_WARN(comm->rank, "%s", p->why);
+  for (int i = 0; i < ctx->npeers; i++) {
+    wake_conn(&ctx->peers[ctx->order[i]]->send);
+    wake_conn(&ctx->peers[ctx->order[i]]->recv);
+  }
+}
+
+static void publish(tcp_conn *c, _Atomic uint32_t *word, _Atomic uint32_t *waiter, uint32_t v) {
+  (void)c;
+  atomic_store_explicit(word, v, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(waiter, memory_order_relaxed)) futex_wake_all(word);
+}
+
+/* Moves what can move on peer p's sockets without blocking; true if any byte moved. */
+static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
+  bool moved = false;
+  tcp_conn *s = &p->send, *r = &p->recv;
+  uint32_t stail = atomic_load_explicit(&s->ctl.tail, memory_order_acquire);
+  uint32_t rhead = atomic_load_explicit(&r->ctl.head, memory_order_acquire);
+  for (int k = 0; k < p->nsocks && !atomic_load(&p->dead); k++) {
+    tcp_sock *so = &p->socks[k];
+    /* send every slice of this socket that the executor has posted */
+    for (;;) {
+      if (!so->sactive) {
+        if ((int32_t)(stail - so->sseq) <= 0) break;
+        put32(so->shdr, s->ctl.bytes[so->sseq % TCP_NSLOTS]);
+        so->soff = 0;
+        so->sactive = true;
+      }
+      uint32_t len = coll_get32(so->shdr);
+      struct iovec iov[2];
+      int n = 0;
+      if (so->soff < 4) iov[n++] = (struct iovec){so->shdr + so->soff, 4 - so->soff};
+      uint32_t doff = so->soff < 4 ? 0 : so->soff - 4;
+      if (len > doff)
+        iov[n++] = (struct iovec){s->slots + (size_t)(so->sseq % TCP_NSLOTS) * TCP_SLOT_BYTES + doff,
+                                  len - doff};
+      struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+      ssize_t w = sendmsg(so->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+        lose_peer(ctx, p, "sending failed", errno);
+        return moved;
+      }
+      moved = true;
+      so->soff += (uint32_t)w;
+      if (so->soff < 4 + len) break; /* the socket buffer is full */
+      so->sactive = false;
+      so->sseq += (uint32_t)p->nsocks;
+    }
+    /* receive into free slots */
+    for (;;) {
+      if (so->said_goodbye) break;
+      if (so->rseq - rhead >= TCP_NSLOTS) break; /* no free slot: TCP holds the rest */
+      ssize_t got;
+      if (so->roff < 4) {
+        got = recv(so->fd, so->rhdr + so->roff, 4 - so->roff, MSG_DONTWAIT);
+      } else {
+        uint8_t *dst = r->slots + (size_t)(so->rseq % TCP_NSLOTS) * TCP_SLOT_BYTES;
+        got = recv(so->fd, dst + so->roff - 4, so->rlen - (so->roff - 4), MSG_DONTWAIT);
+      }
+      if (got == 0) {
+        lose_peer(ctx, p, "the connection was closed without a goodbye: the process died or "
+                  "aborted its communicator", 0);
+        return moved;
+      }
+      if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+        lose_peer(ctx, p, "receiving failed", errno);
+        return moved;
+      }
+      moved = true;
+      so->roff += (uint32_t)got;
+      if (so->roff == 4) {
+        so->rlen = coll_get32(so->rhdr);
+        if (so->rlen == TCP_GOODBYE) {
+          so->said_goodbye = true;
+          so->roff = 0;
+          bool all = true;
+          for (int j = 0; j < p->nsocks; j++) all = all && p->socks[j].said_goodbye;
+          if (all) {
+            atomic_store(&p->gone, 1);
+            wake_conn(r);
+          }
+          break;
+        }
+        if (so->rlen > TCP_SLOT_BYTES) {
+          char msg[96];
+          snprintf(msg, sizeof msg, "it sent a %u-byte slice (limit %u): not a libcoll peer of "
+                   "this version", so->rlen, TCP_SLOT_BYTES);
+          lose_peer(ctx, p, msg, 0);
+          return moved;
+        }
+      }
+      if (so->roff >= 4 && so->roff == 4 + so->rlen) {
+        r->ctl.bytes[so->rseq % TCP_NSLOTS] = so->rlen;
+        so->rseq += (uint32_t)p->nsocks;
+        so->roff = 0;
+      }
+    }
+  }
+  if (atomic_load(&p->dead)) return moved;
+  /* The counters advance to the first slice not yet complete on any socket. */
+  uint32_t shead = atomic_load_explicit(&s->ctl.head, memory_order_relaxed);
+  uint32_t h = p->socks[0].sseq, t = p->socks[0].rseq;
+  for (int k = 1; k < p->nsocks; k++) {
+    if ((int32_t)(p->socks[k].sseq - h) < 0) h = p->socks[k].sseq;
+    if ((int32_t)(p->socks[k].rseq - t) < 0) t = p->socks[k].rseq;
+  }
+  if ((int32_t)(h - stail) > 0) h = stail;
+  if (h != shead) publish(s, &s->ctl.head, &s->ctl.head_waiter, h);
+  uint32_t rtail = atomic_load_explicit(&r->ctl.tail, memory_order_relaxed);
+  if (t != rtail) publish(r, &r->ctl.tail, &r->ctl.tail_waiter, t);
+  if (h != stail) *sends_pending = true;
+  return moved;
+}
+
+/* Poll events for each socket, given the counters now. Returns the count of pollfds. */
+static int build_poll(tcp_ctx *ctx) {
+  int n = 0;
+  for (int i = 0; i < ctx->npeers; i++) {
+    tcp_peer *p = ctx->peers[ctx->order[i]];
+    if (atomic_load(&p->dead)) continue;
+    uint32_t stail = atomic_load_explicit(&p->send.ctl.tail, memory_order_acquire);
+    uint32_t rhead = atomic_load_explicit(&p->recv.ctl.head, memory_order_acquire);
+    for (int k = 0; k < p->nsocks; k++) {
+      tcp_sock *so = &p->socks[k];
+      short ev = 0;
+      if (so->sactive || (int32_t)(stail - so->sseq) > 0) ev |= POLLOUT;
+      if (!so->said_goodbye && so->rseq - rhead < TCP_NSLOTS) ev |= POLLIN;
+      ctx->pfds[n] = (struct pollfd){.fd = so->fd, .events = ev};
+      ctx->pfd_sock[n] = so;
+      ctx->pfd_peer[n] = p;
+      n++;
+    }
+  }
+  ctx->pfds[n++] = (struct pollfd){.fd = ctx->evfd, .events = POLLIN};
+  return n;
+}
+
+static void send_goodbyes(tcp_ctx *ctx, uint64_t deadline) {
+  uint8_t bye[4];
+  put32(bye, TCP_GOODBYE);
+  for (int i = 0; i < ctx->npeers; i++) {
+    tcp_peer *p = ctx->peers[ctx->order[i]];
+    if (atomic_load(&p->dead)) continue;
+    for (int k = 0; k < p->nsocks; k++) {
+      if (!write_until(p->socks[k].fd, bye, 4, deadline)) break;
+      shutdown(p->socks[k].fd, SHUT_WR);
+    }
+  }
+}
+
+static void *proxy_main(void *arg) {
+  tcp_ctx *ctx = arg;
+  uint64_t drain_deadline = 0;
+  for (;;) {
+    int stop = atomic_load(&ctx->stop);
+    if (stop == 2) break;
+    bool pending = false, moved = false;
+    for (int i = 0; i < ctx->npeers; i++)
+      moved |= progress_peer(ctx, ctx->peers[ctx->order[i]], &pending);
+    if (stop == 1) {
+      if (!drain_deadline) drain_deadline = coll_now_ns() + TCP_DRAIN_MS * 1000000ull;
+      if (!pending || coll_now_ns() > drain_deadline) {
+        send_goodbyes(ctx, drain_deadline + 1000000000ull);
+        break;
+      }
+    }
+    if (moved) continue;
+    /* Nothing moved: sleep in poll.  Raise `sleeping` first and build the poll set from
+     * the counters after a full fence, so a post that the set misses sees the flag and
+     * writes the eventfd (Dekker, as in shm). */
+    atomic_store(&ctx->sleeping, 1);
+    atomic_thread_fence(memory_order_seq_cst);
+    int n = build_poll(ctx);
+    int rc = poll(ctx->pfds, (nfds_t)n, stop == 1 ? 10 : TCP_IDLE_POLL_MS);
+    atomic_store(&ctx->sleeping, 0);
+    if (rc > 0 && (ctx->pfds[n - 1].revents & POLLIN)) {
+      uint64_t v;
+      if (read(ctx->evfd, &v, sizeof v) < 0) { /* nothing to drain */ }
+    }
+    /* A hang-up or error with nothing to read shows up as POLLHUP/POLLERR only. */
+    for (int i = 0; rc > 0 && i < n - 1; i++)
+      if ((ctx->pfds[i].revents & (POLLHUP | POLLERR)) && !(ctx->pfds[i].events & POLLIN) &&
+          !ctx->pfd_sock[i]->said_goodbye) {
+        int e = 0;
+        socklen_t el = sizeof e;
+        getsockopt(ctx->pfds[i].fd, SOL_SOCKET, SO_ERROR, &e, &el);
+        lose_peer(ctx, ctx->pfd_peer[i], "the connection failed", e ? e : ECONNRESET);
+      }
+  }
+  return NULL;
+}
+
+static void kick_proxy(tcp_ctx *ctx) {
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&ctx->sleeping, memory_order_relaxed) &&
+      atomic_exchange(&ctx->sleeping, 0)) {
+    uint64_t one = 1;
+    if (write(ctx->evfd, &one, sizeof one) < 0) { /* the proxy wakes within its poll bound */ }
+  }
+}
+
+/* Accepts the connections of every lower rank and starts the proxy. */
+static coll_result tcp_ready(struct coll_comm *comm, void *vctx) {
+  tcp_ctx *ctx = vctx;
+  int expected = 0, got = 0;
+  for (int i = 0; i < ctx->npeers; i++)
+    if (ctx->order[i] < comm->rank) expected += ctx->nsocks;
+  uint64_t deadline = setup_deadline(comm);
+  while (got < expected) {
+    uint64_t now = coll_now_ns();
+    if (now >= deadline)
+      return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: only %d of %d TCP connections from "
+                       "lower ranks arrived within %d ms", comm->rank, got, expected,
+                       comm->timeout_ms);
+    struct pollfd pf = {.fd = ctx->listen_fd, .events = POLLIN};
+    uint64_t left = (deadline - now) / 1000000u + 1;
+    if (poll(&pf, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
+    int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    /* A stranger gets 5 s to present the hello, then is dropped. */
+    uint64_t hd = coll_now_ns() + 5000000000ull;
+    uint8_t hello[TCP_HELLO_BYTES];
+    bool ok = read_until(fd, hello, sizeof hello, hd < deadline ? hd : deadline);
+    uint8_t diff = 0;
+    for (int i = 0; ok && i < COLL_SECRET_BYTES; i++) diff |= (uint8_t)(hello[4 + i] ^ comm->secret[i]);
+    uint32_t from = ok ? coll_get32(hello + 20) : 0, k = ok ? coll_get32(hello + 24) : 0;
+    tcp_peer *p = ok && from < (uint32_t)comm->rank ? ctx->peers[from] : NULL;
+    if (!ok || diff || coll_get32(hello) != TCP_HELLO_MAGIC || !p || k >= (uint32_t)p->nsocks ||
+        p->socks[k].fd >= 0) {
+      COLL_INFO(comm->rank, "tcp: dropped a connection that did not present a valid hello");
+      close(fd);
+      continue;
+    }
+    tune_socket(fd);
+    p->socks[k].fd = fd;
+    p->nconnected++;
+    got++;
+  }
+  close(ctx->listen_fd);
+  ctx->listen_fd = -1;
+  if (ctx->npeers == 0) return COLL_OK;
+  int nfds = 1;
+  for (int i = 0; i < ctx->npeers; i++) nfds += ctx->peers[ctx->order[i]]->nsocks;
+  ctx->pfds = calloc((size_t)nfds, sizeof *ctx->pfds);
+  ctx->pfd_sock = calloc((size_t)nfds, sizeof *ctx->pfd_sock);
+  ctx->pfd_peer = calloc((size_t)nfds, sizeof *ctx->pfd_peer);
+  if (!ctx->pfds || !ctx->pfd_sock || !ctx->pfd_peer)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory starting the tcp proxy");
+  int e = pthread_create(&ctx->thread, NULL, proxy_main, ctx);
+  if (e)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: starting the tcp proxy thread failed: %s",
+                     comm->rank, strerror(e));
+  ctx->thread_started = true;
+  return COLL_OK;
+}
+
+/* ---- data path ------------------------------------------------------------------------ */
+
+static void *tcp_send_slot(coll_conn *cc) {
+  tcp_conn *c = (tcp_conn *)cc;
+  if (c->pos - c->cached >= TCP_NSLOTS) {
+    c->cached = atomic_load_explicit(&c->ctl.head, memory_order_acquire);
+    if (c->pos - c->cached >= TCP_NSLOTS) return NULL;
+  }
+  return c->slots + (size_t)(c->pos % TCP_NSLOTS) * TCP_SLOT_BYTES;
+}
+
+static void tcp_send_post(coll_conn *cc, uint32_t bytes) {
+  tcp_conn *c = (tcp_conn *)cc;
+  c->ctl.bytes[c->pos % TCP_NSLOTS] = bytes;
+  c->pos++;
+  atomic_store_explicit(&c->ctl.tail, c->pos, memory_order_release);
+  kick_proxy(c->ctx);
+}
+
+static const void *tcp_recv_slot(coll_conn *cc, uint32_t *bytes) {
+  tcp_conn *c = (tcp_conn *)cc;
+  if (c->pos == c->cached) {
+    c->cached = atomic_load_explicit(&c->ctl.tail, memory_order_acquire);
+    if (c->pos == c->cached) return NULL;
+  }
+  uint32_t i = c->pos % TCP_NSLOTS;
+  *bytes = c->ctl.bytes[i];
+  return c->slots + (size_t)i * TCP_SLOT_BYTES;
+}
+
+static void tcp_recv_release(coll_conn *cc) {
+  tcp_conn *c = (tcp_conn *)cc;
+  c->pos++;
+  atomic_store_explicit(&c->ctl.head, c->pos, memory_order_release);
+  kick_proxy(c->ctx);
+}
+
+static bool can_go(tcp_conn *c) {
+  if (c->base.is_send)
+    return c->pos - atomic_load_explicit(&c->ctl.head, memory_order_acquire) < TCP_NSLOTS;
+  return atomic_load_explicit(&c->ctl.tail, memory_order_acquire) != c->pos;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Why this connection can never go on, or NULL. */
+static coll_result peer_trouble(struct coll_comm *comm, tcp_conn *c) {
+  tcp_ctx *ctx = c->ctx;
+  int lost = atomic_load(&ctx->first_dead);
+  if (lost >= 0)
+    return coll_fail(comm, COLL_ERR_REMOTE, "%s", ctx->peers[lost]->why);
+  if (!c->base.is_send && atomic_load(&c->peer->gone))
+    return coll_fail(comm, COLL_ERR_REMOTE,
+                     "rank %d: rank %d destroyed its communicator while this rank still waits "
+                     "for its data (did the ranks call different collectives?)", comm->rank,
+                     c->peer->rank);
+  return COLL_OK;
+}
+
+static coll_result tcp_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
+  tcp_conn *c = (tcp_conn *)cc;
+  int spins = comm->oversubscribed ? 0 : 2000;
+  for (int i = 0; i < spins; i++) {
+    if (can_go(c)) return COLL_OK;
+    cpu_relax();
+  }
+  coll_result r = peer_trouble(comm, c);
+  if (r != COLL_OK) return r;
+  _Atomic uint32_t *word = c->base.is_send ? &c->ctl.head : &c->ctl.tail;
+  _Atomic uint32_t *flag = c->base.is_send ? &c->ctl.head_waiter : &c->ctl.tail_waiter;
+  uint32_t seen = atomic_load(word);
+  atomic_store(flag, 1);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (!can_go(c) && !atomic_load(&comm->aborted) && atomic_load(&c->ctx->first_dead) < 0 &&
+      !atomic_load(&c->peer->gone)) {
+    int ms = max_ms < 1 ? 1 : max_ms;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+  }
+  atomic_store(flag, 0);
+  if (!can_go(c)) return peer_trouble(comm, c);
+  return COLL_OK;
+}
+
+static void tcp_wake(coll_conn *cc) { wake_conn((tcp_conn *)cc); }
+
+static void tcp_close(struct coll_comm *comm, void *vctx) {
+  tcp_ctx *ctx = vctx;
+  if (!ctx) return;
+  if (ctx->thread_started) {
+    /* A healthy communicator flushes what it posted and says goodbye, so peers can tell
+     * a normal end from a death; a failed or aborted one just leaves. */
+    bool healthy = !atomic_load(&comm->aborted) && comm->sticky == COLL_OK &&
+                   atomic_load(&ctx->first_dead) < 0;
+    atomic_store(&ctx->stop, healthy ? 1 : 2);
+    uint64_t one = 1;
+    if (write(ctx->evfd, &one, sizeof one) < 0) { /* the proxy polls with a bound anyway */ }
+    pthread_join(ctx->thread, NULL);
+  }
+  if (ctx->listen_fd >= 0) close(ctx->listen_fd);
+  if (ctx->evfd >= 0) close(ctx->evfd);
+  if (ctx->peers) {
+    for (int i = 0; i < ctx->npeers; i++) {
+      tcp_peer *p = ctx->peers[ctx->order[i]];
+      for (int k = 0; k < p->nsocks; k++)
+        if (p->socks[k].fd >= 0) close(p->socks[k].fd);
+      free(p->send.slots);
+      free(p);
+    }
+  }
+  free(ctx->peers);
+  free(ctx->order);
+  free(ctx->pfds);
+  free(ctx->pfd_sock);
+  free(ctx->pfd_peer);
+  free(ctx);
+}
+
+const coll_transport coll_transport_tcp = {
+    .name = "tcp",
+    .can_connect = tcp_can_connect,
+    .setup = tcp_setup,
+    .connect = tcp_connect,
+    .ready = tcp_ready,
+    .send_slot = tcp_send_slot,
+    .send_post = tcp_send_post,
+    .recv_slot = tcp_recv_slot,
+    .recv_release = tcp_recv_release,
+    .wait = tcp_wait,
+    .wake = tcp_wake,
+    .close = tcp_close,
+};
