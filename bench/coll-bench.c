@@ -39,6 +39,7 @@
 
 #include "bench_util.h"
 #include "coll.h"
+#include "explain.h"
 #include "coll_launch.h"
 
 #ifndef COLL_BENCH_DATADIR
@@ -61,6 +62,7 @@ typedef struct {
   int local_ranks; /* 0: join the job described by the environment */
   const char *algo;
   int stats;
+  int explain;
   const char *json_path;
   int csv;               /* --csv given */
   const char *csv_path;  /* NULL or "-": stdout */
@@ -108,9 +110,15 @@ static void usage(FILE *f) {
       "  --json FILE               one JSON record per size and collective\n"
       "  --csv [FILE]              CSV to FILE, or to stdout (the table then goes to stderr)\n"
       "  --plot FILE.svg|FILE.png  busbw against size, one line per collective (gnuplot)\n"
+      "  --explain                 run each size once traced and print, step by step, what\n"
+      "                            every rank sent and received, the byte totals against\n"
+      "                            the formula, and the alpha-beta model (alpha and beta\n"
+      "                            measured first) beside the measured time\n"
       "  -h, --help                this text\n"
       "\n"
       "Exit status: 0 all results right, 1 a result was wrong, 2 bad usage, 3 a failure.\n"
+      "COLL_TRACE=text logs every step of every call; COLL_TRACE=FILE.json writes a\n"
+      "Perfetto / chrome://tracing timeline of every rank when the run ends.\n"
       "COLL_BENCH_FAULT=RANK[:INDEX] corrupts that output element before each check (to\n"
       "test the checker).\n");
 }
@@ -198,7 +206,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
     o->colls[0] = c, o->ncolls = 1;
   }
 
-  enum { OPT_RANKS = 256, OPT_STATS, OPT_JSON, OPT_CSV, OPT_PLOT };
+  enum { OPT_RANKS = 256, OPT_STATS, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_EXPLAIN };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'},
       {"maxbytes", required_argument, 0, 'e'},
@@ -218,6 +226,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
       {"json", required_argument, 0, OPT_JSON},
       {"csv", optional_argument, 0, OPT_CSV},
       {"plot", required_argument, 0, OPT_PLOT},
+      {"explain", no_argument, 0, OPT_EXPLAIN},
       {0, 0, 0, 0},
   };
   static const char shorts[] = "+:b:e:f:i:o:d:r:n:w:c:z:A:h";
@@ -277,6 +286,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
         o->csv_path = sub_argv[optind++];
       break;
     case OPT_PLOT: o->plot_path = optarg; break;
+    case OPT_EXPLAIN: o->explain = 1; break;
     case ':':
       die_usage("option %s needs a value", flag);
     case '?':
@@ -806,6 +816,42 @@ static int run_collective(run_ctx *x, bench_coll c) {
   return 0;
 }
 
+/* --explain: one traced call per size instead of a table (explain.c). */
+static int explain_call(void *ctx, const bench_data *d, const void *sb, void *rb, size_t count) {
+  run_ctx *x = ctx;
+  /* Blocking calls (run on the caller's thread), except sendrecv, whose send and recv
+   * are enqueued together. */
+  if (d->coll == BENCH_SENDRECV) return call_and_wait(x, d->coll, sb, rb, count, d->dtype, d->op);
+  return post(x, d->coll, sb, rb, count, d->dtype, d->op, NULL);
+}
+
+static int run_explain(run_ctx *x) {
+  const bench_opts *o = x->o;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  bench_explain_ctx e = {.comm = x->comm, .rank = x->rank, .nranks = x->nranks,
+                         .out = x->table ? x->table : stdout, .call = explain_call,
+                         .call_ctx = x, .sendbuf = x->sendbuf, .recvbuf = x->recvbuf,
+                         .iters = o->iters, .warmup = o->warmup,
+                         .ranks_per_core = cores > 0 ? (double)x->nranks / (double)cores : 1,
+                         .one_host = x->nhosts == 1};
+  if (bench_explain_probe(&e)) return -1;
+  for (int i = 0; i < o->ncolls; i++) {
+    bench_coll c = (bench_coll)o->colls[i];
+    if (c == BENCH_SENDRECV && x->nranks < 2) continue;
+    for (int ti = 0; ti < o->ndtypes; ti++)
+      for (int oi = 0; oi < (bench_coll_reduces(c) ? o->nops : 1); oi++) {
+        bench_data d = {.coll = c, .dtype = (coll_dtype)o->dtypes[ti],
+                        .op = bench_coll_reduces(c) ? (coll_op)o->ops[oi] : COLL_SUM,
+                        .nranks = x->nranks, .root = bench_coll_rooted(c) ? o->root : 0};
+        size_t size = o->min_bytes;
+        do {
+          if (bench_explain_one(&e, &d, size)) return -1;
+        } while (next_size(o, &size));
+      }
+  }
+  return 0;
+}
+
 /* ---- rank setup ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -926,8 +972,12 @@ static int setup_and_run(run_ctx *x) {
     print_run_header(x, all);
   }
 
-  for (int i = 0; i < o->ncolls; i++)
-    if (run_collective(x, (bench_coll)o->colls[i])) goto out;
+  if (o->explain) {
+    if (run_explain(x)) goto out;
+  } else {
+    for (int i = 0; i < o->ncolls; i++)
+      if (run_collective(x, (bench_coll)o->colls[i])) goto out;
+  }
   if (barrier(x)) goto out;
   rc = x->any_wrong ? EXIT_WRONG : 0;
 

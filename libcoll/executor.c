@@ -197,6 +197,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   default: break;
   }
   size_t nsteps = 0;
+  uint64_t t_call = 0;
   coll_result r = coll_plan_build(&a, comm->steps, &nsteps);
   if (r != COLL_OK)
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no plan for %s #%llu", comm->rank,
@@ -211,6 +212,13 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     if (k > rounds) rounds = k;
   }
   wait_ctx x = {.comm = comm, .w = w};
+  /* Tracing: when each step's first slice starts and its last slice ends. */
+  uint64_t *t0 = NULL, *t1 = NULL;
+  if (coll_trace_on(comm)) {
+    t0 = coll_trace_t0(comm);
+    t1 = coll_trace_t1(comm);
+    t_call = coll_now_ns();
+  }
   for (size_t j = 0; j < rounds; j++) {
     size_t off = j * slice;
     for (size_t i = 0; i < nsteps; i++) {
@@ -221,9 +229,12 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       x.step_index = (int)i;
       x.done_bytes = off * es;
       x.total_bytes = s->count * es;
+      if (t0 && off == 0) t0[i] = coll_now_ns();
       if ((r = run_slice(&x, bufs, off, n, es)) != COLL_OK) return r;
+      if (t1 && off + n == s->count) t1[i] = coll_now_ns();
     }
   }
+  if (t0) coll_trace_record(comm, w, a.algo, comm->steps, nsteps, es, t_call, coll_now_ns());
   return COLL_OK;
 }
 
@@ -283,6 +294,8 @@ coll_result coll_exec_start(struct coll_comm *comm) {
   comm->barrier_buf = calloc(64, 1);
   if (!comm->queue_store || !comm->steps || !comm->barrier_buf)
     return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating the executor");
+  coll_result tr = coll_trace_from_env(comm);
+  if (tr != COLL_OK) return tr;
   int e = pthread_create(&comm->thread, NULL, progress_main, comm);
   if (e)
     return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: starting the progress thread failed: %s",

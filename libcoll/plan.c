@@ -100,3 +100,11 @@ const char *coll_step_name(coll_step_kind k) {
                                 "recv-reduce-copy", "recv-reduce-copy-send"};
   return (unsigned)k <= COLL_STEP_RECV_REDUCE_COPY_SEND ? names[k] : "?";
 }
+
+const char *coll_algo_name(coll_algo a) {
+  switch (a) {
+  case COLL_ALGO_AUTO: return "auto";
+  case COLL_ALGO_RING: return "ring";
+  }
+  return "?";
+}

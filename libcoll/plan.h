@@ -77,5 +77,6 @@ void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
 
 const char *coll_coll_name(coll_coll_kind c);
 const char *coll_step_name(coll_step_kind k);
+const char *coll_algo_name(coll_algo a);
 
 #endif

@@ -35,6 +35,9 @@
  *
  * Pure: builds steps, touches no memory but `steps`, never fails for valid arguments.
  */
+#include <math.h>
+#include <stdio.h>
+
 #include "ring.h"
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -143,5 +146,53 @@ coll_result coll_ring_plan(const coll_plan_args *a, coll_step *steps, size_t *ns
   case COLL_COLL_REDUCE: reduce(p, r, a->root, a->count, steps, nsteps); break;
   default: return COLL_ERR_INVALID_ARG;
   }
+  return COLL_OK;
+}
+
+coll_result coll_ring_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
+                           double beta, double *seconds, char *formula, size_t formula_len) {
+  double a = alpha * 1e6, b = beta * 1e9; /* for printing: us and ns/B */
+  double steps = 0, bytes = 0;            /* latency terms, bytes on the critical path */
+  const char *shape = "";
+  double k = 1;
+  if (p == 1 && coll != COLL_COLL_SEND && coll != COLL_COLL_RECV && coll != COLL_COLL_SENDRECV) {
+    *seconds = 0;
+    snprintf(formula, formula_len, "one rank: a local copy, no messages");
+    return COLL_OK;
+  }
+  switch (coll) {
+  case COLL_COLL_ALL_REDUCE:
+    steps = 2.0 * (p - 1), bytes = 2.0 * (p - 1) / p * n;
+    shape = "2(p-1)*a + 2(p-1)/p*n*b";
+    break;
+  case COLL_COLL_REDUCE_SCATTER:
+  case COLL_COLL_ALL_GATHER:
+    steps = p - 1, bytes = (double)(p - 1) / p * n;
+    shape = "(p-1)*a + (p-1)/p*n*b";
+    break;
+  case COLL_COLL_BROADCAST:
+  case COLL_COLL_REDUCE:
+    k = n > slice ? ceil(n / slice) : 1;
+    steps = p - 1 + k - 1, bytes = steps * n / k;
+    shape = "(p-1+k-1)*(a + n/k*b)";
+    break;
+  case COLL_COLL_SEND:
+  case COLL_COLL_RECV:
+  case COLL_COLL_SENDRECV:
+    steps = 1, bytes = n;
+    shape = "a + n*b";
+    break;
+  case COLL_COLL_BARRIER:
+    steps = 2.0 * (p - 1), bytes = 0;
+    shape = "2(p-1)*a";
+    break;
+  }
+  *seconds = steps * alpha + bytes * beta;
+  char ks[32] = "";
+  if (coll == COLL_COLL_BROADCAST || coll == COLL_COLL_REDUCE)
+    snprintf(ks, sizeof ks, ", k=%.0f slices", k);
+  snprintf(formula, formula_len,
+           "%s with p=%d, n=%.0f B%s: %.0f*%.3f us + %.0f B*%.4f ns/B = %.2f us + %.2f us = %.2f us",
+           shape, p, n, ks, steps, a, bytes, b, steps * a, bytes * b / 1e3, *seconds * 1e6);
   return COLL_OK;
 }

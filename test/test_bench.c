@@ -722,3 +722,124 @@ Test(bench_run, bad_flags_one_line_and_status_2, .timeout = 120) {
   cr_assert(strstr(r.out, "usage: coll-bench"));
   free_run(&r);
 }
+
+/* ---- --explain and COLL_TRACE ------------------------------------------------------- */
+
+/* Ring chunk i of `count` elements over n ranks, computed here from the definition
+ * (the first count % n chunks are one element longer), not taken from the library. */
+static size_t chunk_len(size_t count, int n, int i) {
+  return count / (size_t)n + ((size_t)i < count % (size_t)n ? 1 : 0);
+}
+
+/* --explain for all-reduce: per-rank sent bytes are (S-|c_r|)+(S-|c_r+1|), which is
+ * 2(N-1)/N*S when N divides S; received = what the previous rank sent; the total is
+ * 2(N-1)*S; and there are 2N-1 schedule steps (the middle one receives and sends). */
+Test(bench_explain, all_reduce_byte_totals, .timeout = 300) {
+  static const size_t counts[] = {1001, 1000, 65536};
+  for (int n = 2; n <= 5; n++) {
+    for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+      size_t count = counts[ci], S = count * 4;
+      char ranks[8], size[32];
+      snprintf(ranks, sizeof ranks, "%d", n);
+      snprintf(size, sizeof size, "%zu", S);
+      const char *args[] = {"all_reduce", "--ranks", ranks, "--explain", "-b", size, "-e", size,
+                            "-n", "2", "-w", "1", NULL};
+      run_result r = run_bench(args, NULL, 120);
+      if (r.status != 0) free_run(&r);
+      cr_assert_eq(r.status, 0, "--explain N=%d S=%zu: status %d", n, S, r.status);
+      unsigned long long sent[8] = {0}, recv[8] = {0}, tot_sent = 0;
+      int seen = 0, steps = 0;
+      char *text = strdup(r.out), *save = NULL;
+      for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int rk;
+        unsigned long long a, b;
+        if (sscanf(line, "#    rank %d %llu %llu", &rk, &a, &b) == 3 && rk >= 0 && rk < n) {
+          sent[rk] = a, recv[rk] = b;
+          seen++;
+        }
+        if (sscanf(line, "#    total %llu", &a) == 1) tot_sent = a;
+        if (strncmp(line, "#  step ", 8) == 0) steps++;
+      }
+      free(text);
+      if (seen != n || steps != 2 * n - 1) free_run(&r);
+      cr_assert_eq(seen, n, "N=%d S=%zu: %d per-rank lines", n, S, seen);
+      cr_assert_eq(steps, 2 * n - 1, "N=%d S=%zu: %d steps", n, S, steps);
+      for (int rk = 0; rk < n; rk++) {
+        unsigned long long want = 2ull * S - 4ull * (chunk_len(count, n, rk) +
+                                                     chunk_len(count, n, (rk + 1) % n));
+        cr_expect_eq(sent[rk], want, "N=%d S=%zu rank %d sent %llu, want %llu", n, S, rk,
+                     sent[rk], want);
+        cr_expect_eq(recv[rk], sent[(rk + n - 1) % n], "N=%d rank %d received %llu", n, rk,
+                     recv[rk]);
+        if (count % (size_t)n == 0)
+          cr_expect_eq(sent[rk] * (unsigned long long)n, 2ull * (unsigned long long)(n - 1) * S);
+      }
+      cr_expect_eq(tot_sent, 2ull * (unsigned long long)(n - 1) * S);
+      cr_expect(strstr(r.out, "# Model (alpha ") && strstr(r.out, "# Measured: "),
+                "no model / measurement lines:\n%s", r.out);
+      free_run(&r);
+    }
+  }
+}
+
+Test(bench_explain, every_collective, .timeout = 300) {
+  for (int i = 0; i < 6; i++) {
+    const char *args[] = {all_colls[i], "--ranks", "3", "--explain", "-b", "3K", "-e", "3K",
+                          "-n", "2", "-w", "1", "-r", "1", NULL};
+    run_result r = run_bench(args, NULL, 120);
+    if (r.status != 0) free_run(&r);
+    cr_assert_eq(r.status, 0, "--explain %s: status %d", all_colls[i], r.status);
+    cr_expect(strstr(r.out, "# Explain: ") && strstr(r.out, "#    total "),
+              "%s: no explanation:\n%s", all_colls[i], r.out);
+    free_run(&r);
+  }
+}
+
+/* COLL_TRACE=FILE.json: one valid Chrome-trace file for all ranks; python3's json module
+ * parses it and checks every event's fields and that each rank has calls and steps. */
+Test(bench_explain, json_trace_is_valid_chrome_trace, .timeout = 300) {
+  char path[] = "/tmp/test_trace_XXXXXX.json";
+  int fd = mkstemps(path, 5);
+  cr_assert(fd >= 0);
+  close(fd);
+  char env_trace[600];
+  snprintf(env_trace, sizeof env_trace, "COLL_TRACE=%s", path);
+  const char *env[] = {env_trace, NULL};
+  const char *args[] = {"all_reduce", "--ranks", "3", "-b", "1K", "-e", "1M", "-f", "32",
+                        "-n", "2", "-w", "1", NULL};
+  run_result r = run_bench(args, env, 120);
+  int status = r.status;
+  free_run(&r);
+  cr_assert_eq(status, 0);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "python3 -c '\n"
+           "import json, sys\n"
+           "d = json.load(open(\"%s\"))\n"
+           "ev = d[\"traceEvents\"]\n"
+           "x = [e for e in ev if e[\"ph\"] == \"X\"]\n"
+           "assert all(isinstance(e[\"ts\"], (int, float)) and e[\"dur\"] >= 0 and \"name\" in e "
+           "and \"tid\" in e for e in x)\n"
+           "for r in range(3):\n"
+           "  calls = [e for e in x if e[\"pid\"] == r and e[\"cat\"] == \"call\"]\n"
+           "  steps = [e for e in x if e[\"pid\"] == r and e[\"cat\"] == \"step\"]\n"
+           "  assert len(calls) > 0 and len(steps) > 0, r\n"
+           "  assert all(\"bytes_out\" in e[\"args\"] and \"peer_in\" in e[\"args\"] for e in steps)\n"
+           "assert any(e[\"ph\"] == \"M\" and e[\"name\"] == \"process_name\" for e in ev)\n"
+           "'",
+           path);
+  int rc = system(cmd);
+  unlink(path);
+  cr_assert_eq(rc, 0, "the trace is not valid Chrome-trace JSON (python3 said so above)");
+}
+
+Test(bench_explain, text_trace_logs_steps, .timeout = 120) {
+  const char *env[] = {"COLL_TRACE=text", NULL};
+  const char *args[] = {"broadcast", "--ranks", "2", "-b", "64", "-e", "64", "-n", "1", "-w", "0",
+                        NULL};
+  run_result r = run_bench(args, env, 60);
+  bool ok = r.status == 0 && strstr(r.err, "trace broadcast #") && strstr(r.err, " step 0: ");
+  if (!ok) fprintf(stderr, "status %d, stderr:\n%s\n", r.status, r.err);
+  free_run(&r);
+  cr_assert(ok, "COLL_TRACE=text logged no steps");
+}

@@ -1,0 +1,345 @@
+/* explain.c — coll-bench --explain: what every rank sent and received, step by step, and
+ * how that compares with the α-β cost model.
+ *
+ * Nothing here describes an algorithm.  The collective runs once with tracing on; the
+ * executor records each step it ran (coll_trace.h); the ranks gather those records to
+ * rank 0 with an all-gather, and rank 0 prints them grouped by step.  So what is taught
+ * is what ran.  Around that:
+ *   - α and β are measured first, on this machine and transport, by a ping-pong between
+ *     ranks 0 and 1: α = half the median round trip of an 8-byte message, β = (half the
+ *     median round trip of a 4 MiB message − α) / 4 MiB;
+ *   - the per-rank byte totals are summed from the recorded steps and set beside the
+ *     formula (all-reduce: 2(N-1)/N·S per rank; exactly (S−|c_r|) + (S−|c_{r+1}|) for
+ *     ring chunks c_i when N does not divide S);
+ *   - the prediction comes from the library's own cost model (coll_cost_predict), the
+ *     same formulas the algorithm files state, and the measured time (mean of -n calls,
+ *     slowest rank) sits beside it.
+ * Must never print anything that was not measured or recorded in this run.
+ */
+#include "explain.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coll_trace.h"
+
+#define PROBE_BIG (4u << 20)
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int fail(const bench_explain_ctx *e, const char *what, coll_result r) {
+  fprintf(stderr, "coll-bench: rank %d: --explain: %s failed: %s: %s\n", e->rank, what,
+          coll_result_string(r), coll_comm_last_error(e->comm));
+  return -1;
+}
+
+/* Median round trip (us) of `reps` ping-pongs of `bytes` between ranks 0 and 1. */
+static int pingpong(bench_explain_ctx *e, void *buf, size_t bytes, int reps, double *median) {
+  double *t = calloc((size_t)reps, sizeof *t);
+  if (!t) return -1;
+  coll_result r = COLL_OK;
+  for (int i = 0; i < reps && r == COLL_OK; i++) {
+    double t0 = now_us();
+    if (e->rank == 0) {
+      r = coll_send(buf, bytes, COLL_UINT8, 1, e->comm, NULL);
+      if (r == COLL_OK) r = coll_recv(buf, bytes, COLL_UINT8, 1, e->comm, NULL);
+    } else if (e->rank == 1) {
+      r = coll_recv(buf, bytes, COLL_UINT8, 0, e->comm, NULL);
+      if (r == COLL_OK) r = coll_send(buf, bytes, COLL_UINT8, 0, e->comm, NULL);
+    }
+    t[i] = now_us() - t0;
+  }
+  if (r != COLL_OK) {
+    free(t);
+    return fail(e, "the ping-pong probe", r);
+  }
+  qsort(t, (size_t)reps, sizeof *t, cmp_double);
+  *median = t[reps / 2];
+  free(t);
+  return 0;
+}
+
+int bench_explain_probe(bench_explain_ctx *e) {
+  e->alpha = e->beta = 0;
+  if (e->nranks < 2) {
+    if (e->rank == 0)
+      fprintf(e->out, "# alpha-beta probe: skipped, one rank sends no messages\n#\n");
+    return 0;
+  }
+  void *buf = calloc(1, PROBE_BIG);
+  if (!buf) return -1;
+  double rt_small = 0, rt_big = 0;
+  int rc = 0;
+  if (e->rank <= 1) {
+    if (pingpong(e, buf, 8, 50, &rt_small) || pingpong(e, buf, 8, 400, &rt_small) ||
+        pingpong(e, buf, PROBE_BIG, 3, &rt_big) || pingpong(e, buf, PROBE_BIG, 15, &rt_big))
+      rc = -1;
+  }
+  free(buf);
+  double ab[2] = {rt_small / 2 * 1e-6, 0};
+  if (rt_big / 2 > rt_small / 2) ab[1] = (rt_big / 2 - rt_small / 2) * 1e-6 / PROBE_BIG;
+  coll_result r = coll_barrier(e->comm, NULL);
+  if (rc || r != COLL_OK) return rc ? rc : fail(e, "coll_barrier", r);
+  if ((r = coll_broadcast(ab, ab, 2, COLL_FLOAT64, 0, e->comm, NULL)) != COLL_OK)
+    return fail(e, "coll_broadcast", r);
+  e->alpha = ab[0];
+  e->beta = ab[1];
+  if (e->rank == 0)
+    fprintf(e->out,
+            "# alpha-beta probe (%s transport, ranks 0 and 1, blocking coll_send/coll_recv):\n"
+            "#   alpha = half the median round trip of 8 B (of 400)           = %8.3f us per message\n"
+            "#   beta  = (half the median round trip of 4 MiB (of 15) - alpha) / 4 MiB\n"
+            "#         = %.4f ns/B, i.e. %.2f GB/s per link\n#\n",
+            coll_comm_transport_name(e->comm), e->alpha * 1e6, e->beta * 1e9,
+            e->beta > 0 ? 1e-9 / e->beta : 0.0);
+  return 0;
+}
+
+/* What one step did, in words. */
+static void describe(const coll_trace_event *ev, const char *opname, char *buf, size_t len) {
+  char c[16], in[16] = "", out[16] = "";
+  snprintf(c, sizeof c, "c%d", ev->chunk);
+  if (ev->peer_in >= 0) snprintf(in, sizeof in, "rank %d", ev->peer_in);
+  if (ev->peer_out >= 0) snprintf(out, sizeof out, "rank %d", ev->peer_out);
+  const char *w = ev->what;
+  if (!strcmp(w, "send"))
+    snprintf(buf, len, "send %s -> %s", c, out);
+  else if (!strcmp(w, "recv"))
+    snprintf(buf, len, "recv %s <- %s (final, keep)", c, in);
+  else if (!strcmp(w, "recv-copy-send"))
+    snprintf(buf, len, "recv %s <- %s, keep, pass -> %s", c, in, out);
+  else if (!strcmp(w, "recv-reduce-send"))
+    snprintf(buf, len, "recv %s <- %s, %s own %s, send -> %s", c, in, opname, c, out);
+  else if (!strcmp(w, "recv-reduce-copy"))
+    snprintf(buf, len, "recv %s <- %s, %s own %s = final %s", c, in, opname, c, c);
+  else if (!strcmp(w, "recv-reduce-copy-send"))
+    snprintf(buf, len, "recv %s <- %s, %s own %s = final, keep, send -> %s", c, in, opname, c,
+             out);
+  else if (!strcmp(w, "copy"))
+    snprintf(buf, len, "copy own %s into place (local)", c);
+  else
+    snprintf(buf, len, "%s %s", w, c);
+}
+
+/* Expected bytes each rank sends, from the collective's definition (not the trace). */
+static void expected_sent(bench_coll c, int n, int rank, int root, size_t count, size_t es,
+                          double *formula, char *name, size_t name_len) {
+  double S = (double)count * (double)es;
+  switch (c) {
+  case BENCH_ALL_REDUCE:
+    *formula = 2.0 * (n - 1) / n * S;
+    snprintf(name, name_len, "2(N-1)/N*S");
+    break;
+  case BENCH_ALL_GATHER:
+  case BENCH_REDUCE_SCATTER: /* count is per rank here: S = N*count */
+    *formula = (double)(n - 1) * S;
+    snprintf(name, name_len, "(N-1)/N*(N*count)");
+    break;
+  case BENCH_BROADCAST: /* a chain: every rank but the last forwards the whole buffer */
+    *formula = ((rank - root + n) % n == n - 1) ? 0 : S;
+    snprintf(name, name_len, "S (0 at chain end)");
+    break;
+  case BENCH_REDUCE:
+    *formula = rank == root ? 0 : S;
+    snprintf(name, name_len, "S (0 at root)");
+    break;
+  default:
+    *formula = S;
+    snprintf(name, name_len, "S");
+    break;
+  }
+}
+
+static void print_explanation(bench_explain_ctx *e, const bench_data *d, const bench_shape *sh,
+                              const coll_trace_event *all, const uint64_t *counts, size_t stride,
+                              double measured_us) {
+  FILE *f = e->out;
+  int n = e->nranks;
+  size_t es = bench_dtype_size(d->dtype);
+  const char *opname = bench_coll_reduces(d->coll) ? bench_op_name(d->op) : "";
+  const char *algo = "?";
+  double traced_us = 0;
+  uint64_t first = UINT64_MAX, last = 0;
+  int max_step = -1;
+  for (int r = 0; r < n; r++)
+    for (uint64_t i = 0; i < counts[r]; i++) {
+      const coll_trace_event *ev = &all[(size_t)r * stride + i];
+      if (ev->step < 0) {
+        algo = ev->algo;
+        double us = (double)(ev->t_end_ns - ev->t_start_ns) / 1e3;
+        if (us > traced_us) traced_us = us;
+        if (ev->t_start_ns < first) first = ev->t_start_ns;
+        if (ev->t_end_ns > last) last = ev->t_end_ns;
+      }
+      if (ev->step > max_step) max_step = ev->step;
+    }
+  fprintf(f, "#\n# Explain: %s, %d ranks, size %zu B (%zu %s per rank%s), %s%salgorithm %s, "
+             "transport %s\n",
+          bench_coll_name(d->coll), n, sh->bytes, sh->count, bench_dtype_name(d->dtype),
+          d->coll == BENCH_ALL_GATHER || d->coll == BENCH_REDUCE_SCATTER ? ", S = N*count" : "",
+          opname, *opname ? ", " : "", algo, coll_comm_transport_name(e->comm));
+
+  /* Chunks, as the steps named them (sizes from the recorded step counts). */
+  int maxc = -1;
+  for (int r = 0; r < n; r++)
+    for (uint64_t i = 0; i < counts[r]; i++)
+      if (all[(size_t)r * stride + i].step >= 0 && all[(size_t)r * stride + i].chunk > maxc)
+        maxc = all[(size_t)r * stride + i].chunk;
+  if (maxc >= 0 && d->coll != BENCH_SENDRECV) {
+    fprintf(f, "# Chunks moved (elements):");
+    for (int c = 0; c <= maxc; c++) {
+      uint64_t len = 0;
+      for (int r = 0; r < n && !len; r++)
+        for (uint64_t i = 0; i < counts[r]; i++) {
+          const coll_trace_event *ev = &all[(size_t)r * stride + i];
+          if (ev->step >= 0 && ev->chunk == c && ev->count) { len = ev->count; break; }
+        }
+      fprintf(f, " c%d=%llu", c, (unsigned long long)len);
+    }
+    fprintf(f, "\n");
+  }
+  fprintf(f, "# Steps, as the executor ran them on every rank (slices of a step stream "
+             "through the FIFO while later steps start):\n");
+  for (int s = 0; s <= max_step; s++) {
+    const char *phase = "";
+    if (d->coll == BENCH_ALL_REDUCE && n > 1)
+      phase = s < n - 1    ? "  (reduce-scatter)"
+              : s == n - 1 ? "  (receive ends the reduce-scatter, send starts the all-gather)"
+                           : "  (all-gather)";
+    fprintf(f, "#  step %d%s\n", s, phase);
+    for (int r = 0; r < n; r++)
+      for (uint64_t i = 0; i < counts[r]; i++) {
+        const coll_trace_event *ev = &all[(size_t)r * stride + i];
+        if (ev->step != s) continue;
+        char what[160];
+        describe(ev, opname, what, sizeof what);
+        fprintf(f, "#    rank %-3d %-58s in %9llu B  out %9llu B\n", r, what,
+                (unsigned long long)ev->bytes_in, (unsigned long long)ev->bytes_out);
+      }
+  }
+  /* Totals per rank against the formula. */
+  fprintf(f, "# Bytes per rank (summed from the steps above):\n");
+  fprintf(f, "#    rank       sent(B)    received(B)   formula%s\n",
+          d->coll == BENCH_ALL_REDUCE ? "                        exact: (S-|c_r|)+(S-|c_r+1|)" : "");
+  unsigned long long tot_out = 0, tot_in = 0;
+  double tot_formula = 0;
+  char fname[32] = "";
+  for (int r = 0; r < n; r++) {
+    unsigned long long out = 0, in = 0;
+    for (uint64_t i = 0; i < counts[r]; i++) {
+      const coll_trace_event *ev = &all[(size_t)r * stride + i];
+      if (ev->step < 0) continue;
+      out += ev->bytes_out;
+      in += ev->bytes_in;
+    }
+    double fv;
+    expected_sent(d->coll, n, r, d->root, sh->count, es, &fv, fname, sizeof fname);
+    if (d->coll == BENCH_ALL_REDUCE && n > 1) {
+      /* ring chunks: count split into n parts, the first count % n one element longer */
+      size_t base = sh->count / (size_t)n, extra = sh->count % (size_t)n;
+      size_t c0 = base + ((size_t)r < extra), c1 = base + ((size_t)((r + 1) % n) < extra);
+      unsigned long long exact = 2ull * sh->count * es - (c0 + c1) * es;
+      fprintf(f, "#    rank %-3d %12llu %14llu   %s = %-12.1f  exact = %llu\n", r, out, in,
+              fname, fv, exact);
+    } else {
+      fprintf(f, "#    rank %-3d %12llu %14llu   %s = %.1f\n", r, out, in, fname, fv);
+    }
+    tot_out += out;
+    tot_in += in;
+    tot_formula += fv;
+  }
+  fprintf(f, "#    total    %12llu %14llu   %.1f\n", tot_out, tot_in, tot_formula);
+  if (d->coll == BENCH_ALL_REDUCE && n > 1) {
+    size_t S = sh->count * es;
+    fprintf(f, "# All-reduce = reduce-scatter (N-1 steps) + all-gather (N-1 steps): each rank "
+               "sends every chunk but its own once\n# in each half, (S - |c_r|) + (S - "
+               "|c_r+1|) bytes, which is 2(N-1)/N*S when N divides S; all ranks together "
+               "send 2(N-1)*S = %llu B.\n",
+            (unsigned long long)(2ull * (unsigned long long)(n - 1) * S));
+  }
+  /* The model. */
+  static const char *lib_names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                    "reduce", "sendrecv"};
+  size_t slice = 0;
+  coll_comm_slice_bytes(e->comm, &slice);
+  double predicted = 0;
+  char formula[320] = "";
+  if (coll_cost_predict(lib_names[d->coll], n, sh->bytes, slice, e->alpha, e->beta, &predicted,
+                        formula, sizeof formula) == COLL_OK) {
+    fprintf(f, "# Model (alpha %.3f us, beta %.4f ns/B, slice %zu B):\n#   %s\n", e->alpha * 1e6,
+            e->beta * 1e9, slice, formula);
+  }
+  fprintf(f, "# Measured: %.2f us (mean of %lu blocking calls, slowest rank); model/measured = "
+             "%.2f\n",
+          measured_us, e->iters, measured_us > 0 ? predicted * 1e6 / measured_us : 0);
+  if (e->one_host)
+    fprintf(f, "# The traced call: %.2f us from the first rank's start to the last rank's end "
+               "(the longest single rank: %.2f us)\n",
+            (double)(last - first) / 1e3, traced_us);
+  else
+    fprintf(f, "# The traced call: the longest single rank took %.2f us (hosts' clocks differ, so "
+               "no span across ranks)\n", traced_us);
+  if (e->ranks_per_core > 1.0)
+    fprintf(f, "# Note: %.1f ranks per core here, so ranks take turns on the CPU and the model "
+               "(which assumes every rank runs at once) is optimistic.\n",
+            e->ranks_per_core);
+  fflush(f);
+}
+
+int bench_explain_one(bench_explain_ctx *e, const bench_data *d, size_t size) {
+  size_t es = bench_dtype_size(d->dtype);
+  bench_shape sh = bench_shape_for(d->coll, size, es, e->nranks);
+  void *sb = e->sendbuf, *rb = e->recvbuf;
+  bench_fill_input(d, e->rank, sb, 0, sh.send_elems);
+  coll_result r;
+  for (unsigned long i = 0; i < e->warmup; i++)
+    if (e->call(e->call_ctx, d, sb, rb, sh.count)) return -1;
+  if ((r = coll_barrier(e->comm, NULL)) != COLL_OK) return fail(e, "coll_barrier", r);
+  double t0 = now_us();
+  for (unsigned long i = 0; i < e->iters; i++)
+    if (e->call(e->call_ctx, d, sb, rb, sh.count)) return -1;
+  double mean = (now_us() - t0) / (double)e->iters;
+  if ((r = coll_all_reduce(&mean, &mean, 1, COLL_FLOAT64, COLL_MAX, e->comm, NULL)) != COLL_OK)
+    return fail(e, "coll_all_reduce (timing)", r);
+
+  /* One traced call. */
+  if ((r = coll_barrier(e->comm, NULL)) != COLL_OK) return fail(e, "coll_barrier", r);
+  if ((r = coll_trace_start(e->comm)) != COLL_OK) return fail(e, "coll_trace_start", r);
+  int crc = e->call(e->call_ctx, d, sb, rb, sh.count);
+  coll_trace_stop(e->comm);
+  if (crc) return -1;
+  size_t cap = 8 + 4 * (size_t)e->nranks, got = 0;
+  coll_trace_event *mine = calloc(cap, sizeof *mine);
+  coll_trace_event *all = calloc(cap * (size_t)e->nranks, sizeof *all);
+  uint64_t *counts = calloc((size_t)e->nranks, sizeof *counts);
+  int rc = -1;
+  if (!mine || !all || !counts) goto out;
+  if ((r = coll_trace_read(e->comm, mine, cap, &got)) != COLL_OK) {
+    fail(e, "coll_trace_read", r);
+    goto out;
+  }
+  uint64_t g = got < cap ? got : cap;
+  if ((r = coll_all_gather(&g, counts, 1, COLL_UINT64, e->comm, NULL)) != COLL_OK ||
+      (r = coll_all_gather(mine, all, cap * sizeof *mine, COLL_UINT8, e->comm, NULL)) != COLL_OK) {
+    fail(e, "coll_all_gather (trace)", r);
+    goto out;
+  }
+  if (e->rank == 0) print_explanation(e, d, &sh, all, counts, cap, mean);
+  rc = 0;
+out:
+  free(mine);
+  free(all);
+  free(counts);
+  return rc;
+}

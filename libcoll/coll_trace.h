@@ -1,0 +1,70 @@
+/* coll_trace.h — what a communicator did, step by step, and what the cost model says it
+ * should have cost.
+ *
+ * Every collective runs a schedule: an ordered list of steps (send a chunk, receive one,
+ * receive-reduce-send, ...).  With tracing on, the executor records one event per step
+ * it ran — the same steps, from the same schedule, not a separate description — with
+ * the chunk, the peers, the bytes in and out and when it started and ended.  coll-bench
+ * --explain prints these; COLL_TRACE=FILE.json writes them as a Perfetto timeline at
+ * coll_comm_destroy; COLL_TRACE=text logs each call's steps to stderr as it finishes.
+ *
+ * Tracing costs two clock reads per step while on and one branch per call while off.
+ */
+#ifndef COLL_TRACE_H
+#define COLL_TRACE_H
+
+#include <stdint.h>
+
+#include "coll.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  uint64_t seq;            /* the call's sequence number on this communicator */
+  int32_t rank;            /* who ran it */
+  int32_t step;            /* index in the rank's schedule; -1: the whole call */
+  char coll[16];           /* "all_reduce", "broadcast", ... */
+  char algo[12];           /* "ring", ... */
+  char what[24];           /* step kind: "send", "recv-reduce-send", ...; "call" */
+  int32_t peer_in;         /* rank data came from, -1 if none */
+  int32_t peer_out;        /* rank data went to, -1 if none */
+  int32_t chunk;           /* chunk index the step moved, -1 if none */
+  int32_t reduces;         /* 1 when the step combined a received contribution */
+  int32_t dtype;           /* coll_dtype of the call */
+  int32_t nranks;
+  uint64_t count;          /* elements the step covered (the call's count for step -1) */
+  uint64_t bytes_in;       /* bytes received from peer_in */
+  uint64_t bytes_out;      /* bytes sent to peer_out */
+  uint64_t t_start_ns;     /* CLOCK_MONOTONIC: first slice began */
+  uint64_t t_end_ns;       /*                  last slice ended */
+} coll_trace_event;
+
+/* Starts recording on this communicator (dropping what was recorded before). */
+COLL_API coll_result coll_trace_start(coll_comm_t comm);
+/* Stops recording; what was recorded stays readable. */
+COLL_API coll_result coll_trace_stop(coll_comm_t comm);
+/* Copies up to `cap` recorded events (oldest first) into `ev`; *n gets how many were
+ * recorded in all (more than cap means some were not copied).  Call it when no work is
+ * in flight (after coll_stream_synchronize). */
+COLL_API coll_result coll_trace_read(coll_comm_t comm, coll_trace_event *ev, size_t cap,
+                                     size_t *n);
+
+/* The α-β cost model of the algorithm libcoll runs for `coll` ("all_reduce", ...,
+ * "sendrecv") on `nranks` ranks moving `bytes` (nccl-tests' size convention: the whole
+ * buffer for all_gather / reduce_scatter), with slices of `slice_bytes`: *seconds gets
+ * the predicted time for α seconds per message and β seconds per byte, and `formula`
+ * (if not NULL) the formula with the numbers put in. */
+COLL_API coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes,
+                                       size_t slice_bytes, double alpha, double beta,
+                                       double *seconds, char *formula, size_t formula_len);
+/* Bytes of one FIFO slot (the pipelining slice) on this communicator. */
+COLL_API coll_result coll_comm_slice_bytes(coll_comm_t comm, size_t *bytes);
+/* Name of the transport this communicator uses ("shm", ...). */
+COLL_API const char *coll_comm_transport_name(coll_comm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
