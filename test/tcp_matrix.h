@@ -1,0 +1,13 @@
+/* tcp_matrix.h — a compact correctness matrix that any rank program can run, whatever
+ * started it (the local launcher in test_tcp.c, a network namespace in net_rank.c). */
+#ifndef COLL_TEST_TCP_MATRIX_H
+#define COLL_TEST_TCP_MATRIX_H
+#include <stdbool.h>
+#include "coll.h"
+
+/* Runs every collective × dtype × op × in-place/out-of-place × counts {0, 1, N-1, odd,
+ * just over a FIFO slot} × roots {0, N-1} on `comm`, and with `big` also ~1 MiB counts.
+ * Checks every output element against an independently computed value; prints the first
+ * failures to stderr and returns their count (0: all correct). */
+int tm_run(coll_comm_t comm, int rank, int n, bool big);
+#endif
