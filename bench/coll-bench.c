@@ -41,6 +41,7 @@
 #include "coll.h"
 #include "explain.h"
 #include "coll_launch.h"
+#include "coll_trace.h"
 
 #ifndef COLL_BENCH_DATADIR
 #define COLL_BENCH_DATADIR "/usr/local/share/libcoll"
@@ -78,6 +79,7 @@ typedef struct {
 typedef struct {
   int finished;
   int failed; /* a result was wrong */
+  double bound_gbps; /* 1/beta from the probe run for --plot (0: none) */
   unsigned long long bad_results;
 } bench_outcome;
 
@@ -852,6 +854,8 @@ static int run_explain(run_ctx *x) {
   return 0;
 }
 
+static double plot_bound_gbps; /* rank 0 of an environment-launched run */
+
 /* ---- rank setup ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -946,7 +950,7 @@ static int setup_and_run(run_ctx *x) {
       if (strncmp(all[i].host, all[j].host, sizeof all[i].host) == 0) seen = true;
     if (!seen) x->nhosts++;
   }
-  x->transport = x->nhosts == 1 ? "shm" : "mixed";
+  x->transport = coll_comm_transport_name(x->comm);
   const char *algo = getenv("COLL_ALGO");
   x->algo = algo && *algo ? algo : "auto";
 
@@ -975,6 +979,17 @@ static int setup_and_run(run_ctx *x) {
   if (o->explain) {
     if (run_explain(x)) goto out;
   } else {
+    if (o->plot_path && x->nranks > 1) {
+      /* The link's bandwidth bound for the plot: 1/beta from the same probe --explain runs
+       * (printed in the header). busbw of a bandwidth-optimal algorithm approaches it. */
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      bench_explain_ctx e = {.comm = x->comm, .rank = x->rank, .nranks = x->nranks,
+                             .out = x->table ? x->table : stdout,
+                             .ranks_per_core = cores > 0 ? (double)x->nranks / (double)cores : 1};
+      if (bench_explain_probe(&e)) goto out;
+      if (x->rank == 0 && e.beta > 0) plot_bound_gbps = 1e-9 / e.beta;
+      if (x->rank == 0 && x->outcome) x->outcome->bound_gbps = plot_bound_gbps;
+    }
     for (int i = 0; i < o->ncolls; i++)
       if (run_collective(x, (bench_coll)o->colls[i])) goto out;
   }
@@ -1083,7 +1098,9 @@ static int draw_plot(const bench_opts *o) {
   }
   if (pid == 0) {
     const char *title = o->cmdline ? o->cmdline : "coll-bench";
-    execl("/bin/sh", "sh", script, o->plot_csv, o->plot_path, title, (char *)NULL);
+    char bound[64] = "";
+    if (plot_bound_gbps > 0) snprintf(bound, sizeof bound, "%.3f", plot_bound_gbps);
+    execl("/bin/sh", "sh", script, o->plot_csv, o->plot_path, title, bound, (char *)NULL);
     fprintf(stderr, "coll-bench: --plot: cannot run /bin/sh: %s\n", strerror(errno));
     _exit(127);
   }
@@ -1156,6 +1173,7 @@ int main(int argc, char **argv) {
     }
     rc = out->failed ? EXIT_WRONG : 0;
     if (!out->finished) rc = EXIT_RUNTIME;
+    plot_bound_gbps = out->bound_gbps;
     if (o.plot_path) {
       int prc = draw_plot(&o);
       if (!rc) rc = prc;

@@ -7,7 +7,7 @@
  * is what ran.  Around that:
  *   - α and β are measured first, on this machine and transport, by a ping-pong between
  *     ranks 0 and 1: α = half the median round trip of an 8-byte message, β = (half the
- *     median round trip of a 4 MiB message − α) / 4 MiB;
+ *     median round trip of a 32 MiB message − α) / 32 MiB;
  *   - the per-rank byte totals are summed from the recorded steps and set beside the
  *     formula (all-reduce: 2(N-1)/N·S per rank; exactly (S−|c_r|) + (S−|c_{r+1}|) for
  *     ring chunks c_i when N does not divide S);
@@ -25,7 +25,7 @@
 
 #include "coll_trace.h"
 
-#define PROBE_BIG (4u << 20)
+#define PROBE_BIG (32u << 20) /* larger than the last-level cache, like the messages that need beta */
 
 static double now_us(void) {
   struct timespec ts;
@@ -83,7 +83,7 @@ int bench_explain_probe(bench_explain_ctx *e) {
   int rc = 0;
   if (e->rank <= 1) {
     if (pingpong(e, buf, 8, 50, &rt_small) || pingpong(e, buf, 8, 400, &rt_small) ||
-        pingpong(e, buf, PROBE_BIG, 3, &rt_big) || pingpong(e, buf, PROBE_BIG, 15, &rt_big))
+        pingpong(e, buf, PROBE_BIG, 2, &rt_big) || pingpong(e, buf, PROBE_BIG, 9, &rt_big))
       rc = -1;
   }
   free(buf);
@@ -99,7 +99,7 @@ int bench_explain_probe(bench_explain_ctx *e) {
     fprintf(e->out,
             "# alpha-beta probe (%s transport, ranks 0 and 1, blocking coll_send/coll_recv):\n"
             "#   alpha = half the median round trip of 8 B (of 400)           = %8.3f us per message\n"
-            "#   beta  = (half the median round trip of 4 MiB (of 15) - alpha) / 4 MiB\n"
+            "#   beta  = (half the median round trip of 32 MiB (of 9) - alpha) / 32 MiB\n"
             "#         = %.4f ns/B, i.e. %.2f GB/s per link\n#\n",
             coll_comm_transport_name(e->comm), e->alpha * 1e6, e->beta * 1e9,
             e->beta > 0 ? 1e-9 / e->beta : 0.0);

@@ -2,7 +2,11 @@
 # plot.sh — draw coll-bench results: bus bandwidth against message size (log axis), one
 # line per collective (per collective, type and op when the data holds several of them).
 #
-#   plot.sh DATA.csv OUT.svg|OUT.png [TITLE]
+#   plot.sh DATA.csv OUT.svg|OUT.png [TITLE [BOUND_GBPS]]
+#
+# BOUND_GBPS, when given, is drawn as a dashed line: the transport's measured bandwidth
+# (1/beta of coll-bench's alpha-beta probe), which busbw of a bandwidth-optimal
+# algorithm approaches and cannot beat.
 #
 # DATA.csv is what `coll-bench --csv FILE` writes (coll-bench --plot runs this script on
 # a CSV of its own).  The out-of-place bus bandwidth is plotted; rows of size 0 are left
@@ -16,6 +20,7 @@ fi
 csv=$1
 out=$2
 title=${3:-coll-bench}
+bound=${4:-}
 
 if ! command -v gnuplot >/dev/null 2>&1; then
   echo "plot.sh: gnuplot is not installed (Debian: apt-get install gnuplot-nox)" >&2
@@ -76,6 +81,10 @@ while IFS="	" read -r n label; do
   sort -n -k1,1 "$tmp/s$n.dat" > "$tmp/s$n.sorted"
   plots="$plots${plots:+, }\"$tmp/s$n.sorted\" using 1:2 with linespoints lw 2 pt 7 ps 0.6 title \"$(clean "$label")\""
 done < "$tmp/series"
+case $bound in
+  ''|*[!0-9.]*) ;;
+  *) plots="$plots, $bound with lines dt 2 lw 2 lc rgb \"#555555\" title \"link bound 1/beta = $bound GB/s (measured)\"" ;;
+esac
 
 cat > "$tmp/plot.gp" <<EOF
 $term
