@@ -239,21 +239,30 @@ static void prepare_epoch(train_data *d, uint64_t seed, uint64_t epoch, int T)
     d->cache_valid = 1;
 }
 
-void train_data_next_batch(train_data *d, train_loader_state *st, int B, int T, int *inputs,
-                           int *targets)
+void train_data_next_rows(train_data *d, train_loader_state *st, int B, int T, int row0,
+                          int nrows, int *inputs, int *targets)
 {
     for (int b = 0; b < B; b++) {
         prepare_epoch(d, st->seed, st->epoch, T);
-        size_t start = d->cache_offset + (size_t)d->perm[st->index] * (size_t)T;
-        for (int t = 0; t < T; t++) {
-            inputs[b * T + t] = d->tok[start + t];
-            targets[b * T + t] = d->tok[start + t + 1];
+        if (b >= row0 && b < row0 + nrows) {
+            size_t start = d->cache_offset + (size_t)d->perm[st->index] * (size_t)T;
+            int r = b - row0;
+            for (int t = 0; t < T; t++) {
+                inputs[r * T + t] = d->tok[start + t];
+                targets[r * T + t] = d->tok[start + t + 1];
+            }
         }
         if (++st->index >= d->cache_nwin) {
             st->epoch++;
             st->index = 0;
         }
     }
+}
+
+void train_data_next_batch(train_data *d, train_loader_state *st, int B, int T, int *inputs,
+                           int *targets)
+{
+    train_data_next_rows(d, st, B, T, 0, B, inputs, targets);
 }
 
 int train_data_val_batch(const train_data *d, int k, int B, int T, int *inputs, int *targets)

@@ -140,6 +140,9 @@ struct train_model {
     int *inputs, *targets; /* device (B,T) */
     int lastB, lastT, have_targets;
     float last_loss;
+    float loss_scale;            /* dloss multiplier in backward (1; 1/K for accumulation) */
+    train_backward_hook bwd_hook;/* called as gradients become final (DDP), may be NULL */
+    void *bwd_hook_arg;
 };
 
 /* Views of block l (or of embeddings / final LayerNorm) inside a flat array `base`. */

@@ -1,12 +1,19 @@
 /*
- * main.c — coll-train: trains the GPT-2-style model of libtrain on one process.
+ * main.c — coll-train: trains the GPT-2-style model of libtrain on one process, or
+ * data-parallel (--parallel ddp) on N ranks over libcoll or Open MPI.
  *
  * With no arguments it trains the default small model on the embedded corpus on the CPU.
+ * With --parallel ddp it forks --ranks local ranks (libcoll), re-runs itself under
+ * mpirun.openmpi (--backend mpi), or joins the job a launcher describes in the
+ * environment (torchrun, mpirun, Slurm: then --ranks may be left out); rank 0 prints.
  * Every problem with the input (flags, data file, checkpoint) is reported as one line on
  * stderr, the exit status is non-zero, and nothing is written: all validation happens
  * before the first file is created, and every file is written atomically.
  */
+#include "ddp.h"
 #include "train.h"
+
+#include <coll_launch.h>
 
 #include <errno.h>
 #include <getopt.h>
@@ -54,7 +61,16 @@ static void usage(FILE *f)
         "  --sample-len N    bytes generated per sample; 0 = none (120)\n"
         "  --prompt TEXT     start of the sample (a newline)\n"
         "  --plot FILE.svg   draw the loss curve at the end\n"
-        "  --quiet           only evaluations and the summary\n");
+        "  --quiet           only evaluations and the summary\n"
+        "data parallel:\n"
+        "  --parallel none|ddp  (none)\n"
+        "  --ranks N         local ranks to start (1); under a launcher: its world size\n"
+        "  --backend coll|mpi  libcoll, or Open MPI via mpirun.openmpi (coll)\n"
+        "  --bucket-mb X     gradient bucket cap in MiB; the first is 1 MiB (25)\n"
+        "  --no-overlap      all-reduce the buckets after backward, not during it\n"
+        "  --accum K         micro-steps per optimizer step; only the last syncs (1)\n"
+        "  --trace FILE.json timeline of compute and communication per rank (Perfetto)\n"
+        "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
 }
 
 static double now_s(void)
@@ -142,8 +158,328 @@ enum {
     O_LAYERS = 256, O_CHANNELS, O_HEADS, O_MAXSEQ, O_VOCAB, O_SEQ, O_BATCH, O_STEPS, O_LR,
     O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
     O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
-    O_QUIET, O_HELP, O_STOPAFTER
+    O_QUIET, O_HELP, O_STOPAFTER, O_PARALLEL, O_RANKS, O_BACKEND, O_BUCKETMB, O_NOOVERLAP,
+    O_ACCUM, O_TRACE
 };
+
+/* Everything parsed from the command line. */
+typedef struct cli {
+    train_options o;
+    const char *ckpt_dir, *resume, *plot, *prompt, *trace;
+    long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
+    int quiet;
+    int ddp, ranks, ranks_given, mpi, overlap, accum;
+    double bucket_mb;
+    char **argv;
+} cli;
+
+/* A failure on one rank: say which, leave the group at once so the others fail fast
+ * instead of waiting for their timeout, and exit. */
+static void die_rank(train_backend *b, const char *msg)
+{
+    if (!b)
+        die(msg);
+    fprintf(stderr, "coll-train: rank %d of %d: %s\n", b->rank, b->nranks, msg);
+    fflush(stderr);
+    b->abort(b);
+    exit(1);
+}
+
+static int env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+/* One process's run: the single-process trainer (b == NULL) or one DDP rank. */
+static int run(const cli *c, train_backend *b)
+{
+    train_options o = c->o;
+    const char *ckpt_dir = c->ckpt_dir, *resume = c->resume, *plot = c->plot,
+               *prompt = c->prompt;
+    long stop_after = c->stop_after, ckpt_every = c->ckpt_every, eval_every = c->eval_every,
+         eval_batches = c->eval_batches, sample_len = c->sample_len;
+    int quiet = c->quiet;
+    int root = !b || b->rank == 0;
+    char msg[TRAIN_ERRLEN];
+    if (b && o.threads == 0) { /* share the CPUs between the ranks on this machine */
+        int local = env_int("LOCAL_WORLD_SIZE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", b->nranks));
+        o.threads = train_cpu_threads() / (local > 0 ? local : 1);
+        if (o.threads < 1)
+            o.threads = 1;
+    }
+
+    /* Everything that can fail on the input fails here, before any file is written. */
+    train_session *s = train_session_create(&o, msg);
+    if (!s)
+        die_rank(b, msg);
+    if (resume && train_session_load(s, resume, msg) != 0) {
+        train_session_free(s);
+        die_rank(b, msg);
+    }
+    train_ddp *d = NULL;
+    if (b) {
+        train_ddp_options dopt = train_ddp_options_default();
+        dopt.bucket_bytes = (size_t)(c->bucket_mb * 1048576.0);
+        if (dopt.bucket_bytes < sizeof(float))
+            dopt.bucket_bytes = sizeof(float);
+        dopt.overlap = c->overlap;
+        dopt.accum = c->accum;
+        dopt.trace = c->trace != NULL;
+        d = train_ddp_create(s, b, &dopt, msg);
+        if (!d)
+            die_rank(b, msg);
+    }
+    if (ckpt_dir && root) {
+        struct stat st;
+        if (stat(ckpt_dir, &st) != 0) {
+            if (mkdir(ckpt_dir, 0755) != 0) {
+                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
+                         strerror(errno));
+                train_session_free(s);
+                die_rank(b, msg);
+            }
+        } else if (!S_ISDIR(st.st_mode)) {
+            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
+            train_session_free(s);
+            die_rank(b, msg);
+        }
+    }
+
+    train_model *m = train_session_model(s);
+    const train_config *cfg = train_model_config(m);
+    size_t np = train_num_params(m);
+    const char *devname = "cpu";
+    char gpuname_err[TRAIN_ERRLEN];
+    if (o.device == TRAIN_DEVICE_CUDA)
+        devname = train_cuda_device_name(gpuname_err);
+    double peak = o.device == TRAIN_DEVICE_CUDA ? train_cuda_peak_flops() : 0.0;
+    double fpt = train_flops_per_token(cfg, o.seq);
+    if (!root)
+        goto train;
+    printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
+           "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
+           "activations)\n",
+           cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np,
+           np * 4.0 / 1048576, np * 4.0 / 1048576, np * 8.0 / 1048576,
+           train_activation_bytes(m) / 1048576.0);
+    printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
+           "steps %d  lr %g  device %s",
+           o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
+           train_data_tokens(train_session_data(s)), o.batch, o.seq, o.hp.steps, o.hp.lr,
+           devname ? devname : "cuda");
+    if (o.device == TRAIN_DEVICE_CPU)
+        printf(" (%d threads)", o.threads ? o.threads : train_cpu_threads());
+    putchar('\n');
+    if (resume)
+        printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
+    if (d) {
+        printf("coll-train: DDP on %d ranks (%s backend), %d micro-step%s per step: global "
+               "batch %d x seq %d; %s; %d gradient buckets:\n",
+               b->nranks, b->name, c->accum, c->accum > 1 ? "s" : "",
+               c->accum * b->nranks * o.batch, o.seq,
+               c->overlap ? "all-reduce overlapped with backward"
+                          : "all-reduce after backward (--no-overlap)",
+               train_ddp_num_buckets(d));
+        for (int i = 0; i < train_ddp_num_buckets(d); i++) {
+            train_ddp_describe_bucket(d, i, msg, sizeof msg);
+            printf("  %s\n", msg);
+        }
+    }
+    fflush(stdout);
+train:;
+
+    long first = train_session_step_count(s) + 1;
+    long total = o.hp.steps, last_step = total;
+    if (stop_after >= 0 && stop_after < last_step)
+        last_step = stop_after;
+    long n = last_step >= first ? last_step - first + 1 : 0;
+    float *losses = calloc((size_t)n + 1, sizeof *losses);
+    long *vsteps = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vsteps);
+    float *vloss = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vloss);
+    long nv = 0;
+    char *sample = malloc((size_t)sample_len + 1);
+    double t_start = now_s();
+    double tok_total = 0, time_total = 0;
+    train_step_stats st = {0};
+    char path[4200];
+    double bwd_total = 0, wait_total = 0, comm_total = 0;
+    int nglobal = b ? c->accum * b->nranks : 1;
+
+    for (long i = 0; i < n; i++) {
+        train_ddp_stats ds = {0};
+        if (d) {
+            if (train_ddp_step(d, &ds, msg) != 0)
+                die_rank(b, msg);
+            st = ds.step;
+        } else {
+            st = train_session_step(s);
+        }
+        losses[i] = st.loss;
+        if (st.step > first) { /* the first step warms caches; keep it out of the mean */
+            tok_total += (double)nglobal * o.batch * o.seq;
+            time_total += st.ms * 1e-3;
+            bwd_total += ds.bwd_ms;
+            wait_total += ds.wait_ms;
+            comm_total += ds.comm_ms;
+        }
+        if (!quiet && root) {
+            printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s",
+                   st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
+            if (peak > 0)
+                printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
+            if (d)
+                printf(" | bwd %6.1f ms | comm wait %6.1f ms | hidden %3.0f%%", ds.bwd_ms,
+                       ds.wait_ms, 100.0 * ds.hidden);
+            putchar('\n');
+        }
+        int last = st.step == last_step;
+        if (root && ((eval_every && st.step % eval_every == 0) || (last && eval_every))) {
+            float vl = train_session_val_loss(s, (int)eval_batches);
+            vsteps[nv] = st.step;
+            vloss[nv++] = vl;
+            printf("eval step %ld | val loss %.6f\n", st.step, vl);
+            if (sample_len > 0) {
+                train_session_sample(s, prompt, (int)sample_len, sample);
+                printf("sample: ");
+                print_escaped(sample, (int)sample_len);
+            }
+        }
+        if (root && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
+            if (train_session_save(s, path, msg) != 0) {
+                train_session_free(s);
+                die_rank(b, msg);
+            }
+            printf("checkpoint %s\n", path);
+        }
+        fflush(stdout);
+    }
+    double wall = now_s() - t_start;
+    if (d && train_ddp_check_identical(d, msg) != 0)
+        die_rank(b, msg);
+    if (d && c->trace && train_ddp_write_trace(d, c->trace, msg) != 0)
+        die_rank(b, msg);
+    if (!root) {
+        train_ddp_free(d);
+        train_session_free(s);
+        free(losses);
+        free(vsteps);
+        free(vloss);
+        free(sample);
+        return 0;
+    }
+    if (d && n > 1) {
+        printf("ddp: weights bitwise identical on all %d ranks | per step after the first: "
+               "backward %.1f ms, comm %.1f ms, comm wait after backward %.1f ms, hidden %.0f%%\n",
+               b->nranks, bwd_total / (double)(n - 1), comm_total / (double)(n - 1),
+               wait_total / (double)(n - 1),
+               comm_total > 0 ? 100.0 * (1.0 - wait_total / comm_total) : 0.0);
+    }
+    if (d && c->trace)
+        printf("trace %s\n", c->trace);
+    printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
+    if (nv)
+        printf(" | val loss %.6f", vloss[nv - 1]);
+    if (time_total > 0) {
+        printf(" | %.0f tok/s", tok_total / time_total);
+        if (peak > 0)
+            printf(" | MFU %.1f%%", 100.0 * fpt * (tok_total / time_total) / peak);
+    }
+    putchar('\n');
+    if (plot) {
+        char title[256];
+        snprintf(title, sizeof title, "coll-train: L=%d C=%d H=%d, batch %d x %d, lr %g",
+                 cfg->layers, cfg->channels, cfg->heads, o.batch, o.seq, o.hp.lr);
+        if (train_plot_svg(plot, first, losses, n, vsteps, vloss, nv, title, msg) != 0) {
+            train_session_free(s);
+            die_rank(b, msg);
+        }
+        printf("plot %s\n", plot);
+    }
+    free(losses);
+    free(vsteps);
+    free(vloss);
+    free(sample);
+    train_ddp_free(d);
+    train_session_free(s);
+    return 0;
+}
+
+static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg)
+{
+    (void)rank;
+    (void)nranks;
+    char msg[TRAIN_ERRLEN];
+    train_backend *b = train_backend_coll(comm, 0, msg);
+    if (!b)
+        die(msg);
+    int rc = run(arg, b);
+    if (b->destroy(b) != 0)
+        rc = 1;
+    return rc;
+}
+
+static int launched_by_someone(void)
+{
+    static const char *vars[] = {"COLL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                 "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return 1;
+    return 0;
+}
+
+/* --parallel ddp: join the launcher's job, start mpirun, or fork local ranks. */
+static int run_ddp(cli *c)
+{
+    char msg[TRAIN_ERRLEN];
+    if (c->mpi && !getenv("OMPI_COMM_WORLD_SIZE")) {
+        /* start ourselves under Open MPI's launcher (mpirun may be MPICH's) */
+        int argc = 0;
+        while (c->argv[argc])
+            argc++;
+        char np[16];
+        snprintf(np, sizeof np, "%d", c->ranks);
+        char **av = calloc((size_t)argc + 12, sizeof *av);
+        int k = 0;
+        av[k++] = "mpirun.openmpi";
+        if (geteuid() == 0)
+            av[k++] = "--allow-run-as-root";
+        av[k++] = "--oversubscribe";
+        av[k++] = "--bind-to";
+        av[k++] = "none";
+        av[k++] = "-np";
+        av[k++] = np;
+        for (int i = 0; i < argc; i++)
+            av[k++] = c->argv[i];
+        av[k] = NULL;
+        fflush(stdout);
+        execvp(av[0], av);
+        snprintf(msg, sizeof msg, "--backend mpi: cannot run mpirun.openmpi: %s (install "
+                 "openmpi-bin)", strerror(errno));
+        die(msg);
+    }
+    if (c->mpi || launched_by_someone()) {
+        train_backend *b = c->mpi ? train_backend_mpi(msg) : train_backend_coll_from_env(msg);
+        if (!b)
+            die(msg);
+        if (c->ranks_given && c->ranks != b->nranks) {
+            snprintf(msg, sizeof msg, "--ranks %d but the launcher started %d ranks",
+                     c->ranks, b->nranks);
+            die_rank(b, msg);
+        }
+        int rc = run(c, b);
+        if (b->destroy(b) != 0)
+            rc = 1;
+        return rc;
+    }
+    fflush(stdout);
+    int rc = coll_launch_local(c->ranks, rank_main, c, 0, msg, sizeof msg);
+    if (rc != 0)
+        fprintf(stderr, "coll-train: %s\n", msg);
+    return rc;
+}
 
 int main(int argc, char **argv)
 {
@@ -176,6 +512,13 @@ int main(int argc, char **argv)
         {"quiet", no_argument, 0, O_QUIET},
         {"stop-after", required_argument, 0, O_STOPAFTER},
         {"help", no_argument, 0, O_HELP},
+        {"parallel", required_argument, 0, O_PARALLEL},
+        {"ranks", required_argument, 0, O_RANKS},
+        {"backend", required_argument, 0, O_BACKEND},
+        {"bucket-mb", required_argument, 0, O_BUCKETMB},
+        {"no-overlap", no_argument, 0, O_NOOVERLAP},
+        {"accum", required_argument, 0, O_ACCUM},
+        {"trace", required_argument, 0, O_TRACE},
         {0, 0, 0, 0},
     };
     train_options o = {
@@ -193,6 +536,7 @@ int main(int argc, char **argv)
     long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
     int quiet = 0;
     char msg[TRAIN_ERRLEN];
+    cli cl = {.ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
 
     opterr = 0;
     int c;
@@ -235,6 +579,36 @@ int main(int argc, char **argv)
         case O_PLOT: plot = a; break;
         case O_QUIET: quiet = 1; break;
         case O_STOPAFTER: stop_after = parse_int("--stop-after", a, 0, LONG_MAX); break;
+        case O_PARALLEL:
+            if (strcmp(a, "ddp") == 0)
+                cl.ddp = 1;
+            else if (strcmp(a, "none") == 0)
+                cl.ddp = 0;
+            else {
+                snprintf(msg, sizeof msg, "--parallel: '%s' is not none or ddp", a);
+                die(msg);
+            }
+            break;
+        case O_RANKS:
+            cl.ranks = (int)parse_int("--ranks", a, 1, 1024);
+            cl.ranks_given = 1;
+            break;
+        case O_BACKEND:
+            if (strcmp(a, "mpi") == 0)
+                cl.mpi = 1;
+            else if (strcmp(a, "coll") == 0)
+                cl.mpi = 0;
+            else if (strcmp(a, "nccl") == 0)
+                die("--backend nccl: this build has no NCCL backend (CPU only); use coll or mpi");
+            else {
+                snprintf(msg, sizeof msg, "--backend: '%s' is not coll or mpi", a);
+                die(msg);
+            }
+            break;
+        case O_BUCKETMB: cl.bucket_mb = parse_float("--bucket-mb", a, 1e-6, 1e6); break;
+        case O_NOOVERLAP: cl.overlap = 0; break;
+        case O_ACCUM: cl.accum = (int)parse_int("--accum", a, 1, 1 << 20); break;
+        case O_TRACE: cl.trace = a; break;
         case O_HELP:
         case 'h': usage(stdout); return 0;
         default:
@@ -255,132 +629,22 @@ int main(int argc, char **argv)
     if (plot)
         check_writable_dir_of("--plot", plot);
 
-    /* Everything that can fail on the input fails here, before any file is written. */
-    train_session *s = train_session_create(&o, msg);
-    if (!s)
-        die(msg);
-    if (resume && train_session_load(s, resume, msg) != 0) {
-        train_session_free(s);
-        die(msg);
-    }
-    if (ckpt_dir) {
-        struct stat st;
-        if (stat(ckpt_dir, &st) != 0) {
-            if (mkdir(ckpt_dir, 0755) != 0) {
-                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
-                         strerror(errno));
-                train_session_free(s);
-                die(msg);
-            }
-        } else if (!S_ISDIR(st.st_mode)) {
-            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
-            train_session_free(s);
-            die(msg);
-        }
-    }
-
-    train_model *m = train_session_model(s);
-    const train_config *cfg = train_model_config(m);
-    size_t np = train_num_params(m);
-    const char *devname = "cpu";
-    char gpuname_err[TRAIN_ERRLEN];
-    if (o.device == TRAIN_DEVICE_CUDA)
-        devname = train_cuda_device_name(gpuname_err);
-    double peak = o.device == TRAIN_DEVICE_CUDA ? train_cuda_peak_flops() : 0.0;
-    double fpt = train_flops_per_token(cfg, o.seq);
-    printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
-           "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
-           "activations)\n",
-           cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np,
-           np * 4.0 / 1048576, np * 4.0 / 1048576, np * 8.0 / 1048576,
-           train_activation_bytes(m) / 1048576.0);
-    printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
-           "steps %d  lr %g  device %s",
-           o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
-           train_data_tokens(train_session_data(s)), o.batch, o.seq, o.hp.steps, o.hp.lr,
-           devname ? devname : "cuda");
-    if (o.device == TRAIN_DEVICE_CPU)
-        printf(" (%d threads)", o.threads ? o.threads : train_cpu_threads());
-    putchar('\n');
-    if (resume)
-        printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
-    fflush(stdout);
-
-    long first = train_session_step_count(s) + 1;
-    long total = o.hp.steps, last_step = total;
-    if (stop_after >= 0 && stop_after < last_step)
-        last_step = stop_after;
-    long n = last_step >= first ? last_step - first + 1 : 0;
-    float *losses = calloc((size_t)n + 1, sizeof *losses);
-    long *vsteps = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vsteps);
-    float *vloss = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vloss);
-    long nv = 0;
-    char *sample = malloc((size_t)sample_len + 1);
-    double t_start = now_s();
-    double tok_total = 0, time_total = 0;
-    train_step_stats st = {0};
-    char path[4200];
-
-    for (long i = 0; i < n; i++) {
-        st = train_session_step(s);
-        losses[i] = st.loss;
-        if (st.step > first) { /* the first step warms caches; keep it out of the mean */
-            tok_total += (double)o.batch * o.seq;
-            time_total += st.ms * 1e-3;
-        }
-        if (!quiet) {
-            printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s",
-                   st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
-            if (peak > 0)
-                printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
-            putchar('\n');
-        }
-        int last = st.step == last_step;
-        if ((eval_every && st.step % eval_every == 0) || (last && eval_every)) {
-            float vl = train_session_val_loss(s, (int)eval_batches);
-            vsteps[nv] = st.step;
-            vloss[nv++] = vl;
-            printf("eval step %ld | val loss %.6f\n", st.step, vl);
-            if (sample_len > 0) {
-                train_session_sample(s, prompt, (int)sample_len, sample);
-                printf("sample: ");
-                print_escaped(sample, (int)sample_len);
-            }
-        }
-        if (ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
-            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
-            if (train_session_save(s, path, msg) != 0) {
-                train_session_free(s);
-                die(msg);
-            }
-            printf("checkpoint %s\n", path);
-        }
-        fflush(stdout);
-    }
-    double wall = now_s() - t_start;
-    printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
-    if (nv)
-        printf(" | val loss %.6f", vloss[nv - 1]);
-    if (time_total > 0) {
-        printf(" | %.0f tok/s", tok_total / time_total);
-        if (peak > 0)
-            printf(" | MFU %.1f%%", 100.0 * fpt * (tok_total / time_total) / peak);
-    }
-    putchar('\n');
-    if (plot) {
-        char title[256];
-        snprintf(title, sizeof title, "coll-train: L=%d C=%d H=%d, batch %d x %d, lr %g",
-                 cfg->layers, cfg->channels, cfg->heads, o.batch, o.seq, o.hp.lr);
-        if (train_plot_svg(plot, first, losses, n, vsteps, vloss, nv, title, msg) != 0) {
-            train_session_free(s);
-            die(msg);
-        }
-        printf("plot %s\n", plot);
-    }
-    free(losses);
-    free(vsteps);
-    free(vloss);
-    free(sample);
-    train_session_free(s);
-    return 0;
+    if (!cl.ddp && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
+        die("--ranks, --accum and --trace need --parallel ddp");
+    if (cl.trace)
+        check_writable_dir_of("--trace", cl.trace);
+    cl.o = o;
+    cl.ckpt_dir = ckpt_dir;
+    cl.resume = resume;
+    cl.plot = plot;
+    cl.prompt = prompt;
+    cl.stop_after = stop_after;
+    cl.ckpt_every = ckpt_every;
+    cl.eval_every = eval_every;
+    cl.eval_batches = eval_batches;
+    cl.sample_len = sample_len;
+    cl.quiet = quiet;
+    if (!cl.ddp)
+        return run(&cl, NULL);
+    return run_ddp(&cl);
 }

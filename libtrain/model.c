@@ -247,6 +247,7 @@ train_model *train_model_create(const train_config *cfg, int B, int T, train_dev
         train_model_free(m);
         return NULL;
     }
+    m->loss_scale = 1.0f;
     layout_acts(m, m->actmem);
     layout_scratch(m, m->scratchmem);
 
@@ -386,6 +387,24 @@ void train_zero_grad(train_model *m)
     m->ops->zero(m->grads, m->nparams * sizeof(float));
 }
 
+void train_set_loss_scale(train_model *m, float scale) { m->loss_scale = scale; }
+
+void train_set_backward_hook(train_model *m, train_backward_hook fn, void *arg)
+{
+    m->bwd_hook = fn;
+    m->bwd_hook_arg = arg;
+}
+
+/* Tells the hook that gradients from `from` on are final; the device must have finished
+ * writing them first (a no-op sync on the CPU). */
+static void gradients_final(train_model *m, size_t from, int layer)
+{
+    if (!m->bwd_hook)
+        return;
+    m->ops->sync();
+    m->bwd_hook(m->bwd_hook_arg, from, layer);
+}
+
 void train_backward(train_model *m)
 {
     if (!m->have_targets)
@@ -410,12 +429,13 @@ void train_backward(train_model *m)
 
     /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
     o->zero(s->dlogits, (size_t)N * V * sizeof(float));
-    o->crossentropy_backward(s->dlogits, a->probs, m->targets, 1.0f / N, N, V);
+    o->crossentropy_backward(s->dlogits, a->probs, m->targets, m->loss_scale / N, N, V);
     o->zero(s->dln, NC * sizeof(float));
     o->matmul_backward(s->dln, dwte, NULL, s->dlogits, a->lnf, wte, N, C, V);
     o->zero(s->dres, NC * sizeof(float));
     o->layernorm_backward(s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean,
                           a->lnf_rstd, N, C);
+    gradients_final(m, m->tensors[m->ntensors - 2].offset, L);
 
     /* s->dres now holds dloss/d(output of block L-1); walk the blocks top-down. The
      * residual connections pass dres straight through; each branch adds its part. */
@@ -451,6 +471,8 @@ void train_backward(train_model *m)
         o->matmul_backward(s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * C);
         o->layernorm_backward(s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean,
                               ln1_rstd, N, C);
+        gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
     }
     o->encoder_backward(dwte, dwpe, s->dres, m->inputs, B, T, C);
+    gradients_final(m, 0, -1);
 }

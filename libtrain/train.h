@@ -95,6 +95,17 @@ TRAIN_API void train_copy_logits_to_host(const train_model *m, float *dst);
 TRAIN_API void train_zero_grad(train_model *m);
 /* Backward of the last forward (which must have had targets): grads += dloss/dparams. */
 TRAIN_API void train_backward(train_model *m);
+/* Multiplies the loss seen by backward (default 1): gradients become scale * dloss/dparams.
+ * Gradient accumulation over K micro-batches uses 1/K, so the sum is a mean. */
+TRAIN_API void train_set_loss_scale(train_model *m, float scale);
+/* Called by train_backward each time a suffix of the gradient array becomes final:
+ * every gradient at flat offset >= final_from will not change again in this backward.
+ * `layer` names the stage just finished: cfg.layers for the final LayerNorm (the LM head's
+ * share of wte is not final yet: wte is tied), l for block l (top-down), -1 for the
+ * embeddings, after which final_from is 0. A parallel layer (DDP) hangs its bucket launches
+ * here; the hook must not touch gradients below final_from. NULL removes it. */
+typedef void (*train_backward_hook)(void *arg, size_t final_from, int layer);
+TRAIN_API void train_set_backward_hook(train_model *m, train_backward_hook fn, void *arg);
 
 /* ---- optimizer ------------------------------------------------------------------ */
 
@@ -162,6 +173,12 @@ typedef struct train_loader_state {
 /* Fills inputs (B,T) and targets (B,T) with the next training batch and advances st. */
 TRAIN_API void train_data_next_batch(train_data *d, train_loader_state *st, int B,
                                      int T, int *inputs, int *targets);
+/* Rows [row0, row0 + nrows) of that same next batch of B rows (inputs and targets are
+ * (nrows,T)), advancing st past all B rows: how a data-parallel rank reads its disjoint
+ * slice of the global batch, so that N ranks together see exactly what one process
+ * would. */
+TRAIN_API void train_data_next_rows(train_data *d, train_loader_state *st, int B, int T,
+                                    int row0, int nrows, int *inputs, int *targets);
 /* Validation batch number k (deterministic, no state); returns 0 when k is past the end. */
 TRAIN_API int train_data_val_batch(const train_data *d, int k, int B, int T, int *inputs,
                                    int *targets);
