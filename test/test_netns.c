@@ -1,0 +1,43 @@
+/* test_netns.c — the correctness matrix across 2, 3 and 4 "hosts" (network namespaces
+ * made by scripts/netns.sh), with the normal env-based init and transport selection:
+ * every peer pair is on another host, so every byte crosses TCP over a veth and a bridge.
+ * One run caps the links at 200 Mbit/s with tc tbf, so the flow control meets a link
+ * slower than the CPU.  Skips, saying why, when not root or namespaces are refused.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static void across(int hosts, const char *extra, const char *env) {
+  if (geteuid() != 0)
+    cr_skip_test("the multi-host test bed needs root (ip netns, tc): run the suite as root");
+  const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "%s/scripts/netns.sh -q -k %d -t 100 %s -- env COLL_TIMEOUT_MS=30000 %s "
+           "%s/test/net_rank 2>&1", src ? src : ".", hosts, extra, env, build ? build : ".");
+  FILE *p = popen(cmd, "r");
+  cr_assert(p, "cannot run %s", cmd);
+  char line[1024];
+  int ok = 0;
+  while (fgets(line, sizeof line, p)) {
+    fprintf(stderr, "  | %s", line);
+    ok += strstr(line, ": ok") != NULL;
+  }
+  int st = pclose(p);
+  int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  if (code == 77) cr_skip_test("network namespaces are not available here (netns.sh said why above)");
+  cr_assert_eq(code, 0, "%s exited with %d", cmd, code);
+  cr_assert_eq(ok, hosts, "%d of %d hosts said ok", ok, hosts);
+}
+
+Test(netns, hosts2, .timeout = 120) { across(2, "", ""); }
+Test(netns, hosts3, .timeout = 120) { across(3, "", ""); }
+Test(netns, hosts4, .timeout = 120) { across(4, "", ""); }
+Test(netns, hosts4_capped_one_socket, .timeout = 120) {
+  across(4, "-r 200mbit", "NET_RANK_SMALL=1 COLL_SOCKS_PER_PEER=1");
+}
