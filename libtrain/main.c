@@ -329,7 +329,7 @@ train:;
             if (peak > 0)
                 printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
             if (d)
-                printf(" | bwd %6.1f ms | comm wait %6.1f ms | hidden %3.0f%%", ds.bwd_ms,
+                printf(" | bwd %6.1f ms | exposed comm %6.1f ms | hidden %3.0f%%", ds.bwd_ms,
                        ds.wait_ms, 100.0 * ds.hidden);
             putchar('\n');
         }
@@ -371,10 +371,10 @@ train:;
     }
     if (d && n > 1) {
         printf("ddp: weights bitwise identical on all %d ranks | per step after the first: "
-               "backward %.1f ms, comm %.1f ms, comm wait after backward %.1f ms, hidden %.0f%%\n",
+               "backward %.1f ms, comm %.1f ms, exposed comm %.1f ms, hidden %.0f%%\n",
                b->nranks, bwd_total / (double)(n - 1), comm_total / (double)(n - 1),
                wait_total / (double)(n - 1),
-               comm_total > 0 ? 100.0 * (1.0 - wait_total / comm_total) : 0.0);
+               comm_total > wait_total ? 100.0 * (1.0 - wait_total / comm_total) : 0.0);
     }
     if (d && c->trace)
         printf("trace %s\n", c->trace);
