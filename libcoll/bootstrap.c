@@ -507,18 +507,17 @@ void coll_bootstrap_root_stop(coll_root *st) {
   free(st);
 }
 
-void coll_bootstrap_root_discard(coll_root *st) {
-  if (!st) return;
-  close(st->listen_fd);
-  close(st->wake_fd);
-  free(st->conns);
-  free(st);
-}
-
 void coll_bootstrap_root_forget(coll_root *st) {
   if (!st) return;
   close(st->listen_fd);
   close(st->wake_fd);
+}
+
+void coll_bootstrap_root_discard(coll_root *st) {
+  if (!st) return;
+  coll_bootstrap_root_forget(st);
+  free(st->conns);
+  free(st);
 }
 
 coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms,
