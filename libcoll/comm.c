@@ -143,6 +143,10 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
                                           &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
       goto fail;
   }
+  /* The executor cuts every step into slices of one slot: the smallest slot in use. */
+  for (int p = 0; p < nranks; p++)
+    if (comm->conn_send[p] && comm->conn_send[p]->slot_bytes < comm->slot_bytes)
+      comm->slot_bytes = comm->conn_send[p]->slot_bytes;
   comm->transport = comm->transports[uses[1] > uses[0] ? 1 : 0];
   if (!comm->transport) comm->transport = comm->transports[1];
   /* Second round: everyone has mapped everyone's segment, so names can go. */

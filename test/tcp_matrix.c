@@ -185,12 +185,13 @@ int tm_run(coll_comm_t comm, int rank, int n, bool big) {
       bool reducing = kind == K_ALL_REDUCE || kind == K_REDUCE_SCATTER || kind == K_REDUCE;
       for (int op = 0; op < (reducing ? 5 : 1) && fails < 3; op++) {
         if (op == COLL_AVG && !is_float(d)) continue;
-        size_t counts[8], nc = 0;
+        size_t counts[9], nc = 0;
         counts[nc++] = 0;
         counts[nc++] = 1;
         if (n > 2) counts[nc++] = (size_t)n - 1;
         counts[nc++] = 1031;
-        counts[nc++] = 65536 / es + 7;
+        counts[nc++] = 65536 / es + 7;  /* just over an shm slot */
+        counts[nc++] = 262144 / es + 7; /* just over a tcp slot */
         /* ~1 MiB per rank: every dtype with sum, every op on float32 */
         if (big && (!reducing || op == COLL_SUM || d == COLL_FLOAT32)) {
           size_t c = ((size_t)1 << 20) / es + 3;

@@ -41,3 +41,25 @@ Test(netns, hosts4, .timeout = 120) { across(4, "", ""); }
 Test(netns, hosts4_capped_one_socket, .timeout = 120) {
   across(4, "-r 200mbit", "NET_RANK_SMALL=1 COLL_SOCKS_PER_PEER=1");
 }
+
+/* Forcing shared memory between two hosts must fail at init with a sentence, not hang. */
+Test(netns, shm_refused_across_hosts, .timeout = 60) {
+  if (geteuid() != 0) cr_skip_test("the multi-host test bed needs root (ip netns, tc)");
+  const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s/scripts/netns.sh -q -k 2 -t 30 -- env COLL_TIMEOUT_MS=10000 "
+           "COLL_TRANSPORT=shm %s/test/env_rank 2>&1", src ? src : ".", build ? build : ".");
+  FILE *p = popen(cmd, "r");
+  cr_assert(p);
+  char line[1024];
+  int said = 0;
+  while (fgets(line, sizeof line, p)) {
+    fprintf(stderr, "  | %s", line);
+    said += strstr(line, "COLL_TRANSPORT=shm, but rank") != NULL;
+  }
+  int st = pclose(p);
+  int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  if (code == 77) cr_skip_test("network namespaces are not available here");
+  cr_assert_neq(code, 0, "COLL_TRANSPORT=shm across hosts succeeded");
+  cr_assert_eq(said, 2, "expected both ranks to explain the refusal");
+}

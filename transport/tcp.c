@@ -51,8 +51,8 @@
 #include "bootstrap_wire.h"
 #include "internal.h"
 
-#define TCP_NSLOTS 8
-#define TCP_SLOT_BYTES (64 * 1024)
+#define TCP_NSLOTS 4
+#define TCP_SLOT_BYTES (256 * 1024)
 #define TCP_MAX_SOCKS 8
 #define TCP_HELLO_MAGIC 0x434c5443u /* "CLTC" */
 #define TCP_HELLO_BYTES 28
@@ -316,7 +316,7 @@ static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
                      comm->rank, peer);
   if ((int)b.nsocks != ctx->nsocks)
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
-                     "rank %d: rank %d uses %u sockets per peer but this rank %d: set "
+                     "rank %d: rank %d uses %u sockets per peer but this rank uses %d: set "
                      "COLL_SOCKS_PER_PEER alike on every rank", comm->rank, peer, b.nsocks,
                      ctx->nsocks);
   /* tcp_peer holds cache-line-aligned counters: calloc only promises 16 bytes. */
