@@ -59,6 +59,17 @@ COLL_API coll_result coll_trace_read(coll_comm_t comm, coll_trace_event *ev, siz
 COLL_API coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes,
                                        size_t slice_bytes, double alpha, double beta,
                                        double *seconds, char *formula, size_t formula_len);
+/* The cost model's parameters this communicator measured at creation (or read from
+ * COLL_TUNE_FILE): alpha s per message, beta s per byte moved, gamma s per byte reduced,
+ * alpha_oneshot the fixed cost of a one-shot call.  Any pointer may be NULL. */
+COLL_API coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, double *beta,
+                                           double *gamma, double *alpha_oneshot);
+/* The algorithm this communicator runs for `coll` ("all_reduce", ...) at `bytes` (as
+ * nccl-tests counts them), honouring COLL_ALGO; `why` (may be NULL) gets every
+ * candidate's predicted time, e.g. "ring 3.2 us, tree 2.1 us, oneshot 0.4 us".  NULL
+ * for an unknown collective. */
+COLL_API const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
+                                        char *why, size_t why_len);
 /* Bytes of one FIFO slot (the pipelining slice) on this communicator. */
 COLL_API coll_result coll_comm_slice_bytes(coll_comm_t comm, size_t *bytes);
 /* Name of the transport this communicator uses ("shm", ...). */

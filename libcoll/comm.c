@@ -68,6 +68,9 @@ void coll_comm_free(struct coll_comm *comm) {
   free(comm->conn_recv);
   free(comm->pids);
   free(comm->host_ids);
+  free(comm->mb_seen);
+  free(comm->mb);
+  free(comm->mb_waiters);
   pthread_mutex_destroy(&comm->qmu);
   pthread_cond_destroy(&comm->qcv);
   pthread_cond_destroy(&comm->donecv);
@@ -85,15 +88,23 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   comm->rank = rank;
   comm->nranks = nranks;
   comm->timeout_ms = coll_env_timeout_ms();
+  {
+    long sb;
+    if (!coll_env_int("COLL_STREAM_BYTES", COLL_STREAM_DEFAULT, &sb) || sb < 0)
+      sb = COLL_STREAM_DEFAULT;
+    comm->stream_bytes = (size_t)sb;
+  }
   memcpy(comm->secret, f->secret, COLL_SECRET_BYTES);
   comm->pids = calloc((size_t)nranks, sizeof *comm->pids);
   comm->host_ids = calloc((size_t)nranks, sizeof *comm->host_ids);
   comm->conn_send = calloc((size_t)nranks, sizeof *comm->conn_send);
   comm->conn_recv = calloc((size_t)nranks, sizeof *comm->conn_recv);
+  comm->mb_seen = calloc((size_t)nranks, sizeof *comm->mb_seen);
   rank_info *all = calloc((size_t)nranks, sizeof *all);
   coll_bootstrap b = {.fd = -1};
   coll_result r = COLL_OK;
-  if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv || !all) {
+  if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv ||
+      !comm->mb_seen || !all) {
     r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating a communicator of %d ranks",
                   nranks);
     goto fail;
@@ -148,6 +159,8 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
     if (comm->conn_send[p] && comm->conn_send[p]->slot_bytes < comm->slot_bytes)
       comm->slot_bytes = comm->conn_send[p]->slot_bytes;
   comm->transport = comm->transports[uses[1] > uses[0] ? 1 : 0];
+  /* The one-shot path needs every peer's mailbox mapped: one host, all shm. */
+  comm->mailboxes = nranks > 1 && uses[0] == nranks - 1;
   if (!comm->transport) comm->transport = comm->transports[1];
   /* Second round: everyone has mapped everyone's segment, so names can go. */
   {
@@ -165,8 +178,10 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
     if (comm->transports[t] &&
         (r = comm->transports[t]->ready(comm, comm->transport_ctxs[t])) != COLL_OK)
       goto fail;
+  if ((r = coll_oneshot_setup(comm)) != COLL_OK) goto fail;
   coll_bootstrap_close(&b);
   if ((r = coll_exec_start(comm)) != COLL_OK) goto fail;
+  if ((r = coll_tune_init(comm)) != COLL_OK) goto fail;
   free(all);
   COLL_INFO(rank, "communicator ready: %d ranks, transport %s, slot %zu bytes", nranks,
             comm->transport->name, comm->slot_bytes);

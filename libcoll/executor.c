@@ -31,7 +31,16 @@ typedef struct {
   const coll_step *step;
   int step_index;
   size_t done_bytes, total_bytes;
+  bool stream; /* final copies into user buffers bypass the cache (copy.c) */
 } wait_ctx;
+
+/* A copy into the user's buffer: streaming stores for large calls. */
+static void put(const wait_ctx *x, void *dst, const void *src, size_t bytes) {
+  if (x->stream)
+    coll_copy_stream(dst, src, bytes);
+  else
+    memcpy(dst, src, bytes);
+}
 
 static coll_result waited_too_long(wait_ctx *x, int peer, const char *what) {
   struct coll_comm *c = x->comm;
@@ -112,7 +121,7 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
 
   switch (s->kind) {
   case COLL_STEP_COPY:
-    if (src != dst) memcpy(dst, src, bytes);
+    if (src != dst) put(x, dst, src, bytes);
     return COLL_OK;
   case COLL_STEP_SEND:
     if ((r = get_send(x, out, &q)) != COLL_OK) return r;
@@ -121,7 +130,7 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
     return COLL_OK;
   case COLL_STEP_RECV:
     if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    memcpy(dst, p, bytes);
+    put(x, dst, p, bytes);
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_COPY_SEND:
@@ -129,7 +138,7 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
     if ((r = get_send(x, out, &q)) != COLL_OK) return r;
     memcpy(q, p, bytes);
     out->t->send_post(out, (uint32_t)bytes);
-    memcpy(dst, p, bytes);
+    put(x, dst, p, bytes);
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_SEND:
@@ -148,24 +157,16 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   case COLL_STEP_RECV_REDUCE_COPY_SEND:
     if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
     if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    coll_kernel_reduce(dst, p, src, n, w->dtype, w->op);
-    if (avg) coll_kernel_avg(dst, n, w->dtype, comm->nranks);
-    memcpy(q, dst, bytes);
+    /* Reduce into the outgoing slot (cache), then copy out: the user buffer is
+     * written once and never read back. */
+    coll_kernel_reduce(q, p, src, n, w->dtype, w->op);
+    if (avg) coll_kernel_avg(q, n, w->dtype, comm->nranks);
+    put(x, dst, q, bytes);
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     return COLL_OK;
   }
   return coll_fail(comm, COLL_ERR_INTERNAL, "unknown step kind %d", (int)s->kind);
-}
-
-static coll_algo forced_algo(void) {
-  /* Only the ring exists so far; COLL_ALGO is read so a forced choice is honoured or
-   * reported, never silently ignored. */
-  static _Atomic int warned = 0;
-  const char *e = getenv("COLL_ALGO");
-  if (e && *e && strcmp(e, "ring") != 0 && strcmp(e, "auto") != 0 && !atomic_exchange(&warned, 1))
-    COLL_WARN(-1, "COLL_ALGO=%s is not available in this build; using ring", e);
-  return COLL_ALGO_RING;
 }
 
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
@@ -175,8 +176,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     return comm->sticky; /* the sentence of the first failure stays in errbuf */
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
+  coll_algo algo = coll_tune_choose(comm, w, es);
+  if (algo == COLL_ALGO_ONESHOT) return coll_oneshot_run(comm, w);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
-  coll_plan_args a = {.coll = w->coll, .algo = forced_algo(), .count = w->count,
+  coll_plan_args a = {.coll = w->coll, .algo = algo, .count = w->count,
                       .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
                       .recv_count = w->recv_count, .recv_peer = w->recv_peer};
   switch (w->coll) {
@@ -212,6 +215,12 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     if (k > rounds) rounds = k;
   }
   wait_ctx x = {.comm = comm, .w = w};
+  {
+    size_t user = w->count * es;
+    if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER)
+      user *= (size_t)comm->nranks;
+    x.stream = user >= comm->stream_bytes;
+  }
   /* Tracing: when each step's first slice starts and its last slice ends. */
   uint64_t *t0 = NULL, *t1 = NULL;
   if (coll_trace_on(comm)) {

@@ -134,6 +134,14 @@ typedef struct {
   coll_result result;
 } coll_work;
 
+/* The cost model's parameters (tune.c), the same on every rank. */
+typedef struct {
+  double alpha, beta, gamma; /* s per message, per byte moved, per byte reduced */
+  double alpha_mb;           /* fixed cost of a one-shot call */
+  int source;                /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE */
+} coll_tune_params;
+#define COLL_TUNE_BUCKETS 48 /* size buckets: bit length of the byte count */
+
 struct coll_comm {
   int rank, nranks;
   uint8_t secret[COLL_SECRET_BYTES];
@@ -154,6 +162,13 @@ struct coll_comm {
   struct sockaddr_storage boot_local;
   socklen_t boot_local_len;
   size_t slot_bytes;
+  /* One-shot path (oneshot.c): every peer is reached through shm mailboxes. */
+  bool mailboxes;
+  size_t stream_bytes; /* calls this large stream their final copies (copy.c) */
+  uint32_t mb_seq;   /* one-shot calls made on this communicator */
+  uint32_t *mb_seen; /* per rank: the highest one-shot call seen in its mailbox */
+  coll_mailbox **mb;  /* [2p + parity]: rank p's mailboxes */
+  _Atomic uint32_t **mb_waiters; /* per rank: sleepers on its mailboxes */
   int local_ranks;      /* ranks on this host */
   bool oversubscribed;  /* more local ranks than online cores: spinning only hurts */
 
@@ -170,6 +185,14 @@ struct coll_comm {
   uint64_t next_seq;
   coll_step *steps; /* scratch for one plan */
   uint8_t *barrier_buf;
+
+  /* tuning (tune.c) */
+  coll_tune_params tune;
+  bool tuned;
+  coll_algo forced; /* COLL_ALGO, or AUTO */
+  bool warned_forced[COLL_NUM_COLLS];
+  uint8_t choice[COLL_NUM_COLLS][COLL_TUNE_BUCKETS];      /* best algorithm */
+  uint8_t choice_fifo[COLL_NUM_COLLS][COLL_TUNE_BUCKETS]; /* best but one-shot */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
 
@@ -192,6 +215,30 @@ void coll_exec_wake_all(struct coll_comm *comm);
 
 void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg);
 void coll_stream_enqueued(struct coll_stream *s);
+
+/* ---- copies (copy.c) ----------------------------------------------------------------- */
+
+/* memcpy with streaming stores for large outputs nobody reads soon (see copy.c). */
+void coll_copy_stream(void *dst, const void *src, size_t n);
+/* Calls whose user buffers exceed this stream their final copies (COLL_STREAM_BYTES). */
+#define COLL_STREAM_DEFAULT (16u << 20)
+
+/* ---- one-shot small collectives (oneshot.c) ----------------------------------------- */
+
+/* Can the one-shot path serve this call (every peer on shm, the data fits a mailbox)?
+ * Depends only on what every rank agrees on, so all ranks take the same path. */
+bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count, size_t es);
+coll_result coll_oneshot_run(struct coll_comm *comm, const coll_work *w);
+/* Caches every rank's mailbox addresses (after the transports connected). */
+coll_result coll_oneshot_setup(struct coll_comm *comm);
+
+/* ---- tuning (tune.c) ------------------------------------------------------------------ */
+
+/* Measures (or reads) the model's parameters and builds the choice table.  Collective:
+ * every rank calls it once the executor runs. */
+coll_result coll_tune_init(struct coll_comm *comm);
+/* The algorithm for this call: COLL_ALGO if it can serve it, else the table's. */
+coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es);
 
 /* ---- tracing (trace.c) ------------------------------------------------------------ */
 

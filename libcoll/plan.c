@@ -9,6 +9,8 @@
  *   sendrecv          α + max(n_send, n_recv)·β   (the two directions interleave)
  *   any collective on one rank: a local copy, n·β_mem (nothing when in place)
  */
+#include <string.h>
+
 #include "internal.h"
 #include "ring.h"
 
@@ -84,6 +86,7 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
   case COLL_ALGO_AUTO:
   case COLL_ALGO_RING:
     return coll_ring_plan(a, steps, nsteps);
+  default: break; /* not a schedule here (one-shot), or not built */
   }
   return COLL_ERR_INVALID_ARG;
 }
@@ -105,6 +108,33 @@ const char *coll_algo_name(coll_algo a) {
   switch (a) {
   case COLL_ALGO_AUTO: return "auto";
   case COLL_ALGO_RING: return "ring";
+  case COLL_ALGO_TREE: return "tree";
+  case COLL_ALGO_RD: return "rd";
+  case COLL_ALGO_RHD: return "rhd";
+  case COLL_ALGO_ONESHOT: return "oneshot";
   }
   return "?";
+}
+
+coll_algo coll_algo_from_name(const char *s, bool *ok) {
+  *ok = true;
+  for (int a = 0; a < COLL_NUM_ALGOS; a++)
+    if (strcmp(s, coll_algo_name((coll_algo)a)) == 0) return (coll_algo)a;
+  *ok = false;
+  return COLL_ALGO_AUTO;
+}
+
+bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
+  (void)nranks;
+  if (a != COLL_ALGO_RING) return false;
+  return c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE || c == COLL_COLL_ALL_REDUCE ||
+         c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BARRIER;
+}
+
+coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
+                           double alpha, double beta, double gamma, double *seconds,
+                           char *formula, size_t formula_len) {
+  (void)gamma;
+  if (a != COLL_ALGO_RING) return COLL_ERR_INVALID_ARG;
+  return coll_ring_cost(c, p, n, slice, alpha, beta, seconds, formula, formula_len);
 }

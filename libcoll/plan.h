@@ -11,6 +11,7 @@
 #ifndef COLL_PLAN_H
 #define COLL_PLAN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "coll.h"
@@ -22,7 +23,12 @@ typedef enum {
 } coll_coll_kind;
 #define COLL_NUM_COLLS 9
 
-typedef enum { COLL_ALGO_AUTO = 0, COLL_ALGO_RING } coll_algo;
+/* ONESHOT is not a schedule: oneshot.c runs it through shm mailboxes. */
+typedef enum {
+  COLL_ALGO_AUTO = 0, COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
+  COLL_ALGO_ONESHOT
+} coll_algo;
+#define COLL_NUM_ALGOS 6
 
 /* Which user buffer a range lives in. */
 typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;
@@ -78,5 +84,14 @@ void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
 const char *coll_coll_name(coll_coll_kind c);
 const char *coll_step_name(coll_step_kind k);
 const char *coll_algo_name(coll_algo a);
+/* "ring", "tree", ... -> the algorithm; *ok false for an unknown name. */
+coll_algo coll_algo_from_name(const char *s, bool *ok);
+/* Can `a` schedule `c` on nranks ranks? */
+bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks);
+/* The α-β-γ cost of `a` for `c` (p ranks, n bytes as nccl-tests counts them, slices of
+ * `slice` bytes): seconds, and the formula with its numbers. */
+coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
+                           double alpha, double beta, double gamma, double *seconds,
+                           char *formula, size_t formula_len);
 
 #endif

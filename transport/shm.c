@@ -40,12 +40,18 @@
 #define PAGE 4096
 #define SHM_NSLOTS 8
 #define SHM_SLOT_BYTES (64 * 1024)
+/* One-shot mailboxes (oneshot.c): two per rank (alternate calls), each a flag line whose
+ * last 56 bytes already carry data, then the rest of the data. */
+#define MB_STRIDE ((size_t)COLL_MAILBOX_BYTES + PAGE)
 
 typedef struct {
   uint32_t magic, nranks, nslots, slot_bytes;
   int32_t owner_pid;
   int32_t owner_rank;
   _Atomic int32_t closed; /* the owner aborted: peers waiting on it give up */
+  /* Ranks asleep on one of this rank's mailboxes: its own line, so the owner reads it
+   * from its cache on every post and only a sleeper ever writes it. */
+  _Alignas(64) _Atomic uint32_t mb_waiters;
 } shm_header;
 
 typedef struct {
@@ -85,10 +91,14 @@ typedef struct {
 } shm_blob;
 
 static size_t fifo_stride(void) { return PAGE + (size_t)SHM_NSLOTS * SHM_SLOT_BYTES; }
-static size_t seg_size(int nranks) { return PAGE + (size_t)nranks * fifo_stride(); }
+static size_t fifos_off(void) { return PAGE + 2 * MB_STRIDE; }
+static size_t seg_size(int nranks) { return fifos_off() + (size_t)nranks * fifo_stride(); }
 
 static shm_ctl *fifo_ctl(uint8_t *base, int from) {
-  return (shm_ctl *)(base + PAGE + (size_t)from * fifo_stride());
+  return (shm_ctl *)(base + fifos_off() + (size_t)from * fifo_stride());
+}
+static coll_mailbox *mailbox_at(uint8_t *base, unsigned parity) {
+  return (coll_mailbox *)(base + PAGE + (size_t)(parity & 1) * MB_STRIDE);
 }
 static uint8_t *fifo_slots(uint8_t *base, int from) { return (uint8_t *)fifo_ctl(base, from) + PAGE; }
 
@@ -140,6 +150,7 @@ static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
     if (i == comm->rank) continue;
     memset(fifo_ctl(ctx->base, i), 0, fifo_stride());
   }
+  memset(mailbox_at(ctx->base, 0), 0, 2 * MB_STRIDE);
   shm_header *h = (shm_header *)ctx->base;
   h->nranks = (uint32_t)n;
   h->nslots = SHM_NSLOTS;
@@ -270,6 +281,18 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* COLL_ERR_REMOTE with a sentence when `peer` aborted its communicator or its process is
+ * gone; COLL_OK otherwise.  Costs a system call: only for long quiet spells. */
+static coll_result peer_gone(struct coll_comm *comm, shm_header *ph, pid_t pid, int peer) {
+  if (atomic_load(&ph->closed))
+    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
+                     comm->rank, peer);
+  if (kill(pid, 0) != 0 && errno == ESRCH)
+    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died",
+                     comm->rank, peer, (int)pid);
+  return COLL_OK;
+}
+
 /* Spin (cheap when the peer runs on another core), then yield (cheap when ranks share
  * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
 static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
@@ -296,15 +319,10 @@ static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
     long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
     if (rc != 0 && errno == ETIMEDOUT && !can_go(c)) {
       /* A long quiet spell: is the peer still there? */
-      if (atomic_load(&c->peer_hdr->closed)) {
+      coll_result r = peer_gone(comm, c->peer_hdr, c->peer_pid, c->base.peer);
+      if (r != COLL_OK) {
         atomic_store(flag, 0);
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
-                         comm->rank, c->base.peer);
-      }
-      if (kill(c->peer_pid, 0) != 0 && errno == ESRCH) {
-        atomic_store(flag, 0);
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died",
-                         comm->rank, c->base.peer, (int)c->peer_pid);
+        return r;
       }
     }
   }
@@ -332,6 +350,35 @@ static void shm_close(struct coll_comm *comm, void *vctx) {
   free(ctx->peer_size);
   free(ctx->conns);
   free(ctx);
+}
+
+/* ---- one-shot mailboxes (used by oneshot.c) ----------------------------------------- */
+
+static shm_ctx *shm_ctx_of(struct coll_comm *comm) {
+  for (int t = 0; t < comm->ntransports; t++)
+    if (comm->transports[t] == &coll_transport_shm) return comm->transport_ctxs[t];
+  return NULL;
+}
+
+coll_mailbox *coll_shm_mailbox(struct coll_comm *comm, int rank, unsigned parity) {
+  shm_ctx *ctx = shm_ctx_of(comm);
+  if (!ctx || rank < 0 || rank >= comm->nranks) return NULL;
+  uint8_t *base = rank == comm->rank ? ctx->base : ctx->peer_base[rank];
+  return base ? mailbox_at(base, parity) : NULL;
+}
+
+_Atomic uint32_t *coll_shm_mailbox_waiters(struct coll_comm *comm, int rank) {
+  shm_ctx *ctx = shm_ctx_of(comm);
+  if (!ctx || rank < 0 || rank >= comm->nranks) return NULL;
+  uint8_t *base = rank == comm->rank ? ctx->base : ctx->peer_base[rank];
+  return base ? &((shm_header *)base)->mb_waiters : NULL;
+}
+
+coll_result coll_shm_peer_check(struct coll_comm *comm, int peer) {
+  shm_ctx *ctx = shm_ctx_of(comm);
+  if (!ctx || !ctx->peer_base[peer]) return COLL_OK;
+  return peer_gone(comm, (shm_header *)ctx->peer_base[peer], ctx->conns[2 * peer].peer_pid,
+                   peer);
 }
 
 const coll_transport coll_transport_shm = {

@@ -13,6 +13,7 @@
 #ifndef COLL_TRANSPORT_H
 #define COLL_TRANSPORT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -64,6 +65,23 @@ struct coll_transport {
 #define COLL_CONN_BLOB 256
 
 extern const coll_transport coll_transport_shm;
+
+/* ---- shm mailboxes: the one-shot path for small collectives (oneshot.c) ------------
+ * Every rank's segment holds two mailboxes (calls alternate between them).  `seq` is
+ * the one-shot call the mailbox speaks for; the data starts in the same cache line, so
+ * a reader that sees `seq` change has usually pulled the first 56 bytes with it. */
+#define COLL_MAILBOX_BYTES (64 * 1024)
+typedef struct {
+  _Alignas(64) _Atomic uint32_t seq;
+  uint32_t pad;
+  uint8_t data[];
+} coll_mailbox;
+/* `rank`'s mailbox `parity` (0/1), or NULL when rank is not reached through shm. */
+coll_mailbox *coll_shm_mailbox(struct coll_comm *comm, int rank, unsigned parity);
+/* The count of ranks sleeping (futex) on one of `rank`'s mailboxes. */
+_Atomic uint32_t *coll_shm_mailbox_waiters(struct coll_comm *comm, int rank);
+/* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */
+coll_result coll_shm_peer_check(struct coll_comm *comm, int peer);
 extern const coll_transport coll_transport_tcp;
 
 #endif

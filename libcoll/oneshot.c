@@ -1,0 +1,263 @@
+/* oneshot.c — small collectives in one shot, through shared-memory mailboxes.
+ *
+ * A ring moves a small message through 2(p-1) FIFO handshakes; for 8 bytes that is all
+ * latency.  Here every rank instead writes its whole contribution once into its own
+ * mailbox (a flag word and the data, the first 56 data bytes in the flag's cache line,
+ * see transport.h) and every rank that needs it reads it straight from there:
+ *
+ *   call k:  rank r   writes data_r into mailbox[r][k % 2], then seq = k (release)
+ *            reader   waits for seq >= k (acquire) in each mailbox it needs, reads
+ *
+ *   all-reduce      everyone writes, everyone reads all, reduces in rank order
+ *   reduce          everyone writes, the root reads all
+ *   broadcast       the root writes, everyone reads it
+ *   all-gather      everyone writes, everyone reads all
+ *   reduce-scatter  everyone writes its whole input, rank r reads block r of each
+ *   barrier         everyone writes nothing, everyone waits for all
+ *
+ * Reuse without a handshake: a rank writes mailbox[k % 2] again at call k+2 only once
+ * every peer has arrived at call k+1 (its seq in mailbox[(k+1) % 2] is >= k+1; ranks
+ * that write nothing still post seq to say they arrived).  A rank arrives at k+1 only
+ * after it finished call k, so nobody still reads the old data.  In an all-reduce every
+ * rank has already seen that while reading call k+1, so the check costs nothing.
+ *
+ * Results are the same bits on every rank: every rank combines the contributions in
+ * rank order, ((c0 op c1) op c2) ..., from the same bytes.
+ *
+ * Cost (p ranks, n bytes, α_mb one cache-line hand-over between cores, β_mem per byte
+ * copied or read from another core's cache, γ per byte reduced):
+ *   all-reduce       α_mb + n·β_mem + (p-1)·n·(β_mem + γ)
+ *   all-gather       α_mb + n·β_mem + (p-1)·n·β_mem
+ *   broadcast        α_mb + 2·n·β_mem
+ * one hand-over instead of 2(p-1), but (p-1)·n bytes read per rank instead of
+ * 2(p-1)/p·n: it wins below a crossover the tuner computes (tune.c).
+ *
+ * Waiting: spin (cores to spare), then sched_yield (ranks outnumber cores), then sleep
+ * on a futex on the flag word after announcing it in the owner's waiter count, which
+ * the owner reads after every post (one load of a line nobody else writes while busy).
+ *
+ * Must never: write a mailbox before every peer has arrived at the previous call,
+ * allocate, or wait without checking abort, peer health and the deadline.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "reduce.h"
+
+static bool reached(uint32_t v, uint32_t want) { return (int32_t)(v - want) >= 0; }
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count, size_t es) {
+  if (!comm->mailboxes || comm->nranks < 2) return false;
+  size_t bytes = count * es, max = COLL_MAILBOX_BYTES;
+  switch (coll) {
+  case COLL_COLL_ALL_REDUCE:
+  case COLL_COLL_REDUCE:
+  case COLL_COLL_BROADCAST:
+  case COLL_COLL_ALL_GATHER: return bytes <= max;
+  case COLL_COLL_REDUCE_SCATTER: return bytes <= max / (size_t)comm->nranks;
+  case COLL_COLL_BARRIER: return true;
+  default: return false;
+  }
+}
+
+static coll_result timed_out(struct coll_comm *comm, const coll_work *w, int peer,
+                             uint32_t want, uint32_t seen) {
+  return coll_fail(comm, COLL_ERR_TIMEOUT,
+                   "rank %d timed out after %d ms waiting for rank %d in %s #%llu (count %zu, "
+                   "%s, one-shot call %u): rank %d was last seen at one-shot call %u",
+                   comm->rank, comm->timeout_ms, peer, coll_coll_name(w->coll),
+                   (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype), want, peer,
+                   seen);
+}
+
+/* Waits until `peer`'s mailbox `mb` says seq >= want. */
+static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer,
+                            coll_mailbox *mb, uint32_t want) {
+  if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
+  int spins = comm->oversubscribed ? 0 : 8000;
+  for (int i = 0; i < spins; i++) {
+    cpu_relax();
+    if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
+  }
+  for (int i = 0; i < 256; i++) {
+    sched_yield();
+    if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
+  }
+  _Atomic uint32_t *waiters = comm->mb_waiters[peer];
+  uint64_t start = coll_now_ns();
+  for (;;) {
+    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed))
+      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator aborted during %s #%llu",
+                       comm->rank, coll_coll_name(w->coll), (unsigned long long)w->seq);
+    uint32_t seen = atomic_load_explicit(&mb->seq, memory_order_acquire);
+    if (reached(seen, want)) return COLL_OK;
+    /* Dekker pairing with the owner's "post seq, fence, read waiters". */
+    atomic_fetch_add(waiters, 1);
+    if (!reached(atomic_load(&mb->seq), want)) {
+      struct timespec ts = {.tv_sec = 0, .tv_nsec = 100 * 1000000L};
+      syscall(SYS_futex, (uint32_t *)&mb->seq, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+    atomic_fetch_sub(waiters, 1);
+    seen = atomic_load_explicit(&mb->seq, memory_order_acquire);
+    if (reached(seen, want)) return COLL_OK;
+    coll_result r = coll_shm_peer_check(comm, peer);
+    if (r != COLL_OK) return r;
+    if (comm->timeout_ms && coll_now_ns() - start > (uint64_t)comm->timeout_ms * 1000000u)
+      return timed_out(comm, w, peer, want, seen);
+  }
+}
+
+/* Publishes call k in my mailbox (after the data, if any, was written).  No fence here:
+ * the store needs the line back from every reader (they hold it shared), and a fence
+ * would stall until that round trip ends.  Instead the store drains while we wait for
+ * the peers' data, and wake_sleepers() fences once the call is done. */
+static void post(coll_mailbox *mine, uint32_t k) {
+  atomic_store_explicit(&mine->seq, k, memory_order_release);
+}
+
+/* Dekker pairing with a sleeper's "count myself in waiters, re-read seq, sleep": after
+ * the fence one of the two sees the other's store. */
+static void wake_sleepers(struct coll_comm *comm, coll_mailbox *mine) {
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(comm->mb_waiters[comm->rank], memory_order_relaxed))
+    syscall(SYS_futex, (uint32_t *)&mine->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Before writing mailbox[k % 2]: every peer has arrived at call k-1. */
+static coll_result may_write(struct coll_comm *comm, const coll_work *w, uint32_t k) {
+  for (int p = 0; p < comm->nranks; p++) {
+    if (p == comm->rank || reached(comm->mb_seen[p], k - 1)) continue;
+    coll_result r = wait_seq(comm, w, p, comm->mb[2 * p + ((k - 1) & 1)], k - 1);
+    if (r != COLL_OK) return r;
+    comm->mb_seen[p] = k - 1;
+  }
+  return COLL_OK;
+}
+
+/* Mailbox of `p` for call k, once it holds call k's data. */
+static coll_result fetch(struct coll_comm *comm, const coll_work *w, int p, uint32_t k,
+                         const uint8_t **data) {
+  coll_mailbox *mb = comm->mb[2 * p + (k & 1)];
+  if (p != comm->rank) {
+    coll_result r = wait_seq(comm, w, p, mb, k);
+    if (r != COLL_OK) return r;
+    comm->mb_seen[p] = k;
+  }
+  *data = mb->data;
+  return COLL_OK;
+}
+
+/* dst = c_0 op c_1 op ... op c_{p-1} (rank order), each c_p at byte offset `off` of p's
+ * mailbox; AVG divides once at the end. */
+static coll_result reduce_all(struct coll_comm *comm, const coll_work *w, uint32_t k,
+                              size_t off, size_t count, uint8_t *dst) {
+  int n = comm->nranks;
+  const uint8_t *a, *b;
+  coll_result r;
+  if ((r = fetch(comm, w, 0, k, &a)) != COLL_OK) return r;
+  if ((r = fetch(comm, w, 1, k, &b)) != COLL_OK) return r;
+  coll_kernel_reduce(dst, a + off, b + off, count, w->dtype, w->op);
+  for (int p = 2; p < n; p++) {
+    if ((r = fetch(comm, w, p, k, &b)) != COLL_OK) return r;
+    coll_kernel_reduce(dst, dst, b + off, count, w->dtype, w->op);
+  }
+  if (w->op == COLL_AVG) coll_kernel_avg(dst, count, w->dtype, n);
+  return COLL_OK;
+}
+
+static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mailbox *mine,
+                            uint32_t k) {
+  int n = comm->nranks, me = comm->rank;
+  size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
+  const uint8_t *src = w->sendbuf;
+  uint8_t *dst = w->recvbuf;
+  size_t bytes = w->count * es;
+  coll_result r;
+  bool writes = w->coll != COLL_COLL_BARRIER &&
+                (w->coll != COLL_COLL_BROADCAST || me == w->root);
+  size_t wbytes = w->coll == COLL_COLL_REDUCE_SCATTER ? bytes * (size_t)n : bytes;
+  if (writes) {
+    if ((r = may_write(comm, w, k)) != COLL_OK) return r;
+    memcpy(mine->data, src, wbytes);
+  }
+  post(mine, k);
+
+  const uint8_t *d;
+  switch (w->coll) {
+  case COLL_COLL_ALL_REDUCE:
+    return reduce_all(comm, w, k, 0, w->count, dst);
+  case COLL_COLL_REDUCE:
+    return me == w->root ? reduce_all(comm, w, k, 0, w->count, dst) : COLL_OK;
+  case COLL_COLL_REDUCE_SCATTER:
+    return reduce_all(comm, w, k, (size_t)me * bytes, w->count, dst);
+  case COLL_COLL_BROADCAST:
+    if (me == w->root) {
+      if (dst != src) memcpy(dst, src, bytes);
+      return COLL_OK;
+    }
+    if ((r = fetch(comm, w, w->root, k, &d)) != COLL_OK) return r;
+    memcpy(dst, d, bytes);
+    return COLL_OK;
+  case COLL_COLL_ALL_GATHER:
+    for (int i = 1; i <= n; i++) {
+      int p = (me + i) % n; /* own block last: in place it is already there */
+      uint8_t *out = dst + (size_t)p * bytes;
+      if (p == me) {
+        if (out != src) memcpy(out, src, bytes);
+        continue;
+      }
+      if ((r = fetch(comm, w, p, k, &d)) != COLL_OK) return r;
+      memcpy(out, d, bytes);
+    }
+    return COLL_OK;
+  case COLL_COLL_BARRIER:
+    for (int p = 0; p < n; p++)
+      if (p != me && (r = fetch(comm, w, p, k, &d)) != COLL_OK) return r;
+    return COLL_OK;
+  default:
+    return coll_fail(comm, COLL_ERR_INTERNAL, "one-shot path asked to run %s",
+                     coll_coll_name(w->coll));
+  }
+}
+
+coll_result coll_oneshot_run(struct coll_comm *comm, const coll_work *w) {
+  uint32_t k = ++comm->mb_seq;
+  coll_mailbox *mine = comm->mb[2 * comm->rank + (k & 1)];
+  coll_result r = run_call(comm, w, mine, k);
+  wake_sleepers(comm, mine);
+  return r;
+}
+
+coll_result coll_oneshot_setup(struct coll_comm *comm) {
+  int n = comm->nranks;
+  if (!comm->mailboxes) return COLL_OK;
+  comm->mb = calloc(2 * (size_t)n, sizeof *comm->mb);
+  comm->mb_waiters = calloc((size_t)n, sizeof *comm->mb_waiters);
+  if (!comm->mb || !comm->mb_waiters)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up one-shot mailboxes");
+  for (int p = 0; p < n; p++) {
+    comm->mb[2 * p] = coll_shm_mailbox(comm, p, 0);
+    comm->mb[2 * p + 1] = coll_shm_mailbox(comm, p, 1);
+    comm->mb_waiters[p] = coll_shm_mailbox_waiters(comm, p);
+    if (!comm->mb[2 * p] || !comm->mb[2 * p + 1] || !comm->mb_waiters[p])
+      return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's mailboxes are not mapped",
+                       comm->rank, p);
+  }
+  return COLL_OK;
+}

@@ -1,0 +1,397 @@
+/* tune.c — which algorithm runs each call, chosen from measured costs.
+ *
+ * At communicator creation the ranks measure the model's parameters (or read them from
+ * COLL_TUNE_FILE), with the communicator's own executor:
+ *   α      a token passed round the ring of all ranks, 8 bytes, 100 laps: the median
+ *          lap over the number of hops.  On 2 ranks it is half a ping-pong; with more ranks than cores it
+ *          includes the wait for a descheduled peer, which is what every step pays.
+ *   β      ranks 0 and 1 bounce 1 MiB: (half the fastest round trip - α) / 1 MiB.
+ *   γ      rank 0 reduces 64 KiB of float32 in cache: seconds per byte reduced.
+ *   α_mb   100 one-shot barriers of all ranks (oneshot.c): the median call.
+ * Rank 0's figures are broadcast, so every rank builds the same table from the same
+ * numbers and the same code: all ranks always choose the same algorithm for a call,
+ * which they must (different schedules would not pair up).
+ *
+ * The table: for every collective and every power-of-two size bucket, the algorithm
+ * with the smallest predicted time — the one-shot formulas in oneshot.c, the others'
+ * in their own files (coll_algo_cost).  A call costs one table lookup.  Buckets are
+ * judged at 1.5x their lower bound (the middle, geometrically near enough).
+ *
+ * COLL_ALGO=name forces an algorithm; a call it cannot serve (tree has no all-gather,
+ * one-shot needs one host and a small message) takes the table's choice instead, with a
+ * warning the first time.  COLL_TUNE=0 skips the measurement and uses defaults.
+ *
+ * Must never: let ranks decide from their own measurements, or measure on the hot path.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "reduce.h"
+
+#define LAPS 100
+#define BIG (1u << 20)
+#define BIG_REPS 4
+
+static const coll_algo candidates[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD,
+                                       COLL_ALGO_RHD, COLL_ALGO_ONESHOT};
+#define NCAND (sizeof candidates / sizeof candidates[0])
+
+static int bucket_of(size_t bytes) {
+  int b = 0;
+  while (bytes) b++, bytes >>= 1;
+  return b < COLL_TUNE_BUCKETS ? b : COLL_TUNE_BUCKETS - 1;
+}
+
+static double bucket_bytes(int b) { return b == 0 ? 0 : 1.5 * ldexp(1.0, b - 1); }
+
+/* The one-shot path's cost (see oneshot.c), n = nccl-tests' size. */
+static bool oneshot_cost(coll_coll_kind c, int p, double n, const coll_tune_params *t,
+                         double *sec, char *formula, size_t flen) {
+  double a = t->alpha_mb, b = t->beta, g = t->gamma, s;
+  switch (c) {
+  case COLL_COLL_ALL_REDUCE:
+  case COLL_COLL_REDUCE:
+    s = a + n * b + (p - 1) * n * (b + g);
+    snprintf(formula, flen, "a_mb + n*b + (p-1)*n*(b+g) = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_REDUCE_SCATTER:
+    s = a + n * b + (p - 1) * (n / p) * (b + g);
+    snprintf(formula, flen, "a_mb + n*b + (p-1)*(n/p)*(b+g) = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_ALL_GATHER:
+    s = a + (n / p) * b + (p - 1) * (n / p) * b;
+    snprintf(formula, flen, "a_mb + n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_BROADCAST:
+    s = a + 2 * n * b;
+    snprintf(formula, flen, "a_mb + 2*n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_BARRIER:
+    s = a;
+    snprintf(formula, flen, "a_mb = %.3g us", s * 1e6);
+    break;
+  default: return false;
+  }
+  *sec = s;
+  return true;
+}
+
+/* Predicted seconds of `a` for `c` at n bytes; false if `a` cannot serve it. */
+static bool predict(struct coll_comm *comm, coll_algo a, coll_coll_kind c, double n,
+                    double *sec, char *formula, size_t flen) {
+  const coll_tune_params *t = &comm->tune;
+  int p = comm->nranks;
+  if (a == COLL_ALGO_ONESHOT) {
+    if (!comm->mailboxes) return false;
+    return oneshot_cost(c, p, n, t, sec, formula, flen);
+  }
+  if (!coll_algo_serves(a, c, p)) return false;
+  coll_coll_kind cc = c == COLL_COLL_BARRIER ? COLL_COLL_ALL_REDUCE : c;
+  if (c == COLL_COLL_BARRIER) n = 1;
+  return coll_algo_cost(a, cc, p, n, (double)comm->slot_bytes, t->alpha, t->beta, t->gamma,
+                        sec, formula, flen) == COLL_OK;
+}
+
+static void build_table(struct coll_comm *comm) {
+  static const coll_coll_kind colls[] = {COLL_COLL_BROADCAST, COLL_COLL_REDUCE,
+                                         COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
+                                         COLL_COLL_ALL_GATHER, COLL_COLL_BARRIER};
+  char f[160];
+  for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++) {
+    coll_coll_kind c = colls[i];
+    for (int b = 0; b < COLL_TUNE_BUCKETS; b++) {
+      double best = INFINITY, best_fifo = INFINITY, s;
+      coll_algo pick = COLL_ALGO_RING, pick_fifo = COLL_ALGO_RING;
+      for (size_t k = 0; k < NCAND; k++) {
+        if (!predict(comm, candidates[k], c, bucket_bytes(b), &s, f, sizeof f)) continue;
+        if (s < best) best = s, pick = candidates[k];
+        if (candidates[k] != COLL_ALGO_ONESHOT && s < best_fifo) best_fifo = s, pick_fifo = candidates[k];
+      }
+      comm->choice[c][b] = (uint8_t)pick;
+      comm->choice_fifo[c][b] = (uint8_t)pick_fifo;
+    }
+  }
+}
+
+/* ---- the choice, per call -------------------------------------------------------- */
+
+coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es) {
+  coll_coll_kind c = w->coll;
+  if (c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV ||
+      comm->nranks == 1)
+    return COLL_ALGO_RING; /* no algorithm: plan.c schedules these itself */
+  size_t bytes = w->count * es;
+  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
+  coll_algo f = comm->forced;
+  if (f != COLL_ALGO_AUTO) {
+    bool ok = f == COLL_ALGO_ONESHOT ? coll_oneshot_fits(comm, c, w->count, es)
+                                      : coll_algo_serves(f, c, comm->nranks);
+    if (ok) return f;
+    if (!comm->warned_forced[c]) {
+      comm->warned_forced[c] = true;
+      COLL_WARN(comm->rank, "COLL_ALGO=%s cannot serve %s #%llu (%zu bytes, %d ranks%s); "
+                "using the tuner's choice instead", coll_algo_name(f), coll_coll_name(c),
+                (unsigned long long)w->seq, bytes, comm->nranks,
+                f == COLL_ALGO_ONESHOT && !comm->mailboxes ? ", not all on one host" : "");
+    }
+  }
+  if (!comm->tuned) return COLL_ALGO_RING; /* measuring: the probe itself runs on rings */
+  int b = bucket_of(bytes);
+  coll_algo a = (coll_algo)comm->choice[c][b];
+  if (a == COLL_ALGO_ONESHOT && !coll_oneshot_fits(comm, c, w->count, es))
+    a = (coll_algo)comm->choice_fifo[c][b];
+  return a;
+}
+
+/* ---- measuring ------------------------------------------------------------------- */
+
+static coll_result run(struct coll_comm *comm, coll_coll_kind c, void *buf, size_t count,
+                       int peer) {
+  coll_work w = {.coll = c, .sendbuf = buf, .recvbuf = buf, .count = count,
+                 .dtype = COLL_UINT8, .op = COLL_SUM, .root = peer};
+  return coll_exec_submit(comm, &w);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The median: a lap that a busy machine preempted says nothing about the links. */
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Seconds per hop of an 8-byte token passed round the ring (median of LAPS laps). */
+static coll_result ring_laps(struct coll_comm *comm, uint8_t *buf, double *hop) {
+  int n = comm->nranks, me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
+  double t[LAPS];
+  coll_result r;
+  for (int lap = -5; lap < LAPS; lap++) {
+    uint64_t t0 = coll_now_ns();
+    if (me == 0) {
+      if ((r = run(comm, COLL_COLL_SEND, buf, 8, next)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_RECV, buf, 8, prev)) != COLL_OK) return r;
+    } else {
+      if ((r = run(comm, COLL_COLL_RECV, buf, 8, prev)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_SEND, buf, 8, next)) != COLL_OK) return r;
+    }
+    if (lap >= 0) t[lap] = (double)(coll_now_ns() - t0) * 1e-9;
+  }
+  *hop = median(t, LAPS) / n;
+  return COLL_OK;
+}
+
+/* Half the round trip of BIG bytes between ranks 0 and 1, the fastest of BIG_REPS
+ * (others return at once). */
+static coll_result big_pingpong(struct coll_comm *comm, uint8_t *buf, double *half) {
+  int me = comm->rank;
+  coll_result r;
+  *half = 0;
+  if (me > 1) return COLL_OK;
+  double best = INFINITY;
+  for (int i = -1; i < BIG_REPS; i++) {
+    uint64_t t0 = coll_now_ns();
+    if (me == 0) {
+      if ((r = run(comm, COLL_COLL_SEND, buf, BIG, 1)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_RECV, buf, BIG, 1)) != COLL_OK) return r;
+    } else {
+      if ((r = run(comm, COLL_COLL_RECV, buf, BIG, 0)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_SEND, buf, BIG, 0)) != COLL_OK) return r;
+    }
+    double t = (double)(coll_now_ns() - t0) * 1e-9;
+    if (i >= 0 && t < best) best = t;
+  }
+  *half = best / 2;
+  return COLL_OK;
+}
+
+static double measure_gamma(void) {
+  enum { N = 16384 }; /* 64 KiB of float32 per operand */
+  static float a[N], b[N];
+  for (int i = 0; i < N; i++) a[i] = (float)i, b[i] = 1.0f;
+  coll_kernel_reduce(a, a, b, N, COLL_FLOAT32, COLL_SUM);
+  uint64_t t0 = coll_now_ns();
+  for (int i = 0; i < 20; i++) coll_kernel_reduce(a, a, b, N, COLL_FLOAT32, COLL_SUM);
+  return (double)(coll_now_ns() - t0) * 1e-9 / 20 / (N * 4.0);
+}
+
+static coll_result oneshot_barriers(struct coll_comm *comm, double *per_call) {
+  *per_call = 0;
+  if (!comm->mailboxes) return COLL_OK;
+  coll_work w = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8};
+  double t[LAPS];
+  for (int i = -5; i < LAPS; i++) {
+    w.seq = comm->next_seq; /* not a user call: for error sentences only */
+    uint64_t t0 = coll_now_ns();
+    coll_result r = coll_oneshot_run(comm, &w);
+    if (r != COLL_OK) return r;
+    if (i >= 0) t[i] = (double)(coll_now_ns() - t0) * 1e-9;
+  }
+  *per_call = median(t, LAPS);
+  return COLL_OK;
+}
+
+static void defaults(coll_tune_params *t) {
+  t->alpha = 1e-6;
+  t->beta = 1.0 / 5e9;
+  t->gamma = 1.0 / 10e9;
+  t->alpha_mb = 0.5e-6;
+  t->source = 0;
+}
+
+/* COLL_TUNE_FILE: one line per shape of communicator. */
+static void key_of(struct coll_comm *comm, char *key, size_t len) {
+  snprintf(key, len, "nranks=%d local=%d transport=%s", comm->nranks, comm->local_ranks,
+           comm->transport ? comm->transport->name : "none");
+}
+
+static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_params *t) {
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  char key[128], line[512];
+  key_of(comm, key, sizeof key);
+  bool found = false;
+  while (fgets(line, sizeof line, f)) {
+    char *at = strstr(line, " alpha=");
+    if (strncmp(line, "libcoll-tune 1 ", 15) != 0 || !at) continue;
+    if ((size_t)(at - (line + 15)) != strlen(key) || strncmp(line + 15, key, strlen(key))) continue;
+    coll_tune_params x = {0};
+    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg", &x.alpha, &x.beta, &x.gamma,
+               &x.alpha_mb) == 4 && x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0) {
+      *t = x;
+      t->source = 2;
+      found = true;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+static void write_cache(struct coll_comm *comm, const char *path, const coll_tune_params *t) {
+  FILE *f = fopen(path, "a");
+  if (!f) {
+    COLL_WARN(comm->rank, "COLL_TUNE_FILE=%s cannot be opened for appending; the "
+              "measurement is not cached", path);
+    return;
+  }
+  char key[128];
+  key_of(comm, key, sizeof key);
+  fprintf(f, "libcoll-tune 1 %s alpha=%.6g beta=%.6g gamma=%.6g alpha_mb=%.6g\n", key,
+          t->alpha, t->beta, t->gamma, t->alpha_mb);
+  fclose(f);
+}
+
+coll_result coll_tune_init(struct coll_comm *comm) {
+  coll_tune_params t;
+  defaults(&t);
+  comm->forced = COLL_ALGO_AUTO;
+  const char *e = getenv("COLL_ALGO");
+  if (e && *e && strcmp(e, "auto") != 0) {
+    bool ok;
+    coll_algo a = coll_algo_from_name(e, &ok);
+    if (ok)
+      comm->forced = a;
+    else
+      COLL_WARN(comm->rank, "COLL_ALGO=%s is not an algorithm (ring, tree, rd, rhd, oneshot, "
+                "auto); choosing automatically", e);
+  }
+  long on = 1;
+  if (!coll_env_int("COLL_TUNE", 1, &on)) on = 1;
+  if (comm->nranks > 1 && on) {
+    const char *path = getenv("COLL_TUNE_FILE");
+    /* Rank 0 decides whether to measure (its cache), then everyone does the same. */
+    struct { double alpha, beta, gamma, alpha_mb; int32_t source, pad; } msg = {0};
+    uint8_t buf[64];
+    coll_result r;
+    if (comm->rank == 0 && path && *path && read_cache(comm, path, &t))
+      msg.source = 2;
+    if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
+    if (msg.source != 2) {
+      uint8_t *big = malloc(BIG);
+      if (!big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory measuring the links");
+      memset(big, 1, BIG);
+      double hop = 0, half = 0, mb = 0;
+      memset(buf, 0, sizeof buf);
+      r = ring_laps(comm, buf, &hop);
+      if (r == COLL_OK) r = big_pingpong(comm, big, &half);
+      if (r == COLL_OK) r = oneshot_barriers(comm, &mb);
+      free(big);
+      if (r != COLL_OK) return r;
+      if (comm->rank == 0) {
+        t.alpha = hop > 0 ? hop : t.alpha;
+        double b = (half - hop) / BIG;
+        t.beta = b > 1e-12 ? b : t.beta;
+        t.gamma = measure_gamma();
+        if (t.gamma <= 0) t.gamma = 1e-12;
+        t.alpha_mb = mb;
+        t.source = 1;
+        if (path && *path) write_cache(comm, path, &t);
+      }
+    }
+    msg.alpha = t.alpha, msg.beta = t.beta, msg.gamma = t.gamma, msg.alpha_mb = t.alpha_mb;
+    msg.source = t.source;
+    if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
+    t.alpha = msg.alpha, t.beta = msg.beta, t.gamma = msg.gamma, t.alpha_mb = msg.alpha_mb;
+    t.source = msg.source;
+  }
+  comm->tune = t;
+  build_table(comm);
+  comm->tuned = true;
+  COLL_INFO(comm->rank, "tuned (%s): alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f "
+            "ns/B, one-shot %.3f us", t.source == 2 ? "from COLL_TUNE_FILE"
+            : t.source == 1 ? "measured" : "defaults", t.alpha * 1e6, t.beta * 1e9,
+            1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6);
+  return COLL_OK;
+}
+
+/* ---- telling users what was chosen and why (coll_trace.h) --------------------------- */
+
+coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, double *beta, double *gamma,
+                                  double *alpha_oneshot) {
+  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_tune_params: comm is NULL");
+  if (alpha) *alpha = comm->tune.alpha;
+  if (beta) *beta = comm->tune.beta;
+  if (gamma) *gamma = comm->tune.gamma;
+  if (alpha_oneshot) *alpha_oneshot = comm->tune.alpha_mb;
+  return COLL_OK;
+}
+
+const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes, char *why,
+                               size_t why_len) {
+  if (why && why_len) why[0] = 0;
+  if (!comm || !coll) return NULL;
+  int c = -1;
+  for (int i = 0; i < COLL_NUM_COLLS; i++)
+    if (strcmp(coll_coll_name((coll_coll_kind)i), coll) == 0) c = i;
+  if (c < 0) return NULL;
+  coll_work w = {.coll = (coll_coll_kind)c, .count = bytes, .dtype = COLL_UINT8};
+  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER)
+    w.count = bytes / (size_t)comm->nranks;
+  bool warned = comm->warned_forced[c];
+  comm->warned_forced[c] = true; /* asking is not calling: no warning */
+  coll_algo a = coll_tune_choose(comm, &w, 1);
+  comm->warned_forced[c] = warned;
+  if (why && why_len) {
+    size_t used = 0;
+    char f[160];
+    for (size_t k = 0; k < NCAND && used + 1 < why_len; k++) {
+      double s;
+      if (!predict(comm, candidates[k], (coll_coll_kind)c, (double)bytes, &s, f, sizeof f))
+        continue;
+      if (candidates[k] == COLL_ALGO_ONESHOT &&
+          !coll_oneshot_fits(comm, (coll_coll_kind)c, w.count, 1))
+        continue;
+      int m = snprintf(why + used, why_len - used, "%s%s %.3g us", used ? ", " : "",
+                       coll_algo_name(candidates[k]), s * 1e6);
+      if (m < 0) break;
+      used += (size_t)m;
+      if (used >= why_len) break;
+    }
+  }
+  return coll_algo_name(a);
+}
