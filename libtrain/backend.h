@@ -20,6 +20,7 @@
 #include "train.h"
 
 #include <coll.h>
+#include <coll_trace.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +58,13 @@ struct train_backend {
     int (*destroy)(train_backend *b);
     /* Fails pending work and leaves the group at once, from any state. */
     void (*abort)(train_backend *b);
+    /* Optional, NULL where the library keeps no trace of its own (MPI, NCCL): start
+     * recording the library's collectives (dropping older records), stop, and copy up to
+     * `cap` records (*n gets how many there are). libcoll: coll_trace_start/stop/read, so
+     * a DDP timeline can show libcoll's calls and ring steps under the bucket they serve. */
+    int (*trace_start)(train_backend *b);
+    int (*trace_stop)(train_backend *b);
+    int (*trace_read)(train_backend *b, coll_trace_event *ev, size_t cap, size_t *n);
 };
 
 /* Wraps a libcoll communicator (from coll_launch_local or coll_comm_init_rank). With own,

@@ -11,6 +11,9 @@
  *  - buckets tile the gradient array in reverse layer order; a backward that never
  *    reports a layer finished is caught at its end, naming the bucket and the layer.
  *  - backend swap: coll-train over libcoll and over Open MPI print the same losses.
+ *  - --trace writes JSON (checked with python3's json) holding, for every rank, forward
+ *    and backward slices per stage, the optimizer, each bucket's all-reduce and libcoll's
+ *    own call and step records.
  *  - a rank killed mid-training makes the survivors exit with an error within the timeout;
  *    and a run killed that way, restarted from the last checkpoint rank 0 wrote, ends
  *    bitwise equal to the uninterrupted run (losses and final checkpoint).
@@ -440,6 +443,75 @@ Test(ddp, backend_swap_coll_vs_mpi_same_losses, .timeout = 120)
                           "N=%d step %d: libcoll loss %.9g, MPI %.9g", n, i + 1, lc[i], lm[i]);
         }
     }
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* A checker run by python3's json module on the --trace file: every rank has compute
+ * slices (forward and backward per stage, the optimizer), bucket all-reduces, and
+ * libcoll's own call and step records in libcoll's format; exits non-zero naming what is
+ * missing. */
+static const char trace_check_py[] =
+    "import json, sys\n"
+    "d = json.load(open(sys.argv[1]))\n"
+    "n, steps = int(sys.argv[2]), int(sys.argv[3])\n"
+    "ev = d['traceEvents']\n"
+    "x = [e for e in ev if e['ph'] == 'X']\n"
+    "bad = [e for e in x if not (isinstance(e['ts'], (int, float)) and e['dur'] >= 0)]\n"
+    "assert not bad, 'bad times: %s' % bad[:2]\n"
+    "for r in range(n):\n"
+    "    names = [e['name'] for e in ev if e['ph'] == 'M' and e['pid'] == r]\n"
+    "    assert 'process_name' in names, 'rank %d has no process_name' % r\n"
+    "    mine = [e for e in x if e['pid'] == r]\n"
+    "    def count(f): return sum(1 for e in mine if f(e))\n"
+    "    want = {\n"
+    "      'fwd embeddings': count(lambda e: e['tid'] == 0 and e['name'] == 'fwd embeddings'),\n"
+    "      'fwd layer 1': count(lambda e: e['tid'] == 0 and e['name'] == 'fwd layer 1'),\n"
+    "      'bwd layer 0': count(lambda e: e['tid'] == 0 and e['name'] == 'bwd layer 0'),\n"
+    "      'optimizer': count(lambda e: e['tid'] == 0 and e['name'] == 'optimizer'),\n"
+    "      'bucket all-reduce': count(lambda e: e['tid'] == 1 and e['cat'] == 'comm' and\n"
+    "                                e['name'].startswith('allreduce b')),\n"
+    "      'libcoll all_reduce call': count(lambda e: e['cat'] == 'call' and\n"
+    "                                e['name'].startswith('all_reduce #') and\n"
+    "                                e['args']['nranks'] == n),\n"
+    "      'libcoll step': count(lambda e: e['cat'] == 'step' and e['tid'] >= 3),\n"
+    "    }\n"
+    "    for k, v in want.items():\n"
+    "        assert v >= steps, 'rank %d: %d %s events for %d steps' % (r, v, k, steps)\n"
+    "    buckets = count(lambda e: e['tid'] == 1)\n"
+    "    print('rank %d: %d events, %d bucket all-reduces, %d libcoll records' %\n"
+    "          (r, len(mine), buckets, count(lambda e: e['tid'] >= 2)))\n";
+
+Test(ddp, trace_has_compute_and_comm_per_rank_in_libcoll_format, .timeout = 60)
+{
+    enum { N = 2, S = 3 };
+    (void)cli();
+    char *dir = th_tmpdir();
+    const char *py = getenv("TRAIN_PYTHON") ? getenv("TRAIN_PYTHON") : "python3";
+    char *json = th_fmt("%s/t.json", dir), *script = th_fmt("%s/check.py", dir),
+         *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir);
+    cr_assert_eq(th_write(script, trace_check_py, strlen(trace_check_py)), 0);
+    char *cmd = th_fmt("%s " CLI_MODEL " --steps %d --parallel ddp --ranks %d --bucket-mb 0.1 "
+                       "--trace %s",
+                       cli(), S, N, json);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL);
+    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+    free(e);
+    free(cmd);
+    cmd = th_fmt("%s %s %s %d %d", py, script, json, N, S);
+    rc = th_run(cmd, out, errp);
+    e = th_read(errp, NULL);
+    char *o = th_read(out, NULL);
+    cr_assert_eq(rc, 0, "the trace does not check out: %s", e ? e : "");
+    cr_log_info("%s", o ? o : "");
+    free(o);
+    free(e);
+    free(cmd);
+    free(json);
+    free(script);
+    free(out);
+    free(errp);
     th_rmrf(dir);
     free(dir);
 }
