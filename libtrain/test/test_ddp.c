@@ -11,6 +11,9 @@
  *  - buckets tile the gradient array in reverse layer order; a backward that never
  *    reports a layer finished is caught at its end, naming the bucket and the layer.
  *  - backend swap: coll-train over libcoll and over Open MPI print the same losses.
+ *  - --backend nccl: refused with a clear sentence without --device cuda, without NCCL in
+ *    the build or without a GPU (every rank says so); with a GPU, its losses match one GPU
+ *    process on the global batch (skipped, saying why, without one).
  *  - --trace writes JSON (checked with python3's json) holding, for every rank, forward
  *    and backward slices per stage, the optimizer, each bucket's all-reduce and libcoll's
  *    own call and step records.
@@ -512,6 +515,97 @@ Test(ddp, trace_has_compute_and_comm_per_rank_in_libcoll_format, .timeout = 60)
     free(script);
     free(out);
     free(errp);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* ---- NCCL (--backend nccl) ------------------------------------------------------ */
+
+/* Runs cmd; expects failure with every string of want[] in its stderr. */
+static void expect_refusal(const char *dir, const char *cmd, const char **want, int nwant)
+{
+    char *out = th_fmt("%s/refuse.out", dir), *errp = th_fmt("%s/refuse.err", dir);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL);
+    cr_assert(rc != 0, "%s succeeded; expected a refusal", cmd);
+    for (int i = 0; i < nwant; i++)
+        cr_assert(e && strstr(e, want[i]), "%s: stderr lacks \"%s\": %s", cmd, want[i],
+                  e ? e : "");
+    cr_log_info("%s -> %s", cmd, e);
+    free(e);
+    free(out);
+    free(errp);
+}
+
+Test(ddp, nccl_backend_refuses_clearly_without_the_gpu_path, .timeout = 60)
+{
+    (void)cli();
+    char *dir = th_tmpdir();
+    char *cmd = th_fmt("%s " CLI_MODEL " --steps 2 --parallel ddp --ranks 2 --backend nccl",
+                       cli());
+    const char *cpu[] = {"--backend nccl needs --device cuda"};
+    expect_refusal(dir, cmd, cpu, 1);
+    free(cmd);
+    cmd = th_fmt("%s " CLI_MODEL " --steps 2 --parallel ddp --ranks 2 --backend nccl "
+                 "--device cuda",
+                 cli());
+    if (!train_backend_nccl_built()) {
+        const char *w[] = {"has no NCCL backend"};
+        expect_refusal(dir, cmd, w, 1);
+    } else if (train_nccl_device_count() == 0) {
+        /* every rank says so, before any collective: none waits for the others */
+        const char *w[] = {"rank 0: --backend nccl: no usable CUDA GPU",
+                           "rank 1: --backend nccl: no usable CUDA GPU"};
+        expect_refusal(dir, cmd, w, 2);
+    } else {
+        cr_log_info("a GPU is present: the NCCL run itself is checked by "
+                    "nccl_matches_one_gpu_process");
+    }
+    free(cmd);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* GPU kernels sum with atomics in places (order not fixed) on top of DDP's own summation
+ * order: the loss tolerance is 1e-4 (10x LOSS_TOL), not measured for want of a GPU. */
+#define LOSS_TOL_GPU 1e-4
+
+Test(ddp, nccl_matches_one_gpu_process, .timeout = 120)
+{
+    if (!train_backend_nccl_built())
+        cr_skip_test("NCCL check skipped: this build has no NCCL backend (needs the CUDA "
+                     "toolkit with nvcc on PATH, nccl.h and libnccl at configure time)");
+    int ndev = train_nccl_device_count();
+    if (ndev == 0)
+        cr_skip_test("NCCL check skipped: no usable CUDA GPU on this machine");
+    int n = ndev >= 2 ? 2 : 1; /* NCCL refuses two ranks on one GPU */
+    char *dir = th_tmpdir();
+    float ln[STEPS], l1[STEPS];
+    const char *what[2] = {"nccl", "one"};
+    float *dst[2] = {ln, l1};
+    for (int k = 0; k < 2; k++) {
+        char *out = th_fmt("%s/%s.out", dir, what[k]), *errp = th_fmt("%s/%s.err", dir, what[k]);
+        char *cmd = k == 0 ? th_fmt("%s " CLI_MODEL " --device cuda --steps %d --parallel ddp "
+                                    "--ranks %d --backend nccl --bucket-mb 0.1",
+                                    cli(), STEPS, n)
+                           : th_fmt("%s " CLI_MODEL " --device cuda --steps %d --batch %d",
+                                    cli(), STEPS, n * B);
+        int rc = th_run(cmd, out, errp);
+        char *e = th_read(errp, NULL);
+        cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+        cr_assert_eq(read_losses(out, dst[k], STEPS), STEPS, "%s: fewer than %d steps", cmd,
+                     STEPS);
+        free(e);
+        free(cmd);
+        free(out);
+        free(errp);
+    }
+    for (int i = 0; i < STEPS; i++)
+        cr_assert(fabsf(ln[i] - l1[i]) <= LOSS_TOL_GPU,
+                  "step %d: NCCL on %d GPU rank(s) loss %.9g, one GPU process %.9g", i + 1, n,
+                  ln[i], l1[i]);
+    cr_log_info("NCCL on %d rank(s): %d losses within %g of one GPU process", n, STEPS,
+                LOSS_TOL_GPU);
     th_rmrf(dir);
     free(dir);
 }
