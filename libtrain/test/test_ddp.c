@@ -661,7 +661,7 @@ static void env_job_start(env_job *j, int n, const char *dir, const char *args, 
         j->pid[r] = fork();
         cr_assert(j->pid[r] >= 0);
         if (j->pid[r] == 0) {
-            char rank[8], size[8], addr[32];
+            char rank[16], size[16], addr[32];
             snprintf(rank, sizeof rank, "%d", r);
             snprintf(size, sizeof size, "%d", n);
             snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
