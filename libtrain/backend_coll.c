@@ -174,7 +174,12 @@ static void cl_abort(train_backend *b)
 {
     coll_impl *c = b->impl;
     coll_comm_abort(c->comm);
-    /* the streams may still be referenced by failed work being drained: leave them */
+    /* coll_comm_abort returns once no thread is left inside libcoll, so nothing will touch
+     * the streams again: free those whose work all finished (failed, mostly). A stream
+     * with work that never ran stays allocated, since destroying it would wait forever. */
+    for (int i = 0; i < TRAIN_BACKEND_MAX_REQS; i++)
+        if (c->streams[i] && coll_stream_query(c->streams[i]) != COLL_IN_PROGRESS)
+            coll_stream_destroy(c->streams[i]);
     release(b);
 }
 
