@@ -56,8 +56,8 @@ static void put_lib(FILE *f, const coll_trace_event *e, double t0_us)
     double ts = (double)e->t_start_ns / 1e3 - t0_us;
     double dur = (double)(e->t_end_ns - e->t_start_ns) / 1e3;
     const char *dt = coll_dtype_name((coll_dtype)e->dtype);
-    fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"name\":\"", e->rank,
-            tid, ts, dur);
+    fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"name\":\"",
+            e->rank, tid, ts, dur);
     if (e->step < 0) {
         PUT(f, e->coll);
         fprintf(f, " #%llu\",\"cat\":\"call\",\"args\":{\"algo\":\"", (unsigned long long)e->seq);
