@@ -12,7 +12,8 @@
  * Every function returns 0 on success and -1 on failure, with a sentence in b->err (which
  * rank, which call, what the library said). Nothing here prints or exits: the caller
  * decides. Implementations: backend_coll.c (libcoll's public API), backend_mpi.c (Open MPI,
- * built when found; backend_mpi_stub.c otherwise).
+ * built when found; backend_mpi_stub.c otherwise), backend_nccl.c (NCCL on GPU buffers,
+ * built with CUDA and NCCL; backend_nccl_stub.c otherwise).
  */
 #ifndef TRAIN_BACKEND_H
 #define TRAIN_BACKEND_H
@@ -20,6 +21,7 @@
 #include "train.h"
 
 #include <coll.h>
+#include <coll_trace.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +59,13 @@ struct train_backend {
     int (*destroy)(train_backend *b);
     /* Fails pending work and leaves the group at once, from any state. */
     void (*abort)(train_backend *b);
+    /* Optional, NULL where the library keeps no trace of its own (MPI, NCCL): start
+     * recording the library's collectives (dropping older records), stop, and copy up to
+     * `cap` records (*n gets how many there are). libcoll: coll_trace_start/stop/read, so
+     * a DDP timeline can show libcoll's calls and ring steps under the bucket they serve. */
+    int (*trace_start)(train_backend *b);
+    int (*trace_stop)(train_backend *b);
+    int (*trace_read)(train_backend *b, coll_trace_event *ev, size_t cap, size_t *n);
 };
 
 /* Wraps a libcoll communicator (from coll_launch_local or coll_comm_init_rank). With own,
@@ -70,6 +79,16 @@ TRAIN_API train_backend *train_backend_coll_from_env(char *err);
 TRAIN_API train_backend *train_backend_mpi(char *err);
 /* 1 when the MPI backend was built in. */
 TRAIN_API int train_backend_mpi_built(void);
+/* NCCL on the GPU model path (--device cuda): rank 0's NCCL unique id is broadcast over
+ * `boot` (a libcoll communicator of the same ranks, from coll_launch_local or the
+ * launcher's environment; with own, the backend destroys it at the end). Each rank takes
+ * GPU (local rank mod devices). NULL with err when this build has no NCCL, when there is
+ * no usable GPU (every rank says so before any collective), or when NCCL fails to start. */
+TRAIN_API train_backend *train_backend_nccl(coll_comm_t boot, int own, char *err);
+/* 1 when the NCCL backend was built in; the number of CUDA devices NCCL could use (0 when
+ * not built or none). */
+TRAIN_API int train_backend_nccl_built(void);
+TRAIN_API int train_nccl_device_count(void);
 
 #ifdef __cplusplus
 }

@@ -129,6 +129,27 @@ static int cl_barrier(train_backend *b)
     return r == COLL_OK ? 0 : fail(b, "barrier", r, coll_comm_last_error(c->comm));
 }
 
+static int cl_trace_start(train_backend *b)
+{
+    coll_impl *c = b->impl;
+    coll_result r = coll_trace_start(c->comm);
+    return r == COLL_OK ? 0 : fail(b, "trace_start", r, coll_comm_last_error(c->comm));
+}
+
+static int cl_trace_stop(train_backend *b)
+{
+    coll_impl *c = b->impl;
+    coll_result r = coll_trace_stop(c->comm);
+    return r == COLL_OK ? 0 : fail(b, "trace_stop", r, coll_comm_last_error(c->comm));
+}
+
+static int cl_trace_read(train_backend *b, coll_trace_event *ev, size_t cap, size_t *n)
+{
+    coll_impl *c = b->impl;
+    coll_result r = coll_trace_read(c->comm, ev, cap, n);
+    return r == COLL_OK ? 0 : fail(b, "trace_read", r, coll_comm_last_error(c->comm));
+}
+
 static void release(train_backend *b)
 {
     coll_impl *c = b->impl;
@@ -153,7 +174,12 @@ static void cl_abort(train_backend *b)
 {
     coll_impl *c = b->impl;
     coll_comm_abort(c->comm);
-    /* the streams may still be referenced by failed work being drained: leave them */
+    /* coll_comm_abort returns once no thread is left inside libcoll, so nothing will touch
+     * the streams again: free those whose work all finished (failed, mostly). A stream
+     * with work that never ran stays allocated, since destroying it would wait forever. */
+    for (int i = 0; i < TRAIN_BACKEND_MAX_REQS; i++)
+        if (c->streams[i] && coll_stream_query(c->streams[i]) != COLL_IN_PROGRESS)
+            coll_stream_destroy(c->streams[i]);
     release(b);
 }
 
@@ -194,6 +220,9 @@ train_backend *train_backend_coll(coll_comm_t comm, int own, char *err)
     b->wait = cl_wait;
     b->destroy = cl_destroy;
     b->abort = cl_abort;
+    b->trace_start = cl_trace_start;
+    b->trace_stop = cl_trace_stop;
+    b->trace_read = cl_trace_read;
     return b;
 }
 

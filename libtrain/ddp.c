@@ -198,6 +198,22 @@ static void hook(void *arg, size_t final_from, int layer)
     train_ddp_grads_final(arg, final_from, layer);
 }
 
+/* With --trace: one compute slice per forward stage, from the previous stage's end. */
+static void fwd_hook(void *arg, int stage)
+{
+    train_ddp *d = arg;
+    double now = train_now();
+    char nm[40];
+    if (stage == d->s->model->cfg.layers)
+        snprintf(nm, sizeof nm, "fwd lnf+head+loss");
+    else if (stage < 0)
+        snprintf(nm, sizeof nm, "fwd embeddings");
+    else
+        snprintf(nm, sizeof nm, "fwd layer %d", stage);
+    train_trace_add(&d->trace, d->b->rank, TRAIN_TRACE_COMPUTE, nm, d->t_stage, now);
+    d->t_stage = now;
+}
+
 int train_ddp_wait_all(train_ddp *d, char *err)
 {
     int rc = 0;
@@ -345,6 +361,15 @@ train_ddp *train_ddp_create(train_session *s, train_backend *b, const train_ddp_
         return NULL;
     }
     train_set_backward_hook(m, hook, d);
+    if (d->o.trace) {
+        train_set_forward_hook(m, fwd_hook, d);
+        /* libcoll's own records of the training's collectives (not the start-up ones) */
+        if (b->trace_start && b->trace_start(b) != 0) {
+            train_errf(err, "--trace: %s", b->err);
+            train_ddp_free(d);
+            return NULL;
+        }
+    }
     return d;
 }
 
@@ -352,8 +377,10 @@ void train_ddp_free(train_ddp *d)
 {
     if (!d)
         return;
-    if (d->s && d->s->model)
+    if (d->s && d->s->model) {
         train_set_backward_hook(d->s->model, NULL, NULL);
+        train_set_forward_hook(d->s->model, NULL, NULL);
+    }
     free(d->bk);
     free(d->bs);
     free(d->inputs);
@@ -383,11 +410,10 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err)
         if (k == K - 1)
             s->pos = p;
         double tf = train_now();
+        d->t_stage = tf;
         loss += train_forward(m, d->inputs, d->targets, B, T);
         double tb = train_now();
         st->fwd_ms += (tb - tf) * 1e3;
-        if (d->o.trace)
-            train_trace_add(&d->trace, rank, TRAIN_TRACE_COMPUTE, "forward", tf, tb);
         int sync = k == K - 1;
         if (sync)
             train_ddp_begin_backward(d);
@@ -456,49 +482,99 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err)
     return 0;
 }
 
+/* Every rank's `mine` (n records of `size` bytes) gathered to every rank: *counts gets each
+ * rank's n, *all nranks blocks of max(n) records (rank r's at r * *per). Collective. */
+static int gather_records(train_backend *b, const void *mine, uint64_t n, size_t size,
+                          uint64_t **counts, void **all, size_t *per, char *err)
+{
+    int N = b->nranks;
+    train_req req;
+    *all = NULL;
+    *counts = calloc((size_t)N, sizeof **counts);
+    if (!*counts) {
+        train_errf(err, "out of memory gathering the trace");
+        return -1;
+    }
+    if (b->all_gather(b, &n, *counts, sizeof n, &req) != 0 || b->wait(b, req) != 0) {
+        train_errf(err, "gathering the trace: %s", b->err);
+        return -1;
+    }
+    uint64_t mx = 1;
+    for (int r = 0; r < N; r++)
+        mx = (*counts)[r] > mx ? (*counts)[r] : mx;
+    *per = (size_t)mx;
+    void *send = calloc((size_t)mx, size);
+    *all = calloc((size_t)N * mx, size);
+    int rc = 0;
+    if (!send || !*all) {
+        train_errf(err, "out of memory gathering the trace");
+        rc = -1;
+    } else {
+        if (n)
+            memcpy(send, mine, (size_t)n * size);
+        if (b->all_gather(b, send, *all, (size_t)mx * size, &req) != 0 ||
+            b->wait(b, req) != 0) {
+            train_errf(err, "gathering the trace: %s", b->err);
+            rc = -1;
+        }
+    }
+    free(send);
+    return rc;
+}
+
+/* Packs rank blocks of `per` records (counts[r] used in block r) together; returns the total. */
+static size_t pack(void *all, const uint64_t *counts, int N, size_t per, size_t size)
+{
+    size_t n = 0;
+    char *p = all;
+    for (int r = 0; r < N; r++) {
+        memmove(p + n * size, p + (size_t)r * per * size, (size_t)counts[r] * size);
+        n += (size_t)counts[r];
+    }
+    return n;
+}
+
 int train_ddp_write_trace(train_ddp *d, const char *path, char *err)
 {
     train_backend *b = d->b;
     int N = b->nranks;
-    uint64_t mine = d->trace.n, *counts = calloc((size_t)N, sizeof *counts);
-    train_req req;
-    if (!counts) {
-        train_errf(err, "out of memory gathering the trace");
-        return -1;
-    }
-    if (b->all_gather(b, &mine, counts, sizeof mine, &req) != 0 || b->wait(b, req) != 0) {
-        train_errf(err, "%s", b->err);
-        free(counts);
-        return -1;
-    }
-    uint64_t mx = 0;
-    for (int r = 0; r < N; r++)
-        mx = counts[r] > mx ? counts[r] : mx;
-    size_t one = (size_t)(mx ? mx : 1) * sizeof(train_trace_event);
-    train_trace_event *send = calloc(1, one), *all = calloc((size_t)N, one);
+    /* this rank's libcoll records (the gathers below are not part of the trace) */
+    coll_trace_event *lib = NULL;
+    size_t nlib = 0;
     int rc = 0;
-    if (!send || !all) {
-        train_errf(err, "out of memory gathering the trace");
-        rc = -1;
-    } else {
-        if (d->trace.n)
-            memcpy(send, d->trace.ev, d->trace.n * sizeof *send);
-        if (b->all_gather(b, send, all, one, &req) != 0 || b->wait(b, req) != 0) {
-            train_errf(err, "%s", b->err);
+    if (b->trace_stop && b->trace_read) {
+        size_t have = 0;
+        if (b->trace_stop(b) != 0 || b->trace_read(b, NULL, 0, &have) != 0) {
+            train_errf(err, "--trace: %s", b->err);
+            rc = -1;
+        } else if (have && !(lib = malloc(have * sizeof *lib))) {
+            train_errf(err, "out of memory reading libcoll's trace");
+            rc = -1;
+        } else if (have && b->trace_read(b, lib, have, &nlib) != 0) {
+            train_errf(err, "--trace: %s", b->err);
             rc = -1;
         }
+        nlib = nlib < have ? nlib : have;
     }
+    /* gather even after a local failure would leave the others waiting: fail collectively
+     * by gathering zero records instead */
+    uint64_t *c1 = NULL, *c2 = NULL;
+    void *a1 = NULL, *a2 = NULL;
+    size_t per1 = 0, per2 = 0;
+    if (gather_records(b, d->trace.ev, rc == 0 ? d->trace.n : 0, sizeof(train_trace_event),
+                       &c1, &a1, &per1, err) != 0 ||
+        gather_records(b, lib, rc == 0 ? nlib : 0, sizeof(coll_trace_event), &c2, &a2, &per2,
+                       err) != 0)
+        rc = -1;
     if (rc == 0 && b->rank == 0) {
-        /* pack the ranks' events together */
-        size_t n = 0;
-        size_t per = one / sizeof(train_trace_event);
-        for (int r = 0; r < N; r++)
-            for (uint64_t i = 0; i < counts[r]; i++)
-                all[n++] = all[(size_t)r * per + i];
-        rc = train_trace_write(path, all, n, N, err);
+        size_t n1 = pack(a1, c1, N, per1, sizeof(train_trace_event));
+        size_t n2 = pack(a2, c2, N, per2, sizeof(coll_trace_event));
+        rc = train_trace_write(path, a1, n1, a2, n2, N, err);
     }
-    free(send);
-    free(all);
-    free(counts);
+    free(lib);
+    free(c1);
+    free(c2);
+    free(a1);
+    free(a2);
     return rc;
 }

@@ -143,6 +143,8 @@ struct train_model {
     float loss_scale;            /* dloss multiplier in backward (1; 1/K for accumulation) */
     train_backward_hook bwd_hook;/* called as gradients become final (DDP), may be NULL */
     void *bwd_hook_arg;
+    train_forward_hook fwd_hook; /* called as forward stages finish (timelines), may be NULL */
+    void *fwd_hook_arg;
 };
 
 /* Views of block l (or of embeddings / final LayerNorm) inside a flat array `base`. */

@@ -1,6 +1,6 @@
 /*
  * main.c — coll-train: trains the GPT-2-style model of libtrain on one process, or
- * data-parallel (--parallel ddp) on N ranks over libcoll or Open MPI.
+ * data-parallel (--parallel ddp) on N ranks over libcoll, Open MPI or (GPU) NCCL.
  *
  * With no arguments it trains the default small model on the embedded corpus on the CPU.
  * With --parallel ddp it forks --ranks local ranks (libcoll), re-runs itself under
@@ -65,7 +65,8 @@ static void usage(FILE *f)
         "data parallel:\n"
         "  --parallel none|ddp  (none)\n"
         "  --ranks N         local ranks to start (1); under a launcher: its world size\n"
-        "  --backend coll|mpi  libcoll, or Open MPI via mpirun.openmpi (coll)\n"
+        "  --backend coll|mpi|nccl  libcoll, Open MPI via mpirun.openmpi, or NCCL (needs\n"
+        "                    --device cuda; its id goes over libcoll's bootstrap) (coll)\n"
         "  --bucket-mb X     gradient bucket cap in MiB; the first is 1 MiB (25)\n"
         "  --no-overlap      all-reduce the buckets after backward, not during it\n"
         "  --accum K         micro-steps per optimizer step; only the last syncs (1)\n"
@@ -168,7 +169,7 @@ typedef struct cli {
     const char *ckpt_dir, *resume, *plot, *prompt, *trace;
     long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
     int quiet;
-    int ddp, ranks, ranks_given, mpi, overlap, accum;
+    int ddp, ranks, ranks_given, mpi, nccl, overlap, accum;
     double bucket_mb;
     char **argv;
 } cli;
@@ -411,7 +412,9 @@ static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg)
     (void)rank;
     (void)nranks;
     char msg[TRAIN_ERRLEN];
-    train_backend *b = train_backend_coll(comm, 0, msg);
+    const cli *c = arg;
+    train_backend *b =
+        c->nccl ? train_backend_nccl(comm, 0, msg) : train_backend_coll(comm, 0, msg);
     if (!b)
         die(msg);
     int rc = run(arg, b);
@@ -461,7 +464,22 @@ static int run_ddp(cli *c)
         die(msg);
     }
     if (c->mpi || launched_by_someone()) {
-        train_backend *b = c->mpi ? train_backend_mpi(msg) : train_backend_coll_from_env(msg);
+        train_backend *b = NULL;
+        if (c->nccl) { /* NCCL's unique id travels over a libcoll communicator */
+            coll_comm_t boot;
+            if (coll_comm_init_from_env(&boot) != COLL_OK) {
+                snprintf(msg, sizeof msg, "libcoll: cannot join the job from the environment: %s",
+                         coll_comm_last_error(NULL));
+                die(msg);
+            }
+            b = train_backend_nccl(boot, 1, msg);
+            if (!b) {
+                coll_comm_abort(boot);
+                die(msg);
+            }
+        } else {
+            b = c->mpi ? train_backend_mpi(msg) : train_backend_coll_from_env(msg);
+        }
         if (!b)
             die(msg);
         if (c->ranks_given && c->ranks != b->nranks) {
@@ -594,14 +612,10 @@ int main(int argc, char **argv)
             cl.ranks_given = 1;
             break;
         case O_BACKEND:
-            if (strcmp(a, "mpi") == 0)
-                cl.mpi = 1;
-            else if (strcmp(a, "coll") == 0)
-                cl.mpi = 0;
-            else if (strcmp(a, "nccl") == 0)
-                die("--backend nccl: this build has no NCCL backend (CPU only); use coll or mpi");
-            else {
-                snprintf(msg, sizeof msg, "--backend: '%s' is not coll or mpi", a);
+            cl.mpi = strcmp(a, "mpi") == 0;
+            cl.nccl = strcmp(a, "nccl") == 0;
+            if (!cl.mpi && !cl.nccl && strcmp(a, "coll") != 0) {
+                snprintf(msg, sizeof msg, "--backend: '%s' is not coll, mpi or nccl", a);
                 die(msg);
             }
             break;
@@ -633,6 +647,13 @@ int main(int argc, char **argv)
         die("--ranks, --accum and --trace need --parallel ddp");
     if (cl.trace)
         check_writable_dir_of("--trace", cl.trace);
+    if (cl.nccl && o.device != TRAIN_DEVICE_CUDA)
+        die("--backend nccl needs --device cuda: NCCL reduces GPU memory, and only the CUDA "
+            "model keeps its gradients there");
+    if (cl.nccl && !train_backend_nccl_built()) {
+        train_backend_nccl(NULL, 0, msg); /* the stub says why */
+        die(msg);
+    }
     cl.o = o;
     cl.ckpt_dir = ckpt_dir;
     cl.resume = resume;

@@ -322,6 +322,20 @@ double train_flops_per_token(const train_config *c, int T)
 
 /* ---- forward --------------------------------------------------------------------- */
 
+void train_set_forward_hook(train_model *m, train_forward_hook fn, void *arg)
+{
+    m->fwd_hook = fn;
+    m->fwd_hook_arg = arg;
+}
+
+static void forward_stage_done(train_model *m, int stage)
+{
+    if (!m->fwd_hook)
+        return;
+    m->ops->sync();
+    m->fwd_hook(m->fwd_hook_arg, stage);
+}
+
 float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T)
 {
     const train_ops *o = m->ops;
@@ -342,6 +356,7 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
     float *wte = m->params + m->tensors[0].offset;
     float *wpe = m->params + m->tensors[1].offset;
     o->encoder_forward(a->encoded, m->inputs, wte, wpe, B, T, C);
+    forward_stage_done(m, -1);
 
     float *x = a->encoded; /* (B,T,C) input of the current block */
     for (int l = 0; l < L; l++) {
@@ -366,6 +381,7 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
         o->matmul_forward(a->branch, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
         o->residual_forward(res3, res2, a->branch, (size_t)N * C);
         x = res3;
+        forward_stage_done(m, l);
     }
     float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
     float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
@@ -373,10 +389,12 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
     o->matmul_forward(a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
     if (!targets) {
         m->last_loss = 0.0f;
+        forward_stage_done(m, L);
         return 0.0f;
     }
     o->crossentropy_forward(a->losses, a->probs, a->logits, m->targets, N, V);
     m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
+    forward_stage_done(m, L);
     return m->last_loss;
 }
 

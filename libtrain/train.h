@@ -106,6 +106,11 @@ TRAIN_API void train_set_loss_scale(train_model *m, float scale);
  * here; the hook must not touch gradients below final_from. NULL removes it. */
 typedef void (*train_backward_hook)(void *arg, size_t final_from, int layer);
 TRAIN_API void train_set_backward_hook(train_model *m, train_backward_hook fn, void *arg);
+/* Called by train_forward as each stage finishes (after the device has finished it): -1
+ * the embeddings, l block l, cfg.layers the final LayerNorm + LM head (+ loss). For
+ * timelines (DDP --trace); it costs a device sync per stage, so leave it NULL otherwise. */
+typedef void (*train_forward_hook)(void *arg, int stage);
+TRAIN_API void train_set_forward_hook(train_model *m, train_forward_hook fn, void *arg);
 
 /* ---- optimizer ------------------------------------------------------------------ */
 

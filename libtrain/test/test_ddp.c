@@ -11,7 +11,15 @@
  *  - buckets tile the gradient array in reverse layer order; a backward that never
  *    reports a layer finished is caught at its end, naming the bucket and the layer.
  *  - backend swap: coll-train over libcoll and over Open MPI print the same losses.
- *  - a rank killed mid-training makes the survivors exit with an error within the timeout.
+ *  - --backend nccl: refused with a clear sentence without --device cuda, without NCCL in
+ *    the build or without a GPU (every rank says so); with a GPU, its losses match one GPU
+ *    process on the global batch (skipped, saying why, without one).
+ *  - --trace writes JSON (checked with python3's json) holding, for every rank, forward
+ *    and backward slices per stage, the optimizer, each bucket's all-reduce and libcoll's
+ *    own call and step records.
+ *  - a rank killed mid-training makes the survivors exit with an error within the timeout;
+ *    and a run killed that way, restarted from the last checkpoint rank 0 wrote, ends
+ *    bitwise equal to the uninterrupted run (losses and final checkpoint).
  *
  * Tolerance. DDP computes the same mathematics in another order: each rank's weight
  * gradients sum B*T rows instead of N*B*T, and the ranks' means are averaged in fp32
@@ -31,7 +39,9 @@
 #include <criterion/criterion.h>
 
 #include <coll_launch.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -376,8 +386,9 @@ static const char *cli(void)
 #define CLI_MODEL "--layers 2 --channels 64 --heads 4 --max-seq 32 --seq 16 --batch 2 " \
                   "--lr 1e-2 --warmup 3 --eval-every 0 --threads 1"
 
-/* The losses printed by coll-train (rank 0's "step i/n | loss X" lines). */
-static int read_losses(const char *path, float *loss, int max)
+/* The losses printed by coll-train (rank 0's "step i/n | loss X" lines), from step
+ * `first` on. */
+static int read_losses_from(const char *path, long first, float *loss, int max)
 {
     char *txt = th_read(path, NULL);
     cr_assert(txt, "no output %s", path);
@@ -385,11 +396,16 @@ static int read_losses(const char *path, float *loss, int max)
     for (char *p = txt; (p = strstr(p, "step ")) && n < max; p++) {
         long st, tot;
         float l;
-        if (sscanf(p, "step %ld/%ld | loss %f", &st, &tot, &l) == 3 && st == n + 1)
+        if (sscanf(p, "step %ld/%ld | loss %f", &st, &tot, &l) == 3 && st == first + n)
             loss[n++] = l;
     }
     free(txt);
     return n;
+}
+
+static int read_losses(const char *path, float *loss, int max)
+{
+    return read_losses_from(path, 1, loss, max);
 }
 
 Test(ddp, backend_swap_coll_vs_mpi_same_losses, .timeout = 120)
@@ -434,6 +450,166 @@ Test(ddp, backend_swap_coll_vs_mpi_same_losses, .timeout = 120)
     free(dir);
 }
 
+/* A checker run by python3's json module on the --trace file: every rank has compute
+ * slices (forward and backward per stage, the optimizer), bucket all-reduces, and
+ * libcoll's own call and step records in libcoll's format; exits non-zero naming what is
+ * missing. */
+static const char trace_check_py[] =
+    "import json, sys\n"
+    "d = json.load(open(sys.argv[1]))\n"
+    "n, steps = int(sys.argv[2]), int(sys.argv[3])\n"
+    "ev = d['traceEvents']\n"
+    "x = [e for e in ev if e['ph'] == 'X']\n"
+    "bad = [e for e in x if not (isinstance(e['ts'], (int, float)) and e['dur'] >= 0)]\n"
+    "assert not bad, 'bad times: %s' % bad[:2]\n"
+    "for r in range(n):\n"
+    "    names = [e['name'] for e in ev if e['ph'] == 'M' and e['pid'] == r]\n"
+    "    assert 'process_name' in names, 'rank %d has no process_name' % r\n"
+    "    mine = [e for e in x if e['pid'] == r]\n"
+    "    def count(f): return sum(1 for e in mine if f(e))\n"
+    "    want = {\n"
+    "      'fwd embeddings': count(lambda e: e['tid'] == 0 and e['name'] == 'fwd embeddings'),\n"
+    "      'fwd layer 1': count(lambda e: e['tid'] == 0 and e['name'] == 'fwd layer 1'),\n"
+    "      'bwd layer 0': count(lambda e: e['tid'] == 0 and e['name'] == 'bwd layer 0'),\n"
+    "      'optimizer': count(lambda e: e['tid'] == 0 and e['name'] == 'optimizer'),\n"
+    "      'bucket all-reduce': count(lambda e: e['tid'] == 1 and e['cat'] == 'comm' and\n"
+    "                                e['name'].startswith('allreduce b')),\n"
+    "      'libcoll all_reduce call': count(lambda e: e['cat'] == 'call' and\n"
+    "                                e['name'].startswith('all_reduce #') and\n"
+    "                                e['args']['nranks'] == n),\n"
+    "      'libcoll step': count(lambda e: e['cat'] == 'step' and e['tid'] >= 3),\n"
+    "    }\n"
+    "    for k, v in want.items():\n"
+    "        assert v >= steps, 'rank %d: %d %s events for %d steps' % (r, v, k, steps)\n"
+    "    buckets = count(lambda e: e['tid'] == 1)\n"
+    "    print('rank %d: %d events, %d bucket all-reduces, %d libcoll records' %\n"
+    "          (r, len(mine), buckets, count(lambda e: e['tid'] >= 2)))\n";
+
+Test(ddp, trace_has_compute_and_comm_per_rank_in_libcoll_format, .timeout = 60)
+{
+    enum { N = 2, S = 3 };
+    (void)cli();
+    char *dir = th_tmpdir();
+    const char *py = getenv("TRAIN_PYTHON") ? getenv("TRAIN_PYTHON") : "python3";
+    char *json = th_fmt("%s/t.json", dir), *script = th_fmt("%s/check.py", dir),
+         *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir);
+    cr_assert_eq(th_write(script, trace_check_py, strlen(trace_check_py)), 0);
+    char *cmd = th_fmt("%s " CLI_MODEL " --steps %d --parallel ddp --ranks %d --bucket-mb 0.1 "
+                       "--trace %s",
+                       cli(), S, N, json);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL);
+    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+    free(e);
+    free(cmd);
+    cmd = th_fmt("%s %s %s %d %d", py, script, json, N, S);
+    rc = th_run(cmd, out, errp);
+    e = th_read(errp, NULL);
+    char *o = th_read(out, NULL);
+    cr_assert_eq(rc, 0, "the trace does not check out: %s", e ? e : "");
+    cr_log_info("%s", o ? o : "");
+    free(o);
+    free(e);
+    free(cmd);
+    free(json);
+    free(script);
+    free(out);
+    free(errp);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* ---- NCCL (--backend nccl) ------------------------------------------------------ */
+
+/* Runs cmd; expects failure with every string of want[] in its stderr. */
+static void expect_refusal(const char *dir, const char *cmd, const char **want, int nwant)
+{
+    char *out = th_fmt("%s/refuse.out", dir), *errp = th_fmt("%s/refuse.err", dir);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL);
+    cr_assert(rc != 0, "%s succeeded; expected a refusal", cmd);
+    for (int i = 0; i < nwant; i++)
+        cr_assert(e && strstr(e, want[i]), "%s: stderr lacks \"%s\": %s", cmd, want[i],
+                  e ? e : "");
+    cr_log_info("%s -> %s", cmd, e);
+    free(e);
+    free(out);
+    free(errp);
+}
+
+Test(ddp, nccl_backend_refuses_clearly_without_the_gpu_path, .timeout = 60)
+{
+    (void)cli();
+    char *dir = th_tmpdir();
+    char *cmd = th_fmt("%s " CLI_MODEL " --steps 2 --parallel ddp --ranks 2 --backend nccl",
+                       cli());
+    const char *cpu[] = {"--backend nccl needs --device cuda"};
+    expect_refusal(dir, cmd, cpu, 1);
+    free(cmd);
+    cmd = th_fmt("%s " CLI_MODEL " --steps 2 --parallel ddp --ranks 2 --backend nccl "
+                 "--device cuda",
+                 cli());
+    if (!train_backend_nccl_built()) {
+        const char *w[] = {"has no NCCL backend"};
+        expect_refusal(dir, cmd, w, 1);
+    } else if (train_nccl_device_count() == 0) {
+        /* every rank says so, before any collective: none waits for the others */
+        const char *w[] = {"rank 0: --backend nccl: no usable CUDA GPU",
+                           "rank 1: --backend nccl: no usable CUDA GPU"};
+        expect_refusal(dir, cmd, w, 2);
+    } else {
+        cr_log_info("a GPU is present: the NCCL run itself is checked by "
+                    "nccl_matches_one_gpu_process");
+    }
+    free(cmd);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* GPU kernels sum with atomics in places (order not fixed) on top of DDP's own summation
+ * order: the loss tolerance is 1e-4 (10x LOSS_TOL), not measured for want of a GPU. */
+#define LOSS_TOL_GPU 1e-4
+
+Test(ddp, nccl_matches_one_gpu_process, .timeout = 120)
+{
+    if (!train_backend_nccl_built())
+        cr_skip_test("NCCL check skipped: this build has no NCCL backend (needs the CUDA "
+                     "toolkit with nvcc on PATH, nccl.h and libnccl at configure time)");
+    int ndev = train_nccl_device_count();
+    if (ndev == 0)
+        cr_skip_test("NCCL check skipped: no usable CUDA GPU on this machine");
+    int n = ndev >= 2 ? 2 : 1; /* NCCL refuses two ranks on one GPU */
+    char *dir = th_tmpdir();
+    float ln[STEPS], l1[STEPS];
+    const char *what[2] = {"nccl", "one"};
+    float *dst[2] = {ln, l1};
+    for (int k = 0; k < 2; k++) {
+        char *out = th_fmt("%s/%s.out", dir, what[k]), *errp = th_fmt("%s/%s.err", dir, what[k]);
+        char *cmd = k == 0 ? th_fmt("%s " CLI_MODEL " --device cuda --steps %d --parallel ddp "
+                                    "--ranks %d --backend nccl --bucket-mb 0.1",
+                                    cli(), STEPS, n)
+                           : th_fmt("%s " CLI_MODEL " --device cuda --steps %d --batch %d",
+                                    cli(), STEPS, n * B);
+        int rc = th_run(cmd, out, errp);
+        char *e = th_read(errp, NULL);
+        cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+        cr_assert_eq(read_losses(out, dst[k], STEPS), STEPS, "%s: fewer than %d steps", cmd,
+                     STEPS);
+        free(e);
+        free(cmd);
+        free(out);
+        free(errp);
+    }
+    for (int i = 0; i < STEPS; i++)
+        cr_assert(fabsf(ln[i] - l1[i]) <= LOSS_TOL_GPU,
+                  "step %d: NCCL on %d GPU rank(s) loss %.9g, one GPU process %.9g", i + 1, n,
+                  ln[i], l1[i]);
+    cr_log_info("NCCL on %d rank(s): %d losses within %g of one GPU process", n, STEPS,
+                LOSS_TOL_GPU);
+    th_rmrf(dir);
+    free(dir);
+}
+
 static int free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -452,101 +628,281 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-Test(ddp, killed_rank_makes_the_others_fail_within_the_timeout, .timeout = 60)
+/* ---- fault tests: ranks started the way a launcher starts them ------------------- */
+
+#define MAX_JOB 8
+
+/* N coll-train processes joined through the environment (COLL_RANK, COLL_WORLD_SIZE,
+ * COLL_ADDR), so the test knows every rank's pid. Each rank's stdout is a pipe the test
+ * reads (only rank 0 prints), its stderr a file. */
+typedef struct env_job {
+    int n;
+    pid_t pid[MAX_JOB];
+    int outfd[MAX_JOB];
+    char *errpath[MAX_JOB];
+} env_job;
+
+/* pipe_bytes > 0 shrinks rank 0's pipe: rank 0 flushes its output every step, so it can
+ * then run at most that many bytes of output ahead of what the test has read. */
+static void env_job_start(env_job *j, int n, const char *dir, const char *args, int pipe_bytes)
 {
-    enum { N = 3, VICTIM = 1 };
-    char *dir = th_tmpdir();
+    cr_assert(n <= MAX_JOB);
     int port = free_port();
-    pid_t pid[N];
-    int outfd[N];
-    char *errpath[N];
-    for (int r = 0; r < N; r++) {
+    memset(j, 0, sizeof *j);
+    j->n = n;
+    char *cmd = th_fmt("exec '%s' %s", cli(), args);
+    for (int r = 0; r < n; r++) {
         int p[2];
         cr_assert_eq(pipe(p), 0);
-        errpath[r] = th_fmt("%s/rank%d.err", dir, r);
-        pid[r] = fork();
-        cr_assert(pid[r] >= 0);
-        if (pid[r] == 0) {
-            char rank[8], size[8], addr[32];
+        if (pipe_bytes > 0)
+            cr_assert(fcntl(p[0], F_SETPIPE_SZ, pipe_bytes) >= pipe_bytes,
+                      "F_SETPIPE_SZ %d: %s", pipe_bytes, strerror(errno));
+        j->errpath[r] = th_fmt("%s/rank%d.err", dir, r);
+        j->pid[r] = fork();
+        cr_assert(j->pid[r] >= 0);
+        if (j->pid[r] == 0) {
+            char rank[16], size[16], addr[32];
             snprintf(rank, sizeof rank, "%d", r);
-            snprintf(size, sizeof size, "%d", N);
+            snprintf(size, sizeof size, "%d", n);
             snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
             setenv("COLL_RANK", rank, 1);
             setenv("COLL_WORLD_SIZE", size, 1);
             setenv("COLL_ADDR", addr, 1);
             setenv("COLL_TIMEOUT_MS", "2000", 1);
-            /* every rank prints nothing but rank 0; give each one a pipe all the same */
             dup2(p[1], 1);
-            FILE *e = freopen(errpath[r], "w", stderr);
+            FILE *e = freopen(j->errpath[r], "w", stderr);
             (void)e;
             close(p[0]);
             close(p[1]);
-            execl(cli(), cli(), "--layers", "2", "--channels", "64", "--heads", "4",
-                  "--max-seq", "32", "--seq", "16", "--batch", "2", "--eval-every", "0",
-                  "--threads", "1", "--steps", "1000000", "--parallel", "ddp", (char *)NULL);
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
             _exit(127);
         }
         close(p[1]);
-        outfd[r] = p[0];
+        j->outfd[r] = p[0];
     }
-    /* wait (on rank 0's output, no sleeping) until training is under way */
-    char buf[4096];
-    size_t have = 0;
-    double t0 = now_s();
-    while (!memmem(buf, have, "step     3/", 11)) {
-        struct pollfd pf = {.fd = outfd[0], .events = POLLIN};
-        int pr = poll(&pf, 1, 20000);
-        ssize_t k = pr > 0 ? read(outfd[0], buf + have, sizeof buf - 1 - have) : -1;
+    free(cmd);
+}
+
+/* Kills and reaps whatever is still running, closes the pipes. */
+static void env_job_end(env_job *j)
+{
+    for (int r = 0; r < j->n; r++) {
+        if (j->pid[r] > 0) {
+            kill(j->pid[r], SIGKILL);
+            waitpid(j->pid[r], NULL, 0);
+            j->pid[r] = 0;
+        }
+        if (j->outfd[r] >= 0)
+            close(j->outfd[r]);
+        j->outfd[r] = -1;
+        free(j->errpath[r]);
+        j->errpath[r] = NULL;
+    }
+}
+
+/* Reads rank 0's output (small reads, no sleeping) until `needle` appears; fails the test,
+ * after killing the job, on EOF or after `limit_s`. */
+static void env_job_wait_for(env_job *j, const char *needle, double limit_s)
+{
+    char buf[1024];
+    size_t have = 0, nl = strlen(needle);
+    double t_end = now_s() + limit_s;
+    while (!memmem(buf, have, needle, nl)) {
+        struct pollfd pf = {.fd = j->outfd[0], .events = POLLIN};
+        int left = (int)((t_end - now_s()) * 1000);
+        int pr = left > 0 ? poll(&pf, 1, left) : 0;
+        ssize_t k = pr > 0 ? read(j->outfd[0], buf + have, 256) : -1;
         if (k <= 0) {
-            for (int r = 0; r < N; r++)
-                kill(pid[r], SIGKILL);
-            char *e0 = th_read(errpath[0], NULL);
-            cr_assert_fail("rank 0 never reached step 3: %s", e0 ? e0 : "");
+            char *e0 = th_read(j->errpath[0], NULL);
+            env_job_end(j);
+            cr_assert_fail("rank 0 never printed \"%s\": %s", needle, e0 ? e0 : "");
         }
         have += (size_t)k;
-        if (have > sizeof buf / 2) { /* keep the tail */
-            memmove(buf, buf + have - 64, 64);
-            have = 64;
+        if (have > sizeof buf - 256) { /* keep a tail long enough to hold the needle */
+            memmove(buf, buf + have - nl, nl);
+            have = nl;
         }
     }
-    kill(pid[VICTIM], SIGKILL);
+}
+
+/* Kills rank `victim`, then checks that every other rank exits by itself, non-zero, within
+ * limit_s, with an error that says which rank it is. */
+static void env_job_kill_and_expect_failures(env_job *j, int victim, double limit_s)
+{
+    char buf[4096];
+    kill(j->pid[victim], SIGKILL);
     double t_kill = now_s();
-    waitpid(pid[VICTIM], NULL, 0);
+    waitpid(j->pid[victim], NULL, 0);
+    j->pid[victim] = 0;
     /* the survivors must exit by themselves: read their output to EOF, then reap */
-    for (int r = 0; r < N; r++) {
-        if (r == VICTIM)
+    for (int r = 0; r < j->n; r++) {
+        if (r == victim)
             continue;
         for (;;) {
-            struct pollfd pf = {.fd = outfd[r], .events = POLLIN};
-            int left = (int)((t_kill + 20.0 - now_s()) * 1000);
+            struct pollfd pf = {.fd = j->outfd[r], .events = POLLIN};
+            int left = (int)((t_kill + limit_s - now_s()) * 1000);
             if (left <= 0 || poll(&pf, 1, left) <= 0) {
-                for (int q = 0; q < N; q++)
-                    kill(pid[q], SIGKILL);
-                cr_assert_fail("rank %d still running 20 s after rank %d was killed", r,
-                               VICTIM);
+                env_job_end(j);
+                cr_assert_fail("rank %d still running %.0f s after rank %d was killed", r,
+                               limit_s, victim);
             }
-            if (read(outfd[r], buf, sizeof buf) <= 0)
+            if (read(j->outfd[r], buf, sizeof buf) <= 0)
                 break;
         }
         int st = 0;
-        waitpid(pid[r], &st, 0);
+        waitpid(j->pid[r], &st, 0);
+        j->pid[r] = 0;
         double took = now_s() - t_kill;
-        char *e = th_read(errpath[r], NULL);
-        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0,
-                  "rank %d did not fail after rank %d died (status %d): %s", r, VICTIM, st,
-                  e ? e : "");
+        char *e = th_read(j->errpath[r], NULL);
         char want[32];
-        snprintf(want, sizeof want, "rank %d of %d:", r, N);
-        cr_assert(e && strstr(e, want), "rank %d's error does not say who it is: %s", r,
-                  e ? e : "");
+        snprintf(want, sizeof want, "rank %d of %d:", r, j->n);
+        int ok_status = WIFEXITED(st) && WEXITSTATUS(st) != 0, ok_msg = e && strstr(e, want);
+        if (!ok_status || !ok_msg) {
+            env_job_end(j);
+            cr_assert(ok_status, "rank %d did not fail after rank %d died (status %d): %s", r,
+                      victim, st, e ? e : "");
+            cr_assert_fail("rank %d's error does not say who it is: %s", r, e ? e : "");
+        }
         cr_log_info("rank %d exited %.2f s after the kill: %s", r, took, e);
         free(e);
     }
-    cr_log_info("started %.2f s before the kill", t_kill - t0);
-    for (int r = 0; r < N; r++) {
-        close(outfd[r]);
-        free(errpath[r]);
-    }
+}
+
+Test(ddp, killed_rank_makes_the_others_fail_within_the_timeout, .timeout = 60)
+{
+    enum { N = 3, VICTIM = 1 };
+    (void)cli(); /* before anything that needs cleaning up */
+    char *dir = th_tmpdir();
+    env_job j;
+    env_job_start(&j, N, dir,
+                  "--layers 2 --channels 64 --heads 4 --max-seq 32 --seq 16 --batch 2 "
+                  "--eval-every 0 --threads 1 --steps 1000000 --parallel ddp",
+                  0);
+    env_job_wait_for(&j, "step     3/", 20.0); /* training is under way */
+    env_job_kill_and_expect_failures(&j, VICTIM, 20.0);
+    env_job_end(&j);
     th_rmrf(dir);
+    free(dir);
+}
+
+/* The highest step k of the dir's ckpt_<k>.bin files; fails on anything else in it (a
+ * temp file left behind would mean a checkpoint was not written atomically). */
+static long last_checkpoint(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert(d, "%s: %s", dir, strerror(errno));
+    long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        long k;
+        char tail[8];
+        int ok = sscanf(e->d_name, "ckpt_%8ld.%7s", &k, tail) == 2 && !strcmp(tail, "bin") &&
+                 strlen(e->d_name) == strlen("ckpt_00000000.bin");
+        cr_assert(ok, "%s holds %s, which is not a complete checkpoint", dir, e->d_name);
+        best = k > best ? k : best;
+    }
+    closedir(d);
+    return best;
+}
+
+static void assert_same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = th_read(a, &na), *y = th_read(b, &nb);
+    cr_assert(x && y, "missing %s", x ? b : a);
+    cr_assert(na == nb && memcmp(x, y, na) == 0, "%s (%zu bytes) and %s (%zu bytes) differ", a,
+              na, b, nb);
+    free(x);
+    free(y);
+}
+
+/* Train 2 ranks with checkpoints every EVERY steps; kill rank 1 mid-run (rank 0 must fail
+ * with a clear error); restart from the last checkpoint rank 0 wrote and run to the end.
+ * The resumed run must be bitwise the uninterrupted one: the same losses from the restart
+ * on, and the same final checkpoint (parameters, AdamW moments, step and data position).
+ * Rank 0's output pipe is shrunk to 4 KiB and the test reads 256 bytes at a time, so once
+ * the test has seen checkpoint KILL_AT rank 0 is at most ~4.3 KiB of output (~30 step
+ * lines of ~150 bytes) further: the kill always lands mid-run, with no sleep and no race
+ * with the end of training. */
+Test(ddp, restart_after_a_kill_resumes_exactly, .timeout = 90)
+{
+    enum { N = 2, VICTIM = 1, STEPS_R = 120, EVERY = 10, KILL_AT = 20 };
+    (void)cli(); /* before anything that needs cleaning up */
+    char *dir = th_tmpdir();
+    char *full = th_fmt("%s/full", dir), *cut = th_fmt("%s/cut", dir),
+         *again = th_fmt("%s/again", dir);
+    const char *model = "--layers 2 --channels 64 --heads 4 --max-seq 32 --seq 16 --batch 2 "
+                        "--lr 1e-2 --warmup 3 --eval-every 0 --threads 1";
+
+    /* 1. the uninterrupted run */
+    float lfull[STEPS_R], lagain[STEPS_R];
+    char *out = th_fmt("%s/full.out", dir), *errp = th_fmt("%s/full.err", dir);
+    char *cmd = th_fmt("%s %s --steps %d --parallel ddp --ranks %d --ckpt-dir %s "
+                       "--ckpt-every %d",
+                       cli(), model, STEPS_R, N, full, EVERY);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL);
+    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+    cr_assert_eq(read_losses(out, lfull, STEPS_R), STEPS_R, "%s: fewer than %d steps", cmd,
+                 STEPS_R);
+    free(e);
+    free(cmd);
+    free(out);
+    free(errp);
+
+    /* 2. the same run, killed after checkpoint KILL_AT */
+    env_job j;
+    char *args = th_fmt("%s --steps %d --parallel ddp --ckpt-dir %s --ckpt-every %d", model,
+                        STEPS_R, cut, EVERY);
+    env_job_start(&j, N, dir, args, 4096);
+    char needle[64];
+    snprintf(needle, sizeof needle, "ckpt_%08d.bin", KILL_AT);
+    env_job_wait_for(&j, needle, 30.0);
+    env_job_kill_and_expect_failures(&j, VICTIM, 20.0);
+    env_job_end(&j);
+    free(args);
+
+    /* 3. the last checkpoint is complete and equal to the uninterrupted run's */
+    long k = last_checkpoint(cut);
+    cr_assert(k >= KILL_AT && k < STEPS_R, "last checkpoint at step %ld: the kill did not "
+              "land mid-run", k);
+    char *ck = th_fmt("%s/ckpt_%08ld.bin", cut, k), *ck_full = th_fmt("%s/ckpt_%08ld.bin", full, k);
+    assert_same_file(ck, ck_full);
+
+    /* 4. restart from it and run to the end */
+    out = th_fmt("%s/again.out", dir);
+    errp = th_fmt("%s/again.err", dir);
+    cmd = th_fmt("%s %s --steps %d --parallel ddp --ranks %d --ckpt-dir %s --ckpt-every %d "
+                 "--resume %s",
+                 cli(), model, STEPS_R, N, again, EVERY, ck);
+    rc = th_run(cmd, out, errp);
+    e = th_read(errp, NULL);
+    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+    int n = read_losses_from(out, k + 1, lagain, STEPS_R);
+    cr_assert_eq(n, STEPS_R - k, "the resumed run printed %d steps from step %ld, not %ld", n,
+                 k + 1, STEPS_R - k);
+    for (int i = 0; i < n; i++)
+        cr_assert(lagain[i] == lfull[k + i], "step %ld: resumed loss %.6f, uninterrupted %.6f",
+                  k + 1 + i, lagain[i], lfull[k + i]);
+    char *fin = th_fmt("%s/ckpt_%08d.bin", again, STEPS_R),
+         *fin_full = th_fmt("%s/ckpt_%08d.bin", full, STEPS_R);
+    assert_same_file(fin, fin_full);
+    cr_log_info("killed rank %d after checkpoint %d; resumed from step %ld; %d steps and the "
+                "final checkpoint bitwise equal to the uninterrupted run",
+                VICTIM, KILL_AT, k, n);
+    free(e);
+    free(cmd);
+    free(out);
+    free(errp);
+    free(ck);
+    free(ck_full);
+    free(fin);
+    free(fin_full);
+    th_rmrf(dir);
+    free(full);
+    free(cut);
+    free(again);
     free(dir);
 }
