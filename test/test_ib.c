@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "coll_config.h"
 #include "helpers.h"
@@ -752,6 +753,55 @@ Test(ib_proc, probe_reason_is_stable) {
   cr_assert_str_eq(a, b);
   cr_assert(strstr(a, "no InfiniBand device") || strstr(a, "without libibverbs") ||
             strstr(a, "active port"), "%s", a);
+}
+
+/* "Says so once at INFO level": three probes, one line. */
+Test(ib_proc, no_device_said_once_at_info) {
+  char why[256];
+  setenv("COLL_DEBUG", "INFO", 1);
+  fflush(stderr);
+  FILE *tmp = tmpfile();
+  cr_assert(tmp);
+  int saved = dup(2);
+  dup2(fileno(tmp), 2);
+  bool here = ib_present(why, sizeof why);
+  ib_present(why, sizeof why);
+  ib_present(why, sizeof why);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  if (here) cr_skip_test("an InfiniBand device is present");
+  rewind(tmp);
+  char line[512];
+  int said = 0;
+#if COLL_HAVE_IBVERBS
+  while (fgets(line, sizeof line, tmp)) said += strstr(line, "[coll INFO] ib: transport not available") != NULL;
+  cr_assert_eq(said, 1, "the missing device was reported %d times", said);
+#else
+  (void)line;
+  (void)said;
+#endif
+  fclose(tmp);
+}
+
+static int auto_works(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  int x = rank + 1, y = 0;
+  coll_result r = coll_all_reduce(&x, &y, 1, COLL_INT32, COLL_SUM, comm, NULL);
+  if (r != COLL_OK) return t_failf("rank %d: %s", rank, coll_comm_last_error(comm));
+  return y == n * (n + 1) / 2 ? 0 : t_failf("rank %d: all-reduce gave %d", rank, y);
+}
+
+/* With no device, auto selection never picks ib: a normal job still runs. */
+Test(ib_proc, auto_without_device_runs, .timeout = 60) {
+  char why[256];
+  if (ib_present(why, sizeof why)) cr_skip_test("an InfiniBand device is present");
+  setenv("COLL_TRANSPORT", "auto", 1);
+  setenv("COLL_TIMEOUT_MS", "10000", 1);
+  char lwhy[256];
+  int before = t_shm_segments();
+  cr_assert_eq(t_launch(3, auto_works, NULL, 30000, lwhy, sizeof lwhy), 0, "%s", lwhy);
+  cr_assert_eq(t_shm_segments(), before);
 }
 
 static int rank_matrix(coll_comm_t comm, int rank, int n, void *arg) {
