@@ -441,6 +441,33 @@ static bool io_all(int fd, void *buf, size_t len, bool wr, uint64_t deadline) {
   return true;
 }
 
+/* Non-blocking connect bounded by the deadline (an unreachable host must not hold init
+ * for the kernel's SYN retries).  False with errno set. */
+static bool connect_until(int fd, const struct sockaddr *sa, socklen_t sl, uint64_t deadline) {
+  if (connect(fd, sa, sl) == 0) return true;
+  if (errno != EINPROGRESS) return false;
+  for (;;) {
+    uint64_t now = coll_now_ns();
+    if (now >= deadline) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    uint64_t left = (deadline - now) / 1000000u + 1;
+    int rc = poll(&pf, 1, left > 1000 ? 1000 : (int)left);
+    if (rc < 0 && errno != EINTR) return false;
+    if (rc <= 0) continue;
+    int e = 0;
+    socklen_t el = sizeof e;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0) return false;
+    if (e) {
+      errno = e;
+      return false;
+    }
+    return true;
+  }
+}
+
 static void my_pair_info(ib_ctx *ctx, ib_peer *p, uint8_t *out) {
   struct coll_comm *comm = ctx->comm;
   coll_ib_pair_info pi = {
@@ -558,8 +585,8 @@ static coll_result ib_ready(struct coll_comm *comm, void *vctx) {
       memcpy(&s6->sin6_addr, p->rport.tcp_addr, 16);
       sl = sizeof *s6;
     }
-    p->sock = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (p->sock < 0 || connect(p->sock, (struct sockaddr *)&ss, sl) != 0)
+    p->sock = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (p->sock < 0 || !connect_until(p->sock, (struct sockaddr *)&ss, sl, deadline))
       return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: cannot reach rank %d's ib sideband: %s",
                        comm->rank, p->rank, strerror(errno));
     my_pair_info(ctx, p, msg);
