@@ -3,7 +3,8 @@
  *
  * Init is: join the bootstrap, set up the transports this rank may need, exchange (pid,
  * host, transport info) in one round, connect each peer with its transport (same host:
- * shm, else tcp; COLL_TRANSPORT=shm|tcp forces one), meet again so that every rank has
+ * shm, else ib where both ends have a port, else tcp; COLL_TRANSPORT=shm|tcp|ib forces
+ * one; the rule is coll_select_transport in select.c), meet again so that every rank has
  * connected everything, let the transports finish (shm unlinks its segment, tcp accepts
  * and starts its proxy), start the progress thread.  After init nothing
  * talks to the bootstrap again.  Must never leave a half-built communicator behind: a
@@ -16,29 +17,40 @@
 #include <unistd.h>
 
 #include "bootstrap_wire.h"
+#include "coll_config.h"
+#include "ib_wire.h"
 #include "internal.h"
+#if COLL_HAVE_IBVERBS
+#include "ib.h"
+#endif
 
 typedef struct {
   int32_t pid;
   uint32_t pad;
   uint64_t host_id;
-  uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, [0] shm [1] tcp */
+  uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, by COLL_T_* */
 } rank_info;
 
-typedef enum { MODE_AUTO, MODE_SHM, MODE_TCP } transport_mode;
-
-/* COLL_TRANSPORT=auto|shm|tcp: auto (the default) is shm within a host, tcp across. */
-static coll_result read_transport_mode(struct coll_comm *comm, transport_mode *mode) {
+/* COLL_TRANSPORT=auto|shm|tcp|ib: auto (the default) is shm within a host, ib across
+ * where both ends have an InfiniBand/RoCE port, else tcp. */
+static coll_result read_transport_mode(struct coll_comm *comm, coll_transport_mode *mode) {
   const char *e = getenv("COLL_TRANSPORT");
-  *mode = MODE_AUTO;
-  if (!e || !*e || strcmp(e, "auto") == 0) return COLL_OK;
-  if (strcmp(e, "shm") == 0) *mode = MODE_SHM;
-  else if (strcmp(e, "tcp") == 0) *mode = MODE_TCP;
-  else
+  if (!coll_parse_transport_mode(e, mode))
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "rank %d: COLL_TRANSPORT=%s is not a transport of this build (auto, shm, "
-                     "tcp)", comm->rank, e);
+                     "tcp, ib)", comm->rank, e);
   return COLL_OK;
+}
+
+/* Can this rank use InfiniBand?  False, with the reason, when there is no device or the
+ * build has no libibverbs. */
+static bool ib_usable(char *why, size_t len) {
+#if COLL_HAVE_IBVERBS
+  return coll_ib_probe(why, len);
+#else
+  snprintf(why, len, "this libcoll was built without libibverbs");
+  return false;
+#endif
 }
 
 /* Same hostname and same boot => same machine (containers with one hostname on two
@@ -115,13 +127,25 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   comm->boot_local_len = sizeof comm->boot_local;
   if (getsockname(b.fd, (struct sockaddr *)&comm->boot_local, &comm->boot_local_len) != 0)
     comm->boot_local_len = 0;
-  transport_mode mode;
+  coll_transport_mode mode;
   if ((r = read_transport_mode(comm, &mode)) != COLL_OK) goto fail;
+  char ib_why[256] = "";
+  bool ib_here = (mode == COLL_MODE_AUTO || mode == COLL_MODE_IB) && ib_usable(ib_why, sizeof ib_why);
+  if (mode == COLL_MODE_IB && !ib_here) {
+    r = coll_fail(comm, COLL_ERR_UNSUPPORTED, "rank %d: COLL_TRANSPORT=ib, but this rank cannot "
+                  "use InfiniBand: %s (unset COLL_TRANSPORT to fall back to shm/tcp)", rank, ib_why);
+    goto fail;
+  }
   /* Set up every transport this rank might need before the exchange: which peers are
-   * remote is only known after it.  [0] shm, [1] tcp. */
+   * remote is only known after it. */
   comm->ntransports = COLL_MAX_TRANSPORTS;
-  comm->transports[0] = mode != MODE_TCP ? &coll_transport_shm : NULL;
-  comm->transports[1] = mode != MODE_SHM ? &coll_transport_tcp : NULL;
+  comm->transports[COLL_T_SHM] =
+      mode == COLL_MODE_AUTO || mode == COLL_MODE_SHM ? &coll_transport_shm : NULL;
+  comm->transports[COLL_T_TCP] =
+      mode == COLL_MODE_AUTO || mode == COLL_MODE_TCP ? &coll_transport_tcp : NULL;
+#if COLL_HAVE_IBVERBS
+  comm->transports[COLL_T_IB] = ib_here ? &coll_transport_ib : NULL;
+#endif
   rank_info me = {.pid = (int32_t)getpid(), .host_id = host_id()};
   comm->host_ids[rank] = me.host_id; /* setup may ask can_connect before the round */
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
@@ -142,11 +166,20 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   for (int p = 0; p < nranks; p++) {
     if (p == rank) continue;
     bool same_host = all[p].host_id == me.host_id;
-    int t = mode == MODE_TCP ? 1 : mode == MODE_SHM ? 0 : same_host ? 0 : 1;
-    if (t == 0 && !same_host) {
+    coll_ib_port_info pi;
+    char pwhy[160] = "";
+    bool ib_peer = coll_ib_port_decode(all[p].blob[COLL_T_IB], COLL_CONN_BLOB, &pi, pwhy, sizeof pwhy);
+    int t = coll_select_transport(mode, same_host, ib_here, ib_peer);
+    if (t < 0 && mode == COLL_MODE_SHM) {
       r = coll_fail(comm, COLL_ERR_UNSUPPORTED,
                     "rank %d: COLL_TRANSPORT=shm, but rank %d runs on another host: shared "
                     "memory cannot reach it (unset COLL_TRANSPORT or set it to tcp)", rank, p);
+      goto fail;
+    }
+    if (t < 0 || !comm->transports[t]) {
+      r = coll_fail(comm, COLL_ERR_UNSUPPORTED,
+                    "rank %d: COLL_TRANSPORT=ib, but rank %d cannot use InfiniBand (%s)", rank,
+                    p, pwhy);
       goto fail;
     }
     uses[t]++;
@@ -158,10 +191,12 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   for (int p = 0; p < nranks; p++)
     if (comm->conn_send[p] && comm->conn_send[p]->slot_bytes < comm->slot_bytes)
       comm->slot_bytes = comm->conn_send[p]->slot_bytes;
-  comm->transport = comm->transports[uses[1] > uses[0] ? 1 : 0];
+  int most = -1;
+  for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
+    if (comm->transports[t] && (most < 0 || uses[t] > uses[most])) most = t;
+  comm->transport = comm->transports[most];
   /* The one-shot path needs every peer's mailbox mapped: one host, all shm. */
-  comm->mailboxes = nranks > 1 && uses[0] == nranks - 1;
-  if (!comm->transport) comm->transport = comm->transports[1];
+  comm->mailboxes = nranks > 1 && uses[COLL_T_SHM] == nranks - 1;
   /* Second round: everyone has mapped everyone's segment, so names can go. */
   {
     uint8_t token = 1;

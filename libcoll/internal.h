@@ -108,6 +108,17 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
                                      const void *mine, void *all, size_t len);
 void coll_bootstrap_close(coll_bootstrap *b);
 
+/* ---- transport selection (select.c) --------------------------------------------------- */
+
+/* Index of each transport in comm->transports[] and in the exchanged blobs. */
+enum { COLL_T_SHM = 0, COLL_T_TCP = 1, COLL_T_IB = 2 };
+#define COLL_MAX_TRANSPORTS 3
+typedef enum { COLL_MODE_AUTO, COLL_MODE_SHM, COLL_MODE_TCP, COLL_MODE_IB } coll_transport_mode;
+/* COLL_TRANSPORT's value (NULL or "" = auto); false if it names no transport. */
+bool coll_parse_transport_mode(const char *s, coll_transport_mode *mode);
+/* The COLL_T_* for one peer pair, or -1 when the forced mode cannot reach the peer. */
+int coll_select_transport(coll_transport_mode mode, bool same_host, bool ib_here, bool ib_peer);
+
 /* ---- operations, streams and the executor --------------------------------------- */
 
 struct coll_stream {
@@ -151,9 +162,8 @@ struct coll_comm {
 
   /* connectors: conn_send[p] moves data to p, conn_recv[p] from p (NULL for self) */
   coll_conn **conn_send, **conn_recv;
-  /* Transports in use, chosen per peer pair in comm.c (same host -> shm, else tcp;
-   * COLL_TRANSPORT forces one); each connector points at its own. */
-#define COLL_MAX_TRANSPORTS 2
+  /* Transports in use, indexed by COLL_T_*, chosen per peer pair by
+   * coll_select_transport; each connector points at its own. */
   const coll_transport *transports[COLL_MAX_TRANSPORTS];
   void *transport_ctxs[COLL_MAX_TRANSPORTS];
   int ntransports;

@@ -1,0 +1,878 @@
+/* ib.c — the InfiniBand / RoCE verbs transport: the FIFO protocol over RDMA writes.
+ *
+ * One reliable-connected queue pair joins each pair of ranks that use it, carrying both
+ * directions.  Each rank owns, per peer, one registered region:
+ *
+ *   [receive FIFO: nslots x slot_bytes][send staging: nslots x slot_bytes][control page]
+ *
+ * Sending slice `tail`: the executor fills staging slot tail % nslots; send_post writes
+ * it with RDMA WRITE WITH IMMEDIATE into the peer's receive FIFO at the same slot; the
+ * immediate (the byte count) makes a completion on the peer, which bumps its `tail` and
+ * records the size.  Receiving: when the executor releases a slot it bumps `head` and
+ * RDMA-writes head into the sender's control page (the credit word); the sender may
+ * fill slot tail % nslots only while tail - head < nslots (ib_wire.h).  A credit also
+ * proves the staging slot is free: the peer consumed it, so the HCA finished reading it.
+ * Completion-queue polling happens in every data-path call and in wait(); an error
+ * completion marks the peer lost with ibv_wc_status_str's words, and every wait then
+ * fails with COLL_ERR_REMOTE.  A quiet wait probes the peer with a zero-byte write once
+ * a second, so a dead peer is found by the HCA's retry timeout, not by COLL_TIMEOUT_MS.
+ *
+ * Queue-pair numbers are per pair, so they cannot ride in the one fixed-size blob every
+ * rank publishes: the blob (coll_ib_port_info) carries the port's LID/GID/MTU and a TCP
+ * sideband address; in ready() the lower rank of each pair connects to the higher's
+ * sideband, both exchange coll_ib_pair_info (QPN, PSN, FIFO and credit addresses and
+ * rkeys, checked against the communicator's secret), and the queue pair goes to RTR/RTS.
+ *
+ * Device choice: COLL_IB_HCA=name[:port], else the first device with an active port.
+ * GID: COLL_IB_GID_INDEX, else coll_ib_pick_gid (RoCE v2 IPv4-mapped first).  With no
+ * device the probe says so once at INFO level and comm.c never selects this transport.
+ *
+ * Must never: sleep on the data path, post more work requests than the queues hold,
+ * trust a length or address from the sideband before ib_wire.c bounds it, or leave a
+ * queue pair, memory region or socket behind on any exit path.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ib.h"
+#include "ib_regcache.h"
+#include "ib_wire.h"
+#include "internal.h"
+
+#define IB_NSLOTS 8
+#define IB_SLOT_BYTES (128 * 1024)
+_Static_assert((IB_NSLOTS & (IB_NSLOTS - 1)) == 0, "slots index by counter % nslots across the wrap");
+#define IB_PAGE 4096
+#define IB_SQ_DEPTH (4 * IB_NSLOTS) /* data <= nslots, credits, probes */
+#define IB_RQ_DEPTH (IB_NSLOTS + 1)
+#define IB_CQ_DEPTH (IB_SQ_DEPTH + IB_RQ_DEPTH)
+#define IB_POLL_BATCH 16
+#define IB_PROBE_NS 1000000000ull
+#define IB_REGCACHE_ENTRIES 1024
+
+enum { WR_DATA = 1, WR_CREDIT = 2, WR_PROBE = 3, WR_RECV = 4 };
+
+struct ib_ctx;
+struct ib_peer;
+
+typedef struct {
+  coll_conn base;
+  struct ib_peer *p;
+  uint32_t pos; /* sender: tail; receiver: head */
+} ib_conn;
+
+typedef struct ib_peer {
+  int rank;
+  struct ib_ctx *ctx;
+  struct ibv_cq *cq;
+  struct ibv_qp *qp;
+  uint32_t psn;
+  uint8_t *mem; /* fifo | staging | control page */
+  size_t mem_bytes;
+  coll_ib_reg *reg;
+  uint8_t *fifo, *staging;
+  volatile uint32_t *credit_in; /* sender side: the peer's head, written by its HCA */
+  volatile uint32_t *credit_out; /* receiver side: our head, source of the credit write */
+  uint32_t recv_bytes[IB_NSLOTS];
+  uint32_t rtail; /* slices landed in our FIFO (completions seen) */
+  uint32_t shead; /* sender's view of the peer's head */
+  uint32_t sq_out; /* send work requests not yet completed */
+  bool credit_pending;
+  coll_ib_port_info rport;
+  coll_ib_pair_info remote;
+  bool have_remote;
+  int sock; /* sideband, during ready() only */
+  uint64_t last_probe_ns;
+  _Atomic int dead;
+  char why[300];
+  ib_conn send, recv;
+} ib_peer;
+
+typedef struct ib_ctx {
+  struct coll_comm *comm;
+  struct ibv_context *dev;
+  struct ibv_pd *pd;
+  char devname[IBV_SYSFS_NAME_MAX + 1];
+  int port;
+  struct ibv_port_attr pattr;
+  int gid_index;
+  union ibv_gid gid;
+  int listen_fd;
+  coll_ib_port_info me;
+  coll_ib_regcache rc;
+  bool rc_ready;
+  ib_peer **peers; /* by rank */
+  int *order;
+  int npeers;
+} ib_ctx;
+
+/* ---- probe: is there a device and an active port? (once per process) ---------------- */
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static bool probe_ok;
+static char probe_why[256];
+static char probe_dev[IBV_SYSFS_NAME_MAX + 1];
+static int probe_port;
+
+/* First active port of an open device (or `want` if it is active); 0 if none. */
+static int active_port(struct ibv_context *d, int want) {
+  struct ibv_device_attr da;
+  if (ibv_query_device(d, &da) != 0) return 0;
+  for (int pt = 1; pt <= da.phys_port_cnt; pt++) {
+    if (want && pt != want) continue;
+    struct ibv_port_attr pa;
+    if (ibv_query_port(d, (uint8_t)pt, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) return pt;
+  }
+  return 0;
+}
+
+static void probe_run(void) {
+  int n = 0;
+  struct ibv_device **list = ibv_get_device_list(&n);
+  if (!list) {
+    /* ENOSYS: the kernel has no RDMA subsystem (/sys/class/infiniband is missing). */
+    snprintf(probe_why, sizeof probe_why, "no InfiniBand device: ibv_get_device_list returned "
+             "0 devices (%s)", errno == ENOSYS ? "no RDMA support in this kernel" : strerror(errno));
+    goto out;
+  }
+  if (n == 0) {
+    snprintf(probe_why, sizeof probe_why,
+             "no InfiniBand device: ibv_get_device_list returned 0 devices");
+    goto out;
+  }
+  char want[IBV_SYSFS_NAME_MAX + 1] = "";
+  int want_port = 0;
+  const char *spec = getenv("COLL_IB_HCA");
+  if (spec && *spec && !coll_ib_parse_hca(spec, want, sizeof want, &want_port)) {
+    snprintf(probe_why, sizeof probe_why,
+             "COLL_IB_HCA=%s is not of the form name[:port] (e.g. mlx5_0:1)", spec);
+    goto out;
+  }
+  char seen[160] = "";
+  for (int i = 0; i < n && !probe_ok; i++) {
+    const char *name = ibv_get_device_name(list[i]);
+    size_t sl = strlen(seen);
+    snprintf(seen + sl, sizeof seen - sl, "%s%s", sl ? ", " : "", name);
+    if (want[0] && strcmp(name, want) != 0) continue;
+    struct ibv_context *d = ibv_open_device(list[i]);
+    if (!d) continue;
+    int pt = active_port(d, want_port);
+    ibv_close_device(d);
+    if (pt) {
+      snprintf(probe_dev, sizeof probe_dev, "%s", name);
+      probe_port = pt;
+      probe_ok = true;
+    }
+  }
+  if (!probe_ok) {
+    if (want[0])
+      snprintf(probe_why, sizeof probe_why,
+               "COLL_IB_HCA=%s: no such device with an active port (devices: %s)", spec, seen);
+    else
+      snprintf(probe_why, sizeof probe_why,
+               "no InfiniBand device with an active port (devices: %s)", seen);
+  }
+out:
+  if (list) ibv_free_device_list(list);
+  if (probe_ok)
+    COLL_INFO(-1, "ib: using %s port %d", probe_dev, probe_port);
+  else
+    COLL_INFO(-1, "ib: transport not available: %s", probe_why);
+}
+
+bool coll_ib_probe(char *why, size_t why_len) {
+  pthread_once(&probe_once, probe_run);
+  if (!probe_ok && why && why_len) {
+    size_t n = strlen(probe_why);
+    if (n >= why_len) n = why_len - 1;
+    memcpy(why, probe_why, n);
+    why[n] = 0;
+  }
+  return probe_ok;
+}
+
+/* ---- setup ------------------------------------------------------------------------- */
+
+static int reg_cb(void *arg, uintptr_t start, size_t len, void **handle, uint32_t *lkey,
+                  uint32_t *rkey, char *why, size_t why_len) {
+  ib_ctx *ctx = arg;
+  struct ibv_mr *mr = ibv_reg_mr(ctx->pd, (void *)start, len,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) {
+    snprintf(why, why_len, "ibv_reg_mr: %s", strerror(errno));
+    return -1;
+  }
+  *handle = mr;
+  *lkey = mr->lkey;
+  *rkey = mr->rkey;
+  return 0;
+}
+
+static void dereg_cb(void *arg, void *handle) {
+  (void)arg;
+  ibv_dereg_mr(handle);
+}
+
+static coll_result pick_gid(struct coll_comm *comm, ib_ctx *ctx) {
+  long want;
+  if (!coll_env_int("COLL_IB_GID_INDEX", -1, &want) || want < -1 ||
+      (want >= 0 && want >= ctx->pattr.gid_tbl_len))
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "rank %d: COLL_IB_GID_INDEX=%s is not an index of %s port %d's GID table "
+                     "(0..%d)", comm->rank, getenv("COLL_IB_GID_INDEX"), ctx->devname,
+                     ctx->port, ctx->pattr.gid_tbl_len - 1);
+  int n = ctx->pattr.gid_tbl_len > 256 ? 256 : ctx->pattr.gid_tbl_len;
+  coll_ib_gid_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
+  if (!e) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory reading the GID table");
+  for (int i = 0; i < n; i++) {
+    struct ibv_gid_entry ge;
+    if (ibv_query_gid_ex(ctx->dev, (uint32_t)ctx->port, (uint32_t)i, &ge, 0) != 0) continue;
+    memcpy(e[i].gid, ge.gid.raw, 16);
+    e[i].type = ge.gid_type == IBV_GID_TYPE_ROCE_V2   ? COLL_IB_GID_TYPE_ROCE_V2
+                : ge.gid_type == IBV_GID_TYPE_ROCE_V1 ? COLL_IB_GID_TYPE_ROCE_V1
+                                                      : COLL_IB_GID_TYPE_IB;
+    e[i].valid = true;
+  }
+  int ll = ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? COLL_IB_LL_ETHERNET
+                                                            : COLL_IB_LL_INFINIBAND;
+  int idx = want >= 0 ? (int)want : coll_ib_pick_gid(e, n, ll);
+  free(e);
+  if (idx < 0)
+    return coll_fail(comm, COLL_ERR_UNSUPPORTED,
+                     "rank %d: %s port %d is RoCE but has no usable GID (is an IP address "
+                     "configured on its network interface?)", comm->rank, ctx->devname, ctx->port);
+  if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, idx, &ctx->gid) != 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: reading GID %d of %s port %d failed: %s",
+                     comm->rank, idx, ctx->devname, ctx->port, strerror(errno));
+  ctx->gid_index = idx;
+  return COLL_OK;
+}
+
+/* The sideband listens on the address of the route to the rendezvous (as tcp does). */
+static coll_result sideband_listen(struct coll_comm *comm, ib_ctx *ctx) {
+  if (comm->boot_local_len == 0)
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no local address for the ib sideband",
+                     comm->rank);
+  struct sockaddr_storage ss;
+  memcpy(&ss, &comm->boot_local, comm->boot_local_len);
+  socklen_t sl = comm->boot_local_len;
+  if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
+  else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+  ctx->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (ctx->listen_fd < 0 || bind(ctx->listen_fd, (struct sockaddr *)&ss, sl) != 0 ||
+      listen(ctx->listen_fd, 1024) != 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cannot listen for the ib sideband: %s",
+                     comm->rank, strerror(errno));
+  sl = sizeof ss;
+  getsockname(ctx->listen_fd, (struct sockaddr *)&ss, &sl);
+  ctx->me.tcp_family = ss.ss_family;
+  if (ss.ss_family == AF_INET) {
+    ctx->me.tcp_port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    memcpy(ctx->me.tcp_addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+  } else {
+    ctx->me.tcp_port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    memcpy(ctx->me.tcp_addr, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+  }
+  return COLL_OK;
+}
+
+static coll_result ib_setup(struct coll_comm *comm, void **ctxp, void *blob) {
+  char why[256];
+  if (!coll_ib_probe(why, sizeof why))
+    return coll_fail(comm, COLL_ERR_UNSUPPORTED, "rank %d: the ib transport cannot run: %s",
+                     comm->rank, why);
+  ib_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up ib");
+  *ctxp = ctx;
+  ctx->comm = comm;
+  ctx->listen_fd = -1;
+  ctx->peers = calloc((size_t)comm->nranks, sizeof *ctx->peers);
+  ctx->order = calloc((size_t)comm->nranks, sizeof *ctx->order);
+  if (!ctx->peers || !ctx->order)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up ib");
+  snprintf(ctx->devname, sizeof ctx->devname, "%s", probe_dev);
+  ctx->port = probe_port;
+  int n = 0;
+  struct ibv_device **list = ibv_get_device_list(&n);
+  for (int i = 0; list && i < n && !ctx->dev; i++)
+    if (strcmp(ibv_get_device_name(list[i]), ctx->devname) == 0) ctx->dev = ibv_open_device(list[i]);
+  if (list) ibv_free_device_list(list);
+  if (!ctx->dev)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: opening InfiniBand device %s failed: %s",
+                     comm->rank, ctx->devname, strerror(errno));
+  if (ibv_query_port(ctx->dev, (uint8_t)ctx->port, &ctx->pattr) != 0 ||
+      ctx->pattr.state != IBV_PORT_ACTIVE)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: %s port %d is not active", comm->rank,
+                     ctx->devname, ctx->port);
+  ctx->pd = ibv_alloc_pd(ctx->dev);
+  if (!ctx->pd)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_alloc_pd on %s failed: %s", comm->rank,
+                     ctx->devname, strerror(errno));
+  coll_result r = pick_gid(comm, ctx);
+  if (r != COLL_OK) return r;
+  if ((r = sideband_listen(comm, ctx)) != COLL_OK) return r;
+  coll_ib_reg_ops ops = {.reg = reg_cb, .dereg = dereg_cb, .arg = ctx};
+  if (coll_ib_regcache_init(&ctx->rc, &ops, IB_PAGE, IB_REGCACHE_ENTRIES, 0) != 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory for the ib registration cache");
+  ctx->rc_ready = true;
+  ctx->me.lid = ctx->pattr.lid;
+  ctx->me.port = (uint8_t)ctx->port;
+  ctx->me.link_layer = ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? COLL_IB_LL_ETHERNET
+                                                                         : COLL_IB_LL_INFINIBAND;
+  ctx->me.mtu = (uint8_t)ctx->pattr.active_mtu;
+  ctx->me.gid_index = (uint8_t)ctx->gid_index;
+  memcpy(ctx->me.gid, ctx->gid.raw, 16);
+  _Static_assert(COLL_IB_PORT_BYTES <= COLL_CONN_BLOB, "port info fits the blob");
+  coll_ib_port_encode(&ctx->me, blob);
+  COLL_INFO(comm->rank, "ib: %s port %d, %s, LID %u, GID index %d, MTU %d", ctx->devname,
+            ctx->port, ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
+            ctx->me.lid, ctx->gid_index, 128 << ctx->me.mtu);
+  comm->slot_bytes = IB_SLOT_BYTES;
+  return COLL_OK;
+}
+
+/* ---- connect: queue pair and memory now, addresses in ready() ------------------------ */
+
+static bool post_recv(ib_peer *p) {
+  struct ibv_recv_wr wr = {.wr_id = WR_RECV, .num_sge = 0}, *bad = NULL;
+  return ibv_post_recv(p->qp, &wr, &bad) == 0;
+}
+
+static coll_result ib_connect(struct coll_comm *comm, void *vctx, int peer, const void *peer_blob,
+                              coll_conn **send, coll_conn **recv) {
+  ib_ctx *ctx = vctx;
+  char why[160];
+  coll_ib_port_info rp;
+  if (!coll_ib_port_decode(peer_blob, COLL_CONN_BLOB, &rp, why, sizeof why))
+    return coll_fail(comm, COLL_ERR_UNSUPPORTED,
+                     "rank %d: rank %d cannot use InfiniBand: %s", comm->rank, peer, why);
+  if (rp.link_layer != ctx->me.link_layer)
+    return coll_fail(comm, COLL_ERR_UNSUPPORTED,
+                     "rank %d: rank %d's port is %s but this rank's is %s: they cannot talk",
+                     comm->rank, peer, rp.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
+                     ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand");
+  size_t psize = (sizeof(ib_peer) + 63) / 64 * 64;
+  ib_peer *p = aligned_alloc(64, psize);
+  if (!p) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  memset(p, 0, psize);
+  p->rank = peer;
+  p->ctx = ctx;
+  p->sock = -1;
+  p->rport = rp;
+  ctx->peers[peer] = p;
+  ctx->order[ctx->npeers++] = peer;
+  size_t fifo = (size_t)IB_NSLOTS * IB_SLOT_BYTES;
+  p->mem_bytes = 2 * fifo + IB_PAGE;
+  p->mem = aligned_alloc(IB_PAGE, p->mem_bytes);
+  if (!p->mem) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  /* First touch now (~10 us a page here), never on the data path. */
+  memset(p->mem, 0, p->mem_bytes);
+  p->fifo = p->mem;
+  p->staging = p->mem + fifo;
+  p->credit_in = (volatile uint32_t *)(p->mem + 2 * fifo);
+  p->credit_out = (volatile uint32_t *)(p->mem + 2 * fifo + 64);
+  p->reg = coll_ib_regcache_get(&ctx->rc, (uintptr_t)p->mem, p->mem_bytes, why, sizeof why);
+  if (!p->reg)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: registering the FIFO for rank %d: %s",
+                     comm->rank, peer, why);
+  p->cq = ibv_create_cq(ctx->dev, IB_CQ_DEPTH, NULL, NULL, 0);
+  if (!p->cq)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_create_cq for rank %d failed: %s",
+                     comm->rank, peer, strerror(errno));
+  struct ibv_qp_init_attr qa = {
+      .send_cq = p->cq, .recv_cq = p->cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+      .cap = {.max_send_wr = IB_SQ_DEPTH, .max_recv_wr = IB_RQ_DEPTH, .max_send_sge = 1,
+              .max_recv_sge = 1}};
+  p->qp = ibv_create_qp(ctx->pd, &qa);
+  if (!p->qp)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_create_qp for rank %d failed: %s",
+                     comm->rank, peer, strerror(errno));
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = (uint8_t)ctx->port,
+                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+  int e = ibv_modify_qp(p->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (e)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: INIT failed: %s",
+                     comm->rank, peer, strerror(e));
+  for (int i = 0; i < IB_NSLOTS; i++)
+    if (!post_recv(p))
+      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_post_recv for rank %d failed",
+                       comm->rank, peer);
+  uint64_t seed = coll_now_ns() ^ ((uint64_t)comm->rank << 32) ^ (uint64_t)peer;
+  p->psn = (uint32_t)(seed * 0x9e3779b97f4a7c15ull >> 40) & 0xffffff;
+  p->send = (ib_conn){.base = {.t = &coll_transport_ib, .peer = peer, .is_send = true,
+                               .slot_bytes = IB_SLOT_BYTES, .nslots = IB_NSLOTS}, .p = p};
+  p->recv = (ib_conn){.base = {.t = &coll_transport_ib, .peer = peer, .is_send = false,
+                               .slot_bytes = IB_SLOT_BYTES, .nslots = IB_NSLOTS}, .p = p};
+  *send = &p->send.base;
+  *recv = &p->recv.base;
+  return COLL_OK;
+}
+
+/* ---- ready: sideband exchange, then RTR/RTS ----------------------------------------- */
+
+static bool io_all(int fd, void *buf, size_t len, bool wr, uint64_t deadline) {
+  uint8_t *b = buf;
+  while (len) {
+    ssize_t n = wr ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
+    if (n > 0) {
+      b += n;
+      len -= (size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+    uint64_t now = coll_now_ns();
+    if (now >= deadline) return false;
+    struct pollfd pf = {.fd = fd, .events = wr ? POLLOUT : POLLIN};
+    uint64_t left = (deadline - now) / 1000000u + 1;
+    poll(&pf, 1, left > 100 ? 100 : (int)left);
+  }
+  return true;
+}
+
+/* Non-blocking connect bounded by the deadline (an unreachable host must not hold init
+ * for the kernel's SYN retries).  False with errno set. */
+static bool connect_until(int fd, const struct sockaddr *sa, socklen_t sl, uint64_t deadline) {
+  if (connect(fd, sa, sl) == 0) return true;
+  if (errno != EINPROGRESS) return false;
+  for (;;) {
+    uint64_t now = coll_now_ns();
+    if (now >= deadline) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    uint64_t left = (deadline - now) / 1000000u + 1;
+    int rc = poll(&pf, 1, left > 1000 ? 1000 : (int)left);
+    if (rc < 0 && errno != EINTR) return false;
+    if (rc <= 0) continue;
+    int e = 0;
+    socklen_t el = sizeof e;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0) return false;
+    if (e) {
+      errno = e;
+      return false;
+    }
+    return true;
+  }
+}
+
+static void my_pair_info(ib_ctx *ctx, ib_peer *p, uint8_t *out) {
+  struct coll_comm *comm = ctx->comm;
+  coll_ib_pair_info pi = {
+      .from_rank = (uint32_t)comm->rank, .to_rank = (uint32_t)p->rank, .qpn = p->qp->qp_num,
+      .psn = p->psn, .fifo_addr = (uint64_t)(uintptr_t)p->fifo, .fifo_rkey = p->reg->rkey,
+      .credit_addr = (uint64_t)(uintptr_t)p->credit_in, .credit_rkey = p->reg->rkey,
+      .nslots = IB_NSLOTS, .slot_bytes = IB_SLOT_BYTES};
+  memcpy(pi.secret, comm->secret, 16);
+  coll_ib_pair_encode(&pi, out);
+}
+
+/* Checks a decoded pair message; on success stores it for p. */
+static bool accept_pair(ib_ctx *ctx, const uint8_t *msg, int expect_from, ib_peer **out) {
+  struct coll_comm *comm = ctx->comm;
+  coll_ib_pair_info pi;
+  char why[160];
+  if (!coll_ib_pair_decode(msg, COLL_IB_PAIR_BYTES, &pi, why, sizeof why)) {
+    COLL_INFO(comm->rank, "ib: dropped a sideband message: %s", why);
+    return false;
+  }
+  uint8_t diff = 0;
+  for (int i = 0; i < 16; i++) diff |= (uint8_t)(pi.secret[i] ^ comm->secret[i]);
+  if (diff || pi.to_rank != (uint32_t)comm->rank || pi.from_rank >= (uint32_t)comm->nranks ||
+      (expect_from >= 0 && pi.from_rank != (uint32_t)expect_from)) {
+    COLL_INFO(comm->rank, "ib: dropped a sideband message not meant for this rank");
+    return false;
+  }
+  ib_peer *p = ctx->peers[pi.from_rank];
+  if (!p || p->have_remote || pi.nslots != IB_NSLOTS || pi.slot_bytes != IB_SLOT_BYTES) {
+    COLL_INFO(comm->rank, "ib: dropped a sideband message from rank %u (unexpected, or a "
+              "different FIFO shape)", pi.from_rank);
+    return false;
+  }
+  p->remote = pi;
+  p->have_remote = true;
+  *out = p;
+  return true;
+}
+
+static coll_result to_rts(ib_ctx *ctx, ib_peer *p) {
+  struct coll_comm *comm = ctx->comm;
+  long sl = 0, tc = 0, to = 14;
+  coll_env_int("COLL_IB_SL", 0, &sl);
+  coll_env_int("COLL_IB_TC", 0, &tc);
+  coll_env_int("COLL_IB_TIMEOUT", 14, &to);
+  if (sl < 0 || sl > 15) sl = 0;
+  if (tc < 0 || tc > 255) tc = 0;
+  if (to < 1 || to > 31) to = 14;
+  int mtu = ctx->me.mtu < p->rport.mtu ? ctx->me.mtu : p->rport.mtu;
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = (enum ibv_mtu)mtu,
+                          .dest_qp_num = p->remote.qpn, .rq_psn = p->remote.psn,
+                          .max_dest_rd_atomic = 1, .min_rnr_timer = 12};
+  a.ah_attr.dlid = p->rport.lid;
+  a.ah_attr.sl = (uint8_t)sl;
+  a.ah_attr.port_num = (uint8_t)ctx->port;
+  /* RoCE always routes by GID; InfiniBand only needs the global header across subnets. */
+  bool global = ctx->me.link_layer == COLL_IB_LL_ETHERNET ||
+                memcmp(ctx->me.gid, p->rport.gid, 8) != 0;
+  if (global) {
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, p->rport.gid, 16);
+    a.ah_attr.grh.sgid_index = (uint8_t)ctx->gid_index;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.grh.traffic_class = (uint8_t)tc;
+  }
+  int e = ibv_modify_qp(p->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                       IBV_QP_MIN_RNR_TIMER);
+  if (e)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTR failed: %s "
+                     "(check COLL_IB_GID_INDEX and that both ports are on one fabric)",
+                     comm->rank, p->rank, strerror(e));
+  struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS, .timeout = (uint8_t)to, .retry_cnt = 7,
+                          .rnr_retry = 7, .sq_psn = p->psn, .max_rd_atomic = 1};
+  e = ibv_modify_qp(p->qp, &b, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+  if (e)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTS failed: %s",
+                     comm->rank, p->rank, strerror(e));
+  return COLL_OK;
+}
+
+static uint64_t setup_deadline(struct coll_comm *comm) {
+  int ms = comm->timeout_ms > 0 ? comm->timeout_ms : 600000;
+  return coll_now_ns() + (uint64_t)ms * 1000000u;
+}
+
+/* Deadlock-free order: (1) send our info to every higher peer (small, the kernel buffers
+ * it even before the peer accepts), (2) accept every lower peer, read, reply, (3) read
+ * the replies of the higher peers. */
+static coll_result ib_ready(struct coll_comm *comm, void *vctx) {
+  ib_ctx *ctx = vctx;
+  uint64_t deadline = setup_deadline(comm);
+  uint8_t msg[COLL_IB_PAIR_BYTES];
+  int lower = 0;
+  for (int i = 0; i < ctx->npeers; i++) {
+    ib_peer *p = ctx->peers[ctx->order[i]];
+    if (p->rank < comm->rank) {
+      lower++;
+      continue;
+    }
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t sl;
+    if (p->rport.tcp_family == AF_INET) {
+      struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+      s4->sin_family = AF_INET;
+      s4->sin_port = htons(p->rport.tcp_port);
+      memcpy(&s4->sin_addr, p->rport.tcp_addr, 4);
+      sl = sizeof *s4;
+    } else {
+      struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+      s6->sin6_family = AF_INET6;
+      s6->sin6_port = htons(p->rport.tcp_port);
+      memcpy(&s6->sin6_addr, p->rport.tcp_addr, 16);
+      sl = sizeof *s6;
+    }
+    p->sock = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (p->sock < 0 || !connect_until(p->sock, (struct sockaddr *)&ss, sl, deadline))
+      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: cannot reach rank %d's ib sideband: %s",
+                       comm->rank, p->rank, strerror(errno));
+    my_pair_info(ctx, p, msg);
+    if (!io_all(p->sock, msg, sizeof msg, true, deadline))
+      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: sending queue pair info to rank %d "
+                       "failed", comm->rank, p->rank);
+  }
+  for (int got = 0; got < lower;) {
+    uint64_t now = coll_now_ns();
+    if (now >= deadline)
+      return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: only %d of %d lower ranks sent their "
+                       "queue pair info within %d ms", comm->rank, got, lower, comm->timeout_ms);
+    struct pollfd pf = {.fd = ctx->listen_fd, .events = POLLIN};
+    uint64_t left = (deadline - now) / 1000000u + 1;
+    if (poll(&pf, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
+    int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    uint64_t hd = coll_now_ns() + 5000000000ull; /* a stranger gets 5 s */
+    ib_peer *p = NULL;
+    if (!io_all(fd, msg, sizeof msg, false, hd < deadline ? hd : deadline) ||
+        !accept_pair(ctx, msg, -1, &p) || p->rank >= comm->rank) {
+      if (p) p->have_remote = false;
+      close(fd);
+      continue;
+    }
+    my_pair_info(ctx, p, msg);
+    bool ok = io_all(fd, msg, sizeof msg, true, deadline);
+    close(fd);
+    if (!ok)
+      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: replying to rank %d's queue pair info "
+                       "failed", comm->rank, p->rank);
+    got++;
+  }
+  for (int i = 0; i < ctx->npeers; i++) {
+    ib_peer *p = ctx->peers[ctx->order[i]], *q = NULL;
+    if (p->rank < comm->rank) continue;
+    bool ok = io_all(p->sock, msg, sizeof msg, false, deadline) && accept_pair(ctx, msg, p->rank, &q);
+    close(p->sock);
+    p->sock = -1;
+    if (!ok)
+      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: rank %d sent no valid queue pair info",
+                       comm->rank, p->rank);
+  }
+  close(ctx->listen_fd);
+  ctx->listen_fd = -1;
+  for (int i = 0; i < ctx->npeers; i++) {
+    coll_result r = to_rts(ctx, ctx->peers[ctx->order[i]]);
+    if (r != COLL_OK) return r;
+  }
+  return COLL_OK;
+}
+
+/* ---- data path ---------------------------------------------------------------------- */
+
+static const char *wr_name(uint64_t id) {
+  switch (id) {
+  case WR_DATA: return "RDMA write of a slice";
+  case WR_CREDIT: return "RDMA write of a credit";
+  case WR_PROBE: return "liveness probe";
+  default: return "receive";
+  }
+}
+
+static void lose(ib_peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void lose(ib_peer *p, const char *fmt, ...) {
+  if (atomic_load(&p->dead)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(p->why, sizeof p->why, fmt, ap);
+  va_end(ap);
+  atomic_store(&p->dead, 1);
+}
+
+static bool post_write(ib_peer *p, uint64_t id, void *src, uint32_t len, uint64_t raddr,
+                       uint32_t rkey, bool imm, uint32_t imm_val) {
+  struct ibv_sge sge = {.addr = (uintptr_t)src, .length = len, .lkey = p->reg->lkey};
+  struct ibv_send_wr wr = {.wr_id = id, .sg_list = &sge, .num_sge = len ? 1 : 0,
+                           .opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                           .send_flags = IBV_SEND_SIGNALED},
+                     *bad = NULL;
+  if (imm) wr.imm_data = htonl(imm_val);
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  int e = ibv_post_send(p->qp, &wr, &bad);
+  if (e) {
+    lose(p, "rank %d: posting an %s to rank %d failed: %s", p->ctx->comm->rank, wr_name(id),
+         p->rank, strerror(e));
+    return false;
+  }
+  p->sq_out++;
+  return true;
+}
+
+static void post_credit(ib_peer *p) {
+  if (p->sq_out >= IB_SQ_DEPTH) {
+    p->credit_pending = true; /* posted by the next poll that frees a send entry */
+    return;
+  }
+  p->credit_pending = false;
+  /* The source word may change before the HCA reads it: head only grows, so a later
+   * value is still a true credit. */
+  post_write(p, WR_CREDIT, (void *)p->credit_out, 4, p->remote.credit_addr,
+             p->remote.credit_rkey, false, 0);
+}
+
+/* Reaps completions of p's queue pair; never blocks. */
+static void poll_cq(ib_peer *p) {
+  struct ibv_wc wc[IB_POLL_BATCH];
+  for (;;) {
+    int n = ibv_poll_cq(p->cq, IB_POLL_BATCH, wc);
+    if (n < 0) {
+      lose(p, "rank %d: polling the completion queue of rank %d's queue pair failed",
+           p->ctx->comm->rank, p->rank);
+      return;
+    }
+    for (int i = 0; i < n; i++) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        lose(p, "rank %d: InfiniBand %s with rank %d failed: %s (status %d, vendor error "
+             "0x%x): the peer died, aborted, or the fabric dropped the link",
+             p->ctx->comm->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
+             (int)wc[i].status, wc[i].vendor_err);
+        if (wc[i].wr_id != WR_RECV && p->sq_out) p->sq_out--;
+        continue;
+      }
+      if (wc[i].wr_id != WR_RECV) {
+        if (p->sq_out) p->sq_out--;
+        continue;
+      }
+      uint32_t bytes = ntohl(wc[i].imm_data);
+      if (!coll_ib_imm_ok(bytes, IB_SLOT_BYTES)) {
+        lose(p, "rank %d: rank %d wrote a %u-byte slice (slot %u bytes): not a libcoll peer "
+             "of this version", p->ctx->comm->rank, p->rank, bytes, (unsigned)IB_SLOT_BYTES);
+        continue;
+      }
+      p->recv_bytes[coll_ib_slot(p->rtail, IB_NSLOTS)] = bytes;
+      p->rtail++;
+      if (!post_recv(p))
+        lose(p, "rank %d: re-posting a receive for rank %d failed", p->ctx->comm->rank, p->rank);
+    }
+    if (n < IB_POLL_BATCH) break;
+  }
+  if (p->credit_pending && !atomic_load(&p->dead)) post_credit(p);
+}
+
+static void *ib_send_slot(coll_conn *cc) {
+  ib_conn *c = (ib_conn *)cc;
+  ib_peer *p = c->p;
+  if (atomic_load_explicit(&p->dead, memory_order_relaxed)) return NULL;
+  poll_cq(p);
+  p->shead = coll_ib_accept_credit(p->shead, *p->credit_in, c->pos);
+  /* Keep one send entry for a credit so the other direction never starves. */
+  if (!coll_ib_can_send(c->pos, p->shead, IB_NSLOTS) || p->sq_out + 2 > IB_SQ_DEPTH) return NULL;
+  return p->staging + coll_ib_slot_offset(c->pos, IB_NSLOTS, IB_SLOT_BYTES);
+}
+
+static void ib_send_post(coll_conn *cc, uint32_t bytes) {
+  ib_conn *c = (ib_conn *)cc;
+  ib_peer *p = c->p;
+  uint64_t off = coll_ib_slot_offset(c->pos, IB_NSLOTS, IB_SLOT_BYTES);
+  post_write(p, WR_DATA, p->staging + off, bytes, p->remote.fifo_addr + off,
+             p->remote.fifo_rkey, true, bytes);
+  c->pos++;
+}
+
+static const void *ib_recv_slot(coll_conn *cc, uint32_t *bytes) {
+  ib_conn *c = (ib_conn *)cc;
+  ib_peer *p = c->p;
+  if (c->pos == p->rtail) {
+    poll_cq(p);
+    if (c->pos == p->rtail) return NULL;
+  }
+  uint32_t i = coll_ib_slot(c->pos, IB_NSLOTS);
+  *bytes = p->recv_bytes[i];
+  return p->fifo + (size_t)i * IB_SLOT_BYTES;
+}
+
+static void ib_recv_release(coll_conn *cc) {
+  ib_conn *c = (ib_conn *)cc;
+  ib_peer *p = c->p;
+  c->pos++;
+  *p->credit_out = c->pos;
+  if (p->sq_out >= IB_SQ_DEPTH) poll_cq(p);
+  post_credit(p);
+}
+
+static bool can_go(ib_conn *c) {
+  ib_peer *p = c->p;
+  if (c->base.is_send) {
+    p->shead = coll_ib_accept_credit(p->shead, *p->credit_in, c->pos);
+    return coll_ib_can_send(c->pos, p->shead, IB_NSLOTS) && p->sq_out + 2 <= IB_SQ_DEPTH;
+  }
+  return c->pos != p->rtail;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spin polling the CQ, then yield, then nap (50 us doubling to 1 ms) until max_ms.
+ * Credits arrive as plain RDMA writes, which raise no event on this side, so there is
+ * nothing to block on; the naps bound the cost of a quiet wait.  A wait quiet for a
+ * second probes the peer: a dead peer's HCA never acknowledges, and the retry timeout
+ * turns into an error completion. */
+static coll_result ib_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
+  ib_conn *c = (ib_conn *)cc;
+  ib_peer *p = c->p;
+  uint64_t start = coll_now_ns(), limit = (uint64_t)(max_ms < 1 ? 1 : max_ms) * 1000000u;
+  long nap_ns = 50000;
+  int spins = comm->oversubscribed ? 0 : 4000;
+  for (int i = 0;; i++) {
+    poll_cq(p);
+    if (atomic_load(&p->dead)) return coll_fail(comm, COLL_ERR_REMOTE, "%s", p->why);
+    if (can_go(c) || atomic_load(&comm->aborted)) return COLL_OK;
+    uint64_t now = coll_now_ns();
+    if (now - start >= limit) return COLL_OK;
+    if (i < spins) {
+      cpu_relax();
+      continue;
+    }
+    if (i < spins + 64) {
+      sched_yield();
+      continue;
+    }
+    if (now - p->last_probe_ns > IB_PROBE_NS && p->sq_out + 1 < IB_SQ_DEPTH) {
+      p->last_probe_ns = now;
+      post_write(p, WR_PROBE, NULL, 0, p->remote.credit_addr, p->remote.credit_rkey, false, 0);
+    }
+    struct timespec ts = {0, nap_ns};
+    nanosleep(&ts, NULL);
+    if (nap_ns < 1000000) nap_ns *= 2;
+  }
+}
+
+/* Waits nap at most 1 ms, so there is nothing to interrupt. */
+static void ib_wake(coll_conn *cc) { (void)cc; }
+
+static bool ib_can_connect(struct coll_comm *comm, int peer) {
+  (void)comm;
+  (void)peer;
+  pthread_once(&probe_once, probe_run);
+  return probe_ok;
+}
+
+static void ib_close(struct coll_comm *comm, void *vctx) {
+  ib_ctx *ctx = vctx;
+  if (!ctx) return;
+  if (ctx->peers)
+    for (int i = 0; i < ctx->npeers; i++) {
+      ib_peer *p = ctx->peers[ctx->order[i]];
+      if (p->qp) ibv_destroy_qp(p->qp);
+      if (p->cq) ibv_destroy_cq(p->cq);
+      if (p->reg) coll_ib_regcache_put(&ctx->rc, p->reg);
+      if (p->sock >= 0) close(p->sock);
+    }
+  if (ctx->rc_ready) {
+    int held = coll_ib_regcache_destroy(&ctx->rc);
+    if (held) COLL_WARN(comm->rank, "ib: %d registrations were still in use at close", held);
+  }
+  if (ctx->peers)
+    for (int i = 0; i < ctx->npeers; i++) {
+      free(ctx->peers[ctx->order[i]]->mem);
+      free(ctx->peers[ctx->order[i]]);
+    }
+  if (ctx->listen_fd >= 0) close(ctx->listen_fd);
+  if (ctx->pd) ibv_dealloc_pd(ctx->pd);
+  if (ctx->dev) ibv_close_device(ctx->dev);
+  free(ctx->peers);
+  free(ctx->order);
+  free(ctx);
+}
+
+const coll_transport coll_transport_ib = {
+    .name = "ib",
+    .can_connect = ib_can_connect,
+    .setup = ib_setup,
+    .connect = ib_connect,
+    .ready = ib_ready,
+    .send_slot = ib_send_slot,
+    .send_post = ib_send_post,
+    .recv_slot = ib_recv_slot,
+    .recv_release = ib_recv_release,
+    .wait = ib_wait,
+    .wake = ib_wake,
+    .close = ib_close,
+};
