@@ -711,6 +711,7 @@ static void print_table_header(run_ctx *x, bench_coll c) {
   if (x->o->stats)
     fprintf(f, "  %7s  %7s  %7s  %7s  %7s  %7s  %7s  %7s", "min", "p50", "p99", "max", "min",
             "p50", "p99", "max");
+  fprintf(f, "  %7s", "algo");
   fputc('\n', f);
   fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s", "(B)",
           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
@@ -753,6 +754,13 @@ static void print_row(run_ctx *x, const bench_data *d, const bench_shape *sh,
       }
     }
   }
+  /* What libcoll ran at this size: COLL_ALGO when it can serve the call, else the
+   * tuner's choice (see --explain for why). */
+  const char *algo = d->coll == BENCH_SENDRECV
+                         ? "p2p"
+                         : coll_comm_algo_for(x->comm, bench_coll_name(d->coll), sh->bytes,
+                                              NULL, 0);
+  fprintf(f, "  %7s", algo ? algo : "?");
   fputc('\n', f);
   fflush(f);
 }

@@ -70,6 +70,52 @@ static int pingpong(bench_explain_ctx *e, void *buf, size_t bytes, int reps, dou
   return 0;
 }
 
+static void human(double b, char *out, size_t len) {
+  if (b >= 1 << 20) snprintf(out, len, "%g MiB", b / (1 << 20));
+  else if (b >= 1024) snprintf(out, len, "%g KiB", b / 1024);
+  else snprintf(out, len, "%g B", b);
+}
+
+/* What the library measured when the communicator was created, and the algorithm it
+ * picks at each size: the crossovers follow from those numbers and the cost formulas. */
+static void print_choices(bench_explain_ctx *e) {
+  FILE *f = e->out;
+  double a, b, g, amb;
+  if (coll_comm_tune_params(e->comm, &a, &b, &g, &amb) != COLL_OK) return;
+  fprintf(f, "# libcoll's own model, measured at communicator creation (tune.c; rank 0's figures"
+             " used by all ranks):\n"
+             "#   alpha %.3f us per step (token round the ring), beta %.4f ns/B (%.2f GB/s),"
+             " gamma %.4f ns/B reduced, one-shot call %.3f us\n",
+          a * 1e6, b * 1e9, b > 0 ? 1e-9 / b : 0.0, g * 1e9, amb * 1e6);
+  static const char *colls[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                "reduce"};
+  fprintf(f, "# Algorithm chosen per size (COLL_ALGO=%s):\n",
+          getenv("COLL_ALGO") ? getenv("COLL_ALGO") : "auto");
+  for (int c = 0; c < 5; c++) {
+    fprintf(f, "#   %-15s", colls[c]);
+    const char *prev = NULL;
+    double from = 0;
+    for (int k = 0; k <= 31; k++) {
+      double bytes = k ? (double)(1ull << (k - 1)) * 2 : 1; /* 1, 2, 4, ... 2 GiB */
+      const char *now = coll_comm_algo_for(e->comm, colls[c], (size_t)bytes, NULL, 0);
+      if (!now) break;
+      if (prev && strcmp(now, prev) != 0) {
+        char h1[32], h2[32];
+        human(from, h1, sizeof h1);
+        human(bytes / 2, h2, sizeof h2);
+        fprintf(f, " %s %s..%s,", prev, h1, h2);
+        from = bytes;
+      }
+      if (!prev) from = bytes;
+      prev = now;
+    }
+    char h1[32];
+    human(from, h1, sizeof h1);
+    fprintf(f, " %s from %s\n", prev ? prev : "?", h1);
+  }
+  fprintf(f, "#\n");
+}
+
 int bench_explain_probe(bench_explain_ctx *e) {
   e->alpha = e->beta = 0;
   if (e->nranks < 2) {
@@ -103,6 +149,7 @@ int bench_explain_probe(bench_explain_ctx *e) {
             "#         = %.4f ns/B, i.e. %.2f GB/s per link\n#\n",
             coll_comm_transport_name(e->comm), e->alpha * 1e6, e->beta * 1e9,
             e->beta > 0 ? 1e-9 / e->beta : 0.0);
+  if (e->rank == 0) print_choices(e);
   return 0;
 }
 
@@ -213,7 +260,7 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
              "through the FIFO while later steps start):\n");
   for (int s = 0; s <= max_step; s++) {
     const char *phase = "";
-    if (d->coll == BENCH_ALL_REDUCE && n > 1)
+    if (d->coll == BENCH_ALL_REDUCE && n > 1 && strcmp(algo, "ring") == 0)
       phase = s < n - 1    ? "  (reduce-scatter)"
               : s == n - 1 ? "  (receive ends the reduce-scatter, send starts the all-gather)"
                            : "  (all-gather)";
@@ -279,6 +326,15 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
                         formula, sizeof formula) == COLL_OK) {
     fprintf(f, "# Model (alpha %.3f us, beta %.4f ns/B, slice %zu B):\n#   %s\n", e->alpha * 1e6,
             e->beta * 1e9, slice, formula);
+  }
+  {
+    char why[512];
+    const char *chosen = coll_comm_algo_for(e->comm, lib_names[d->coll], sh->bytes, why,
+                                            sizeof why);
+    if (chosen && d->coll != BENCH_SENDRECV)
+      fprintf(f, "# Why %s: the tuner's predictions at %zu B: %s\n", chosen, sh->bytes, why);
+    if (chosen && strcmp(chosen, "ring") != 0 && d->coll != BENCH_SENDRECV)
+      fprintf(f, "# (The ring model above is for comparison: this call ran %s.)\n", chosen);
   }
   fprintf(f, "# Measured: %.2f us (mean of %lu blocking calls, slowest rank); model/measured = "
              "%.2f\n",

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll_trace.h"
 #include "internal.h"
 #include "reduce.h"
 

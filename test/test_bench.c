@@ -437,7 +437,13 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     snprintf(copy, sizeof copy, "%s", line);
     char *f[32];
     int nf = split(copy, f, 32);
-    CHECK(nf == (stats ? 21 : 13), "row has %d fields: %s", nf, line);
+    CHECK(nf == (stats ? 22 : 14), "row has %d fields: %s", nf, line);
+    {
+      static const char *const algos[] = {"ring", "tree", "rd", "rhd", "oneshot", "p2p"};
+      bool known = false;
+      for (int i = 0; i < 6; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
+      CHECK(known, "unknown algorithm column: %s", line);
+    }
     size_t size = strtoull(f[0], NULL, 10), count = strtoull(f[1], NULL, 10);
     coll_dtype t = (coll_dtype)bench_parse_dtype(f[2]);
     CHECK((int)t >= 0, "bad type column: %s", line);
@@ -742,8 +748,9 @@ Test(bench_explain, all_reduce_byte_totals, .timeout = 300) {
       char ranks[8], size[32];
       snprintf(ranks, sizeof ranks, "%d", n);
       snprintf(size, sizeof size, "%zu", S);
+      /* The ring's accounting: force it (small sizes would go one-shot). */
       const char *args[] = {"all_reduce", "--ranks", ranks, "--explain", "-b", size, "-e", size,
-                            "-n", "2", "-w", "1", NULL};
+                            "-n", "2", "-w", "1", "-A", "ring", NULL};
       run_result r = run_bench(args, NULL, 120);
       if (r.status != 0) free_run(&r);
       cr_assert_eq(r.status, 0, "--explain N=%d S=%zu: status %d", n, S, r.status);
@@ -842,4 +849,42 @@ Test(bench_explain, text_trace_logs_steps, .timeout = 120) {
   if (!ok) fprintf(stderr, "status %d, stderr:\n%s\n", r.status, r.err);
   free_run(&r);
   cr_assert(ok, "COLL_TRACE=text logged no steps");
+}
+
+/* --explain with the tuner: the measured parameters, the choice per size with its
+ * crossovers, and for every size why the chosen algorithm won; the table's algo column
+ * agrees with the explanation. */
+Test(bench_explain, shows_the_choice_and_why, .timeout = 120) {
+  const char *args[] = {"all_reduce", "--ranks", "3", "--explain", "-b", "8", "-e", "4M",
+                        "-f", "512", "-n", "2", "-w", "1", NULL};
+  run_result r = run_bench(args, NULL, 120);
+  cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
+  cr_assert(strstr(r.out, "# libcoll's own model, measured at communicator creation"), "%s", r.out);
+  cr_assert(strstr(r.out, "#   alpha ") && strstr(r.out, " one-shot call "), "%s", r.out);
+  cr_assert(strstr(r.out, "# Algorithm chosen per size (COLL_ALGO=auto):"), "%s", r.out);
+  static const char *colls[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                "reduce"};
+  for (int c = 0; c < 5; c++) {
+    char want[64];
+    snprintf(want, sizeof want, "#   %-15s", colls[c]);
+    cr_assert(strstr(r.out, want), "no choice line for %s:\n%s", colls[c], r.out);
+  }
+  int whys = 0;
+  for (const char *p = r.out; (p = strstr(p, "# Why ")); p++) {
+    whys++;
+    cr_assert(strncmp(strstr(p, ": ") ? strstr(p, "the tuner's predictions at") : "", "the tuner", 9) == 0,
+              "why line without predictions: %.120s", p);
+  }
+  cr_assert_eq(whys, 3, "one 'Why' per size (8 B, 4 KiB, 2 MiB), got %d:\n%s", whys, r.out);
+  /* The 8 B call runs what the explanation says ran. */
+  const char *ex = strstr(r.out, "# Explain: all_reduce, 3 ranks, size 8 B");
+  cr_assert(ex, "%s", r.out);
+  const char *algo = strstr(ex, "algorithm ");
+  const char *why = strstr(ex, "# Why ");
+  cr_assert(algo && why);
+  char a1[16] = "", a2[16] = "";
+  sscanf(algo, "algorithm %15[a-z]", a1);
+  sscanf(why, "# Why %15[a-z]", a2);
+  cr_assert_str_eq(a1, a2, "traced call ran %s, the tuner says %s", a1, a2);
+  free_run(&r);
 }
