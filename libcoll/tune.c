@@ -126,6 +126,8 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
     return COLL_ALGO_RING; /* no algorithm: plan.c schedules these itself */
   size_t bytes = w->count * es;
   if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
+  if (bytes == 0 && c != COLL_COLL_BARRIER)
+    return COLL_ALGO_RING; /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
   if (f != COLL_ALGO_AUTO) {
     bool ok = f == COLL_ALGO_ONESHOT ? coll_oneshot_fits(comm, c, w->count, es)
