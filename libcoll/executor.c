@@ -6,7 +6,7 @@
  * which is most of the latency when ranks outnumber cores).
  *
  * Running a plan: every step's range is cut into slices of one FIFO slot.  Steps are
- * interleaved round by round — round j does slice j of every step, in step order —
+ * interleaved round by round — round j does slice j - delay of every step, in step order —
  * which is what lets a ring make progress with a FIFO of any depth: a rank never has
  * to push a whole chunk before it starts receiving, so the sends of all ranks can never
  * fill every FIFO at once and wait on each other.  Within a round the order is the same
@@ -165,6 +165,19 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     return COLL_OK;
+  case COLL_STEP_RECV2_REDUCE_SEND: { /* a tree node's two children and its own data */
+    coll_conn *in2 = comm->conn_recv[s->peer_in2];
+    const void *p2 = NULL;
+    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
+    if ((r = get_recv(x, in2, bytes, &p2)) != COLL_OK) return r;
+    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
+    coll_kernel_reduce(q, p, src, n, w->dtype, w->op);
+    coll_kernel_reduce(q, q, p2, n, w->dtype, w->op);
+    out->t->send_post(out, (uint32_t)bytes);
+    in->t->recv_release(in);
+    in2->t->recv_release(in2);
+    return COLL_OK;
+  }
   }
   return coll_fail(comm, COLL_ERR_INTERNAL, "unknown step kind %d", (int)s->kind);
 }
@@ -181,7 +194,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
   coll_plan_args a = {.coll = w->coll, .algo = algo, .count = w->count,
                       .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
-                      .recv_count = w->recv_count, .recv_peer = w->recv_peer};
+                      .recv_count = w->recv_count, .recv_peer = w->recv_peer,
+                      .slice = comm->slot_bytes / es};
   switch (w->coll) {
   case COLL_COLL_ALL_REDUCE: a.in_place = w->sendbuf == w->recvbuf; break;
   case COLL_COLL_BROADCAST:
@@ -211,7 +225,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
   size_t slice = comm->slot_bytes / es, rounds = 0;
   for (size_t i = 0; i < nsteps; i++) {
-    size_t k = (comm->steps[i].count + slice - 1) / slice;
+    size_t k = (comm->steps[i].count + slice - 1) / slice + comm->steps[i].delay;
     if (k > rounds) rounds = k;
   }
   wait_ctx x = {.comm = comm, .w = w};
@@ -229,9 +243,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     t_call = coll_now_ns();
   }
   for (size_t j = 0; j < rounds; j++) {
-    size_t off = j * slice;
     for (size_t i = 0; i < nsteps; i++) {
       const coll_step *s = &comm->steps[i];
+      if (j < s->delay) continue; /* slice k of a step runs in round k + delay */
+      size_t off = (j - s->delay) * slice;
       if (off >= s->count) continue;
       size_t n = s->count - off < slice ? s->count - off : slice;
       x.step = s;

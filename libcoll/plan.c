@@ -1,6 +1,7 @@
 /* plan.c — choosing an algorithm and building this rank's schedule.
  *
- * The algorithms live one per file (ring.c, ...); this file picks one, handles the
+ * The algorithms live one per file (ring.c, tree.c, rd.c); this file picks one (a forced
+ * algorithm that cannot serve the call falls back to the ring), handles the
  * cases that need no algorithm at all (one rank, point-to-point), and names things for
  * logs and traces.  Pure: no I/O, no allocation, no globals.
  *
@@ -9,12 +10,23 @@
  *   sendrecv          α + max(n_send, n_recv)·β   (the two directions interleave)
  *   any collective on one rank: a local copy, n·β_mem (nothing when in place)
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
+#include "rd.h"
 #include "ring.h"
+#include "tree.h"
 
-size_t coll_plan_max_steps(int nranks) { return 2 * (size_t)(nranks > 0 ? nranks : 1) + 2; }
+/* ring: 2p + 2; tree: at most 5 per rank (up and down in two trees, one of them with a
+ * second child); rd/rhd: a copy, the folds (all-gather's fold-out in two ranges) and
+ * two steps per phase, at most 4·ceil(log2 p) + 4. */
+size_t coll_plan_max_steps(int nranks) {
+  size_t p = (size_t)(nranks > 0 ? nranks : 1), lg = 0, ring = 2 * p + 2, rd;
+  while (((size_t)1 << lg) < p) lg++;
+  rd = 4 * lg + 4;
+  return (ring > rd ? ring : rd) > 8 ? (ring > rd ? ring : rd) : 8;
+}
 
 void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len) {
   size_t base = count / (size_t)n, extra = count % (size_t)n, ui = (size_t)i;
@@ -82,13 +94,70 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
     plan_single(a, steps, nsteps);
     return COLL_OK;
   }
-  switch (a->algo) {
-  case COLL_ALGO_AUTO:
+  coll_algo algo = coll_algo_serves(a->algo, a->coll, a->nranks) ? a->algo : COLL_ALGO_RING;
+  switch (algo) {
+  case COLL_ALGO_TREE: return coll_tree_plan(a, steps, nsteps);
+  case COLL_ALGO_RD: return coll_rd_plan(a, steps, nsteps);
+  case COLL_ALGO_RHD: return coll_rhd_plan(a, steps, nsteps);
+  case COLL_ALGO_AUTO: /* the tuner chooses before the plan is built; ring until then */
   case COLL_ALGO_RING:
     return coll_ring_plan(a, steps, nsteps);
   default: break; /* not a schedule here (one-shot), or not built */
   }
   return COLL_ERR_INVALID_ARG;
+}
+
+bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
+  if (c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV || nranks == 1)
+    return (unsigned)a < COLL_NUM_ALGOS;
+  switch (a) {
+  case COLL_ALGO_AUTO:
+  case COLL_ALGO_RING:
+    return (unsigned)c < COLL_NUM_COLLS;
+  case COLL_ALGO_TREE:
+    return c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE || c == COLL_COLL_ALL_REDUCE ||
+           c == COLL_COLL_BARRIER;
+  case COLL_ALGO_RD:
+    return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BARRIER;
+  case COLL_ALGO_RHD:
+    return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER;
+  case COLL_ALGO_ONESHOT:
+    return false; /* not a schedule: tune.c and oneshot.c decide it */
+  }
+  return false;
+}
+
+coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
+                           double alpha, double beta, double gamma, double *seconds,
+                           char *formula, size_t formula_len) {
+  if (p < 1 || !(n >= 0) || !(slice > 0)) return COLL_ERR_INVALID_ARG;
+  if (c != COLL_COLL_SEND && c != COLL_COLL_RECV && c != COLL_COLL_SENDRECV &&
+      !coll_algo_serves(a, c, p))
+    return COLL_ERR_INVALID_ARG;
+  switch (a) {
+  case COLL_ALGO_AUTO: return COLL_ERR_INVALID_ARG; /* not an algorithm: the tuner's choice */
+  case COLL_ALGO_ONESHOT: return COLL_ERR_INVALID_ARG; /* priced in tune.c */
+  case COLL_ALGO_TREE: return coll_tree_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
+  case COLL_ALGO_RD: return coll_rd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
+  case COLL_ALGO_RHD: return coll_rhd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
+  case COLL_ALGO_RING: break;
+  }
+  coll_result r = coll_ring_cost(c, p, n, slice, alpha, beta, seconds, formula, formula_len);
+  if (r != COLL_OK || p == 1) return r;
+  /* ring.c's formula leaves the additions out; add them here so every algorithm is
+   * compared with γ counted (ring.c's comment: (p-1)/p·n·γ for all-reduce and
+   * reduce-scatter, chain reduce n·γ). */
+  double red = 0;
+  if (c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER) red = (double)(p - 1) / p * n;
+  if (c == COLL_COLL_REDUCE) red = n;
+  if (red > 0) {
+    *seconds += red * gamma;
+    size_t used = strlen(formula);
+    if (used < formula_len)
+      snprintf(formula + used, formula_len - used, " + %.0f B*%.4f ns/B reduced = %.2f us", red,
+               gamma * 1e9, *seconds * 1e6);
+  }
+  return COLL_OK;
 }
 
 const char *coll_coll_name(coll_coll_kind c) {
@@ -100,8 +169,9 @@ const char *coll_coll_name(coll_coll_kind c) {
 
 const char *coll_step_name(coll_step_kind k) {
   static const char *names[] = {"copy", "send", "recv", "recv-copy-send", "recv-reduce-send",
-                                "recv-reduce-copy", "recv-reduce-copy-send"};
-  return (unsigned)k <= COLL_STEP_RECV_REDUCE_COPY_SEND ? names[k] : "?";
+                                "recv-reduce-copy", "recv-reduce-copy-send",
+                                "recv2-reduce-send"};
+  return (unsigned)k <= COLL_STEP_RECV2_REDUCE_SEND ? names[k] : "?";
 }
 
 const char *coll_algo_name(coll_algo a) {
@@ -117,24 +187,15 @@ const char *coll_algo_name(coll_algo a) {
 }
 
 coll_algo coll_algo_from_name(const char *s, bool *ok) {
-  *ok = true;
-  for (int a = 0; a < COLL_NUM_ALGOS; a++)
-    if (strcmp(s, coll_algo_name((coll_algo)a)) == 0) return (coll_algo)a;
+  static const struct { const char *name; coll_algo a; } names[] = {
+      {"auto", COLL_ALGO_AUTO}, {"ring", COLL_ALGO_RING}, {"tree", COLL_ALGO_TREE},
+      {"rd", COLL_ALGO_RD}, {"recursive_doubling", COLL_ALGO_RD}, {"rhd", COLL_ALGO_RHD},
+      {"rabenseifner", COLL_ALGO_RHD}, {"oneshot", COLL_ALGO_ONESHOT}};
+  for (size_t i = 0; s && i < sizeof names / sizeof *names; i++)
+    if (strcmp(s, names[i].name) == 0) {
+      *ok = true;
+      return names[i].a;
+    }
   *ok = false;
   return COLL_ALGO_AUTO;
-}
-
-bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
-  (void)nranks;
-  if (a != COLL_ALGO_RING) return false;
-  return c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE || c == COLL_COLL_ALL_REDUCE ||
-         c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BARRIER;
-}
-
-coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
-                           double alpha, double beta, double gamma, double *seconds,
-                           char *formula, size_t formula_len) {
-  (void)gamma;
-  if (a != COLL_ALGO_RING) return COLL_ERR_INVALID_ARG;
-  return coll_ring_cost(c, p, n, slice, alpha, beta, seconds, formula, formula_len);
 }

@@ -23,7 +23,9 @@ typedef enum {
 } coll_coll_kind;
 #define COLL_NUM_COLLS 9
 
-/* ONESHOT is not a schedule: oneshot.c runs it through shm mailboxes. */
+/* AUTO: the tuner's choice (tune.c).  TREE: pipelined double binary tree (tree.c).
+ * RD: recursive doubling (rd.c).  RHD: recursive halving/doubling, Rabenseifner (rd.c).
+ * ONESHOT is not a schedule: oneshot.c runs it through shm mailboxes. */
 typedef enum {
   COLL_ALGO_AUTO = 0, COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
   COLL_ALGO_ONESHOT
@@ -41,21 +43,31 @@ typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;
  *   RECV_REDUCE_SEND:     peer_out <- (peer_in OP src)
  *   RECV_REDUCE_COPY:     dst <- (peer_in OP src)          (+avg when `final`)
  *   RECV_REDUCE_COPY_SEND dst <- (peer_in OP src); peer_out <- dst   (+avg when `final`)
+ *   RECV2_REDUCE_SEND     peer_out <- ((peer_in OP src) OP peer_in2)
+ *     (a tree node with two children: it combines both children's partial results with
+ *     its own without a buffer of its own, which a non-root rank of a reduce lacks)
  * A range is (buffer, offset, count) in elements; src and dst always have `count`
- * elements.  `chunk` is the chunk index the step moves (for the trace), -1 if none. */
+ * elements.  `chunk` is the chunk index the step moves (for the trace), -1 if none.
+ * `delay` (rounds): the executor runs slice k of the step in round k + delay, so a plan
+ * can start a step late — after the steps whose results it reads have finished, or
+ * skewed by a tree node's depth so the up and down pipelines of a tree decouple.  Both
+ * ends of a connection must still meet its messages in the same order: see tree.c. */
 typedef enum {
   COLL_STEP_COPY, COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_COPY_SEND,
-  COLL_STEP_RECV_REDUCE_SEND, COLL_STEP_RECV_REDUCE_COPY, COLL_STEP_RECV_REDUCE_COPY_SEND
+  COLL_STEP_RECV_REDUCE_SEND, COLL_STEP_RECV_REDUCE_COPY, COLL_STEP_RECV_REDUCE_COPY_SEND,
+  COLL_STEP_RECV2_REDUCE_SEND
 } coll_step_kind;
 
 typedef struct {
   coll_step_kind kind;
   int peer_in, peer_out;   /* -1 when unused */
+  int peer_in2;            /* RECV2_REDUCE_SEND's second input; -1 (or 0) otherwise */
   coll_buf src_buf, dst_buf;
   size_t src_off, dst_off; /* elements */
   size_t count;            /* elements */
   int chunk;
   int final;               /* this step produces the final reduced value (AVG divides) */
+  uint32_t delay;          /* rounds before the step's first slice runs */
 } coll_step;
 
 /* The most steps any algorithm here produces for nranks ranks. */
@@ -70,6 +82,9 @@ typedef struct {
   int in_place;           /* send and recv buffers are the in-place pair */
   size_t recv_count;      /* sendrecv: elements received (count is elements sent) */
   int recv_peer;          /* sendrecv: the source (root is the destination) */
+  size_t slice;           /* elements per slice the executor will cut steps into; plans
+                             whose steps read what earlier steps wrote at other offsets
+                             (rhd) delay by it.  0: as if no step were ever cut. */
 } coll_plan_args;
 
 /* Fills steps[0..*nsteps) (capacity coll_plan_max_steps(nranks)).  Steps with count 0
@@ -84,12 +99,18 @@ void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
 const char *coll_coll_name(coll_coll_kind c);
 const char *coll_step_name(coll_step_kind k);
 const char *coll_algo_name(coll_algo a);
-/* "ring", "tree", ... -> the algorithm; *ok false for an unknown name. */
+/* "auto", "ring", "tree", "rd", "rhd" (also "recursive_doubling", "rabenseifner");
+ * *ok = false (and AUTO returned) for anything else. */
 coll_algo coll_algo_from_name(const char *s, bool *ok);
-/* Can `a` schedule `c` on nranks ranks? */
+/* Whether algorithm `a` has a schedule of its own for collective c on nranks ranks.
+ * Point-to-point and one-rank calls need no algorithm: true for every `a`. */
 bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks);
-/* The α-β-γ cost of `a` for `c` (p ranks, n bytes as nccl-tests counts them, slices of
- * `slice` bytes): seconds, and the formula with its numbers. */
+/* The cost of collective c by algorithm a, from the formula at the top of the
+ * algorithm's file: p ranks, n bytes (nccl-tests' convention: the whole vector for
+ * all-reduce/broadcast/reduce, the whole output of all-gather, the whole input of
+ * reduce-scatter), slices of `slice` bytes, α s/message, β s/byte moved, γ s/byte
+ * reduced.  Writes the formula with its numbers into `formula`.  COLL_ERR_INVALID_ARG
+ * when a cannot serve c (AUTO is not an algorithm). */
 coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
                            double alpha, double beta, double gamma, double *seconds,
                            char *formula, size_t formula_len);

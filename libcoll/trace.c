@@ -160,9 +160,12 @@ void coll_trace_record(struct coll_comm *comm, const coll_work *w, coll_algo alg
       ev.peer_out = s->peer_out;
       ev.chunk = s->chunk;
       ev.reduces = s->kind == COLL_STEP_RECV_REDUCE_SEND || s->kind == COLL_STEP_RECV_REDUCE_COPY ||
-                   s->kind == COLL_STEP_RECV_REDUCE_COPY_SEND;
+                   s->kind == COLL_STEP_RECV_REDUCE_COPY_SEND ||
+                   s->kind == COLL_STEP_RECV2_REDUCE_SEND;
       ev.count = s->count;
-      ev.bytes_in = s->peer_in >= 0 ? s->count * es : 0;
+      /* A tree node with two children receives the range twice. */
+      ev.bytes_in = (s->peer_in >= 0 ? s->count * es : 0) +
+                    (s->kind == COLL_STEP_RECV2_REDUCE_SEND && s->peer_in2 >= 0 ? s->count * es : 0);
       ev.bytes_out = s->peer_out >= 0 ? s->count * es : 0;
       ev.t_start_ns = t->t0[i - 1];
       ev.t_end_ns = t->t1[i - 1];

@@ -290,7 +290,8 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
 /* ---- the matrix ------------------------------------------------------------------ */
 
 typedef struct {
-  bool big; /* run the few-MiB part instead of the small counts */
+  bool big;       /* run the few-MiB part instead of the small counts */
+  unsigned kinds; /* bit k: run call kind k (0: every kind) */
 } matrix_arg;
 
 static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
@@ -305,6 +306,7 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
   uint64_t seed = 12345;
   int fails = 0;
   for (int kind = 0; kind <= 5; kind++) {
+    if (ma->kinds && !(ma->kinds & (1u << kind))) continue;
     for (int d = 0; d < COLL_NUM_DTYPES; d++) {
       bool reducing = kind == 0 || kind == 1 || kind == 4;
       for (int op = 0; op < (reducing ? COLL_NUM_OPS : 1); op++) {
@@ -346,14 +348,20 @@ out:
   return fails ? 1 : 0;
 }
 
-static void run_matrix(int n, bool big) {
-  matrix_arg a = {.big = big};
+static void run_matrix_kinds(int n, bool big, const char *algo, unsigned kinds) {
+  matrix_arg a = {.big = big, .kinds = kinds};
   char why[256];
   int before = t_shm_segments();
+  /* The ranks are forked by t_launch and read COLL_ALGO at every call. */
+  if (algo) cr_assert_eq(setenv("COLL_ALGO", algo, 1), 0);
   int rc = t_launch(n, matrix, &a, 600000, why, sizeof why);
-  cr_assert_eq(rc, 0, "matrix on %d ranks (%s): %s", n, big ? "few MiB" : "small counts", why);
+  if (algo) unsetenv("COLL_ALGO");
+  cr_assert_eq(rc, 0, "matrix on %d ranks (%s, COLL_ALGO=%s): %s", n,
+               big ? "few MiB" : "small counts", algo ? algo : "unset", why);
   cr_assert_eq(t_shm_segments(), before, "a shared segment was left in /dev/shm");
 }
+
+static void run_matrix(int n, bool big) { run_matrix_kinds(n, big, NULL, 0); }
 
 Test(collectives, n1_small, .timeout = 300) { run_matrix(1, false); }
 Test(collectives, n2_small, .timeout = 300) { run_matrix(2, false); }
@@ -367,3 +375,42 @@ Test(collectives, n3_big, .timeout = 300) { run_matrix(3, true); }
 Test(collectives, n4_big, .timeout = 300) { run_matrix(4, true); }
 Test(collectives, n5_big, .timeout = 300) { run_matrix(5, true); }
 Test(collectives, n8_big, .timeout = 400) { run_matrix(8, true); }
+
+/* ---- every algorithm forced through COLL_ALGO ---------------------------------------
+ * The same matrix for the collectives each algorithm serves (the others fall back to
+ * the ring, which the tests above cover): kinds 0 all-reduce, 2 all-gather,
+ * 3 broadcast, 4 reduce.  Small counts for N = 1..8, the few-MiB part for two N (one
+ * for rd). */
+#define K(k) (1u << (k))
+static const struct {
+  const char *name;
+  unsigned kinds;
+} algos[] = {{"tree", K(0) | K(3) | K(4)}, {"rd", K(0) | K(2)}, {"rhd", K(0) | K(2)}};
+
+static void forced_all_n(int ai) {
+  for (int n = 1; n <= 8; n++) run_matrix_kinds(n, false, algos[ai].name, algos[ai].kinds);
+}
+static void forced_big(int ai) {
+  /* rd moves n·log2(N) bytes per rank: one N (a folded one) keeps it in time. */
+  const int ns[3][2] = {{5, 8}, {3, 0}, {5, 8}};
+  for (int i = 0; i < 2 && ns[ai][i]; i++)
+    run_matrix_kinds(ns[ai][i], true, algos[ai].name, algos[ai].kinds);
+}
+
+Test(collectives, tree_small_n1_to_8, .timeout = 600) { forced_all_n(0); }
+Test(collectives, rd_small_n1_to_8, .timeout = 600) { forced_all_n(1); }
+Test(collectives, rhd_small_n1_to_8, .timeout = 600) { forced_all_n(2); }
+Test(collectives, tree_big, .timeout = 600) { forced_big(0); }
+Test(collectives, rd_big, .timeout = 600) { forced_big(1); }
+Test(collectives, rhd_big, .timeout = 600) { forced_big(2); }
+
+/* COLL_ALGO=tree cannot serve reduce-scatter (nor all-gather): the call falls back to
+ * the ring (with a warning) and still gives the right answer. */
+Test(collectives, tree_forced_on_reduce_scatter_falls_back, .timeout = 300) {
+  for (int n = 3; n <= 4; n++) run_matrix_kinds(n, false, "tree", K(1) | K(2));
+}
+
+/* An unknown name is refused the same way: the ring runs. */
+Test(collectives, unknown_algo_falls_back, .timeout = 300) {
+  run_matrix_kinds(3, false, "no-such-algorithm", K(0));
+}

@@ -13,14 +13,18 @@
  * says the contributions came from the same element index.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "plan.h"
+#include "tree.h"
 
 typedef struct {
   uint64_t *data;
   size_t n;
+  uint64_t tick; /* the sweep that sent it (tick mode: visible from the next one) */
 } msg;
 
 typedef struct {
@@ -29,28 +33,56 @@ typedef struct {
 } fifo;
 
 typedef struct {
-  coll_step steps[64];
+  coll_step *steps;
   size_t nsteps, round, idx, rounds;
   uint64_t *bufs[2];
   bool done;
 } rank_state;
 
-static uint64_t contrib(int r, size_t k) { return ((uint64_t)k << 32) + (1ull << (2 * r)); }
+/* Rank r's element k: the index in the high bits, one base-4 digit per rank below. */
+#define HI 40
+/* A division (AVG's `final`) adds this: it must happen once, after every addition. */
+#define DIVIDED (1ull << 36)
+#define DIV_MASK (15ull << 36)
+static uint64_t contrib(int r, size_t k) { return ((uint64_t)k << HI) + (1ull << (2 * r)); }
 static uint64_t digits(int n) { uint64_t s = 0; for (int r = 0; r < n; r++) s += 1ull << (2 * r); return s; }
 
 typedef struct {
   coll_coll_kind coll;
+  coll_algo algo;
   int n, root, in_place;
   size_t count, slice, cap;
+  bool tick_mode;   /* one step-slice per rank per sweep, messages seen `latency` later */
+  uint64_t latency; /* tick mode: sweeps before a message can be read (0 means 1) */
+  bool zero_delays; /* run the plans with every delay cleared (to measure what delays buy) */
 } sim_case;
 
-/* Buffers per rank as the API would see them; returns false on a schedule error. */
-static void run_sim(const sim_case *c) {
+static bool reads_src(coll_step_kind k) {
+  return k == COLL_STEP_COPY || k == COLL_STEP_SEND || k == COLL_STEP_RECV_REDUCE_SEND ||
+         k == COLL_STEP_RECV_REDUCE_COPY || k == COLL_STEP_RECV_REDUCE_COPY_SEND ||
+         k == COLL_STEP_RECV2_REDUCE_SEND;
+}
+static bool writes_dst(coll_step_kind k) {
+  return k == COLL_STEP_COPY || k == COLL_STEP_RECV || k == COLL_STEP_RECV_COPY_SEND ||
+         k == COLL_STEP_RECV_REDUCE_COPY || k == COLL_STEP_RECV_REDUCE_COPY_SEND;
+}
+
+static uint64_t add_checked(uint64_t a, uint64_t b, const sim_case *c, int r) {
+  if ((a | b) & DIV_MASK)
+    cr_assert_fail("%s/%s n=%d count=%zu: rank %d adds to a value already divided",
+                   coll_algo_name(c->algo), coll_coll_name(c->coll), c->n, c->count, r);
+  return a + b;
+}
+
+/* Runs every rank's plan; returns the number of sweeps (ticks in tick mode). */
+static uint64_t run_sim(const sim_case *c) {
   int n = c->n;
-  size_t cnt = c->count;
+  size_t cnt = c->count, maxs = coll_plan_max_steps(n);
   size_t send_len = cnt, recv_len = cnt;
   if (c->coll == COLL_COLL_REDUCE_SCATTER) send_len = cnt * (size_t)n;
   if (c->coll == COLL_COLL_ALL_GATHER) recv_len = cnt * (size_t)n;
+  bool reducing = c->coll == COLL_COLL_ALL_REDUCE || c->coll == COLL_COLL_REDUCE ||
+                  c->coll == COLL_COLL_REDUCE_SCATTER;
   rank_state *rs = calloc((size_t)n, sizeof *rs);
   fifo *fq = calloc((size_t)n * (size_t)n, sizeof *fq);
   uint64_t **store = calloc((size_t)n * 2, sizeof *store);
@@ -71,27 +103,30 @@ static void run_sim(const sim_case *c) {
     for (size_t k = 0; k < sl; k++) s[k] = contrib(r, k);
     rs[r].bufs[COLL_BUF_SEND] = s;
     rs[r].bufs[COLL_BUF_RECV] = d;
-    coll_plan_args a = {.coll = c->coll, .algo = COLL_ALGO_RING, .count = cnt, .nranks = n,
-                        .rank = r, .root = c->root, .in_place = c->in_place};
-    cr_assert(coll_plan_max_steps(n) <= 64);
+    rs[r].steps = calloc(maxs, sizeof(coll_step));
+    coll_plan_args a = {.coll = c->coll, .algo = c->algo, .count = cnt, .nranks = n,
+                        .rank = r, .root = c->root, .in_place = c->in_place, .slice = c->slice};
     cr_assert_eq(coll_plan_build(&a, rs[r].steps, &rs[r].nsteps), COLL_OK);
-    cr_assert_leq(rs[r].nsteps, coll_plan_max_steps(n));
+    cr_assert_leq(rs[r].nsteps, maxs);
     for (size_t i = 0; i < rs[r].nsteps; i++) {
-      const coll_step *st = &rs[r].steps[i];
+      coll_step *st = &rs[r].steps[i];
+      if (c->zero_delays) st->delay = 0;
       cr_assert_gt(st->count, 0, "zero-length steps are left out");
-      size_t k = (st->count + c->slice - 1) / c->slice;
+      size_t k = (st->count + c->slice - 1) / c->slice + st->delay;
       if (k > rs[r].rounds) rs[r].rounds = k;
       /* Ranges stay inside the buffers. */
       size_t slen = st->src_buf == COLL_BUF_SEND ? (c->coll == COLL_COLL_REDUCE_SCATTER ? send_len : cnt) : recv_len;
       size_t dlen = st->dst_buf == COLL_BUF_SEND ? send_len : recv_len;
-      bool reads_src = st->kind == COLL_STEP_COPY || st->kind == COLL_STEP_SEND ||
-                       st->kind == COLL_STEP_RECV_REDUCE_SEND || st->kind == COLL_STEP_RECV_REDUCE_COPY ||
-                       st->kind == COLL_STEP_RECV_REDUCE_COPY_SEND;
-      bool writes_dst = st->kind == COLL_STEP_COPY || st->kind == COLL_STEP_RECV ||
-                        st->kind == COLL_STEP_RECV_COPY_SEND || st->kind == COLL_STEP_RECV_REDUCE_COPY ||
-                        st->kind == COLL_STEP_RECV_REDUCE_COPY_SEND;
-      if (reads_src) cr_assert_leq(st->src_off + st->count, slen, "src range in bounds");
-      if (writes_dst) cr_assert_leq(st->dst_off + st->count, dlen, "dst range in bounds");
+      if (reads_src(st->kind)) cr_assert_leq(st->src_off + st->count, slen, "src range in bounds");
+      if (writes_dst(st->kind)) cr_assert_leq(st->dst_off + st->count, dlen, "dst range in bounds");
+      /* A reduce's non-root ranks have no receive buffer (the API passes NULL). */
+      if (c->coll == COLL_COLL_REDUCE && r != c->root) {
+        cr_assert(!(reads_src(st->kind) && st->src_buf == COLL_BUF_RECV), "reduce: non-root reads recvbuf");
+        cr_assert(!writes_dst(st->kind), "reduce: non-root writes recvbuf");
+      }
+      int peers[3] = {st->peer_in, st->peer_out,
+                      st->kind == COLL_STEP_RECV2_REDUCE_SEND ? st->peer_in2 : -1};
+      for (int q = 0; q < 3; q++) cr_assert(peers[q] < n && peers[q] != r, "peer in range");
     }
     rs[r].done = rs[r].rounds == 0;
   }
@@ -106,54 +141,77 @@ static void run_sim(const sim_case *c) {
   uint64_t *tmp = calloc(c->slice < send_len + 1 ? c->slice : send_len + 1, 8);
   int remaining = 0;
   for (int r = 0; r < n; r++) remaining += !rs[r].done;
+  uint64_t now = 0;
   while (remaining > 0) {
     bool moved = false;
+    now++;
     for (int r = 0; r < n; r++) {
       rank_state *s = &rs[r];
       while (!s->done) {
         const coll_step *st = &s->steps[s->idx];
-        size_t off = s->round * c->slice;
-        if (off < st->count) {
+        bool active = s->round >= st->delay && (s->round - st->delay) * c->slice < st->count;
+        if (active) {
+          size_t off = (s->round - st->delay) * c->slice;
           size_t m = st->count - off < c->slice ? st->count - off : c->slice;
           fifo *in = st->peer_in >= 0 ? &fq[st->peer_in * n + r] : NULL;
+          fifo *in2 = st->kind == COLL_STEP_RECV2_REDUCE_SEND ? &fq[st->peer_in2 * n + r] : NULL;
           fifo *out = st->peer_out >= 0 ? &fq[r * n + st->peer_out] : NULL;
-          if (in && in->head == in->tail) break;              /* nothing to read */
-          if (out && out->tail - out->head == out->cap) break; /* no room */
+          fifo *ins[2] = {in, in2};
+          bool ready = true;
+          for (int q = 0; q < 2; q++)
+            if (ins[q] && (ins[q]->head == ins[q]->tail ||
+                           (c->tick_mode && ins[q]->q[ins[q]->head % ins[q]->cap].tick +
+                                                (c->latency ? c->latency : 1) > now)))
+              ready = false; /* nothing (yet) to read */
+          if (out && out->tail - out->head == out->cap) ready = false; /* no room */
+          if (!ready) break;
           uint64_t *src = s->bufs[st->src_buf] + st->src_off + off;
           uint64_t *dst = s->bufs[st->dst_buf] + st->dst_off + off;
-          const uint64_t *got = NULL;
-          if (in) {
-            msg *mm = &in->q[in->head % in->cap];
+          const uint64_t *got[2] = {NULL, NULL};
+          for (int q = 0; q < 2; q++) {
+            if (!ins[q]) continue;
+            msg *mm = &ins[q]->q[ins[q]->head % ins[q]->cap];
             if (mm->n != m)
-              cr_assert_fail("rank %d step %zu (%s) got %zu elements, expected %zu", r, s->idx,
+              cr_assert_fail("%s/%s n=%d: rank %d step %zu (%s) got %zu elements, expected %zu",
+                             coll_algo_name(c->algo), coll_coll_name(c->coll), n, r, s->idx,
                              coll_step_name(st->kind), mm->n, m);
-            got = mm->data;
+            got[q] = mm->data;
           }
+          bool divide = st->final && n > 1;
           const uint64_t *result = NULL;
           switch (st->kind) {
           case COLL_STEP_COPY: memmove(dst, src, m * 8); break;
           case COLL_STEP_SEND: result = src; break;
-          case COLL_STEP_RECV: memcpy(dst, got, m * 8); break;
-          case COLL_STEP_RECV_COPY_SEND: memcpy(dst, got, m * 8); result = dst; break;
+          case COLL_STEP_RECV: memcpy(dst, got[0], m * 8); break;
+          case COLL_STEP_RECV_COPY_SEND: memcpy(dst, got[0], m * 8); result = dst; break;
           case COLL_STEP_RECV_REDUCE_SEND:
-            for (size_t k = 0; k < m; k++) tmp[k] = got[k] + src[k];
+            for (size_t k = 0; k < m; k++) tmp[k] = add_checked(got[0][k], src[k], c, r);
+            result = tmp;
+            break;
+          case COLL_STEP_RECV2_REDUCE_SEND:
+            for (size_t k = 0; k < m; k++)
+              tmp[k] = add_checked(add_checked(got[0][k], src[k], c, r), got[1][k], c, r);
             result = tmp;
             break;
           case COLL_STEP_RECV_REDUCE_COPY:
           case COLL_STEP_RECV_REDUCE_COPY_SEND:
-            for (size_t k = 0; k < m; k++) dst[k] = got[k] + src[k];
-            result = dst;
+            for (size_t k = 0; k < m; k++)
+              dst[k] = add_checked(got[0][k], src[k], c, r) + (divide ? DIVIDED : 0);
+            result = st->kind == COLL_STEP_RECV_REDUCE_COPY_SEND ? dst : NULL;
             break;
           }
-          if (in) in->head++;
+          for (int q = 0; q < 2; q++)
+            if (ins[q]) ins[q]->head++;
           if (out) {
             msg *mm = &out->q[out->tail % out->cap];
             memcpy(mm->data, result, m * 8);
             mm->n = m;
+            mm->tick = now;
             out->tail++;
           }
+          moved = true;
         }
-        moved = true;
+        moved = true; /* an idle slot of the round passed: progress too */
         if (++s->idx == s->nsteps) {
           s->idx = 0;
           if (++s->round == s->rounds) {
@@ -161,10 +219,24 @@ static void run_sim(const sim_case *c) {
             remaining--;
           }
         }
+        if (active && c->tick_mode) break;
       }
     }
-    if (!moved) cr_assert_fail("deadlock: %s n=%d count=%zu root=%d slice=%zu cap=%zu",
-              coll_coll_name(c->coll), n, cnt, c->root, c->slice, c->cap);
+    /* Nothing moved and nothing in flight: the next sweep would see the same. */
+    for (size_t i = 0; c->tick_mode && !moved && i < (size_t)n * (size_t)n; i++)
+      if (fq[i].head != fq[i].tail &&
+          fq[i].q[fq[i].head % fq[i].cap].tick + (c->latency ? c->latency : 1) > now)
+        moved = true;
+    if (!moved && getenv("SIM_DEBUG")) {
+      for (int r = 0; r < n; r++)
+        fprintf(stderr, "rank %d round %zu idx %zu done %d\n", r, rs[r].round, rs[r].idx, rs[r].done);
+      for (int i = 0; i < n * n; i++)
+        if (fq[i].tail != fq[i].head) fprintf(stderr, "fifo %d->%d holds %zu\n", i / n, i % n, fq[i].tail - fq[i].head);
+    }
+    if (!moved)
+      cr_assert_fail("deadlock: %s/%s n=%d count=%zu root=%d slice=%zu cap=%zu",
+                     coll_algo_name(c->algo), coll_coll_name(c->coll), n, cnt, c->root, c->slice,
+                     c->cap);
   }
   for (size_t i = 0; i < (size_t)n * (size_t)n; i++) {
     if (fq[i].head != fq[i].tail) cr_assert_fail("unreceived message from %zu to %zu", i / (size_t)n,
@@ -172,50 +244,60 @@ static void run_sim(const sim_case *c) {
     for (size_t k = 0; k < c->cap; k++) free(fq[i].q[k].data);
     free(fq[i].q);
   }
-  /* Check results. */
-  uint64_t all = digits(n);
+  /* Check results: AVG divides once where the result is reduced over several ranks. */
+  uint64_t all = digits(n) + (reducing && n > 1 ? DIVIDED : 0);
   for (int r = 0; r < n; r++) {
     const uint64_t *d = rs[r].bufs[COLL_BUF_RECV];
     for (size_t k = 0; k < recv_len; k++) {
       uint64_t want;
       switch (c->coll) {
-      case COLL_COLL_ALL_REDUCE: want = ((uint64_t)n * k << 32) + all; break;
+      case COLL_COLL_ALL_REDUCE: want = ((uint64_t)n * k << HI) + all; break;
       case COLL_COLL_REDUCE:
         if (r != c->root) continue;
-        want = ((uint64_t)n * k << 32) + all;
+        want = ((uint64_t)n * k << HI) + all;
         break;
       case COLL_COLL_BROADCAST: want = contrib(c->root, k); break;
-      case COLL_COLL_REDUCE_SCATTER: want = ((uint64_t)n * ((size_t)r * cnt + k) << 32) + all; break;
+      case COLL_COLL_REDUCE_SCATTER: want = ((uint64_t)n * ((size_t)r * cnt + k) << HI) + all; break;
       case COLL_COLL_ALL_GATHER: want = contrib((int)(k / cnt), k % cnt); break;
       default: want = 0;
       }
       if (d[k] != want)
-        cr_assert_fail("%s n=%d count=%zu root=%d in_place=%d: rank %d element %zu is "
-                   "%#llx, want %#llx", coll_coll_name(c->coll), n, cnt, c->root, c->in_place, r,
-                   k, (unsigned long long)d[k], (unsigned long long)want);
+        cr_assert_fail("%s/%s n=%d count=%zu root=%d in_place=%d slice=%zu: rank %d element %zu "
+                       "is %#llx, want %#llx", coll_algo_name(c->algo), coll_coll_name(c->coll),
+                       n, cnt, c->root, c->in_place, c->slice, r, k, (unsigned long long)d[k],
+                       (unsigned long long)want);
     }
   }
   for (int r = 0; r < 2 * n; r++) free(store[r]);
+  for (int r = 0; r < n; r++) free(rs[r].steps);
   free(store);
   free(tmp);
   free(rs);
   free(fq);
+  return now;
 }
 
 static const coll_coll_kind colls[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
                                        COLL_COLL_ALL_GATHER, COLL_COLL_BROADCAST,
                                        COLL_COLL_REDUCE};
 
-static void sweep(int n, size_t count, size_t slice, size_t cap) {
+/* Every collective `algo` serves (the others fall back to the ring, tested as the ring),
+ * every root, in place and not. */
+static void sweep_algo(coll_algo algo, int n, size_t count, size_t slice, size_t cap) {
   for (size_t ci = 0; ci < sizeof colls / sizeof *colls; ci++) {
+    if (n > 1 && !coll_algo_serves(algo, colls[ci], n)) continue;
     bool rooted = colls[ci] == COLL_COLL_BROADCAST || colls[ci] == COLL_COLL_REDUCE;
     for (int root = 0; root < (rooted ? n : 1); root++)
       for (int ip = 0; ip < 2; ip++) {
-        sim_case c = {.coll = colls[ci], .n = n, .root = root, .in_place = ip, .count = count,
-                      .slice = slice, .cap = cap};
+        sim_case c = {.coll = colls[ci], .algo = algo, .n = n, .root = root, .in_place = ip,
+                      .count = count, .slice = slice, .cap = cap};
         run_sim(&c);
       }
   }
+}
+
+static void sweep(int n, size_t count, size_t slice, size_t cap) {
+  sweep_algo(COLL_ALGO_RING, n, count, slice, cap);
 }
 
 Test(plan, small_counts_all_n) {
@@ -316,4 +398,230 @@ Test(plan, send_recv_pair) {
   cr_assert_eq(st[0].kind, COLL_STEP_RECV);
   cr_assert_eq(st[0].peer_in, 0);
   cr_assert_eq(st[0].count, 7);
+}
+
+/* ---- tree, rd, rhd ---------------------------------------------------------------- */
+
+static void counts_for(int n, size_t *counts, size_t *nc) {
+  const size_t primes[] = {2, 3, 5, 7, 13, 31, 61, 127};
+  *nc = 0;
+  counts[(*nc)++] = 0;
+  counts[(*nc)++] = 1;
+  counts[(*nc)++] = (size_t)n - 1;
+  counts[(*nc)++] = (size_t)n;
+  counts[(*nc)++] = (size_t)n + 1;
+  counts[(*nc)++] = 3 * (size_t)n + 2;
+  for (size_t i = 0; i < sizeof primes / sizeof *primes; i++) counts[(*nc)++] = primes[i];
+}
+
+/* N = 1..17, small counts, slices of 1, 3 and 1000 elements, FIFOs of min_cap to 8
+ * slots.  One schedule of the ranks suffices to prove a plan deadlock-free: a rank's
+ * operations come in a fixed order and another rank's move can only make them more
+ * possible (add data to its inputs, free room in its outputs), never less, so every
+ * schedule reaches the same end (the network is confluent, as Kahn's are). */
+static void algo_sweep(coll_algo algo, size_t min_cap) {
+  for (int n = 1; n <= 17; n++) {
+    size_t counts[16], nc;
+    counts_for(n, counts, &nc);
+    for (size_t i = 0; i < nc; i++) {
+      sweep_algo(algo, n, counts[i], 1, min_cap);
+      sweep_algo(algo, n, counts[i], 1, 4);
+      sweep_algo(algo, n, counts[i], 3, min_cap);
+      sweep_algo(algo, n, counts[i], 1000, 8);
+    }
+  }
+}
+
+/* The tree's skew lets a child run two rounds ahead of its parent: it needs FIFOs of 3
+ * slots (shm has 8, tcp 4); with 2 the n = 2 tree (both trees on one link) deadlocks. */
+Test(plan, tree_sweep, .timeout = 240) { algo_sweep(COLL_ALGO_TREE, 3); }
+Test(plan, rd_sweep, .timeout = 240) { algo_sweep(COLL_ALGO_RD, 1); }
+Test(plan, rhd_sweep, .timeout = 240) { algo_sweep(COLL_ALGO_RHD, 1); }
+
+Test(plan, algos_a_million_and_three, .timeout = 240) {
+  const coll_algo algos[] = {COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD};
+  for (size_t ai = 0; ai < 3; ai++)
+    for (int n = 2; n <= 17; n += (n < 9 ? 1 : 4)) {
+      size_t big = 1000003;
+      for (size_t ci = 0; ci < sizeof colls / sizeof *colls; ci++) {
+        coll_coll_kind k = colls[ci];
+        if (!coll_algo_serves(algos[ai], k, n)) continue;
+        size_t cnt = (k == COLL_COLL_REDUCE_SCATTER || k == COLL_COLL_ALL_GATHER) ? big / (size_t)n + 1 : big;
+        sim_case c = {.coll = k, .algo = algos[ai], .n = n, .root = n / 2, .in_place = n % 2,
+                      .count = cnt, .slice = 16384, .cap = 4};
+        run_sim(&c);
+      }
+    }
+}
+
+Test(plan, tree_shape) {
+  /* Both trees span all ranks from the root, every link is seen from both ends, no rank
+   * has more than two children, none is interior (has a child) in both trees but the
+   * root, and no rank is deeper than the height. */
+  for (int p = 2; p <= 70; p++)
+    for (int root = 0; root < p; root += (p > 17 ? 7 : 1)) {
+      int H = coll_tree_height(p);
+      cr_assert_eq(H, 1 + (int)floor(log2(p - 1) + 1e-9), "p=%d", p);
+      int interior[70] = {0};
+      for (int t = 0; t < 2; t++) {
+        int deepest = 0;
+        for (int r = 0; r < p; r++) {
+          int par, ch[2], d;
+          coll_tree_node(p, root, t, r, &par, ch, &d);
+          cr_assert_leq(d, H);
+          if (d > deepest) deepest = d;
+          cr_assert_eq(par < 0, r == root, "p=%d root=%d t=%d r=%d", p, root, t, r);
+          if (ch[0] >= 0 && r != root) interior[r]++;
+          if (r == root) cr_assert(ch[0] >= 0 && ch[1] < 0, "the root has one child");
+          if (par >= 0) {
+            int pp, pc[2], pd;
+            coll_tree_node(p, root, t, par, &pp, pc, &pd);
+            cr_assert(pc[0] == r || pc[1] == r, "p=%d t=%d: %d is not a child of its parent %d",
+                      p, t, r, par);
+            cr_assert_eq(pd, d - 1);
+          }
+          for (int i = 0; i < 2; i++)
+            if (ch[i] >= 0) {
+              int cp, cc[2], cd;
+              coll_tree_node(p, root, t, ch[i], &cp, cc, &cd);
+              cr_assert_eq(cp, r, "p=%d t=%d: child %d of %d names parent %d", p, t, ch[i], r, cp);
+            }
+        }
+        cr_assert_eq(deepest, H, "p=%d: the height is reached", p);
+      }
+      for (int r = 0; r < p; r++) cr_assert_leq(interior[r], 1, "p=%d rank %d interior twice", p, r);
+    }
+}
+
+Test(plan, tree_delays_decouple_up_and_down) {
+  /* Tick mode with messages that take 10 sweeps to arrive (latency well above the work
+   * of one slice): with its delays a tree all-reduce of k slices takes about 5k + a few
+   * trips of the tree; with every delay cleared each round is a whole up-and-down trip
+   * of the tree (2H·10 sweeps) and it takes several times as long. */
+  for (int n = 2; n <= 17; n++) {
+    size_t k = 200, H = (size_t)coll_tree_height(n);
+    for (size_t cap = 4; cap <= 8; cap += 4) {
+      sim_case c = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_TREE, .n = n, .count = 2 * k,
+                    .slice = 1, .cap = cap, .tick_mode = true, .latency = 10};
+      uint64_t with = run_sim(&c);
+      c.zero_delays = true;
+      uint64_t without = run_sim(&c);
+      cr_log_info("tree all-reduce n=%d H=%zu cap=%zu, %zu slices per tree: %llu sweeps with delays, "
+                  "%llu without", n, H, cap, k, (unsigned long long)with, (unsigned long long)without);
+      cr_assert_lt(with, 11 * k + 4 * H * c.latency, "n=%d: %llu sweeps", n,
+                   (unsigned long long)with);
+      cr_assert_lt((n >= 5 ? 4 : 2) * with, without, "n=%d: delays buy little (%llu vs %llu)", n,
+                   (unsigned long long)with, (unsigned long long)without);
+    }
+  }
+}
+
+Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
+  for (int n = 2; n <= 9; n++)
+    for (int r = 0; r < n; r++) {
+      coll_step a_st[64], b_st[64];
+      size_t na, nb;
+      coll_plan_args a = {.coll = COLL_COLL_REDUCE_SCATTER, .algo = COLL_ALGO_TREE, .count = 7,
+                          .nranks = n, .rank = r, .slice = 4};
+      coll_plan_args b = a;
+      b.algo = COLL_ALGO_RING;
+      cr_assert(!coll_algo_serves(COLL_ALGO_TREE, COLL_COLL_REDUCE_SCATTER, n));
+      cr_assert_eq(coll_plan_build(&a, a_st, &na), COLL_OK);
+      cr_assert_eq(coll_plan_build(&b, b_st, &nb), COLL_OK);
+      cr_assert_eq(na, nb);
+      cr_assert(memcmp(a_st, b_st, na * sizeof *a_st) == 0);
+    }
+}
+
+Test(plan, algo_names_and_table) {
+  const char *names[] = {"auto", "ring", "tree", "rd", "rhd"};
+  for (int a = 0; a < COLL_NUM_ALGOS; a++) {
+    bool ok = false;
+    cr_assert_str_eq(coll_algo_name((coll_algo)a), names[a]);
+    cr_assert_eq(coll_algo_from_name(names[a], &ok), (coll_algo)a);
+    cr_assert(ok);
+  }
+  bool ok = true;
+  coll_algo_from_name("bogus", &ok);
+  cr_assert(!ok);
+  coll_algo_from_name(NULL, &ok);
+  cr_assert(!ok);
+  cr_assert_eq(coll_algo_from_name("rabenseifner", &ok), COLL_ALGO_RHD);
+  cr_assert_eq(coll_algo_from_name("recursive_doubling", &ok), COLL_ALGO_RD);
+  cr_assert(coll_algo_serves(COLL_ALGO_TREE, COLL_COLL_BROADCAST, 5));
+  cr_assert(coll_algo_serves(COLL_ALGO_TREE, COLL_COLL_REDUCE, 5));
+  cr_assert(coll_algo_serves(COLL_ALGO_TREE, COLL_COLL_ALL_REDUCE, 5));
+  cr_assert(!coll_algo_serves(COLL_ALGO_TREE, COLL_COLL_ALL_GATHER, 5));
+  cr_assert(coll_algo_serves(COLL_ALGO_RD, COLL_COLL_ALL_GATHER, 5));
+  cr_assert(!coll_algo_serves(COLL_ALGO_RD, COLL_COLL_BROADCAST, 5));
+  cr_assert(!coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 5));
+  cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 1), "one rank: no algorithm needed");
+  cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_SEND, 4));
+  cr_assert(!coll_algo_serves((coll_algo)99, COLL_COLL_ALL_REDUCE, 4));
+  for (int n = 1; n <= 200; n++) cr_assert_geq(coll_plan_max_steps(n), 8);
+}
+
+/* ---- costs ---------------------------------------------------------------------------- */
+
+static double cost_of(coll_algo a, coll_coll_kind c, int p, double n, char *f, size_t fl) {
+  double t = -1;
+  /* 2 us per message, 0.1 ns/B moved (10 GB/s), 0.05 ns/B reduced; 64 KiB slices */
+  cr_assert_eq(coll_algo_cost(a, c, p, n, 65536, 2e-6, 1e-10, 5e-11, &t, f, fl), COLL_OK,
+               "%s %s p=%d", coll_algo_name(a), coll_coll_name(c), p);
+  return t;
+}
+
+Test(plan, costs) {
+  const coll_algo algos[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD};
+  char f[512];
+  for (size_t ai = 0; ai < 4; ai++)
+    for (size_t ci = 0; ci < sizeof colls / sizeof *colls; ci++)
+      for (int p = 2; p <= 17; p++) {
+        coll_algo a = algos[ai];
+        if (!coll_algo_serves(a, colls[ci], p)) {
+          double t;
+          cr_assert_eq(coll_algo_cost(a, colls[ci], p, 1024, 65536, 1e-6, 1e-10, 0, &t, f, sizeof f),
+                       COLL_ERR_INVALID_ARG);
+          continue;
+        }
+        double prev = 0;
+        for (double n = 8; n <= 1 << 30; n *= 4) {
+          double t = cost_of(a, colls[ci], p, n, f, sizeof f);
+          cr_assert_gt(t, 0);
+          cr_assert_gt(t, prev, "%s %s p=%d: not monotone at n=%.0f", coll_algo_name(a),
+                       coll_coll_name(colls[ci]), p, n);
+          prev = t;
+          cr_assert(strstr(f, "p=") && strstr(f, " us"), "formula: %s", f);
+        }
+      }
+  for (int p = 3; p <= 17; p++) {
+    double big = 256.0 * (1 << 20);
+    cr_assert_lt(cost_of(COLL_ALGO_RING, COLL_COLL_ALL_REDUCE, p, big, f, sizeof f),
+                 cost_of(COLL_ALGO_TREE, COLL_COLL_ALL_REDUCE, p, big, f, sizeof f), "p=%d", p);
+    cr_assert_lt(cost_of(COLL_ALGO_RING, COLL_COLL_ALL_REDUCE, p, big, f, sizeof f),
+                 cost_of(COLL_ALGO_RD, COLL_COLL_ALL_REDUCE, p, big, f, sizeof f), "p=%d", p);
+  }
+  for (int p = 4; p <= 17; p++) {
+    double ring = cost_of(COLL_ALGO_RING, COLL_COLL_ALL_REDUCE, p, 8, f, sizeof f);
+    cr_assert_lt(cost_of(COLL_ALGO_TREE, COLL_COLL_ALL_REDUCE, p, 8, f, sizeof f), ring, "p=%d", p);
+    cr_assert_lt(cost_of(COLL_ALGO_RD, COLL_COLL_ALL_REDUCE, p, 8, f, sizeof f), ring, "p=%d", p);
+    cr_assert_lt(cost_of(COLL_ALGO_TREE, COLL_COLL_BROADCAST, p, 8, f, sizeof f),
+                 cost_of(COLL_ALGO_RING, COLL_COLL_BROADCAST, p, 8, f, sizeof f), "p=%d", p);
+  }
+  /* The formula strings name their shape and numbers. */
+  cost_of(COLL_ALGO_TREE, COLL_COLL_ALL_REDUCE, 8, 1 << 20, f, sizeof f);
+  cr_assert(strstr(f, "(2H+k-1)") && strstr(f, "H=3"), "%s", f);
+  cost_of(COLL_ALGO_RD, COLL_COLL_ALL_REDUCE, 6, 8, f, sizeof f);
+  cr_assert(strstr(f, "(K+2f)") && strstr(f, "p'=4") && strstr(f, "f=1"), "%s", f);
+  cost_of(COLL_ALGO_RHD, COLL_COLL_ALL_REDUCE, 8, 8, f, sizeof f);
+  cr_assert(strstr(f, "(2K+2f)") && strstr(f, "K=3") && strstr(f, "f=0"), "%s", f);
+  cost_of(COLL_ALGO_RING, COLL_COLL_ALL_REDUCE, 8, 1 << 20, f, sizeof f);
+  cr_assert(strstr(f, "2(p-1)") && strstr(f, "reduced"), "%s", f);
+  /* Exact values: rd at p = 4, 8 B: 2 latencies, 2*8 B moved, 2*8 B reduced. */
+  double t;
+  cr_assert_eq(coll_algo_cost(COLL_ALGO_RD, COLL_COLL_ALL_REDUCE, 4, 8, 65536, 1e-6, 1e-9, 1e-9,
+                              &t, f, sizeof f), COLL_OK);
+  cr_assert_float_eq(t, 2e-6 + 16e-9 + 16e-9, 1e-15);
+  cr_assert_eq(coll_algo_cost(COLL_ALGO_AUTO, COLL_COLL_ALL_REDUCE, 4, 8, 65536, 1e-6, 1e-9, 0,
+                              &t, f, sizeof f), COLL_ERR_INVALID_ARG);
 }
