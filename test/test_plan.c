@@ -534,7 +534,7 @@ Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
 }
 
 Test(plan, algo_names_and_table) {
-  const char *names[] = {"auto", "ring", "tree", "rd", "rhd"};
+  const char *names[] = {"auto", "ring", "tree", "rd", "rhd", "oneshot"};
   for (int a = 0; a < COLL_NUM_ALGOS; a++) {
     bool ok = false;
     cr_assert_str_eq(coll_algo_name((coll_algo)a), names[a]);
@@ -555,6 +555,7 @@ Test(plan, algo_names_and_table) {
   cr_assert(coll_algo_serves(COLL_ALGO_RD, COLL_COLL_ALL_GATHER, 5));
   cr_assert(!coll_algo_serves(COLL_ALGO_RD, COLL_COLL_BROADCAST, 5));
   cr_assert(!coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 5));
+  cr_assert(!coll_algo_serves(COLL_ALGO_ONESHOT, COLL_COLL_ALL_REDUCE, 2), "one-shot has no schedule");
   cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 1), "one rank: no algorithm needed");
   cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_SEND, 4));
   cr_assert(!coll_algo_serves((coll_algo)99, COLL_COLL_ALL_REDUCE, 4));
