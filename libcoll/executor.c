@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_internal.h"
 #include "internal.h"
-#include "reduce.h"
 
 #define WAIT_SLICE_MS 100
 
@@ -31,6 +31,10 @@ typedef struct {
   const coll_step *step;
   int step_index;
   size_t done_bytes, total_bytes;
+  /* How bytes move (host: memcpy + reduce.c; device: cuda.c) and over which
+   * connectors (host: shm/tcp; device: cuda_ipc). */
+  const coll_mem_ops *ops;
+  coll_conn **conn_send, **conn_recv;
 } wait_ctx;
 
 static coll_result waited_too_long(wait_ctx *x, int peer, const char *what) {
@@ -103,58 +107,70 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   size_t bytes = n * es;
   const uint8_t *src = bufs[s->src_buf] ? bufs[s->src_buf] + (s->src_off + off) * es : NULL;
   uint8_t *dst = bufs[s->dst_buf] ? bufs[s->dst_buf] + (s->dst_off + off) * es : NULL;
-  coll_conn *in = s->peer_in >= 0 ? comm->conn_recv[s->peer_in] : NULL;
-  coll_conn *out = s->peer_out >= 0 ? comm->conn_send[s->peer_out] : NULL;
+  coll_conn *in = s->peer_in >= 0 ? x->conn_recv[s->peer_in] : NULL;
+  coll_conn *out = s->peer_out >= 0 ? x->conn_send[s->peer_out] : NULL;
   bool avg = s->final && w->op == COLL_AVG && comm->nranks > 1;
+  const coll_mem_ops *m = x->ops;
   const void *p = NULL;
   void *q = NULL;
   coll_result r;
+  /* Every op may fail (device ops return CUDA errors); `fence` makes the bytes final
+   * before a slot is published to the peer or handed back to it. */
+#define M(call) do { if ((r = (call)) != COLL_OK) return r; } while (0)
 
   switch (s->kind) {
   case COLL_STEP_COPY:
-    if (src != dst) memcpy(dst, src, bytes);
+    if (src != dst) M(m->copy(comm, dst, src, bytes));
     return COLL_OK;
   case COLL_STEP_SEND:
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    memcpy(q, src, bytes);
+    M(get_send(x, out, &q));
+    M(m->copy(comm, q, src, bytes));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     return COLL_OK;
   case COLL_STEP_RECV:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    memcpy(dst, p, bytes);
+    M(get_recv(x, in, bytes, &p));
+    M(m->copy(comm, dst, p, bytes));
+    M(m->fence(comm));
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_COPY_SEND:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    memcpy(q, p, bytes);
+    M(get_recv(x, in, bytes, &p));
+    M(get_send(x, out, &q));
+    M(m->copy(comm, q, p, bytes));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
-    memcpy(dst, p, bytes);
+    M(m->copy(comm, dst, p, bytes));
+    M(m->fence(comm));
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_SEND:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    coll_kernel_reduce(q, p, src, n, w->dtype, w->op);
+    M(get_recv(x, in, bytes, &p));
+    M(get_send(x, out, &q));
+    M(m->reduce(comm, q, p, src, n, w->dtype, w->op));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_COPY:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    coll_kernel_reduce(dst, p, src, n, w->dtype, w->op);
-    if (avg) coll_kernel_avg(dst, n, w->dtype, comm->nranks);
+    M(get_recv(x, in, bytes, &p));
+    M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
+    if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
+    M(m->fence(comm));
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_COPY_SEND:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    coll_kernel_reduce(dst, p, src, n, w->dtype, w->op);
-    if (avg) coll_kernel_avg(dst, n, w->dtype, comm->nranks);
-    memcpy(q, dst, bytes);
+    M(get_recv(x, in, bytes, &p));
+    M(get_send(x, out, &q));
+    M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
+    if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
+    M(m->copy(comm, q, dst, bytes));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     return COLL_OK;
   }
+#undef M
   return coll_fail(comm, COLL_ERR_INTERNAL, "unknown step kind %d", (int)s->kind);
 }
 
@@ -206,12 +222,19 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   COLL_TRACE(comm->rank, "%s #%llu count %zu %s: %zu steps", coll_coll_name(w->coll),
              (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype), nsteps);
 
-  size_t slice = comm->slot_bytes / es, rounds = 0;
+  wait_ctx x = {.comm = comm, .w = w, .ops = &coll_mem_host, .conn_send = comm->conn_send,
+                .conn_recv = comm->conn_recv};
+  size_t slot_bytes = comm->slot_bytes;
+  /* Device buffers or a cudaStream_t: cuda.c swaps in its ops, connectors and slot. */
+  bool cuda = w->device || w->cuda_event;
+  if (cuda && (r = coll_cuda_exec_begin(comm, w, &x.ops, &x.conn_send, &x.conn_recv,
+                                        &slot_bytes)) != COLL_OK)
+    return coll_cuda_exec_end(comm, w, r);
+  size_t slice = slot_bytes / es, rounds = 0;
   for (size_t i = 0; i < nsteps; i++) {
     size_t k = (comm->steps[i].count + slice - 1) / slice;
     if (k > rounds) rounds = k;
   }
-  wait_ctx x = {.comm = comm, .w = w};
   /* Tracing: when each step's first slice starts and its last slice ends. */
   uint64_t *t0 = NULL, *t1 = NULL;
   if (coll_trace_on(comm)) {
@@ -230,10 +253,12 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       x.done_bytes = off * es;
       x.total_bytes = s->count * es;
       if (t0 && off == 0) t0[i] = coll_now_ns();
-      if ((r = run_slice(&x, bufs, off, n, es)) != COLL_OK) return r;
+      if ((r = run_slice(&x, bufs, off, n, es)) != COLL_OK)
+        return cuda ? coll_cuda_exec_end(comm, w, r) : r;
       if (t1 && off + n == s->count) t1[i] = coll_now_ns();
     }
   }
+  if (cuda && (r = coll_cuda_exec_end(comm, w, COLL_OK)) != COLL_OK) return r;
   if (t0) coll_trace_record(comm, w, a.algo, comm->steps, nsteps, es, t_call, coll_now_ns());
   return COLL_OK;
 }
@@ -242,6 +267,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
 static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_work *waiter) {
   if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+  coll_cuda_work_done(w); /* releases the cudaStream_t waiting for w, if any */
   if (w->stream) {
     const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);
     coll_stream_complete(w->stream, r, msg);
@@ -327,6 +353,7 @@ void coll_exec_wake_all(struct coll_comm *comm) {
     if (comm->conn_send && comm->conn_send[p]) comm->conn_send[p]->t->wake(comm->conn_send[p]);
     if (comm->conn_recv && comm->conn_recv[p]) comm->conn_recv[p]->t->wake(comm->conn_recv[p]);
   }
+  coll_cuda_comm_wake(comm);
   pthread_mutex_lock(&comm->qmu);
   pthread_cond_broadcast(&comm->qcv);
   pthread_cond_broadcast(&comm->donecv);

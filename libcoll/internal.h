@@ -116,6 +116,7 @@ struct coll_stream {
   uint64_t enqueued, completed;
   coll_result err;
   char errmsg[COLL_ERRBUF];
+  struct coll_cuda_stream *cuda; /* wraps a cudaStream_t (coll_cuda.h), else NULL */
 };
 
 typedef struct {
@@ -132,6 +133,11 @@ typedef struct {
   struct coll_stream *stream; /* NULL for a blocking call */
   _Atomic int done;
   coll_result result;
+  /* CUDA (cuda.c): buffers in device memory; the event recorded on the cudaStream_t
+   * that the collective waits for, and its ticket on that stream. */
+  bool device;
+  void *cuda_event;
+  uint32_t cuda_ticket;
 } coll_work;
 
 struct coll_comm {
@@ -170,6 +176,8 @@ struct coll_comm {
   uint64_t next_seq;
   coll_step *steps; /* scratch for one plan */
   uint8_t *barrier_buf;
+
+  struct coll_cuda_comm *cuda; /* device path (cuda.c); NULL until init sets it up */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
 

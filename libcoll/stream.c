@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda_internal.h"
 #include "internal.h"
 
 coll_result coll_stream_create(coll_stream_t *s) {
@@ -47,6 +48,7 @@ coll_result coll_stream_query(coll_stream_t s) {
 coll_result coll_stream_destroy(coll_stream_t s) {
   if (!s) return COLL_OK;
   coll_result r = coll_stream_synchronize(s);
+  coll_cuda_stream_free(s); /* a stream of coll_stream_create_cuda (cuda.c) */
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s);
