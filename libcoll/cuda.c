@@ -155,6 +155,14 @@ static void probe(void) {
   }
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaErrorInsufficientDriver) {
+    snprintf(probe_why, sizeof probe_why,
+             "no usable CUDA driver: libcuda.so.1 is missing or older than the CUDA %d.%d "
+             "runtime libcoll was built with (cudaGetDeviceCount: %s)",
+             CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, cudaGetErrorName(err));
+    cudaGetLastError();
+    return;
+  }
   if (err != cudaSuccess) {
     snprintf(probe_why, sizeof probe_why,
              "no usable CUDA driver or GPU (cudaGetDeviceCount: %s, %s)", cudaGetErrorName(err),
