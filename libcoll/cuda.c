@@ -493,9 +493,9 @@ void coll_cuda_stream_free(struct coll_stream *s) {
 }
 
 /* Marks ticket t done and publishes the longest run of done tickets. */
-static void ticket_done(struct coll_stream *s, uint32_t t) {
+void coll_cuda_ticket_done_locked(struct coll_stream *s, uint32_t t) {
   struct coll_cuda_stream *x = s->cuda;
-  pthread_mutex_lock(&s->mu);
+  if (!x) return;
   x->done[t % TICKET_RING] = 1;
   while (x->done[(x->published + 1) % TICKET_RING]) {
     x->done[(x->published + 1) % TICKET_RING] = 0;
@@ -503,6 +503,11 @@ static void ticket_done(struct coll_stream *s, uint32_t t) {
   }
   atomic_store_explicit(x->flag, x->published, memory_order_release);
   pthread_cond_broadcast(&s->cv);
+}
+
+static void ticket_done(struct coll_stream *s, uint32_t t) {
+  pthread_mutex_lock(&s->mu);
+  coll_cuda_ticket_done_locked(s, t);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -655,7 +660,6 @@ void coll_cuda_work_done(coll_work *w) {
     cudaEventDestroy((cudaEvent_t)w->cuda_event);
     w->cuda_event = NULL;
   }
-  if (w->stream && w->stream->cuda && w->cuda_ticket) ticket_done(w->stream, w->cuda_ticket);
 }
 
 #else
@@ -711,4 +715,5 @@ coll_result coll_cuda_exec_end(struct coll_comm *comm, const coll_work *w, coll_
   return r;
 }
 void coll_cuda_work_done(coll_work *w) { (void)w; }
+void coll_cuda_ticket_done_locked(struct coll_stream *s, uint32_t t) { (void)s, (void)t; }
 #endif

@@ -114,8 +114,11 @@ coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w, con
  * (so no device work of a failed collective is left running); returns r, or the fence's
  * failure when r was COLL_OK. */
 coll_result coll_cuda_exec_end(struct coll_comm *comm, const coll_work *w, coll_result r);
-/* executor.c, when queued work finishes (any result): releases the cudaStream_t. */
+/* executor.c, when queued work finishes (any result): frees its event. */
 void coll_cuda_work_done(coll_work *w);
+/* stream.c, under the stream's mutex: ticket t is done; publishes every ticket up to the
+ * first one not done, which releases the cudaStream_t waiting for them. */
+void coll_cuda_ticket_done_locked(struct coll_stream *s, uint32_t t);
 /* stream.c: frees the CUDA part of a stream. */
 void coll_cuda_stream_free(struct coll_stream *s);
 

@@ -267,10 +267,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
 static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_work *waiter) {
   if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
-  coll_cuda_work_done(w); /* releases the cudaStream_t waiting for w, if any */
+  coll_cuda_work_done(w); /* its cudaStream_t event, if any */
   if (w->stream) {
     const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);
-    coll_stream_complete(w->stream, r, msg);
+    coll_stream_complete(w->stream, r, msg, w->cuda_ticket);
   }
   if (waiter) {
     waiter->result = r;
