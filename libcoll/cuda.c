@@ -677,8 +677,12 @@ coll_mem_kind coll_cuda_classify(const void *p, int *device) {
   return p ? COLL_MEM_HOST : COLL_MEM_NONE;
 }
 coll_result coll_cuda_comm_setup(struct coll_comm *comm, void *blob) {
-  (void)comm;
   memset(blob, 0, COLL_CONN_BLOB);
+  struct coll_cuda_comm *cc = calloc(1, sizeof *cc);
+  if (!cc) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up CUDA");
+  cc->device = -1;
+  snprintf(cc->reason, sizeof cc->reason, "%s", coll_cuda_unavailable_reason());
+  comm->cuda = cc;
   return COLL_OK;
 }
 coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs, size_t stride) {
@@ -690,7 +694,10 @@ coll_result coll_cuda_comm_ready(struct coll_comm *comm) {
   return COLL_OK;
 }
 void coll_cuda_comm_wake(struct coll_comm *comm) { (void)comm; }
-void coll_cuda_comm_free(struct coll_comm *comm) { (void)comm; }
+void coll_cuda_comm_free(struct coll_comm *comm) {
+  free(comm->cuda);
+  comm->cuda = NULL;
+}
 void coll_cuda_stream_free(struct coll_stream *s) { (void)s; }
 coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work *w) {
   (void)comm, (void)fn;
