@@ -571,7 +571,7 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
 
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r) {
   struct coll_cuda_stream *x = w->stream ? w->stream->cuda : NULL;
-  if (!x || !w->cuda_ticket) return r;
+  if (!x) return r; /* prepare gave every work on a cudaStream_t a ticket (0 after a wrap) */
   if (r != COLL_OK) {
     /* Not enqueued: nothing will finish it. */
     ticket_done(w->stream, w->cuda_ticket);

@@ -198,7 +198,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */
 void coll_exec_wake_all(struct coll_comm *comm);
 
-/* ticket: the work's place on a cudaStream_t (0: none), released in the same critical
+/* ticket: the work's place on a cudaStream_t (streams of coll_stream_create_cuda), released in the same critical
  * section, so a cudaStream_t that passed its wait always finds the work complete. */
 void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg,
                           uint32_t ticket);

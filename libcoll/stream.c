@@ -65,7 +65,7 @@ void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg,
                           uint32_t ticket) {
   pthread_mutex_lock(&s->mu);
   s->completed++;
-  if (ticket) coll_cuda_ticket_done_locked(s, ticket);
+  if (s->cuda) coll_cuda_ticket_done_locked(s, ticket); /* every work on it has one */
   if (r != COLL_OK && s->err == COLL_OK) {
     s->err = r;
     snprintf(s->errmsg, sizeof s->errmsg, "%s", msg);
