@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_cuda.h"
 #include "bench_util.h"
 #include "coll.h"
 #include "explain.h"
@@ -64,6 +65,7 @@ typedef struct {
   const char *algo;
   int stats;
   int explain;
+  int cuda; /* --device cuda: buffers in GPU memory */
   const char *json_path;
   int csv;               /* --csv given */
   const char *csv_path;  /* NULL or "-": stdout */
@@ -106,6 +108,9 @@ static void usage(FILE *f) {
       "ours:\n"
       "  --ranks N                 fork N ranks on this machine (else join the job that\n"
       "                            mpirun / torchrun / srun describe in the environment)\n"
+      "  --device cpu|cuda         where the buffers live (default cpu); cuda: rank r uses\n"
+      "                            GPU r %% device count, several ranks may share a GPU;\n"
+      "                            inputs are filled and outputs checked through host copies\n"
       "  -A, --algo NAME           algorithm, passed to libcoll as COLL_ALGO (default auto)\n"
       "  --stats                   add min / p50 / p99 / max time per size (every call is\n"
       "                            then timed alone; each figure is the slowest rank's)\n"
@@ -208,7 +213,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
     o->colls[0] = c, o->ncolls = 1;
   }
 
-  enum { OPT_RANKS = 256, OPT_STATS, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_EXPLAIN };
+  enum { OPT_RANKS = 256, OPT_STATS, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_EXPLAIN, OPT_DEVICE };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'},
       {"maxbytes", required_argument, 0, 'e'},
@@ -229,6 +234,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
       {"csv", optional_argument, 0, OPT_CSV},
       {"plot", required_argument, 0, OPT_PLOT},
       {"explain", no_argument, 0, OPT_EXPLAIN},
+      {"device", required_argument, 0, OPT_DEVICE},
       {0, 0, 0, 0},
   };
   static const char shorts[] = "+:b:e:f:i:o:d:r:n:w:c:z:A:h";
@@ -289,6 +295,11 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
       break;
     case OPT_PLOT: o->plot_path = optarg; break;
     case OPT_EXPLAIN: o->explain = 1; break;
+    case OPT_DEVICE:
+      if (strcmp(optarg, "cuda") == 0) o->cuda = 1;
+      else if (strcmp(optarg, "cpu") == 0) o->cuda = 0;
+      else die_usage("--device %s: expected cpu or cuda", optarg);
+      break;
     case ':':
       die_usage("option %s needs a value", flag);
     case '?':
@@ -358,6 +369,9 @@ typedef struct {
   coll_stream_t stream;
   unsigned char *sendbuf, *recvbuf;
   size_t buf_bytes;
+  /* --device cuda: the buffers the collectives use; sendbuf/recvbuf stage them */
+  unsigned char *dsend, *drecv;
+  int gpu;
   double *times;
   bench_outcome *outcome; /* NULL when not a --ranks run */
   /* rank 0 only: */
@@ -484,6 +498,31 @@ static placement place(run_ctx *x, bench_coll c, const bench_shape *sh, size_t e
   return p;
 }
 
+/* --device cuda: the device address of a host staging address. */
+static void *on_dev(run_ctx *x, const void *p) {
+  const unsigned char *c = p;
+  if (!x->dsend || !p) return (void *)(uintptr_t)p;
+  if (c >= x->sendbuf && c < x->sendbuf + x->buf_bytes) return x->dsend + (c - x->sendbuf);
+  return x->drecv + (c - x->recvbuf);
+}
+
+/* --device cuda: copies the used part of the staging buffers to the GPU (up) or the
+ * receive side back (down). */
+static int stage(run_ctx *x, const bench_data *d, const bench_shape *sh, size_t es,
+                 bool in_place, bool up) {
+  if (!x->dsend) return 0;
+  char why[256];
+  size_t total = (d->coll == BENCH_ALL_GATHER || d->coll == BENCH_REDUCE_SCATTER
+                      ? sh->count * (size_t)x->nranks : sh->count) * es;
+  size_t recv = in_place ? total : sh->recv_elems * es;
+  int rc = up ? bench_cuda_copy(x->drecv, x->recvbuf, recv, why, sizeof why)
+              : bench_cuda_copy(x->recvbuf, x->drecv, recv, why, sizeof why);
+  if (!rc && up && !in_place)
+    rc = bench_cuda_copy(x->dsend, x->sendbuf, sh->send_elems * es, why, sizeof why);
+  if (rc) fprintf(stderr, "coll-bench: rank %d: staging through the host: %s\n", x->rank, why);
+  return rc;
+}
+
 /* Writes this rank's inputs and poisons the rest of the output. */
 static void prepare(run_ctx *x, const bench_data *d, const bench_shape *sh, const placement *p,
                     size_t es, bool in_place) {
@@ -523,8 +562,13 @@ static int measure(run_ctx *x, const bench_data *d, const bench_shape *sh, bool 
   bench_coll c = d->coll;
   coll_dtype t = d->dtype;
   coll_op op = d->op;
+  /* the collectives see device addresses with --device cuda; fill and check stay here */
+  placement h = p;
+  p.sb = on_dev(x, h.sb);
+  p.rb = on_dev(x, h.rb);
 
-  prepare(x, d, sh, &p, es, in_place);
+  prepare(x, d, sh, &h, es, in_place);
+  if (stage(x, d, sh, es, in_place, true)) return -1;
   if (barrier(x)) return -1;
   if (o->blocking || c == BENCH_SENDRECV || o->stats) {
     for (unsigned long i = 0; i < o->warmup; i++)
@@ -572,9 +616,12 @@ static int measure(run_ctx *x, const bench_data *d, const bench_shape *sh, bool 
 
   res->wrong = 0;
   if (o->check) {
-    prepare(x, d, sh, &p, es, in_place);
+    prepare(x, d, sh, &h, es, in_place);
+    if (stage(x, d, sh, es, in_place, true)) return -1;
     if (barrier(x)) return -1;
     if (call_and_wait(x, c, p.sb, p.rb, sh->count, t, op)) return -1;
+    if (stage(x, d, sh, es, in_place, false)) return -1;
+    p = h;
     if (x->rank == o->fault_rank && o->fault_index < sh->recv_elems &&
         bench_output_checked(d, x->rank)) {
       double v = bench_load(t, p.out, o->fault_index);
@@ -933,7 +980,20 @@ static int setup_and_run(run_ctx *x) {
     fprintf(stderr, "coll-bench: rank %d: out of memory\n", x->rank);
     goto out;
   }
-  if (coll_stream_create(&x->stream) != COLL_OK) {
+  if (o->cuda) {
+    char why[256];
+    void *ds = NULL, *dr = NULL;
+    if (bench_cuda_alloc(&ds, x->buf_bytes, why, sizeof why) ||
+        bench_cuda_alloc(&dr, x->buf_bytes, why, sizeof why) ||
+        bench_cuda_stream(&x->stream, why, sizeof why)) {
+      bench_cuda_free(ds);
+      bench_cuda_free(dr);
+      fprintf(stderr, "coll-bench: rank %d: --device cuda: %s\n", x->rank, why);
+      goto out;
+    }
+    x->dsend = ds;
+    x->drecv = dr;
+  } else if (coll_stream_create(&x->stream) != COLL_OK) {
     report_failure(x, "coll_stream_create", COLL_ERR_SYSTEM, true);
     goto out;
   }
@@ -982,6 +1042,12 @@ static int setup_and_run(run_ctx *x) {
       fputs(csv_header, x->plot_csv);
     }
     print_run_header(x, all);
+    if (o->cuda) {
+      size_t cb = x->buf_bytes < (64u << 20) ? (64u << 20) : x->buf_bytes;
+      fprintf(x->table, "# device: cuda, rank 0 on GPU %d; buffers in GPU memory, moved by "
+              "cuda_ipc; device-to-device copy bandwidth %.1f GB/s (%zu MiB cudaMemcpy: the "
+              "ceiling for busbw)\n", x->gpu, bench_cuda_copy_gbps(cb), cb >> 20);
+    }
   }
 
   if (o->explain) {
@@ -1015,7 +1081,12 @@ out:
     fflush(stdout);
     fflush(stderr);
   }
-  if (x->stream) coll_stream_destroy(x->stream);
+  if (x->stream) {
+    if (o->cuda) bench_cuda_stream_destroy(x->stream);
+    else coll_stream_destroy(x->stream);
+  }
+  bench_cuda_free(x->dsend);
+  bench_cuda_free(x->drecv);
   free(all);
   free(x->times);
   free(x->sendbuf);
@@ -1026,6 +1097,8 @@ out:
 /* Body of one rank of a --ranks run.  Wrong results are reported through the shared
  * outcome page and the rank returns 0, so the launcher never kills rank 0 while it is
  * still printing; a failure (library error) returns non-zero and ends the job. */
+static int gpu_of_rank; /* --device cuda: this process's GPU */
+
 static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg) {
   bench_outcome *out = ((void **)arg)[1];
   run_ctx x;
@@ -1035,6 +1108,7 @@ static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg) {
   x.rank = rank;
   x.nranks = nranks;
   x.outcome = out;
+  x.gpu = gpu_of_rank;
   int rc = setup_and_run(&x);
   if (rank == 0 && (rc == 0 || rc == EXIT_WRONG)) {
     out->bad_results = x.bad_results;
@@ -1042,6 +1116,30 @@ static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg) {
     out->finished = 1;
   }
   return rc == EXIT_WRONG ? 0 : rc;
+}
+
+/* --device cuda with --ranks: the rank binds its GPU (rank % device count) before it
+ * builds its communicator, which takes the GPU current at init. */
+static int rank_main_cuda(coll_comm_t unused, int rank, int nranks, void *arg) {
+  (void)unused;
+  char why[256];
+  int dev = 0;
+  if (bench_cuda_bind(rank, &dev, why, sizeof why)) {
+    fprintf(stderr, "coll-bench: rank %d: --device cuda: %s\n", rank, why);
+    return EXIT_RUNTIME;
+  }
+  coll_comm_t comm;
+  coll_result r = coll_comm_init_rank(&comm, nranks, coll_launch_unique_id(), rank);
+  if (r != COLL_OK) {
+    fprintf(stderr, "coll-bench: rank %d: coll_comm_init_rank: %s\n", rank,
+            coll_comm_last_error(NULL));
+    return EXIT_RUNTIME;
+  }
+  gpu_of_rank = dev;
+  int rc = rank_main(comm, rank, nranks, arg);
+  if (rc == 0) coll_comm_destroy(comm);
+  else coll_comm_abort(comm);
+  return rc;
 }
 
 /* ---- plotting --------------------------------------------------------------------------- */
@@ -1158,6 +1256,18 @@ int main(int argc, char **argv) {
     if (rooted) die_usage("-r %d: the root must be below --ranks %d", o.root, o.local_ranks);
   }
 
+  if (o.cuda) {
+    /* Asked in a child: this process forks the ranks and must stay CUDA-free. */
+    char why[320], name[256];
+    int ndev = 0;
+    if (bench_cuda_probe(&ndev, name, sizeof name, why, sizeof why)) {
+      fprintf(stderr, "coll-bench: --device cuda: %s\n", why);
+      return EXIT_RUNTIME;
+    }
+    if (o.explain) die_usage("--explain runs on host buffers only (drop --device cuda)");
+    fprintf(stderr, "coll-bench: --device cuda: %d GPU(s), GPU 0 is %s\n", ndev, name);
+  }
+
   int rc;
   if (o.local_ranks > 0) {
     if (o.plot_path && make_plot_csv(&o)) return EXIT_RUNTIME;
@@ -1172,7 +1282,8 @@ int main(int argc, char **argv) {
     char why[512] = "";
     fflush(stdout);
     fflush(stderr);
-    int st = coll_launch_local(o.local_ranks, rank_main, arg, 0, why, sizeof why);
+    int st = o.cuda ? coll_launch_local_raw(o.local_ranks, rank_main_cuda, arg, 0, why, sizeof why)
+                    : coll_launch_local(o.local_ranks, rank_main, arg, 0, why, sizeof why);
     if (st != 0) {
       if (st != EXIT_USAGE || why[0])
         fprintf(stderr, "coll-bench: the run failed: %s\n", why[0] ? why : "a rank failed");
@@ -1187,6 +1298,17 @@ int main(int argc, char **argv) {
       if (!rc) rc = prc;
     }
   } else {
+    if (o.cuda) {
+      /* one GPU per local rank, as torchrun / mpirun / srun number them */
+      const char *lr = getenv("LOCAL_RANK");
+      if (!lr) lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+      if (!lr) lr = getenv("SLURM_LOCALID");
+      char why[256];
+      if (bench_cuda_bind(lr ? atoi(lr) : 0, &gpu_of_rank, why, sizeof why)) {
+        fprintf(stderr, "coll-bench: --device cuda: %s\n", why);
+        return EXIT_RUNTIME;
+      }
+    }
     coll_comm_t comm;
     coll_result r = coll_comm_init_from_env(&comm);
     if (r != COLL_OK) {
@@ -1199,6 +1321,7 @@ int main(int argc, char **argv) {
     memset(&x, 0, sizeof x);
     x.o = &o;
     x.comm = comm;
+    x.gpu = gpu_of_rank;
     coll_comm_rank(comm, &x.rank);
     coll_comm_size(comm, &x.nranks);
     if (x.rank == 0 && o.plot_path && make_plot_csv(&o)) {

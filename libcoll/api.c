@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cuda_internal.h"
 #include "internal.h"
 
 size_t coll_dtype_size(coll_dtype d) {
@@ -95,7 +96,10 @@ static coll_result check_overlap(ctx *c, const void *a, size_t alen, const void 
 
 static coll_result submit(ctx *c, coll_work *w) {
   coll_comm_enter(c->comm);
-  coll_result r = coll_exec_submit(c->comm, w);
+  /* cuda.c: device buffers are recognised (and refused when they cannot run) here; a
+   * cudaStream_t gets its event before and its wait after the enqueue. */
+  coll_result r = coll_cuda_prepare(c->comm, c->fn, w);
+  if (r == COLL_OK) r = coll_cuda_after_submit(c->comm, w, coll_exec_submit(c->comm, w));
   coll_comm_leave(c->comm);
   return r;
 }

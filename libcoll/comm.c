@@ -19,6 +19,7 @@
 #include "bootstrap_wire.h"
 #include "coll_config.h"
 #include "ib_wire.h"
+#include "cuda_internal.h"
 #include "internal.h"
 #if COLL_HAVE_IBVERBS
 #include "ib.h"
@@ -29,6 +30,7 @@ typedef struct {
   uint32_t pad;
   uint64_t host_id;
   uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, by COLL_T_* */
+  uint8_t cuda_blob[COLL_CONN_BLOB]; /* cuda_ipc, for device buffers (cuda.c) */
 } rank_info;
 
 /* COLL_TRANSPORT=auto|shm|tcp|ib: auto (the default) is shm within a host, ib across
@@ -72,6 +74,7 @@ static uint64_t host_id(void) {
 void coll_comm_free(struct coll_comm *comm) {
   if (!comm) return;
   coll_exec_stop(comm);
+  coll_cuda_comm_free(comm);
   coll_trace_free(comm);
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
     if (comm->transports[t] && comm->transport_ctxs[t])
@@ -152,6 +155,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
     if (comm->transports[t] &&
         (r = comm->transports[t]->setup(comm, &comm->transport_ctxs[t], me.blob[t])) != COLL_OK)
       goto fail;
+  if ((r = coll_cuda_comm_setup(comm, me.cuda_blob)) != COLL_OK) goto fail;
   if ((r = coll_bootstrap_allgather(comm, &b, &me, all, sizeof me)) != COLL_OK) goto fail;
   for (int p = 0; p < nranks; p++) {
     comm->pids[p] = all[p].pid;
@@ -187,6 +191,8 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
                                           &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
       goto fail;
   }
+  /* Device buffers take cuda_ipc where every pair of ranks can (cuda.c decides). */
+  if ((r = coll_cuda_comm_connect(comm, all[0].cuda_blob, sizeof *all)) != COLL_OK) goto fail;
   /* The executor cuts every step into slices of one slot: the smallest slot in use. */
   for (int p = 0; p < nranks; p++)
     if (comm->conn_send[p] && comm->conn_send[p]->slot_bytes < comm->slot_bytes)
@@ -214,6 +220,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
         (r = comm->transports[t]->ready(comm, comm->transport_ctxs[t])) != COLL_OK)
       goto fail;
   if ((r = coll_oneshot_setup(comm)) != COLL_OK) goto fail;
+  if ((r = coll_cuda_comm_ready(comm)) != COLL_OK) goto fail;
   coll_bootstrap_close(&b);
   if ((r = coll_exec_start(comm)) != COLL_OK) goto fail;
   if ((r = coll_tune_init(comm)) != COLL_OK) goto fail;

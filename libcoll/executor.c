@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_internal.h"
 #include "internal.h"
-#include "reduce.h"
 
 #define WAIT_SLICE_MS 100
 
@@ -32,14 +32,20 @@ typedef struct {
   int step_index;
   size_t done_bytes, total_bytes;
   bool stream; /* final copies into user buffers bypass the cache (copy.c) */
+  /* How bytes move (host: memcpy + reduce.c; device: cuda.c) and over which
+   * connectors (host: shm/tcp; device: cuda_ipc). */
+  const coll_mem_ops *ops;
+  coll_conn **conn_send, **conn_recv;
 } wait_ctx;
 
 /* A copy into the user's buffer: streaming stores for large calls. */
-static void put(const wait_ctx *x, void *dst, const void *src, size_t bytes) {
-  if (x->stream)
+/* A copy into the user's buffer: streaming stores for large host calls (copy.c). */
+static coll_result put(const wait_ctx *x, void *dst, const void *src, size_t bytes) {
+  if (x->stream && x->ops == &coll_mem_host) {
     coll_copy_stream(dst, src, bytes);
-  else
-    memcpy(dst, src, bytes);
+    return COLL_OK;
+  }
+  return x->ops->copy(x->comm, dst, src, bytes);
 }
 
 static coll_result waited_too_long(wait_ctx *x, int peer, const char *what) {
@@ -112,73 +118,86 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   size_t bytes = n * es;
   const uint8_t *src = bufs[s->src_buf] ? bufs[s->src_buf] + (s->src_off + off) * es : NULL;
   uint8_t *dst = bufs[s->dst_buf] ? bufs[s->dst_buf] + (s->dst_off + off) * es : NULL;
-  coll_conn *in = s->peer_in >= 0 ? comm->conn_recv[s->peer_in] : NULL;
-  coll_conn *out = s->peer_out >= 0 ? comm->conn_send[s->peer_out] : NULL;
+  coll_conn *in = s->peer_in >= 0 ? x->conn_recv[s->peer_in] : NULL;
+  coll_conn *out = s->peer_out >= 0 ? x->conn_send[s->peer_out] : NULL;
   bool avg = s->final && w->op == COLL_AVG && comm->nranks > 1;
+  const coll_mem_ops *m = x->ops;
   const void *p = NULL;
   void *q = NULL;
   coll_result r;
+  /* Every op may fail (device ops return CUDA errors); `fence` makes the bytes final
+   * before a slot is published to the peer or handed back to it. */
+#define M(call) do { if ((r = (call)) != COLL_OK) return r; } while (0)
 
   switch (s->kind) {
   case COLL_STEP_COPY:
-    if (src != dst) put(x, dst, src, bytes);
+    if (src != dst) M(put(x, dst, src, bytes));
     return COLL_OK;
   case COLL_STEP_SEND:
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    memcpy(q, src, bytes);
+    M(get_send(x, out, &q));
+    M(m->copy(comm, q, src, bytes));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     return COLL_OK;
   case COLL_STEP_RECV:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    put(x, dst, p, bytes);
+    M(get_recv(x, in, bytes, &p));
+    M(put(x, dst, p, bytes));
+    M(m->fence(comm));
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_COPY_SEND:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    memcpy(q, p, bytes);
+    M(get_recv(x, in, bytes, &p));
+    M(get_send(x, out, &q));
+    M(m->copy(comm, q, p, bytes));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
-    put(x, dst, p, bytes);
+    M(put(x, dst, p, bytes));
+    M(m->fence(comm));
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_SEND:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    coll_kernel_reduce(q, p, src, n, w->dtype, w->op);
+    M(get_recv(x, in, bytes, &p));
+    M(get_send(x, out, &q));
+    M(m->reduce(comm, q, p, src, n, w->dtype, w->op));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_COPY:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    coll_kernel_reduce(dst, p, src, n, w->dtype, w->op);
-    if (avg) coll_kernel_avg(dst, n, w->dtype, comm->nranks);
+    M(get_recv(x, in, bytes, &p));
+    M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
+    if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
+    M(m->fence(comm));
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_COPY_SEND:
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
+    M(get_recv(x, in, bytes, &p));
+    M(get_send(x, out, &q));
     /* Reduce into the outgoing slot (cache), then copy out: the user buffer is
      * written once and never read back. */
-    coll_kernel_reduce(q, p, src, n, w->dtype, w->op);
-    if (avg) coll_kernel_avg(q, n, w->dtype, comm->nranks);
-    put(x, dst, q, bytes);
+    M(m->reduce(comm, q, p, src, n, w->dtype, w->op));
+    if (avg) M(m->avg(comm, q, n, w->dtype, comm->nranks));
+    M(put(x, dst, q, bytes));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV2_REDUCE_SEND: { /* a tree node's two children and its own data */
-    coll_conn *in2 = comm->conn_recv[s->peer_in2];
+    coll_conn *in2 = x->conn_recv[s->peer_in2];
     const void *p2 = NULL;
-    if ((r = get_recv(x, in, bytes, &p)) != COLL_OK) return r;
-    if ((r = get_recv(x, in2, bytes, &p2)) != COLL_OK) return r;
-    if ((r = get_send(x, out, &q)) != COLL_OK) return r;
-    coll_kernel_reduce(q, p, src, n, w->dtype, w->op);
-    coll_kernel_reduce(q, q, p2, n, w->dtype, w->op);
+    M(get_recv(x, in, bytes, &p));
+    M(get_recv(x, in2, bytes, &p2));
+    M(get_send(x, out, &q));
+    M(m->reduce(comm, q, p, src, n, w->dtype, w->op));
+    M(m->reduce(comm, q, q, p2, n, w->dtype, w->op));
+    M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     in2->t->recv_release(in2);
     return COLL_OK;
   }
   }
+#undef M
   return coll_fail(comm, COLL_ERR_INTERNAL, "unknown step kind %d", (int)s->kind);
 }
 
@@ -223,12 +242,27 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   COLL_TRACE(comm->rank, "%s #%llu count %zu %s: %zu steps", coll_coll_name(w->coll),
              (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype), nsteps);
 
-  size_t slice = comm->slot_bytes / es, rounds = 0;
+  wait_ctx x = {.comm = comm, .w = w, .ops = &coll_mem_host, .conn_send = comm->conn_send,
+                .conn_recv = comm->conn_recv};
+  size_t slot_bytes = comm->slot_bytes;
+  /* Device buffers or a cudaStream_t: cuda.c swaps in its ops, connectors and slot. */
+  bool cuda = w->device || w->cuda_event;
+  if (cuda && (r = coll_cuda_exec_begin(comm, w, &x.ops, &x.conn_send, &x.conn_recv,
+                                        &slot_bytes)) != COLL_OK)
+    return coll_cuda_exec_end(comm, w, r);
+  if (slot_bytes != comm->slot_bytes) { /* plans that cut by slice must cut like we do */
+    a.slice = slot_bytes / es;
+    if ((r = coll_plan_build(&a, comm->steps, &nsteps)) != COLL_OK)
+      return coll_cuda_exec_end(comm, w, coll_fail(comm, COLL_ERR_INTERNAL,
+                                                   "rank %d: no plan for %s #%llu", comm->rank,
+                                                   coll_coll_name(w->coll),
+                                                   (unsigned long long)w->seq));
+  }
+  size_t slice = slot_bytes / es, rounds = 0;
   for (size_t i = 0; i < nsteps; i++) {
     size_t k = (comm->steps[i].count + slice - 1) / slice + comm->steps[i].delay;
     if (k > rounds) rounds = k;
   }
-  wait_ctx x = {.comm = comm, .w = w};
   {
     size_t user = w->count * es;
     if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER)
@@ -254,10 +288,12 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       x.done_bytes = off * es;
       x.total_bytes = s->count * es;
       if (t0 && off == 0) t0[i] = coll_now_ns();
-      if ((r = run_slice(&x, bufs, off, n, es)) != COLL_OK) return r;
+      if ((r = run_slice(&x, bufs, off, n, es)) != COLL_OK)
+        return cuda ? coll_cuda_exec_end(comm, w, r) : r;
       if (t1 && off + n == s->count) t1[i] = coll_now_ns();
     }
   }
+  if (cuda && (r = coll_cuda_exec_end(comm, w, COLL_OK)) != COLL_OK) return r;
   if (t0) coll_trace_record(comm, w, a.algo, comm->steps, nsteps, es, t_call, coll_now_ns());
   return COLL_OK;
 }
@@ -266,9 +302,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
 static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_work *waiter) {
   if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+  coll_cuda_work_done(w); /* its cudaStream_t event, if any */
   if (w->stream) {
     const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);
-    coll_stream_complete(w->stream, r, msg);
+    coll_stream_complete(w->stream, r, msg, w->cuda_ticket);
   }
   if (waiter) {
     waiter->result = r;
@@ -351,6 +388,7 @@ void coll_exec_wake_all(struct coll_comm *comm) {
     if (comm->conn_send && comm->conn_send[p]) comm->conn_send[p]->t->wake(comm->conn_send[p]);
     if (comm->conn_recv && comm->conn_recv[p]) comm->conn_recv[p]->t->wake(comm->conn_recv[p]);
   }
+  coll_cuda_comm_wake(comm);
   pthread_mutex_lock(&comm->qmu);
   pthread_cond_broadcast(&comm->qcv);
   pthread_cond_broadcast(&comm->donecv);

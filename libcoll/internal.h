@@ -127,6 +127,7 @@ struct coll_stream {
   uint64_t enqueued, completed;
   coll_result err;
   char errmsg[COLL_ERRBUF];
+  struct coll_cuda_stream *cuda; /* wraps a cudaStream_t (coll_cuda.h), else NULL */
 };
 
 typedef struct {
@@ -143,6 +144,11 @@ typedef struct {
   struct coll_stream *stream; /* NULL for a blocking call */
   _Atomic int done;
   coll_result result;
+  /* CUDA (cuda.c): buffers in device memory; the event recorded on the cudaStream_t
+   * that the collective waits for, and its ticket on that stream. */
+  bool device;
+  void *cuda_event;
+  uint32_t cuda_ticket;
 } coll_work;
 
 /* The cost model's parameters (tune.c), the same on every rank. */
@@ -203,6 +209,7 @@ struct coll_comm {
   bool warned_forced[COLL_NUM_COLLS];
   uint8_t choice[COLL_NUM_COLLS][COLL_TUNE_BUCKETS];      /* best algorithm */
   uint8_t choice_fifo[COLL_NUM_COLLS][COLL_TUNE_BUCKETS]; /* best but one-shot */
+  struct coll_cuda_comm *cuda; /* device path (cuda.c); NULL until init sets it up */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
 
@@ -223,7 +230,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */
 void coll_exec_wake_all(struct coll_comm *comm);
 
-void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg);
+/* ticket: the work's place on a cudaStream_t (streams of coll_stream_create_cuda), released in the same critical
+ * section, so a cudaStream_t that passed its wait always finds the work complete. */
+void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg,
+                          uint32_t ticket);
 void coll_stream_enqueued(struct coll_stream *s);
 
 /* ---- copies (copy.c) ----------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda_internal.h"
 #include "internal.h"
 
 coll_result coll_stream_create(coll_stream_t *s) {
@@ -47,6 +48,7 @@ coll_result coll_stream_query(coll_stream_t s) {
 coll_result coll_stream_destroy(coll_stream_t s) {
   if (!s) return COLL_OK;
   coll_result r = coll_stream_synchronize(s);
+  coll_cuda_stream_free(s); /* a stream of coll_stream_create_cuda (cuda.c) */
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s);
@@ -59,9 +61,11 @@ void coll_stream_enqueued(struct coll_stream *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg) {
+void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg,
+                          uint32_t ticket) {
   pthread_mutex_lock(&s->mu);
   s->completed++;
+  if (s->cuda) coll_cuda_ticket_done_locked(s, ticket); /* every work on it has one */
   if (r != COLL_OK && s->err == COLL_OK) {
     s->err = r;
     snprintf(s->errmsg, sizeof s->errmsg, "%s", msg);

@@ -130,7 +130,8 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
     return COLL_ALGO_RING; /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
   if (f != COLL_ALGO_AUTO) {
-    bool ok = f == COLL_ALGO_ONESHOT ? coll_oneshot_fits(comm, c, w->count, es)
+    bool ok = f == COLL_ALGO_ONESHOT ? coll_oneshot_fits(comm, c, w->count, es) &&
+                                           !w->device && !w->cuda_event
                                       : coll_algo_serves(f, c, comm->nranks);
     if (ok) return f;
     if (!comm->warned_forced[c]) {
@@ -144,7 +145,8 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
   if (!comm->tuned) return COLL_ALGO_RING; /* measuring: the probe itself runs on rings */
   int b = bucket_of(bytes);
   coll_algo a = (coll_algo)comm->choice[c][b];
-  if (a == COLL_ALGO_ONESHOT && !coll_oneshot_fits(comm, c, w->count, es))
+  if (a == COLL_ALGO_ONESHOT && (!coll_oneshot_fits(comm, c, w->count, es) || w->device ||
+                                 w->cuda_event)) /* mailboxes are host memory */
     a = (coll_algo)comm->choice_fifo[c][b];
   return a;
 }

@@ -1,0 +1,143 @@
+/* cuda_internal.h — what the rest of libcoll sees of CUDA (cuda.c, transport/cuda_ipc.c).
+ *
+ * No CUDA type appears here, so every file can include it in every build; without nvcc
+ * (COLL_HAVE_CUDA == 0) cuda.c provides the same functions as stubs that say "no CUDA".
+ *
+ * The pieces:
+ *  - memory ops: how the executor moves and combines bytes.  coll_mem_host is memcpy and
+ *    reduce.c; the device table (cuda.c) is cudaMemcpyAsync and cuda_kernels.cu on the
+ *    communicator's own CUDA stream, with `fence` waiting for that stream before a slot
+ *    is published (send_post) or handed back (recv_release).
+ *  - pointer classification (cudaPointerGetAttributes, asked only once a probe found a
+ *    CUDA runtime with a device; the probe is cached per process).
+ *  - the per-communicator CUDA state: its device, its stream, and the cuda_ipc
+ *    connectors used for device buffers (host buffers keep using shm / tcp).
+ *  - pure functions (transport selection per pair, the buffer check) that tests call
+ *    without a GPU.
+ * Must never: initialise CUDA in a process that has not asked for it through a
+ * communicator or a device pointer check, or print; every failure is a coll_fail sentence.
+ */
+#ifndef COLL_CUDA_INTERNAL_H
+#define COLL_CUDA_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* ---- memory ops: the executor's only way to touch bytes ---------------------------- */
+
+typedef struct coll_mem_ops {
+  const char *name;
+  coll_result (*copy)(struct coll_comm *comm, void *dst, const void *src, size_t bytes);
+  /* dst = a OP b over n elements (COLL_AVG as COLL_SUM), as coll_kernel_reduce. */
+  coll_result (*reduce)(struct coll_comm *comm, void *dst, const void *a, const void *b,
+                        size_t n, coll_dtype dtype, coll_op op);
+  coll_result (*avg)(struct coll_comm *comm, void *buf, size_t n, coll_dtype dtype,
+                     int nranks);
+  /* Everything issued so far has finished and is visible to the peer: called before a
+   * slot is published or released, and once at the end of a collective. */
+  coll_result (*fence)(struct coll_comm *comm);
+} coll_mem_ops;
+
+extern const coll_mem_ops coll_mem_host;
+
+/* ---- process-wide ------------------------------------------------------------------- */
+
+/* Was libcoll built with CUDA (nvcc found)? */
+bool coll_cuda_built(void);
+/* Probes once per process (COLL_CUDA=off skips it): a CUDA runtime, a driver and at
+ * least one device.  False with the reason in coll_cuda_unavailable_reason(). */
+bool coll_cuda_available(void);
+const char *coll_cuda_unavailable_reason(void);
+
+typedef enum { COLL_MEM_HOST = 0, COLL_MEM_DEVICE = 1, COLL_MEM_NONE = 2 } coll_mem_kind;
+/* NONE for NULL; host when CUDA is unavailable, for host (pinned or not) and managed
+ * memory; device (and its ordinal in *device) for cudaMalloc'ed memory. */
+coll_mem_kind coll_cuda_classify(const void *p, int *device);
+
+/* ---- pure parts (no CUDA calls; tested without a GPU) ------------------------------- */
+
+/* What one rank says about itself in the init exchange, as the pair rule needs it. */
+typedef struct {
+  bool ok;          /* this rank set up cuda_ipc (a device, its FIFO, its handle) */
+  int32_t pid;
+  uint64_t host_id;
+  uint32_t pci;     /* domain << 16 | bus << 8 | device of this rank's GPU */
+  uint32_t npeers;  /* GPUs (by pci) this rank's GPU can reach with peer access */
+  uint32_t peers[16];
+} coll_cuda_view;
+
+typedef enum { COLL_SEL_CUDA_IPC = 0, COLL_SEL_NONE = 1 } coll_cuda_selection;
+/* The transport for device buffers between a and b.  Symmetric by construction (both
+ * ranks of a pair compute it from the same two views and must agree): cuda_ipc when
+ * both set it up, they are separate processes on one host, and they share a GPU or
+ * each GPU can reach the other's.  Otherwise NONE, with the reason in `why`. */
+coll_cuda_selection coll_cuda_select(const coll_cuda_view *a, const coll_cuda_view *b,
+                                     char *why, size_t why_len);
+
+/* The up-front check of a collective's buffers: both on the same side (and one GPU),
+ * and device buffers only with CUDA available and cuda_ipc to every peer.  `cuda_ready`
+ * is NULL when ready, else the reason the communicator has no device path. */
+coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn,
+                                  coll_mem_kind send_kind, int send_dev,
+                                  coll_mem_kind recv_kind, int recv_dev, int comm_dev,
+                                  const char *cuda_ready);
+
+/* ---- the communicator's CUDA state (cuda.c), hooked into comm.c ---------------------- */
+
+/* Before the init exchange: sets up cuda_ipc when available (never fails init for
+ * want of CUDA: the reason is kept for device calls); writes this rank's blob. */
+coll_result coll_cuda_comm_setup(struct coll_comm *comm, void *blob);
+/* After it: connects cuda_ipc to every peer the selection allows.  blobs[p * stride] is
+ * rank p's blob. */
+coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs, size_t stride);
+coll_result coll_cuda_comm_ready(struct coll_comm *comm);
+void coll_cuda_comm_free(struct coll_comm *comm);
+/* Wakes threads waiting on cuda_ipc connectors (abort). */
+void coll_cuda_comm_wake(struct coll_comm *comm);
+
+/* ---- per collective (api.c, executor.c) --------------------------------------------- */
+
+/* api.c, before enqueueing: classifies the buffers of `w` (sets w->device), refuses
+ * what cannot run, and for a CUDA stream records the event the collective waits for. */
+coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work *w);
+/* api.c, after enqueueing on a CUDA stream: makes the cudaStream_t wait for the
+ * collective.  On a failed enqueue (r != COLL_OK) only cleans up. */
+coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r);
+/* executor.c, at the start of a device collective: waits for the recorded event, binds
+ * the device, and returns the ops, connectors and slice size to use. */
+coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w, const coll_mem_ops **ops,
+                                 coll_conn ***send, coll_conn ***recv, size_t *slot_bytes);
+/* executor.c, at the end of every collective that called exec_begin: the final fence
+ * (so no device work of a failed collective is left running); returns r, or the fence's
+ * failure when r was COLL_OK. */
+coll_result coll_cuda_exec_end(struct coll_comm *comm, const coll_work *w, coll_result r);
+/* executor.c, when queued work finishes (any result): frees its event. */
+void coll_cuda_work_done(coll_work *w);
+/* stream.c, under the stream's mutex: ticket t is done; publishes every ticket up to the
+ * first one not done, which releases the cudaStream_t waiting for them. */
+void coll_cuda_ticket_done_locked(struct coll_stream *s, uint32_t t);
+/* stream.c: frees the CUDA part of a stream. */
+void coll_cuda_stream_free(struct coll_stream *s);
+
+/* ---- the cuda_ipc transport (transport/cuda_ipc.c) --------------------------------- */
+
+extern const coll_transport coll_transport_cuda_ipc;
+/* Reads the selection view out of a cuda_ipc blob (host_id is not in it); false when the
+ * blob is not a valid one (then v->ok is false). */
+bool coll_cuda_ipc_blob_view(const void *blob, coll_cuda_view *v);
+
+/* The communicator's CUDA state (comm->cuda). */
+struct coll_cuda_comm {
+  int device;            /* the GPU current when the communicator was built */
+  void *stream;          /* cudaStream_t: libcoll's own, non-blocking */
+  void *ipc_ctx;         /* cuda_ipc transport context */
+  coll_conn **send, **recv; /* per peer, for device buffers */
+  size_t slot_bytes;
+  bool ready;            /* every pair of ranks has cuda_ipc: device buffers can run */
+  char reason[COLL_ERRBUF]; /* why not, when !ready */
+};
+
+#endif

@@ -1,0 +1,459 @@
+/* cuda_ipc.c — the CUDA IPC transport: FIFO slots in GPU memory, shared between the
+ * processes of one host with cudaIpcGetMemHandle / cudaIpcOpenMemHandle.
+ *
+ * Each rank allocates, once at setup, one device buffer holding the FIFOs it receives
+ * on (one per peer, NSLOTS slots of SLOT_BYTES each) and exports it with an IPC handle;
+ * every sender opens its receivers' buffers and writes (copies or reduces, on its own
+ * CUDA stream) straight into its slot there.  The counters stay on the host, exactly as
+ * in shm.c: a POSIX shared segment per receiver holds, per sender, `tail` (written by
+ * the sender), `head` (written by the receiver) and the byte count of each slot, with
+ * release stores, acquire loads, and a futex to sleep on when there is nothing to do.
+ * The executor's device memory ops fence (wait for the CUDA stream) before send_post and
+ * before recv_release, so a published slot is complete in GPU memory and a released
+ * one is no longer read: the counters never run ahead of the bytes.
+ *
+ *   device buffer of rank r:  [fifo from rank 0][fifo from rank 1]...  (own one unused)
+ *   fifo = NSLOTS x SLOT_BYTES
+ *   host segment of rank r:   [header page][ctl page from rank 0][ctl page from rank 1]...
+ *
+ * Several ranks may share one GPU: they are separate processes, and opening another
+ * process's allocation on the same device is what CUDA IPC does (only the process that
+ * made a handle cannot open it, which the selection in cuda.c rules out).  Between two
+ * GPUs the handle is opened with cudaIpcMemLazyEnablePeerAccess, and the selection only
+ * pairs GPUs that can reach each other.  Slots are larger than shm's (2 MiB): each
+ * slice costs one stream fence, a few microseconds, which a 64 KiB slice would not
+ * amortise at GPU copy rates.
+ *
+ * Must never: block without a bound, allocate or call into the kernel while data moves,
+ * trust a peer's segment beyond what it checks, or let a CUDA error pass unreported.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll_config.h"
+#include "cuda_internal.h"
+
+#define CIPC_MAGIC 0x43495043u /* "CPIC" */
+#define CIPC_BLOB_MAGIC 0x42495043u
+#define PAGE 4096
+#define CIPC_NSLOTS 4
+#define CIPC_SLOT_BYTES (2u << 20)
+
+/* What a rank tells its peers (fits COLL_CONN_BLOB). */
+typedef struct {
+  uint32_t magic;
+  uint32_t ok;
+  int32_t pid;
+  uint32_t pci;
+  uint32_t npeers;
+  uint32_t peers[16];
+  uint32_t nslots, slot_bytes;
+  uint64_t seg_size, fifo_bytes;
+  char shm_name[40];
+  unsigned char handle[64]; /* cudaIpcMemHandle_t */
+} cipc_blob;
+_Static_assert(sizeof(cipc_blob) <= COLL_CONN_BLOB, "cuda_ipc blob fits");
+
+bool coll_cuda_ipc_blob_view(const void *blob, coll_cuda_view *v) {
+  cipc_blob b;
+  memcpy(&b, blob, sizeof b);
+  memset(v, 0, sizeof *v);
+  if (b.magic != CIPC_BLOB_MAGIC || !b.ok) return false;
+  v->ok = true;
+  v->pid = b.pid;
+  v->pci = b.pci;
+  v->npeers = b.npeers < 16 ? b.npeers : 16;
+  memcpy(v->peers, b.peers, sizeof v->peers);
+  return true;
+}
+
+#if COLL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) == 64, "IPC handle is 64 bytes");
+
+typedef struct {
+  uint32_t magic, nranks, nslots, slot_bytes;
+  int32_t owner_pid;
+  int32_t owner_rank;
+  _Atomic int32_t closed;
+} cipc_header;
+
+typedef struct {
+  _Alignas(64) _Atomic uint32_t tail;
+  _Atomic uint32_t tail_waiter;
+  _Alignas(64) _Atomic uint32_t head;
+  _Atomic uint32_t head_waiter;
+  _Alignas(64) uint32_t bytes[CIPC_NSLOTS];
+} cipc_ctl;
+_Static_assert(sizeof(cipc_ctl) <= PAGE, "control block fits a page");
+
+typedef struct {
+  coll_conn base;
+  cipc_ctl *ctl;
+  uint8_t *slots; /* device memory */
+  uint32_t pos, cached;
+  cipc_header *peer_hdr;
+  pid_t peer_pid;
+} cipc_conn;
+
+typedef struct {
+  char name[40];
+  uint8_t *base; /* host segment */
+  size_t size;
+  bool unlinked;
+  uint8_t *fifo; /* device */
+  size_t fifo_bytes;
+  int device;
+  uint8_t **peer_base;
+  size_t *peer_size;
+  void **peer_fifo; /* opened IPC pointers */
+  cipc_conn *conns; /* [2p] send to p, [2p+1] recv from p */
+} cipc_ctx;
+
+#define CK_FAIL(comm, e, what, ...)                                                          \
+  coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: " what " failed: %s (%s)",            \
+            (comm)->rank, ##__VA_ARGS__, cudaGetErrorName(e), cudaGetErrorString(e))
+
+static size_t fifo_stride(void) { return (size_t)CIPC_NSLOTS * CIPC_SLOT_BYTES; }
+static size_t seg_size(int nranks) { return PAGE + (size_t)nranks * PAGE; }
+static cipc_ctl *ctl_of(uint8_t *base, int from) {
+  return (cipc_ctl *)(base + PAGE + (size_t)from * PAGE);
+}
+
+static bool cipc_can_connect(struct coll_comm *comm, int peer) {
+  return comm->host_ids[peer] == comm->host_ids[comm->rank] &&
+         comm->pids[peer] != comm->pids[comm->rank];
+}
+
+static uint32_t pci_of(int dev, cudaError_t *err) {
+  int dom = 0, bus = 0, slot = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&dom, cudaDevAttrPciDomainId, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&bus, cudaDevAttrPciBusId, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&slot, cudaDevAttrPciDeviceId, dev);
+  *err = e;
+  return ((uint32_t)dom << 16) | (((uint32_t)bus & 0xff) << 8) | ((uint32_t)slot & 0xff);
+}
+
+static coll_result cipc_setup(struct coll_comm *comm, void **ctxp, void *blob) {
+  int n = comm->nranks;
+  cipc_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up cuda_ipc");
+  *ctxp = ctx;
+  ctx->peer_base = calloc((size_t)n, sizeof *ctx->peer_base);
+  ctx->peer_size = calloc((size_t)n, sizeof *ctx->peer_size);
+  ctx->peer_fifo = calloc((size_t)n, sizeof *ctx->peer_fifo);
+  ctx->conns = calloc(2 * (size_t)n, sizeof *ctx->conns);
+  if (!ctx->peer_base || !ctx->peer_size || !ctx->peer_fifo || !ctx->conns)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up cuda_ipc");
+  ctx->device = comm->cuda ? comm->cuda->device : 0;
+
+  cipc_blob b;
+  memset(&b, 0, sizeof b);
+  cudaError_t e = cudaSetDevice(ctx->device);
+  if (e != cudaSuccess) return CK_FAIL(comm, e, "cudaSetDevice(%d)", ctx->device);
+  b.pci = pci_of(ctx->device, &e);
+  if (e != cudaSuccess) return CK_FAIL(comm, e, "reading the PCI address of GPU %d", ctx->device);
+  /* The GPUs this one can reach with peer access, by PCI address (device ordinals differ
+   * between processes with different CUDA_VISIBLE_DEVICES). */
+  int ndev = 0;
+  if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess)
+    return CK_FAIL(comm, e, "cudaGetDeviceCount");
+  for (int d = 0; d < ndev && b.npeers < 16; d++) {
+    int can = 0;
+    if (d == ctx->device) continue;
+    if (cudaDeviceCanAccessPeer(&can, ctx->device, d) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    cudaError_t pe;
+    uint32_t pci = pci_of(d, &pe);
+    if (can && pe == cudaSuccess) b.peers[b.npeers++] = pci;
+    cudaGetLastError();
+  }
+
+  /* The FIFOs: allocated and cleared once, here, never on the data path. */
+  ctx->fifo_bytes = (size_t)n * fifo_stride();
+  void *fifo = NULL;
+  if ((e = cudaMalloc(&fifo, ctx->fifo_bytes)) != cudaSuccess)
+    return CK_FAIL(comm, e, "cudaMalloc of %zu bytes of FIFO on GPU %d", ctx->fifo_bytes,
+                   ctx->device);
+  ctx->fifo = fifo;
+  if ((e = cudaMemset(fifo, 0, ctx->fifo_bytes)) != cudaSuccess)
+    return CK_FAIL(comm, e, "clearing the FIFO");
+  cudaIpcMemHandle_t h;
+  if ((e = cudaIpcGetMemHandle(&h, fifo)) != cudaSuccess)
+    return CK_FAIL(comm, e, "cudaIpcGetMemHandle");
+  memcpy(b.handle, &h, sizeof h);
+
+  /* The counters: a host segment, as shm.c's. */
+  char hex[17];
+  for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", comm->secret[i]);
+  snprintf(ctx->name, sizeof ctx->name, "/coll-%s-cu%d", hex, comm->rank);
+  ctx->size = seg_size(n);
+  int fd = shm_open(ctx->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: shm_open(%s) failed: %s",
+                     comm->rank, ctx->name, strerror(errno));
+  if (ftruncate(fd, (off_t)ctx->size) != 0) {
+    int err = errno;
+    close(fd);
+    shm_unlink(ctx->name);
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: sizing %s failed: %s",
+                     comm->rank, ctx->name, strerror(err));
+  }
+  void *p = mmap(NULL, ctx->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(ctx->name);
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: mmap of %s failed: %s",
+                     comm->rank, ctx->name, strerror(err));
+  }
+  ctx->base = p;
+  memset(ctx->base, 0, ctx->size); /* first touch now, not on the data path */
+  cipc_header *hd = (cipc_header *)ctx->base;
+  hd->nranks = (uint32_t)n;
+  hd->nslots = CIPC_NSLOTS;
+  hd->slot_bytes = CIPC_SLOT_BYTES;
+  hd->owner_pid = (int32_t)getpid();
+  hd->owner_rank = comm->rank;
+  atomic_store(&hd->closed, 0);
+  hd->magic = CIPC_MAGIC;
+
+  b.magic = CIPC_BLOB_MAGIC;
+  b.ok = 1;
+  b.pid = (int32_t)getpid();
+  b.nslots = CIPC_NSLOTS;
+  b.slot_bytes = CIPC_SLOT_BYTES;
+  b.seg_size = ctx->size;
+  b.fifo_bytes = ctx->fifo_bytes;
+  snprintf(b.shm_name, sizeof b.shm_name, "%s", ctx->name);
+  memcpy(blob, &b, sizeof b);
+  return COLL_OK;
+}
+
+static coll_result cipc_connect(struct coll_comm *comm, void *vctx, int peer,
+                                const void *peer_blob, coll_conn **send, coll_conn **recv) {
+  cipc_ctx *ctx = vctx;
+  cipc_blob b;
+  memcpy(&b, peer_blob, sizeof b);
+  b.shm_name[sizeof b.shm_name - 1] = 0;
+  if (b.magic != CIPC_BLOB_MAGIC || !b.ok || b.nslots != CIPC_NSLOTS ||
+      b.slot_bytes != CIPC_SLOT_BYTES || b.seg_size != seg_size(comm->nranks) ||
+      b.fifo_bytes != (uint64_t)comm->nranks * fifo_stride())
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: cuda_ipc: rank %d's connection info "
+                     "does not match this build (slots %u x %u bytes)", comm->rank, peer,
+                     b.nslots, b.slot_bytes);
+  int fd = shm_open(b.shm_name, O_RDWR, 0);
+  if (fd < 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: opening rank %d's segment %s "
+                     "failed: %s", comm->rank, peer, b.shm_name, strerror(errno));
+  void *p = mmap(NULL, b.seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (p == MAP_FAILED)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: mapping rank %d's segment "
+                     "failed: %s", comm->rank, peer, strerror(err));
+  ctx->peer_base[peer] = p;
+  ctx->peer_size[peer] = b.seg_size;
+  cipc_header *ph = p;
+  if (ph->magic != CIPC_MAGIC || ph->nranks != (uint32_t)comm->nranks || ph->owner_rank != peer)
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: cuda_ipc: rank %d's segment %s is not a "
+                     "valid libcoll segment for this communicator", comm->rank, peer, b.shm_name);
+  cudaIpcMemHandle_t h;
+  memcpy(&h, b.handle, sizeof h);
+  cudaError_t e = cudaSetDevice(ctx->device);
+  if (e != cudaSuccess) return CK_FAIL(comm, e, "cudaSetDevice(%d)", ctx->device);
+  void *pf = NULL;
+  e = cudaIpcOpenMemHandle(&pf, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess)
+    return CK_FAIL(comm, e, "cudaIpcOpenMemHandle of rank %d's FIFO (pid %d)", peer, (int)b.pid);
+  ctx->peer_fifo[peer] = pf;
+
+  cipc_conn *s = &ctx->conns[2 * peer], *r = &ctx->conns[2 * peer + 1];
+  *s = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc, .peer = peer, .is_send = true,
+                            .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
+                   .ctl = ctl_of(p, comm->rank),
+                   .slots = (uint8_t *)pf + (size_t)comm->rank * fifo_stride(),
+                   .peer_hdr = ph, .peer_pid = b.pid};
+  *r = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc, .peer = peer, .is_send = false,
+                            .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
+                   .ctl = ctl_of(ctx->base, peer),
+                   .slots = ctx->fifo + (size_t)peer * fifo_stride(),
+                   .peer_hdr = ph, .peer_pid = b.pid};
+  *send = &s->base;
+  *recv = &r->base;
+  return COLL_OK;
+}
+
+static coll_result cipc_ready(struct coll_comm *comm, void *vctx) {
+  cipc_ctx *ctx = vctx;
+  if (!ctx->unlinked && ctx->base && shm_unlink(ctx->name) != 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: unlinking %s failed: %s",
+                     comm->rank, ctx->name, strerror(errno));
+  ctx->unlinked = true;
+  return COLL_OK;
+}
+
+/* ---- data path (the counters; the bytes were moved by the executor's device ops) ---- */
+
+static void futex_wake(_Atomic uint32_t *addr) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+static void *cipc_send_slot(coll_conn *c) {
+  cipc_conn *s = (cipc_conn *)c;
+  if (s->pos - s->cached >= CIPC_NSLOTS) {
+    s->cached = atomic_load_explicit(&s->ctl->head, memory_order_acquire);
+    if (s->pos - s->cached >= CIPC_NSLOTS) return NULL;
+  }
+  return s->slots + (size_t)(s->pos % CIPC_NSLOTS) * CIPC_SLOT_BYTES;
+}
+
+static void cipc_send_post(coll_conn *c, uint32_t bytes) {
+  cipc_conn *s = (cipc_conn *)c;
+  s->ctl->bytes[s->pos % CIPC_NSLOTS] = bytes;
+  s->pos++;
+  atomic_store_explicit(&s->ctl->tail, s->pos, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&s->ctl->tail_waiter, memory_order_relaxed)) futex_wake(&s->ctl->tail);
+}
+
+static const void *cipc_recv_slot(coll_conn *c, uint32_t *bytes) {
+  cipc_conn *r = (cipc_conn *)c;
+  if (r->pos == r->cached) {
+    r->cached = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
+    if (r->pos == r->cached) return NULL;
+  }
+  uint32_t i = r->pos % CIPC_NSLOTS;
+  *bytes = r->ctl->bytes[i];
+  return r->slots + (size_t)i * CIPC_SLOT_BYTES;
+}
+
+static void cipc_recv_release(coll_conn *c) {
+  cipc_conn *r = (cipc_conn *)c;
+  r->pos++;
+  atomic_store_explicit(&r->ctl->head, r->pos, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&r->ctl->head_waiter, memory_order_relaxed)) futex_wake(&r->ctl->head);
+}
+
+static bool can_go(cipc_conn *c) {
+  if (c->base.is_send)
+    return c->pos - atomic_load_explicit(&c->ctl->head, memory_order_acquire) < CIPC_NSLOTS;
+  return atomic_load_explicit(&c->ctl->tail, memory_order_acquire) != c->pos;
+}
+
+/* As shm_wait: spin, yield, then sleep on the futex of the counter we wait for, looking
+ * at the peer's health when a sleep times out. */
+static coll_result cipc_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
+  cipc_conn *c = (cipc_conn *)cc;
+  int spins = comm->oversubscribed ? 0 : 1000;
+  for (int i = 0; i < spins; i++) {
+    if (can_go(c)) return COLL_OK;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  for (int i = 0; i < 64; i++) {
+    if (can_go(c)) return COLL_OK;
+    sched_yield();
+  }
+  _Atomic uint32_t *word = c->base.is_send ? &c->ctl->head : &c->ctl->tail;
+  _Atomic uint32_t *flag = c->base.is_send ? &c->ctl->head_waiter : &c->ctl->tail_waiter;
+  uint32_t seen = atomic_load(word);
+  atomic_store(flag, 1);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (!can_go(c) && !atomic_load(&comm->aborted)) {
+    int ms = max_ms < 1 ? 1 : max_ms;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+    if (rc != 0 && errno == ETIMEDOUT && !can_go(c)) {
+      if (atomic_load(&c->peer_hdr->closed)) {
+        atomic_store(flag, 0);
+        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
+                         comm->rank, c->base.peer);
+      }
+      if (kill(c->peer_pid, 0) != 0 && errno == ESRCH) {
+        atomic_store(flag, 0);
+        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died",
+                         comm->rank, c->base.peer, (int)c->peer_pid);
+      }
+    }
+  }
+  atomic_store(flag, 0);
+  return COLL_OK;
+}
+
+static void cipc_wake(coll_conn *cc) {
+  cipc_conn *c = (cipc_conn *)cc;
+  futex_wake(c->base.is_send ? &c->ctl->head : &c->ctl->tail);
+}
+
+static void cipc_close(struct coll_comm *comm, void *vctx) {
+  cipc_ctx *ctx = vctx;
+  if (!ctx) return;
+  cudaSetDevice(ctx->device);
+  if (ctx->peer_fifo)
+    for (int i = 0; i < comm->nranks; i++)
+      if (ctx->peer_fifo[i]) cudaIpcCloseMemHandle(ctx->peer_fifo[i]);
+  if (ctx->fifo) cudaFree(ctx->fifo);
+  cudaGetLastError();
+  if (ctx->base) {
+    if (atomic_load(&comm->aborted)) atomic_store(&((cipc_header *)ctx->base)->closed, 1);
+    if (!ctx->unlinked) shm_unlink(ctx->name);
+    munmap(ctx->base, ctx->size);
+  }
+  if (ctx->peer_base)
+    for (int i = 0; i < comm->nranks; i++)
+      if (ctx->peer_base[i]) munmap(ctx->peer_base[i], ctx->peer_size[i]);
+  free(ctx->peer_base);
+  free(ctx->peer_size);
+  free(ctx->peer_fifo);
+  free(ctx->conns);
+  free(ctx);
+}
+
+const coll_transport coll_transport_cuda_ipc = {
+    .name = "cuda_ipc",
+    .can_connect = cipc_can_connect,
+    .setup = cipc_setup,
+    .connect = cipc_connect,
+    .ready = cipc_ready,
+    .send_slot = cipc_send_slot,
+    .send_post = cipc_send_post,
+    .recv_slot = cipc_recv_slot,
+    .recv_release = cipc_recv_release,
+    .wait = cipc_wait,
+    .wake = cipc_wake,
+    .close = cipc_close,
+};
+
+#else /* no CUDA in this build: a transport that never connects */
+
+static bool none_can_connect(struct coll_comm *comm, int peer) {
+  (void)comm, (void)peer;
+  return false;
+}
+static coll_result none_setup(struct coll_comm *comm, void **ctx, void *blob) {
+  (void)ctx, (void)blob;
+  return coll_fail(comm, COLL_ERR_UNSUPPORTED, "cuda_ipc: this build has no CUDA support");
+}
+static void none_close(struct coll_comm *comm, void *ctx) { (void)comm, (void)ctx; }
+
+const coll_transport coll_transport_cuda_ipc = {
+    .name = "cuda_ipc", .can_connect = none_can_connect, .setup = none_setup,
+    .close = none_close};
+#endif
