@@ -85,6 +85,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   comm->rank = rank;
   comm->nranks = nranks;
   comm->timeout_ms = coll_env_timeout_ms();
+  comm->check = coll_check_from_env();
   memcpy(comm->secret, f->secret, COLL_SECRET_BYTES);
   comm->pids = calloc((size_t)nranks, sizeof *comm->pids);
   comm->host_ids = calloc((size_t)nranks, sizeof *comm->host_ids);

@@ -172,6 +172,7 @@ struct coll_comm {
   uint8_t *barrier_buf;
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
+  bool check; /* COLL_CHECK: exchange call descriptors before each call (check.c) */
 
   _Atomic int aborted;
   _Atomic int users; /* API calls inside the communicator right now */
@@ -189,6 +190,14 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *w);
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */
 void coll_exec_wake_all(struct coll_comm *comm);
+
+/* ---- mismatch detection (check.c) ------------------------------------------------ */
+
+/* COLL_CHECK from the environment; unset: on in debug builds (COLL_CHECK_DEFAULT). */
+bool coll_check_from_env(void);
+/* Exchanges descriptors of `w` with the ranks it involves; COLL_ERR_MISMATCH with a
+ * sentence naming both calls when they disagree. */
+coll_result coll_check_call(struct coll_comm *comm, const coll_work *w);
 
 void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg);
 void coll_stream_enqueued(struct coll_stream *s);
