@@ -272,6 +272,27 @@ static inline void cpu_relax(void) {
 
 /* Spin (cheap when the peer runs on another core), then yield (cheap when ranks share
  * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
+/* NULL while `pid` runs (or is stopped); else how it is gone.  kill(pid, 0) succeeds on
+ * a zombie — a process that died but that its parent has not reaped yet, which is what a
+ * SIGKILLed rank is until its launcher gets round to waitpid — so the state letter in
+ * /proc/PID/stat (after the last ')': the name may hold spaces and parentheses) decides:
+ * Z (zombie) or X (being reaped) is dead.  Called only after a quiet 100 ms wait. */
+static const char *peer_gone(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return "";
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? "" : NULL;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return NULL;
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  if (p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'))
+    return " (killed or exited; not yet reaped by its parent)";
+  return NULL;
+}
+
 static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
   shm_conn *c = (shm_conn *)cc;
   /* When ranks outnumber cores the peer we wait for is likely not running: spinning
@@ -301,10 +322,11 @@ static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
         return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
                          comm->rank, c->base.peer);
       }
-      if (kill(c->peer_pid, 0) != 0 && errno == ESRCH) {
+      const char *how = peer_gone(c->peer_pid);
+      if (how) {
         atomic_store(flag, 0);
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died",
-                         comm->rank, c->base.peer, (int)c->peer_pid);
+        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
+                         comm->rank, c->base.peer, (int)c->peer_pid, how);
       }
     }
   }
