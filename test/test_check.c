@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "coll_config.h"
@@ -42,6 +45,17 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Ranks meet here (shared memory made before the fork) before they leave: a rank that
+ * destroys its failed communicator at once may otherwise be seen as lost (COLL_ERR_REMOTE
+ * over TCP) by a slower peer that is still receiving descriptors. */
+static _Atomic int *arrived;
+
+static void meet(int n) {
+  atomic_fetch_add(arrived, 1);
+  double t0 = now_ms();
+  while (atomic_load(arrived) < n && now_ms() - t0 < 10000) sched_yield();
+}
+
 static coll_result do_call(coll_comm_t comm, const call *c, void *a, void *b) {
   switch (c->kind) {
   case C_ALL_REDUCE: return coll_all_reduce(a, b, c->count, c->dtype, c->op, comm, NULL);
@@ -59,7 +73,6 @@ static coll_result do_call(coll_comm_t comm, const call *c, void *a, void *b) {
 
 static int mismatch_rank(coll_comm_t comm, int rank, int n, void *arg) {
   const mcase *mc = arg;
-  (void)n;
   size_t bytes = 1u << 20;
   uint8_t *a = calloc(1, bytes), *b = calloc(1, bytes);
   if (!a || !b) return t_failf("rank %d: out of memory", rank);
@@ -68,6 +81,7 @@ static int mismatch_rank(coll_comm_t comm, int rank, int n, void *arg) {
   if (mc->idle_from && rank >= mc->idle_from) {
     free(a);
     free(b);
+    meet(n);
     return 0;
   }
   const call *c = rank == 1 ? &mc->odd : &mc->normal;
@@ -77,6 +91,7 @@ static int mismatch_rank(coll_comm_t comm, int rank, int n, void *arg) {
   double ms = now_ms() - t0;
   char msg[COLL_ERRBUF];
   snprintf(msg, sizeof msg, "%s", coll_comm_last_error(comm));
+  meet(n);
   free(a);
   free(b);
   if (r != COLL_ERR_MISMATCH)
@@ -96,7 +111,11 @@ static void run_case(int n, const mcase *mc, const char *transport) {
   setenv("COLL_TIMEOUT_MS", "10000", 1);
   setenv("COLL_TRANSPORT", transport, 1);
   char why[512];
+  arrived = mmap(NULL, sizeof *arrived, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(arrived, MAP_FAILED);
+  atomic_store(arrived, 0);
   int rc = t_launch(n, mismatch_rank, (void *)mc, 30000, why, sizeof why);
+  munmap(arrived, sizeof *arrived);
   cr_assert_eq(rc, 0, "%d ranks over %s: %s", n, transport, why);
 }
 
