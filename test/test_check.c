@@ -213,3 +213,34 @@ Test(check, default_follows_build_type, .timeout = 60) {
   want = 0;
   cr_assert_eq(t_launch(2, default_rank, &want, 30000, why, sizeof why), 0, "%s", why);
 }
+
+/* One rank with the check off (as if its COLL_CHECK differed): both sides see a slice of
+ * the wrong size and say so, instead of reading a descriptor as data or the reverse. */
+static int setting_rank(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  if (rank == 1) comm->check = false;
+  float x[1000] = {0};
+  coll_result r = coll_all_reduce(x, x, 1000, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  char msg[COLL_ERRBUF];
+  snprintf(msg, sizeof msg, "%s", coll_comm_last_error(comm));
+  meet(n);
+  if (r != COLL_ERR_MISMATCH) return t_failf("rank %d: got %s: %s", rank, coll_result_string(r), msg);
+  const char *want = rank == 0 ? "where the COLL_CHECK descriptor of all_reduce #0 was expected"
+                               : "received a 40-byte slice from rank 0";
+  if (!strstr(msg, want)) return t_failf("rank %d: sentence lacks \"%s\": %s", rank, want, msg);
+  fprintf(stderr, "  rank %d: %s\n", rank, msg);
+  return 0;
+}
+
+Test(check, setting_differs_between_ranks, .timeout = 60) {
+  setenv("COLL_CHECK", "1", 1);
+  setenv("COLL_TIMEOUT_MS", "10000", 1);
+  setenv("COLL_TRANSPORT", "auto", 1);
+  arrived = mmap(NULL, sizeof *arrived, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(arrived, MAP_FAILED);
+  atomic_store(arrived, 0);
+  char why[512];
+  int rc = t_launch(2, setting_rank, NULL, 30000, why, sizeof why);
+  munmap(arrived, sizeof *arrived);
+  cr_assert_eq(rc, 0, "%s", why);
+}
