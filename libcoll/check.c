@@ -148,12 +148,15 @@ static coll_result mismatch(struct coll_comm *comm, int ra, const desc *a, int r
 
 static coll_result too_long(struct coll_comm *comm, const coll_work *w, int peer,
                             const char *what) {
+  /* Shaped like the executor's timeout sentence, so readers (and tools) find the same
+   * facts in the same places. */
   return coll_fail(comm, COLL_ERR_TIMEOUT,
-                   "rank %d timed out after %d ms waiting %s rank %d in the COLL_CHECK "
-                   "exchange of %s #%llu (count %zu, %s): that rank has not entered a call "
-                   "of its own",
+                   "rank %d timed out after %d ms waiting %s rank %d in step 0 (COLL_CHECK "
+                   "descriptor exchange) of %s #%llu (count %zu, %s): 0 of %zu bytes of this "
+                   "step had moved",
                    comm->rank, comm->timeout_ms, what, peer, coll_coll_name(w->coll),
-                   (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype));
+                   (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype),
+                   sizeof(desc));
 }
 
 static coll_result wait_once(struct coll_comm *comm, const coll_work *w, coll_conn *c,

@@ -244,3 +244,39 @@ Test(check, setting_differs_between_ranks, .timeout = 60) {
   munmap(arrived, sizeof *arrived);
   cr_assert_eq(rc, 0, "%s", why);
 }
+
+/* A rank that never makes the call is a stall, not a mismatch: the others time out in
+ * the exchange, bounded by COLL_TIMEOUT_MS, naming it. */
+static int absent_rank(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  if (rank == 1) {
+    meet(n);
+    return 0;
+  }
+  float x[10] = {0};
+  double t0 = now_ms();
+  coll_result r = coll_all_reduce(x, x, 10, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  double ms = now_ms() - t0;
+  char msg[COLL_ERRBUF];
+  snprintf(msg, sizeof msg, "%s", coll_comm_last_error(comm));
+  meet(n);
+  if (r != COLL_ERR_TIMEOUT) return t_failf("rank 0: got %s: %s", coll_result_string(r), msg);
+  if (!strstr(msg, "waiting for the call descriptor of rank 1 in step 0 (COLL_CHECK"))
+    return t_failf("rank 0: sentence does not name the absent rank: %s", msg);
+  if (ms < 900 || ms > 2500) return t_failf("rank 0: timed out after %.0f ms (limit 1000)", ms);
+  fprintf(stderr, "  rank 0 (%.0f ms): %s\n", ms, msg);
+  return 0;
+}
+
+Test(check, absent_rank_times_out, .timeout = 60) {
+  setenv("COLL_CHECK", "1", 1);
+  setenv("COLL_TIMEOUT_MS", "1000", 1);
+  setenv("COLL_TRANSPORT", "auto", 1);
+  arrived = mmap(NULL, sizeof *arrived, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(arrived, MAP_FAILED);
+  atomic_store(arrived, 0);
+  char why[512];
+  int rc = t_launch(2, absent_rank, NULL, 30000, why, sizeof why);
+  munmap(arrived, sizeof *arrived);
+  cr_assert_eq(rc, 0, "%s", why);
+}
