@@ -132,14 +132,10 @@ static void pick_local_addr(coll_id_fields *f) {
 /* ---- the root server ------------------------------------------------------------- */
 
 typedef struct {
+  coll_boot_rx rx; /* first: job.by_rank points at it (bootstrap_parse.c parses into it) */
   int fd;
-  int rank; /* -1 until authenticated */
-  uint8_t hdr[COLL_AUTH_BYTES];
-  size_t got;
   uint64_t deadline_ns;
-  uint8_t *data; /* this round's blob */
-  uint32_t len;
-  bool have_len, have_data, closed;
+  bool closed;
 } root_conn;
 
 typedef struct coll_root {
@@ -147,13 +143,14 @@ typedef struct coll_root {
   int wake_fd;     /* eventfd: coll_bootstrap_root_stop() asks the loop to end */
   bool detached;   /* the thread frees this state itself */
   pthread_t thread;
-  uint8_t secret[COLL_SECRET_BYTES];
+  coll_boot_job job; /* secret, nranks, rank table */
   int timeout_ms;
-  int nranks;
   root_conn *conns;
   int nconns;
-  root_conn **by_rank;
 } root_state;
+
+/* The connection of rank r, or NULL before it joined. */
+static root_conn *by_rank(root_state *st, int r) { return (root_conn *)st->job.by_rank[r]; }
 
 static int set_nonblock(int fd) {
   int fl = fcntl(fd, F_GETFL);
@@ -183,8 +180,7 @@ static bool write_all(int fd, const void *buf, size_t len, int timeout_ms) {
 static void drop(root_conn *c) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
-  free(c->data);
-  c->data = NULL;
+  coll_boot_rx_free(&c->rx);
   c->closed = true;
 }
 
@@ -196,7 +192,7 @@ static void fail_all(root_state *st, const char *msg) {
   for (int i = 0; i < st->nconns; i++) {
     root_conn *c = &st->conns[i];
     if (c->fd < 0) continue;
-    if (c->rank >= 0 && write_all(c->fd, h, 8, 1000)) write_all(c->fd, msg, len, 1000);
+    if (c->rx.rank >= 0 && write_all(c->fd, h, 8, 1000)) write_all(c->fd, msg, len, 1000);
     drop(c);
   }
   COLL_WARN(-1, "bootstrap root: %s", msg);
@@ -204,16 +200,16 @@ static void fail_all(root_state *st, const char *msg) {
 
 /* Every registered rank has sent this round's blob: answer all of them. */
 static bool serve_round(root_state *st) {
-  uint32_t len = st->by_rank[0]->len;
-  for (int r = 1; r < st->nranks; r++)
-    if (st->by_rank[r]->len != len) {
+  uint32_t len = by_rank(st, 0)->rx.len;
+  for (int r = 1; r < st->job.nranks; r++)
+    if (by_rank(st, r)->rx.len != len) {
       char msg[160];
       snprintf(msg, sizeof msg, "rank 0 sent %u bytes in a bootstrap round but rank %d sent "
-               "%u: the ranks disagree about the job", len, r, st->by_rank[r]->len);
+               "%u: the ranks disagree about the job", len, r, by_rank(st, r)->rx.len);
       fail_all(st, msg);
       return false;
     }
-  size_t total = (size_t)len * (size_t)st->nranks;
+  size_t total = (size_t)len * (size_t)st->job.nranks;
   uint8_t *all = malloc(8 + total);
   if (!all) {
     fail_all(st, "bootstrap root is out of memory");
@@ -221,15 +217,12 @@ static bool serve_round(root_state *st) {
   }
   coll_put32(all, 0);
   coll_put32(all + 4, len);
-  for (int r = 0; r < st->nranks; r++) {
-    if (len) memcpy(all + 8 + (size_t)r * len, st->by_rank[r]->data, len);
-    free(st->by_rank[r]->data);
-    st->by_rank[r]->data = NULL;
-    st->by_rank[r]->have_len = st->by_rank[r]->have_data = false;
-    st->by_rank[r]->got = 0;
+  for (int r = 0; r < st->job.nranks; r++) {
+    if (len) memcpy(all + 8 + (size_t)r * len, by_rank(st, r)->rx.data, len);
+    coll_boot_rx_next_round(&by_rank(st, r)->rx);
   }
-  for (int r = 0; r < st->nranks; r++)
-    if (!write_all(st->by_rank[r]->fd, all, 8 + total, st->timeout_ms ? st->timeout_ms : 60000)) {
+  for (int r = 0; r < st->job.nranks; r++)
+    if (!write_all(by_rank(st, r)->fd, all, 8 + total, st->timeout_ms ? st->timeout_ms : 60000)) {
       free(all);
       char msg[120];
       snprintf(msg, sizeof msg, "could not send the bootstrap reply to rank %d", r);
@@ -240,92 +233,32 @@ static bool serve_round(root_state *st) {
   return true;
 }
 
-/* Reads what is available on c; returns false when c should be dropped. */
+/* Reads what is available on c and hands it to the parser (bootstrap_parse.c); returns
+ * false when c should be dropped. */
 static bool feed(root_state *st, root_conn *c, char *why, size_t why_len) {
+  uint8_t buf[4096];
   for (;;) {
-    uint8_t *dst;
-    size_t want;
-    if (c->rank < 0) {
-      dst = c->hdr + c->got;
-      want = COLL_AUTH_BYTES - c->got;
-    } else if (!c->have_len) {
-      dst = c->hdr + c->got;
-      want = 4 - c->got;
-    } else if (!c->have_data) {
-      dst = c->data + c->got;
-      want = c->len - c->got;
-    } else {
-      /* A client talking out of turn: nothing is expected until the reply. */
-      uint8_t junk;
-      ssize_t n = recv(c->fd, &junk, 1, MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        snprintf(why, why_len, "rank %d hung up in the middle of a bootstrap round", c->rank);
-        return false;
-      }
-      if (n > 0) {
-        snprintf(why, why_len, "rank %d sent bytes out of turn", c->rank);
-        return false;
-      }
-      return true;
-    }
-    ssize_t n = want ? recv(c->fd, dst, want, MSG_DONTWAIT) : 0;
-    if (want && n == 0) {
-      if (c->rank >= 0 && (c->have_len || c->got))
-        snprintf(why, why_len, "rank %d hung up in the middle of a bootstrap round", c->rank);
-      else if (c->rank >= 0)
-        snprintf(why, why_len, "rank %d hung up", c->rank);
+    ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) {
+      if (c->rx.rank >= 0 && (c->rx.have_len || c->rx.got))
+        snprintf(why, why_len, "rank %d hung up in the middle of a bootstrap round", c->rx.rank);
+      else if (c->rx.rank >= 0)
+        snprintf(why, why_len, "rank %d hung up", c->rx.rank);
       else
         why[0] = 0;
       return false;
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
-      snprintf(why, why_len, "reading from rank %d failed: %s", c->rank, strerror(errno));
+      snprintf(why, why_len, "reading from rank %d failed: %s", c->rx.rank, strerror(errno));
       return false;
     }
-    c->got += (size_t)n;
-    if ((size_t)n < want) continue;
-    if (c->rank < 0) {
-      coll_auth a;
-      if (!coll_auth_parse(c->hdr, st->secret, &a)) {
-        why[0] = 0; /* a stranger: drop quietly */
+    if (!coll_boot_rx_input(&st->job, &c->rx, buf, (size_t)n, why, why_len)) {
+      if (c->rx.rank < 0 && !why[0])
         COLL_INFO(-1, "bootstrap root: dropped a connection without the job's secret");
-        return false;
-      }
-      if (st->nranks == 0) {
-        st->nranks = (int)a.nranks;
-        st->by_rank = calloc(a.nranks, sizeof *st->by_rank);
-        if (!st->by_rank) {
-          snprintf(why, why_len, "out of memory for %u ranks", a.nranks);
-          return false;
-        }
-      }
-      if ((int)a.nranks != st->nranks || st->by_rank[a.rank]) {
-        COLL_WARN(-1, "bootstrap root: refused rank %u of %u (job has %d ranks%s)", a.rank,
-                  a.nranks, st->nranks, st->by_rank[a.rank] ? ", rank already joined" : "");
-        why[0] = 0;
-        return false;
-      }
-      c->rank = (int)a.rank;
-      st->by_rank[a.rank] = c;
-      c->got = 0;
-    } else if (!c->have_len) {
-      c->len = coll_get32(c->hdr);
-      if (c->len > COLL_BOOT_MAX_LEN) {
-        snprintf(why, why_len, "rank %d announced a %u-byte bootstrap blob (limit %u)", c->rank,
-                 c->len, COLL_BOOT_MAX_LEN);
-        return false;
-      }
-      c->have_len = true;
-      c->got = 0;
-      c->data = malloc(c->len ? c->len : 1);
-      if (!c->data) {
-        snprintf(why, why_len, "out of memory");
-        return false;
-      }
-      if (c->len == 0) c->have_data = true;
-    } else {
-      c->have_data = true;
+      else if (c->rx.rank < 0)
+        COLL_WARN(-1, "bootstrap root: %s", why);
+      return false;
     }
   }
 }
@@ -343,8 +276,8 @@ static void *root_main(void *arg) {
     /* Everyone who joined has hung up after the last round: done. */
     if (any_joined) {
       bool all_gone = true;
-      for (int r = 0; r < st->nranks; r++)
-        if (!st->by_rank[r] || !st->by_rank[r]->closed) all_gone = false;
+      for (int r = 0; r < st->job.nranks; r++)
+        if (!by_rank(st, r) || !by_rank(st, r)->closed) all_gone = false;
       if (all_gone) break;
     }
     int np = 0;
@@ -370,32 +303,32 @@ static void *root_main(void *arg) {
         /* Reuse a dead slot before growing. */
         int slot = -1;
         for (int i = 0; i < st->nconns; i++)
-          if (st->conns[i].fd < 0 && st->conns[i].rank < 0) { slot = i; break; }
+          if (st->conns[i].fd < 0 && st->conns[i].rx.rank < 0) { slot = i; break; }
         if (slot < 0) slot = st->nconns++;
-        st->conns[slot] = (root_conn){.fd = fd, .rank = -1,
-                                      .deadline_ns = now + AUTH_TIMEOUT_MS * 1000000ull};
+        st->conns[slot] = (root_conn){.fd = fd, .deadline_ns = now + AUTH_TIMEOUT_MS * 1000000ull};
+        coll_boot_rx_init(&st->conns[slot].rx);
       }
     }
     bool failed = false;
     for (int i = 1; i < np && !failed; i++) {
       root_conn *c = &st->conns[i - 1];
       if (c->fd < 0 || c->fd != pfs[i].fd) continue;
-      if (c->rank < 0 && now > c->deadline_ns) { drop(c); continue; }
+      if (c->rx.rank < 0 && now > c->deadline_ns) { drop(c); continue; }
       if (!(pfs[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char why[200] = "";
-      int before = c->rank;
+      int before = c->rx.rank;
       if (!feed(st, c, why, sizeof why)) {
         if (why[0]) COLL_INFO(-1, "bootstrap root: %s", why);
         drop(c);
         continue;
       }
-      if (before < 0 && c->rank >= 0) { any_joined = true; last_progress = now; }
+      if (before < 0 && c->rx.rank >= 0) { any_joined = true; last_progress = now; }
     }
     /* A rank that hung up while others are in a round can never answer it. */
-    for (int r = 0; r < st->nranks && !failed; r++) {
-      if (!st->by_rank[r] || !st->by_rank[r]->closed) continue;
-      for (int o = 0; o < st->nranks; o++)
-        if (st->by_rank[o] && !st->by_rank[o]->closed && st->by_rank[o]->have_len) {
+    for (int r = 0; r < st->job.nranks && !failed; r++) {
+      if (!by_rank(st, r) || !by_rank(st, r)->closed) continue;
+      for (int o = 0; o < st->job.nranks; o++)
+        if (by_rank(st, o) && !by_rank(st, o)->closed && by_rank(st, o)->rx.have_len) {
           char msg[160];
           snprintf(msg, sizeof msg, "rank %d left the job during init (died or gave up)", r);
           fail_all(st, msg);
@@ -405,10 +338,10 @@ static void *root_main(void *arg) {
     }
     if (failed) break;
     /* Answer a round once every rank has sent its blob. */
-    if (st->nranks > 0) {
+    if (st->job.nranks > 0) {
       bool ready = true;
-      for (int r = 0; r < st->nranks; r++)
-        if (!st->by_rank[r] || st->by_rank[r]->closed || !st->by_rank[r]->have_data) ready = false;
+      for (int r = 0; r < st->job.nranks; r++)
+        if (!by_rank(st, r) || by_rank(st, r)->closed || !by_rank(st, r)->rx.have_data) ready = false;
       if (ready) {
         if (!serve_round(st)) break;
         last_progress = coll_now_ns();
@@ -423,8 +356,7 @@ out:
   free(pfs);
   free(st->conns);
   st->conns = NULL;
-  free(st->by_rank);
-  st->by_rank = NULL;
+  coll_boot_job_free(&st->job);
   if (st->detached) {
     close(st->wake_fd);
     free(st);
@@ -477,7 +409,7 @@ coll_result coll_bootstrap_root_listen(coll_id_fields *f, bool pick_addr, int ti
   }
   st->listen_fd = fd;
   st->wake_fd = wfd;
-  memcpy(st->secret, f->secret, COLL_SECRET_BYTES);
+  memcpy(st->job.secret, f->secret, COLL_SECRET_BYTES);
   st->timeout_ms = timeout_ms;
   *out = st;
   return COLL_OK;

@@ -109,6 +109,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
       sb = COLL_STREAM_DEFAULT;
     comm->stream_bytes = (size_t)sb;
   }
+  comm->check = coll_check_from_env();
   memcpy(comm->secret, f->secret, COLL_SECRET_BYTES);
   comm->pids = calloc((size_t)nranks, sizeof *comm->pids);
   comm->host_ids = calloc((size_t)nranks, sizeof *comm->host_ids);

@@ -206,6 +206,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
   if (comm->sticky != COLL_OK)
     return comm->sticky; /* the sentence of the first failure stays in errbuf */
+  coll_result cr = comm->check ? coll_check_call(comm, w) : COLL_OK; /* COLL_CHECK */
+  if (cr != COLL_OK) return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
   coll_algo algo = coll_tune_choose(comm, w, es);

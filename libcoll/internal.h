@@ -212,6 +212,7 @@ struct coll_comm {
   struct coll_cuda_comm *cuda; /* device path (cuda.c); NULL until init sets it up */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
+  bool check; /* COLL_CHECK: exchange call descriptors before each call (check.c) */
 
   _Atomic int aborted;
   _Atomic int users; /* API calls inside the communicator right now */
@@ -229,6 +230,14 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *w);
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */
 void coll_exec_wake_all(struct coll_comm *comm);
+
+/* ---- mismatch detection (check.c) ------------------------------------------------ */
+
+/* COLL_CHECK from the environment; unset: on in debug builds (COLL_CHECK_DEFAULT). */
+bool coll_check_from_env(void);
+/* Exchanges descriptors of `w` with the ranks it involves; COLL_ERR_MISMATCH with a
+ * sentence naming both calls when they disagree. */
+coll_result coll_check_call(struct coll_comm *comm, const coll_work *w);
 
 /* ticket: the work's place on a cudaStream_t (streams of coll_stream_create_cuda), released in the same critical
  * section, so a cudaStream_t that passed its wait always finds the work complete. */

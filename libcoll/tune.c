@@ -291,6 +291,48 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   fclose(f);
 }
 
+/* Measures (rank 0's figures win) or reads the cache; every rank runs the same calls. */
+static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
+  coll_tune_params t = *tp;
+  const char *path = getenv("COLL_TUNE_FILE");
+  /* Rank 0 decides whether to measure (its cache), then everyone does the same. */
+  struct { double alpha, beta, gamma, alpha_mb; int32_t source, pad; } msg = {0};
+  uint8_t buf[64];
+  coll_result r;
+  if (comm->rank == 0 && path && *path && read_cache(comm, path, &t))
+    msg.source = 2;
+  if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
+  if (msg.source != 2) {
+    uint8_t *big = malloc(BIG);
+    if (!big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory measuring the links");
+    memset(big, 1, BIG);
+    double hop = 0, half = 0, mb = 0;
+    memset(buf, 0, sizeof buf);
+    r = ring_laps(comm, buf, &hop);
+    if (r == COLL_OK) r = big_pingpong(comm, big, &half);
+    if (r == COLL_OK) r = oneshot_barriers(comm, &mb);
+    free(big);
+    if (r != COLL_OK) return r;
+    if (comm->rank == 0) {
+      t.alpha = hop > 0 ? hop : t.alpha;
+      double b = (half - hop) / BIG;
+      t.beta = b > 1e-12 ? b : t.beta;
+      t.gamma = measure_gamma();
+      if (t.gamma <= 0) t.gamma = 1e-12;
+      t.alpha_mb = mb;
+      t.source = 1;
+      if (path && *path) write_cache(comm, path, &t);
+    }
+  }
+  msg.alpha = t.alpha, msg.beta = t.beta, msg.gamma = t.gamma, msg.alpha_mb = t.alpha_mb;
+  msg.source = t.source;
+  if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
+  t.alpha = msg.alpha, t.beta = msg.beta, t.gamma = msg.gamma, t.alpha_mb = msg.alpha_mb;
+  t.source = msg.source;
+  *tp = t;
+  return COLL_OK;
+}
+
 coll_result coll_tune_init(struct coll_comm *comm) {
   coll_tune_params t;
   defaults(&t);
@@ -307,46 +349,21 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   }
   long on = 1;
   if (!coll_env_int("COLL_TUNE", 1, &on)) on = 1;
-  if (comm->nranks > 1 && on) {
-    const char *path = getenv("COLL_TUNE_FILE");
-    /* Rank 0 decides whether to measure (its cache), then everyone does the same. */
-    struct { double alpha, beta, gamma, alpha_mb; int32_t source, pad; } msg = {0};
-    uint8_t buf[64];
-    coll_result r;
-    if (comm->rank == 0 && path && *path && read_cache(comm, path, &t))
-      msg.source = 2;
-    if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
-    if (msg.source != 2) {
-      uint8_t *big = malloc(BIG);
-      if (!big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory measuring the links");
-      memset(big, 1, BIG);
-      double hop = 0, half = 0, mb = 0;
-      memset(buf, 0, sizeof buf);
-      r = ring_laps(comm, buf, &hop);
-      if (r == COLL_OK) r = big_pingpong(comm, big, &half);
-      if (r == COLL_OK) r = oneshot_barriers(comm, &mb);
-      free(big);
-      if (r != COLL_OK) return r;
-      if (comm->rank == 0) {
-        t.alpha = hop > 0 ? hop : t.alpha;
-        double b = (half - hop) / BIG;
-        t.beta = b > 1e-12 ? b : t.beta;
-        t.gamma = measure_gamma();
-        if (t.gamma <= 0) t.gamma = 1e-12;
-        t.alpha_mb = mb;
-        t.source = 1;
-        if (path && *path) write_cache(comm, path, &t);
-      }
-    }
-    msg.alpha = t.alpha, msg.beta = t.beta, msg.gamma = t.gamma, msg.alpha_mb = t.alpha_mb;
-    msg.source = t.source;
-    if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
-    t.alpha = msg.alpha, t.beta = msg.beta, t.gamma = msg.gamma, t.alpha_mb = msg.alpha_mb;
-    t.source = msg.source;
-  }
+  /* The probe's calls are the library's own, the same on every rank by construction:
+   * COLL_CHECK (which ranks may set differently) checks users' calls only. */
+  bool check = comm->check;
+  comm->check = false;
+  coll_result pr = on && comm->nranks > 1 ? probe(comm, &t) : COLL_OK;
+  comm->check = check;
+  if (pr != COLL_OK) return pr;
   comm->tune = t;
   build_table(comm);
   comm->tuned = true;
+  /* The probe's calls are not the user's: their first call is #0 on every rank (ranks 2
+   * and up made fewer probe calls than 0 and 1). */
+  pthread_mutex_lock(&comm->qmu);
+  comm->next_seq = 0;
+  pthread_mutex_unlock(&comm->qmu);
   COLL_INFO(comm->rank, "tuned (%s): alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f "
             "ns/B, one-shot %.3f us", t.source == 2 ? "from COLL_TUNE_FILE"
             : t.source == 1 ? "measured" : "defaults", t.alpha * 1e6, t.beta * 1e9,

@@ -106,9 +106,9 @@ typedef struct {
   size_t count;
   int root;
   uint64_t seed;
-} tm_call;
+} tm_call_t;
 
-static int check(const tm_call *c, const uint8_t *out, size_t out_len, int rank, int n) {
+static int check(const tm_call_t *c, const uint8_t *out, size_t out_len, int rank, int n) {
   size_t es = coll_dtype_size(c->d);
   uint8_t want[8];
   for (size_t i = 0; i < out_len; i++) {
@@ -136,7 +136,7 @@ static int check(const tm_call *c, const uint8_t *out, size_t out_len, int rank,
   return 0;
 }
 
-static int one(coll_comm_t comm, int rank, int n, const tm_call *c, uint8_t *a, uint8_t *b) {
+static int one(coll_comm_t comm, int rank, int n, const tm_call_t *c, uint8_t *a, uint8_t *b) {
   size_t es = coll_dtype_size(c->d), cnt = c->count;
   size_t in_len = c->kind == K_REDUCE_SCATTER ? cnt * (size_t)n : cnt;
   size_t out_len = c->kind == K_ALL_GATHER ? cnt * (size_t)n : cnt;
@@ -168,6 +168,13 @@ static int one(coll_comm_t comm, int rank, int n, const tm_call *c, uint8_t *a, 
   }
   if (c->kind == K_REDUCE && rank != c->root) return 0;
   return check(c, recv, out_len, rank, n);
+}
+
+int tm_call(coll_comm_t comm, int rank, int n, int kind, coll_dtype d, coll_op op,
+            bool in_place, size_t count, int root, uint64_t seed, uint8_t *a, uint8_t *b) {
+  tm_call_t c = {.kind = kind, .d = d, .op = op, .in_place = in_place, .count = count,
+                 .root = root, .seed = seed};
+  return one(comm, rank, n, &c, a, b);
 }
 
 int tm_run(coll_comm_t comm, int rank, int n, bool big) {
@@ -202,7 +209,7 @@ int tm_run(coll_comm_t comm, int rank, int n, bool big) {
           for (size_t ci = 0; ci < nc; ci++) {
             bool rooted = kind == K_BROADCAST || kind == K_REDUCE;
             for (int ri = 0; ri < (rooted && n > 1 ? 2 : 1); ri++) {
-              tm_call c = {.kind = kind, .d = d, .op = (coll_op)op, .in_place = ip,
+              tm_call_t c = {.kind = kind, .d = d, .op = (coll_op)op, .in_place = ip,
                            .count = counts[ci], .root = ri ? n - 1 : 0, .seed = seed++};
               fails += one(comm, rank, n, &c, a, b);
             }

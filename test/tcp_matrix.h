@@ -10,4 +10,11 @@
  * Checks every output element against an independently computed value; prints the first
  * failures to stderr and returns their count (0: all correct). */
 int tm_run(coll_comm_t comm, int rank, int n, bool big);
+
+/* One call of the matrix, checked the same way: kind 0..TM_KINDS-1 is all_reduce,
+ * reduce_scatter, all_gather, broadcast, reduce, sendrecv (to rank+1, from rank-1).
+ * `a` and `b` must hold count*n elements of `d`.  Returns 0 when it was right. */
+#define TM_KINDS 6
+int tm_call(coll_comm_t comm, int rank, int n, int kind, coll_dtype d, coll_op op,
+            bool in_place, size_t count, int root, uint64_t seed, uint8_t *a, uint8_t *b);
 #endif

@@ -121,7 +121,20 @@ typedef struct {
   pid_t pid[8];
   report rep[8];
   int nrep;
+  char victim_state; /* its /proc state letter once every survivor had reported */
 } outcome;
+
+static char proc_state(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return '?';
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' ? p[2] : '?';
+}
 
 static void reap_all(job *j, outcome *o) {
   for (int r = 0; r < j->n; r++)
@@ -174,6 +187,7 @@ static void scenario(int n, int vic, int sig, const char *transport, outcome *o)
     ok = read_full(j.rep[0], &o->rep[k], sizeof o->rep[k]);
     if (ok) o->nrep++;
   }
+  o->victim_state = proc_state(o->pid[vic]); /* not reaped yet: a zombie after SIGKILL */
   close(j.rel[1]); /* survivors may go */
   for (int r = 0; r < n; r++) {
     if (r == vic || o->pid[r] <= 0) continue;
@@ -216,6 +230,29 @@ static void expect_dead(const char *transport, bool must_name) {
 
 Test(faults, sigkill_mid_all_reduce_tcp, .timeout = 40) { expect_dead("tcp", true); }
 Test(faults, sigkill_mid_all_reduce_shm, .timeout = 40) { expect_dead("auto", false); }
+
+/* A SIGKILLed rank that its parent has not reaped yet is a zombie: kill(pid, 0) still
+ * succeeds on it, but shm must report it dead (naming it), not time out on it.  The
+ * victim is reaped only after the survivors reported, so it certainly was a zombie. */
+Test(faults, sigkill_zombie_is_dead_shm, .timeout = 40) {
+  outcome o;
+  scenario(3, 1, SIGKILL, "shm", &o);
+  cr_expect_eq(o.victim_state, 'Z', "the victim was not a zombie but '%c'", o.victim_state);
+  int named = 0;
+  for (int k = 0; k < o.nrep; k++) {
+    report *r = &o.rep[k];
+    cr_expect(r->pending == COLL_ERR_REMOTE || r->pending == COLL_ERR_TIMEOUT,
+              "rank %d: pending all-reduce returned %s", r->rank,
+              coll_result_string((coll_result)r->pending));
+    if (r->pending == COLL_ERR_REMOTE && strstr(r->msg, "peer rank 1 (pid ") &&
+        strstr(r->msg, "has died")) {
+      named++;
+      cr_expect(r->ms < 1500, "rank %d: the death took %d ms to notice", r->rank, r->ms);
+    }
+  }
+  /* Rank 2 receives from rank 1 in the ring: it waits on the dead rank itself. */
+  cr_expect(named >= 1, "no survivor reported rank 1 dead (COLL_ERR_REMOTE)");
+}
 
 Test(faults, sigstop_times_out_tcp, .timeout = 40) {
   outcome o;

@@ -281,20 +281,43 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Spin (cheap when the peer runs on another core), then yield (cheap when ranks share
+ * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
+/* NULL while `pid` runs (or is stopped); else how it is gone.  kill(pid, 0) succeeds on
+ * a zombie — a process that died but that its parent has not reaped yet, which is what a
+ * SIGKILLed rank is until its launcher gets round to waitpid — so the state letter in
+ * /proc/PID/stat (after the last ')': the name may hold spaces and parentheses) decides:
+ * Z (zombie) or X (being reaped) is dead.  Called only after a quiet 100 ms wait. */
+static const char *process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return "";
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? "" : NULL;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return NULL;
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  if (p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'))
+    return " (killed or exited; not yet reaped by its parent)";
+  return NULL;
+}
+
 /* COLL_ERR_REMOTE with a sentence when `peer` aborted its communicator or its process is
- * gone; COLL_OK otherwise.  Costs a system call: only for long quiet spells. */
+ * gone (zombies included); COLL_OK otherwise.  Only for long quiet spells: it reads
+ * /proc. */
 static coll_result peer_gone(struct coll_comm *comm, shm_header *ph, pid_t pid, int peer) {
   if (atomic_load(&ph->closed))
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
                      comm->rank, peer);
-  if (kill(pid, 0) != 0 && errno == ESRCH)
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died",
-                     comm->rank, peer, (int)pid);
+  const char *how = process_gone(pid);
+  if (how)
+    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
+                     comm->rank, peer, (int)pid, how);
   return COLL_OK;
 }
 
-/* Spin (cheap when the peer runs on another core), then yield (cheap when ranks share
- * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
 static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
   shm_conn *c = (shm_conn *)cc;
   /* When ranks outnumber cores the peer we wait for is likely not running: spinning
