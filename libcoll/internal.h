@@ -193,12 +193,14 @@ struct coll_comm {
   pthread_cond_t qcv;    /* work arrived / runner released / shutdown */
   pthread_cond_t donecv; /* some work finished */
   void *queue_store;     /* COLL_QUEUE_SLOTS queued records (executor.c) */
-  uint64_t qhead, qtail; /* queue[qhead % N] is the oldest pending */
-  bool running;          /* some thread is executing work right now */
+  /* queue[qhead % N] is the oldest pending; atomics so that a blocking call can see an
+   * empty queue without the lock (executor.c's fast path) */
+  _Atomic uint64_t qhead, qtail;
+  _Atomic bool running; /* some thread is executing work: taken by compare-and-swap */
   bool shutdown;
   pthread_t thread;
   bool thread_started;
-  uint64_t next_seq;
+  _Atomic uint64_t next_seq;
   coll_step *steps; /* scratch for one plan */
   uint8_t *barrier_buf;
 
