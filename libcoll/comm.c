@@ -86,6 +86,8 @@ void coll_comm_free(struct coll_comm *comm) {
   free(comm->mb_seen);
   free(comm->mb);
   free(comm->mb_waiters);
+  free(comm->direct_scratch);
+  free(comm->direct_addrs);
   pthread_mutex_destroy(&comm->qmu);
   pthread_cond_destroy(&comm->qcv);
   pthread_cond_destroy(&comm->donecv);

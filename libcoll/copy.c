@@ -8,8 +8,9 @@
  * what large all-gathers and all-reduces are bound by.  Small calls keep ordinary
  * stores: their output is likely read next, and from cache.
  *
- * Must never: stream into FIFO slots (the peer reads those next, from cache), or return
- * before the streamed stores are ordered (sfence) ahead of whatever publishes the call.
+ * Must never: stream into FIFO slots (the peer reads those next, from cache).  The
+ * streamed stores are ordered once, by coll_copy_stream_fence() at the end of the call
+ * (an sfence per slice stalled every slice until its lines reached memory).
  */
 #include <stdint.h>
 #include <string.h>
@@ -40,8 +41,10 @@ void coll_copy_stream(void *dst, const void *src, size_t n) {
     _mm_stream_si128((__m128i *)(d + 48), e);
   }
   memcpy(d, s, n);
-  _mm_sfence();
 }
+
+void coll_copy_stream_fence(void) { _mm_sfence(); }
 #else
 void coll_copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+void coll_copy_stream_fence(void) {}
 #endif

@@ -175,9 +175,9 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
     M(get_send(x, out, &q));
     /* Reduce into the outgoing slot (cache), then copy out: the user buffer is
      * written once and never read back. */
-    M(m->reduce(comm, q, p, src, n, w->dtype, w->op));
-    if (avg) M(m->avg(comm, q, n, w->dtype, comm->nranks));
-    M(put(x, dst, q, bytes));
+    M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
+    if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
+    M(m->copy(comm, q, dst, bytes));
     M(m->fence(comm));
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
@@ -212,6 +212,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
   coll_algo algo = coll_tune_choose(comm, w, es);
   if (algo == COLL_ALGO_ONESHOT) return coll_oneshot_run(comm, w);
+  if (algo == COLL_ALGO_DIRECT) return coll_direct_run(comm, w);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
   coll_plan_args a = {.coll = w->coll, .algo = algo, .count = w->count,
                       .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
@@ -295,6 +296,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       if (t1 && off + n == s->count) t1[i] = coll_now_ns();
     }
   }
+  if (x.stream) coll_copy_stream_fence(); /* streamed output before the completion */
   if (cuda && (r = coll_cuda_exec_end(comm, w, COLL_OK)) != COLL_OK) return r;
   if (t0) coll_trace_record(comm, w, a.algo, comm->steps, nsteps, es, t_call, coll_now_ns());
   return COLL_OK;

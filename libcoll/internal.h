@@ -155,6 +155,10 @@ typedef struct {
 typedef struct {
   double alpha, beta, gamma; /* s per message, per byte moved, per byte reduced */
   double alpha_mb;           /* fixed cost of a one-shot call */
+  double beta_cma;           /* s per byte read from a peer's memory (direct.c); 0: none */
+  double alpha_cma;          /* s per process_vm_readv call, beyond its bytes */
+  /* Per schedule (by coll_algo): its α as an 8-byte all-reduce measured it, 0: use alpha */
+  double alpha_algo[COLL_NUM_ALGOS];
   int source;                /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE */
 } coll_tune_params;
 #define COLL_TUNE_BUCKETS 48 /* size buckets: bit length of the byte count */
@@ -185,6 +189,9 @@ struct coll_comm {
   uint32_t *mb_seen; /* per rank: the highest one-shot call seen in its mailbox */
   coll_mailbox **mb;  /* [2p + parity]: rank p's mailboxes */
   _Atomic uint32_t **mb_waiters; /* per rank: sleepers on its mailboxes */
+  bool direct_ok;        /* ranks may read each other's memory (direct.c) */
+  uint8_t *direct_scratch;
+  void *direct_addrs;    /* per rank: its buffers' addresses in the running call */
   int local_ranks;      /* ranks on this host */
   bool oversubscribed;  /* more local ranks than online cores: spinning only hurts */
 
@@ -208,6 +215,7 @@ struct coll_comm {
   coll_tune_params tune;
   bool tuned;
   coll_algo forced; /* COLL_ALGO, or AUTO */
+  coll_algo probe_algo; /* while measuring: the algorithm being timed (AUTO: ring) */
   bool warned_forced[COLL_NUM_COLLS];
   uint8_t choice[COLL_NUM_COLLS][COLL_TUNE_BUCKETS];      /* best algorithm */
   uint8_t choice_fifo[COLL_NUM_COLLS][COLL_TUNE_BUCKETS]; /* best but one-shot */
@@ -251,6 +259,8 @@ void coll_stream_enqueued(struct coll_stream *s);
 
 /* memcpy with streaming stores for large outputs nobody reads soon (see copy.c). */
 void coll_copy_stream(void *dst, const void *src, size_t n);
+/* Orders every streamed store before what follows (the call's completion). */
+void coll_copy_stream_fence(void);
 /* Calls whose user buffers exceed this stream their final copies (COLL_STREAM_BYTES). */
 #define COLL_STREAM_DEFAULT (16u << 20)
 
@@ -262,6 +272,17 @@ bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count
 coll_result coll_oneshot_run(struct coll_comm *comm, const coll_work *w);
 /* Caches every rank's mailbox addresses (after the transports connected). */
 coll_result coll_oneshot_setup(struct coll_comm *comm);
+
+/* ---- direct (single-copy) large collectives on one host (direct.c) ---------------- */
+
+#define COLL_DIRECT_PIECE (256u << 10) /* reduce-scatter reads this much per pass */
+/* Can the direct path run `c` on this communicator (probed at creation)? */
+bool coll_direct_serves(struct coll_comm *comm, coll_coll_kind c);
+coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w);
+/* Collective, at creation: may ranks read each other's memory?  Sets comm->direct_ok
+ * (the same on every rank) and, on rank 0, *beta_cma (s per byte read) and *alpha_cma
+ * (s per read call). */
+coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *alpha_cma);
 
 /* ---- tuning (tune.c) ------------------------------------------------------------------ */
 

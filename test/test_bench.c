@@ -439,9 +439,9 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     int nf = split(copy, f, 32);
     CHECK(nf == (stats ? 22 : 14), "row has %d fields: %s", nf, line);
     {
-      static const char *const algos[] = {"ring", "tree", "rd", "rhd", "oneshot", "p2p"};
+      static const char *const algos[] = {"ring", "tree", "rd", "rhd", "oneshot", "direct", "p2p"};
       bool known = false;
-      for (int i = 0; i < 6; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
+      for (int i = 0; i < 7; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
       CHECK(known, "unknown algorithm column: %s", line);
     }
     size_t size = strtoull(f[0], NULL, 10), count = strtoull(f[1], NULL, 10);

@@ -258,3 +258,14 @@ Test(tune, oneshot_mixed_sequences, .timeout = 300) {
   unsetenv("COLL_ALGO");
   for (int n = 2; n <= 4; n++) run(n, sequence, NULL);
 }
+
+/* The direct path (process_vm_readv; root may always read) on every collective it
+ * serves, checked exactly: the random sequences, then large all-reduces. */
+Test(tune, direct_reads_give_exact_results, .timeout = 300) {
+  setenv("COLL_ALGO", "direct", 1);
+  for (int n = 2; n <= 5; n++) run(n, sequence, NULL);
+  run(2, sums, NULL);
+  run(3, sums, NULL);
+  unsetenv("COLL_ALGO");
+}
+

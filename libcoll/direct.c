@@ -1,0 +1,263 @@
+/* direct.c — large collectives on one host by reading peers' buffers in place.
+ *
+ * The ring moves every byte through a FIFO slot: the sender copies it in, the receiver
+ * copies it out.  On one host a rank can instead read a peer's user buffer directly
+ * with process_vm_readv (one kernel copy, no slot), so each byte is copied once:
+ *
+ *   1. every rank publishes the addresses of its send and receive buffers (a one-shot
+ *      all-gather of 16 bytes through the mailboxes, oneshot.c);
+ *   2. reduce-scatter: rank r reads block r of every peer's send buffer, piece by piece
+ *      into a cache-sized scratch, and reduces in rank order into its own block r
+ *      (all-reduce divides there for AVG);
+ *   3. a one-shot barrier: every block is final before anyone reads it;
+ *   4. all-gather: rank r reads every peer's finished block straight into its receive
+ *      buffer;
+ *   5. a one-shot barrier: nobody returns (and lets its caller reuse the buffers) while a
+ *      peer may still be reading them.
+ * All-gather is steps 1, 4 (from send buffers), 5; reduce-scatter 1, 2, 5; broadcast
+ * 1, non-roots read the root's buffer, 5.
+ *
+ * Cost (p ranks, n bytes, β_cma per byte read from a peer, γ per byte reduced, α_mb one
+ * one-shot exchange):
+ *   all-reduce      3·α_mb + 2(p-1)/p·n·β_cma + (p-1)/p·n·γ
+ *   all-gather      2·α_mb + (p-1)/p·n·β_cma
+ *   reduce-scatter  2·α_mb + (p-1)/p·n·(β_cma + γ)
+ *   broadcast       2·α_mb + n·β_cma
+ * the ring's byte terms with β_cma (one copy) in place of β (two copies through a slot).
+ *
+ * Usable only when every rank is on this host and the kernel lets ranks read each other
+ * (same user, ptrace permission): tune.c probes that once at creation and all ranks
+ * agree, since a rank that could not read would leave the others waiting.
+ *
+ * Must never: read a block before its owner said it is final, return while a peer may
+ * still read this rank's buffers, or touch a user buffer outside the call's ranges.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "internal.h"
+#include "reduce.h"
+
+#define PIECE COLL_DIRECT_PIECE
+
+typedef struct {
+  uint64_t send, recv; /* addresses in the owner's address space */
+} addr_pair;
+
+/* Copies `len` bytes at `addr` in rank p's memory to `dst`. */
+static coll_result read_peer(struct coll_comm *comm, const coll_work *w, int p, void *dst,
+                             uint64_t addr, size_t len) {
+  uint8_t *d = dst;
+  while (len) {
+    struct iovec local = {.iov_base = d, .iov_len = len};
+    struct iovec remote = {.iov_base = (void *)(uintptr_t)addr, .iov_len = len};
+    ssize_t got = process_vm_readv(comm->pids[p], &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      int e = got < 0 ? errno : EIO;
+      if (e == EINTR) continue;
+      return coll_fail(comm, e == ESRCH ? COLL_ERR_REMOTE : COLL_ERR_SYSTEM,
+                       "rank %d: reading %zu bytes of rank %d's buffer (pid %d) in %s #%llu "
+                       "failed: %s", comm->rank, len, p, (int)comm->pids[p],
+                       coll_coll_name(w->coll), (unsigned long long)w->seq, strerror(e));
+    }
+    d += got, addr += (uint64_t)got, len -= (size_t)got;
+  }
+  return COLL_OK;
+}
+
+static coll_result barrier(struct coll_comm *comm, const coll_work *w) {
+  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq};
+  return coll_oneshot_run(comm, &b);
+}
+
+/* out[0..cnt) = reduction over ranks, in rank order, of their elements
+ * [off, off+cnt) of the send buffers (own from `mine`). */
+static coll_result reduce_block(struct coll_comm *comm, const coll_work *w,
+                                const addr_pair *ap, const uint8_t *mine, size_t off,
+                                size_t cnt, uint8_t *out) {
+  int n = comm->nranks, me = comm->rank;
+  size_t es = coll_dtype_size(w->dtype), per = PIECE / es;
+  uint8_t *s0 = comm->direct_scratch, *s1 = s0 + PIECE, *own = s1 + PIECE;
+  coll_result r;
+  for (size_t done = 0; done < cnt; done += per) {
+    size_t k = cnt - done < per ? cnt - done : per, bytes = k * es;
+    size_t at = (off + done) * es;
+    uint8_t *o = out + done * es;
+    /* In place, `o` is this rank's own input: keep a copy before it is overwritten. */
+    const uint8_t *my = mine + at;
+    if (o == my) {
+      memcpy(own, my, bytes);
+      my = own;
+    }
+    const uint8_t *a, *b;
+    if (me == 0) a = my;
+    else if ((r = read_peer(comm, w, 0, s0, ap[0].send + at, bytes)) != COLL_OK) return r;
+    else a = s0;
+    if (me == 1) b = my;
+    else if ((r = read_peer(comm, w, 1, s1, ap[1].send + at, bytes)) != COLL_OK) return r;
+    else b = s1;
+    coll_kernel_reduce(o, a, b, k, w->dtype, w->op);
+    for (int p = 2; p < n; p++) {
+      if (p == me) {
+        b = my;
+      } else {
+        if ((r = read_peer(comm, w, p, s1, ap[p].send + at, bytes)) != COLL_OK) return r;
+        b = s1;
+      }
+      coll_kernel_reduce(o, o, b, k, w->dtype, w->op);
+    }
+    if (w->op == COLL_AVG) coll_kernel_avg(o, k, w->dtype, n);
+  }
+  return COLL_OK;
+}
+
+static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pair *ap) {
+  int n = comm->nranks, me = comm->rank;
+  size_t es = coll_dtype_size(w->dtype);
+  const uint8_t *src = w->sendbuf;
+  uint8_t *dst = w->recvbuf;
+  coll_result r;
+  addr_pair mine = {.send = (uint64_t)(uintptr_t)src, .recv = (uint64_t)(uintptr_t)dst};
+  coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = ap,
+                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq};
+  if ((r = coll_oneshot_run(comm, &ex)) != COLL_OK) return r;
+
+  switch (w->coll) {
+  case COLL_COLL_ALL_REDUCE: {
+    size_t off, cnt;
+    coll_ring_chunk(w->count, n, me, &off, &cnt);
+    if ((r = reduce_block(comm, w, ap, src, off, cnt, dst + off * es)) != COLL_OK) return r;
+    if ((r = barrier(comm, w)) != COLL_OK) return r;
+    for (int i = 1; i < n; i++) {
+      int p = (me + i) % n;
+      coll_ring_chunk(w->count, n, p, &off, &cnt);
+      if (cnt && (r = read_peer(comm, w, p, dst + off * es, ap[p].recv + off * es,
+                                cnt * es)) != COLL_OK)
+        return r;
+    }
+    break;
+  }
+  case COLL_COLL_REDUCE_SCATTER:
+    if ((r = reduce_block(comm, w, ap, src, (size_t)me * w->count, w->count, dst)) != COLL_OK)
+      return r;
+    break;
+  case COLL_COLL_ALL_GATHER: {
+    size_t bytes = w->count * es;
+    for (int i = 1; i < n; i++) {
+      int p = (me + i) % n;
+      if (bytes && (r = read_peer(comm, w, p, dst + (size_t)p * bytes, ap[p].send, bytes)) != COLL_OK)
+        return r;
+    }
+    if (dst + (size_t)me * bytes != src) memcpy(dst + (size_t)me * bytes, src, bytes);
+    break;
+  }
+  case COLL_COLL_BROADCAST: {
+    size_t bytes = w->count * es;
+    if (me == w->root) {
+      if (dst != src) memcpy(dst, src, bytes);
+    } else if ((r = read_peer(comm, w, w->root, dst, ap[w->root].send, bytes)) != COLL_OK) {
+      return r;
+    }
+    break;
+  }
+  default:
+    return coll_fail(comm, COLL_ERR_INTERNAL, "direct path asked to run %s",
+                     coll_coll_name(w->coll));
+  }
+  return barrier(comm, w);
+}
+
+bool coll_direct_serves(struct coll_comm *comm, coll_coll_kind c) {
+  if (!comm->direct_ok) return false;
+  return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER ||
+         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST;
+}
+
+coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w) {
+  uint64_t t0 = coll_trace_on(comm) ? coll_now_ns() : 0;
+  coll_result r = run_call(comm, w, comm->direct_addrs);
+  if (t0 && r == COLL_OK)
+    coll_trace_record(comm, w, COLL_ALGO_DIRECT, comm->steps, 0, coll_dtype_size(w->dtype), t0,
+                      coll_now_ns());
+  return r;
+}
+
+static coll_result call(struct coll_comm *comm, coll_coll_kind c, const void *sb, void *rb,
+                        size_t count, coll_op op) {
+  coll_work w = {.coll = c, .sendbuf = sb, .recvbuf = rb, .count = count,
+                 .dtype = COLL_UINT8, .op = op};
+  return coll_exec_submit(comm, &w);
+}
+
+/* Can every rank read its neighbour's memory?  Each reads a word the next rank
+ * published; all ranks learn the answer (an all-reduce of the flags), so they agree.
+ * Then ranks 0 and 1 time reading 1 MiB: β_cma. */
+coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *alpha_cma) {
+  int n = comm->nranks, me = comm->rank, next = (me + 1) % n;
+  comm->direct_ok = false;
+  *beta_cma = *alpha_cma = 0;
+  if (!comm->mailboxes || n < 2) return COLL_OK;
+  static const uint64_t magic = 0x636f6c6c64697265ull;
+  uint64_t word = magic, got = 0;
+  uint64_t *addrs = calloc((size_t)n, sizeof *addrs);
+  if (!addrs) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory probing direct reads");
+  uint64_t at = (uint64_t)(uintptr_t)&word;
+  coll_result r = call(comm, COLL_COLL_ALL_GATHER, &at, addrs, sizeof at, COLL_SUM);
+  uint8_t ok = 0;
+  if (r == COLL_OK) {
+    struct iovec local = {.iov_base = &got, .iov_len = sizeof got};
+    struct iovec remote = {.iov_base = (void *)(uintptr_t)addrs[next], .iov_len = sizeof got};
+    ok = process_vm_readv(comm->pids[next], &local, 1, &remote, 1, 0) == (ssize_t)sizeof got &&
+         got == magic;
+    if (!ok)
+      COLL_INFO(me, "direct reads of rank %d's memory are not allowed here (%s): large "
+                "collectives use the FIFO schedules", next, strerror(errno));
+  }
+  free(addrs);
+  if (r != COLL_OK) return r;
+  /* All ranks agree: the smallest flag wins (and `word` stays alive until then). */
+  if ((r = call(comm, COLL_COLL_ALL_REDUCE, &ok, &ok, 1, COLL_MIN)) != COLL_OK) return r;
+  if (!ok) return COLL_OK;
+  comm->direct_scratch = malloc(3 * (size_t)PIECE);
+  comm->direct_addrs = calloc((size_t)n, sizeof(addr_pair));
+  if (!comm->direct_scratch || !comm->direct_addrs)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory for the direct path's scratch");
+  memset(comm->direct_scratch, 0, 3 * (size_t)PIECE); /* touched now, not on the hot path */
+  comm->direct_ok = true;
+
+  /* β_cma: rank 0 reads rank 1's 1 MiB five times; the fastest counts (rank 0's figure
+   * is what tune.c broadcasts). */
+  enum { BIG = 1 << 20 };
+  uint8_t *big = me <= 1 ? malloc(BIG) : NULL;
+  if (me <= 1 && !big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory probing");
+  if (big) memset(big, me, BIG);
+  uint64_t where = (uint64_t)(uintptr_t)big;
+  coll_work bw = {.coll = COLL_COLL_BROADCAST, .sendbuf = &where, .recvbuf = &where,
+                  .count = sizeof where, .dtype = COLL_UINT8, .root = 1};
+  r = coll_exec_submit(comm, &bw);
+  if (r == COLL_OK && me == 0) {
+    double best = 1e9;
+    coll_work dw = {.coll = COLL_COLL_ALL_REDUCE};
+    for (int i = 0; i < 5 && r == COLL_OK; i++) {
+      uint64_t t0 = coll_now_ns();
+      r = read_peer(comm, &dw, 1, big, where, BIG);
+      double t = (double)(coll_now_ns() - t0) * 1e-9;
+      if (i > 0 && t < best) best = t; /* the first read pins fresh pages */
+    }
+    /* α_cma: the same read of 8 bytes (the system call and one page's pinning). */
+    double small = 1e9;
+    for (int i = 0; i < 50 && r == COLL_OK; i++) {
+      uint64_t t0 = coll_now_ns();
+      r = read_peer(comm, &dw, 1, big, where, 8);
+      double t = (double)(coll_now_ns() - t0) * 1e-9;
+      if (t < small) small = t;
+    }
+    *alpha_cma = small;
+    *beta_cma = best > small ? (best - small) / BIG : best / BIG;
+  }
+  coll_result r2 = call(comm, COLL_COLL_BARRIER, NULL, NULL, 0, COLL_SUM); /* then free */
+  free(big);
+  return r != COLL_OK ? r : r2;
+}
