@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "reduce.h"
 #include "internal.h"
 
 #define WAIT_SLICE_MS 100
@@ -165,20 +166,36 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_COPY:
     M(get_recv(x, in, bytes, &p));
-    M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
-    if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
-    M(m->fence(comm));
+    if (x->stream && m == &coll_mem_host && bytes <= comm->scratch_bytes) {
+      /* Large call: reduce in cache, then stream out (no read-for-ownership of dst). */
+      coll_kernel_reduce(comm->scratch, p, src, n, w->dtype, w->op);
+      if (avg) coll_kernel_avg(comm->scratch, n, w->dtype, comm->nranks);
+      coll_copy_stream(dst, comm->scratch, bytes);
+    } else {
+      M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
+      if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
+      M(m->fence(comm));
+    }
     in->t->recv_release(in);
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_COPY_SEND:
     M(get_recv(x, in, bytes, &p));
     M(get_send(x, out, &q));
-    /* Reduce into the outgoing slot (cache), then copy out: the user buffer is
-     * written once and never read back. */
-    M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
-    if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
-    M(m->copy(comm, q, dst, bytes));
-    M(m->fence(comm));
+    if (x->stream && m == &coll_mem_host && bytes <= comm->scratch_bytes) {
+      /* Large call: reduce into a scratch slice that stays in cache, then stream it to
+       * the user's buffer (written once, never read back: no read-for-ownership) and
+       * copy it to the outgoing slot.  Reducing straight into the slot was slower: its
+       * lines live in the peer's cache. */
+      coll_kernel_reduce(comm->scratch, p, src, n, w->dtype, w->op);
+      if (avg) coll_kernel_avg(comm->scratch, n, w->dtype, comm->nranks);
+      memcpy(q, comm->scratch, bytes);
+      coll_copy_stream(dst, comm->scratch, bytes);
+    } else {
+      M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
+      if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
+      M(m->copy(comm, q, dst, bytes));
+      M(m->fence(comm));
+    }
     out->t->send_post(out, (uint32_t)bytes);
     in->t->recv_release(in);
     return COLL_OK;
@@ -270,7 +287,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     size_t user = w->count * es;
     if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER)
       user *= (size_t)comm->nranks;
-    x.stream = user >= comm->stream_bytes;
+    /* In place the output lines are read as inputs anyway: nothing to save there. */
+    x.stream = user >= comm->stream_bytes && !a.in_place;
   }
   /* Tracing: when each step's first slice starts and its last slice ends. */
   uint64_t *t0 = NULL, *t1 = NULL;
@@ -368,7 +386,12 @@ coll_result coll_exec_start(struct coll_comm *comm) {
   comm->queue_store = calloc(COLL_QUEUE_SLOTS, sizeof(queued));
   comm->steps = calloc(coll_plan_max_steps(comm->nranks), sizeof(coll_step));
   comm->barrier_buf = calloc(64, 1);
-  if (!comm->queue_store || !comm->steps || !comm->barrier_buf)
+  /* One slice of scratch for large reductions (touched now: calloc of this size may
+   * map fresh pages). */
+  comm->scratch_bytes = comm->slot_bytes;
+  comm->scratch = malloc(comm->scratch_bytes);
+  if (comm->scratch) memset(comm->scratch, 0, comm->scratch_bytes);
+  if (!comm->queue_store || !comm->steps || !comm->barrier_buf || !comm->scratch)
     return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating the executor");
   coll_result tr = coll_trace_from_env(comm);
   if (tr != COLL_OK) return tr;
@@ -393,6 +416,8 @@ void coll_exec_stop(struct coll_comm *comm) {
   free(comm->queue_store);
   free(comm->steps);
   free(comm->barrier_buf);
+  free(comm->scratch);
+  comm->scratch = NULL;
   comm->queue_store = NULL;
   comm->steps = NULL;
   comm->barrier_buf = NULL;

@@ -210,6 +210,8 @@ struct coll_comm {
   _Atomic uint64_t next_seq;
   coll_step *steps; /* scratch for one plan */
   uint8_t *barrier_buf;
+  uint8_t *scratch; /* one slice, for large reductions that stream their output */
+  size_t scratch_bytes;
 
   /* tuning (tune.c) */
   coll_tune_params tune;
