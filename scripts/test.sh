@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# test.sh — the README's second command: set up, build twice (plain with -Werror, and
-# with ASan+UBSan), run every test suite, and end with one line "N passed, N failed"
+# test.sh — the README's second command: set up, build three times (plain with -Werror,
+# with ASan+UBSan, and the library with TSan), run every test suite (TSan: the executor's
+# own test), and end with one line "N passed, N failed"
 # counting Criterion test cases over all runs (a test program that dies without its
 # summary counts as one failure).
 set -uo pipefail
@@ -13,12 +14,15 @@ build() { # dir, extra meson args...
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" -Dwerror=true "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   fi
-  ninja -C "$dir" || return 1
+  ninja -C "$dir" ${TARGETS:-} || return 1
 }
 
 status=0
 build build || status=1
 build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug || status=1
+# ThreadSanitizer for the executor: only the library and its one plain test program.
+TARGETS=test/tsan_executor build build-tsan -Db_sanitize=thread -Db_lundef=false \
+  -Dbuildtype=debug -Dcuda=disabled || status=1
 
 run() { # dir, suites...
   local dir=$1; shift
@@ -29,8 +33,10 @@ run() { # dir, suites...
 if [ $status = 0 ]; then
   run build coll train
   run build-asan coll
+  run build-tsan tsan
 fi
-python3 scripts/summary.py build/meson-logs/testlog.json build-asan/meson-logs/testlog.json
+python3 scripts/summary.py build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
+  build-tsan/meson-logs/testlog.json
 rc=$?
 [ $status = 0 ] || { echo "0 passed, 1 failed"; exit 1; }
 exit $rc
