@@ -240,14 +240,6 @@ static coll_result dev_avg(struct coll_comm *c, void *buf, size_t n, coll_dtype 
   return COLL_OK;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* Polls until `query` stops answering cudaErrorNotReady: a short spin (a slice of a few
  * MiB takes microseconds on a GPU), then yields, always bounded by the deadline and the
  * abort flag. */
@@ -260,7 +252,7 @@ static coll_result poll_done(struct coll_comm *c, query_fn q, void *arg, const c
     if (e != cudaErrorNotReady)
       return CUDA_FAIL(c, COLL_ERR_SYSTEM, e, "waiting for %s on GPU %d", what, comm_dev(c));
     if (i < 2000 && !c->oversubscribed) {
-      cpu_relax();
+      coll_cpu_relax();
       continue;
     }
     if (!start) start = coll_now_ns();

@@ -44,6 +44,15 @@ coll_result coll_fail_at(struct coll_comm *comm, coll_result r, const char *file
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 #define coll_fail(comm, r, ...) coll_fail_at(comm, r, __FILE__, __LINE__, __VA_ARGS__)
 
+/* One spin-wait iteration: tells the core (and a hyperthread sibling) we are polling. */
+static inline void coll_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* ---- environment (env.c) ----------------------------------------------------------- */
 
 /* Integer from the environment, `def` when unset; false (and *out = def) if malformed. */

@@ -54,14 +54,6 @@
 
 static bool reached(uint32_t v, uint32_t want) { return (int32_t)(v - want) >= 0; }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count, size_t es) {
   if (!comm->mailboxes || comm->nranks < 2) return false;
   size_t bytes = count * es, max = COLL_MAILBOX_BYTES;
@@ -92,7 +84,7 @@ static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer
   if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
   int spins = comm->oversubscribed ? 0 : 1000; /* ~25 us of pause here */
   for (int i = 0; i < spins; i++) {
-    cpu_relax();
+    coll_cpu_relax();
     if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
   }
   for (int i = 0; i < 256; i++) {

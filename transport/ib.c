@@ -781,14 +781,6 @@ static bool can_go(ib_conn *c) {
   return c->pos != p->rtail;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* Spin polling the CQ, then yield, then nap (50 us doubling to 1 ms) until max_ms.
  * Credits arrive as plain RDMA writes, which raise no event on this side, so there is
  * nothing to block on; the naps bound the cost of a quiet wait.  A wait quiet for a
@@ -807,7 +799,7 @@ static coll_result ib_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
     uint64_t now = coll_now_ns();
     if (now - start >= limit) return COLL_OK;
     if (i < spins) {
-      cpu_relax();
+      coll_cpu_relax();
       continue;
     }
     if (i < spins + 64) {

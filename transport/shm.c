@@ -284,14 +284,6 @@ static bool can_go(shm_conn *c) {
   return atomic_load_explicit(&c->ctl->tail, memory_order_acquire) != c->pos;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* Spin (cheap when the peer runs on another core), then yield (cheap when ranks share
  * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
 /* NULL while `pid` runs (or is stopped); else how it is gone.  kill(pid, 0) succeeds on
@@ -336,7 +328,7 @@ static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
   int spins = comm->oversubscribed ? 0 : 1000;
   for (int i = 0; i < spins; i++) {
     if (can_go(c)) return COLL_OK;
-    cpu_relax();
+    coll_cpu_relax();
   }
   for (int i = 0; i < 64; i++) {
     if (can_go(c)) return COLL_OK;

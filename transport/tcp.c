@@ -728,14 +728,6 @@ static bool can_go(tcp_conn *c) {
   return atomic_load_explicit(&c->ctl.tail, memory_order_acquire) != c->pos;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* Why this connection can never go on, or NULL. */
 static coll_result peer_trouble(struct coll_comm *comm, tcp_conn *c) {
   tcp_ctx *ctx = c->ctx;
@@ -755,7 +747,7 @@ static coll_result tcp_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
   int spins = comm->oversubscribed ? 0 : 2000;
   for (int i = 0; i < spins; i++) {
     if (can_go(c)) return COLL_OK;
-    cpu_relax();
+    coll_cpu_relax();
   }
   coll_result r = peer_trouble(comm, c);
   if (r != COLL_OK) return r;
