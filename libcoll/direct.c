@@ -184,13 +184,6 @@ coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w) {
   return r;
 }
 
-static coll_result call(struct coll_comm *comm, coll_coll_kind c, const void *sb, void *rb,
-                        size_t count, coll_op op) {
-  coll_work w = {.coll = c, .sendbuf = sb, .recvbuf = rb, .count = count,
-                 .dtype = COLL_UINT8, .op = op};
-  return coll_exec_submit(comm, &w);
-}
-
 /* Can every rank read its neighbour's memory?  Each reads a word the next rank
  * published; all ranks learn the answer (an all-reduce of the flags), so they agree.
  * Then ranks 0 and 1 time reading 1 MiB: β_cma. */
@@ -204,7 +197,8 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   uint64_t *addrs = calloc((size_t)n, sizeof *addrs);
   if (!addrs) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory probing direct reads");
   uint64_t at = (uint64_t)(uintptr_t)&word;
-  coll_result r = call(comm, COLL_COLL_ALL_GATHER, &at, addrs, sizeof at, COLL_SUM);
+  coll_result r =
+      coll_exec_bytes(comm, COLL_COLL_ALL_GATHER, &at, addrs, sizeof at, COLL_SUM, 0);
   uint8_t ok = 0;
   if (r == COLL_OK) {
     struct iovec local = {.iov_base = &got, .iov_len = sizeof got};
@@ -218,7 +212,8 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   free(addrs);
   if (r != COLL_OK) return r;
   /* All ranks agree: the smallest flag wins (and `word` stays alive until then). */
-  if ((r = call(comm, COLL_COLL_ALL_REDUCE, &ok, &ok, 1, COLL_MIN)) != COLL_OK) return r;
+  if ((r = coll_exec_bytes(comm, COLL_COLL_ALL_REDUCE, &ok, &ok, 1, COLL_MIN, 0)) != COLL_OK)
+    return r;
   if (!ok) return COLL_OK;
   comm->direct_scratch = malloc(3 * (size_t)PIECE);
   comm->direct_addrs = calloc((size_t)n, sizeof(addr_pair));
@@ -234,9 +229,7 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   if (me <= 1 && !big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory probing");
   if (big) memset(big, me, BIG);
   uint64_t where = (uint64_t)(uintptr_t)big;
-  coll_work bw = {.coll = COLL_COLL_BROADCAST, .sendbuf = &where, .recvbuf = &where,
-                  .count = sizeof where, .dtype = COLL_UINT8, .root = 1};
-  r = coll_exec_submit(comm, &bw);
+  r = coll_exec_bytes(comm, COLL_COLL_BROADCAST, &where, &where, sizeof where, COLL_SUM, 1);
   if (r == COLL_OK && me == 0) {
     double best = 1e9;
     coll_work dw = {.coll = COLL_COLL_ALL_REDUCE};
@@ -257,7 +250,8 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
     *alpha_cma = small;
     *beta_cma = best > small ? (best - small) / BIG : best / BIG;
   }
-  coll_result r2 = call(comm, COLL_COLL_BARRIER, NULL, NULL, 0, COLL_SUM); /* then free */
+  /* then free */
+  coll_result r2 = coll_exec_bytes(comm, COLL_COLL_BARRIER, NULL, NULL, 0, COLL_SUM, 0);
   free(big);
   return r != COLL_OK ? r : r2;
 }

@@ -492,3 +492,10 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
   pthread_mutex_unlock(&comm->qmu);
   return r;
 }
+
+coll_result coll_exec_bytes(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
+                            void *recvbuf, size_t bytes, coll_op op, int root) {
+  coll_work w = {.coll = c, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = bytes,
+                 .dtype = COLL_UINT8, .op = op, .root = root};
+  return coll_exec_submit(comm, &w);
+}

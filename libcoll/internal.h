@@ -247,6 +247,10 @@ coll_result coll_exec_start(struct coll_comm *comm);
 void coll_exec_stop(struct coll_comm *comm);
 /* Enqueues `w` (copied) and, for a blocking call (w->stream == NULL), waits for it. */
 coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *w);
+/* A blocking call on bytes (COLL_UINT8), for the library's own probes (tune.c,
+ * direct.c); root is the root, or the peer of send/recv. */
+coll_result coll_exec_bytes(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
+                            void *recvbuf, size_t bytes, coll_op op, int root);
 /* Runs one piece of work to completion on the calling thread. */
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */

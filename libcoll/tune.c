@@ -2,12 +2,18 @@
  *
  * At communicator creation the ranks measure the model's parameters (or read them from
  * COLL_TUNE_FILE), with the communicator's own executor:
- *   α      a token passed round the ring of all ranks, 8 bytes, 100 laps: the median
- *          lap over the number of hops.  On 2 ranks it is half a ping-pong; with more ranks than cores it
- *          includes the wait for a descheduled peer, which is what every step pays.
+ *   α      a token passed round the ring of all ranks, 8 bytes, 200 laps: the median
+ *          lap over the number of hops (on 2 ranks, half a ping-pong).
  *   β      ranks 0 and 1 bounce 1 MiB: (half the fastest round trip - α) / 1 MiB.
  *   γ      rank 0 reduces 64 KiB of float32 in cache: seconds per byte reduced.
- *   α_mb   100 one-shot barriers of all ranks (oneshot.c): the median call.
+ *   per schedule (ring, tree, rd, rhd): an 8-byte all-reduce forced onto it, median of
+ *          60, over the number of α terms in its formula — its own α.  With more ranks
+ *          than cores an α is mostly the wait for a descheduled peer, and how much a
+ *          pattern overlaps those waits differs (calibrate()).
+ *   α_mb   the same 8-byte all-reduce on the one-shot path (oneshot.c): its fixed cost.
+ *   β_cma, α_cma  per byte and per call of reading a peer's memory (direct.c), probed
+ *          every time since whether ranks may do it at all must be agreed.
+ * COLL_TUNE_FILE caches all but the last line per communicator shape.
  * Rank 0's figures are broadcast, so every rank builds the same table from the same
  * numbers and the same code: all ranks always choose the same algorithm for a call,
  * which they must (different schedules would not pair up).
@@ -57,10 +63,7 @@ static double bucket_bytes(int b) { return b == 0 ? 0 : 1.5 * ldexp(1.0, b - 1);
 /* The one-shot path's cost (see oneshot.c), n = nccl-tests' size. */
 static bool oneshot_cost(coll_coll_kind c, int p, double n, const coll_tune_params *t,
                          double *sec, char *formula, size_t flen) {
-  /* The calibrated 8-byte all-reduce when there is one, else the barrier's figure. */
-  double a = t->alpha_algo[COLL_ALGO_ONESHOT] > 0 ? t->alpha_algo[COLL_ALGO_ONESHOT]
-                                                   : t->alpha_mb;
-  double b = t->beta, g = t->gamma, s;
+  double a = t->alpha_mb, b = t->beta, g = t->gamma, s;
   switch (c) {
   case COLL_COLL_ALL_REDUCE:
   case COLL_COLL_REDUCE:
@@ -94,8 +97,7 @@ static bool direct_cost(coll_coll_kind c, int p, double n, const coll_tune_param
                         double *sec, char *formula, size_t flen) {
   /* a: one one-shot exchange; r: one process_vm_readv call (a system call, and the
    * kernel pins the pages it reads); pieces: reduce-scatter reads in COLL_DIRECT_PIECE. */
-  double a = t->alpha_algo[COLL_ALGO_ONESHOT] > 0 ? t->alpha_algo[COLL_ALGO_ONESHOT]
-                                                   : t->alpha_mb;
+  double a = t->alpha_mb;
   double r = t->alpha_cma, b = t->beta_cma, g = t->gamma, f = (double)(p - 1) / p, s;
   double pieces = ceil(n / p / COLL_DIRECT_PIECE);
   if (pieces < 1) pieces = 1;
@@ -217,13 +219,11 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
 
 /* ---- measuring ------------------------------------------------------------------- */
 
+/* An in-place byte call of the probe (root: the root, or the peer of send/recv). */
 static coll_result run(struct coll_comm *comm, coll_coll_kind c, void *buf, size_t count,
                        int peer) {
-  coll_work w = {.coll = c, .sendbuf = buf, .recvbuf = buf, .count = count,
-                 .dtype = COLL_UINT8, .op = COLL_SUM, .root = peer};
-  return coll_exec_submit(comm, &w);
+  return coll_exec_bytes(comm, c, buf, buf, count, COLL_SUM, peer);
 }
-
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -289,22 +289,6 @@ static double measure_gamma(void) {
   return (double)(coll_now_ns() - t0) * 1e-9 / 20 / (N * 4.0);
 }
 
-static coll_result oneshot_barriers(struct coll_comm *comm, double *per_call) {
-  *per_call = 0;
-  if (!comm->mailboxes) return COLL_OK;
-  coll_work w = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8};
-  double t[LAPS];
-  for (int i = -50; i < LAPS; i++) { /* ranks arrive from the probe at different times */
-    w.seq = comm->next_seq; /* not a user call: for error sentences only */
-    uint64_t t0 = coll_now_ns();
-    coll_result r = coll_oneshot_run(comm, &w);
-    if (r != COLL_OK) return r;
-    if (i >= 0) t[i] = (double)(coll_now_ns() - t0) * 1e-9;
-  }
-  *per_call = median(t, LAPS);
-  return COLL_OK;
-}
-
 static void defaults(coll_tune_params *t) {
   memset(t, 0, sizeof *t);
   t->alpha = 1e-6;
@@ -330,11 +314,14 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
   bool found = false;
   while (fgets(line, sizeof line, f)) {
     char *at = strstr(line, " alpha=");
-    if (strncmp(line, "libcoll-tune 1 ", 15) != 0 || !at) continue;
+    if (strncmp(line, "libcoll-tune 2 ", 15) != 0 || !at) continue;
     if ((size_t)(at - (line + 15)) != strlen(key) || strncmp(line + 15, key, strlen(key))) continue;
     coll_tune_params x = {0};
-    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg", &x.alpha, &x.beta, &x.gamma,
-               &x.alpha_mb) == 4 && x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0) {
+    double *aa = x.alpha_algo;
+    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg ring=%lg tree=%lg rd=%lg rhd=%lg",
+               &x.alpha, &x.beta, &x.gamma, &x.alpha_mb, &aa[COLL_ALGO_RING],
+               &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD], &aa[COLL_ALGO_RHD]) == 8 &&
+        x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0) {
       x.beta_cma = t->beta_cma; /* not cached: measured by the direct probe each time */
       x.alpha_cma = t->alpha_cma;
       *t = x;
@@ -355,8 +342,10 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   }
   char key[128];
   key_of(comm, key, sizeof key);
-  fprintf(f, "libcoll-tune 1 %s alpha=%.6g beta=%.6g gamma=%.6g alpha_mb=%.6g\n", key,
-          t->alpha, t->beta, t->gamma, t->alpha_mb);
+  const double *aa = t->alpha_algo;
+  fprintf(f, "libcoll-tune 2 %s alpha=%.6g beta=%.6g gamma=%.6g alpha_mb=%.6g ring=%.6g "
+          "tree=%.6g rd=%.6g rhd=%.6g\n", key, t->alpha, t->beta, t->gamma, t->alpha_mb,
+          aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD]);
   fclose(f);
 }
 
@@ -387,7 +376,7 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
     double L = median(v, CAL_LAPS), unit = 0;
     char f[160];
     if (a == COLL_ALGO_ONESHOT) {
-      t->alpha_algo[a] = L;
+      t->alpha_mb = L;
     } else if (coll_algo_cost(a, COLL_COLL_ALL_REDUCE, comm->nranks, sizeof in,
                               (double)comm->slot_bytes, 1.0, 0, 0, &unit, f, sizeof f) ==
                    COLL_OK && unit > 0) {
@@ -416,11 +405,11 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
     uint8_t *big = malloc(BIG);
     if (!big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory measuring the links");
     memset(big, 1, BIG);
-    double hop = 0, half = 0, mb = 0;
+    double hop = 0, half = 0;
     memset(buf, 0, sizeof buf);
     r = ring_laps(comm, buf, &hop);
     if (r == COLL_OK) r = big_pingpong(comm, big, &half);
-    if (r == COLL_OK) r = oneshot_barriers(comm, &mb);
+    if (r == COLL_OK) r = calibrate(comm, &t);
     free(big);
     if (r != COLL_OK) return r;
     if (comm->rank == 0) {
@@ -429,12 +418,10 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
       t.beta = b > 1e-12 ? b : t.beta;
       t.gamma = measure_gamma();
       if (t.gamma <= 0) t.gamma = 1e-12;
-      t.alpha_mb = mb;
       t.source = 1;
       if (path && *path) write_cache(comm, path, &t);
     }
   }
-  if ((r = calibrate(comm, &t)) != COLL_OK) return r;
   msg.alpha = t.alpha, msg.beta = t.beta, msg.gamma = t.gamma, msg.alpha_mb = t.alpha_mb;
   msg.beta_cma = t.beta_cma;
   msg.alpha_cma = t.alpha_cma;
