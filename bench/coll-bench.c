@@ -61,6 +61,7 @@ typedef struct {
   int root;
   unsigned long iters, warmup;
   int check, blocking;
+  int reg; /* -R 1: buffers from coll_mem_alloc (every rank maps every rank's) */
   int local_ranks; /* 0: join the job described by the environment */
   const char *algo;
   int stats;
@@ -105,6 +106,9 @@ static void usage(FILE *f) {
       "  -c, --check 0|1           check every result (default 1)\n"
       "  -z, --blocking 0|1        1: wait for each call; 0: enqueue all on a stream, then\n"
       "                            synchronize (default 0)\n"
+      "  -R, --register 0|1        1: allocate the buffers with coll_mem_alloc, so that\n"
+      "                            ranks on one host store into each other's buffers\n"
+      "                            (the \"mapped\" path; default 0: posix_memalign)\n"
       "ours:\n"
       "  --ranks N                 fork N ranks on this machine (else join the job that\n"
       "                            mpirun / torchrun / srun describe in the environment)\n"
@@ -226,6 +230,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
       {"warmup_iters", required_argument, 0, 'w'},
       {"check", required_argument, 0, 'c'},
       {"blocking", required_argument, 0, 'z'},
+      {"register", required_argument, 0, 'R'},
       {"algo", required_argument, 0, 'A'},
       {"help", no_argument, 0, 'h'},
       {"ranks", required_argument, 0, OPT_RANKS},
@@ -237,7 +242,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
       {"device", required_argument, 0, OPT_DEVICE},
       {0, 0, 0, 0},
   };
-  static const char shorts[] = "+:b:e:f:i:o:d:r:n:w:c:z:A:h";
+  static const char shorts[] = "+:b:e:f:i:o:d:r:n:w:c:z:R:A:h";
   int sub_argc = argc - 1;
   char **sub_argv = argv + 1;
   opterr = 0;
@@ -279,6 +284,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
     case 'w': o->warmup = opt_uint("-w", optarg, 0, 100000000); break;
     case 'c': o->check = (int)opt_uint("-c", optarg, 0, 1); break;
     case 'z': o->blocking = (int)opt_uint("-z", optarg, 0, 1); break;
+    case 'R': o->reg = (int)opt_uint("-R", optarg, 0, 1); break;
     case 'A':
       if (!*optarg) die_usage("-A: empty algorithm name");
       o->algo = optarg;
@@ -360,6 +366,7 @@ typedef struct {
   unsigned long long wrong;
   double min_us, p50_us, p99_us, max_us;
   bool done; /* false: not applicable (in-place sendrecv) */
+  const char *algo; /* what libcoll ran for the timed calls (coll_comm_last_algo) */
 } place_result;
 
 typedef struct {
@@ -386,6 +393,7 @@ typedef struct {
   int bw_count;
   bool printed_first_wrong;
   bool any_wrong;
+  bool registered; /* buffers from coll_mem_alloc (-R 1) */
 } run_ctx;
 
 static double now_us(void) {
@@ -600,6 +608,7 @@ static int measure(run_ctx *x, const bench_data *d, const bench_shape *sh, bool 
     CHECK_SYNC(x, x->stream);
     mean = (now_us() - t0) / (double)o->iters;
   }
+  res->algo = coll_comm_last_algo(x->comm); /* before the bench's own reductions */
   if (max_over_ranks(x, &mean, 1)) return -1;
   res->time_us = mean;
   res->algbw = bench_algbw(sh->bytes, mean);
@@ -801,12 +810,10 @@ static void print_row(run_ctx *x, const bench_data *d, const bench_shape *sh,
       }
     }
   }
-  /* What libcoll ran at this size: COLL_ALGO when it can serve the call, else the
-   * tuner's choice (see --explain for why). */
-  const char *algo = d->coll == BENCH_SENDRECV
-                         ? "p2p"
-                         : coll_comm_algo_for(x->comm, bench_coll_name(d->coll), sh->bytes,
-                                              NULL, 0);
+  /* What libcoll ran at this size (the last call was of this row); before any call,
+   * the tuner's choice (see --explain for why). */
+  const char *algo = d->coll == BENCH_SENDRECV ? "p2p" : r[0].done ? r[0].algo : r[1].algo;
+  if (!algo) algo = coll_comm_algo_for(x->comm, bench_coll_name(d->coll), sh->bytes, NULL, 0);
   fprintf(f, "  %7s", algo ? algo : "?");
   fputc('\n', f);
   fflush(f);
@@ -964,7 +971,15 @@ static int setup_and_run(run_ctx *x) {
   /* Buffers: allocated once at the largest size and touched before any timing. */
   x->buf_bytes = o->max_bytes < 64 ? 64 : o->max_bytes;
   void *sb = NULL, *rb = NULL;
-  if (posix_memalign(&sb, 4096, x->buf_bytes) || posix_memalign(&rb, 4096, x->buf_bytes)) {
+  if (o->reg && !o->cuda) {
+    coll_result r = coll_mem_alloc(x->comm, x->buf_bytes, &sb);
+    if (r == COLL_OK) r = coll_mem_alloc(x->comm, x->buf_bytes, &rb);
+    if (r != COLL_OK) {
+      report_failure(x, "coll_mem_alloc", r, false);
+      return EXIT_RUNTIME;
+    }
+    x->registered = true;
+  } else if (posix_memalign(&sb, 4096, x->buf_bytes) || posix_memalign(&rb, 4096, x->buf_bytes)) {
     fprintf(stderr, "coll-bench: rank %d: cannot allocate two buffers of %zu bytes\n", x->rank,
             x->buf_bytes);
     free(sb);
@@ -1089,8 +1104,17 @@ out:
   bench_cuda_free(x->drecv);
   free(all);
   free(x->times);
-  free(x->sendbuf);
-  free(x->recvbuf);
+  if (x->registered) {
+    /* collective: only when every rank got here without failing (else the
+     * communicator's destruction unmaps them) */
+    if (rc == 0) {
+      coll_mem_free(x->comm, x->sendbuf);
+      coll_mem_free(x->comm, x->recvbuf);
+    }
+  } else {
+    free(x->sendbuf);
+    free(x->recvbuf);
+  }
   return rc < 0 ? EXIT_RUNTIME : rc;
 }
 

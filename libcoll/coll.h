@@ -119,6 +119,17 @@ COLL_API coll_result coll_sendrecv(const void *sendbuf, size_t sendcount, int ds
                                    coll_comm_t comm, coll_stream_t s);
 COLL_API coll_result coll_barrier(coll_comm_t comm, coll_stream_t s);
 
+/* --- memory every rank can address ------------------------------------------------
+ * Collective: every rank calls it, in the same order (sizes may differ).  Returns
+ * page-aligned memory that the other ranks on this host have mapped as well (like
+ * MPI_Win_allocate_shared, or ncclMemAlloc + ncclCommRegister): a collective whose
+ * buffers all lie in such memory on every rank moves each byte once, by loads and
+ * stores into the peers' memory, instead of through FIFO slots.  Anywhere else (ranks
+ * on several hosts) it is ordinary memory.  coll_mem_free is collective too: every rank
+ * frees the same allocation, after its last use. */
+COLL_API coll_result coll_mem_alloc(coll_comm_t comm, size_t bytes, void **ptr);
+COLL_API coll_result coll_mem_free(coll_comm_t comm, void *ptr);
+
 /* --- small helpers users of the API keep asking for ------------------------------- */
 
 COLL_API size_t coll_dtype_size(coll_dtype dtype);     /* 0 for an invalid dtype */

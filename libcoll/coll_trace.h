@@ -70,6 +70,9 @@ COLL_API coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, doub
  * for an unknown collective. */
 COLL_API const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
                                         char *why, size_t why_len);
+/* The algorithm the last finished collective of this communicator ran ("ring",
+ * "oneshot", "mapped", ...), NULL before the first. */
+COLL_API const char *coll_comm_last_algo(coll_comm_t comm);
 /* Bytes of one FIFO slot (the pipelining slice) on this communicator. */
 COLL_API coll_result coll_comm_slice_bytes(coll_comm_t comm, size_t *bytes);
 /* Name of the transport this communicator uses ("shm", ...). */

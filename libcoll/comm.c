@@ -86,6 +86,8 @@ void coll_comm_free(struct coll_comm *comm) {
   free(comm->mb_seen);
   free(comm->mb);
   free(comm->mb_waiters);
+  coll_windows_free(comm);
+  pthread_mutex_destroy(&comm->winmu);
   free(comm->direct_scratch);
   free(comm->direct_addrs);
   pthread_mutex_destroy(&comm->qmu);
@@ -102,6 +104,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   pthread_cond_init(&comm->qcv, NULL);
   pthread_cond_init(&comm->donecv, NULL);
   pthread_mutex_init(&comm->errmu, NULL);
+  pthread_mutex_init(&comm->winmu, NULL);
   comm->rank = rank;
   comm->nranks = nranks;
   comm->timeout_ms = coll_env_timeout_ms();
@@ -118,11 +121,12 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   comm->conn_send = calloc((size_t)nranks, sizeof *comm->conn_send);
   comm->conn_recv = calloc((size_t)nranks, sizeof *comm->conn_recv);
   comm->mb_seen = calloc((size_t)nranks, sizeof *comm->mb_seen);
+  comm->windows = calloc(COLL_MAX_WINDOWS, sizeof *comm->windows);
   rank_info *all = calloc((size_t)nranks, sizeof *all);
   coll_bootstrap b = {.fd = -1};
   coll_result r = COLL_OK;
   if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv ||
-      !comm->mb_seen || !all) {
+      !comm->mb_seen || !comm->windows || !all) {
     r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating a communicator of %d ranks",
                   nranks);
     goto fail;

@@ -128,6 +128,9 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   coll_result r;
   /* Every op may fail (device ops return CUDA errors); `fence` makes the bytes final
    * before a slot is published to the peer or handed back to it. */
+#ifndef COLL_FUSE_BYTES
+#define COLL_FUSE_BYTES 8192
+#endif
 #define M(call) do { if ((r = (call)) != COLL_OK) return r; } while (0)
 
   switch (s->kind) {
@@ -186,10 +189,15 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
        * the user's buffer (written once, never read back: no read-for-ownership) and
        * copy it to the outgoing slot.  Reducing straight into the slot was slower: its
        * lines live in the peer's cache. */
-      coll_kernel_reduce(comm->scratch, p, src, n, w->dtype, w->op);
-      if (avg) coll_kernel_avg(comm->scratch, n, w->dtype, comm->nranks);
-      memcpy(q, comm->scratch, bytes);
-      coll_copy_stream(dst, comm->scratch, bytes);
+      size_t blk = COLL_FUSE_BYTES / es;
+      for (size_t o = 0; o < n; o += blk) {
+        size_t k = n - o < blk ? n - o : blk;
+        coll_kernel_reduce(comm->scratch, (const uint8_t *)p + o * es,
+                           (const uint8_t *)src + o * es, k, w->dtype, w->op);
+        if (avg) coll_kernel_avg(comm->scratch, k, w->dtype, comm->nranks);
+        memcpy((uint8_t *)q + o * es, comm->scratch, k * es);
+        coll_copy_stream((uint8_t *)dst + o * es, comm->scratch, k * es);
+      }
     } else {
       M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
       if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
@@ -228,6 +236,20 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
   coll_algo algo = coll_tune_choose(comm, w, es);
+  /* Buffers in coll_mem_alloc memory on every rank: loads and stores into the peers'
+   * buffers (mapped.c) beat any FIFO schedule; the one-shot path stays ahead below its
+   * crossover.  The condition is the same on every rank (the window count changes only
+   * in collective calls), so all ranks exchange where their buffers are, or none. */
+  if (atomic_load_explicit(&comm->nshared, memory_order_relaxed) > 0 && w->count > 0 &&
+      !w->device && !w->cuda_event && coll_mapped_serves(w->coll) &&
+      (comm->forced == COLL_ALGO_MAPPED ||
+       (comm->forced == COLL_ALGO_AUTO && algo != COLL_ALGO_ONESHOT))) {
+    bool ran;
+    coll_result mr = coll_mapped_run(comm, w, &ran);
+    if (ran) atomic_store_explicit(&comm->last_algo, COLL_ALGO_MAPPED + 1, memory_order_relaxed);
+    if (mr != COLL_OK || ran) return mr;
+  }
+  atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
   if (algo == COLL_ALGO_ONESHOT) return coll_oneshot_run(comm, w);
   if (algo == COLL_ALGO_DIRECT) return coll_direct_run(comm, w);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};

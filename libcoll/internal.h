@@ -201,6 +201,13 @@ struct coll_comm {
   bool direct_ok;        /* ranks may read each other's memory (direct.c) */
   uint8_t *direct_scratch;
   void *direct_addrs;    /* per rank: its buffers' addresses in the running call */
+  /* Windows (window.c): memory from coll_mem_alloc, the same slots on every rank. */
+  pthread_mutex_t winmu;
+  struct coll_window *windows; /* COLL_MAX_WINDOWS slots */
+  _Atomic int nshared;         /* windows every rank has mapped: mapped.c may run */
+  bool warned_mapped;
+  _Atomic int last_algo;       /* coll_algo + 1 of the last call run (0: none yet) */
+  void *mapped_where;          /* [nranks] coll_mapped_where of the running call */
   int local_ranks;      /* ranks on this host */
   bool oversubscribed;  /* more local ranks than online cores: spinning only hurts */
 
@@ -287,6 +294,39 @@ bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count
 coll_result coll_oneshot_run(struct coll_comm *comm, const coll_work *w);
 /* Caches every rank's mailbox addresses (after the transports connected). */
 coll_result coll_oneshot_setup(struct coll_comm *comm);
+
+/* ---- windows: memory every rank maps (window.c) ----------------------------------- */
+
+#define COLL_MAX_WINDOWS 64
+typedef struct coll_window {
+  uint8_t *base;       /* this rank's memory (NULL: free slot) */
+  size_t bytes;
+  bool shared;         /* every rank mapped every other rank's memory */
+  uint8_t **peer;      /* [nranks]: rank p's memory in this address space */
+  size_t *peer_bytes;
+} coll_window;
+/* Is [p, p+bytes) inside a shared window?  Then its slot and offset. */
+bool coll_window_find(struct coll_comm *comm, const void *p, size_t bytes, int32_t *slot,
+                      uint64_t *off);
+/* Rank p's window `slot` at `off` in this address space, NULL if [off, off+bytes) is
+ * not inside it. */
+uint8_t *coll_window_peer(struct coll_comm *comm, int32_t slot, int p, uint64_t off,
+                          size_t bytes);
+void coll_windows_free(struct coll_comm *comm);
+
+/* ---- collectives on windows, by loads and stores into peers' memory (mapped.c) ---- */
+
+/* Runs `w` on the mapped path when every rank's buffers lie in shared windows (*ran);
+ * otherwise leaves *ran false and the call to the other paths.  Only called when the
+ * communicator has shared windows: the ranks exchange where their buffers are first. */
+coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ran);
+#define COLL_MAX_RANKS_MAPPED 64 /* larger communicators take the other paths */
+/* Where a rank's buffers of the running call are (exchanged at the start of the call). */
+typedef struct {
+  int32_t send_slot, recv_slot; /* -1: not in a shared window */
+  uint64_t send_off, recv_off;
+} coll_mapped_where;
+bool coll_mapped_serves(coll_coll_kind c);
 
 /* ---- direct (single-copy) large collectives on one host (direct.c) ---------------- */
 

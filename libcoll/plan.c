@@ -123,7 +123,8 @@ bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
     return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER;
   case COLL_ALGO_ONESHOT:
   case COLL_ALGO_DIRECT:
-    return false; /* not schedules: tune.c decides them, oneshot.c / direct.c run them */
+  case COLL_ALGO_MAPPED:
+    return false; /* not schedules: oneshot.c / direct.c / mapped.c run them */
   }
   return false;
 }
@@ -138,7 +139,8 @@ coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, doubl
   switch (a) {
   case COLL_ALGO_AUTO: return COLL_ERR_INVALID_ARG; /* not an algorithm: the tuner's choice */
   case COLL_ALGO_ONESHOT:
-  case COLL_ALGO_DIRECT: return COLL_ERR_INVALID_ARG; /* priced in tune.c */
+  case COLL_ALGO_DIRECT:
+  case COLL_ALGO_MAPPED: return COLL_ERR_INVALID_ARG; /* priced in tune.c */
   case COLL_ALGO_TREE: return coll_tree_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
   case COLL_ALGO_RD: return coll_rd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
   case COLL_ALGO_RHD: return coll_rhd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
@@ -185,6 +187,7 @@ const char *coll_algo_name(coll_algo a) {
   case COLL_ALGO_RHD: return "rhd";
   case COLL_ALGO_ONESHOT: return "oneshot";
   case COLL_ALGO_DIRECT: return "direct";
+  case COLL_ALGO_MAPPED: return "mapped";
   }
   return "?";
 }
@@ -194,7 +197,7 @@ coll_algo coll_algo_from_name(const char *s, bool *ok) {
       {"auto", COLL_ALGO_AUTO}, {"ring", COLL_ALGO_RING}, {"tree", COLL_ALGO_TREE},
       {"rd", COLL_ALGO_RD}, {"recursive_doubling", COLL_ALGO_RD}, {"rhd", COLL_ALGO_RHD},
       {"rabenseifner", COLL_ALGO_RHD}, {"oneshot", COLL_ALGO_ONESHOT},
-      {"direct", COLL_ALGO_DIRECT}};
+      {"direct", COLL_ALGO_DIRECT}, {"mapped", COLL_ALGO_MAPPED}};
   for (size_t i = 0; s && i < sizeof names / sizeof *names; i++)
     if (strcmp(s, names[i].name) == 0) {
       *ok = true;

@@ -25,13 +25,14 @@ typedef enum {
 
 /* AUTO: the tuner's choice (tune.c).  TREE: pipelined double binary tree (tree.c).
  * RD: recursive doubling (rd.c).  RHD: recursive halving/doubling, Rabenseifner (rd.c).
- * ONESHOT and DIRECT are not schedules: oneshot.c runs small calls through shm
- * mailboxes, direct.c large ones by reading peers' buffers in place. */
+ * ONESHOT, DIRECT and MAPPED are not schedules: oneshot.c runs small calls through shm
+ * mailboxes, direct.c large ones by reading peers' buffers in place, mapped.c calls
+ * whose buffers all lie in coll_mem_alloc memory by loads and stores into them. */
 typedef enum {
   COLL_ALGO_AUTO = 0, COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
-  COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT
+  COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED
 } coll_algo;
-#define COLL_NUM_ALGOS 7
+#define COLL_NUM_ALGOS 8
 
 /* Which user buffer a range lives in. */
 typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;

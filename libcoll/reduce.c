@@ -47,6 +47,11 @@
 #else
 #define COLL_IVDEP
 #endif
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(COLL_NO_CLONES)
+#define COLL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define COLL_CLONES
+#endif
 
 _Static_assert(COLL_NUM_DTYPES == 10, "reduce.c handles exactly the dtypes of coll.h");
 _Static_assert(COLL_NUM_OPS == 5, "reduce.c handles exactly the ops of coll.h");
@@ -179,7 +184,7 @@ typedef void (*avg_fn)(void *buf, size_t n, int nranks);
 
 /* KERNEL(name, T, expr): dst[i] = expr, with x = a[i] and y = b[i] of type T. */
 #define KERNEL(name, T, expr)                                                          \
-  static void name(void *dst_, const void *a_, const void *b_, size_t n) {             \
+  COLL_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n) {             \
     T *dst = dst_;                                                                     \
     const T *a = a_, *b = b_;                                                          \
     COLL_IVDEP                                                                         \

@@ -190,7 +190,7 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
   if (bytes == 0 && c != COLL_COLL_BARRIER)
     return COLL_ALGO_RING; /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
-  if (f != COLL_ALGO_AUTO) {
+  if (f != COLL_ALGO_AUTO && f != COLL_ALGO_MAPPED) { /* mapped: executor.c tries it first */
     bool ok = f == COLL_ALGO_ONESHOT  ? coll_oneshot_fits(comm, c, w->count, es) &&
                                             !w->device && !w->cuda_event
               : f == COLL_ALGO_DIRECT ? coll_direct_serves(comm, c) && !w->device &&
@@ -491,6 +491,11 @@ coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, double *beta,
   if (gamma) *gamma = comm->tune.gamma;
   if (alpha_oneshot) *alpha_oneshot = comm->tune.alpha_mb;
   return COLL_OK;
+}
+
+const char *coll_comm_last_algo(coll_comm_t comm) {
+  int a = comm ? atomic_load_explicit(&comm->last_algo, memory_order_relaxed) : 0;
+  return a > 0 ? coll_algo_name((coll_algo)(a - 1)) : NULL;
 }
 
 const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes, char *why,

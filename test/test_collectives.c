@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll_trace.h"
 #include "helpers.h"
 
 /* ---- inputs --------------------------------------------------------------------- */
@@ -228,6 +229,7 @@ static uint64_t fnv_bytes(const void *p, size_t n) {
 typedef struct {
   uint8_t *a, *b;
   size_t cap;
+  bool mapped; /* from coll_mem_alloc: every call but sendrecv must take the mapped path */
 } bufs;
 
 static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
@@ -259,6 +261,11 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
   if (r != COLL_OK)
     return t_failf("rank %d: %s returned %s: %s", rank, what, coll_result_string(r),
                    coll_comm_last_error(comm));
+  if (B->mapped && n > 1 && c->kind != 5 && cnt > 0) {
+    const char *ran = coll_comm_last_algo(comm);
+    if (!ran || strcmp(ran, "mapped") != 0)
+      return t_failf("rank %d: %s ran %s, not the mapped path", rank, what, ran ? ran : "?");
+  }
   for (size_t i = 0; i < out_len; i++) {
     bool ok = true;
     switch (c->kind) {
@@ -292,6 +299,7 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
 typedef struct {
   bool big;       /* run the few-MiB part instead of the small counts */
   unsigned kinds; /* bit k: run call kind k (0: every kind) */
+  bool mapped;    /* buffers from coll_mem_alloc (COLL_ALGO=mapped) */
 } matrix_arg;
 
 static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
@@ -299,8 +307,18 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
   size_t big_bytes = 3u << 20; /* a few MiB per rank buffer */
   bufs B;
   B.cap = (ma->big ? big_bytes + 64 : (size_t)70000 * 8) * (size_t)n + 4096;
-  B.a = malloc(B.cap);
-  B.b = malloc(B.cap);
+  B.mapped = ma->mapped;
+  if (ma->mapped) {
+    void *a = NULL, *b = NULL;
+    coll_result r = coll_mem_alloc(comm, B.cap, &a);
+    if (r == COLL_OK) r = coll_mem_alloc(comm, B.cap, &b);
+    if (r != COLL_OK)
+      return t_failf("rank %d: coll_mem_alloc: %s", rank, coll_comm_last_error(comm));
+    B.a = a, B.b = b;
+  } else {
+    B.a = malloc(B.cap);
+    B.b = malloc(B.cap);
+  }
   memset(B.a, 0, B.cap);
   memset(B.b, 0, B.cap);
   uint64_t seed = 12345;
@@ -343,13 +361,19 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
     }
   }
 out:
+  if (ma->mapped) {
+    if (fails) return 1; /* the peers may not reach the (collective) free */
+    if (coll_mem_free(comm, B.a) != COLL_OK || coll_mem_free(comm, B.b) != COLL_OK)
+      return t_failf("rank %d: coll_mem_free: %s", rank, coll_comm_last_error(comm));
+    return 0;
+  }
   free(B.a);
   free(B.b);
   return fails ? 1 : 0;
 }
 
 static void run_matrix_kinds(int n, bool big, const char *algo, unsigned kinds) {
-  matrix_arg a = {.big = big, .kinds = kinds};
+  matrix_arg a = {.big = big, .kinds = kinds, .mapped = algo && strcmp(algo, "mapped") == 0};
   char why[256];
   int before = t_shm_segments();
   /* The ranks are forked by t_launch and read COLL_ALGO at every call. */
@@ -395,6 +419,16 @@ static void forced_big(int ai) {
   const int ns[3][2] = {{5, 8}, {3, 0}, {5, 8}};
   for (int i = 0; i < 2 && ns[ai][i]; i++)
     run_matrix_kinds(ns[ai][i], true, algos[ai].name, algos[ai].kinds);
+}
+
+/* The mapped path (mapped.c) on coll_mem_alloc buffers: every kind but sendrecv must
+ * run there (run_call checks coll_comm_last_algo), N = 1..8, and the few-MiB part. */
+Test(collectives, mapped_small_n1_to_8, .timeout = 600) {
+  for (int n = 1; n <= 8; n++) run_matrix_kinds(n, false, "mapped", 0);
+}
+Test(collectives, mapped_big, .timeout = 600) {
+  run_matrix_kinds(2, true, "mapped", 0);
+  run_matrix_kinds(5, true, "mapped", 0);
 }
 
 Test(collectives, tree_small_n1_to_8, .timeout = 600) { forced_all_n(0); }

@@ -1,0 +1,199 @@
+/* mapped.c — collectives on coll_mem_alloc memory, by loads and stores into peers' buffers.
+ *
+ * When every rank's buffers lie in windows (window.c), every rank has every other
+ * rank's send and receive buffers mapped in its own address space, and nothing needs
+ * to move through a FIFO: rank r takes block r of the data (coll_ring_chunk's split)
+ * and does the whole job for it, writing the result straight into every rank's
+ * receive buffer.
+ *
+ *   0. the ranks all-gather where their buffers are, (window slot, offset), through the
+ *      one-shot mailboxes (oneshot.c); that is also the entry barrier: a peer's
+ *      receive buffer is written only once the peer has handed it over by calling;
+ *   1. rank r, piece by piece through a scratch the size of a few cache lines:
+ *        all-reduce      reduce block r of every send buffer, in rank order, store it
+ *                        into block r of every receive buffer;
+ *        reduce-scatter  reduce block r of every send buffer into its own receive;
+ *        reduce          as all-reduce, stored into the root's receive buffer only;
+ *        all-gather      store its send buffer into slot r of every receive buffer;
+ *        broadcast       store block r of the root's buffer into every receive buffer;
+ *   2. a one-shot barrier (after a store fence): no rank returns while a peer may still
+ *      read its send buffer or write its receive buffer.
+ *
+ * Per rank, an all-reduce of n bytes reads n and writes n bytes (its block from p
+ * senders, its block to p receivers) in one pass, against the ring's 2(p-1)/p·n bytes
+ * through slots, each copied in and out.  The stores are non-temporal (copy.c): the
+ * lines are not read first, and they are not left in this core's cache where the peer
+ * would have to fetch them from.
+ *
+ * Cost (p ranks, n bytes, α_mb one one-shot call, β_mem per byte streamed to memory,
+ * γ per byte reduced):
+ *   all-reduce      2·α_mb + n·β_mem + (p-1)/p·n·γ
+ *   reduce-scatter  2·α_mb + n/p·β_mem + (p-1)/p·n·γ     (n = whole input)
+ *   all-gather      2·α_mb + n·β_mem                     (n = whole output)
+ *   broadcast       2·α_mb + n·β_mem
+ * Every element is reduced once, in rank order, by one rank, so every rank gets the
+ * same bits, and a rerun too (not the ring's bits: its order differs).
+ *
+ * Why pieces of PIECE bytes: reducing a long run into scratch and then storing it
+ * makes the core read for a while and then write for a while, and both phases leave
+ * memory idle in one direction; short pieces keep reads and stores in flight together
+ * (measured on 2 ranks, 64 MiB: 16 KiB pieces 7.6 GB/s busbw, 256 B pieces 13.4).
+ *
+ * Must never: write a peer's receive buffer before the peer entered the call, return
+ * before every peer finished with this rank's buffers, or touch bytes outside the
+ * call's ranges (in place, block r is read whole before it is written).
+ */
+#include <string.h>
+
+#include "internal.h"
+#include "reduce.h"
+
+#ifndef PIECE
+#define PIECE 512 /* bytes per reduced piece (see above) */
+#endif
+
+typedef coll_mapped_where where;
+
+bool coll_mapped_serves(coll_coll_kind c) {
+  return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER ||
+         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE;
+}
+
+/* Bytes of the send and receive ranges of this rank's call. */
+static void ranges(const struct coll_comm *comm, const coll_work *w, size_t *sb, size_t *rb) {
+  size_t b = w->count * coll_dtype_size(w->dtype), p = (size_t)comm->nranks;
+  *sb = *rb = b;
+  if (w->coll == COLL_COLL_REDUCE_SCATTER) *sb = b * p;
+  if (w->coll == COLL_COLL_ALL_GATHER) *rb = b * p;
+}
+
+/* Does rank p's call need its send (receive) buffer here? */
+static bool needs_send(const coll_work *w, int p) {
+  return w->coll != COLL_COLL_BROADCAST || p == w->root;
+}
+static bool needs_recv(const coll_work *w, int p) {
+  return w->coll != COLL_COLL_REDUCE || p == w->root;
+}
+
+/* out[0..k) = op over ranks, in rank order, of in[q][0..k); via `scratch`, then stored
+ * (streamed) into each of the `nout` destinations. */
+static void reduce_piece(const struct coll_comm *comm, const coll_work *w, uint8_t *const *in,
+                         size_t at, size_t k, uint8_t *scratch, uint8_t *const *out,
+                         int nout, size_t out_at) {
+  int n = comm->nranks;
+  size_t es = coll_dtype_size(w->dtype);
+  coll_kernel_reduce(scratch, in[0] + at, in[1] + at, k, w->dtype, w->op);
+  for (int q = 2; q < n; q++) coll_kernel_reduce(scratch, scratch, in[q] + at, k, w->dtype, w->op);
+  if (w->op == COLL_AVG) coll_kernel_avg(scratch, k, w->dtype, n);
+  for (int q = 0; q < nout; q++) coll_copy_stream(out[q] + out_at, scratch, k * es);
+}
+
+/* Block [off, off+cnt) elements of every input, reduced, into every output at out_off. */
+static void reduce_block(const struct coll_comm *comm, const coll_work *w, uint8_t *const *in,
+                         size_t off, size_t cnt, uint8_t *const *out, int nout, size_t out_off) {
+  size_t es = coll_dtype_size(w->dtype), per = PIECE / es;
+  uint8_t *scratch = comm->scratch; /* executor.c's slice scratch: idle during this call */
+  for (size_t d = 0; d < cnt; d += per) {
+    size_t k = cnt - d < per ? cnt - d : per;
+    reduce_piece(comm, w, in, (off + d) * es, k, scratch, out, nout, (out_off + d) * es);
+  }
+}
+
+/* `bytes` at src into each destination (skipping one that is src itself), in pieces
+ * that stay in cache so src is read from memory once. */
+static void copy_out(const uint8_t *src, size_t bytes, uint8_t *const *out, int nout) {
+  enum { CHUNK = 64 << 10 };
+  for (size_t d = 0; d < bytes; d += CHUNK) {
+    size_t k = bytes - d < CHUNK ? bytes - d : CHUNK;
+    for (int q = 0; q < nout; q++)
+      if (out[q] + d != src + d) coll_copy_stream(out[q] + d, src + d, k);
+  }
+}
+
+static coll_result run(struct coll_comm *comm, const coll_work *w, const where *at) {
+  int n = comm->nranks, me = comm->rank;
+  size_t es = coll_dtype_size(w->dtype), sb, rb;
+  ranges(comm, w, &sb, &rb);
+  uint8_t *in[COLL_MAX_RANKS_MAPPED], *out[COLL_MAX_RANKS_MAPPED];
+  for (int p = 0; p < n; p++) {
+    in[p] = needs_send(w, p)
+                ? coll_window_peer(comm, at[p].send_slot, p, at[p].send_off, sb) : NULL;
+    out[p] = needs_recv(w, p)
+                 ? coll_window_peer(comm, at[p].recv_slot, p, at[p].recv_off, rb) : NULL;
+    if ((needs_send(w, p) && !in[p] && sb) || (needs_recv(w, p) && !out[p] && rb))
+      return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's buffers of %s #%llu are "
+                       "not inside its window", me, p, coll_coll_name(w->coll),
+                       (unsigned long long)w->seq);
+  }
+  size_t off, cnt;
+  switch (w->coll) {
+  case COLL_COLL_ALL_REDUCE:
+    coll_ring_chunk(w->count, n, me, &off, &cnt);
+    reduce_block(comm, w, in, off, cnt, out, n, off);
+    break;
+  case COLL_COLL_REDUCE:
+    coll_ring_chunk(w->count, n, me, &off, &cnt);
+    reduce_block(comm, w, in, off, cnt, &out[w->root], 1, off);
+    break;
+  case COLL_COLL_REDUCE_SCATTER:
+    reduce_block(comm, w, in, (size_t)me * w->count, w->count, &out[me], 1, 0);
+    break;
+  case COLL_COLL_ALL_GATHER: {
+    uint8_t *dst[COLL_MAX_RANKS_MAPPED];
+    for (int p = 0; p < n; p++) dst[p] = out[p] + (size_t)me * sb;
+    copy_out(in[me], sb, dst, n);
+    break;
+  }
+  case COLL_COLL_BROADCAST: {
+    coll_ring_chunk(w->count, n, me, &off, &cnt);
+    uint8_t *dst[COLL_MAX_RANKS_MAPPED];
+    for (int p = 0; p < n; p++) dst[p] = out[p] + off * es;
+    copy_out(in[w->root] + off * es, cnt * es, dst, n);
+    break;
+  }
+  default:
+    return coll_fail(comm, COLL_ERR_INTERNAL, "mapped path asked to run %s",
+                     coll_coll_name(w->coll));
+  }
+  coll_copy_stream_fence(); /* the stores reach the peers before the barrier says so */
+  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq};
+  return coll_oneshot_run(comm, &b);
+}
+
+coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ran) {
+  *ran = false;
+  int n = comm->nranks;
+  if (n > COLL_MAX_RANKS_MAPPED || !comm->mailboxes) return COLL_OK;
+  size_t sb, rb;
+  ranges(comm, w, &sb, &rb);
+  where mine = {.send_slot = -1, .recv_slot = -1};
+  if (needs_send(w, comm->rank) &&
+      !coll_window_find(comm, w->sendbuf, sb, &mine.send_slot, &mine.send_off))
+    mine.send_slot = -1;
+  if (needs_recv(w, comm->rank) &&
+      !coll_window_find(comm, w->recvbuf, rb, &mine.recv_slot, &mine.recv_off))
+    mine.recv_slot = -1;
+  where *at = comm->mapped_where;
+  coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = at,
+                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq};
+  uint64_t t0 = coll_trace_on(comm) ? coll_now_ns() : 0;
+  coll_result r = coll_oneshot_run(comm, &ex);
+  if (r != COLL_OK) return r;
+  for (int p = 0; p < n; p++)
+    if ((needs_send(w, p) && at[p].send_slot < 0) || (needs_recv(w, p) && at[p].recv_slot < 0)) {
+      if (comm->forced == COLL_ALGO_MAPPED && !comm->warned_mapped) {
+        comm->warned_mapped = true;
+        COLL_WARN(comm->rank, "COLL_ALGO=mapped cannot serve %s #%llu: rank %d's %s buffer is "
+                  "not coll_mem_alloc memory; using the tuner's choice instead",
+                  coll_coll_name(w->coll), (unsigned long long)w->seq, p,
+                  needs_send(w, p) && at[p].send_slot < 0 ? "send" : "receive");
+      }
+      return COLL_OK; /* every rank sees the same table: all fall back together */
+    }
+  *ran = true;
+  r = run(comm, w, at);
+  if (t0 && r == COLL_OK)
+    coll_trace_record(comm, w, COLL_ALGO_MAPPED, comm->steps, 0, coll_dtype_size(w->dtype), t0,
+                      coll_now_ns());
+  return r;
+}
