@@ -128,9 +128,11 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   coll_result r;
   /* Every op may fail (device ops return CUDA errors); `fence` makes the bytes final
    * before a slot is published to the peer or handed back to it. */
-#ifndef COLL_FUSE_BYTES
+/* Large reductions go through scratch in pieces of this many bytes: the piece stays in
+ * L1 between the reduction and its two copies, and the core alternates reading and
+ * writing memory instead of reading a whole slice, then writing it (mapped.c measures
+ * the same effect). */
 #define COLL_FUSE_BYTES 8192
-#endif
 #define M(call) do { if ((r = (call)) != COLL_OK) return r; } while (0)
 
   switch (s->kind) {

@@ -48,9 +48,7 @@
 #include "internal.h"
 #include "reduce.h"
 
-#ifndef PIECE
 #define PIECE 512 /* bytes per reduced piece (see above) */
-#endif
 
 typedef coll_mapped_where where;
 

@@ -152,11 +152,13 @@ static int count_fds(void) {
   return n;
 }
 
+/* Mappings of window memfds (named by window.c) in this process. */
 static int count_maps(void) {
   FILE *f = fopen("/proc/self/maps", "r");
   if (!f) return -1;
-  int n = 0, c;
-  while ((c = fgetc(f)) != EOF) n += c == '\n';
+  int n = 0;
+  char line[512];
+  while (fgets(line, sizeof line, f)) n += strstr(line, "libcoll-window") != NULL;
   fclose(f);
   return n;
 }
@@ -165,6 +167,12 @@ static int count_maps(void) {
 static int no_leaks(coll_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   int fds = count_fds(), maps = count_maps(), bad = 0;
+  void *probe;
+  if (coll_mem_alloc(comm, 4096, &probe) != COLL_OK) return t_failf("rank %d: alloc", rank);
+  if (count_maps() != maps + n) /* its own and every peer's */
+    bad = t_failf("rank %d: %d window mappings with one window, want %d", rank, count_maps(),
+                  maps + n);
+  if (coll_mem_free(comm, probe) != COLL_OK) return t_failf("rank %d: free", rank);
   for (int k = 0; k < 200 && !bad; k++) {
     void *a;
     if (coll_mem_alloc(comm, 64 << 10, &a) != COLL_OK)
