@@ -439,9 +439,10 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     int nf = split(copy, f, 32);
     CHECK(nf == (stats ? 22 : 14), "row has %d fields: %s", nf, line);
     {
-      static const char *const algos[] = {"ring", "tree", "rd", "rhd", "oneshot", "direct", "p2p"};
+      static const char *const algos[] = {"ring", "tree", "rd", "rhd", "oneshot", "direct",
+                                          "mapped", "p2p"};
       bool known = false;
-      for (int i = 0; i < 7; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
+      for (int i = 0; i < 8; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
       CHECK(known, "unknown algorithm column: %s", line);
     }
     size_t size = strtoull(f[0], NULL, 10), count = strtoull(f[1], NULL, 10);
@@ -514,6 +515,29 @@ Test(bench_run, blocking_and_other_roots, .timeout = 300) {
   for (int i = 0; i < 6; i++) run_and_check(all_colls[i], "3", blk, 5);
   run_and_check("broadcast", "3", root2, 5);
   run_and_check("reduce", "3", root2, 5);
+}
+
+/* -R 1: buffers from coll_mem_alloc; with COLL_ALGO=mapped every collective but
+ * sendrecv must run on the mapped path (the algo column says what ran), and be right. */
+Test(bench_run, registered_buffers_take_the_mapped_path, .timeout = 300) {
+  for (int i = 0; i < 6; i++) {
+    const char *args[] = {all_colls[i], "--ranks", "3", "-b", "24", "-e", "1M", "-f", "32",
+                          "-n", "3", "-w", "1", "-R", "1", "-A", "mapped", NULL};
+    run_result r = run_bench(args, NULL, 120);
+    cr_assert_eq(r.status, 0, "-R 1 %s: status %d\n%s\n%s", all_colls[i], r.status, r.out, r.err);
+    table_summary s = check_tables(r.out, all_colls[i], 3, false);
+    cr_assert_eq(s.rows, 4, "%s: %d rows\n%s", all_colls[i], s.rows, r.out);
+    cr_assert_eq(s.wrong, 0);
+    bool p2p = strcmp(all_colls[i], "sendrecv") == 0;
+    int mapped = 0;
+    for (const char *p = r.out; (p = strstr(p, " mapped\n")); p++) {
+      const char *bol = p;
+      while (bol > r.out && bol[-1] != '\n') bol--;
+      mapped += *bol != '#'; /* table rows, not the header's command line */
+    }
+    cr_assert_eq(mapped, p2p ? 0 : 4, "%s: %d rows ran mapped\n%s", all_colls[i], mapped, r.out);
+    free_run(&r);
+  }
 }
 
 Test(bench_run, all_dtypes_and_ops, .timeout = 300) {
