@@ -50,6 +50,28 @@ static size_t page_round(size_t n) {
   return n == 0 ? pg : (n + pg - 1) / pg * pg;
 }
 
+/* COLL_HUGEPAGES=1: a memfd of 2 MiB pages from the hugetlb pool, when it has enough
+ * (*len rounded up to 2 MiB); -1 (and the caller takes 4 KiB pages) otherwise.  Off by
+ * default: the pool is the administrator's, reserved for whoever they reserved it for. */
+static int huge_memfd(size_t *len) {
+  const char *e = getenv("COLL_HUGEPAGES");
+  if (!e || strcmp(e, "1") != 0) return -1;
+  size_t huge = 2u << 20, l = (*len + huge - 1) / huge * huge;
+  int fd = memfd_create("libcoll-window", MFD_CLOEXEC | MFD_HUGETLB);
+  if (fd < 0) return -1;
+  /* mmap of a shared hugetlb mapping reserves its pages, so a short pool fails here and
+   * not with SIGBUS later. */
+  void *probe = ftruncate(fd, (off_t)l) == 0
+                    ? mmap(NULL, l, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (probe == MAP_FAILED) {
+    close(fd);
+    return -1;
+  }
+  munmap(probe, l);
+  *len = l;
+  return fd;
+}
+
 static void unmap_window(struct coll_comm *comm, coll_window *w) {
   for (int p = 0; w->peer && p < comm->nranks; p++)
     if (w->peer[p] && p != comm->rank) munmap(w->peer[p], w->peer_bytes[p]);
@@ -113,8 +135,9 @@ coll_result coll_mem_alloc(coll_comm_t comm, size_t bytes, void **ptr) {
     snprintf(why, sizeof why, "%zu bytes is more than an address space holds", bytes);
   } else if (!w.peer || !w.peer_bytes) {
     snprintf(why, sizeof why, "out of memory");
-  } else if ((fd = memfd_create("libcoll-window", MFD_CLOEXEC)) < 0 ||
-             ftruncate(fd, (off_t)len) != 0) {
+  } else if ((fd = huge_memfd(&len)) < 0 &&
+             ((fd = memfd_create("libcoll-window", MFD_CLOEXEC)) < 0 ||
+              ftruncate(fd, (off_t)len) != 0)) {
     snprintf(why, sizeof why, "creating a %zu-byte memfd: %s", len, strerror(errno));
   } else {
     void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);

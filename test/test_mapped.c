@@ -81,6 +81,14 @@ Test(mapped, auto_choice_takes_the_mapped_path_on_windows, .timeout = 120) {
   for (int n = 2; n <= 4; n++) run(n, auto_takes_mapped, NULL);
 }
 
+/* COLL_HUGEPAGES=1 takes 2 MiB pages when the hugetlb pool has them and 4 KiB pages
+ * when it does not (the pool is empty on a default machine): either way it works. */
+Test(mapped, hugepages_setting_works_with_or_without_a_pool, .timeout = 120) {
+  setenv("COLL_HUGEPAGES", "1", 1);
+  run(2, auto_takes_mapped, NULL);
+  unsetenv("COLL_HUGEPAGES");
+}
+
 /* Rank `odd` passes a malloc buffer: nobody may take the mapped path, all must be right. */
 static int one_rank_unregistered(coll_comm_t comm, int rank, int n, void *arg) {
   int odd = *(int *)arg % n;
