@@ -21,9 +21,9 @@
  *
  * Per rank, an all-reduce of n bytes reads n and writes n bytes (its block from p
  * senders, its block to p receivers) in one pass, against the ring's 2(p-1)/p·n bytes
- * through slots, each copied in and out.  The stores are non-temporal (copy.c): the
- * lines are not read first, and they are not left in this core's cache where the peer
- * would have to fetch them from.
+ * through slots, each copied in and out.  When all ranks' buffers together outgrow the
+ * caches the stores are non-temporal (copy.c): the lines are not read first, and they
+ * are not left in this core's cache where the peer would have to fetch them from.
  *
  * Cost (p ranks, n bytes, α_mb one one-shot call, β_mem per byte streamed to memory,
  * γ per byte reduced):
@@ -97,6 +97,13 @@ static void reduce_block(const struct coll_comm *comm, const coll_work *w, uint8
   uint8_t *scratch = comm->scratch; /* executor.c's slice scratch: idle during this call */
   for (size_t d = 0; d < cnt; d += per) {
     size_t k = cnt - d < per ? cnt - d : per;
+    /* Ask for the inputs 8 KiB ahead: p streams from p processes' page tables are more
+     * than the hardware prefetchers follow (2 ranks, 64 MiB: 9.7-10.2 -> 11.5-12.0 GB/s
+     * busbw, medians of 5 interleaved runs; 16 KiB ahead the same). */
+    if (d + 16 * per < cnt)
+      for (int q = 0; q < comm->nranks; q++)
+        for (size_t l = 0; l < PIECE; l += 64)
+          __builtin_prefetch(in[q] + (off + d + 16 * per) * es + l, 0, 0);
     reduce_piece(comm, w, in, (off + d) * es, k, scratch, out, nout, (out_off + d) * es, stream);
   }
 }
