@@ -256,6 +256,39 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
     }
     fprintf(f, "\n");
   }
+  if (max_step < 0 && (strcmp(algo, "mapped") == 0 || strcmp(algo, "direct") == 0)) {
+    /* No schedule ran: the call loaded (and, mapped, stored into) the peers' buffers in
+     * place, so there are no steps to list. */
+    double S = (double)sh->bytes, cross = S * (n - 1) / n;
+    bool reduces = bench_coll_reduces(d->coll);
+    if (strcmp(algo, "direct") == 0) {
+      fprintf(f, "# No FIFO steps: ranks read each other's buffers with process_vm_readv "
+                 "(direct.c).\n");
+    } else if (reduces) {
+      const char *into = d->coll == BENCH_ALL_REDUCE ? "every rank's receive buffer"
+                         : d->coll == BENCH_REDUCE   ? "the root's receive buffer"
+                                                     : "its own receive buffer";
+      fprintf(f, "# No FIFO steps: every rank's buffers are coll_mem_alloc memory that all "
+                 "ranks map (mapped.c).\n"
+                 "#   rank r loaded block r (S/N = %.0f B) of every rank's send buffer, "
+                 "reduced it in rank order,\n#   and stored it into block r of %s.\n"
+                 "#   Per rank it loaded S = %.0f B, of which (N-1)/N*S = %.0f B from other "
+                 "ranks' memory; no byte went\n#   through a slot (the ring sends "
+                 "2(N-1)/N*S per rank, each byte copied into a slot and out again).\n",
+              S / n, into, S, cross);
+    } else {
+      fprintf(f, "# No FIFO steps: every rank's buffers are coll_mem_alloc memory that all "
+                 "ranks map (mapped.c).\n"
+                 "#   rank r stored its block (S/N = %.0f B) into block r of every rank's "
+                 "receive buffer:\n#   (N-1)/N*S = %.0f B per rank into other ranks' "
+                 "memory, none through a slot.\n",
+              S / n, cross);
+    }
+    fprintf(f, "#   Traced %.2f us for the call (its two one-shot exchanges included); "
+               "measured %.2f us per call.\n", traced_us, measured_us);
+    (void)first, (void)last, (void)es;
+    return;
+  }
   fprintf(f, "# Steps, as the executor ran them on every rank (slices of a step stream "
              "through the FIFO while later steps start):\n");
   for (int s = 0; s <= max_step; s++) {

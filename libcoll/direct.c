@@ -68,7 +68,8 @@ static coll_result read_peer(struct coll_comm *comm, const coll_work *w, int p, 
 }
 
 static coll_result barrier(struct coll_comm *comm, const coll_work *w) {
-  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq};
+  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq,
+                 .inner = true};
   return coll_oneshot_run(comm, &b);
 }
 
@@ -121,7 +122,7 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
   coll_result r;
   addr_pair mine = {.send = (uint64_t)(uintptr_t)src, .recv = (uint64_t)(uintptr_t)dst};
   coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = ap,
-                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq};
+                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
   if ((r = coll_oneshot_run(comm, &ex)) != COLL_OK) return r;
 
   switch (w->coll) {

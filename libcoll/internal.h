@@ -158,6 +158,9 @@ typedef struct {
   bool device;
   void *cuda_event;
   uint32_t cuda_ticket;
+  /* A step of another path (mapped.c's and direct.c's exchanges and barriers through
+   * the one-shot mailboxes): not traced as a call of its own. */
+  bool inner;
 } coll_work;
 
 /* The cost model's parameters (tune.c), the same on every rank. */

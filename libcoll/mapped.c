@@ -174,7 +174,8 @@ static coll_result run(struct coll_comm *comm, const coll_work *w, const where *
                      coll_coll_name(w->coll));
   }
   if (stream) coll_copy_stream_fence(); /* the stores reach the peers before the barrier */
-  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq};
+  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq,
+                 .inner = true};
   return coll_oneshot_run(comm, &b);
 }
 
@@ -193,7 +194,7 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
     mine.recv_slot = -1;
   where *at = comm->mapped_where;
   coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = at,
-                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq};
+                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
   uint64_t t0 = coll_trace_on(comm) ? coll_now_ns() : 0;
   coll_result r = coll_oneshot_run(comm, &ex);
   if (r != COLL_OK) return r;

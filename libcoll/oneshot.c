@@ -259,7 +259,7 @@ coll_result coll_oneshot_run(struct coll_comm *comm, const coll_work *w) {
   uint64_t t_start = coll_trace_on(comm) ? coll_now_ns() : 0;
   coll_result r = run_call(comm, w, mine, k);
   wake_sleepers(comm, mine);
-  if (t_start && r == COLL_OK)
+  if (t_start && r == COLL_OK && !w->inner)
     record(comm, w, w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype), t_start,
            coll_now_ns());
   return r;

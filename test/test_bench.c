@@ -540,6 +540,21 @@ Test(bench_run, registered_buffers_take_the_mapped_path, .timeout = 300) {
   }
 }
 
+/* --explain on windows: no FIFO steps to list, and it says so and why (not the
+ * one-shot exchanges of the call dressed up as steps). */
+Test(bench_explain, registered_buffers_explain_the_mapped_path, .timeout = 120) {
+  const char *args[] = {"all_reduce", "--ranks", "3", "--explain", "-b", "1M", "-e", "1M",
+                        "-n", "3", "-R", "1", NULL};
+  run_result r = run_bench(args, NULL, 120);
+  cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
+  cr_assert(strstr(r.out, "algorithm mapped"), "%s", r.out);
+  cr_assert(strstr(r.out, "# No FIFO steps: every rank's buffers are coll_mem_alloc memory"),
+            "%s", r.out);
+  cr_assert(strstr(r.out, "(N-1)/N*S = 699051 B from other ranks' memory"), "%s", r.out);
+  cr_assert(!strstr(r.out, "# Steps, as the executor ran them"), "%s", r.out);
+  free_run(&r);
+}
+
 Test(bench_run, all_dtypes_and_ops, .timeout = 300) {
   /* 10 dtypes x 5 ops x 5 sizes for each reducing collective; 10 x 5 for the others */
   static const char *const all[] = {"-d", "all", "-o", "all", NULL};
