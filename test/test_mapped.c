@@ -89,6 +89,27 @@ Test(mapped, hugepages_setting_works_with_or_without_a_pool, .timeout = 120) {
   unsetenv("COLL_HUGEPAGES");
 }
 
+/* Over TCP (ranks as if on several hosts) nothing is mapped: the memory is ordinary,
+ * calls on it take the FIFO paths and are right. */
+static int tcp_windows_are_plain(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  void *a, *b;
+  if (coll_mem_alloc(comm, BIG * sizeof(float), &a) != COLL_OK ||
+      coll_mem_alloc(comm, BIG * sizeof(float), &b) != COLL_OK)
+    return t_failf("rank %d: coll_mem_alloc: %s", rank, coll_comm_last_error(comm));
+  int bad = all_reduce_checked(comm, rank, n, a, b, BIG / 4, NULL);
+  if (!bad && ran(comm, "mapped")) bad = t_failf("rank %d: mapped over TCP", rank);
+  if (coll_mem_free(comm, a) != COLL_OK || coll_mem_free(comm, b) != COLL_OK)
+    bad = t_failf("rank %d: coll_mem_free: %s", rank, coll_comm_last_error(comm));
+  return bad;
+}
+
+Test(mapped, over_tcp_windows_are_ordinary_memory, .timeout = 120) {
+  setenv("COLL_TRANSPORT", "tcp", 1);
+  run(3, tcp_windows_are_plain, NULL);
+  unsetenv("COLL_TRANSPORT");
+}
+
 /* Rank `odd` passes a malloc buffer: nobody may take the mapped path, all must be right. */
 static int one_rank_unregistered(coll_comm_t comm, int rank, int n, void *arg) {
   int odd = *(int *)arg % n;
