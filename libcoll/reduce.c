@@ -47,7 +47,12 @@
 #else
 #define COLL_IVDEP
 #endif
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(COLL_NO_CLONES)
+/* Each kernel is built three times (AVX-512, AVX2, baseline) and the loader picks one
+ * for the CPU (an ifunc): every element is still one IEEE operation, so the bits are the
+ * same whichever runs.  Not under ThreadSanitizer: the ifunc resolvers run before its
+ * runtime is up and crash. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(COLL_NO_CLONES) && !defined(__SANITIZE_THREAD__)
 #define COLL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define COLL_CLONES
