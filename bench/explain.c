@@ -286,7 +286,6 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
     }
     fprintf(f, "#   Traced %.2f us for the call (its two one-shot exchanges included); "
                "measured %.2f us per call.\n", traced_us, measured_us);
-    (void)first, (void)last, (void)es;
     return;
   }
   fprintf(f, "# Steps, as the executor ran them on every rank (slices of a step stream "

@@ -128,11 +128,6 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   coll_result r;
   /* Every op may fail (device ops return CUDA errors); `fence` makes the bytes final
    * before a slot is published to the peer or handed back to it. */
-/* Large reductions go through scratch in pieces of this many bytes: the piece stays in
- * L1 between the reduction and its two copies, and the core alternates reading and
- * writing memory instead of reading a whole slice, then writing it (mapped.c measures
- * the same effect). */
-#define COLL_FUSE_BYTES 8192
 #define M(call) do { if ((r = (call)) != COLL_OK) return r; } while (0)
 
   switch (s->kind) {
@@ -191,15 +186,10 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
        * the user's buffer (written once, never read back: no read-for-ownership) and
        * copy it to the outgoing slot.  Reducing straight into the slot was slower: its
        * lines live in the peer's cache. */
-      size_t blk = COLL_FUSE_BYTES / es;
-      for (size_t o = 0; o < n; o += blk) {
-        size_t k = n - o < blk ? n - o : blk;
-        coll_kernel_reduce(comm->scratch, (const uint8_t *)p + o * es,
-                           (const uint8_t *)src + o * es, k, w->dtype, w->op);
-        if (avg) coll_kernel_avg(comm->scratch, k, w->dtype, comm->nranks);
-        memcpy((uint8_t *)q + o * es, comm->scratch, k * es);
-        coll_copy_stream((uint8_t *)dst + o * es, comm->scratch, k * es);
-      }
+      coll_kernel_reduce(comm->scratch, p, src, n, w->dtype, w->op);
+      if (avg) coll_kernel_avg(comm->scratch, n, w->dtype, comm->nranks);
+      memcpy(q, comm->scratch, bytes);
+      coll_copy_stream(dst, comm->scratch, bytes);
     } else {
       M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
       if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));

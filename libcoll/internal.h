@@ -308,7 +308,8 @@ typedef struct coll_window {
   uint8_t **peer;      /* [nranks]: rank p's memory in this address space */
   size_t *peer_bytes;
 } coll_window;
-/* Is [p, p+bytes) inside a shared window?  Then its slot and offset. */
+/* Is [p, p+bytes) inside a shared window?  Then its slot and offset.  This and
+ * coll_window_peer read the table: the caller holds comm->winmu. */
 bool coll_window_find(struct coll_comm *comm, const void *p, size_t bytes, int32_t *slot,
                       uint64_t *off);
 /* Rank p's window `slot` at `off` in this address space, NULL if [off, off+bytes) is

@@ -127,16 +127,20 @@ static coll_result run(struct coll_comm *comm, const coll_work *w, const where *
   size_t es = coll_dtype_size(w->dtype), sb, rb;
   ranges(comm, w, &sb, &rb);
   uint8_t *in[COLL_MAX_RANKS_MAPPED], *out[COLL_MAX_RANKS_MAPPED];
+  pthread_mutex_lock(&comm->winmu);
   for (int p = 0; p < n; p++) {
     in[p] = needs_send(w, p)
                 ? coll_window_peer(comm, at[p].send_slot, p, at[p].send_off, sb) : NULL;
     out[p] = needs_recv(w, p)
                  ? coll_window_peer(comm, at[p].recv_slot, p, at[p].recv_off, rb) : NULL;
-    if ((needs_send(w, p) && !in[p] && sb) || (needs_recv(w, p) && !out[p] && rb))
+    if ((needs_send(w, p) && !in[p] && sb) || (needs_recv(w, p) && !out[p] && rb)) {
+      pthread_mutex_unlock(&comm->winmu);
       return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's buffers of %s #%llu are "
                        "not inside its window", me, p, coll_coll_name(w->coll),
                        (unsigned long long)w->seq);
+    }
   }
+  pthread_mutex_unlock(&comm->winmu);
   /* Non-temporal stores only where the buffers of all ranks together outgrow the caches
    * (copy.c's threshold, COLL_STREAM_BYTES): below it the receive buffers would stay in
    * cache, and streaming them out made 512 KiB - 2 MiB all-reduces on 2 ranks 1.3x
@@ -186,12 +190,14 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
   size_t sb, rb;
   ranges(comm, w, &sb, &rb);
   where mine = {.send_slot = -1, .recv_slot = -1};
+  pthread_mutex_lock(&comm->winmu); /* the user's thread may be allocating a window */
   if (needs_send(w, comm->rank) &&
       !coll_window_find(comm, w->sendbuf, sb, &mine.send_slot, &mine.send_off))
     mine.send_slot = -1;
   if (needs_recv(w, comm->rank) &&
       !coll_window_find(comm, w->recvbuf, rb, &mine.recv_slot, &mine.recv_off))
     mine.recv_slot = -1;
+  pthread_mutex_unlock(&comm->winmu);
   where *at = comm->mapped_where;
   coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = at,
                   .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};

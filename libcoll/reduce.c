@@ -52,7 +52,7 @@
  * same whichever runs.  Not under ThreadSanitizer: the ifunc resolvers run before its
  * runtime is up and crash. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(COLL_NO_CLONES) && !defined(__SANITIZE_THREAD__)
+    !defined(__SANITIZE_THREAD__)
 #define COLL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define COLL_CLONES

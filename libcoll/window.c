@@ -50,26 +50,25 @@ static size_t page_round(size_t n) {
   return n == 0 ? pg : (n + pg - 1) / pg * pg;
 }
 
-/* COLL_HUGEPAGES=1: a memfd of 2 MiB pages from the hugetlb pool, when it has enough
- * (*len rounded up to 2 MiB); -1 (and the caller takes 4 KiB pages) otherwise.  Off by
- * default: the pool is the administrator's, reserved for whoever they reserved it for. */
-static int huge_memfd(size_t *len) {
-  const char *e = getenv("COLL_HUGEPAGES");
-  if (!e || strcmp(e, "1") != 0) return -1;
-  size_t huge = 2u << 20, l = (*len + huge - 1) / huge * huge;
-  int fd = memfd_create("libcoll-window", MFD_CLOEXEC | MFD_HUGETLB);
-  if (fd < 0) return -1;
-  /* mmap of a shared hugetlb mapping reserves its pages, so a short pool fails here and
-   * not with SIGBUS later. */
-  void *probe = ftruncate(fd, (off_t)l) == 0
-                    ? mmap(NULL, l, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  if (probe == MAP_FAILED) {
+/* A memfd of `len` bytes (huge: from the hugetlb pool, len rounded up to 2 MiB), mapped
+ * and populated here; NULL with errno set on failure.  A shared hugetlb mapping reserves
+ * its pages when it is made, so a short pool fails here and not with SIGBUS later. */
+static void *map_memfd(size_t *len, bool huge, int *fd_out) {
+  size_t l = *len;
+  if (huge) l = (l + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  int fd = memfd_create("libcoll-window", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+  if (fd < 0) return NULL;
+  void *m = ftruncate(fd, (off_t)l) == 0
+                ? mmap(NULL, l, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
+                : MAP_FAILED;
+  if (m == MAP_FAILED) {
+    int e = errno;
     close(fd);
-    return -1;
+    errno = e;
+    return NULL;
   }
-  munmap(probe, l);
-  *len = l;
-  return fd;
+  *len = l, *fd_out = fd;
+  return m;
 }
 
 static void unmap_window(struct coll_comm *comm, coll_window *w) {
@@ -135,14 +134,14 @@ coll_result coll_mem_alloc(coll_comm_t comm, size_t bytes, void **ptr) {
     snprintf(why, sizeof why, "%zu bytes is more than an address space holds", bytes);
   } else if (!w.peer || !w.peer_bytes) {
     snprintf(why, sizeof why, "out of memory");
-  } else if ((fd = huge_memfd(&len)) < 0 &&
-             ((fd = memfd_create("libcoll-window", MFD_CLOEXEC)) < 0 ||
-              ftruncate(fd, (off_t)len) != 0)) {
-    snprintf(why, sizeof why, "creating a %zu-byte memfd: %s", len, strerror(errno));
   } else {
-    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (m == MAP_FAILED) {
-      snprintf(why, sizeof why, "mapping %zu bytes: %s", len, strerror(errno));
+    /* COLL_HUGEPAGES=1: 2 MiB pages when the pool has them.  Off by default: the pool is
+     * the administrator's, reserved for whoever they reserved it for. */
+    const char *hp = getenv("COLL_HUGEPAGES");
+    void *m = hp && strcmp(hp, "1") == 0 ? map_memfd(&len, true, &fd) : NULL;
+    if (!m && !(m = map_memfd(&len, false, &fd))) {
+      snprintf(why, sizeof why, "creating and mapping a %zu-byte memfd: %s", len,
+               strerror(errno));
     } else {
       w.base = m, w.bytes = len, w.peer[me] = m, w.peer_bytes[me] = len;
       mine.fd = fd, mine.bytes = len, mine.ok = 1;
@@ -233,31 +232,24 @@ coll_result coll_mem_free(coll_comm_t comm, void *ptr) {
 bool coll_window_find(struct coll_comm *comm, const void *p, size_t bytes, int32_t *slot,
                       uint64_t *off) {
   const uint8_t *a = p;
-  bool found = false;
-  pthread_mutex_lock(&comm->winmu);
-  for (int i = 0; a && i < COLL_MAX_WINDOWS && !found; i++) {
+  for (int i = 0; a && i < COLL_MAX_WINDOWS; i++) {
     const coll_window *w = &comm->windows[i];
     if (w->shared && a >= w->base && (size_t)(a - w->base) <= w->bytes &&
         bytes <= w->bytes - (size_t)(a - w->base)) {
       *slot = i, *off = (uint64_t)(a - w->base);
-      found = true;
+      return true;
     }
   }
-  pthread_mutex_unlock(&comm->winmu);
-  return found;
+  return false;
 }
 
 uint8_t *coll_window_peer(struct coll_comm *comm, int32_t slot, int p, uint64_t off,
                           size_t bytes) {
   if (slot < 0 || slot >= COLL_MAX_WINDOWS) return NULL;
-  pthread_mutex_lock(&comm->winmu);
   const coll_window *w = &comm->windows[slot];
-  uint8_t *at = w->shared && w->peer[p] && off <= w->peer_bytes[p] &&
-                        bytes <= w->peer_bytes[p] - off
-                    ? w->peer[p] + off
-                    : NULL;
-  pthread_mutex_unlock(&comm->winmu);
-  return at;
+  return w->shared && w->peer[p] && off <= w->peer_bytes[p] && bytes <= w->peer_bytes[p] - off
+             ? w->peer[p] + off
+             : NULL;
 }
 
 void coll_windows_free(struct coll_comm *comm) {
