@@ -196,7 +196,7 @@ struct coll_comm {
   size_t slot_bytes;
   /* One-shot path (oneshot.c): every peer is reached through shm mailboxes. */
   bool mailboxes;
-  size_t stream_bytes; /* calls this large stream their final copies (copy.c) */
+  size_t nt_bytes; /* calls this large stream their final copies (copy.c) */
   uint32_t mb_seq;   /* one-shot calls made on this communicator */
   uint32_t *mb_seen; /* per rank: the highest one-shot call seen in its mailbox */
   coll_mailbox **mb;  /* [2p + parity]: rank p's mailboxes */
@@ -283,11 +283,11 @@ void coll_stream_enqueued(struct coll_stream *s);
 /* ---- copies (copy.c) ----------------------------------------------------------------- */
 
 /* memcpy with streaming stores for large outputs nobody reads soon (see copy.c). */
-void coll_copy_stream(void *dst, const void *src, size_t n);
+void coll_copy_nt(void *dst, const void *src, size_t n);
 /* Orders every streamed store before what follows (the call's completion). */
-void coll_copy_stream_fence(void);
-/* Calls whose user buffers exceed this stream their final copies (COLL_STREAM_BYTES). */
-#define COLL_STREAM_DEFAULT (16u << 20)
+void coll_copy_nt_fence(void);
+/* Calls whose user buffers exceed this stream their final copies (COLL_NT_BYTES). */
+#define COLL_NT_DEFAULT (16u << 20)
 
 /* ---- one-shot small collectives (oneshot.c) ----------------------------------------- */
 

@@ -49,7 +49,7 @@ static void put_str(FILE *f, const char *s, size_t max)
 }
 #define PUT(f, field) put_str(f, field, sizeof field)
 
-/* A libcoll record, as libcoll/trace.c's json_event writes it, two tracks down. */
+/* A libcoll record, as libcoll/exec/trace.c's json_event writes it, two tracks down. */
 static void put_lib(FILE *f, const coll_trace_event *e, double t0_us)
 {
     int tid = TRAIN_TRACE_LIB + (e->step < 0 ? 0 : e->step + 1);

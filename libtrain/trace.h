@@ -1,6 +1,6 @@
 /*
  * trace.h — a timeline of what each rank did, written in libcoll's trace format (the one
- * COLL_TRACE=FILE.json writes, libcoll/trace.c): Chrome trace-event JSON that Perfetto
+ * COLL_TRACE=FILE.json writes, libcoll/exec/trace.c): Chrome trace-event JSON that Perfetto
  * (ui.perfetto.dev) and chrome://tracing open, one process per rank ("rank r"), "X"
  * (complete) events with microsecond timestamps from CLOCK_MONOTONIC (comparable between
  * the processes of one machine), all shifted by the earliest event.

@@ -1,5 +1,5 @@
 /* fuzz_bootstrap.c — libFuzzer target for the bootstrap root's parser of connection bytes
- * (libcoll/bootstrap_parse.c, the very code the root runs on what it reads).
+ * (libcoll/comm/bootstrap_parse.c, the very code the root runs on what it reads).
  *
  * The input is a script of commands for four connections to one root: "feed the next k
  * input bytes to connection c" (arbitrary bytes, cut into arbitrary pieces), and

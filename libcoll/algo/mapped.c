@@ -77,14 +77,14 @@ static bool needs_recv(const coll_work *w, int p) {
  * (streamed) into each of the `nout` destinations. */
 static void reduce_piece(const struct coll_comm *comm, const coll_work *w, uint8_t *const *in,
                          size_t at, size_t k, uint8_t *scratch, uint8_t *const *out,
-                         int nout, size_t out_at, bool stream) {
+                         int nout, size_t out_at, bool nt) {
   int n = comm->nranks;
   size_t es = coll_dtype_size(w->dtype);
   coll_kernel_reduce(scratch, in[0] + at, in[1] + at, k, w->dtype, w->op);
   for (int q = 2; q < n; q++) coll_kernel_reduce(scratch, scratch, in[q] + at, k, w->dtype, w->op);
   if (w->op == COLL_AVG) coll_kernel_avg(scratch, k, w->dtype, n);
   for (int q = 0; q < nout; q++) {
-    if (stream) coll_copy_stream(out[q] + out_at, scratch, k * es);
+    if (nt) coll_copy_nt(out[q] + out_at, scratch, k * es);
     else memcpy(out[q] + out_at, scratch, k * es);
   }
 }
@@ -92,7 +92,7 @@ static void reduce_piece(const struct coll_comm *comm, const coll_work *w, uint8
 /* Block [off, off+cnt) elements of every input, reduced, into every output at out_off. */
 static void reduce_block(const struct coll_comm *comm, const coll_work *w, uint8_t *const *in,
                          size_t off, size_t cnt, uint8_t *const *out, int nout, size_t out_off,
-                         bool stream) {
+                         bool nt) {
   size_t es = coll_dtype_size(w->dtype), per = PIECE / es;
   uint8_t *scratch = comm->scratch; /* executor.c's slice scratch: idle during this call */
   for (size_t d = 0; d < cnt; d += per) {
@@ -104,20 +104,20 @@ static void reduce_block(const struct coll_comm *comm, const coll_work *w, uint8
       for (int q = 0; q < comm->nranks; q++)
         for (size_t l = 0; l < PIECE; l += 64)
           __builtin_prefetch(in[q] + (off + d + 16 * per) * es + l, 0, 0);
-    reduce_piece(comm, w, in, (off + d) * es, k, scratch, out, nout, (out_off + d) * es, stream);
+    reduce_piece(comm, w, in, (off + d) * es, k, scratch, out, nout, (out_off + d) * es, nt);
   }
 }
 
 /* `bytes` at src into each destination (skipping one that is src itself), in pieces
  * that stay in cache so src is read from memory once. */
 static void copy_out(const uint8_t *src, size_t bytes, uint8_t *const *out, int nout,
-                     bool stream) {
+                     bool nt) {
   enum { CHUNK = 64 << 10 };
   for (size_t d = 0; d < bytes; d += CHUNK) {
     size_t k = bytes - d < CHUNK ? bytes - d : CHUNK;
     for (int q = 0; q < nout; q++)
       if (out[q] + d == src + d) continue;
-      else if (stream) coll_copy_stream(out[q] + d, src + d, k);
+      else if (nt) coll_copy_nt(out[q] + d, src + d, k);
       else memcpy(out[q] + d, src + d, k);
   }
 }
@@ -142,42 +142,42 @@ static coll_result run(struct coll_comm *comm, const coll_work *w, const where *
   }
   pthread_mutex_unlock(&comm->winmu);
   /* Non-temporal stores only where the buffers of all ranks together outgrow the caches
-   * (copy.c's threshold, COLL_STREAM_BYTES): below it the receive buffers would stay in
+   * (copy.c's threshold, COLL_NT_BYTES): below it the receive buffers would stay in
    * cache, and streaming them out made 512 KiB - 2 MiB all-reduces on 2 ranks 1.3x
    * slower than the ring; above it ordinary stores pay a read for ownership per line
    * (8 MiB on 2 ranks: 820 us against 340 us streamed). */
-  bool stream = (size_t)n * (sb + rb) >= comm->stream_bytes;
+  bool nt = (size_t)n * (sb + rb) >= comm->nt_bytes;
   size_t off, cnt;
   switch (w->coll) {
   case COLL_COLL_ALL_REDUCE:
     coll_ring_chunk(w->count, n, me, &off, &cnt);
-    reduce_block(comm, w, in, off, cnt, out, n, off, stream);
+    reduce_block(comm, w, in, off, cnt, out, n, off, nt);
     break;
   case COLL_COLL_REDUCE:
     coll_ring_chunk(w->count, n, me, &off, &cnt);
-    reduce_block(comm, w, in, off, cnt, &out[w->root], 1, off, stream);
+    reduce_block(comm, w, in, off, cnt, &out[w->root], 1, off, nt);
     break;
   case COLL_COLL_REDUCE_SCATTER:
-    reduce_block(comm, w, in, (size_t)me * w->count, w->count, &out[me], 1, 0, stream);
+    reduce_block(comm, w, in, (size_t)me * w->count, w->count, &out[me], 1, 0, nt);
     break;
   case COLL_COLL_ALL_GATHER: {
     uint8_t *dst[COLL_MAX_RANKS_MAPPED];
     for (int p = 0; p < n; p++) dst[p] = out[p] + (size_t)me * sb;
-    copy_out(in[me], sb, dst, n, stream);
+    copy_out(in[me], sb, dst, n, nt);
     break;
   }
   case COLL_COLL_BROADCAST: {
     coll_ring_chunk(w->count, n, me, &off, &cnt);
     uint8_t *dst[COLL_MAX_RANKS_MAPPED];
     for (int p = 0; p < n; p++) dst[p] = out[p] + off * es;
-    copy_out(in[w->root] + off * es, cnt * es, dst, n, stream);
+    copy_out(in[w->root] + off * es, cnt * es, dst, n, nt);
     break;
   }
   default:
     return coll_fail(comm, COLL_ERR_INTERNAL, "mapped path asked to run %s",
                      coll_coll_name(w->coll));
   }
-  if (stream) coll_copy_stream_fence(); /* the stores reach the peers before the barrier */
+  if (nt) coll_copy_nt_fence(); /* the stores reach the peers before the barrier */
   coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq,
                  .inner = true};
   return coll_oneshot_run(comm, &b);

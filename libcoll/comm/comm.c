@@ -110,9 +110,9 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   comm->timeout_ms = coll_env_timeout_ms();
   {
     long sb;
-    if (!coll_env_int("COLL_STREAM_BYTES", COLL_STREAM_DEFAULT, &sb) || sb < 0)
-      sb = COLL_STREAM_DEFAULT;
-    comm->stream_bytes = (size_t)sb;
+    if (!coll_env_int("COLL_NT_BYTES", COLL_NT_DEFAULT, &sb) || sb < 0)
+      sb = COLL_NT_DEFAULT;
+    comm->nt_bytes = (size_t)sb;
   }
   comm->check = coll_check_from_env();
   memcpy(comm->secret, f->secret, COLL_SECRET_BYTES);

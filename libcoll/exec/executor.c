@@ -32,18 +32,17 @@ typedef struct {
   const coll_step *step;
   int step_index;
   size_t done_bytes, total_bytes;
-  bool stream; /* final copies into user buffers bypass the cache (copy.c) */
+  bool nt; /* non-temporal: final copies into user buffers bypass the cache (copy.c) */
   /* How bytes move (host: memcpy + reduce.c; device: cuda.c) and over which
    * connectors (host: shm/tcp; device: cuda_ipc). */
   const coll_mem_ops *ops;
   coll_conn **conn_send, **conn_recv;
 } wait_ctx;
 
-/* A copy into the user's buffer: streaming stores for large calls. */
 /* A copy into the user's buffer: streaming stores for large host calls (copy.c). */
 static coll_result put(const wait_ctx *x, void *dst, const void *src, size_t bytes) {
-  if (x->stream && x->ops == &coll_mem_host) {
-    coll_copy_stream(dst, src, bytes);
+  if (x->nt && x->ops == &coll_mem_host) {
+    coll_copy_nt(dst, src, bytes);
     return COLL_OK;
   }
   return x->ops->copy(x->comm, dst, src, bytes);
@@ -166,11 +165,11 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
     return COLL_OK;
   case COLL_STEP_RECV_REDUCE_COPY:
     M(get_recv(x, in, bytes, &p));
-    if (x->stream && m == &coll_mem_host && bytes <= comm->scratch_bytes) {
+    if (x->nt && m == &coll_mem_host && bytes <= comm->scratch_bytes) {
       /* Large call: reduce in cache, then stream out (no read-for-ownership of dst). */
       coll_kernel_reduce(comm->scratch, p, src, n, w->dtype, w->op);
       if (avg) coll_kernel_avg(comm->scratch, n, w->dtype, comm->nranks);
-      coll_copy_stream(dst, comm->scratch, bytes);
+      coll_copy_nt(dst, comm->scratch, bytes);
     } else {
       M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
       if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
@@ -181,7 +180,7 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   case COLL_STEP_RECV_REDUCE_COPY_SEND:
     M(get_recv(x, in, bytes, &p));
     M(get_send(x, out, &q));
-    if (x->stream && m == &coll_mem_host && bytes <= comm->scratch_bytes) {
+    if (x->nt && m == &coll_mem_host && bytes <= comm->scratch_bytes) {
       /* Large call: reduce into a scratch slice that stays in cache, then stream it to
        * the user's buffer (written once, never read back: no read-for-ownership) and
        * copy it to the outgoing slot.  Reducing straight into the slot was slower: its
@@ -189,7 +188,7 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
       coll_kernel_reduce(comm->scratch, p, src, n, w->dtype, w->op);
       if (avg) coll_kernel_avg(comm->scratch, n, w->dtype, comm->nranks);
       memcpy(q, comm->scratch, bytes);
-      coll_copy_stream(dst, comm->scratch, bytes);
+      coll_copy_nt(dst, comm->scratch, bytes);
     } else {
       M(m->reduce(comm, dst, p, src, n, w->dtype, w->op));
       if (avg) M(m->avg(comm, dst, n, w->dtype, comm->nranks));
@@ -302,7 +301,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER)
       user *= (size_t)comm->nranks;
     /* In place the output lines are read as inputs anyway: nothing to save there. */
-    x.stream = user >= comm->stream_bytes && !a.in_place;
+    x.nt = user >= comm->nt_bytes && !a.in_place;
   }
   /* Tracing: when each step's first slice starts and its last slice ends. */
   uint64_t *t0 = NULL, *t1 = NULL;
@@ -328,7 +327,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       if (t1 && off + n == s->count) t1[i] = coll_now_ns();
     }
   }
-  if (x.stream) coll_copy_stream_fence(); /* streamed output before the completion */
+  if (x.nt) coll_copy_nt_fence(); /* non-temporal output before the completion */
   if (cuda && (r = coll_cuda_exec_end(comm, w, COLL_OK)) != COLL_OK) return r;
   if (t0) coll_trace_record(comm, w, a.algo, comm->steps, nsteps, es, t_call, coll_now_ns());
   return COLL_OK;
