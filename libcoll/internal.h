@@ -238,8 +238,10 @@ struct coll_comm {
   coll_algo forced; /* COLL_ALGO, or AUTO */
   coll_algo probe_algo; /* while measuring: the algorithm being timed (AUTO: ring) */
   bool warned_forced[COLL_NUM_COLLS];
-  uint8_t choice[COLL_NUM_COLLS][COLL_TUNE_BUCKETS];      /* best algorithm */
-  uint8_t choice_fifo[COLL_NUM_COLLS][COLL_TUNE_BUCKETS]; /* best but one-shot */
+  uint8_t choice[COLL_NUM_COLLS][COLL_TUNE_BUCKETS];      /* best row */
+  uint8_t choice_plan[COLL_NUM_COLLS][COLL_TUNE_BUCKETS]; /* best row with a schedule */
+  /* every row's predicted seconds × handicap per bucket (INFINITY: cannot serve) */
+  double cost_at[COLL_NUM_ALGOS][COLL_NUM_COLLS][COLL_TUNE_BUCKETS];
   struct coll_cuda_comm *cuda; /* device path (cuda.c); NULL until init sets it up */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
@@ -348,8 +350,13 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
 /* Measures (or reads) the model's parameters and builds the choice table.  Collective:
  * every rank calls it once the executor runs. */
 coll_result coll_tune_init(struct coll_comm *comm);
-/* The algorithm for this call: COLL_ALGO if it can serve it, else the table's. */
+/* The row of the algorithm table for this call: COLL_ALGO if it can serve it, else the
+ * tuner's table's.  The same on every rank for the same call. */
 coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es);
+/* The same, once every rank's `declined` row found it could not run this call (its run
+ * reported *ran = false): the next choice. */
+coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, size_t es,
+                                  coll_algo declined);
 
 /* ---- tracing (trace.c) ------------------------------------------------------------ */
 

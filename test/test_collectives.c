@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algo.h"
 #include "coll_trace.h"
 #include "helpers.h"
 
@@ -230,7 +231,13 @@ typedef struct {
   uint8_t *a, *b;
   size_t cap;
   bool mapped; /* from coll_mem_alloc: every call but sendrecv must take the mapped path */
+  coll_algo forced; /* COLL_ALGO's row: every call it can serve must have run on it */
 } bufs;
+
+/* The kind numbers of this file as the library's collectives. */
+static const coll_coll_kind kind_coll[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
+                                           COLL_COLL_ALL_GATHER, COLL_COLL_BROADCAST,
+                                           COLL_COLL_REDUCE, COLL_COLL_SENDRECV};
 
 static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
   size_t es = coll_dtype_size(c->d), cnt = c->count;
@@ -266,6 +273,15 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
     if (!ran || strcmp(ran, "mapped") != 0)
       return t_failf("rank %d: %s ran %s, not the mapped path", rank, what, ran ? ran : "?");
   }
+  /* A forced row must really have run every call it can serve: the matrix checks that
+   * row, not a fallback (mapped: its own check above, which also needs the buffers). */
+  if (B->forced != COLL_ALGO_AUTO && !B->mapped && n > 1 && c->kind != 5 && cnt > 0) {
+    coll_work w = {.coll = kind_coll[c->kind], .count = cnt, .dtype = c->d};
+    const char *ran = coll_comm_last_algo(comm), *want = coll_algo_name(B->forced);
+    if (coll_algo_usable(coll_algo_get(B->forced), comm, &w, es) &&
+        (!ran || strcmp(ran, want) != 0))
+      return t_failf("rank %d: %s ran %s, not COLL_ALGO=%s", rank, what, ran ? ran : "?", want);
+  }
   for (size_t i = 0; i < out_len; i++) {
     bool ok = true;
     switch (c->kind) {
@@ -300,6 +316,7 @@ typedef struct {
   bool big;       /* run the few-MiB part instead of the small counts */
   unsigned kinds; /* bit k: run call kind k (0: every kind) */
   bool mapped;    /* buffers from coll_mem_alloc (COLL_ALGO=mapped) */
+  int forced;     /* the table row COLL_ALGO forces (COLL_ALGO_AUTO: none) */
 } matrix_arg;
 
 static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
@@ -308,6 +325,7 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
   bufs B;
   B.cap = (ma->big ? big_bytes + 64 : (size_t)70000 * 8) * (size_t)n + 4096;
   B.mapped = ma->mapped;
+  B.forced = (coll_algo)ma->forced;
   if (ma->mapped) {
     void *a = NULL, *b = NULL;
     coll_result r = coll_mem_alloc(comm, B.cap, &a);
@@ -373,7 +391,10 @@ out:
 }
 
 static void run_matrix_kinds(int n, bool big, const char *algo, unsigned kinds) {
-  matrix_arg a = {.big = big, .kinds = kinds, .mapped = algo && strcmp(algo, "mapped") == 0};
+  bool known = false;
+  coll_algo forced = algo ? coll_algo_from_name(algo, &known) : COLL_ALGO_AUTO;
+  matrix_arg a = {.big = big, .kinds = kinds, .mapped = algo && strcmp(algo, "mapped") == 0,
+                  .forced = known ? (int)forced : COLL_ALGO_AUTO};
   char why[256];
   int before = t_shm_segments();
   /* The ranks are forked by t_launch and read COLL_ALGO at every call. */
@@ -400,43 +421,51 @@ Test(collectives, n4_big, .timeout = 300) { run_matrix(4, true); }
 Test(collectives, n5_big, .timeout = 300) { run_matrix(5, true); }
 Test(collectives, n8_big, .timeout = 400) { run_matrix(8, true); }
 
-/* ---- every algorithm forced through COLL_ALGO ---------------------------------------
- * The same matrix for the collectives each algorithm serves (the others fall back to
- * the ring, which the tests above cover): kinds 0 all-reduce, 2 all-gather,
- * 3 broadcast, 4 reduce.  Small counts for N = 1..8, the few-MiB part for two N (one
- * for rd). */
+/* ---- every row of the algorithm table forced through COLL_ALGO ------------------------
+ * The same matrix, row by row of the table (algo/algo.h) — read from the table, so a row
+ * added there is tested here — for the collectives the row serves (kinds 0 all-reduce,
+ * 1 reduce-scatter, 2 all-gather, 3 broadcast, 4 reduce); run_call checks that every
+ * call the row can serve ran on it.  Small counts for N = 1..8; the few-MiB part for
+ * two N (one for rd, which moves n·log2(N) bytes per rank).  The mapped row runs on
+ * coll_mem_alloc buffers (run_matrix_kinds). */
 #define K(k) (1u << (k))
-static const struct {
-  const char *name;
-  unsigned kinds;
-} algos[] = {{"tree", K(0) | K(3) | K(4)}, {"rd", K(0) | K(2)}, {"rhd", K(0) | K(2)}};
-
-static void forced_all_n(int ai) {
-  for (int n = 1; n <= 8; n++) run_matrix_kinds(n, false, algos[ai].name, algos[ai].kinds);
+static unsigned row_kinds(coll_algo a) {
+  unsigned k = 0;
+  for (int i = 0; i < 5; i++)
+    if (coll_algo_serves(a, kind_coll[i], 4)) k |= K(i);
+  return k;
 }
-static void forced_big(int ai) {
-  /* rd moves n·log2(N) bytes per rank: one N (a folded one) keeps it in time. */
-  const int ns[3][2] = {{5, 8}, {3, 0}, {5, 8}};
-  for (int i = 0; i < 2 && ns[ai][i]; i++)
-    run_matrix_kinds(ns[ai][i], true, algos[ai].name, algos[ai].kinds);
+static void forced_small(coll_algo a) {
+  for (int n = 1; n <= 8; n++) run_matrix_kinds(n, false, coll_algo_name(a), row_kinds(a));
 }
-
-/* The mapped path (mapped.c) on coll_mem_alloc buffers: every kind but sendrecv must
- * run there (run_call checks coll_comm_last_algo), N = 1..8, and the few-MiB part. */
-Test(collectives, mapped_small_n1_to_8, .timeout = 600) {
-  for (int n = 1; n <= 8; n++) run_matrix_kinds(n, false, "mapped", 0);
-}
-Test(collectives, mapped_big, .timeout = 600) {
-  run_matrix_kinds(2, true, "mapped", 0);
-  run_matrix_kinds(5, true, "mapped", 0);
+static void forced_big(coll_algo a, int n1, int n2) {
+  run_matrix_kinds(n1, true, coll_algo_name(a), row_kinds(a));
+  if (n2) run_matrix_kinds(n2, true, coll_algo_name(a), row_kinds(a));
 }
 
-Test(collectives, tree_small_n1_to_8, .timeout = 600) { forced_all_n(0); }
-Test(collectives, rd_small_n1_to_8, .timeout = 600) { forced_all_n(1); }
-Test(collectives, rhd_small_n1_to_8, .timeout = 600) { forced_all_n(2); }
-Test(collectives, tree_big, .timeout = 600) { forced_big(0); }
-Test(collectives, rd_big, .timeout = 600) { forced_big(1); }
-Test(collectives, rhd_big, .timeout = 600) { forced_big(2); }
+/* Every row has a test below; a row without one fails here. */
+Test(collectives, every_table_row_is_forced_below) {
+  static const coll_algo tested[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD,
+                                     COLL_ALGO_RHD, COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
+                                     COLL_ALGO_MAPPED};
+  cr_assert_eq(sizeof tested / sizeof *tested, COLL_NUM_ALGOS - 1,
+               "the algorithm table has a row the forced matrix does not run");
+  for (size_t i = 0; i < sizeof tested / sizeof *tested; i++)
+    cr_assert_neq(row_kinds(tested[i]), 0u, "%s serves nothing", coll_algo_name(tested[i]));
+}
+
+Test(collectives, ring_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_RING); }
+Test(collectives, tree_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_TREE); }
+Test(collectives, rd_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_RD); }
+Test(collectives, rhd_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_RHD); }
+Test(collectives, oneshot_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_ONESHOT); }
+Test(collectives, direct_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_DIRECT); }
+Test(collectives, mapped_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_MAPPED); }
+Test(collectives, tree_big, .timeout = 600) { forced_big(COLL_ALGO_TREE, 5, 8); }
+Test(collectives, rd_big, .timeout = 600) { forced_big(COLL_ALGO_RD, 3, 0); }
+Test(collectives, rhd_big, .timeout = 600) { forced_big(COLL_ALGO_RHD, 5, 8); }
+Test(collectives, direct_big, .timeout = 600) { forced_big(COLL_ALGO_DIRECT, 2, 5); }
+Test(collectives, mapped_big, .timeout = 600) { forced_big(COLL_ALGO_MAPPED, 2, 5); }
 
 /* COLL_ALGO=tree cannot serve reduce-scatter (nor all-gather): the call falls back to
  * the ring (with a warning) and still gives the right answer. */

@@ -555,7 +555,9 @@ Test(plan, algo_names_and_table) {
   cr_assert(coll_algo_serves(COLL_ALGO_RD, COLL_COLL_ALL_GATHER, 5));
   cr_assert(!coll_algo_serves(COLL_ALGO_RD, COLL_COLL_BROADCAST, 5));
   cr_assert(!coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 5));
-  cr_assert(!coll_algo_serves(COLL_ALGO_ONESHOT, COLL_COLL_ALL_REDUCE, 2), "one-shot has no schedule");
+  cr_assert(coll_algo_serves(COLL_ALGO_ONESHOT, COLL_COLL_ALL_REDUCE, 2));
+  cr_assert(!coll_algo_has_plan(COLL_ALGO_ONESHOT), "one-shot is a run function, not a schedule");
+  cr_assert(coll_algo_has_plan(COLL_ALGO_RHD));
   cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 1), "one rank: no algorithm needed");
   cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_SEND, 4));
   cr_assert(!coll_algo_serves((coll_algo)99, COLL_COLL_ALL_REDUCE, 4));

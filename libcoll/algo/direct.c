@@ -33,11 +33,13 @@
  * still read this rank's buffers, or touch a user buffer outside the call's ranges.
  */
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 
-#include "internal.h"
+#include "algo.h"
 #include "reduce.h"
 
 #define PIECE COLL_DIRECT_PIECE
@@ -255,4 +257,51 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   coll_result r2 = coll_exec_bytes(comm, COLL_COLL_BARRIER, NULL, NULL, 0, COLL_SUM, 0);
   free(big);
   return r != COLL_OK ? r : r2;
+}
+
+/* ---- the row in the algorithm table (algo.h) ----------------------------------------- */
+
+bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
+  (void)count, (void)es;
+  return coll_direct_serves(comm, c);
+}
+
+coll_result coll_direct_run_row(struct coll_comm *comm, const coll_work *w, bool *ran) {
+  *ran = true;
+  return coll_direct_run(comm, w);
+}
+
+/* The formulas at the top of this file, n = nccl-tests' size.  a: one one-shot exchange;
+ * r: one process_vm_readv call (a system call, and the kernel pins the pages it reads);
+ * pieces: reduce-scatter reads in COLL_DIRECT_PIECE. */
+coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                             double *seconds, char *formula, size_t flen) {
+  int p = m->p;
+  double a = m->alpha_mb, r = m->alpha_cma, b = m->beta_cma, g = m->gamma;
+  double f = (double)(p - 1) / p, s;
+  double pieces = ceil(n / p / COLL_DIRECT_PIECE);
+  if (pieces < 1) pieces = 1;
+  switch (c) {
+  case COLL_COLL_ALL_REDUCE:
+    s = 3 * a + (p - 1) * (pieces + 1) * r + 2 * f * n * b + f * n * g;
+    snprintf(formula, flen, "3*a_mb + (p-1)*(pieces+1)*a_cma + 2(p-1)/p*n*b_cma + (p-1)/p*n*g"
+             " = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_REDUCE_SCATTER:
+    s = 2 * a + (p - 1) * pieces * r + f * n * (b + g);
+    snprintf(formula, flen, "2*a_mb + (p-1)*pieces*a_cma + (p-1)/p*n*(b_cma+g) = %.3g us",
+             s * 1e6);
+    break;
+  case COLL_COLL_ALL_GATHER:
+    s = 2 * a + (p - 1) * r + f * n * b;
+    snprintf(formula, flen, "2*a_mb + (p-1)*a_cma + (p-1)/p*n*b_cma = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_BROADCAST:
+    s = 2 * a + r + n * b;
+    snprintf(formula, flen, "2*a_mb + a_cma + n*b_cma = %.3g us", s * 1e6);
+    break;
+  default: return COLL_ERR_INVALID_ARG;
+  }
+  *seconds = s;
+  return COLL_OK;
 }

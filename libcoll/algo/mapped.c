@@ -43,9 +43,10 @@
  * before every peer finished with this rank's buffers, or touch bytes outside the
  * call's ranges (in place, block r is read whole before it is written).
  */
+#include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "algo.h"
 #include "reduce.h"
 
 #define PIECE 512 /* bytes per reduced piece (see above) */
@@ -221,4 +222,45 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
     coll_trace_record(comm, w, COLL_ALGO_MAPPED, comm->steps, 0, coll_dtype_size(w->dtype), t0,
                       coll_now_ns());
   return r;
+}
+
+/* ---- the row in the algorithm table (algo.h) ----------------------------------------- */
+
+/* Whether the call may try: windows exist (every rank agrees: the count changes only in
+ * collective calls) and the communicator is small enough; whether the buffers really
+ * lie in windows only the exchange at the start of coll_mapped_run can tell. */
+bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
+  (void)es;
+  return atomic_load_explicit(&comm->nshared, memory_order_relaxed) > 0 && count > 0 &&
+         comm->mailboxes && comm->nranks <= COLL_MAX_RANKS_MAPPED && coll_mapped_serves(c);
+}
+
+/* The formulas at the top of this file, n = nccl-tests' size.  β_mem is half the
+ * model's β: a FIFO's β is a byte copied into a slot and out again, a store here is one
+ * copy.  The tuner prefers this row to every FIFO schedule whenever it is usable — it
+ * moves each byte once where they move it through a slot — and compares the formula
+ * only against the other run paths (one-shot, direct). */
+coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                             double *seconds, char *formula, size_t flen) {
+  int p = m->p;
+  double a = m->alpha_mb, b = m->beta / 2, g = m->gamma, f = (double)(p - 1) / p, s;
+  switch (c) {
+  case COLL_COLL_ALL_REDUCE:
+  case COLL_COLL_REDUCE:
+    s = 2 * a + n * b + f * n * g;
+    snprintf(formula, flen, "2*a_mb + n*b_mem + (p-1)/p*n*g = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_REDUCE_SCATTER:
+    s = 2 * a + n / p * b + f * n * g;
+    snprintf(formula, flen, "2*a_mb + n/p*b_mem + (p-1)/p*n*g = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_ALL_GATHER:
+  case COLL_COLL_BROADCAST:
+    s = 2 * a + n * b;
+    snprintf(formula, flen, "2*a_mb + n*b_mem = %.3g us", s * 1e6);
+    break;
+  default: return COLL_ERR_INVALID_ARG;
+  }
+  *seconds = s;
+  return COLL_OK;
 }

@@ -40,6 +40,7 @@
  * allocate, or wait without checking abort, peer health and the deadline.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "algo.h"
 #include "reduce.h"
 
 static bool reached(uint32_t v, uint32_t want) { return (int32_t)(v - want) >= 0; }
@@ -280,5 +281,49 @@ coll_result coll_oneshot_setup(struct coll_comm *comm) {
       return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's mailboxes are not mapped",
                        comm->rank, p);
   }
+  return COLL_OK;
+}
+
+/* ---- the row in the algorithm table (algo.h) ----------------------------------------- */
+
+bool coll_oneshot_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
+  return coll_oneshot_fits(comm, c, count, es);
+}
+
+coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran) {
+  *ran = true;
+  return coll_oneshot_run(comm, w);
+}
+
+/* The formulas at the top of this file, n = nccl-tests' size. */
+coll_result coll_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                              double *seconds, char *formula, size_t flen) {
+  double a = m->alpha_mb, b = m->beta, g = m->gamma, s;
+  int p = m->p;
+  switch (c) {
+  case COLL_COLL_ALL_REDUCE:
+  case COLL_COLL_REDUCE:
+    s = a + n * b + (p - 1) * n * (b + g);
+    snprintf(formula, flen, "a_mb + n*b + (p-1)*n*(b+g) = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_REDUCE_SCATTER:
+    s = a + n * b + (p - 1) * (n / p) * (b + g);
+    snprintf(formula, flen, "a_mb + n*b + (p-1)*(n/p)*(b+g) = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_ALL_GATHER:
+    s = a + (n / p) * b + (p - 1) * (n / p) * b;
+    snprintf(formula, flen, "a_mb + n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_BROADCAST:
+    s = a + 2 * n * b;
+    snprintf(formula, flen, "a_mb + 2*n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_BARRIER:
+    s = a;
+    snprintf(formula, flen, "a_mb = %.3g us", s * 1e6);
+    break;
+  default: return COLL_ERR_INVALID_ARG;
+  }
+  *seconds = s;
   return COLL_OK;
 }

@@ -1,8 +1,9 @@
 /* plan.c — choosing an algorithm and building this rank's schedule.
  *
- * The algorithms live one per file (ring.c, tree.c, rd.c); this file picks one (a forced
- * algorithm that cannot serve the call falls back to the ring), handles the
- * cases that need no algorithm at all (one rank, point-to-point), and names things for
+ * The algorithms live one per file and one row each in the table (algo.h, table.c);
+ * this file builds the schedule of the row the tuner chose (a row with no schedule, or
+ * one that cannot serve the call, gets the ring's), handles the cases that need no
+ * algorithm at all (one rank, point-to-point), and names collectives and steps for
  * logs and traces.  Pure: no I/O, no allocation, no globals.
  *
  * Costs of what this file schedules itself (α per message, β per byte, n bytes):
@@ -13,10 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
-#include "rd.h"
-#include "ring.h"
-#include "tree.h"
+#include "algo.h"
 
 /* ring: 2p + 2; tree: at most 5 per rank (up and down in two trees, one of them with a
  * second child); rd/rhd: a copy, the folds (all-gather's fold-out in two ranges) and
@@ -94,74 +92,12 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
     plan_single(a, steps, nsteps);
     return COLL_OK;
   }
-  coll_algo algo = coll_algo_serves(a->algo, a->coll, a->nranks) ? a->algo : COLL_ALGO_RING;
-  switch (algo) {
-  case COLL_ALGO_TREE: return coll_tree_plan(a, steps, nsteps);
-  case COLL_ALGO_RD: return coll_rd_plan(a, steps, nsteps);
-  case COLL_ALGO_RHD: return coll_rhd_plan(a, steps, nsteps);
-  case COLL_ALGO_AUTO: /* the tuner chooses before the plan is built; ring until then */
-  case COLL_ALGO_RING:
-    return coll_ring_plan(a, steps, nsteps);
-  default: break; /* not a schedule here (one-shot), or not built */
-  }
-  return COLL_ERR_INVALID_ARG;
-}
-
-bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
-  if (c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV || nranks == 1)
-    return (unsigned)a < COLL_NUM_ALGOS;
-  switch (a) {
-  case COLL_ALGO_AUTO:
-  case COLL_ALGO_RING:
-    return (unsigned)c < COLL_NUM_COLLS;
-  case COLL_ALGO_TREE:
-    return c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE || c == COLL_COLL_ALL_REDUCE ||
-           c == COLL_COLL_BARRIER;
-  case COLL_ALGO_RD:
-    return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BARRIER;
-  case COLL_ALGO_RHD:
-    return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER;
-  case COLL_ALGO_ONESHOT:
-  case COLL_ALGO_DIRECT:
-  case COLL_ALGO_MAPPED:
-    return false; /* not schedules: oneshot.c / direct.c / mapped.c run them */
-  }
-  return false;
-}
-
-coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
-                           double alpha, double beta, double gamma, double *seconds,
-                           char *formula, size_t formula_len) {
-  if (p < 1 || !(n >= 0) || !(slice > 0)) return COLL_ERR_INVALID_ARG;
-  if (c != COLL_COLL_SEND && c != COLL_COLL_RECV && c != COLL_COLL_SENDRECV &&
-      !coll_algo_serves(a, c, p))
-    return COLL_ERR_INVALID_ARG;
-  switch (a) {
-  case COLL_ALGO_AUTO: return COLL_ERR_INVALID_ARG; /* not an algorithm: the tuner's choice */
-  case COLL_ALGO_ONESHOT:
-  case COLL_ALGO_DIRECT:
-  case COLL_ALGO_MAPPED: return COLL_ERR_INVALID_ARG; /* priced in tune.c */
-  case COLL_ALGO_TREE: return coll_tree_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
-  case COLL_ALGO_RD: return coll_rd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
-  case COLL_ALGO_RHD: return coll_rhd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
-  case COLL_ALGO_RING: break;
-  }
-  coll_result r = coll_ring_cost(c, p, n, slice, alpha, beta, seconds, formula, formula_len);
-  if (r != COLL_OK || p == 1) return r;
-  /* ring.c's formula leaves the additions out; add them here so every algorithm is
-   * compared with γ counted (ring.c's comment: (p-1)/p·n·γ for all-reduce and
-   * reduce-scatter, chain reduce n·γ). */
-  double red = 0;
-  if (c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER) red = (double)(p - 1) / p * n;
-  if (c == COLL_COLL_REDUCE) red = n;
-  if (red > 0) {
-    *seconds += red * gamma;
-    size_t used = strlen(formula);
-    if (used < formula_len)
-      snprintf(formula + used, formula_len - used, " + %.0f B*%.4f ns/B reduced = %.2f us", red,
-               gamma * 1e9, *seconds * 1e6);
-  }
-  return COLL_OK;
+  /* The row's schedule; a row with none (a run path), or one that cannot serve this
+   * collective, gets the ring's: the ring serves every collective. */
+  const coll_algo_entry *e = coll_algo_get(a->algo);
+  if (!e || !e->plan || !coll_algo_serves(a->algo, a->coll, a->nranks))
+    e = coll_algo_get(COLL_ALGO_RING);
+  return e->plan(a, steps, nsteps);
 }
 
 const char *coll_coll_name(coll_coll_kind c) {
@@ -176,33 +112,4 @@ const char *coll_step_name(coll_step_kind k) {
                                 "recv-reduce-copy", "recv-reduce-copy-send",
                                 "recv2-reduce-send"};
   return (unsigned)k <= COLL_STEP_RECV2_REDUCE_SEND ? names[k] : "?";
-}
-
-const char *coll_algo_name(coll_algo a) {
-  switch (a) {
-  case COLL_ALGO_AUTO: return "auto";
-  case COLL_ALGO_RING: return "ring";
-  case COLL_ALGO_TREE: return "tree";
-  case COLL_ALGO_RD: return "rd";
-  case COLL_ALGO_RHD: return "rhd";
-  case COLL_ALGO_ONESHOT: return "oneshot";
-  case COLL_ALGO_DIRECT: return "direct";
-  case COLL_ALGO_MAPPED: return "mapped";
-  }
-  return "?";
-}
-
-coll_algo coll_algo_from_name(const char *s, bool *ok) {
-  static const struct { const char *name; coll_algo a; } names[] = {
-      {"auto", COLL_ALGO_AUTO}, {"ring", COLL_ALGO_RING}, {"tree", COLL_ALGO_TREE},
-      {"rd", COLL_ALGO_RD}, {"recursive_doubling", COLL_ALGO_RD}, {"rhd", COLL_ALGO_RHD},
-      {"rabenseifner", COLL_ALGO_RHD}, {"oneshot", COLL_ALGO_ONESHOT},
-      {"direct", COLL_ALGO_DIRECT}, {"mapped", COLL_ALGO_MAPPED}};
-  for (size_t i = 0; s && i < sizeof names / sizeof *names; i++)
-    if (strcmp(s, names[i].name) == 0) {
-      *ok = true;
-      return names[i].a;
-    }
-  *ok = false;
-  return COLL_ALGO_AUTO;
 }

@@ -23,11 +23,8 @@ typedef enum {
 } coll_coll_kind;
 #define COLL_NUM_COLLS 9
 
-/* AUTO: the tuner's choice (tune.c).  TREE: pipelined double binary tree (tree.c).
- * RD: recursive doubling (rd.c).  RHD: recursive halving/doubling, Rabenseifner (rd.c).
- * ONESHOT, DIRECT and MAPPED are not schedules: oneshot.c runs small calls through shm
- * mailboxes, direct.c large ones by reading peers' buffers in place, mapped.c calls
- * whose buffers all lie in coll_mem_alloc memory by loads and stores into them. */
+/* One value per row of the algorithm table (algo.h, table.c), where each is described.
+ * AUTO: the tuner's choice (exec/tune.c), not a row that runs. */
 typedef enum {
   COLL_ALGO_AUTO = 0, COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
   COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED
@@ -104,15 +101,20 @@ const char *coll_algo_name(coll_algo a);
 /* "auto", "ring", "tree", "rd", "rhd" (also "recursive_doubling", "rabenseifner");
  * *ok = false (and AUTO returned) for anything else. */
 coll_algo coll_algo_from_name(const char *s, bool *ok);
-/* Whether algorithm `a` has a schedule of its own for collective c on nranks ranks.
- * Point-to-point and one-rank calls need no algorithm: true for every `a`. */
+/* Whether algorithm `a` serves collective c on nranks ranks (its row in the table,
+ * algo.h).  Point-to-point and one-rank calls need no algorithm: true for every `a`. */
 bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks);
+/* Whether `a` runs as a schedule of steps (ring, tree, rd, rhd), not a run function. */
+bool coll_algo_has_plan(coll_algo a);
+/* "auto, ring, tree, ..." — every COLL_ALGO name, for messages; returns the length. */
+size_t coll_algo_names(char *buf, size_t len);
 /* The cost of collective c by algorithm a, from the formula at the top of the
  * algorithm's file: p ranks, n bytes (nccl-tests' convention: the whole vector for
  * all-reduce/broadcast/reduce, the whole output of all-gather, the whole input of
  * reduce-scatter), slices of `slice` bytes, α s/message, β s/byte moved, γ s/byte
- * reduced.  Writes the formula with its numbers into `formula`.  COLL_ERR_INVALID_ARG
- * when a cannot serve c (AUTO is not an algorithm). */
+ * reduced (rows with constants of their own — one-shot, direct, mapped — take α and β
+ * for them here).  Writes the formula with its numbers into `formula`.
+ * COLL_ERR_INVALID_ARG when a cannot serve c (AUTO is not an algorithm). */
 coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
                            double alpha, double beta, double gamma, double *seconds,
                            char *formula, size_t formula_len);

@@ -56,6 +56,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "algo.h"
 #include "rd.h"
 
 static int floor_log2(int v) {
@@ -291,16 +292,13 @@ static coll_result cost(bool rhd, coll_coll_kind coll, int p, double n, double a
   return COLL_OK;
 }
 
-coll_result coll_rd_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
-                         double beta, double gamma, double *seconds, char *formula,
-                         size_t formula_len) {
-  (void)slice; /* the phases pipeline; slices change nothing in this model */
-  return cost(false, coll, p, n, alpha, beta, gamma, seconds, formula, formula_len);
+/* The phases pipeline: slices change nothing in this model. */
+coll_result coll_rd_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
+                         double *seconds, char *formula, size_t formula_len) {
+  return cost(false, coll, m->p, n, m->alpha, m->beta, m->gamma, seconds, formula, formula_len);
 }
 
-coll_result coll_rhd_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
-                          double beta, double gamma, double *seconds, char *formula,
-                          size_t formula_len) {
-  (void)slice;
-  return cost(true, coll, p, n, alpha, beta, gamma, seconds, formula, formula_len);
+coll_result coll_rhd_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
+                          double *seconds, char *formula, size_t formula_len) {
+  return cost(true, coll, m->p, n, m->alpha, m->beta, m->gamma, seconds, formula, formula_len);
 }

@@ -9,11 +9,4 @@ coll_result coll_rd_plan(const coll_plan_args *a, coll_step *steps, size_t *nste
  * all-gather is recursive doubling's). */
 coll_result coll_rhd_plan(const coll_plan_args *a, coll_step *steps, size_t *nsteps);
 
-/* The formulas at the top of rd.c, evaluated (arguments as coll_algo_cost). */
-coll_result coll_rd_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
-                         double beta, double gamma, double *seconds, char *formula,
-                         size_t formula_len);
-coll_result coll_rhd_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
-                          double beta, double gamma, double *seconds, char *formula,
-                          size_t formula_len);
 #endif

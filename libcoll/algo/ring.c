@@ -37,7 +37,9 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
+#include "algo.h"
 #include "ring.h"
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -149,8 +151,11 @@ coll_result coll_ring_plan(const coll_plan_args *a, coll_step *steps, size_t *ns
   return COLL_OK;
 }
 
-coll_result coll_ring_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
-                           double beta, double *seconds, char *formula, size_t formula_len) {
+coll_result coll_ring_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
+                           double *seconds, char *formula, size_t formula_len) {
+  int p = m->p;
+  double slice = m->slice, alpha = m->alpha, beta = m->beta, gamma = m->gamma;
+  if (p < 1 || !(n >= 0) || !(slice > 0)) return COLL_ERR_INVALID_ARG;
   double a = alpha * 1e6, b = beta * 1e9; /* for printing: us and ns/B */
   double steps = 0, bytes = 0;            /* latency terms, bytes on the critical path */
   const char *shape = "";
@@ -194,5 +199,18 @@ coll_result coll_ring_cost(coll_coll_kind coll, int p, double n, double slice, d
   snprintf(formula, formula_len,
            "%s with p=%d, n=%.0f B%s: %.0f*%.3f us + %.0f B*%.4f ns/B = %.2f us + %.2f us = %.2f us",
            shape, p, n, ks, steps, a, bytes, b, steps * a, bytes * b / 1e3, *seconds * 1e6);
+  /* The additions: (p-1)/p·n·γ for all-reduce and reduce-scatter (each rank reduces its
+   * share of every chunk once per hop), n·γ for the chain's reduce; printed only when γ
+   * is given, so coll_cost_predict's α-β formula reads as before. */
+  double red = 0;
+  if (coll == COLL_COLL_ALL_REDUCE || coll == COLL_COLL_REDUCE_SCATTER) red = (double)(p - 1) / p * n;
+  if (coll == COLL_COLL_REDUCE) red = n;
+  if (red > 0 && gamma > 0) {
+    *seconds += red * gamma;
+    size_t used = strlen(formula);
+    if (used < formula_len)
+      snprintf(formula + used, formula_len - used, " + %.0f B*%.4f ns/B reduced = %.2f us", red,
+               gamma * 1e9, *seconds * 1e6);
+  }
   return COLL_OK;
 }

@@ -61,6 +61,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "algo.h"
 #include "tree.h"
 
 /* Rounds of skew per tree level (see above).  1 already lets a round cost one hop. */
@@ -234,9 +235,10 @@ coll_result coll_tree_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
   return COLL_OK;
 }
 
-coll_result coll_tree_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
-                           double beta, double gamma, double *seconds, char *formula,
-                           size_t formula_len) {
+coll_result coll_tree_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
+                           double *seconds, char *formula, size_t formula_len) {
+  int p = m->p;
+  double slice = m->slice, alpha = m->alpha, beta = m->beta, gamma = m->gamma;
   double A = alpha * 1e6, B = beta * 1e9, G = gamma * 1e9; /* us, ns/B, ns/B */
   if (p < 1 || n < 0 || slice <= 0) return COLL_ERR_INVALID_ARG;
   if (p == 1) {

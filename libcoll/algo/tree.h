@@ -15,8 +15,4 @@ void coll_tree_node(int p, int root, int t, int rank, int *parent, int children[
 /* The depth of the deepest rank: 1 + floor(log2(p-1)) for p >= 2. */
 int coll_tree_height(int p);
 
-/* The formula at the top of tree.c, evaluated (arguments as coll_algo_cost). */
-coll_result coll_tree_cost(coll_coll_kind coll, int p, double n, double slice, double alpha,
-                           double beta, double gamma, double *seconds, char *formula,
-                           size_t formula_len);
 #endif

@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algo.h"
 #include "cuda_internal.h"
 #include "reduce.h"
-#include "internal.h"
 
 #define WAIT_SLICE_MS 100
 
@@ -226,23 +226,21 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   if (cr != COLL_OK) return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
+  /* The tuner picks a row of the algorithm table (algo.h).  A row with a run function
+   * runs the call itself; one that finds, with every other rank, that it cannot (mapped:
+   * some buffer is not in a window) hands the call to the tuner's next choice.  Rows
+   * with a plan fall through to the schedule below. */
   coll_algo algo = coll_tune_choose(comm, w, es);
-  /* Buffers in coll_mem_alloc memory on every rank: loads and stores into the peers'
-   * buffers (mapped.c) beat any FIFO schedule; the one-shot path stays ahead below its
-   * crossover.  The condition is the same on every rank (the window count changes only
-   * in collective calls), so all ranks exchange where their buffers are, or none. */
-  if (atomic_load_explicit(&comm->nshared, memory_order_relaxed) > 0 && w->count > 0 &&
-      !w->device && !w->cuda_event && coll_mapped_serves(w->coll) &&
-      (comm->forced == COLL_ALGO_MAPPED ||
-       (comm->forced == COLL_ALGO_AUTO && algo != COLL_ALGO_ONESHOT))) {
-    bool ran;
-    coll_result mr = coll_mapped_run(comm, w, &ran);
-    if (ran) atomic_store_explicit(&comm->last_algo, COLL_ALGO_MAPPED + 1, memory_order_relaxed);
-    if (mr != COLL_OK || ran) return mr;
+  for (const coll_algo_entry *e; (e = coll_algo_get(algo)) && e->run;) {
+    bool ran = true;
+    coll_result r = e->run(comm, w, &ran);
+    if (ran || r != COLL_OK) {
+      atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
+      return r;
+    }
+    algo = coll_tune_choose_except(comm, w, es, algo);
   }
   atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
-  if (algo == COLL_ALGO_ONESHOT) return coll_oneshot_run(comm, w);
-  if (algo == COLL_ALGO_DIRECT) return coll_direct_run(comm, w);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
   coll_plan_args a = {.coll = w->coll, .algo = algo, .count = w->count,
                       .nranks = comm->nranks, .rank = comm->rank, .root = w->root,

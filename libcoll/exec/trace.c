@@ -242,8 +242,8 @@ coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes, size_t
   if (!formula) { formula = dummy; formula_len = sizeof dummy; }
   for (int c = 0; c < COLL_NUM_COLLS; c++)
     if (strcmp(coll, coll_coll_name((coll_coll_kind)c)) == 0)
-      return coll_ring_cost((coll_coll_kind)c, nranks, (double)bytes, (double)slice_bytes,
-                            alpha, beta, seconds, formula, formula_len);
+      return coll_algo_cost(COLL_ALGO_RING, (coll_coll_kind)c, nranks, (double)bytes,
+                            (double)slice_bytes, alpha, beta, 0, seconds, formula, formula_len);
   return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_cost_predict: unknown collective \"%s\"",
                    coll);
 }

@@ -1,56 +1,63 @@
-/* tune.c — which algorithm runs each call, chosen from measured costs.
+/* tune.c — which row of the algorithm table runs each call, chosen from measured costs.
  *
  * At communicator creation the ranks measure the model's parameters (or read them from
- * COLL_TUNE_FILE), with the communicator's own executor:
+ * the cache), with the communicator's own executor:
  *   α      a token passed round the ring of all ranks, 8 bytes, 200 laps: the median
  *          lap over the number of hops (on 2 ranks, half a ping-pong).
  *   β      ranks 0 and 1 bounce 1 MiB: (half the fastest round trip - α) / 1 MiB.
  *   γ      rank 0 reduces 64 KiB of float32 in cache: seconds per byte reduced.
- *   per schedule (ring, tree, rd, rhd): an 8-byte all-reduce forced onto it, median of
- *          60, over the number of α terms in its formula — its own α.  With more ranks
- *          than cores an α is mostly the wait for a descheduled peer, and how much a
- *          pattern overlaps those waits differs (calibrate()).
- *   α_mb   the same 8-byte all-reduce on the one-shot path (oneshot.c): its fixed cost.
- *   β_cma, α_cma  per byte and per call of reading a peer's memory (direct.c), probed
- *          every time since whether ranks may do it at all must be agreed.
- * COLL_TUNE_FILE caches all but the last line per communicator shape.
+ *   per schedule (every row with a plan): an 8-byte all-reduce forced onto it, median
+ *          of 60, over the number of α terms in its formula — its own α.  With more
+ *          ranks than cores an α is mostly the wait for a descheduled peer, and how much
+ *          a pattern overlaps those waits differs (calibrate()).
+ *   α_mb   the same 8-byte all-reduce on the one-shot row: its fixed cost.
+ *   β_cma, α_cma  per byte and per call of reading a peer's memory (direct.c); whether
+ *          ranks may do it at all is probed every time (a fact all must agree on).
  * Rank 0's figures are broadcast, so every rank builds the same table from the same
  * numbers and the same code: all ranks always choose the same algorithm for a call,
  * which they must (different schedules would not pair up).
  *
- * The table: for every collective and every power-of-two size bucket, the algorithm
- * with the smallest predicted time — the one-shot formulas in oneshot.c, the others'
- * in their own files (coll_algo_cost).  A call costs one table lookup.  Buckets are
- * judged at 1.5x their lower bound (the middle, geometrically near enough).
+ * The same job gives the same bits.  Different algorithms add in different orders, so a
+ * choice that wanders between runs changes the result's last bits.  Three things keep it
+ * still: (1) every figure is rounded to a quarter octave (a factor 2^(1/4) = 1.19), so
+ * the ±10% a quiet machine wanders mostly lands on the same value; (2) the figures are
+ * cached by default, per shape of communicator (ranks, ranks on this host, transport,
+ * slot size), in $XDG_CACHE_HOME/libcoll/tune (else ~/.cache/libcoll/tune): the first
+ * run measures, every later run on this machine reads the same numbers and so builds
+ * the same table; COLL_TUNE_FILE=path moves the cache, COLL_TUNE_FILE=none turns it off;
+ * (3) COLL_ALGO=name pins the algorithm outright, and COLL_TUNE=0 uses fixed defaults.
  *
- * COLL_ALGO=name forces an algorithm; a call it cannot serve (tree has no all-gather,
- * one-shot needs one host and a small message) takes the table's choice instead, with a
- * warning the first time.  COLL_TUNE=0 skips the measurement and uses defaults.
+ * The table: for every collective and every power-of-two size bucket, the row with the
+ * smallest predicted time × its handicap (algo/table.c), each priced by its own formula
+ * (algo.h) with the same model; and the best row with a plan, for calls the winner
+ * cannot serve (device buffers, a message too big for a mailbox).  Rows usable only call
+ * by call (mapped: buffers in windows) are priced per bucket too and taken at the call
+ * when usable — before any FIFO schedule, since they move each byte once, and against
+ * the other run paths by formula.  A call costs one table lookup.  Buckets are judged at
+ * 1.5x their lower bound (the middle, geometrically near enough).
+ *
+ * COLL_ALGO=name forces a row; a call it cannot serve (tree has no all-gather, one-shot
+ * needs one host and a small message) takes the table's choice instead, with a warning
+ * the first time.
  *
  * Must never: let ranks decide from their own measurements, or measure on the hot path.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "algo.h"
 #include "coll_trace.h"
-#include "internal.h"
 #include "reduce.h"
 
 #define LAPS 200
 #define CAL_LAPS 60 /* 8-byte all-reduces per algorithm in calibrate() */
 #define BIG (1u << 20)
 #define BIG_REPS 4
-#define MARGIN 0.8 /* a challenger's prediction must be below 0.8x the ring's */
-/* The direct path's model (per-call and per-byte costs of process_vm_readv measured on
- * 1 MiB) was 2x optimistic here at 256 KiB - 4 MiB on 2 ranks (4 MiB all-reduce: 425 us
- * against the ring's 190 us): it must be predicted twice as fast to be chosen. */
-#define MARGIN_DIRECT 0.5
-
-static const coll_algo candidates[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD,
-                                       COLL_ALGO_RHD, COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT};
-#define NCAND (sizeof candidates / sizeof candidates[0])
 
 static int bucket_of(size_t bytes) {
   int b = 0;
@@ -60,148 +67,76 @@ static int bucket_of(size_t bytes) {
 
 static double bucket_bytes(int b) { return b == 0 ? 0 : 1.5 * ldexp(1.0, b - 1); }
 
-/* The one-shot path's cost (see oneshot.c), n = nccl-tests' size. */
-static bool oneshot_cost(coll_coll_kind c, int p, double n, const coll_tune_params *t,
-                         double *sec, char *formula, size_t flen) {
-  double a = t->alpha_mb, b = t->beta, g = t->gamma, s;
-  switch (c) {
-  case COLL_COLL_ALL_REDUCE:
-  case COLL_COLL_REDUCE:
-    s = a + n * b + (p - 1) * n * (b + g);
-    snprintf(formula, flen, "a_mb + n*b + (p-1)*n*(b+g) = %.3g us", s * 1e6);
-    break;
-  case COLL_COLL_REDUCE_SCATTER:
-    s = a + n * b + (p - 1) * (n / p) * (b + g);
-    snprintf(formula, flen, "a_mb + n*b + (p-1)*(n/p)*(b+g) = %.3g us", s * 1e6);
-    break;
-  case COLL_COLL_ALL_GATHER:
-    s = a + (n / p) * b + (p - 1) * (n / p) * b;
-    snprintf(formula, flen, "a_mb + n*b = %.3g us", s * 1e6);
-    break;
-  case COLL_COLL_BROADCAST:
-    s = a + 2 * n * b;
-    snprintf(formula, flen, "a_mb + 2*n*b = %.3g us", s * 1e6);
-    break;
-  case COLL_COLL_BARRIER:
-    s = a;
-    snprintf(formula, flen, "a_mb = %.3g us", s * 1e6);
-    break;
-  default: return false;
-  }
-  *sec = s;
-  return true;
+/* The collectives the table covers (point-to-point needs no algorithm). */
+static bool tabled(coll_coll_kind c) {
+  return c != COLL_COLL_SEND && c != COLL_COLL_RECV && c != COLL_COLL_SENDRECV;
 }
 
-/* The direct path's cost (see direct.c), n = nccl-tests' size. */
-static bool direct_cost(coll_coll_kind c, int p, double n, const coll_tune_params *t,
-                        double *sec, char *formula, size_t flen) {
-  /* a: one one-shot exchange; r: one process_vm_readv call (a system call, and the
-   * kernel pins the pages it reads); pieces: reduce-scatter reads in COLL_DIRECT_PIECE. */
-  double a = t->alpha_mb;
-  double r = t->alpha_cma, b = t->beta_cma, g = t->gamma, f = (double)(p - 1) / p, s;
-  double pieces = ceil(n / p / COLL_DIRECT_PIECE);
-  if (pieces < 1) pieces = 1;
-  switch (c) {
-  case COLL_COLL_ALL_REDUCE:
-    s = 3 * a + (p - 1) * (pieces + 1) * r + 2 * f * n * b + f * n * g;
-    snprintf(formula, flen, "3*a_mb + (p-1)*(pieces+1)*a_cma + 2(p-1)/p*n*b_cma + (p-1)/p*n*g"
-             " = %.3g us", s * 1e6);
-    break;
-  case COLL_COLL_REDUCE_SCATTER:
-    s = 2 * a + (p - 1) * pieces * r + f * n * (b + g);
-    snprintf(formula, flen, "2*a_mb + (p-1)*pieces*a_cma + (p-1)/p*n*(b_cma+g) = %.3g us",
-             s * 1e6);
-    break;
-  case COLL_COLL_ALL_GATHER:
-    s = 2 * a + (p - 1) * r + f * n * b;
-    snprintf(formula, flen, "2*a_mb + (p-1)*a_cma + (p-1)/p*n*b_cma = %.3g us", s * 1e6);
-    break;
-  case COLL_COLL_BROADCAST:
-    s = 2 * a + r + n * b;
-    snprintf(formula, flen, "2*a_mb + a_cma + n*b_cma = %.3g us", s * 1e6);
-    break;
-  default: return false;
-  }
-  *sec = s;
-  return true;
-}
-
-/* Predicted seconds of `a` for `c` at n bytes; false if `a` cannot serve it. */
-static bool predict(struct coll_comm *comm, coll_algo a, coll_coll_kind c, double n,
-                    double *sec, char *formula, size_t flen) {
+/* Predicted seconds of row e for c at n bytes on this communicator; false if it cannot
+ * serve c.  A barrier is a one-byte all-reduce to a schedule. */
+static bool price(struct coll_comm *comm, const coll_algo_entry *e, coll_coll_kind c, double n,
+                  double *sec, char *formula, size_t flen) {
   const coll_tune_params *t = &comm->tune;
-  int p = comm->nranks;
-  if (a == COLL_ALGO_ONESHOT) {
-    if (!comm->mailboxes) return false;
-    return oneshot_cost(c, p, n, t, sec, formula, flen);
-  }
-  if (a == COLL_ALGO_DIRECT) {
-    if (!coll_direct_serves(comm, c)) return false;
-    return direct_cost(c, p, n, t, sec, formula, flen);
-  }
-  if (!coll_algo_serves(a, c, p)) return false;
-  coll_coll_kind cc = c == COLL_COLL_BARRIER ? COLL_COLL_ALL_REDUCE : c;
-  if (c == COLL_COLL_BARRIER) n = 1;
-  double alpha = t->alpha_algo[a] > 0 ? t->alpha_algo[a] : t->alpha;
-  return coll_algo_cost(a, cc, p, n, (double)comm->slot_bytes, alpha, t->beta, t->gamma,
-                        sec, formula, flen) == COLL_OK;
+  if (!e || !e->cost || !coll_algo_serves(e->id, c, comm->nranks)) return false;
+  if (c == COLL_COLL_BARRIER && e->plan) c = COLL_COLL_ALL_REDUCE, n = 1;
+  coll_cost_model m = {.p = comm->nranks, .slice = (double)comm->slot_bytes,
+                       .alpha = t->alpha_algo[e->id] > 0 ? t->alpha_algo[e->id] : t->alpha,
+                       .beta = t->beta, .gamma = t->gamma, .alpha_mb = t->alpha_mb,
+                       .beta_cma = t->beta_cma, .alpha_cma = t->alpha_cma};
+  return e->cost(c, n, &m, sec, formula, flen) == COLL_OK;
+}
+
+/* The elements of a call of c moving `bytes` (nccl-tests' size) of 1-byte elements. */
+static size_t count_of(struct coll_comm *comm, coll_coll_kind c, size_t bytes) {
+  return c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER
+             ? bytes / (size_t)comm->nranks : bytes;
 }
 
 static void build_table(struct coll_comm *comm) {
-  static const coll_coll_kind colls[] = {COLL_COLL_BROADCAST, COLL_COLL_REDUCE,
-                                         COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
-                                         COLL_COLL_ALL_GATHER, COLL_COLL_BARRIER};
   char f[160];
-  for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++) {
-    coll_coll_kind c = colls[i];
+  for (int c = 0; c < COLL_NUM_COLLS; c++) {
+    if (!tabled((coll_coll_kind)c)) continue;
     for (int b = 0; b < COLL_TUNE_BUCKETS; b++) {
-      double best = INFINITY, best_fifo = INFINITY, s;
-      coll_algo pick = COLL_ALGO_RING, pick_fifo = COLL_ALGO_RING;
-      /* The ring is the reference (it serves everything, pipelines every step and is
-       * bandwidth-optimal); another schedule must beat its prediction by MARGIN (the
-       * one-shot and direct paths are priced from their own measured costs).  The
-       * model leaves out what the ring does best (its steps overlap; halving phases
-       * and tree levels wait for each other), and measured here a near tie at 64 MiB
-       * on 4 ranks went to Rabenseifner at 3.5 GB/s busbw against the ring's 5.4. */
-      for (size_t k = 0; k < NCAND; k++) {
-        if (!predict(comm, candidates[k], c, bucket_bytes(b), &s, f, sizeof f)) continue;
-        if (candidates[k] == COLL_ALGO_TREE || candidates[k] == COLL_ALGO_RD ||
-            candidates[k] == COLL_ALGO_RHD)
-          s /= MARGIN;
-        if (candidates[k] == COLL_ALGO_DIRECT) s /= MARGIN_DIRECT;
-        if (s < best) best = s, pick = candidates[k];
-        if (candidates[k] != COLL_ALGO_ONESHOT && s < best_fifo) best_fifo = s, pick_fifo = candidates[k];
+      double n = bucket_bytes(b), best = INFINITY, best_plan = INFINITY, s;
+      coll_algo pick = COLL_ALGO_RING, pick_plan = COLL_ALGO_RING;
+      coll_work w = {.coll = (coll_coll_kind)c, .count = count_of(comm, (coll_coll_kind)c, (size_t)n),
+                     .dtype = COLL_UINT8};
+      for (int a = 0; a < COLL_NUM_ALGOS; a++) {
+        const coll_algo_entry *e = coll_algo_get((coll_algo)a);
+        comm->cost_at[a][c][b] = INFINITY;
+        if (!e || !price(comm, e, (coll_coll_kind)c, n, &s, f, sizeof f)) continue;
+        s *= e->handicap;
+        comm->cost_at[a][c][b] = s;
+        if (e->per_call || !coll_algo_usable(e, comm, &w, 1)) continue;
+        if (s < best) best = s, pick = (coll_algo)a;
+        if (e->plan && s < best_plan) best_plan = s, pick_plan = (coll_algo)a;
       }
       comm->choice[c][b] = (uint8_t)pick;
-      comm->choice_fifo[c][b] = (uint8_t)pick_fifo;
+      comm->choice_plan[c][b] = (uint8_t)pick_plan;
     }
   }
 }
 
 /* ---- the choice, per call -------------------------------------------------------- */
 
-coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es) {
+coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, size_t es,
+                                  coll_algo declined) {
   coll_coll_kind c = w->coll;
-  if (c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV ||
-      comm->nranks == 1)
+  if (!tabled(c) || comm->nranks == 1)
     return COLL_ALGO_RING; /* no algorithm: plan.c schedules these itself */
   size_t bytes = w->count * es;
   if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
   if (bytes == 0 && c != COLL_COLL_BARRIER)
     return COLL_ALGO_RING; /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
-  if (f != COLL_ALGO_AUTO && f != COLL_ALGO_MAPPED) { /* mapped: executor.c tries it first */
-    bool ok = f == COLL_ALGO_ONESHOT  ? coll_oneshot_fits(comm, c, w->count, es) &&
-                                            !w->device && !w->cuda_event
-              : f == COLL_ALGO_DIRECT ? coll_direct_serves(comm, c) && !w->device &&
-                                            !w->cuda_event
-                                      : coll_algo_serves(f, c, comm->nranks);
-    if (ok) return f;
+  if (f != COLL_ALGO_AUTO && f != declined) {
+    if (coll_algo_usable(coll_algo_get(f), comm, w, es)) return f;
     if (!comm->warned_forced[c]) {
       comm->warned_forced[c] = true;
-      COLL_WARN(comm->rank, "COLL_ALGO=%s cannot serve %s #%llu (%zu bytes, %d ranks%s); "
+      COLL_WARN(comm->rank, "COLL_ALGO=%s cannot serve %s #%llu (%zu bytes, %d ranks%s%s); "
                 "using the tuner's choice instead", coll_algo_name(f), coll_coll_name(c),
                 (unsigned long long)w->seq, bytes, comm->nranks,
+                w->device || w->cuda_event ? ", device buffers" : "",
                 f == COLL_ALGO_ONESHOT && !comm->mailboxes ? ", not all on one host" : "");
     }
   }
@@ -209,12 +144,18 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
     return comm->probe_algo != COLL_ALGO_AUTO ? comm->probe_algo : COLL_ALGO_RING;
   int b = bucket_of(bytes);
   coll_algo a = (coll_algo)comm->choice[c][b];
-  if (a == COLL_ALGO_ONESHOT && (!coll_oneshot_fits(comm, c, w->count, es) || w->device ||
-                                 w->cuda_event)) /* mailboxes are host memory */
-    a = (coll_algo)comm->choice_fifo[c][b];
-  if (a == COLL_ALGO_DIRECT && (w->device || w->cuda_event))
-    a = COLL_ALGO_RING; /* process_vm_readv reads host memory only */
+  if (a == declined || !coll_algo_usable(coll_algo_get(a), comm, w, es))
+    a = (coll_algo)comm->choice_plan[c][b]; /* a schedule serves whatever the call holds */
+  for (int k = 0; k < COLL_NUM_ALGOS; k++) {
+    const coll_algo_entry *e = coll_algo_get((coll_algo)k);
+    if (!e || !e->per_call || k == (int)declined || !coll_algo_usable(e, comm, w, es)) continue;
+    if (coll_algo_has_plan(a) || comm->cost_at[k][c][b] < comm->cost_at[a][c][b]) a = (coll_algo)k;
+  }
   return a;
+}
+
+coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es) {
+  return coll_tune_choose_except(comm, w, es, COLL_ALGO_AUTO);
 }
 
 /* ---- measuring ------------------------------------------------------------------- */
@@ -300,30 +241,61 @@ static void defaults(coll_tune_params *t) {
   t->source = 0;
 }
 
-/* COLL_TUNE_FILE: one line per shape of communicator. */
+/* ---- the cache: one line per shape of communicator ------------------------------------ */
+
+#define CACHE_FORMAT "libcoll-tune 3 "
+
 static void key_of(struct coll_comm *comm, char *key, size_t len) {
-  snprintf(key, len, "nranks=%d local=%d transport=%s", comm->nranks, comm->local_ranks,
-           comm->transport ? comm->transport->name : "none");
+  snprintf(key, len, "nranks=%d local=%d transport=%s slot=%zu", comm->nranks,
+           comm->local_ranks, comm->transport ? comm->transport->name : "none",
+           comm->slot_bytes);
+}
+
+/* COLL_TUNE_FILE, else $XDG_CACHE_HOME/libcoll/tune, else $HOME/.cache/libcoll/tune;
+ * false when caching is off (COLL_TUNE_FILE=none or empty, or no home to put it in).
+ * `mkdirs`: create the folders (rank 0, before writing). */
+static bool cache_path(char *out, size_t len, bool mkdirs) {
+  const char *e = getenv("COLL_TUNE_FILE");
+  if (e) {
+    if (!*e || strcmp(e, "none") == 0) return false;
+    return (size_t)snprintf(out, len, "%s", e) < len;
+  }
+  const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  char dir[512];
+  if (xdg && *xdg) {
+    if ((size_t)snprintf(dir, sizeof dir, "%s", xdg) >= sizeof dir) return false;
+  } else if (home && *home) {
+    if ((size_t)snprintf(dir, sizeof dir, "%s/.cache", home) >= sizeof dir) return false;
+    if (mkdirs) mkdir(dir, 0700);
+  } else {
+    return false;
+  }
+  if ((size_t)snprintf(out, len, "%s/libcoll", dir) >= len) return false;
+  if (mkdirs) mkdir(out, 0700);
+  size_t used = strlen(out);
+  return (size_t)snprintf(out + used, len - used, "/tune") < len - used;
 }
 
 static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_params *t) {
   FILE *f = fopen(path, "r");
   if (!f) return false;
-  char key[128], line[512];
+  char key[160], line[768];
   key_of(comm, key, sizeof key);
+  size_t fl = strlen(CACHE_FORMAT), kl = strlen(key);
   bool found = false;
   while (fgets(line, sizeof line, f)) {
     char *at = strstr(line, " alpha=");
-    if (strncmp(line, "libcoll-tune 2 ", 15) != 0 || !at) continue;
-    if ((size_t)(at - (line + 15)) != strlen(key) || strncmp(line + 15, key, strlen(key))) continue;
+    if (strncmp(line, CACHE_FORMAT, fl) != 0 || !at) continue;
+    if ((size_t)(at - (line + fl)) != kl || strncmp(line + fl, key, kl)) continue;
     coll_tune_params x = {0};
     double *aa = x.alpha_algo;
-    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg ring=%lg tree=%lg rd=%lg rhd=%lg",
-               &x.alpha, &x.beta, &x.gamma, &x.alpha_mb, &aa[COLL_ALGO_RING],
-               &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD], &aa[COLL_ALGO_RHD]) == 8 &&
-        x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0) {
-      x.beta_cma = t->beta_cma; /* not cached: measured by the direct probe each time */
-      x.alpha_cma = t->alpha_cma;
+    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg beta_cma=%lg alpha_cma=%lg "
+                   "ring=%lg tree=%lg rd=%lg rhd=%lg",
+               &x.alpha, &x.beta, &x.gamma, &x.alpha_mb, &x.beta_cma, &x.alpha_cma,
+               &aa[COLL_ALGO_RING], &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD],
+               &aa[COLL_ALGO_RHD]) == 10 &&
+        x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0 && x.beta_cma > 0 &&
+        x.alpha_cma >= 0) {
       *t = x;
       t->source = 2;
       found = true;
@@ -333,20 +305,54 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
   return found;
 }
 
+/* Rewrites the file with this shape's line replaced: into a temporary file beside it,
+ * then rename(), so a reader never sees half a file and two jobs writing at once leave
+ * one whole file (one of them loses its line and measures again next time). */
 static void write_cache(struct coll_comm *comm, const char *path, const coll_tune_params *t) {
-  FILE *f = fopen(path, "a");
-  if (!f) {
-    COLL_WARN(comm->rank, "COLL_TUNE_FILE=%s cannot be opened for appending; the "
-              "measurement is not cached", path);
+  char key[160], line[768], tmp[600];
+  key_of(comm, key, sizeof key);
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= sizeof tmp) return;
+  FILE *out = fopen(tmp, "w");
+  if (!out) {
+    COLL_WARN(comm->rank, "the tuning cache %s cannot be written (%s); the measurement is "
+              "not cached (COLL_TUNE_FILE=none turns the cache off)", path, strerror(errno));
     return;
   }
-  char key[128];
-  key_of(comm, key, sizeof key);
+  FILE *in = fopen(path, "r");
+  size_t fl = strlen(CACHE_FORMAT), kl = strlen(key);
+  while (in && fgets(line, sizeof line, in)) {
+    bool same = strncmp(line, CACHE_FORMAT, fl) == 0 && strncmp(line + fl, key, kl) == 0 &&
+                line[fl + kl] == ' ';
+    if (!same && strchr(line, '\n')) fputs(line, out);
+  }
+  if (in) fclose(in);
   const double *aa = t->alpha_algo;
-  fprintf(f, "libcoll-tune 2 %s alpha=%.6g beta=%.6g gamma=%.6g alpha_mb=%.6g ring=%.6g "
-          "tree=%.6g rd=%.6g rhd=%.6g\n", key, t->alpha, t->beta, t->gamma, t->alpha_mb,
+  fprintf(out, CACHE_FORMAT "%s alpha=%.17g beta=%.17g gamma=%.17g alpha_mb=%.17g "
+          "beta_cma=%.17g alpha_cma=%.17g ring=%.17g tree=%.17g rd=%.17g rhd=%.17g\n", key,
+          t->alpha, t->beta, t->gamma, t->alpha_mb, t->beta_cma, t->alpha_cma,
           aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD]);
-  fclose(f);
+  bool ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
+  ok = fclose(out) == 0 && ok;
+  if (!ok || rename(tmp, path) != 0) {
+    COLL_WARN(comm->rank, "the tuning cache %s could not be replaced (%s)", path, strerror(errno));
+    unlink(tmp);
+  }
+}
+
+/* x rounded to a quarter octave: 2^(round(4·log2 x)/4).  Noise of a few percent between
+ * runs then mostly gives the same figure, and so the same table. */
+static double quantize(double x) {
+  return x > 0 ? exp2(round(4 * log2(x)) / 4) : x;
+}
+
+static void quantize_all(coll_tune_params *t) {
+  t->alpha = quantize(t->alpha);
+  t->beta = quantize(t->beta);
+  t->gamma = quantize(t->gamma);
+  t->alpha_mb = quantize(t->alpha_mb);
+  t->beta_cma = quantize(t->beta_cma);
+  t->alpha_cma = quantize(t->alpha_cma);
+  for (int a = 0; a < COLL_NUM_ALGOS; a++) t->alpha_algo[a] = quantize(t->alpha_algo[a]);
 }
 
 /* The latency each algorithm really has here: an 8-byte all-reduce forced onto it, the
@@ -355,14 +361,16 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
  * on the pattern (a ring overlaps its waits, a butterfly does not): the token lap alone
  * mispriced them.  Rank 0's figures count, like the rest. */
 static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
-  static const coll_algo fifo[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD};
   uint8_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8];
   double v[CAL_LAPS];
   coll_result r = COLL_OK;
-  for (size_t i = 0; i < sizeof fifo / sizeof *fifo + 1 && r == COLL_OK; i++) {
-    coll_algo a = i < sizeof fifo / sizeof *fifo ? fifo[i] : COLL_ALGO_ONESHOT;
-    if (a == COLL_ALGO_ONESHOT ? !comm->mailboxes
-                               : !coll_algo_serves(a, COLL_COLL_ALL_REDUCE, comm->nranks))
+  /* Every row with a schedule that serves an all-reduce, then the one-shot row. */
+  for (int i = 0; i < COLL_NUM_ALGOS && r == COLL_OK; i++) {
+    coll_algo a = (coll_algo)i;
+    coll_work probe = {.coll = COLL_COLL_ALL_REDUCE, .count = sizeof in, .dtype = COLL_UINT8};
+    if (a == COLL_ALGO_ONESHOT ? !coll_algo_usable(coll_algo_get(a), comm, &probe, 1)
+                               : !coll_algo_has_plan(a) ||
+                                     !coll_algo_serves(a, COLL_COLL_ALL_REDUCE, comm->nranks))
       continue;
     comm->probe_algo = a;
     for (int k = -10; k < CAL_LAPS && r == COLL_OK; k++) {
@@ -390,7 +398,8 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
 /* Measures (rank 0's figures win) or reads the cache; every rank runs the same calls. */
 static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   coll_tune_params t = *tp;
-  const char *path = getenv("COLL_TUNE_FILE");
+  char path[640];
+  bool cached = comm->rank == 0 && cache_path(path, sizeof path, false);
   /* Rank 0 decides whether to measure (its cache), then everyone does the same. */
   struct {
     double alpha, beta, gamma, alpha_mb, beta_cma, alpha_cma, alpha_algo[COLL_NUM_ALGOS];
@@ -398,8 +407,7 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   } msg = {0};
   uint8_t buf[64];
   coll_result r;
-  if (comm->rank == 0 && path && *path && read_cache(comm, path, &t))
-    msg.source = 2;
+  if (cached && read_cache(comm, path, &t)) msg.source = 2;
   if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
   if (msg.source != 2) {
     uint8_t *big = malloc(BIG);
@@ -419,7 +427,8 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
       t.gamma = measure_gamma();
       if (t.gamma <= 0) t.gamma = 1e-12;
       t.source = 1;
-      if (path && *path) write_cache(comm, path, &t);
+      quantize_all(&t);
+      if (cached && cache_path(path, sizeof path, true)) write_cache(comm, path, &t);
     }
   }
   msg.alpha = t.alpha, msg.beta = t.beta, msg.gamma = t.gamma, msg.alpha_mb = t.alpha_mb;
@@ -445,11 +454,14 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   if (e && *e && strcmp(e, "auto") != 0) {
     bool ok;
     coll_algo a = coll_algo_from_name(e, &ok);
-    if (ok)
+    if (ok) {
       comm->forced = a;
-    else
-      COLL_WARN(comm->rank, "COLL_ALGO=%s is not an algorithm (ring, tree, rd, rhd, oneshot, "
-                "auto); choosing automatically", e);
+    } else {
+      char names[160];
+      coll_algo_names(names, sizeof names);
+      COLL_WARN(comm->rank, "COLL_ALGO=%s is not an algorithm (%s); choosing automatically",
+                e, names);
+    }
   }
   long on = 1;
   if (!coll_env_int("COLL_TUNE", 1, &on)) on = 1;
@@ -474,7 +486,7 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   comm->next_seq = 0;
   pthread_mutex_unlock(&comm->qmu);
   COLL_INFO(comm->rank, "tuned (%s): alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f "
-            "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B)", t.source == 2 ? "from COLL_TUNE_FILE"
+            "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B)", t.source == 2 ? "from the cache"
             : t.source == 1 ? "measured" : "defaults", t.alpha * 1e6, t.beta * 1e9,
             1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6,
             comm->direct_ok ? "allowed" : "not allowed", t.beta_cma * 1e9);
@@ -516,15 +528,15 @@ const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
   if (why && why_len) {
     size_t used = 0;
     char f[160];
-    for (size_t k = 0; k < NCAND && used + 1 < why_len; k++) {
+    /* Every row usable for this call, at its word (the handicaps are not added). */
+    for (int k = 0; k < COLL_NUM_ALGOS && used + 1 < why_len; k++) {
+      const coll_algo_entry *e = coll_algo_get((coll_algo)k);
       double s;
-      if (!predict(comm, candidates[k], (coll_coll_kind)c, (double)bytes, &s, f, sizeof f))
-        continue;
-      if (candidates[k] == COLL_ALGO_ONESHOT &&
-          !coll_oneshot_fits(comm, (coll_coll_kind)c, w.count, 1))
+      if (!e || !coll_algo_usable(e, comm, &w, 1) ||
+          !price(comm, e, (coll_coll_kind)c, (double)bytes, &s, f, sizeof f))
         continue;
       int m = snprintf(why + used, why_len - used, "%s%s %.3g us", used ? ", " : "",
-                       coll_algo_name(candidates[k]), s * 1e6);
+                       e->name, s * 1e6);
       if (m < 0) break;
       used += (size_t)m;
       if (used >= why_len) break;

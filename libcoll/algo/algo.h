@@ -1,0 +1,109 @@
+/* algo.h — the one algorithm table: every way libcoll can run a collective, in one place.
+ *
+ * Each algorithm is one file in algo/ and one row of coll_algo_table (table.c), and every
+ * row has the same three parts:
+ *
+ *   what it serves   the collectives (a bit per coll_coll_kind), whether its buffers may
+ *                    be device memory, and — per communicator and call — what else it
+ *                    needs (`usable`: every peer behind shm mailboxes and a message that
+ *                    fits one; peers' memory readable; buffers in coll_mem_alloc windows).
+ *                    Any N ≥ 2 (one rank never needs an algorithm: plan.c copies).
+ *   what it costs    its α-β-γ formula (`cost`), the one the comment at the top of its
+ *                    file states, the one `coll-bench --explain` prints and the tuner
+ *                    (exec/tune.c) compares, all with the same model (coll_cost_model).
+ *   how it runs      `plan`: a schedule of steps the executor streams through the FIFOs
+ *                    (ring, tree, rd, rhd); or `run`: its own function, for paths that
+ *                    are not FIFO schedules (oneshot, direct, mapped).
+ *
+ * The executor (exec/executor.c) asks the tuner for a row and runs it; COLL_ALGO names
+ * are the rows' names.  Adding an algorithm: one file, one row, one coll_algo value.
+ *
+ * Must never: decide anything from what one rank alone knows (`usable` must give the
+ * same answer on every rank, since all ranks must run the same algorithm), or do I/O in
+ * `cost` or `plan` (both are pure; the tests call them with no communicator).
+ */
+#ifndef COLL_ALGO_H
+#define COLL_ALGO_H
+
+#include "internal.h"
+
+#define COLL_BIT(kind) (1u << (kind))
+
+/* The parameters every row is priced with (measured by exec/tune.c, or given). */
+typedef struct {
+  int p;            /* ranks */
+  double slice;     /* bytes per FIFO slot: schedules pipeline in slices */
+  double alpha;     /* s per FIFO message, this algorithm's own where calibrated */
+  double beta;      /* s per byte through a FIFO (copied into a slot and out) */
+  double gamma;     /* s per byte reduced */
+  double alpha_mb;  /* s per one-shot call through the mailboxes (algo/oneshot.c) */
+  double beta_cma;  /* s per byte read from a peer's memory (algo/direct.c) */
+  double alpha_cma; /* s per process_vm_readv call beyond its bytes */
+} coll_cost_model;
+
+typedef struct coll_algo_entry {
+  coll_algo id;
+  const char *name;  /* COLL_ALGO=name, trace and coll-bench's algo column */
+  const char *alias; /* a second COLL_ALGO name, or NULL */
+
+  /* --- what it serves --- */
+  uint32_t colls;    /* COLL_BIT(kind) of every collective it serves */
+  bool host_only;    /* loads, stores or system calls on host memory: no device buffers */
+  /* Per communicator and call, beyond `colls`: NULL when nothing more is needed (a FIFO
+   * schedule runs over every transport).  count in elements of es bytes, as the call's. */
+  bool (*usable)(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+  /* Usable only call by call (buffers must lie in windows): not in the tuner's per-size
+   * table; considered at each call instead, where it is usable. */
+  bool per_call;
+
+  /* --- what it costs --- */
+  /* Seconds for collective c on n bytes (nccl-tests' size: the whole vector; the whole
+   * output of all-gather, the whole input of reduce-scatter), with the formula and its
+   * numbers written into `formula`.  COLL_ERR_INVALID_ARG if it cannot serve c. */
+  coll_result (*cost)(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                      char *formula, size_t formula_len);
+  /* The tuner compares cost × handicap: 1 takes the formula at its word; above 1 for
+   * rows whose model is known to flatter them (the numbers and why are in table.c). */
+  double handicap;
+
+  /* --- how it runs: exactly one of the two --- */
+  coll_result (*plan)(const coll_plan_args *a, coll_step *steps, size_t *nsteps);
+  /* Runs w on every rank.  *ran = false (and COLL_OK) when, after exchanging what only
+   * the call can tell (where the buffers are), every rank agreed it cannot: the
+   * executor then runs the tuner's next choice. */
+  coll_result (*run)(struct coll_comm *comm, const coll_work *w, bool *ran);
+} coll_algo_entry;
+
+/* Rows indexed by coll_algo (AUTO, index 0, is the tuner's choice, not a row that runs). */
+extern const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS];
+/* The row of `a`, NULL for AUTO or anything out of range. */
+const coll_algo_entry *coll_algo_get(coll_algo a);
+/* Whether row e can serve this call on comm: the collective, the memory kind, `usable`.
+ * The same on every rank for the same call. */
+bool coll_algo_usable(const coll_algo_entry *e, struct coll_comm *comm, const coll_work *w,
+                      size_t es);
+
+/* The rows' own costs (each in its file). */
+coll_result coll_ring_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                           char *formula, size_t formula_len);
+coll_result coll_tree_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                           char *formula, size_t formula_len);
+coll_result coll_rd_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                         char *formula, size_t formula_len);
+coll_result coll_rhd_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                          char *formula, size_t formula_len);
+coll_result coll_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                              double *seconds, char *formula, size_t formula_len);
+coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                             double *seconds, char *formula, size_t formula_len);
+coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                             double *seconds, char *formula, size_t formula_len);
+
+/* The rows' `usable` and `run` (each in its file). */
+bool coll_oneshot_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
+coll_result coll_direct_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
+
+#endif

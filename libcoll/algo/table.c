@@ -1,0 +1,135 @@
+/* table.c — the algorithm table (algo.h): one row per algorithm, and the lookups on it.
+ *
+ * Read a row left to right: its name; what it serves; what it costs and how much the
+ * tuner distrusts that formula; how it runs.  Everything else in libcoll that asks
+ * "which algorithms exist, what can this one do, what does it cost, what is it called"
+ * asks this table.
+ *
+ * Handicaps (measured, see docs/bandwidth-math.md):
+ *   tree, rd, rhd  1.25: their models leave out what the ring does best (its steps
+ *                  overlap; halving phases and tree levels wait for each other): a near
+ *                  tie at 64 MiB on 4 ranks went to Rabenseifner at 3.5 GB/s busbw
+ *                  against the ring's 5.4.
+ *   direct         2: its model (per-call and per-byte costs of process_vm_readv on
+ *                  1 MiB) was 2x optimistic at 256 KiB - 4 MiB on 2 ranks (a 4 MiB
+ *                  all-reduce: 425 us against the ring's 190 us).
+ *
+ * Must never: hold state (the table is const), or name an algorithm anywhere but here.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "algo.h"
+#include "rd.h"
+#include "ring.h"
+#include "tree.h"
+
+#define B(k) COLL_BIT(COLL_COLL_##k)
+#define FIVE (B(BROADCAST) | B(REDUCE) | B(ALL_REDUCE) | B(REDUCE_SCATTER) | B(ALL_GATHER))
+
+const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
+    [COLL_ALGO_AUTO] = {.id = COLL_ALGO_AUTO, .name = "auto"},
+    [COLL_ALGO_RING] = {
+        .id = COLL_ALGO_RING, .name = "ring",
+        .colls = FIVE | B(BARRIER),
+        .cost = coll_ring_cost, .handicap = 1.0,
+        .plan = coll_ring_plan},
+    [COLL_ALGO_TREE] = {
+        .id = COLL_ALGO_TREE, .name = "tree",
+        .colls = B(BROADCAST) | B(REDUCE) | B(ALL_REDUCE) | B(BARRIER),
+        .cost = coll_tree_cost, .handicap = 1.25,
+        .plan = coll_tree_plan},
+    [COLL_ALGO_RD] = {
+        .id = COLL_ALGO_RD, .name = "rd", .alias = "recursive_doubling",
+        .colls = B(ALL_REDUCE) | B(ALL_GATHER) | B(BARRIER),
+        .cost = coll_rd_cost, .handicap = 1.25,
+        .plan = coll_rd_plan},
+    [COLL_ALGO_RHD] = {
+        .id = COLL_ALGO_RHD, .name = "rhd", .alias = "rabenseifner",
+        .colls = B(ALL_REDUCE) | B(ALL_GATHER),
+        .cost = coll_rhd_cost, .handicap = 1.25,
+        .plan = coll_rhd_plan},
+    [COLL_ALGO_ONESHOT] = {
+        .id = COLL_ALGO_ONESHOT, .name = "oneshot",
+        .colls = FIVE | B(BARRIER), .host_only = true, .usable = coll_oneshot_usable,
+        .cost = coll_oneshot_cost, .handicap = 1.0,
+        .run = coll_oneshot_run_row},
+    [COLL_ALGO_DIRECT] = {
+        .id = COLL_ALGO_DIRECT, .name = "direct",
+        .colls = B(BROADCAST) | B(ALL_REDUCE) | B(REDUCE_SCATTER) | B(ALL_GATHER),
+        .host_only = true, .usable = coll_direct_usable,
+        .cost = coll_direct_cost, .handicap = 2.0,
+        .run = coll_direct_run_row},
+    [COLL_ALGO_MAPPED] = {
+        .id = COLL_ALGO_MAPPED, .name = "mapped",
+        .colls = FIVE, .host_only = true, .usable = coll_mapped_usable, .per_call = true,
+        .cost = coll_mapped_cost, .handicap = 1.0,
+        .run = coll_mapped_run},
+};
+
+const coll_algo_entry *coll_algo_get(coll_algo a) {
+  return (unsigned)a < COLL_NUM_ALGOS && a != COLL_ALGO_AUTO ? &coll_algo_table[a] : NULL;
+}
+
+static bool no_algorithm_needed(coll_coll_kind c, int nranks) {
+  return c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV || nranks == 1;
+}
+
+bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
+  if ((unsigned)a >= COLL_NUM_ALGOS || (unsigned)c >= COLL_NUM_COLLS) return false;
+  if (no_algorithm_needed(c, nranks)) return true; /* plan.c schedules these itself */
+  if (a == COLL_ALGO_AUTO) return true;              /* the tuner picks a row that does */
+  return (coll_algo_table[a].colls & COLL_BIT(c)) != 0;
+}
+
+bool coll_algo_has_plan(coll_algo a) {
+  const coll_algo_entry *e = coll_algo_get(a);
+  return e && e->plan;
+}
+
+bool coll_algo_usable(const coll_algo_entry *e, struct coll_comm *comm, const coll_work *w,
+                      size_t es) {
+  if (!e || !coll_algo_serves(e->id, w->coll, comm->nranks)) return false;
+  if (e->host_only && (w->device || w->cuda_event)) return false;
+  return !e->usable || e->usable(comm, w->coll, w->count, es);
+}
+
+coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
+                           double alpha, double beta, double gamma, double *seconds,
+                           char *formula, size_t formula_len) {
+  const coll_algo_entry *e = coll_algo_get(a);
+  if (!e || !e->cost || p < 1 || !(n >= 0) || !(slice > 0)) return COLL_ERR_INVALID_ARG;
+  if (!no_algorithm_needed(c, p) && !coll_algo_serves(a, c, p)) return COLL_ERR_INVALID_ARG;
+  /* One model for every row: the one-shot and direct rows' own constants default to the
+   * FIFO's (callers that measured them use the rows' cost functions directly). */
+  coll_cost_model m = {.p = p, .slice = slice, .alpha = alpha, .beta = beta, .gamma = gamma,
+                       .alpha_mb = alpha, .beta_cma = beta, .alpha_cma = alpha};
+  return e->cost(c, n, &m, seconds, formula, formula_len);
+}
+
+const char *coll_algo_name(coll_algo a) {
+  return (unsigned)a < COLL_NUM_ALGOS ? coll_algo_table[a].name : "?";
+}
+
+coll_algo coll_algo_from_name(const char *s, bool *ok) {
+  for (int a = 0; s && a < COLL_NUM_ALGOS; a++) {
+    const coll_algo_entry *e = &coll_algo_table[a];
+    if (strcmp(s, e->name) == 0 || (e->alias && strcmp(s, e->alias) == 0)) {
+      *ok = true;
+      return (coll_algo)a;
+    }
+  }
+  *ok = false;
+  return COLL_ALGO_AUTO;
+}
+
+size_t coll_algo_names(char *buf, size_t len) {
+  size_t used = 0;
+  if (len) buf[0] = 0;
+  for (int a = 0; a < COLL_NUM_ALGOS && used < len; a++) {
+    int k = snprintf(buf + used, len - used, "%s%s", a ? ", " : "", coll_algo_table[a].name);
+    if (k < 0) break;
+    used += (size_t)k;
+  }
+  return used;
+}
