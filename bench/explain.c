@@ -365,8 +365,13 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
                                             sizeof why);
     if (chosen && d->coll != BENCH_SENDRECV)
       fprintf(f, "# Why %s: the tuner's predictions at %zu B: %s\n", chosen, sh->bytes, why);
-    if (chosen && strcmp(chosen, "ring") != 0 && d->coll != BENCH_SENDRECV)
-      fprintf(f, "# (The ring model above is for comparison: this call ran %s.)\n", chosen);
+    double sec = 0;
+    char rowf[320];
+    if (chosen && strcmp(chosen, "ring") != 0 && d->coll != BENCH_SENDRECV &&
+        coll_comm_algo_cost(e->comm, lib_names[d->coll], sh->bytes, chosen, &sec, rowf,
+                            sizeof rowf) == COLL_OK)
+      fprintf(f, "# (The ring model above is for comparison: this call ran %s, whose row in the "
+                 "algorithm table prices it as\n#   %s)\n", chosen, rowf);
   }
   fprintf(f, "# Measured: %.2f us (mean of %lu blocking calls, slowest rank); model/measured = "
              "%.2f\n",

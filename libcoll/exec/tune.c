@@ -544,3 +544,23 @@ const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
   }
   return coll_algo_name(a);
 }
+
+coll_result coll_comm_algo_cost(coll_comm_t comm, const char *coll, size_t bytes,
+                                const char *algo, double *seconds, char *formula,
+                                size_t formula_len) {
+  char dummy[8];
+  if (!formula) formula = dummy, formula_len = sizeof dummy;
+  if (!comm || !coll || !algo || !seconds)
+    return coll_fail(comm, COLL_ERR_INVALID_ARG, "coll_comm_algo_cost: comm, coll, algo and "
+                     "seconds must not be NULL");
+  int c = -1;
+  for (int i = 0; i < COLL_NUM_COLLS; i++)
+    if (strcmp(coll_coll_name((coll_coll_kind)i), coll) == 0) c = i;
+  bool ok = false;
+  coll_algo a = coll_algo_from_name(algo, &ok);
+  if (c < 0 || !ok || !price(comm, coll_algo_get(a), (coll_coll_kind)c, (double)bytes, seconds,
+                             formula, formula_len))
+    return coll_fail(comm, COLL_ERR_INVALID_ARG, "coll_comm_algo_cost: \"%s\" has no row \"%s\" "
+                     "that serves it", coll, algo);
+  return COLL_OK;
+}

@@ -70,6 +70,13 @@ COLL_API coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, doub
  * for an unknown collective. */
 COLL_API const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
                                         char *why, size_t why_len);
+/* Row `algo` of the algorithm table ("ring", "oneshot", ...) priced as the tuner prices
+ * it on this communicator (its measured α, β, γ) for `coll` at `bytes`: *seconds gets the
+ * prediction, `formula` (if not NULL) the row's formula with the numbers put in.
+ * COLL_ERR_INVALID_ARG for an unknown name or a row that cannot serve `coll`. */
+COLL_API coll_result coll_comm_algo_cost(coll_comm_t comm, const char *coll, size_t bytes,
+                                         const char *algo, double *seconds, char *formula,
+                                         size_t formula_len);
 /* The algorithm the last finished collective of this communicator ran ("ring",
  * "oneshot", "mapped", ...), NULL before the first. */
 COLL_API const char *coll_comm_last_algo(coll_comm_t comm);
