@@ -7,7 +7,8 @@
  * COLL_TRACE=FILE.json (at coll_comm_destroy the ranks gather their records to rank 0
  * with the communicator's own all-gather, and rank 0 writes one Chrome-trace /
  * Perfetto file: a process per rank, a track for calls and a track per schedule step,
- * so the pipeline shows as overlapping steps).
+ * so the pipeline shows as overlapping steps).  A sub-communicator (split.c) writes
+ * FILE.split<k>-color<c>.json instead, so no two communicators of a job write one path.
  *
  * Must never: run on the data path (it is called once per call, after the call), make
  * a traced run fail (a trace that cannot be written is a warning), or record while the
