@@ -161,6 +161,10 @@ typedef struct {
   /* A step of another path (mapped.c's and direct.c's exchanges and barriers through
    * the one-shot mailboxes): not traced as a call of its own. */
   bool inner;
+  /* The library's own call on a communicator the user owns (split.c's exchanges over
+   * the parent): takes no sequence number, skips COLL_CHECK, is not traced, so the
+   * user's calls are numbered and checked as if it had not happened. */
+  bool internal;
 } coll_work;
 
 /* The cost model's parameters (tune.c), the same on every rank. */
@@ -227,6 +231,7 @@ struct coll_comm {
   pthread_t thread;
   bool thread_started;
   _Atomic uint64_t next_seq;
+  uint32_t nsplits; /* coll_comm_split calls made on this communicator (split.c) */
   coll_step *steps; /* scratch for one plan */
   uint8_t *barrier_buf;
   uint8_t *scratch; /* one slice, for large reductions that stream their output */
@@ -260,7 +265,8 @@ void coll_exec_stop(struct coll_comm *comm);
 /* Enqueues `w` (copied) and, for a blocking call (w->stream == NULL), waits for it. */
 coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *w);
 /* A blocking call on bytes (COLL_UINT8), for the library's own probes (tune.c,
- * direct.c); root is the root, or the peer of send/recv. */
+ * direct.c); root is the root, or the peer of send/recv.  (split.c builds its own
+ * coll_work with .internal set instead: the user's numbering must not move.) */
 coll_result coll_exec_bytes(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
                             void *recvbuf, size_t bytes, coll_op op, int root);
 /* Runs one piece of work to completion on the calling thread. */
@@ -374,10 +380,38 @@ void coll_trace_record(struct coll_comm *comm, const coll_work *w, coll_algo alg
 /* COLL_TRACE=FILE.json: gathers every rank's events to rank 0, which writes the file.
  * Collective: every rank calls it (from coll_comm_destroy). */
 void coll_trace_flush_json(struct coll_comm *comm);
+/* A sub-communicator's COLL_TRACE=FILE.json goes to FILE.<tag>.json (FILE from the
+ * parent's path when the parent writes one), so no two communicators of a job write
+ * one file.  Called by split.c once the child is built. */
+void coll_trace_child_path(struct coll_comm *child, const struct coll_comm *parent,
+                           const char *tag);
 void coll_trace_free(struct coll_comm *comm);
 
 /* ---- communicator lifetime (comm.c) ------------------------------------------------ */
 
+/* How the ranks of a communicator being built find each other and exchange their
+ * connection info: the TCP bootstrap of a new job (comm.c), or the parent communicator
+ * of a split (split.c).  Build calls join once, then exactly COLL_BUILD_ROUNDS
+ * allgathers when all goes well (fewer when it fails half-way: split.c makes up the
+ * rest), then leave (on failure too). */
+#define COLL_BUILD_ROUNDS 2
+#define COLL_RV_MAX_BYTES 1536 /* the most one allgather of build carries per rank */
+typedef struct coll_rendezvous {
+  /* Meets the others; sets comm->boot_local (the address TCP and IB listen on). */
+  coll_result (*join)(struct coll_rendezvous *rv, struct coll_comm *comm);
+  /* Every rank of the new communicator contributes `len` bytes (the same len on all,
+   * at most COLL_RV_MAX_BYTES); `all` receives nranks*len, rank i's at i*len. */
+  coll_result (*allgather)(struct coll_rendezvous *rv, struct coll_comm *comm,
+                           const void *mine, void *all, size_t len);
+  void (*leave)(struct coll_rendezvous *rv);
+  void *ctx;
+} coll_rendezvous;
+
+/* Builds rank `rank` of `nranks` with this secret (shm names and TCP/IB hellos derive
+ * from it), meeting the others through `rv`. */
+coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
+                               const uint8_t secret[COLL_SECRET_BYTES], coll_rendezvous *rv);
+/* The same through the TCP bootstrap of `f` (coll_comm_init_rank, init_from_env). */
 coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank);
 void coll_comm_free(struct coll_comm *comm);
 /* Raises/lowers the count of API calls inside comm (abort waits for zero). */

@@ -1,8 +1,12 @@
 /* net_rank.c — one rank of the multi-host correctness matrix: joins the job from the
  * environment (scripts/netns.sh starts one per network namespace), runs tcp_matrix with
  * ~1 MiB counts, checks nothing of libcoll is left in /dev/shm, prints one line, and
- * exits 0 when everything was correct.  NET_RANK_SMALL=1 leaves out the big counts. */
+ * exits 0 when everything was correct.  NET_RANK_SMALL=1 leaves out the big counts.
+ * NET_RANK_SPLIT=1 then splits the job into two halves (keys reversed, so child ranks
+ * run backwards), checks each child's ranks, an all-reduce and the matrix on it, and
+ * that the parent still works after the child is gone. */
 #include <dirent.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,46 @@ static int shm_leftovers(void) {
   return n;
 }
 
+static int split_halves(coll_comm_t comm, int rank, int n) {
+  int color = rank < (n + 1) / 2 ? 0 : 1;
+  coll_comm_t c;
+  coll_result r = coll_comm_split(comm, color, -rank, &c);
+  if (r != COLL_OK) {
+    fprintf(stderr, "rank %d: split: %s\n", rank, coll_comm_last_error(comm));
+    return 1;
+  }
+  /* Independently: the members are this half's parent ranks, highest first. */
+  int members[256], k = 0, me = -1, cr = -1, cn = -1;
+  for (int p = n - 1; p >= 0; p--)
+    if ((p < (n + 1) / 2 ? 0 : 1) == color) {
+      if (p == rank) me = k;
+      members[k++] = p;
+    }
+  coll_comm_rank(c, &cr);
+  coll_comm_size(c, &cn);
+  int fails = 0;
+  if (cr != me || cn != k) {
+    fprintf(stderr, "rank %d: child rank %d of %d, expected %d of %d\n", rank, cr, cn, me, k);
+    fails++;
+  }
+  int64_t x[2] = {rank + 1, (int64_t)rank * rank}, y[2] = {0, 0}, w[2] = {0, 0};
+  for (int i = 0; i < k; i++) w[0] += members[i] + 1, w[1] += (int64_t)members[i] * members[i];
+  if (coll_all_reduce(x, y, 2, COLL_INT64, COLL_SUM, c, NULL) != COLL_OK || y[0] != w[0] ||
+      y[1] != w[1]) {
+    fprintf(stderr, "rank %d: child all_reduce gave %lld %lld, expected %lld %lld\n", rank,
+            (long long)y[0], (long long)y[1], (long long)w[0], (long long)w[1]);
+    fails++;
+  }
+  fails += tm_run(c, cr, cn, false);
+  if (coll_comm_destroy(c) != COLL_OK) fails++;
+  int64_t one = 1, all = 0;
+  if (coll_all_reduce(&one, &all, 1, COLL_INT64, COLL_SUM, comm, NULL) != COLL_OK || all != n) {
+    fprintf(stderr, "rank %d: the parent after the split: %s\n", rank, coll_comm_last_error(comm));
+    fails++;
+  }
+  return fails;
+}
+
 int main(void) {
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
@@ -35,7 +79,9 @@ int main(void) {
   coll_comm_rank(comm, &rank);
   coll_comm_size(comm, &n);
   const char *small = getenv("NET_RANK_SMALL");
+  const char *split = getenv("NET_RANK_SPLIT");
   int fails = tm_run(comm, rank, n, !(small && *small == '1'));
+  if (split && *split == '1') fails += split_halves(comm, rank, n);
   if (coll_comm_destroy(comm) != COLL_OK) fails++;
   int left = shm_leftovers();
   printf("rank %d of %d on %s: %s\n", rank, n, host,

@@ -2,7 +2,8 @@
  * made by scripts/netns.sh), with the normal env-based init and transport selection:
  * every peer pair is on another host, so every byte crosses TCP over a veth and a bridge.
  * One run caps the links at 200 Mbit/s with tc tbf, so the flow control meets a link
- * slower than the CPU.  Skips, saying why, when not root or namespaces are refused.
+ * slower than the CPU.  Two runs split the job into halves (net_rank's NET_RANK_SPLIT)
+ * and check each child.  Skips, saying why, when not root or namespaces are refused.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -40,6 +41,14 @@ Test(netns, hosts3, .timeout = 120) { across(3, "", ""); }
 Test(netns, hosts4, .timeout = 120) { across(4, "", ""); }
 Test(netns, hosts4_capped_one_socket, .timeout = 120) {
   across(4, "-r 200mbit", "NET_RANK_SMALL=1 COLL_SOCKS_PER_PEER=1");
+}
+
+/* Sub-communicators of a job spread over hosts: halves of 3 and 4 hosts, over TCP. */
+Test(netns, hosts3_split_halves, .timeout = 120) {
+  across(3, "", "NET_RANK_SMALL=1 NET_RANK_SPLIT=1");
+}
+Test(netns, hosts4_split_halves, .timeout = 120) {
+  across(4, "", "NET_RANK_SMALL=1 NET_RANK_SPLIT=1");
 }
 
 /* Forcing shared memory between two hosts must fail at init with a sentence, not hang. */

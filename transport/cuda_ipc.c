@@ -60,7 +60,7 @@ typedef struct {
   uint32_t peers[16];
   uint32_t nslots, slot_bytes;
   uint64_t seg_size, fifo_bytes;
-  char shm_name[40];
+  char shm_name[64];
   unsigned char handle[64]; /* cudaIpcMemHandle_t */
 } cipc_blob;
 _Static_assert(sizeof(cipc_blob) <= COLL_CONN_BLOB, "cuda_ipc blob fits");
@@ -109,7 +109,7 @@ typedef struct {
 } cipc_conn;
 
 typedef struct {
-  char name[40];
+  char name[64];
   uint8_t *base; /* host segment */
   size_t size;
   bool unlinked;
@@ -198,9 +198,7 @@ static coll_result cipc_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   memcpy(b.handle, &h, sizeof h);
 
   /* The counters: a host segment, as shm.c's. */
-  char hex[17];
-  for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", comm->secret[i]);
-  snprintf(ctx->name, sizeof ctx->name, "/coll-%s-cu%d", hex, comm->rank);
+  coll_shm_segment_name(ctx->name, sizeof ctx->name, comm->secret, "cu", comm->rank);
   ctx->size = seg_size(n);
   int fd = shm_open(ctx->name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)

@@ -111,10 +111,15 @@ static bool shm_can_connect(struct coll_comm *comm, int peer) {
   return comm->host_ids[peer] == comm->host_ids[comm->rank];
 }
 
-static void segment_name(char *out, size_t len, const uint8_t *secret, int rank) {
-  char hex[2 * 8 + 1];
-  for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", secret[i]);
-  snprintf(out, len, "/coll-%s-%d", hex, rank);
+void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const char *what,
+                           int rank) {
+  char hex[2 * COLL_SECRET_BYTES + 2];
+  int n = 0;
+  for (int i = 0; i < COLL_SECRET_BYTES; i++) {
+    if (i == 8) hex[n++] = '-';
+    n += snprintf(hex + n, sizeof hex - (size_t)n, "%02x", secret[i]);
+  }
+  snprintf(out, len, "/coll-%s-%s%d", hex, what, rank);
 }
 
 static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
@@ -127,7 +132,7 @@ static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   *ctxp = ctx;
   if (!ctx->peer_base || !ctx->peer_size || !ctx->conns)
     return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up shm");
-  segment_name(ctx->name, sizeof ctx->name, comm->secret, comm->rank);
+  coll_shm_segment_name(ctx->name, sizeof ctx->name, comm->secret, "", comm->rank);
   ctx->size = seg_size(n);
   int fd = shm_open(ctx->name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)

@@ -80,6 +80,13 @@ typedef struct {
 coll_mailbox *coll_shm_mailbox(struct coll_comm *comm, int rank, unsigned parity);
 /* The count of ranks sleeping (futex) on one of `rank`'s mailboxes. */
 _Atomic uint32_t *coll_shm_mailbox_waiters(struct coll_comm *comm, int rank);
+/* The name of a rank's shared segment: /coll-<job>-<comm>-<what><rank>, where <job> is
+ * the hex of the secret's first 8 bytes (every communicator split from one job keeps
+ * them, so the launcher's clean-up and the tests find all of a job's segments by that
+ * prefix) and <comm> of its last 8 (different for every communicator).  `what`: "" for
+ * shm's FIFOs, "cu" for cuda_ipc's counters. */
+void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const char *what,
+                           int rank);
 /* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */
 coll_result coll_shm_peer_check(struct coll_comm *comm, int peer);
 extern const coll_transport coll_transport_tcp;

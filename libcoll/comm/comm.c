@@ -1,14 +1,17 @@
 /* comm.c — communicator lifetime: init (from an id or from the launcher's environment),
  * destroy and abort.
  *
- * Init is: join the bootstrap, set up the transports this rank may need, exchange (pid,
+ * Init is: join the rendezvous, set up the transports this rank may need, exchange (pid,
  * host, transport info) in one round, connect each peer with its transport (same host:
  * shm, else ib where both ends have a port, else tcp; COLL_TRANSPORT=shm|tcp|ib forces
  * one; the rule is coll_select_transport in select.c), meet again so that every rank has
  * connected everything, let the transports finish (shm unlinks its segment, tcp accepts
- * and starts its proxy), start the progress thread.  After init nothing
- * talks to the bootstrap again.  Must never leave a half-built communicator behind: a
- * failure frees everything it made, shared segments included.
+ * and starts its proxy), start the progress thread, tune.  The rendezvous is the TCP
+ * bootstrap for a new job (coll_comm_build) or the parent communicator for a split
+ * (split.c): coll_comm_build_rv only sees its two allgather rounds.  After init nothing
+ * talks to the rendezvous again.  Must never leave a half-built communicator behind: a
+ * failure frees everything it made, shared segments included, and marks it aborted so
+ * that peers already connected fail fast.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,7 @@ typedef struct {
   uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, by COLL_T_* */
   uint8_t cuda_blob[COLL_CONN_BLOB]; /* cuda_ipc, for device buffers (cuda.c) */
 } rank_info;
+_Static_assert(sizeof(rank_info) <= COLL_RV_MAX_BYTES, "a rendezvous round carries a rank_info");
 
 /* COLL_TRANSPORT=auto|shm|tcp|ib: auto (the default) is shm within a host, ib across
  * where both ends have an InfiniBand/RoCE port, else tcp. */
@@ -97,9 +101,13 @@ void coll_comm_free(struct coll_comm *comm) {
   free(comm);
 }
 
-coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank) {
+coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
+                               const uint8_t secret[COLL_SECRET_BYTES], coll_rendezvous *rv) {
   struct coll_comm *comm = calloc(1, sizeof *comm);
-  if (!comm) return coll_fail(NULL, COLL_ERR_SYSTEM, "out of memory creating a communicator");
+  if (!comm) {
+    rv->leave(rv);
+    return coll_fail(NULL, COLL_ERR_SYSTEM, "out of memory creating a communicator");
+  }
   pthread_mutex_init(&comm->qmu, NULL);
   pthread_cond_init(&comm->qcv, NULL);
   pthread_cond_init(&comm->donecv, NULL);
@@ -115,7 +123,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
     comm->nt_bytes = (size_t)sb;
   }
   comm->check = coll_check_from_env();
-  memcpy(comm->secret, f->secret, COLL_SECRET_BYTES);
+  memcpy(comm->secret, secret, COLL_SECRET_BYTES);
   comm->pids = calloc((size_t)nranks, sizeof *comm->pids);
   comm->host_ids = calloc((size_t)nranks, sizeof *comm->host_ids);
   comm->conn_send = calloc((size_t)nranks, sizeof *comm->conn_send);
@@ -123,20 +131,17 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   comm->mb_seen = calloc((size_t)nranks, sizeof *comm->mb_seen);
   comm->windows = calloc(COLL_MAX_WINDOWS, sizeof *comm->windows);
   rank_info *all = calloc((size_t)nranks, sizeof *all);
-  coll_bootstrap b = {.fd = -1};
   coll_result r = COLL_OK;
+  bool left = false; /* rv->leave called */
   if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv ||
       !comm->mb_seen || !comm->windows || !all) {
     r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating a communicator of %d ranks",
                   nranks);
     goto fail;
   }
-  if ((r = coll_bootstrap_connect(comm, &b, f, rank, nranks)) != COLL_OK) goto fail;
-
-  /* The route we took to the rendezvous tells TCP which local address peers can reach. */
-  comm->boot_local_len = sizeof comm->boot_local;
-  if (getsockname(b.fd, (struct sockaddr *)&comm->boot_local, &comm->boot_local_len) != 0)
-    comm->boot_local_len = 0;
+  /* Joining sets boot_local: the route to the others tells TCP which local address
+   * peers can reach. */
+  if ((r = rv->join(rv, comm)) != COLL_OK) goto fail;
   coll_transport_mode mode;
   if ((r = read_transport_mode(comm, &mode)) != COLL_OK) goto fail;
   char ib_why[256] = "";
@@ -163,7 +168,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
         (r = comm->transports[t]->setup(comm, &comm->transport_ctxs[t], me.blob[t])) != COLL_OK)
       goto fail;
   if ((r = coll_cuda_comm_setup(comm, me.cuda_blob)) != COLL_OK) goto fail;
-  if ((r = coll_bootstrap_allgather(comm, &b, &me, all, sizeof me)) != COLL_OK) goto fail;
+  if ((r = rv->allgather(rv, comm, &me, all, sizeof me)) != COLL_OK) goto fail;
   for (int p = 0; p < nranks; p++) {
     comm->pids[p] = all[p].pid;
     comm->host_ids[p] = all[p].host_id;
@@ -218,7 +223,7 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
       r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory");
       goto fail;
     }
-    r = coll_bootstrap_allgather(comm, &b, &token, tokens, 1);
+    r = rv->allgather(rv, comm, &token, tokens, 1);
     free(tokens);
     if (r != COLL_OK) goto fail;
   }
@@ -228,7 +233,8 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
       goto fail;
   if ((r = coll_oneshot_setup(comm)) != COLL_OK) goto fail;
   if ((r = coll_cuda_comm_ready(comm)) != COLL_OK) goto fail;
-  coll_bootstrap_close(&b);
+  rv->leave(rv);
+  left = true;
   if ((r = coll_exec_start(comm)) != COLL_OK) goto fail;
   if ((r = coll_tune_init(comm)) != COLL_OK) goto fail;
   free(all);
@@ -238,12 +244,50 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
   return COLL_OK;
 
 fail:
-  coll_bootstrap_close(&b);
+  if (!left) rv->leave(rv);
   free(all);
   /* Keep the sentence for the caller: it has no communicator to ask. */
   coll_fail(NULL, r, "%s", comm->errbuf);
+  /* Peers already connected to us learn at once that we are gone (shm marks the
+   * segment closed; tcp ends without a goodbye) instead of waiting for a timeout. */
+  atomic_store(&comm->aborted, 1);
   coll_comm_free(comm);
   return r;
+}
+
+/* ---- the TCP bootstrap as a rendezvous ------------------------------------------- */
+
+typedef struct {
+  const coll_id_fields *f;
+  coll_bootstrap b;
+} boot_rv;
+
+static coll_result boot_join(coll_rendezvous *rv, struct coll_comm *comm) {
+  boot_rv *x = rv->ctx;
+  coll_result r = coll_bootstrap_connect(comm, &x->b, x->f, comm->rank, comm->nranks);
+  if (r != COLL_OK) return r;
+  comm->boot_local_len = sizeof comm->boot_local;
+  if (getsockname(x->b.fd, (struct sockaddr *)&comm->boot_local, &comm->boot_local_len) != 0)
+    comm->boot_local_len = 0;
+  return COLL_OK;
+}
+
+static coll_result boot_allgather(coll_rendezvous *rv, struct coll_comm *comm,
+                                  const void *mine, void *all, size_t len) {
+  boot_rv *x = rv->ctx;
+  return coll_bootstrap_allgather(comm, &x->b, mine, all, len);
+}
+
+static void boot_leave(coll_rendezvous *rv) {
+  boot_rv *x = rv->ctx;
+  coll_bootstrap_close(&x->b);
+}
+
+coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank) {
+  boot_rv x = {.f = f, .b = {.fd = -1}};
+  coll_rendezvous rv = {.join = boot_join, .allgather = boot_allgather, .leave = boot_leave,
+                        .ctx = &x};
+  return coll_comm_build_rv(out, nranks, rank, f->secret, &rv);
 }
 
 coll_result coll_comm_init_rank(coll_comm_t *comm, int nranks, coll_unique_id id, int rank) {

@@ -222,7 +222,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
   if (comm->sticky != COLL_OK)
     return comm->sticky; /* the sentence of the first failure stays in errbuf */
-  coll_result cr = comm->check ? coll_check_call(comm, w) : COLL_OK; /* COLL_CHECK */
+  /* COLL_CHECK, on the user's calls only */
+  coll_result cr = comm->check && !w->internal ? coll_check_call(comm, w) : COLL_OK;
   if (cr != COLL_OK) return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
@@ -454,7 +455,7 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
    * another thread in between goes first, through the slow path. */
   if (!w.stream && comm->qtail == comm->qhead && claim(comm)) {
     if (comm->qtail == comm->qhead) {
-      w.seq = comm->next_seq++;
+      w.seq = w.internal ? comm->next_seq : comm->next_seq++;
       atomic_store(&w.done, 0);
       coll_result r = coll_exec_run(comm, &w);
       if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
@@ -477,7 +478,7 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
   pthread_mutex_lock(&comm->qmu);
   while (comm->qtail - comm->qhead >= COLL_QUEUE_SLOTS && !atomic_load(&comm->aborted))
     pthread_cond_wait(&comm->donecv, &comm->qmu);
-  w.seq = comm->next_seq++;
+  w.seq = w.internal ? comm->next_seq : comm->next_seq++; /* internal: not the user's */
   atomic_store(&w.done, 0);
   if (!w.stream && comm->qhead == comm->qtail && claim(comm)) {
     pthread_mutex_unlock(&comm->qmu);

@@ -7,7 +7,8 @@
  * COLL_TRACE=FILE.json (at coll_comm_destroy the ranks gather their records to rank 0
  * with the communicator's own all-gather, and rank 0 writes one Chrome-trace /
  * Perfetto file: a process per rank, a track for calls and a track per schedule step,
- * so the pipeline shows as overlapping steps).
+ * so the pipeline shows as overlapping steps).  A sub-communicator (split.c) writes
+ * FILE.split<k>-color<c>.json instead, so no two communicators of a job write one path.
  *
  * Must never: run on the data path (it is called once per call, after the call), make
  * a traced run fail (a trace that cannot be written is a warning), or record while the
@@ -82,6 +83,24 @@ coll_result coll_trace_from_env(struct coll_comm *comm) {
   return COLL_OK;
 }
 
+void coll_trace_child_path(struct coll_comm *child, const struct coll_comm *parent,
+                           const char *tag) {
+  coll_trace *t = child->trace;
+  if (!t || !t->path[0]) return;
+  char base[sizeof t->path];
+  snprintf(base, sizeof base, "%s",
+           parent->trace && parent->trace->path[0] ? parent->trace->path : t->path);
+  size_t n = strlen(base);
+  bool json = n >= 5 && strcmp(base + n - 5, ".json") == 0;
+  if (json) base[n - 5] = 0;
+  int k = snprintf(t->path, sizeof t->path, "%s.%s%s", base, tag, json ? ".json" : "");
+  if (k < 0 || (size_t)k >= sizeof t->path) {
+    COLL_WARN(child->rank, "COLL_TRACE: the sub-communicator's path %s.%s.json is longer than "
+              "%zu bytes; not writing its trace", base, tag, sizeof t->path - 1);
+    t->path[0] = 0;
+  }
+}
+
 bool coll_trace_on(struct coll_comm *comm) { return comm->trace && comm->trace->on; }
 uint64_t *coll_trace_t0(struct coll_comm *comm) { return comm->trace->t0; }
 uint64_t *coll_trace_t1(struct coll_comm *comm) { return comm->trace->t1; }
@@ -131,6 +150,7 @@ void coll_trace_record(struct coll_comm *comm, const coll_work *w, coll_algo alg
                        const coll_step *steps, size_t nsteps, size_t es, uint64_t t_start,
                        uint64_t t_end) {
   coll_trace *t = comm->trace;
+  if (w->internal) return; /* the library's own exchange (split.c), not a call of the user's */
   coll_trace_event call;
   fill_common(&call, comm, w, algo);
   call.step = -1;

@@ -73,6 +73,16 @@ COLL_API coll_result coll_comm_destroy(coll_comm_t comm);
 /* Fails all pending and future work of the communicator with COLL_ERR_REMOTE, wakes any
  * thread blocked in it, and frees it once it is idle.  Safe from any thread. */
 COLL_API coll_result coll_comm_abort(coll_comm_t comm);
+/* Sub-communicators, like ncclCommSplit / MPI_Comm_split.  Collective over `comm`: every
+ * rank calls it.  Ranks passing the same color (>= 0) form a new communicator, ranked by
+ * (key, rank in comm); COLL_SPLIT_NOCOLOR gives *newcomm = NULL.  The ranks meet through
+ * `comm` itself (no new id).  A child has its own connections and progress thread:
+ * parent and children may be used concurrently (from different threads or streams)
+ * and destroyed in any order.  On any failure, or a bad argument on any rank, every
+ * rank returns an error and none keeps a child.  dup = split with one color, key = rank. */
+#define COLL_SPLIT_NOCOLOR (-1)
+COLL_API coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_comm_t *newcomm);
+COLL_API coll_result coll_comm_dup(coll_comm_t comm, coll_comm_t *newcomm);
 COLL_API coll_result coll_comm_rank(coll_comm_t comm, int *rank);
 COLL_API coll_result coll_comm_size(coll_comm_t comm, int *nranks);
 
