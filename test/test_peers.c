@@ -251,7 +251,7 @@ static int mpi_peers(mpi_peer *p, int max) {
     const char *why = getenv("COLL_PEERS_WHY");
     cr_skip_test("no MPI was found when meson configured this build (%s); Debian: apt-get "
                  "install openmpi-bin libopenmpi-dev mpich libmpich-dev, then reconfigure",
-                 why && *why ? why : "-Dpeers=disabled?");
+                 why && *why ? why : "COLL_PEERS_WHY is empty");
   }
   char *dup = strdup(list), *save = NULL;
   int n = 0;

@@ -23,12 +23,13 @@ all_reduce, 1 for broadcast/reduce, (n-1)/n for the other six.
 The calls and their columns.  torch's all_reduce, broadcast and reduce work on one
 tensor, in place: they are timed in the in-place columns (out-of-place reads N/A).
 all_gather (list of n outputs), all_to_all_single, gather and scatter (lists at the root)
-take separate inputs and outputs: out-of-place columns (gloo's all_gather copies through a
-flat tensor of its own whatever the layout, so an in-place variant would measure the same
-copy; in-place reads N/A).  reduce_scatter: torch 1.13's gloo refuses it, and the script
-says so in a comment line instead of a table row; so for any (collective, dtype, op) gloo
-refuses (bfloat16 in torch 1.13).  Rows of size 0 for all_gather and all_to_all are
-skipped: gloo dies of a division by zero (SIGFPE) on empty tensors there.
+take separate inputs and outputs: out-of-place columns (torch 1.13's gloo all_gather
+gathers into a flat tensor of its own and copies out, so an in-place layout would save
+nothing; in-place reads N/A).  What gloo refuses (torch 1.13: reduce_scatter, and
+bfloat16 everywhere) is tried first on a group of each rank alone and reported in a
+comment line instead of rows: met on the whole group, a refusal left the ranks' later
+calls out of step.  Rows of size 0 for all_gather and all_to_all are skipped: gloo dies
+of a division by zero (SIGFPE) on empty tensors there.
 
 Per row (as coll-bench does): fill the inputs; barrier; -w warmup calls; barrier; the
 timed calls back to back (synchronous, no async_op); time = the slowest rank's mean.
