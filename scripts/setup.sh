@@ -7,7 +7,8 @@ PKGS=(
   libcriterion-dev                                # tests
   libopenblas-dev                                 # libtrain matmuls
   libibverbs-dev                                  # the ib transport (built, needs no device)
-  openmpi-bin libopenmpi-dev                      # mpirun launch test, MPI backend
+  openmpi-bin libopenmpi-dev                      # mpirun launch test, MPI backend, MPI peer
+  mpich libmpich-dev                              # the MPICH peer (bench/peers)
   python3 python3-torch python3-numpy             # PyTorch reference for libtrain
   gnuplot-nox                                     # coll-bench --plot
   clang libclang-rt-14-dev                        # sanitizers' runtime, fuzzing
