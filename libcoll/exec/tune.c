@@ -183,7 +183,7 @@ static void build_table(struct coll_comm *comm) {
 coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es) {
   coll_coll_kind c = w->coll;
   if (c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV ||
-      comm->nranks == 1)
+      c == COLL_COLL_GROUP_P2P || comm->nranks == 1)
     return COLL_ALGO_RING; /* no algorithm: plan.c schedules these itself */
   size_t bytes = w->count * es;
   if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
