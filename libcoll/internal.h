@@ -139,6 +139,17 @@ struct coll_stream {
   struct coll_cuda_stream *cuda; /* wraps a cudaStream_t (coll_cuda.h), else NULL */
 };
 
+/* COLL_COLL_GROUP_P2P: the point-to-point calls of one group on one communicator,
+ * merged into one work.  group.c allocates it (one block) and builds its plan at
+ * coll_group_end; the executor frees it when the work completes (finish()). */
+typedef struct coll_group_p2p {
+  size_t n, nsteps;
+  coll_group_op *ops; /* [n] in call order, counts in bytes */
+  const void **src;   /* [n] what a SEND or COPY reads */
+  void **dst;         /* [n] where a RECV or COPY writes */
+  coll_step *steps;   /* [n] the plan (plan.c), nsteps of them used */
+} coll_group_p2p;
+
 typedef struct {
   coll_coll_kind coll;
   const void *sendbuf;
@@ -165,6 +176,9 @@ typedef struct {
    * the parent): takes no sequence number, skips COLL_CHECK, is not traced, so the
    * user's calls are numbered and checked as if it had not happened. */
   bool internal;
+  /* COLL_COLL_GROUP_P2P: its operations, owned by the work (count is the bytes this rank
+   * sends and receives, dtype COLL_UINT8); such work always carries a stream. */
+  coll_group_p2p *group;
 } coll_work;
 
 /* The cost model's parameters (tune.c), the same on every rank. */
@@ -273,6 +287,19 @@ coll_result coll_exec_bytes(struct coll_comm *comm, coll_coll_kind c, const void
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */
 void coll_exec_wake_all(struct coll_comm *comm);
+
+/* ---- entry points (api.c) and grouped calls (group.c) ------------------------------- */
+
+/* Hands checked work to the executor (api.c): device buffers and cudaStream_t handled. */
+coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w);
+/* Is a coll_group_start open in this thread? */
+bool coll_group_open(void);
+/* Inside a group: keeps `w` (checked by api.c) for the outermost coll_group_end. */
+coll_result coll_group_record(struct coll_comm *comm, const char *fn, const coll_work *w);
+/* Does this thread's open group hold calls on comm? */
+bool coll_group_holds(const struct coll_comm *comm);
+/* Drops this thread's recorded calls on comm (it is being aborted). */
+void coll_group_forget(const struct coll_comm *comm);
 
 /* ---- mismatch detection (check.c) ------------------------------------------------ */
 

@@ -226,7 +226,7 @@ static int setting_rank(coll_comm_t comm, int rank, int n, void *arg) {
   meet(n);
   if (r != COLL_ERR_MISMATCH) return t_failf("rank %d: got %s: %s", rank, coll_result_string(r), msg);
   const char *want = rank == 0 ? "where the COLL_CHECK descriptor of all_reduce #0 was expected"
-                               : "received a 40-byte slice from rank 0";
+                               : "received a 48-byte slice from rank 0";
   if (!strstr(msg, want)) return t_failf("rank %d: sentence lacks \"%s\": %s", rank, want, msg);
   fprintf(stderr, "  rank %d: %s\n", rank, msg);
   return 0;

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "helpers.h"
 #include "plan.h"
 #include "tree.h"
 
@@ -627,4 +628,148 @@ Test(plan, costs) {
   cr_assert_float_eq(t, 2e-6 + 16e-9 + 16e-9, 1e-15);
   cr_assert_eq(coll_algo_cost(COLL_ALGO_AUTO, COLL_COLL_ALL_REDUCE, 4, 8, 65536, 1e-6, 1e-9, 0,
                               &t, f, sizeof f), COLL_ERR_INVALID_ARG);
+}
+
+/* ---- a group's point-to-point plan (plan.c's plan_group) ---------------------------
+ * Random matched groups: every directed pair carries 0..4 messages of random lengths
+ * (some zero, some many slices); each rank lists its sends and receives in a shuffled
+ * order that keeps each connection's messages in order (the API's matching rule), plus
+ * a local copy.  The same model of the executor as above runs all ranks round by round,
+ * with FIFOs of one slot (the least the plan claims to need) and of two: it must end,
+ * every slice must meet the receive of its own message at its own offset, and no
+ * connection may carry two slices in one round. */
+
+typedef struct { int k; size_t off, n; } gmsg; /* the k-th message of the connection */
+
+static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
+  enum { MAXM = 4 };
+  size_t len[17][17][MAXM]; /* len[a][b][k]: a's k-th message to b */
+  int nm[17][17];
+  uint64_t rng = seed;
+  for (int a = 0; a < n; a++)
+    for (int b = 0; b < n; b++) {
+      nm[a][b] = a == b ? 0 : (int)(t_rand(&rng) % (MAXM + 1));
+      for (int k = 0; k < nm[a][b]; k++) {
+        uint64_t h = t_rand(&rng);
+        len[a][b][k] = h % 4 == 0 ? 0 : h % 4 == 1 ? (h >> 8) % (5 * slice + 1) : (h >> 8) % slice + 1;
+      }
+    }
+  coll_group_op *ops[17];
+  coll_step *steps[17];
+  size_t nsteps[17], scratch[34];
+  int *ks[17]; /* per op: which message of its connection it is */
+  for (int r = 0; r < n; r++) {
+    size_t m = 1;
+    for (int p = 0; p < n; p++) m += (size_t)(nm[r][p] + nm[p][r]);
+    ops[r] = calloc(m, sizeof **ops);
+    steps[r] = calloc(m, sizeof **steps);
+    ks[r] = calloc(m, sizeof **ks);
+    /* Deal the ops out: pick a random connection with messages left, take its next. */
+    int next_s[17] = {0}, next_r[17] = {0};
+    size_t i = 0;
+    ops[r][i++] = (coll_group_op){COLL_STEP_COPY, r, t_rand(&rng) % 50};
+    while (i < m) {
+      int p = (int)(t_rand(&rng) % (uint64_t)n);
+      bool send = t_rand(&rng) % 2;
+      if (send && next_s[p] < nm[r][p]) {
+        ks[r][i] = next_s[p];
+        ops[r][i++] = (coll_group_op){COLL_STEP_SEND, p, len[r][p][next_s[p]++]};
+      } else if (!send && next_r[p] < nm[p][r]) {
+        ks[r][i] = next_r[p];
+        ops[r][i++] = (coll_group_op){COLL_STEP_RECV, p, len[p][r][next_r[p]++]};
+      }
+    }
+    coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P, .nranks = n, .rank = r, .slice = slice,
+                        .group = ops[r], .ngroup = m, .scratch = scratch};
+    cr_assert_eq(coll_plan_build(&a, steps[r], &nsteps[r]), COLL_OK);
+    /* Sends before receives; at most one slice per connection per round. */
+    bool seen_recv = false;
+    for (size_t s = 0; s < nsteps[r]; s++) {
+      const coll_step *st = &steps[r][s];
+      cr_assert_eq(st->count, ops[r][st->item].count);
+      if (st->kind == COLL_STEP_RECV) seen_recv = true;
+      cr_assert(!(seen_recv && st->kind == COLL_STEP_SEND), "a send after a receive");
+      for (size_t t = 0; t < s; t++) {
+        const coll_step *o = &steps[r][t];
+        if (o->kind != st->kind || st->kind == COLL_STEP_COPY ||
+            (st->kind == COLL_STEP_SEND ? o->peer_out != st->peer_out : o->peer_in != st->peer_in))
+          continue;
+        size_t o_end = o->delay + (o->count + slice - 1) / slice;
+        cr_assert_leq(o_end, st->delay, "two slices on one connection in one round");
+      }
+    }
+  }
+  /* Run them.  fifo[a * n + b]: slices from a to b. */
+  gmsg *fifo = calloc((size_t)n * (size_t)n * cap, sizeof *fifo);
+  size_t *head = calloc((size_t)n * (size_t)n, sizeof *head), *tail = calloc((size_t)n * (size_t)n, sizeof *tail);
+  size_t round[17] = {0}, idx[17] = {0}, rounds[17] = {0};
+  int left = 0;
+  for (int r = 0; r < n; r++) {
+    for (size_t s = 0; s < nsteps[r]; s++) {
+      size_t e = steps[r][s].delay + (steps[r][s].count + slice - 1) / slice;
+      if (e > rounds[r]) rounds[r] = e;
+    }
+    left += rounds[r] > 0;
+  }
+  while (left > 0) {
+    bool moved = false;
+    for (int r = 0; r < n; r++) {
+      while (round[r] < rounds[r]) {
+        const coll_step *st = &steps[r][idx[r]];
+        size_t j = round[r];
+        if (j >= st->delay && (j - st->delay) * slice < st->count && st->kind != COLL_STEP_COPY) {
+          size_t off = (j - st->delay) * slice, m = st->count - off < slice ? st->count - off : slice;
+          int k = ks[r][st->item];
+          if (st->kind == COLL_STEP_SEND) {
+            size_t q = (size_t)r * (size_t)n + (size_t)st->peer_out;
+            if (tail[q] - head[q] == cap) break;
+            fifo[q * cap + tail[q]++ % cap] = (gmsg){k, off, m};
+          } else {
+            size_t q = (size_t)st->peer_in * (size_t)n + (size_t)r;
+            if (tail[q] == head[q]) break;
+            gmsg g = fifo[q * cap + head[q]++ % cap];
+            cr_assert(g.k == k && g.off == off && g.n == m,
+                      "n=%d seed=%llu: rank %d got slice (message %d, offset %zu, %zu) from %d, "
+                      "expected (%d, %zu, %zu)", n, (unsigned long long)seed, r, g.k, g.off, g.n,
+                      st->peer_in, k, off, m);
+          }
+        }
+        moved = true;
+        if (++idx[r] == nsteps[r]) {
+          idx[r] = 0;
+          if (++round[r] == rounds[r]) left--;
+        }
+      }
+    }
+    cr_assert(moved, "deadlock: group n=%d slice=%zu cap=%zu seed=%llu", n, slice, cap,
+              (unsigned long long)seed);
+  }
+  for (int q = 0; q < n * n; q++) cr_assert_eq(head[q], tail[q], "unreceived slices");
+  for (int r = 0; r < n; r++) {
+    free(ops[r]);
+    free(steps[r]);
+    free(ks[r]);
+  }
+  free(fifo);
+  free(head);
+  free(tail);
+}
+
+Test(plan, group_p2p_interleaves_without_deadlock, .timeout = 240) {
+  for (int n = 1; n <= 17; n++)
+    for (uint64_t seed = 1; seed <= 40; seed++)
+      for (size_t cap = 1; cap <= 2; cap++) group_sim(n, seed % 3 ? 4 : 1, cap, seed * 7919 + (uint64_t)n);
+}
+
+Test(plan, group_p2p_refuses_bad_operations) {
+  coll_step st[4];
+  size_t ns, scratch[8];
+  coll_group_op bad_peer = {COLL_STEP_SEND, 4, 10}, to_self = {COLL_STEP_RECV, 1, 10},
+                copy_away = {COLL_STEP_COPY, 0, 10}, reduce = {COLL_STEP_RECV_REDUCE_COPY, 0, 1};
+  coll_group_op *bad[] = {&bad_peer, &to_self, &copy_away, &reduce};
+  for (size_t i = 0; i < 4; i++) {
+    coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P, .nranks = 4, .rank = 1, .slice = 8,
+                        .group = bad[i], .ngroup = 1, .scratch = scratch};
+    cr_assert_eq(coll_plan_build(&a, st, &ns), COLL_ERR_INVALID_ARG, "case %zu", i);
+  }
 }

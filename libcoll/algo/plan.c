@@ -9,6 +9,9 @@
  * Costs of what this file schedules itself (α per message, β per byte, n bytes):
  *   send / recv       α + n·β      (one FIFO, pipelined in slots)
  *   sendrecv          α + max(n_send, n_recv)·β   (the two directions interleave)
+ *   group p2p         α + max over connections of n_conn·β  (every connection streams at
+ *                     once; a connection's messages follow each other, so n_conn is the
+ *                     sum of the bytes of the group's messages on it)
  *   any collective on one rank: a local copy, n·β_mem (nothing when in place)
  */
 #include <stdio.h>
@@ -47,9 +50,48 @@ static void plan_single(const coll_plan_args *a, coll_step *steps, size_t *n) {
   push(steps, n, s);
 }
 
+/* A group's point-to-point work (group.c; its top comment argues why this cannot
+ * deadlock): one step per operation, and two rules.
+ *   Sends before receives: the copies, then the sends, then the receives, each in call
+ *   order, so in every round a rank posts all its slices before it waits for any.
+ *   One slice per connection per round: an operation's delay is the number of slices of
+ *   the earlier operations on the same connection (same peer, same direction), so the
+ *   k-th send to a peer runs exactly in the rounds of that peer's k-th receive from us,
+ *   which it computes the same way from the same counts.
+ * Counts and the slice are bytes.  scratch[2p + 0/1] counts the slices given so far to
+ * the connection to / from rank p. */
+static coll_result plan_group(const coll_plan_args *a, coll_step *steps, size_t *n) {
+  if (!a->scratch || (a->ngroup && !a->group) || a->slice == 0) return COLL_ERR_INVALID_ARG;
+  for (int p = 0; p < 2 * a->nranks; p++) a->scratch[p] = 0;
+  static const coll_step_kind order[] = {COLL_STEP_COPY, COLL_STEP_SEND, COLL_STEP_RECV};
+  for (size_t pass = 0; pass < 3; pass++) {
+    for (size_t i = 0; i < a->ngroup; i++) {
+      const coll_group_op *op = &a->group[i];
+      bool self = op->peer == a->rank;
+      if (op->peer < 0 || op->peer >= a->nranks || (op->kind == COLL_STEP_COPY) != self ||
+          (op->kind != COLL_STEP_COPY && op->kind != COLL_STEP_SEND &&
+           op->kind != COLL_STEP_RECV))
+        return COLL_ERR_INVALID_ARG;
+      if (op->kind != order[pass]) continue;
+      bool send = op->kind == COLL_STEP_SEND;
+      size_t *given = &a->scratch[2 * (size_t)op->peer + (send ? 0 : 1)];
+      size_t slices = (op->count + a->slice - 1) / a->slice;
+      if (*given > UINT32_MAX) return COLL_ERR_INVALID_ARG; /* delay is 32 bits */
+      coll_step s = {.kind = op->kind, .peer_in = op->kind == COLL_STEP_RECV ? op->peer : -1,
+                     .peer_out = send ? op->peer : -1, .peer_in2 = -1,
+                     .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = op->count,
+                     .chunk = -1, .delay = self ? 0 : (uint32_t)*given, .item = (int32_t)i};
+      if (!self) *given += slices;
+      push(steps, n, s);
+    }
+  }
+  return COLL_OK;
+}
+
 coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *nsteps) {
   *nsteps = 0;
   if (a->nranks < 1 || a->rank < 0 || a->rank >= a->nranks) return COLL_ERR_INVALID_ARG;
+  if (a->coll == COLL_COLL_GROUP_P2P) return plan_group(a, steps, nsteps);
   if (a->coll == COLL_COLL_SEND || a->coll == COLL_COLL_RECV) {
     if (a->root < 0 || a->root >= a->nranks || a->root == a->rank) return COLL_ERR_INVALID_ARG;
     bool send = a->coll == COLL_COLL_SEND;
@@ -103,7 +145,7 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
 const char *coll_coll_name(coll_coll_kind c) {
   static const char *names[] = {"broadcast", "reduce", "all_reduce", "reduce_scatter",
                                 "all_gather", "send", "recv", "barrier",
-                                "sendrecv"};
+                                "sendrecv", "group"};
   return (unsigned)c < COLL_NUM_COLLS ? names[c] : "?";
 }
 

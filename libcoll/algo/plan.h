@@ -19,9 +19,11 @@
 typedef enum {
   COLL_COLL_BROADCAST, COLL_COLL_REDUCE, COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
   COLL_COLL_ALL_GATHER, COLL_COLL_SEND, COLL_COLL_RECV, COLL_COLL_BARRIER,
-  COLL_COLL_SENDRECV
+  COLL_COLL_SENDRECV,
+  COLL_COLL_GROUP_P2P /* every send/recv/sendrecv of one group on one communicator, as
+                         one work ("group"; group.c builds it, its plan is below) */
 } coll_coll_kind;
-#define COLL_NUM_COLLS 9
+#define COLL_NUM_COLLS 10
 
 /* One value per row of the algorithm table (algo.h, table.c), where each is described.
  * AUTO: the tuner's choice (exec/tune.c), not a row that runs. */
@@ -67,9 +69,21 @@ typedef struct {
   int chunk;
   int final;               /* this step produces the final reduced value (AVG divides) */
   uint32_t delay;          /* rounds before the step's first slice runs */
+  int32_t item;            /* group point-to-point only: the grouped operation (its index
+                              in coll_plan_args.group) whose buffers the step uses */
 } coll_step;
 
-/* The most steps any algorithm here produces for nranks ranks. */
+/* One operation of a group's point-to-point work, in bytes (a group may mix dtypes):
+ * SEND `count` bytes to `peer`, RECV `count` bytes from `peer`, or COPY them locally (a
+ * sendrecv to this rank itself; peer is this rank). */
+typedef struct {
+  coll_step_kind kind; /* COLL_STEP_SEND, COLL_STEP_RECV or COLL_STEP_COPY */
+  int peer;
+  size_t count;
+} coll_group_op;
+
+/* The most steps any algorithm here produces for nranks ranks (a group's
+ * point-to-point plan has one step per operation instead: its caller sizes it). */
 size_t coll_plan_max_steps(int nranks);
 
 typedef struct {
@@ -84,6 +98,11 @@ typedef struct {
   size_t slice;           /* elements per slice the executor will cut steps into; plans
                              whose steps read what earlier steps wrote at other offsets
                              (rhd) delay by it.  0: as if no step were ever cut. */
+  /* COLL_COLL_GROUP_P2P: the operations in call order (count and slice in bytes), and
+   * 2 * nranks scratch entries the plan may overwrite; steps needs ngroup entries. */
+  const coll_group_op *group;
+  size_t ngroup;
+  size_t *scratch;
 } coll_plan_args;
 
 /* Fills steps[0..*nsteps) (capacity coll_plan_max_steps(nranks)).  Steps with count 0

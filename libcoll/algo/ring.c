@@ -160,7 +160,8 @@ coll_result coll_ring_cost(coll_coll_kind coll, double n, const coll_cost_model 
   double steps = 0, bytes = 0;            /* latency terms, bytes on the critical path */
   const char *shape = "";
   double k = 1;
-  if (p == 1 && coll != COLL_COLL_SEND && coll != COLL_COLL_RECV && coll != COLL_COLL_SENDRECV) {
+  if (p == 1 && coll != COLL_COLL_SEND && coll != COLL_COLL_RECV && coll != COLL_COLL_SENDRECV &&
+      coll != COLL_COLL_GROUP_P2P) {
     *seconds = 0;
     snprintf(formula, formula_len, "one rank: a local copy, no messages");
     return COLL_OK;
@@ -184,6 +185,7 @@ coll_result coll_ring_cost(coll_coll_kind coll, double n, const coll_cost_model 
   case COLL_COLL_SEND:
   case COLL_COLL_RECV:
   case COLL_COLL_SENDRECV:
+  case COLL_COLL_GROUP_P2P: /* n: the bytes on its busiest connection (plan.c) */
     steps = 1, bytes = n;
     shape = "a + n*b";
     break;

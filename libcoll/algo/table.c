@@ -72,7 +72,8 @@ const coll_algo_entry *coll_algo_get(coll_algo a) {
 }
 
 static bool no_algorithm_needed(coll_coll_kind c, int nranks) {
-  return c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV || nranks == 1;
+  return c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV ||
+         c == COLL_COLL_GROUP_P2P || nranks == 1;
 }
 
 bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {

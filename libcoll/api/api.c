@@ -1,5 +1,6 @@
 /* api.c — the collective entry points: check every argument, then hand the work to the
- * executor.
+ * executor (or, inside coll_group_start/end, to group.c, which keeps it for the group's
+ * end).
  *
  * Everything a caller can get wrong is refused here, before a byte moves, with
  * COLL_ERR_INVALID_ARG and a sentence naming the call and the argument: so a rank that
@@ -94,14 +95,19 @@ static coll_result check_overlap(ctx *c, const void *a, size_t alen, const void 
   return COLL_OK;
 }
 
-static coll_result submit(ctx *c, coll_work *w) {
-  coll_comm_enter(c->comm);
+coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
+  coll_comm_enter(comm);
   /* cuda.c: device buffers are recognised (and refused when they cannot run) here; a
    * cudaStream_t gets its event before and its wait after the enqueue. */
-  coll_result r = coll_cuda_prepare(c->comm, c->fn, w);
-  if (r == COLL_OK) r = coll_cuda_after_submit(c->comm, w, coll_exec_submit(c->comm, w));
-  coll_comm_leave(c->comm);
+  coll_result r = coll_cuda_prepare(comm, fn, w);
+  if (r == COLL_OK) r = coll_cuda_after_submit(comm, w, coll_exec_submit(comm, w));
+  coll_comm_leave(comm);
   return r;
+}
+
+static coll_result submit(ctx *c, coll_work *w) {
+  if (coll_group_open()) return coll_group_record(c->comm, c->fn, w); /* runs at group end */
+  return coll_submit(c->comm, c->fn, w);
 }
 
 #define TRY(x) do { coll_result r_ = (x); if (r_ != COLL_OK) return r_; } while (0)

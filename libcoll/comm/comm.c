@@ -308,6 +308,10 @@ coll_result coll_comm_init_rank(coll_comm_t *comm, int nranks, coll_unique_id id
 
 coll_result coll_comm_destroy(coll_comm_t comm) {
   if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_destroy: comm is NULL");
+  if (coll_group_holds(comm)) /* group.c would run them on a freed communicator */
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "coll_comm_destroy on rank %d: this thread's open group holds calls on "
+                     "the communicator; call coll_group_end first", comm->rank);
   /* coll_exec_stop drains the queue first.  Errors met by queued work were already
    * reported through its stream; destroying a failed communicator succeeds.  With
    * COLL_TRACE=FILE.json the ranks first gather their traces (a collective step). */
@@ -318,6 +322,7 @@ coll_result coll_comm_destroy(coll_comm_t comm) {
 
 coll_result coll_comm_abort(coll_comm_t comm) {
   if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_abort: comm is NULL");
+  coll_group_forget(comm); /* calls this thread's open group holds on it will never run */
   atomic_store(&comm->aborted, 1);
   coll_exec_wake_all(comm);
   /* Wait for every other thread to leave the library (each wait inside is cut into

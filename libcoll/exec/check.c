@@ -1,7 +1,7 @@
 /* check.c — COLL_CHECK: catch ranks that called different collectives before any data
  * moves, instead of hanging or producing garbage.
  *
- * With the check on, every call first exchanges a 40-byte descriptor of itself
+ * With the check on, every call first exchanges a 48-byte descriptor of itself
  * (collective, sequence number, count, dtype, op, root; peers and counts for
  * point-to-point) through the same connectors the data uses.  The schedule of that
  * exchange does not depend on what the rank called, so it completes whatever the
@@ -14,6 +14,15 @@
  *   send / recv / sendrecv
  *                 only the pair (or the two pairs of a sendrecv) exchange descriptors,
  *                 both ways, so both ends of a mismatched pair report it.
+ *   a group's point-to-point work (group.c)
+ *                 involves several peers: with each peer it names, the rank exchanges
+ *                 one descriptor of its traffic with that peer alone (messages and bytes
+ *                 each way; a group may mix dtypes, so bytes), and both ends compare.  A
+ *                 plain send/recv/sendrecv on the other side is compared the same way,
+ *                 so a group with one message each way per peer may meet plain calls;
+ *                 a group with several messages to a peer must meet a group there (the
+ *                 plain calls would exchange one descriptor each: reported as a
+ *                 mismatch).  Dtypes are not compared across a group.
  * Posting every send before the first receive cannot deadlock: a FIFO that is full holds
  * slices of the previous call, which the peer consumes without waiting for us (our part
  * of that call is complete).  Every wait is bounded exactly like the executor's.
@@ -47,10 +56,11 @@ typedef struct {
   int32_t root;      /* collectives: root; point-to-point: the peer sent to, or -1 */
   int32_t recv_peer; /* point-to-point: the peer received from, or -1 */
   uint64_t seq;
-  uint64_t count;      /* point-to-point: elements sent */
-  uint64_t recv_count; /* point-to-point: elements received */
+  uint64_t count;      /* point-to-point: elements sent (group: bytes) */
+  uint64_t recv_count; /* point-to-point: elements received (group: bytes) */
+  uint32_t sends, recvs; /* group: messages to / from the one peer it describes */
 } desc;
-_Static_assert(sizeof(desc) == 40, "descriptor layout");
+_Static_assert(sizeof(desc) == 48, "descriptor layout");
 
 bool coll_check_from_env(void) {
   long v;
@@ -59,7 +69,8 @@ bool coll_check_from_env(void) {
 }
 
 static bool is_p2p(int coll) {
-  return coll == COLL_COLL_SEND || coll == COLL_COLL_RECV || coll == COLL_COLL_SENDRECV;
+  return coll == COLL_COLL_SEND || coll == COLL_COLL_RECV || coll == COLL_COLL_SENDRECV ||
+         coll == COLL_COLL_GROUP_P2P;
 }
 static bool reducing(int coll) {
   return coll == COLL_COLL_ALL_REDUCE || coll == COLL_COLL_REDUCE ||
@@ -112,6 +123,11 @@ static void say(char *out, size_t len, const desc *d) {
     snprintf(out, len, " (send count %llu to rank %d, receive count %llu from rank %d, %s)",
              (unsigned long long)d->count, d->root, (unsigned long long)d->recv_count,
              d->recv_peer, dt);
+    break;
+  case COLL_COLL_GROUP_P2P:
+    snprintf(out, len, " (with rank %d: %u sends of %llu bytes in all, %u receives of %llu "
+             "bytes in all)", d->root, d->sends, (unsigned long long)d->count, d->recvs,
+             (unsigned long long)d->recv_count);
     break;
   case COLL_COLL_REDUCE:
     snprintf(out, len, " (count %llu, %s, %s, root %d)", (unsigned long long)d->count, dt, op,
@@ -224,9 +240,27 @@ static coll_result check_collective(struct coll_comm *comm, const coll_work *w) 
   return first;
 }
 
+/* A point-to-point descriptor's traffic with rank q: messages and bytes to and from q. */
+typedef struct { uint64_t sends, sent, recvs, received; } traffic;
+static traffic with(const desc *d, int q) {
+  traffic t = {0, 0, 0, 0};
+  if (d->coll == COLL_COLL_GROUP_P2P) /* it describes its traffic with q alone */
+    return (traffic){d->sends, d->count, d->recvs, d->recv_count};
+  uint64_t es = coll_dtype_size((coll_dtype)d->dtype);
+  if (d->root == q) t.sends = 1, t.sent = d->count * es;
+  if (d->recv_peer == q) t.recvs = 1, t.received = d->recv_count * es;
+  return t;
+}
+
 /* Does peer q's call `d` match my call `me` on the directions we share? */
 static bool pair_ok(int me_rank, const desc *me, int q, const desc *d) {
-  if (!is_p2p(d->coll) || d->dtype != me->dtype) return false;
+  if (!is_p2p(d->coll)) return false;
+  if (me->coll == COLL_COLL_GROUP_P2P || d->coll == COLL_COLL_GROUP_P2P) {
+    traffic a = with(me, q), b = with(d, me_rank);
+    return a.sends == b.recvs && a.sent == b.received && a.recvs == b.sends &&
+           a.received == b.sent;
+  }
+  if (d->dtype != me->dtype) return false;
   if (me->root == q && !(d->recv_peer == me_rank && d->recv_count == me->count)) return false;
   if (me->recv_peer == q && !(d->root == me_rank && d->count == me->recv_count)) return false;
   return true;
@@ -250,8 +284,43 @@ static coll_result check_p2p(struct coll_comm *comm, const coll_work *w) {
   return first;
 }
 
+/* My group's descriptor for peer q: my traffic with q alone (bytes; copies excluded). */
+static desc describe_group(const coll_work *w, int q, bool *involved) {
+  desc d = {.magic = CHECK_MAGIC, .coll = COLL_COLL_GROUP_P2P, .dtype = COLL_UINT8,
+            .root = q, .recv_peer = q, .seq = w->seq};
+  const coll_group_p2p *g = w->group;
+  *involved = false;
+  for (size_t i = 0; i < g->n; i++) {
+    if (g->ops[i].peer != q || g->ops[i].kind == COLL_STEP_COPY) continue;
+    *involved = true;
+    if (g->ops[i].kind == COLL_STEP_SEND) d.sends++, d.count += g->ops[i].count;
+    else d.recvs++, d.recv_count += g->ops[i].count;
+  }
+  return d;
+}
+
+static coll_result check_group(struct coll_comm *comm, const coll_work *w) {
+  coll_result r, first = COLL_OK;
+  bool involved;
+  desc me, d;
+  for (int q = 0; q < comm->nranks; q++) {
+    me = describe_group(w, q, &involved);
+    if (involved && (r = put(comm, w, q, &me)) != COLL_OK) return r;
+  }
+  for (int q = 0; q < comm->nranks; q++) {
+    me = describe_group(w, q, &involved);
+    if (!involved) continue;
+    if ((r = get(comm, w, q, &d)) != COLL_OK) return r;
+    if (first == COLL_OK && !pair_ok(comm->rank, &me, q, &d))
+      first = comm->rank < q ? mismatch(comm, comm->rank, &me, q, &d)
+                             : mismatch(comm, q, &d, comm->rank, &me);
+  }
+  return first;
+}
+
 coll_result coll_check_call(struct coll_comm *comm, const coll_work *w) {
   if (comm->nranks == 1) return COLL_OK;
+  if (w->coll == COLL_COLL_GROUP_P2P) return check_group(comm, w);
   if (is_p2p(w->coll)) {
     if (w->coll == COLL_COLL_SENDRECV && w->root == comm->rank) return COLL_OK; /* a copy */
     return check_p2p(comm, w);

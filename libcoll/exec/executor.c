@@ -12,6 +12,10 @@
  * fill every FIFO at once and wait on each other.  Within a round the order is the same
  * on both ends of every connection, so slices pair up without negotiation.
  *
+ * A group's point-to-point work (COLL_COLL_GROUP_P2P, group.c) arrives with its plan
+ * already built: one step per grouped send or receive, each over its own buffer (the
+ * step's `item`), in bytes.  It runs through the same rounds.
+ *
  * Must never: allocate or take a lock on the data path, wait without a bound (every
  * wait is cut into slices of at most 100 ms to look at abort, deadline and peer health),
  * or touch a user buffer outside the ranges the plan names.
@@ -227,12 +231,14 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   if (cr != COLL_OK) return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
-  /* The tuner picks a row of the algorithm table (algo.h).  A row with a run function
+  /* A group's point-to-point work (api/group.c) carries its plan: no algorithm.  Else
+   * the tuner picks a row of the algorithm table (algo.h).  A row with a run function
    * runs the call itself; one that finds, with every other rank, that it cannot (mapped:
    * some buffer is not in a window) hands the call to the tuner's next choice.  Rows
    * with a plan fall through to the schedule below. */
-  coll_algo algo = coll_tune_choose(comm, w, es);
-  for (const coll_algo_entry *e; (e = coll_algo_get(algo)) && e->run;) {
+  const coll_group_p2p *g = w->group;
+  coll_algo algo = g ? COLL_ALGO_RING : coll_tune_choose(comm, w, es);
+  for (const coll_algo_entry *e; !g && (e = coll_algo_get(algo)) && e->run;) {
     bool ran = true;
     coll_result r = e->run(comm, w, &ran);
     if (ran || r != COLL_OK) {
@@ -266,7 +272,9 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   }
   size_t nsteps = 0;
   uint64_t t_call = 0;
-  coll_result r = coll_plan_build(&a, comm->steps, &nsteps);
+  const coll_step *steps = g ? g->steps : comm->steps;
+  coll_result r = g ? COLL_OK : coll_plan_build(&a, comm->steps, &nsteps);
+  if (g) nsteps = g->nsteps;
   if (r != COLL_OK)
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no plan for %s #%llu", comm->rank,
                      coll_coll_name(w->coll), (unsigned long long)w->seq);
@@ -277,7 +285,9 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   wait_ctx x = {.comm = comm, .w = w, .ops = &coll_mem_host, .conn_send = comm->conn_send,
                 .conn_recv = comm->conn_recv};
   size_t slot_bytes = comm->slot_bytes;
-  /* Device buffers or a cudaStream_t: cuda.c swaps in its ops, connectors and slot. */
+  /* Device buffers or a cudaStream_t: cuda.c swaps in its ops, connectors and slot.
+   * (Never a group's point-to-point work: group.c refuses device memory there, and its
+   * plan was cut by comm->slot_bytes.) */
   bool cuda = w->device || w->cuda_event;
   if (cuda && (r = coll_cuda_exec_begin(comm, w, &x.ops, &x.conn_send, &x.conn_recv,
                                         &slot_bytes)) != COLL_OK)
@@ -292,7 +302,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   }
   size_t slice = slot_bytes / es, rounds = 0;
   for (size_t i = 0; i < nsteps; i++) {
-    size_t k = (comm->steps[i].count + slice - 1) / slice + comm->steps[i].delay;
+    size_t k = (steps[i].count + slice - 1) / slice + steps[i].delay;
     if (k > rounds) rounds = k;
   }
   {
@@ -300,18 +310,21 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER)
       user *= (size_t)comm->nranks;
     /* In place the output lines are read as inputs anyway: nothing to save there. */
-    x.nt = user >= comm->nt_bytes && !a.in_place;
+    x.nt = !g && user >= comm->nt_bytes && !a.in_place;
   }
-  /* Tracing: when each step's first slice starts and its last slice ends. */
+  /* Tracing: when each step's first slice starts and its last slice ends.  The trace
+   * holds coll_plan_max_steps() steps per call: a larger group has only those traced. */
   uint64_t *t0 = NULL, *t1 = NULL;
+  size_t traced = nsteps;
   if (coll_trace_on(comm)) {
     t0 = coll_trace_t0(comm);
     t1 = coll_trace_t1(comm);
     t_call = coll_now_ns();
+    if (traced > coll_plan_max_steps(comm->nranks)) traced = coll_plan_max_steps(comm->nranks);
   }
   for (size_t j = 0; j < rounds; j++) {
     for (size_t i = 0; i < nsteps; i++) {
-      const coll_step *s = &comm->steps[i];
+      const coll_step *s = &steps[i];
       if (j < s->delay) continue; /* slice k of a step runs in round k + delay */
       size_t off = (j - s->delay) * slice;
       if (off >= s->count) continue;
@@ -320,15 +333,20 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       x.step_index = (int)i;
       x.done_bytes = off * es;
       x.total_bytes = s->count * es;
-      if (t0 && off == 0) t0[i] = coll_now_ns();
-      if ((r = run_slice(&x, bufs, off, n, es)) != COLL_OK)
+      uint8_t *own[2]; /* a grouped operation's buffers */
+      if (g) {
+        own[0] = (uint8_t *)(uintptr_t)g->src[s->item];
+        own[1] = (uint8_t *)g->dst[s->item];
+      }
+      if (t0 && off == 0 && i < traced) t0[i] = coll_now_ns();
+      if ((r = run_slice(&x, g ? own : bufs, off, n, es)) != COLL_OK)
         return cuda ? coll_cuda_exec_end(comm, w, r) : r;
-      if (t1 && off + n == s->count) t1[i] = coll_now_ns();
+      if (t1 && off + n == s->count && i < traced) t1[i] = coll_now_ns();
     }
   }
   if (x.nt) coll_copy_nt_fence(); /* non-temporal output before the completion */
   if (cuda && (r = coll_cuda_exec_end(comm, w, COLL_OK)) != COLL_OK) return r;
-  if (t0) coll_trace_record(comm, w, a.algo, comm->steps, nsteps, es, t_call, coll_now_ns());
+  if (t0) coll_trace_record(comm, w, a.algo, steps, traced, es, t_call, coll_now_ns());
   return COLL_OK;
 }
 
@@ -336,6 +354,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
 static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_work *waiter) {
   if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+  free(w->group); /* a group's point-to-point lists and plan (group.c) */
+  w->group = NULL;
   coll_cuda_work_done(w); /* its cudaStream_t event, if any */
   if (w->stream) {
     const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);

@@ -113,7 +113,9 @@ static void fill_common(coll_trace_event *e, struct coll_comm *comm, const coll_
   e->nranks = comm->nranks;
   e->dtype = (int32_t)w->dtype;
   snprintf(e->coll, sizeof e->coll, "%s", coll_coll_name(w->coll));
-  snprintf(e->algo, sizeof e->algo, "%s", coll_algo_name(algo));
+  /* A group's point-to-point work ("group") has no algorithm: its steps are its calls. */
+  snprintf(e->algo, sizeof e->algo, "%s",
+           w->coll == COLL_COLL_GROUP_P2P ? "p2p" : coll_algo_name(algo));
 }
 
 static bool reserve(coll_trace *t, size_t more) {

@@ -69,7 +69,8 @@ static double bucket_bytes(int b) { return b == 0 ? 0 : 1.5 * ldexp(1.0, b - 1);
 
 /* The collectives the table covers (point-to-point needs no algorithm). */
 static bool tabled(coll_coll_kind c) {
-  return c != COLL_COLL_SEND && c != COLL_COLL_RECV && c != COLL_COLL_SENDRECV;
+  return c != COLL_COLL_SEND && c != COLL_COLL_RECV && c != COLL_COLL_SENDRECV &&
+         c != COLL_COLL_GROUP_P2P;
 }
 
 /* Predicted seconds of row e for c at n bytes on this communicator; false if it cannot

@@ -129,6 +129,23 @@ COLL_API coll_result coll_sendrecv(const void *sendbuf, size_t sendcount, int ds
                                    coll_comm_t comm, coll_stream_t s);
 COLL_API coll_result coll_barrier(coll_comm_t comm, coll_stream_t s);
 
+/* --- grouped calls, as ncclGroupStart / ncclGroupEnd ------------------------------
+ * Between coll_group_start and coll_group_end (per thread; groups nest, the outermost
+ * end counts) the calls above check their arguments and return: COLL_OK, or an argument
+ * error at once (that call is left out; the group stays open and usable).  Nothing runs
+ * before the outermost coll_group_end, so the buffers must stay valid until then.  It
+ * runs, per communicator, the group's collectives in call order and then all its
+ * send/recv/sendrecv calls as one operation that moves them together: a ring of
+ * exchanges, or a pipeline stage sending forward and backward at once, cannot deadlock
+ * whatever the order of the calls.  Two sends to one peer meet that peer's two receives
+ * in call order.  Communicators of one group progress concurrently.  Calls made with a
+ * NULL stream make coll_group_end wait for them and return the first error; calls on
+ * streams are enqueued there and report through coll_stream_synchronize.  A group's
+ * send/recv calls on one communicator must all use the same stream, on host memory.
+ * coll_group_end without an open group fails with COLL_ERR_INVALID_ARG. */
+COLL_API coll_result coll_group_start(void);
+COLL_API coll_result coll_group_end(void);
+
 /* --- memory every rank can address ------------------------------------------------
  * Collective: every rank calls it, in the same order (sizes may differ).  Returns
  * page-aligned memory that the other ranks on this host have mapped as well (like
