@@ -1,7 +1,9 @@
 /* plan.c — choosing an algorithm and building this rank's schedule.
  *
- * The algorithms live one per file (ring.c, tree.c, rd.c); this file picks one (a forced
- * algorithm that cannot serve the call falls back to the ring), handles the
+ * The algorithms live one per file (ring.c, tree.c, rd.c, pairwise.c, linear.c); this file
+ * picks one (a forced algorithm that cannot serve the call falls back to the
+ * collective's default: the ring, pairwise for all-to-all, linear for gather and
+ * scatter), handles the
  * cases that need no algorithm at all (one rank, point-to-point), and names things for
  * logs and traces.  Pure: no I/O, no allocation, no globals.
  *
@@ -14,13 +16,16 @@
 #include <string.h>
 
 #include "internal.h"
+#include "linear.h"
+#include "pairwise.h"
 #include "rd.h"
 #include "ring.h"
 #include "tree.h"
 
 /* ring: 2p + 2; tree: at most 5 per rank (up and down in two trees, one of them with a
  * second child); rd/rhd: a copy, the folds (all-gather's fold-out in two ranges) and
- * two steps per phase, at most 4·ceil(log2 p) + 4. */
+ * two steps per phase, at most 4·ceil(log2 p) + 4; pairwise: a copy and two steps per
+ * peer, 2p - 1; linear: the root's copy and one step per peer, p. */
 size_t coll_plan_max_steps(int nranks) {
   size_t p = (size_t)(nranks > 0 ? nranks : 1), lg = 0, ring = 2 * p + 2, rd;
   while (((size_t)1 << lg) < p) lg++;
@@ -90,6 +95,11 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
   if ((a->coll == COLL_COLL_BROADCAST || a->coll == COLL_COLL_REDUCE) &&
       (a->root < 0 || a->root >= a->nranks))
     return COLL_ERR_INVALID_ARG;
+  /* The newer collectives have one schedule each, which also covers one rank. */
+  if (a->coll == COLL_COLL_ALL_TO_ALL || a->coll == COLL_COLL_ALL_TO_ALLV)
+    return coll_pairwise_plan(a, steps, nsteps);
+  if (a->coll == COLL_COLL_GATHER || a->coll == COLL_COLL_SCATTER)
+    return coll_linear_plan(a, steps, nsteps);
   if (a->nranks == 1) {
     plan_single(a, steps, nsteps);
     return COLL_OK;
@@ -107,13 +117,24 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
   return COLL_ERR_INVALID_ARG;
 }
 
+coll_algo coll_algo_default(coll_coll_kind c) {
+  if (c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_ALL_TO_ALLV) return COLL_ALGO_PAIRWISE;
+  if (c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER) return COLL_ALGO_LINEAR;
+  return COLL_ALGO_RING;
+}
+
 bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
   if (c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV || nranks == 1)
     return (unsigned)a < COLL_NUM_ALGOS;
   switch (a) {
   case COLL_ALGO_AUTO:
-  case COLL_ALGO_RING:
     return (unsigned)c < COLL_NUM_COLLS;
+  case COLL_ALGO_RING:
+    return (unsigned)c < COLL_NUM_COLLS && coll_algo_default(c) == COLL_ALGO_RING;
+  case COLL_ALGO_PAIRWISE:
+    return c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_ALL_TO_ALLV;
+  case COLL_ALGO_LINEAR:
+    return c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER;
   case COLL_ALGO_TREE:
     return c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE || c == COLL_COLL_ALL_REDUCE ||
            c == COLL_COLL_BARRIER;
@@ -144,6 +165,8 @@ coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, doubl
   case COLL_ALGO_TREE: return coll_tree_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
   case COLL_ALGO_RD: return coll_rd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
   case COLL_ALGO_RHD: return coll_rhd_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
+  case COLL_ALGO_PAIRWISE: return coll_pairwise_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
+  case COLL_ALGO_LINEAR: return coll_linear_cost(c, p, n, slice, alpha, beta, gamma, seconds, formula, formula_len);
   case COLL_ALGO_RING: break;
   }
   coll_result r = coll_ring_cost(c, p, n, slice, alpha, beta, seconds, formula, formula_len);
@@ -167,7 +190,8 @@ coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, doubl
 const char *coll_coll_name(coll_coll_kind c) {
   static const char *names[] = {"broadcast", "reduce", "all_reduce", "reduce_scatter",
                                 "all_gather", "send", "recv", "barrier",
-                                "sendrecv"};
+                                "sendrecv", "all_to_all", "all_to_allv", "gather",
+                                "scatter"};
   return (unsigned)c < COLL_NUM_COLLS ? names[c] : "?";
 }
 
@@ -188,6 +212,8 @@ const char *coll_algo_name(coll_algo a) {
   case COLL_ALGO_ONESHOT: return "oneshot";
   case COLL_ALGO_DIRECT: return "direct";
   case COLL_ALGO_MAPPED: return "mapped";
+  case COLL_ALGO_PAIRWISE: return "pairwise";
+  case COLL_ALGO_LINEAR: return "linear";
   }
   return "?";
 }
@@ -197,7 +223,8 @@ coll_algo coll_algo_from_name(const char *s, bool *ok) {
       {"auto", COLL_ALGO_AUTO}, {"ring", COLL_ALGO_RING}, {"tree", COLL_ALGO_TREE},
       {"rd", COLL_ALGO_RD}, {"recursive_doubling", COLL_ALGO_RD}, {"rhd", COLL_ALGO_RHD},
       {"rabenseifner", COLL_ALGO_RHD}, {"oneshot", COLL_ALGO_ONESHOT},
-      {"direct", COLL_ALGO_DIRECT}, {"mapped", COLL_ALGO_MAPPED}};
+      {"direct", COLL_ALGO_DIRECT}, {"mapped", COLL_ALGO_MAPPED},
+      {"pairwise", COLL_ALGO_PAIRWISE}, {"linear", COLL_ALGO_LINEAR}};
   for (size_t i = 0; s && i < sizeof names / sizeof *names; i++)
     if (strcmp(s, names[i].name) == 0) {
       *ok = true;

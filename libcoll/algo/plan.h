@@ -19,20 +19,24 @@
 typedef enum {
   COLL_COLL_BROADCAST, COLL_COLL_REDUCE, COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
   COLL_COLL_ALL_GATHER, COLL_COLL_SEND, COLL_COLL_RECV, COLL_COLL_BARRIER,
-  COLL_COLL_SENDRECV
+  COLL_COLL_SENDRECV, COLL_COLL_ALL_TO_ALL, COLL_COLL_ALL_TO_ALLV, COLL_COLL_GATHER,
+  COLL_COLL_SCATTER
 } coll_coll_kind;
-#define COLL_NUM_COLLS 9
+#define COLL_NUM_COLLS 13
 
 /* AUTO: the tuner's choice (tune.c).  TREE: pipelined double binary tree (tree.c).
  * RD: recursive doubling (rd.c).  RHD: recursive halving/doubling, Rabenseifner (rd.c).
  * ONESHOT, DIRECT and MAPPED are not schedules: oneshot.c runs small calls through shm
  * mailboxes, direct.c large ones by reading peers' buffers in place, mapped.c calls
- * whose buffers all lie in coll_mem_alloc memory by loads and stores into them. */
+ * whose buffers all lie in coll_mem_alloc memory by loads and stores into them.
+ * PAIRWISE: all-to-all(v) as one exchange with every peer (pairwise.c).  LINEAR:
+ * gather and scatter straight between the root and every rank (linear.c). */
 typedef enum {
   COLL_ALGO_AUTO = 0, COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
-  COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED
+  COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED, COLL_ALGO_PAIRWISE,
+  COLL_ALGO_LINEAR
 } coll_algo;
-#define COLL_NUM_ALGOS 8
+#define COLL_NUM_ALGOS 10
 
 /* Which user buffer a range lives in. */
 typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;
@@ -79,7 +83,8 @@ typedef struct {
   coll_coll_kind coll;
   coll_algo algo;
   size_t count;   /* all_reduce/broadcast/reduce/send/recv: count; reduce_scatter:
-                     recvcount; all_gather: sendcount */
+                     recvcount; all_gather/gather: sendcount; all_to_all: elements per
+                     block (per peer); scatter: recvcount; all_to_allv: unused */
   int nranks, rank, root; /* root: broadcast/reduce root; send/recv: the peer */
   int in_place;           /* send and recv buffers are the in-place pair */
   size_t recv_count;      /* sendrecv: elements received (count is elements sent) */
@@ -87,6 +92,9 @@ typedef struct {
   size_t slice;           /* elements per slice the executor will cut steps into; plans
                              whose steps read what earlier steps wrote at other offsets
                              (rhd) delay by it.  0: as if no step were ever cut. */
+  /* all_to_allv: per peer, elements sent to it and where they start in the send buffer,
+   * elements received from it and where they go in the receive buffer (nranks each). */
+  const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
 } coll_plan_args;
 
 /* Fills steps[0..*nsteps) (capacity coll_plan_max_steps(nranks)).  Steps with count 0
@@ -101,7 +109,11 @@ void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
 const char *coll_coll_name(coll_coll_kind c);
 const char *coll_step_name(coll_step_kind k);
 const char *coll_algo_name(coll_algo a);
-/* "auto", "ring", "tree", "rd", "rhd" (also "recursive_doubling", "rabenseifner");
+/* The schedule that serves c when nothing better is chosen or a forced algorithm cannot
+ * serve it: pairwise for all-to-all(v), linear for gather and scatter, else the ring. */
+coll_algo coll_algo_default(coll_coll_kind c);
+/* "auto", "ring", "tree", "rd", "rhd", "pairwise", "linear" (also "recursive_doubling",
+ * "rabenseifner");
  * *ok = false (and AUTO returned) for anything else. */
 coll_algo coll_algo_from_name(const char *s, bool *ok);
 /* Whether algorithm `a` has a schedule of its own for collective c on nranks ranks.
@@ -110,7 +122,8 @@ bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks);
 /* The cost of collective c by algorithm a, from the formula at the top of the
  * algorithm's file: p ranks, n bytes (nccl-tests' convention: the whole vector for
  * all-reduce/broadcast/reduce, the whole output of all-gather, the whole input of
- * reduce-scatter), slices of `slice` bytes, α s/message, β s/byte moved, γ s/byte
+ * reduce-scatter, one rank's whole send buffer of all-to-all, the root's whole buffer of
+ * gather and scatter), slices of `slice` bytes, α s/message, β s/byte moved, γ s/byte
  * reduced.  Writes the formula with its numbers into `formula`.  COLL_ERR_INVALID_ARG
  * when a cannot serve c (AUTO is not an algorithm). */
 coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,

@@ -186,6 +186,7 @@ coll_result coll_ring_cost(coll_coll_kind coll, int p, double n, double slice, d
     steps = 2.0 * (p - 1), bytes = 0;
     shape = "2(p-1)*a";
     break;
+  default: return COLL_ERR_INVALID_ARG; /* all-to-all, gather, scatter: not ring schedules */
   }
   *seconds = steps * alpha + bytes * beta;
   char ks[32] = "";

@@ -231,7 +231,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
    * buffers (mapped.c) beat any FIFO schedule; the one-shot path stays ahead below its
    * crossover.  The condition is the same on every rank (the window count changes only
    * in collective calls), so all ranks exchange where their buffers are, or none. */
-  if (atomic_load_explicit(&comm->nshared, memory_order_relaxed) > 0 && w->count > 0 &&
+  if (atomic_load_explicit(&comm->nshared, memory_order_relaxed) > 0 &&
+      (w->count > 0 || w->coll == COLL_COLL_ALL_TO_ALLV) && /* its count is this rank's own */
       !w->device && !w->cuda_event && coll_mapped_serves(w->coll) &&
       (comm->forced == COLL_ALGO_MAPPED ||
        (comm->forced == COLL_ALGO_AUTO && algo != COLL_ALGO_ONESHOT))) {
@@ -242,12 +243,22 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   }
   atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
   if (algo == COLL_ALGO_ONESHOT) return coll_oneshot_run(comm, w);
-  if (algo == COLL_ALGO_DIRECT) return coll_direct_run(comm, w);
+  if (algo == COLL_ALGO_DIRECT) {
+    bool ran = true;
+    coll_result dr = coll_direct_run(comm, w, &ran);
+    if (dr != COLL_OK || ran) return dr;
+    /* All-to-all with some rank in place: every rank learnt it in the same exchange
+     * and takes the schedule instead. */
+    algo = coll_algo_default(w->coll);
+    atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
+  }
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
   coll_plan_args a = {.coll = w->coll, .algo = algo, .count = w->count,
                       .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
                       .recv_count = w->recv_count, .recv_peer = w->recv_peer,
-                      .slice = comm->slot_bytes / es};
+                      .slice = comm->slot_bytes / es, .sendcounts = w->sendcounts,
+                      .sdispls = w->sdispls, .recvcounts = w->recvcounts,
+                      .rdispls = w->rdispls};
   switch (w->coll) {
   case COLL_COLL_ALL_REDUCE: a.in_place = w->sendbuf == w->recvbuf; break;
   case COLL_COLL_BROADCAST:
@@ -262,6 +273,13 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     bufs[0] = bufs[1] = comm->barrier_buf;
     a.count = 1;
     a.in_place = 1;
+    break;
+  case COLL_COLL_ALL_TO_ALL: a.in_place = w->sendbuf == w->recvbuf; break;
+  case COLL_COLL_GATHER: /* on the root: its block already in place */
+    a.in_place = bufs[1] && bufs[1] + (size_t)w->root * w->count * es == bufs[0];
+    break;
+  case COLL_COLL_SCATTER:
+    a.in_place = bufs[0] && bufs[0] + (size_t)w->root * w->count * es == bufs[1];
     break;
   default: break;
   }
@@ -298,7 +316,9 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   }
   {
     size_t user = w->count * es;
-    if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER)
+    if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER ||
+        w->coll == COLL_COLL_ALL_TO_ALL || w->coll == COLL_COLL_GATHER ||
+        w->coll == COLL_COLL_SCATTER)
       user *= (size_t)comm->nranks;
     /* In place the output lines are read as inputs anyway: nothing to save there. */
     x.nt = user >= comm->nt_bytes && !a.in_place;
@@ -337,6 +357,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
 static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_work *waiter) {
   if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+  free(w->v_copy); /* all_to_allv's arrays, copied at the enqueue (api.c) */
+  w->v_copy = NULL;
   coll_cuda_work_done(w); /* its cudaStream_t event, if any */
   if (w->stream) {
     const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);

@@ -27,6 +27,11 @@
  * one-shot needs one host and a small message) takes the table's choice instead, with a
  * warning the first time.  COLL_TUNE=0 skips the measurement and uses defaults.
  *
+ * All-to-all, gather and scatter are priced like the rest (pairwise.c, linear.c, and
+ * the one-shot and direct formulas below), with no per-schedule α of their own (the
+ * calibration runs all-reduces): the measured α.  All-to-allv has no table: its ranks
+ * do not agree on a size (coll_tune_choose).
+ *
  * Must never: let ranks decide from their own measurements, or measure on the hot path.
  */
 #include <math.h>
@@ -49,7 +54,8 @@
 #define MARGIN_DIRECT 0.5
 
 static const coll_algo candidates[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD,
-                                       COLL_ALGO_RHD, COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT};
+                                       COLL_ALGO_RHD, COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
+                                       COLL_ALGO_PAIRWISE, COLL_ALGO_LINEAR};
 #define NCAND (sizeof candidates / sizeof candidates[0])
 
 static int bucket_of(size_t bytes) {
@@ -86,6 +92,18 @@ static bool oneshot_cost(coll_coll_kind c, int p, double n, const coll_tune_para
     s = a;
     snprintf(formula, flen, "a_mb = %.3g us", s * 1e6);
     break;
+  case COLL_COLL_ALL_TO_ALL:
+    s = a + 2 * n * b;
+    snprintf(formula, flen, "a_mb + n*b + n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_GATHER:
+    s = a + (n / p) * b + (p - 1) * (n / p) * b;
+    snprintf(formula, flen, "a_mb + n/p*b + (p-1)/p*n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_SCATTER:
+    s = a + n * b + (n / p) * b;
+    snprintf(formula, flen, "a_mb + n*b + n/p*b = %.3g us", s * 1e6);
+    break;
   default: return false;
   }
   *sec = s;
@@ -120,6 +138,10 @@ static bool direct_cost(coll_coll_kind c, int p, double n, const coll_tune_param
     s = 2 * a + r + n * b;
     snprintf(formula, flen, "2*a_mb + a_cma + n*b_cma = %.3g us", s * 1e6);
     break;
+  case COLL_COLL_ALL_TO_ALL:
+    s = 2 * a + (p - 1) * r + f * n * b;
+    snprintf(formula, flen, "2*a_mb + (p-1)*a_cma + (p-1)/p*n*b_cma = %.3g us", s * 1e6);
+    break;
   default: return false;
   }
   *sec = s;
@@ -150,13 +172,15 @@ static bool predict(struct coll_comm *comm, coll_algo a, coll_coll_kind c, doubl
 static void build_table(struct coll_comm *comm) {
   static const coll_coll_kind colls[] = {COLL_COLL_BROADCAST, COLL_COLL_REDUCE,
                                          COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
-                                         COLL_COLL_ALL_GATHER, COLL_COLL_BARRIER};
+                                         COLL_COLL_ALL_GATHER, COLL_COLL_BARRIER,
+                                         COLL_COLL_ALL_TO_ALL, COLL_COLL_GATHER,
+                                         COLL_COLL_SCATTER};
   char f[160];
   for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++) {
     coll_coll_kind c = colls[i];
     for (int b = 0; b < COLL_TUNE_BUCKETS; b++) {
       double best = INFINITY, best_fifo = INFINITY, s;
-      coll_algo pick = COLL_ALGO_RING, pick_fifo = COLL_ALGO_RING;
+      coll_algo pick = coll_algo_default(c), pick_fifo = pick;
       /* The ring is the reference (it serves everything, pipelines every step and is
        * bandwidth-optimal); another schedule must beat its prediction by MARGIN (the
        * one-shot and direct paths are priced from their own measured costs).  The
@@ -186,9 +210,13 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
       comm->nranks == 1)
     return COLL_ALGO_RING; /* no algorithm: plan.c schedules these itself */
   size_t bytes = w->count * es;
-  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
+  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL ||
+      c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER)
+    bytes *= (size_t)comm->nranks;
+  if (c == COLL_COLL_ALL_TO_ALLV)
+    bytes = 1; /* its count is this rank's alone: the choice below must not depend on it */
   if (bytes == 0 && c != COLL_COLL_BARRIER)
-    return COLL_ALGO_RING; /* nothing moves: the plan has no steps, whatever is forced */
+    return coll_algo_default(c); /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
   if (f != COLL_ALGO_AUTO && f != COLL_ALGO_MAPPED) { /* mapped: executor.c tries it first */
     bool ok = f == COLL_ALGO_ONESHOT  ? coll_oneshot_fits(comm, c, w->count, es) &&
@@ -206,7 +234,11 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
     }
   }
   if (!comm->tuned) /* measuring: the probe runs on rings, or on what it is timing */
-    return comm->probe_algo != COLL_ALGO_AUTO ? comm->probe_algo : COLL_ALGO_RING;
+    return comm->probe_algo != COLL_ALGO_AUTO ? comm->probe_algo : coll_algo_default(c);
+  /* All-to-allv: the ranks' sizes differ and none knows the others', so there is no size
+   * to look up that every rank agrees on: always the schedule (COLL_ALGO=direct or mapped
+   * buffers choose the single-copy paths, the same on every rank). */
+  if (c == COLL_COLL_ALL_TO_ALLV) return COLL_ALGO_PAIRWISE;
   int b = bucket_of(bytes);
   coll_algo a = (coll_algo)comm->choice[c][b];
   if (a == COLL_ALGO_ONESHOT && (!coll_oneshot_fits(comm, c, w->count, es) || w->device ||
@@ -449,7 +481,7 @@ coll_result coll_tune_init(struct coll_comm *comm) {
       comm->forced = a;
     else
       COLL_WARN(comm->rank, "COLL_ALGO=%s is not an algorithm (ring, tree, rd, rhd, oneshot, "
-                "auto); choosing automatically", e);
+                "direct, mapped, pairwise, linear, auto); choosing automatically", e);
   }
   long on = 1;
   if (!coll_env_int("COLL_TUNE", 1, &on)) on = 1;
@@ -507,7 +539,8 @@ const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
     if (strcmp(coll_coll_name((coll_coll_kind)i), coll) == 0) c = i;
   if (c < 0) return NULL;
   coll_work w = {.coll = (coll_coll_kind)c, .count = bytes, .dtype = COLL_UINT8};
-  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER)
+  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL ||
+      c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER)
     w.count = bytes / (size_t)comm->nranks;
   bool warned = comm->warned_forced[c];
   comm->warned_forced[c] = true; /* asking is not calling: no warning */

@@ -1,0 +1,11 @@
+/* linear.h — gather and scatter straight between the root and every rank (see linear.c). */
+#ifndef COLL_LINEAR_H
+#define COLL_LINEAR_H
+#include "plan.h"
+/* gather / scatter, any nranks >= 1, any root. */
+coll_result coll_linear_plan(const coll_plan_args *a, coll_step *steps, size_t *nsteps);
+/* The formula at the top of linear.c, evaluated (n = the root's whole buffer). */
+coll_result coll_linear_cost(coll_coll_kind c, int p, double n, double slice, double alpha,
+                             double beta, double gamma, double *seconds, char *formula,
+                             size_t formula_len);
+#endif
