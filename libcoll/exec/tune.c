@@ -7,7 +7,8 @@
  *   β      ranks 0 and 1 bounce 1 MiB: (half the fastest round trip - α) / 1 MiB.
  *   γ      rank 0 reduces 64 KiB of float32 in cache: seconds per byte reduced.
  *   per schedule (ring, tree, rd, rhd): an 8-byte all-reduce forced onto it, median of
- *          60, over the number of α terms in its formula — its own α.  With more ranks
+ *          60, over the number of α terms in its formula — its own α; pairwise the same
+ *          with a 1-byte-per-rank all-to-all, linear with a 1-byte gather.  With more ranks
  *          than cores an α is mostly the wait for a descheduled peer, and how much a
  *          pattern overlaps those waits differs (calibrate()).
  *   α_mb   the same 8-byte all-reduce on the one-shot path (oneshot.c): its fixed cost.
@@ -28,9 +29,8 @@
  * warning the first time.  COLL_TUNE=0 skips the measurement and uses defaults.
  *
  * All-to-all, gather and scatter are priced like the rest (pairwise.c, linear.c, and
- * the one-shot and direct formulas below), with no per-schedule α of their own (the
- * calibration runs all-reduces): the measured α.  All-to-allv has no table: its ranks
- * do not agree on a size (coll_tune_choose).
+ * the one-shot and direct formulas below); scatter uses linear's α from the gather.
+ * All-to-allv has no table: its ranks do not agree on a size (coll_tune_choose).
  *
  * Must never: let ranks decide from their own measurements, or measure on the hot path.
  */
@@ -208,7 +208,7 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
   coll_coll_kind c = w->coll;
   if (c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV ||
       comm->nranks == 1)
-    return COLL_ALGO_RING; /* no algorithm: plan.c schedules these itself */
+    return coll_algo_default(c); /* no algorithm: plan.c schedules these itself */
   size_t bytes = w->count * es;
   if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL ||
       c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER)
@@ -350,9 +350,13 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
     if ((size_t)(at - (line + 15)) != strlen(key) || strncmp(line + 15, key, strlen(key))) continue;
     coll_tune_params x = {0};
     double *aa = x.alpha_algo;
-    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg ring=%lg tree=%lg rd=%lg rhd=%lg",
+    /* pairwise= and linear= came later: a line without them still counts (their α is
+     * then the token's). */
+    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg ring=%lg tree=%lg rd=%lg rhd=%lg"
+               " pairwise=%lg linear=%lg",
                &x.alpha, &x.beta, &x.gamma, &x.alpha_mb, &aa[COLL_ALGO_RING],
-               &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD], &aa[COLL_ALGO_RHD]) == 8 &&
+               &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD], &aa[COLL_ALGO_RHD],
+               &aa[COLL_ALGO_PAIRWISE], &aa[COLL_ALGO_LINEAR]) >= 8 &&
         x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0) {
       x.beta_cma = t->beta_cma; /* not cached: measured by the direct probe each time */
       x.alpha_cma = t->alpha_cma;
@@ -376,8 +380,9 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   key_of(comm, key, sizeof key);
   const double *aa = t->alpha_algo;
   fprintf(f, "libcoll-tune 2 %s alpha=%.6g beta=%.6g gamma=%.6g alpha_mb=%.6g ring=%.6g "
-          "tree=%.6g rd=%.6g rhd=%.6g\n", key, t->alpha, t->beta, t->gamma, t->alpha_mb,
-          aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD]);
+          "tree=%.6g rd=%.6g rhd=%.6g pairwise=%.6g linear=%.6g\n", key, t->alpha, t->beta,
+          t->gamma, t->alpha_mb, aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD],
+          aa[COLL_ALGO_RHD], aa[COLL_ALGO_PAIRWISE], aa[COLL_ALGO_LINEAR]);
   fclose(f);
 }
 
@@ -387,19 +392,30 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
  * on the pattern (a ring overlaps its waits, a butterfly does not): the token lap alone
  * mispriced them.  Rank 0's figures count, like the rest. */
 static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
-  static const coll_algo fifo[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD};
-  uint8_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8];
+  /* Each schedule on a collective it serves: 8 bytes for the all-reduces, a byte per
+   * rank for all-to-all (pairwise) and gather (linear, root 0). */
+  static const struct {
+    coll_algo a;
+    coll_coll_kind c;
+  } cal[] = {{COLL_ALGO_RING, COLL_COLL_ALL_REDUCE},  {COLL_ALGO_TREE, COLL_COLL_ALL_REDUCE},
+             {COLL_ALGO_RD, COLL_COLL_ALL_REDUCE},    {COLL_ALGO_RHD, COLL_COLL_ALL_REDUCE},
+             {COLL_ALGO_PAIRWISE, COLL_COLL_ALL_TO_ALL}, {COLL_ALGO_LINEAR, COLL_COLL_GATHER},
+             {COLL_ALGO_ONESHOT, COLL_COLL_ALL_REDUCE}};
+  size_t n = (size_t)comm->nranks;
+  uint8_t *in = calloc(n > 8 ? n : 8, 1), *out = calloc(n > 8 ? n : 8, 1);
   double v[CAL_LAPS];
   coll_result r = COLL_OK;
-  for (size_t i = 0; i < sizeof fifo / sizeof *fifo + 1 && r == COLL_OK; i++) {
-    coll_algo a = i < sizeof fifo / sizeof *fifo ? fifo[i] : COLL_ALGO_ONESHOT;
-    if (a == COLL_ALGO_ONESHOT ? !comm->mailboxes
-                               : !coll_algo_serves(a, COLL_COLL_ALL_REDUCE, comm->nranks))
+  if (!in || !out) r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory calibrating");
+  for (size_t i = 0; i < sizeof cal / sizeof *cal && r == COLL_OK; i++) {
+    coll_algo a = cal[i].a;
+    coll_coll_kind c = cal[i].c;
+    if (a == COLL_ALGO_ONESHOT ? !comm->mailboxes : !coll_algo_serves(a, c, comm->nranks))
       continue;
+    size_t count = c == COLL_COLL_ALL_REDUCE ? 8 : 1;
     comm->probe_algo = a;
     for (int k = -10; k < CAL_LAPS && r == COLL_OK; k++) {
-      coll_work w = {.coll = COLL_COLL_ALL_REDUCE, .sendbuf = in, .recvbuf = out,
-                     .count = sizeof in, .dtype = COLL_UINT8, .op = COLL_SUM};
+      coll_work w = {.coll = c, .sendbuf = in, .recvbuf = out, .count = count,
+                     .dtype = COLL_UINT8, .op = COLL_SUM};
       uint64_t t0 = coll_now_ns();
       r = coll_exec_submit(comm, &w);
       if (k >= 0) v[k] = (double)(coll_now_ns() - t0) * 1e-9;
@@ -409,13 +425,15 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
     char f[160];
     if (a == COLL_ALGO_ONESHOT) {
       t->alpha_mb = L;
-    } else if (coll_algo_cost(a, COLL_COLL_ALL_REDUCE, comm->nranks, sizeof in,
+    } else if (coll_algo_cost(a, c, comm->nranks, c == COLL_COLL_ALL_REDUCE ? 8.0 : (double)n,
                               (double)comm->slot_bytes, 1.0, 0, 0, &unit, f, sizeof f) ==
                    COLL_OK && unit > 0) {
       t->alpha_algo[a] = L / unit;
     }
   }
   comm->probe_algo = COLL_ALGO_AUTO;
+  free(in);
+  free(out);
   return r;
 }
 
