@@ -120,6 +120,10 @@ static const char *expected_algo(const ctx *c, const char *kind, size_t bytes_wh
     if (!one_host_shm() || rooted) return NULL;
     return c->in_place ? "pairwise" : "direct"; /* in place, every rank takes the schedule */
   }
+  if (strcmp(c->algo, "mapped") == 0) { /* buffers from coll_mem_alloc (matrix_arg.mapped) */
+    if (v) return "pairwise"; /* all-to-allv has no mapped path */
+    return a2a && c->in_place ? NULL : "mapped"; /* in place: the tuner's choice */
+  }
   return NULL;
 }
 
@@ -282,6 +286,7 @@ typedef struct {
   bool big;       /* the over-one-slot counts (three dtypes) instead of the small ones */
   unsigned kinds; /* K_* */
   bool streams;   /* every call on a stream */
+  bool mapped;    /* buffers from coll_mem_alloc */
 } matrix_arg;
 
 static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
@@ -293,8 +298,16 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
   size_t maxc = ma->big ? BIG_BLOCK + 7 : 1031;
   /* all_to_allv's blocks are up to ~2x count plus gaps: room for 3x */
   c.cap = (maxc * 8 * 3 + 64) * (size_t)n + 256;
-  c.a = malloc(c.cap + GUARD);
-  c.b = malloc(c.cap + GUARD);
+  if (ma->mapped) {
+    void *a = NULL, *b = NULL;
+    if (coll_mem_alloc(comm, c.cap + GUARD, &a) != COLL_OK ||
+        coll_mem_alloc(comm, c.cap + GUARD, &b) != COLL_OK)
+      return t_failf("rank %d: coll_mem_alloc: %s", rank, coll_comm_last_error(comm));
+    c.a = a, c.b = b;
+  } else {
+    c.a = malloc(c.cap + GUARD);
+    c.b = malloc(c.cap + GUARD);
+  }
   if (!c.a || !c.b) return t_failf("rank %d: out of memory", rank);
   if (ma->streams && coll_stream_create(&c.stream) != COLL_OK)
     return t_failf("rank %d: coll_stream_create failed", rank);
@@ -325,6 +338,12 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
     }
   }
   if (c.stream) coll_stream_destroy(c.stream);
+  if (ma->mapped) {
+    if (fails) return 1; /* the peers may not reach the (collective) free */
+    if (coll_mem_free(comm, c.a) != COLL_OK || coll_mem_free(comm, c.b) != COLL_OK)
+      return t_failf("rank %d: coll_mem_free: %s", rank, coll_comm_last_error(comm));
+    return 0;
+  }
   free(c.a);
   free(c.b);
   return fails ? 1 : 0;
@@ -332,7 +351,8 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
 
 static void run(int n, bool big, unsigned kinds, const char *algo, const char *transport,
                 bool streams) {
-  matrix_arg a = {.big = big, .kinds = kinds, .streams = streams};
+  matrix_arg a = {.big = big, .kinds = kinds, .streams = streams,
+                  .mapped = algo && strcmp(algo, "mapped") == 0};
   char why[256];
   int before = t_shm_segments();
   if (algo) setenv("COLL_ALGO", algo, 1);
@@ -368,6 +388,13 @@ Test(alltoall, forced_pairwise_and_linear, .timeout = 900) {
 Test(alltoall, forced_oneshot, .timeout = 900) {
   for (int n = 2; n <= 8; n += 2) run(n, false, K_ALL, "oneshot", NULL, false);
 }
+/* Buffers from coll_mem_alloc: all-to-all (out of place), gather and scatter run on the
+ * mapped path (loads and stores into the peers' windows); the rest on the schedules. */
+Test(alltoall, mapped, .timeout = 900) {
+  for (int n = 1; n <= 5; n++) run(n, false, K_ALL, "mapped", NULL, false);
+  run(3, true, K_ALL, "mapped", NULL, false);
+}
+
 Test(alltoall, forced_direct, .timeout = 900) {
   for (int n = 2; n <= 8; n += 3) run(n, false, K_A2A | K_A2AV, "direct", NULL, false);
   run(3, true, K_A2A | K_A2AV, "direct", NULL, false);

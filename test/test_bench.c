@@ -556,7 +556,7 @@ Test(bench_run, blocking_and_other_roots, .timeout = 300) {
 /* -R 1: buffers from coll_mem_alloc; with COLL_ALGO=mapped every collective but
  * sendrecv must run on the mapped path (the algo column says what ran), and be right. */
 Test(bench_run, registered_buffers_take_the_mapped_path, .timeout = 300) {
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < NCOLLS; i++) {
     const char *args[] = {all_colls[i], "--ranks", "3", "-b", "24", "-e", "1M", "-f", "32",
                           "-n", "3", "-w", "1", "-R", "1", "-A", "mapped", NULL};
     run_result r = run_bench(args, NULL, 120);
