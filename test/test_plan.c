@@ -775,23 +775,26 @@ Test(plan, all_to_allv_sweep, .timeout = 240) {
 Test(plan, newer_collectives_shapes) {
   coll_step st[64];
   size_t ns;
-  /* Pairwise: one send and one receive per peer, the copy of the own block, partners
-   * symmetric (r pairs with q at the position where q pairs with r). */
+  /* Pairwise: a send to every peer, the copy of the own block, a receive from every
+   * peer, partners in the same order in both passes and symmetric (r's k-th partner has
+   * r as its k-th). */
   for (int n = 1; n <= 20; n++)
     for (int r = 0; r < n; r++) {
       coll_plan_args a = {.coll = COLL_COLL_ALL_TO_ALL, .count = 3, .nranks = n, .rank = r};
       cr_assert_eq(coll_plan_build(&a, st, &ns), COLL_OK);
       cr_assert_eq(ns, 2 * (size_t)n - 1);
       cr_assert_leq(ns, coll_plan_max_steps(n));
-      size_t sent = 0;
-      for (size_t i = 0; i < ns; i++) {
-        if (st[i].kind == COLL_STEP_SEND) {
-          sent += st[i].count;
-          cr_assert_eq(st[i].src_off, (size_t)st[i].peer_out * 3, "block q goes to q");
-          cr_assert(i + 1 < ns && st[i + 1].kind == COLL_STEP_RECV &&
-                    st[i + 1].peer_in == st[i].peer_out, "a send and its receive pair up");
-        }
+      size_t sent = 0, i = 0;
+      for (int k = 0; k < n; k++) { /* sends first, partner q = (k - r) mod n */
+        int q = ((k - r) % n + n) % n;
+        if (q == r) continue;
+        cr_assert(st[i].kind == COLL_STEP_SEND && st[i].peer_out == q, "send %zu", i);
+        cr_assert_eq(st[i].src_off, (size_t)q * 3, "block q goes to q");
+        cr_assert(st[n + i].kind == COLL_STEP_RECV && st[n + i].peer_in == q &&
+                  st[n + i].dst_off == (size_t)q * 3, "the receives in the same order");
+        sent += st[i++].count;
       }
+      cr_assert_eq(st[n - 1].kind, COLL_STEP_COPY, "the own block between the two");
       cr_assert_eq(sent, 3 * (size_t)(n - 1), "(N-1)/N of the buffer leaves");
       a.in_place = 1;
       cr_assert_eq(coll_plan_build(&a, st, &ns), COLL_OK);
@@ -845,12 +848,14 @@ Test(plan, newer_collectives_costs) {
         t = cost_of(a, kinds[ki], p, n, f, sizeof f);
         cr_assert_gt(t, prev);
         prev = t;
-        cr_assert(strstr(f, "(p-1)*a + (p-1)/p*n*b") && strstr(f, " us"), "%s", f);
+        cr_assert(strstr(f, ki ? "(p-1)*a + (p-1)/p*n*b" : "(p-1)*a + 2(p-1)/p*n*b") &&
+                  strstr(f, " us"), "%s", f);
       }
-      /* (p-1) alphas + (p-1)/p*n betas, exactly */
+      /* (p-1) alphas + (p-1)/p*n betas, exactly; pairwise's rank copies twice as much
+       * (its sends into slots and its receives out of them) */
       cr_assert_eq(coll_algo_cost(a, kinds[ki], p, 1000, 65536, 1e-6, 1e-9, 0, &t, f, sizeof f),
                    COLL_OK);
-      cr_assert_float_eq(t, (p - 1) * 1e-6 + (p - 1) * 1000.0 / p * 1e-9, 1e-15);
+      cr_assert_float_eq(t, (p - 1) * 1e-6 + (ki ? 1 : 2) * (p - 1) * 1000.0 / p * 1e-9, 1e-15);
       cr_assert_eq(coll_algo_cost(COLL_ALGO_RING, kinds[ki], p, 1000, 65536, 1e-6, 1e-9, 0, &t,
                                   f, sizeof f), COLL_ERR_INVALID_ARG);
     }

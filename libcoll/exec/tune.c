@@ -52,6 +52,7 @@
  * 1 MiB) was 2x optimistic here at 256 KiB - 4 MiB on 2 ranks (4 MiB all-reduce: 425 us
  * against the ring's 190 us): it must be predicted twice as fast to be chosen. */
 #define MARGIN_DIRECT 0.5
+#define A2A_DIRECT_MAX (4u << 20) /* all-to-all takes direct.c up to here (build_table) */
 
 static const coll_algo candidates[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD,
                                        COLL_ALGO_RHD, COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
@@ -192,11 +193,17 @@ static void build_table(struct coll_comm *comm) {
         if (candidates[k] == COLL_ALGO_TREE || candidates[k] == COLL_ALGO_RD ||
             candidates[k] == COLL_ALGO_RHD)
           s /= MARGIN;
-        if (candidates[k] == COLL_ALGO_DIRECT) s /= MARGIN_DIRECT;
-        /* All-to-all: direct never won where it was predicted to (medians of 3
-         * interleaved runs, busy VM: 2 ranks 1 MiB 161 us vs pairwise 149, 64 MiB 28.0 ms
-         * vs 19.6; 4 ranks 64 MiB 89 ms vs 37): COLL_ALGO=direct only. */
-        if (candidates[k] == COLL_ALGO_DIRECT && c == COLL_COLL_ALL_TO_ALL) continue;
+        if (candidates[k] == COLL_ALGO_DIRECT && c != COLL_COLL_ALL_TO_ALL) s /= MARGIN_DIRECT;
+        /* All-to-all moves no byte twice through direct.c (pairwise copies each into a
+         * slot and out), and measured that way while the buffers stay in cache with a core
+         * per rank (2 ranks: 256 KiB 14 us vs pairwise 60-231, 1 MiB 170-205 vs 417-968,
+         * 4 MiB equal); from 16 MiB pairwise's streamed stores win (6.8-8.2 ms vs
+         * 8.1-13.4), and with more ranks than cores every barrier waits for a
+         * descheduled peer (4 ranks: pairwise ahead at 256 KiB, 4 and 16 MiB).  So it
+         * is priced without the margin, but only there. */
+        if (candidates[k] == COLL_ALGO_DIRECT && c == COLL_COLL_ALL_TO_ALL &&
+            (comm->oversubscribed || bucket_bytes(b) > A2A_DIRECT_MAX))
+          continue;
         if (s < best) best = s, pick = candidates[k];
         if (candidates[k] != COLL_ALGO_ONESHOT && s < best_fifo) best_fifo = s, pick_fifo = candidates[k];
       }
