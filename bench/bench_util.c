@@ -16,7 +16,8 @@
  *         last rank when N is odd), so the sum is exactly N*b and the mean exactly b.
  *
  * Collectives that do not reduce move D(r, i) = (i + 13 r) mod 97: different on every
- * rank, exact in every dtype.  All values are non-negative, so the poison pattern (all
+ * rank, exact in every dtype (all-to-all: element i of rank r's send buffer is D(r, i),
+ * so block b of rank r's output holds D(b, r·count + j)).  All values are non-negative, so the poison pattern (all
  * bits set: NaN, -1 or the type's maximum) never equals an expected value.
  */
 #include "bench_util.h"
@@ -30,7 +31,8 @@
 /* ---- names --------------------------------------------------------------------------- */
 
 static const char *const coll_names[BENCH_NUM_COLLS] = {
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv"};
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv",
+    "all_to_all", "gather", "scatter"};
 
 const char *bench_coll_name(bench_coll c) {
   return (unsigned)c < BENCH_NUM_COLLS ? coll_names[c] : NULL;
@@ -43,6 +45,7 @@ int bench_parse_coll(const char *s) {
       {"allgather", BENCH_ALL_GATHER},
       {"reducescatter", BENCH_REDUCE_SCATTER},
       {"bcast", BENCH_BROADCAST},
+      {"alltoall", BENCH_ALL_TO_ALL},
   };
   for (int c = 0; c < BENCH_NUM_COLLS; c++)
     if (strcmp(s, coll_names[c]) == 0) return c;
@@ -137,7 +140,9 @@ bool bench_coll_reduces(bench_coll c) {
   return c == BENCH_ALL_REDUCE || c == BENCH_REDUCE_SCATTER || c == BENCH_REDUCE;
 }
 
-bool bench_coll_rooted(bench_coll c) { return c == BENCH_BROADCAST || c == BENCH_REDUCE; }
+bool bench_coll_rooted(bench_coll c) {
+  return c == BENCH_BROADCAST || c == BENCH_REDUCE || c == BENCH_GATHER || c == BENCH_SCATTER;
+}
 
 bench_shape bench_shape_for(bench_coll c, size_t bytes, size_t typesize, int nranks) {
   bench_shape s = {0, 0, 0, 0};
@@ -151,9 +156,21 @@ bench_shape bench_shape_for(bench_coll c, size_t bytes, size_t typesize, int nra
     s.bytes = s.count * n * typesize;
     break;
   case BENCH_REDUCE_SCATTER:
+  case BENCH_SCATTER:
     s.count = bytes / typesize / n;
     s.send_elems = s.count * n;
     s.recv_elems = s.count;
+    s.bytes = s.count * n * typesize;
+    break;
+  case BENCH_GATHER:
+    s.count = bytes / typesize / n;
+    s.send_elems = s.count;
+    s.recv_elems = s.count * n;
+    s.bytes = s.count * n * typesize;
+    break;
+  case BENCH_ALL_TO_ALL:
+    s.count = bytes / typesize / n;
+    s.send_elems = s.recv_elems = s.count * n;
     s.bytes = s.count * n * typesize;
     break;
   default:
@@ -170,7 +187,10 @@ double bench_bus_factor(bench_coll c, int nranks) {
   switch (c) {
   case BENCH_ALL_REDUCE: return 2.0 * (n - 1) / n;
   case BENCH_ALL_GATHER:
-  case BENCH_REDUCE_SCATTER: return (n - 1) / n;
+  case BENCH_REDUCE_SCATTER:
+  case BENCH_ALL_TO_ALL:
+  case BENCH_GATHER:
+  case BENCH_SCATTER: return (n - 1) / n;
   default: return 1.0;
   }
 }
@@ -395,7 +415,7 @@ double bench_input_value(const bench_data *d, int rank, size_t idx) {
 }
 
 bool bench_output_checked(const bench_data *d, int rank) {
-  return d->coll != BENCH_REDUCE || rank == d->root;
+  return (d->coll != BENCH_REDUCE && d->coll != BENCH_GATHER) || rank == d->root;
 }
 
 double bench_expected_value(const bench_data *d, int rank, size_t count, size_t idx) {
@@ -406,6 +426,10 @@ double bench_expected_value(const bench_data *d, int rank, size_t count, size_t 
   case BENCH_ALL_GATHER: return count ? plain_data((int)(idx / count), idx % count) : NAN;
   case BENCH_BROADCAST: return plain_data(d->root, idx);
   case BENCH_SENDRECV: return plain_data((rank - 1 + d->nranks) % d->nranks, idx);
+  case BENCH_ALL_TO_ALL: /* block b came from rank b: its block `rank` */
+    return count ? plain_data((int)(idx / count), (size_t)rank * count + idx % count) : NAN;
+  case BENCH_GATHER: return count ? plain_data((int)(idx / count), idx % count) : NAN;
+  case BENCH_SCATTER: return plain_data(d->root, (size_t)rank * count + idx);
   default: return NAN;
   }
 }

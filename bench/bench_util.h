@@ -28,6 +28,9 @@ typedef enum {
   BENCH_BROADCAST,
   BENCH_REDUCE,
   BENCH_SENDRECV,
+  BENCH_ALL_TO_ALL,
+  BENCH_GATHER,
+  BENCH_SCATTER,
   BENCH_NUM_COLLS
 } bench_coll;
 
@@ -68,12 +71,13 @@ typedef struct {
 } bench_shape;
 
 /* From a requested size in bytes: all_reduce, broadcast, reduce and sendrecv send
- * size/typesize elements per rank; all_gather and reduce_scatter treat the size as the
- * whole gathered/scattered buffer, so each rank's part is size/typesize/nranks elements.
- * The printed size is rounded down to what is actually moved. */
+ * size/typesize elements per rank; all_gather, reduce_scatter, gather and scatter treat
+ * the size as the whole gathered/scattered buffer, and all_to_all as one rank's whole
+ * send (and receive) buffer, so each rank's part (block) is size/typesize/nranks
+ * elements.  The printed size is rounded down to what is actually moved. */
 bench_shape bench_shape_for(bench_coll c, size_t bytes, size_t typesize, int nranks);
-/* busbw = algbw * factor: 2(n-1)/n for all_reduce, (n-1)/n for all_gather and
- * reduce_scatter, 1 for broadcast, reduce and sendrecv. */
+/* busbw = algbw * factor: 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
+ * reduce_scatter, all_to_all, gather and scatter, 1 for broadcast, reduce and sendrecv. */
 double bench_bus_factor(bench_coll c, int nranks);
 /* GB/s (1e9 bytes per second) for `bytes` moved in `time_us` microseconds; 0 if time
  * is not positive. */
@@ -98,7 +102,7 @@ typedef struct {
 double bench_input_value(const bench_data *d, int rank, size_t idx);
 /* The exact value expected at index `idx` of rank `rank`'s output buffer. */
 double bench_expected_value(const bench_data *d, int rank, size_t count, size_t idx);
-/* Whether rank `rank`'s output is defined (reduce: only at the root). */
+/* Whether rank `rank`'s output is defined (reduce, gather: only at the root). */
 bool bench_output_checked(const bench_data *d, int rank);
 
 /* Element access by dtype (the value is converted exactly when representable; half types

@@ -1,6 +1,7 @@
 /* coll-bench — benchmark libcoll collectives the way nccl-tests does.
  *
- *   coll-bench all_reduce|all_gather|reduce_scatter|broadcast|reduce|sendrecv|all [flags]
+ *   coll-bench all_reduce|all_gather|reduce_scatter|broadcast|reduce|sendrecv|
+ *              all_to_all|gather|scatter|all [flags]
  *
  * Same flags, same table, same byte and bus-bandwidth conventions as nccl-tests
  * (all_reduce_perf, all_gather_perf, ...), so a number printed here can be divided by one
@@ -89,7 +90,8 @@ typedef struct {
 static void usage(FILE *f) {
   fprintf(f,
       "usage: coll-bench COLLECTIVE [flags]\n"
-      "  COLLECTIVE: all_reduce | all_gather | reduce_scatter | broadcast | reduce | sendrecv | all\n"
+      "  COLLECTIVE: all_reduce | all_gather | reduce_scatter | broadcast | reduce | sendrecv |\n"
+      "              all_to_all | gather | scatter | all\n"
       "\n"
       "flags (as nccl-tests):\n"
       "  -b, --minbytes SIZE       smallest size (default 32M); sizes take K, M, G suffixes\n"
@@ -100,7 +102,7 @@ static void usage(FILE *f) {
       "  -d, --datatype TYPE       int8 uint8 int32 uint32 int64 uint64 float16 bfloat16\n"
       "                            float32 float64 | all (aliases: char int half bf16 float\n"
       "                            double; default float32)\n"
-      "  -r, --root R              root of broadcast and reduce (default 0)\n"
+      "  -r, --root R              root of broadcast, reduce, gather and scatter (default 0)\n"
       "  -n, --iters N             timed iterations per size (default 20)\n"
       "  -w, --warmup_iters N      untimed iterations first (default 5)\n"
       "  -c, --check 0|1           check every result (default 1)\n"
@@ -199,7 +201,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
   o->fault_rank = -1;
   o->cmdline = join_cmdline(argc, argv);
 
-  if (argc < 2) die_usage("missing the collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, sendrecv or all");
+  if (argc < 2) die_usage("missing the collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, sendrecv, all_to_all, gather, scatter or all");
   if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
     usage(stdout);
     exit(0);
@@ -431,6 +433,9 @@ static int post(run_ctx *x, bench_coll c, const void *sb, void *rb, size_t count
   case BENCH_REDUCE_SCATTER: CHECK_COLL(x, "coll_reduce_scatter", coll_reduce_scatter(sb, rb, count, t, op, x->comm, s)); break;
   case BENCH_BROADCAST: CHECK_COLL(x, "coll_broadcast", coll_broadcast(sb, rb, count, t, root, x->comm, s)); break;
   case BENCH_REDUCE: CHECK_COLL(x, "coll_reduce", coll_reduce(sb, rb, count, t, op, root, x->comm, s)); break;
+  case BENCH_ALL_TO_ALL: CHECK_COLL(x, "coll_all_to_all", coll_all_to_all(sb, rb, count, t, x->comm, s)); break;
+  case BENCH_GATHER: CHECK_COLL(x, "coll_gather", coll_gather(sb, rb, count, t, root, x->comm, s)); break;
+  case BENCH_SCATTER: CHECK_COLL(x, "coll_scatter", coll_scatter(sb, rb, count, t, root, x->comm, s)); break;
   case BENCH_SENDRECV: {
     int next = (x->rank + 1) % x->nranks, prev = (x->rank - 1 + x->nranks) % x->nranks;
     if (x->rank % 2 == 0) {
@@ -473,6 +478,12 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Collectives whose in-place buffer holds nranks blocks (count is one block). */
+static bool bench_whole(bench_coll c) {
+  return c == BENCH_ALL_GATHER || c == BENCH_REDUCE_SCATTER || c == BENCH_ALL_TO_ALL ||
+         c == BENCH_GATHER || c == BENCH_SCATTER;
+}
+
 /* Where the API call reads and writes for this placement, and where the input lives. */
 typedef struct {
   const void *sb;
@@ -492,10 +503,12 @@ static placement place(run_ctx *x, bench_coll c, const bench_shape *sh, size_t e
   size_t off = (size_t)x->rank * sh->count * es;
   switch (c) {
   case BENCH_ALL_GATHER: /* input is this rank's slice of the output */
+  case BENCH_GATHER:     /* (on the root; elsewhere it is just an input) */
     p.sb = p.in = b + off;
     p.rb = p.out = b;
     break;
   case BENCH_REDUCE_SCATTER: /* output is this rank's slice of the input */
+  case BENCH_SCATTER:        /* (on the root) */
     p.sb = p.in = b;
     p.rb = p.out = b + off;
     break;
@@ -520,8 +533,7 @@ static int stage(run_ctx *x, const bench_data *d, const bench_shape *sh, size_t 
                  bool in_place, bool up) {
   if (!x->dsend) return 0;
   char why[256];
-  size_t total = (d->coll == BENCH_ALL_GATHER || d->coll == BENCH_REDUCE_SCATTER
-                      ? sh->count * (size_t)x->nranks : sh->count) * es;
+  size_t total = (bench_whole(d->coll) ? sh->count * (size_t)x->nranks : sh->count) * es;
   size_t recv = in_place ? total : sh->recv_elems * es;
   int rc = up ? bench_cuda_copy(x->drecv, x->recvbuf, recv, why, sizeof why)
               : bench_cuda_copy(x->recvbuf, x->drecv, recv, why, sizeof why);
@@ -535,13 +547,13 @@ static int stage(run_ctx *x, const bench_data *d, const bench_shape *sh, size_t 
 static void prepare(run_ctx *x, const bench_data *d, const bench_shape *sh, const placement *p,
                     size_t es, bool in_place) {
   if (in_place) {
-    bench_poison(x->recvbuf, (d->coll == BENCH_ALL_GATHER || d->coll == BENCH_REDUCE_SCATTER
-                                  ? sh->count * (size_t)x->nranks : sh->count) * es);
+    bench_poison(x->recvbuf, (bench_whole(d->coll) ? sh->count * (size_t)x->nranks : sh->count) * es);
   } else {
     bench_poison(p->out, sh->recv_elems * es);
   }
-  /* broadcast in place: only the root's buffer holds data */
-  if (!(in_place && d->coll == BENCH_BROADCAST && x->rank != d->root))
+  /* broadcast in place: only the root's buffer holds data; scatter reads the root's only */
+  if (!(in_place && d->coll == BENCH_BROADCAST && x->rank != d->root) &&
+      !(d->coll == BENCH_SCATTER && x->rank != d->root))
     bench_fill_input(d, x->rank, p->in, 0, sh->send_elems);
 }
 
@@ -749,8 +761,8 @@ static void write_csv(run_ctx *x, FILE *f, const bench_data *d, const bench_shap
 static void print_table_header(run_ctx *x, bench_coll c) {
   FILE *f = x->table;
   const char *factor = c == BENCH_ALL_REDUCE ? "2(n-1)/n"
-                       : (c == BENCH_ALL_GATHER || c == BENCH_REDUCE_SCATTER) ? "(n-1)/n"
-                                                                                : "1";
+                       : bench_bus_factor(c, 2) == 0.5 ? "(n-1)/n"
+                                                       : "1";
   fprintf(f, "#\n# Collective: %s   busbw = algbw * %s = algbw * %.4f\n", bench_coll_name(c),
           factor, bench_bus_factor(c, x->nranks));
   if (c == BENCH_SENDRECV)

@@ -10,7 +10,9 @@
  *     median round trip of a 32 MiB message − α) / 32 MiB;
  *   - the per-rank byte totals are summed from the recorded steps and set beside the
  *     formula (all-reduce: 2(N-1)/N·S per rank; exactly (S−|c_r|) + (S−|c_{r+1}|) for
- *     ring chunks c_i when N does not divide S);
+ *     ring chunks c_i when N does not divide S; all-to-all: (N-1)/N·S sent and received
+ *     by every rank, S its whole buffer; gather and scatter: (N-1)/N·S through the root,
+ *     S the root's whole buffer);
  *   - the prediction comes from the library's own cost model (coll_cost_predict), the
  *     same formulas the algorithm files state, and the measured time (mean of -n calls,
  *     slowest rank) sits beside it.
@@ -88,10 +90,10 @@ static void print_choices(bench_explain_ctx *e) {
              " gamma %.4f ns/B reduced, one-shot call %.3f us\n",
           a * 1e6, b * 1e9, b > 0 ? 1e-9 / b : 0.0, g * 1e9, amb * 1e6);
   static const char *colls[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                "reduce"};
+                                "reduce", "all_to_all", "gather", "scatter"};
   fprintf(f, "# Algorithm chosen per size (COLL_ALGO=%s):\n",
           getenv("COLL_ALGO") ? getenv("COLL_ALGO") : "auto");
-  for (int c = 0; c < 5; c++) {
+  for (size_t c = 0; c < sizeof colls / sizeof *colls; c++) {
     fprintf(f, "#   %-15s", colls[c]);
     const char *prev = NULL;
     double from = 0;
@@ -201,6 +203,18 @@ static void expected_sent(bench_coll c, int n, int rank, int root, size_t count,
     *formula = rank == root ? 0 : S;
     snprintf(name, name_len, "S (0 at root)");
     break;
+  case BENCH_ALL_TO_ALL: /* count is per block: S = N*count, every block but its own */
+    *formula = (double)(n - 1) * S;
+    snprintf(name, name_len, "(N-1)/N*(N*count)");
+    break;
+  case BENCH_GATHER: /* every rank but the root sends its block */
+    *formula = rank == root ? 0 : S;
+    snprintf(name, name_len, "count (0 at root)");
+    break;
+  case BENCH_SCATTER: /* the root sends every block but its own */
+    *formula = rank == root ? (double)(n - 1) * S : 0;
+    snprintf(name, name_len, "(N-1)*count at root");
+    break;
   default:
     *formula = S;
     snprintf(name, name_len, "S");
@@ -234,7 +248,11 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
   fprintf(f, "#\n# Explain: %s, %d ranks, size %zu B (%zu %s per rank%s), %s%salgorithm %s, "
              "transport %s\n",
           bench_coll_name(d->coll), n, sh->bytes, sh->count, bench_dtype_name(d->dtype),
-          d->coll == BENCH_ALL_GATHER || d->coll == BENCH_REDUCE_SCATTER ? ", S = N*count" : "",
+          d->coll == BENCH_ALL_GATHER || d->coll == BENCH_REDUCE_SCATTER ||
+                  d->coll == BENCH_ALL_TO_ALL || d->coll == BENCH_GATHER ||
+                  d->coll == BENCH_SCATTER
+              ? ", S = N*count"
+              : "",
           opname, *opname ? ", " : "", algo, coll_comm_transport_name(e->comm));
 
   /* Chunks, as the steps named them (sizes from the recorded step counts). */
@@ -349,7 +367,7 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
   }
   /* The model. */
   static const char *lib_names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                    "reduce", "sendrecv"};
+                                    "reduce", "sendrecv", "all_to_all", "gather", "scatter"};
   size_t slice = 0;
   coll_comm_slice_bytes(e->comm, &slice);
   double predicted = 0;
@@ -365,13 +383,16 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
                                             sizeof why);
     if (chosen && d->coll != BENCH_SENDRECV)
       fprintf(f, "# Why %s: the tuner's predictions at %zu B: %s\n", chosen, sh->bytes, why);
+    const char *model = d->coll == BENCH_ALL_TO_ALL ? "pairwise"
+                        : d->coll == BENCH_GATHER || d->coll == BENCH_SCATTER ? "linear"
+                                                                                : "ring";
     double sec = 0;
     char rowf[320];
-    if (chosen && strcmp(chosen, "ring") != 0 && d->coll != BENCH_SENDRECV &&
+    if (chosen && strcmp(chosen, model) != 0 && d->coll != BENCH_SENDRECV &&
         coll_comm_algo_cost(e->comm, lib_names[d->coll], sh->bytes, chosen, &sec, rowf,
                             sizeof rowf) == COLL_OK)
-      fprintf(f, "# (The ring model above is for comparison: this call ran %s, whose row in the "
-                 "algorithm table prices it as\n#   %s)\n", chosen, rowf);
+      fprintf(f, "# (The %s model above is for comparison: this call ran %s, whose row in the "
+                 "algorithm table prices it as\n#   %s)\n", model, chosen, rowf);
   }
   fprintf(f, "# Measured: %.2f us (mean of %lu blocking calls, slowest rank); model/measured = "
              "%.2f\n",

@@ -179,6 +179,12 @@ typedef struct {
   /* COLL_COLL_GROUP_P2P: its operations, owned by the work (count is the bytes this rank
    * sends and receives, dtype COLL_UINT8); such work always carries a stream. */
   coll_group_p2p *group;
+  /* all_to_allv's arrays, nranks entries each (count holds the sum of sendcounts, for
+   * logs).  A blocking call points at the caller's arrays; a call on a stream at a copy
+   * made by api.c in one allocation, v_copy, which the executor frees when the work
+   * finishes (executor.c, finish()). */
+  const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
+  size_t *v_copy;
 } coll_work;
 
 /* The cost model's parameters (tune.c), the same on every rank. */
@@ -372,7 +378,10 @@ bool coll_mapped_serves(coll_coll_kind c);
 #define COLL_DIRECT_PIECE (256u << 10) /* reduce-scatter reads this much per pass */
 /* Can the direct path run `c` on this communicator (probed at creation)? */
 bool coll_direct_serves(struct coll_comm *comm, coll_coll_kind c);
-coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w);
+/* *ran false (and COLL_OK): an all-to-all that some rank called in place, which no rank
+ * can read from while its owner overwrites it; every rank learns it from the same
+ * exchange and takes the schedule instead. */
+coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 /* Collective, at creation: may ranks read each other's memory?  Sets comm->direct_ok
  * (the same on every rank) and, on rank 0, *beta_cma (s per byte read) and *alpha_cma
  * (s per read call). */

@@ -65,7 +65,11 @@ Test(bench_units, parse_names) {
   cr_assert_eq(bench_parse_coll("bcast"), BENCH_BROADCAST);
   cr_assert_eq(bench_parse_coll("sendrecv"), BENCH_SENDRECV);
   cr_assert_eq(bench_parse_coll("all"), -1);
-  cr_assert_eq(bench_parse_coll("alltoall"), -2);
+  cr_assert_eq(bench_parse_coll("alltoall"), BENCH_ALL_TO_ALL);
+  cr_assert_eq(bench_parse_coll("all_to_all"), BENCH_ALL_TO_ALL);
+  cr_assert_eq(bench_parse_coll("gather"), BENCH_GATHER);
+  cr_assert_eq(bench_parse_coll("scatter"), BENCH_SCATTER);
+  cr_assert_eq(bench_parse_coll("alltoallv"), -2);
 
   static const struct { const char *s; int t; } types[] = {
       {"int8", COLL_INT8},       {"char", COLL_INT8},        {"uint8", COLL_UINT8},
@@ -107,6 +111,10 @@ Test(bench_units, bus_factors) {
     assert_close(bench_bus_factor(BENCH_BROADCAST, n), 1.0, "broadcast");
     assert_close(bench_bus_factor(BENCH_REDUCE, n), 1.0, "reduce");
     assert_close(bench_bus_factor(BENCH_SENDRECV, n), 1.0, "sendrecv");
+    /* nccl-tests' alltoall_perf, gather_perf, scatter_perf: (n-1)/n */
+    assert_close(bench_bus_factor(BENCH_ALL_TO_ALL, n), (n - 1.0) / n, "all_to_all");
+    assert_close(bench_bus_factor(BENCH_GATHER, n), (n - 1.0) / n, "gather");
+    assert_close(bench_bus_factor(BENCH_SCATTER, n), (n - 1.0) / n, "scatter");
   }
 }
 
@@ -145,6 +153,14 @@ Test(bench_units, shapes) {
   cr_assert(s.count == 512 && s.bytes == 4096);
   s = bench_shape_for(BENCH_SENDRECV, 7, 1, 2);
   cr_assert(s.count == 7 && s.bytes == 7);
+  /* all_to_all: size = one rank's whole buffer, count = one block */
+  s = bench_shape_for(BENCH_ALL_TO_ALL, 1024, 4, 3);
+  cr_assert(s.count == 85 && s.bytes == 1020 && s.send_elems == 255 && s.recv_elems == 255);
+  /* gather / scatter: size = the root's whole buffer */
+  s = bench_shape_for(BENCH_GATHER, 1024, 4, 4);
+  cr_assert(s.count == 64 && s.bytes == 1024 && s.send_elems == 64 && s.recv_elems == 256);
+  s = bench_shape_for(BENCH_SCATTER, 1024, 4, 4);
+  cr_assert(s.count == 64 && s.bytes == 1024 && s.send_elems == 256 && s.recv_elems == 64);
 }
 
 Test(bench_units, time_format) {
@@ -272,6 +288,18 @@ Test(bench_units, expected_per_collective) {
   d.coll = BENCH_REDUCE;
   cr_assert(bench_output_checked(&d, 1));
   cr_assert_not(bench_output_checked(&d, 0));
+  /* all_to_all: block b of rank 2's output is block 2 of rank b's input */
+  d.coll = BENCH_ALL_TO_ALL;
+  for (size_t i = 0; i < 30; i++)
+    cr_assert_eq(bench_expected_value(&d, 2, 10, i),
+                 bench_input_value(&d, (int)(i / 10), 20 + i % 10));
+  d.coll = BENCH_GATHER, d.root = 1; /* the root's output, in rank order */
+  cr_assert(bench_output_checked(&d, 1));
+  cr_assert_not(bench_output_checked(&d, 2));
+  cr_assert_eq(bench_expected_value(&d, 1, 10, 27), bench_input_value(&d, 2, 7));
+  d.coll = BENCH_SCATTER; /* block r of the root's input */
+  cr_assert(bench_output_checked(&d, 2));
+  cr_assert_eq(bench_expected_value(&d, 2, 10, 3), bench_input_value(&d, 1, 23));
 }
 
 Test(bench_units, checker_counts_wrong_elements) {
@@ -401,11 +429,12 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
   bool in_table = false, saw_header = false;
   const char *cur = NULL;
   static const char *const names[] = {"all_reduce", "all_gather", "reduce_scatter",
-                                      "broadcast", "reduce", "sendrecv"};
+                                      "broadcast", "reduce", "sendrecv", "all_to_all",
+                                      "gather", "scatter"};
   for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
     if (strncmp(line, "# Collective: ", 14) == 0) {
       cur = NULL;
-      for (int i = 0; i < 6; i++)
+      for (int i = 0; i < 9; i++)
         if (strncmp(line + 14, names[i], strlen(names[i])) == 0 && line[14 + strlen(names[i])] == ' ')
           cur = names[i];
       CHECK(cur, "unknown collective line: %s", line);
@@ -440,22 +469,25 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     CHECK(nf == (stats ? 22 : 14), "row has %d fields: %s", nf, line);
     {
       static const char *const algos[] = {"ring", "tree", "rd", "rhd", "oneshot", "direct",
-                                          "mapped", "p2p"};
+                                          "mapped", "p2p", "pairwise", "linear"};
       bool known = false;
-      for (int i = 0; i < 8; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
+      for (int i = 0; i < 10; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
       CHECK(known, "unknown algorithm column: %s", line);
     }
     size_t size = strtoull(f[0], NULL, 10), count = strtoull(f[1], NULL, 10);
     coll_dtype t = (coll_dtype)bench_parse_dtype(f[2]);
     CHECK((int)t >= 0, "bad type column: %s", line);
-    size_t per = strcmp(cur, "all_gather") == 0 || strcmp(cur, "reduce_scatter") == 0
+    size_t per = strcmp(cur, "all_gather") == 0 || strcmp(cur, "reduce_scatter") == 0 ||
+                         strcmp(cur, "all_to_all") == 0 || strcmp(cur, "gather") == 0 ||
+                         strcmp(cur, "scatter") == 0
                      ? (size_t)nranks : 1;
     CHECK(size == count * per * bench_dtype_size(t), "size/count mismatch: %s", line);
     bool reduces = strcmp(cur, "all_reduce") == 0 || strcmp(cur, "reduce") == 0 ||
                    strcmp(cur, "reduce_scatter") == 0;
     if (!reduces) CHECK(strcmp(f[3], "none") == 0, "redop of %s: %s", cur, line);
     else CHECK(bench_parse_op(f[3]) >= 0, "bad redop column: %s", line);
-    bool rooted = strcmp(cur, "broadcast") == 0 || strcmp(cur, "reduce") == 0;
+    bool rooted = strcmp(cur, "broadcast") == 0 || strcmp(cur, "reduce") == 0 ||
+                  strcmp(cur, "gather") == 0 || strcmp(cur, "scatter") == 0;
     if (!rooted) CHECK(strcmp(f[4], "-1") == 0, "root of %s: %s", cur, line);
     CHECK(strtod(f[5], NULL) >= 0, "negative time: %s", line);
     CHECK(strcmp(f[8], "N/A") != 0, "out-of-place #wrong is N/A: %s", line);
@@ -479,7 +511,9 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
 }
 
 static const char *const all_colls[] = {"all_reduce", "all_gather", "reduce_scatter",
-                                        "broadcast", "reduce", "sendrecv"};
+                                        "broadcast", "reduce", "sendrecv", "all_to_all",
+                                        "gather", "scatter"};
+#define NCOLLS ((int)(sizeof all_colls / sizeof *all_colls))
 
 static void run_and_check(const char *coll, const char *ranks, const char *const *extra,
                           int want_rows) {
@@ -502,25 +536,27 @@ static void run_and_check(const char *coll, const char *ranks, const char *const
 
 /* 8, 32, 128, 512, 2048: five sizes */
 Test(bench_run, every_collective_2_ranks, .timeout = 300) {
-  for (int i = 0; i < 6; i++) run_and_check(all_colls[i], "2", NULL, 5);
+  for (int i = 0; i < NCOLLS; i++) run_and_check(all_colls[i], "2", NULL, 5);
 }
 
 Test(bench_run, every_collective_3_ranks, .timeout = 300) {
-  for (int i = 0; i < 6; i++) run_and_check(all_colls[i], "3", NULL, 5);
+  for (int i = 0; i < NCOLLS; i++) run_and_check(all_colls[i], "3", NULL, 5);
 }
 
 Test(bench_run, blocking_and_other_roots, .timeout = 300) {
   static const char *const blk[] = {"-z", "1", NULL};
   static const char *const root2[] = {"-r", "2", NULL};
-  for (int i = 0; i < 6; i++) run_and_check(all_colls[i], "3", blk, 5);
+  for (int i = 0; i < NCOLLS; i++) run_and_check(all_colls[i], "3", blk, 5);
   run_and_check("broadcast", "3", root2, 5);
   run_and_check("reduce", "3", root2, 5);
+  run_and_check("gather", "3", root2, 5);
+  run_and_check("scatter", "3", root2, 5);
 }
 
 /* -R 1: buffers from coll_mem_alloc; with COLL_ALGO=mapped every collective but
  * sendrecv must run on the mapped path (the algo column says what ran), and be right. */
 Test(bench_run, registered_buffers_take_the_mapped_path, .timeout = 300) {
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < NCOLLS; i++) {
     const char *args[] = {all_colls[i], "--ranks", "3", "-b", "24", "-e", "1M", "-f", "32",
                           "-n", "3", "-w", "1", "-R", "1", "-A", "mapped", NULL};
     run_result r = run_bench(args, NULL, 120);
@@ -570,11 +606,11 @@ Test(bench_run, all_collectives_in_one_run, .timeout = 300) {
   run_result r = run_bench(args, NULL, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   table_summary s = check_tables(r.out, NULL, 2, false);
-  cr_assert_eq(s.tables, 6);
-  cr_assert_eq(s.footers_ok, 6);
-  cr_assert_eq(s.rows, 6 * 3); /* 1K, 8K, 64K */
+  cr_assert_eq(s.tables, NCOLLS);
+  cr_assert_eq(s.footers_ok, NCOLLS);
+  cr_assert_eq(s.rows, NCOLLS * 3); /* 1K, 8K, 64K */
   cr_assert_eq(s.wrong, 0);
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < NCOLLS; i++) {
     char want[64];
     snprintf(want, sizeof want, "# Collective: %s ", all_colls[i]);
     cr_assert(strstr(r.out, want), "missing %s", want);
@@ -637,10 +673,10 @@ Test(bench_run, csv_and_json, .timeout = 120) {
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   free_run(&r);
 
-  /* CSV: a header and 12 rows (6 collectives x 2 sizes); busbw = algbw x factor, and
+  /* CSV: a header and 18 rows (9 collectives x 2 sizes); busbw = algbw x factor, and
    * algbw = size / time */
   char *c = slurp(csv);
-  cr_assert_eq(count_lines(c), 13, "%s", c);
+  cr_assert_eq(count_lines(c), 1 + 2 * NCOLLS, "%s", c);
   static const char head[] = "collective,nranks,transport,algorithm,type,redop,root,size,count,"
                              "oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us";
   cr_assert(strncmp(c, head, strlen(head)) == 0, "%s", c);
@@ -671,12 +707,12 @@ Test(bench_run, csv_and_json, .timeout = 120) {
   }
   free(c);
 
-  /* JSON: an array of 12 records carrying the run's context */
+  /* JSON: an array of 18 records carrying the run's context */
   char *j = slurp(json);
   cr_assert(j[0] == '[' && strstr(j, "\n]\n"), "%s", j);
   size_t records = 0;
   for (const char *p = j; (p = strstr(p, "{\"collective\": ")); p++) records++;
-  cr_assert_eq(records, 12, "%zu records\n%s", records, j);
+  cr_assert_eq(records, 2 * NCOLLS, "%zu records\n%s", records, j);
   cr_assert(strstr(j, "\"nranks\": 3"));
   cr_assert(strstr(j, "\"transport\": \"shm\""));
   cr_assert(strstr(j, "\"algorithm\": \"auto\""));
@@ -829,7 +865,7 @@ Test(bench_explain, all_reduce_byte_totals, .timeout = 300) {
 }
 
 Test(bench_explain, every_collective, .timeout = 300) {
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < NCOLLS; i++) {
     const char *args[] = {all_colls[i], "--ranks", "3", "--explain", "-b", "3K", "-e", "3K",
                           "-n", "2", "-w", "1", "-r", "1", NULL};
     run_result r = run_bench(args, NULL, 120);

@@ -56,7 +56,53 @@ typedef struct {
   bool tick_mode;   /* one step-slice per rank per sweep, messages seen `latency` later */
   uint64_t latency; /* tick mode: sweeps before a message can be read (0 means 1) */
   bool zero_delays; /* run the plans with every delay cleared (to measure what delays buy) */
+  /* all_to_allv: per rank, its sendcounts, sdispls, recvcounts, rdispls (n each, one
+   * after the other) */
+  size_t *const *v;
 } sim_case;
+
+/* Buffer lengths (elements) rank r's call uses, as the API defines them. */
+static void buf_lens(const sim_case *c, int r, size_t *send_len, size_t *recv_len) {
+  size_t cnt = c->count, n = (size_t)c->n;
+  *send_len = *recv_len = cnt;
+  switch (c->coll) {
+  case COLL_COLL_REDUCE_SCATTER: *send_len = cnt * n; break;
+  case COLL_COLL_ALL_GATHER: *recv_len = cnt * n; break;
+  case COLL_COLL_ALL_TO_ALL: *send_len = *recv_len = cnt * n; break;
+  case COLL_COLL_GATHER: *recv_len = cnt * n; break;
+  case COLL_COLL_SCATTER: *send_len = cnt * n; break;
+  case COLL_COLL_ALL_TO_ALLV: {
+    const size_t *v = c->v[r];
+    *send_len = *recv_len = 0;
+    for (size_t q = 0; q < n; q++) {
+      if (v[q] && v[n + q] + v[q] > *send_len) *send_len = v[n + q] + v[q];
+      if (v[2 * n + q] && v[3 * n + q] + v[2 * n + q] > *recv_len)
+        *recv_len = v[3 * n + q] + v[2 * n + q];
+    }
+    break;
+  }
+  default: break;
+  }
+}
+
+/* The value rank r's receive buffer must hold at element k of the newer collectives
+ * (0xdeadbeef...: untouched). */
+static uint64_t moved_expected(const sim_case *c, int r, size_t k) {
+  size_t cnt = c->count, n = (size_t)c->n;
+  switch (c->coll) {
+  case COLL_COLL_ALL_TO_ALL: return contrib((int)(k / cnt), (size_t)r * cnt + k % cnt);
+  case COLL_COLL_GATHER: return contrib((int)(k / cnt), k % cnt);
+  case COLL_COLL_SCATTER: return contrib(c->root, (size_t)r * cnt + k);
+  case COLL_COLL_ALL_TO_ALLV:
+    for (size_t q = 0; q < n; q++) {
+      const size_t *mine = c->v[r], *theirs = c->v[q];
+      if (k >= mine[3 * n + q] && k < mine[3 * n + q] + mine[2 * n + q])
+        return contrib((int)q, theirs[n + (size_t)r] + (k - mine[3 * n + q]));
+    }
+    return 0xdeadbeefdeadbeefull;
+  default: return 0;
+  }
+}
 
 static bool reads_src(coll_step_kind k) {
   return k == COLL_STEP_COPY || k == COLL_STEP_SEND || k == COLL_STEP_RECV_REDUCE_SEND ||
@@ -79,9 +125,13 @@ static uint64_t add_checked(uint64_t a, uint64_t b, const sim_case *c, int r) {
 static uint64_t run_sim(const sim_case *c) {
   int n = c->n;
   size_t cnt = c->count, maxs = coll_plan_max_steps(n);
-  size_t send_len = cnt, recv_len = cnt;
-  if (c->coll == COLL_COLL_REDUCE_SCATTER) send_len = cnt * (size_t)n;
-  if (c->coll == COLL_COLL_ALL_GATHER) recv_len = cnt * (size_t)n;
+  size_t send_len = 0, recv_len = 0; /* the largest of any rank */
+  for (int r = 0; r < n; r++) {
+    size_t sl, rl;
+    buf_lens(c, r, &sl, &rl);
+    if (sl > send_len) send_len = sl;
+    if (rl > recv_len) recv_len = rl;
+  }
   bool reducing = c->coll == COLL_COLL_ALL_REDUCE || c->coll == COLL_COLL_REDUCE ||
                   c->coll == COLL_COLL_REDUCE_SCATTER;
   rank_state *rs = calloc((size_t)n, sizeof *rs);
@@ -95,18 +145,30 @@ static uint64_t run_sim(const sim_case *c) {
     if (c->in_place) {
       if (c->coll == COLL_COLL_REDUCE_SCATTER) { s = store[2 * r]; d = s + (size_t)r * cnt; }
       else if (c->coll == COLL_COLL_ALL_GATHER) { d = store[2 * r + 1]; s = d + (size_t)r * cnt; }
-      else s = d;
+      else if (c->coll == COLL_COLL_GATHER) {
+        if (r == c->root) { d = store[2 * r + 1]; s = d + (size_t)r * cnt; }
+      } else if (c->coll == COLL_COLL_SCATTER) {
+        if (r == c->root) { s = store[2 * r]; d = s + (size_t)r * cnt; }
+      } else s = d;
     }
     /* Garbage first, then the contributions: when the buffers alias (in place) the
      * contributions win exactly where the API says the input lives. */
-    size_t sl = c->coll == COLL_COLL_REDUCE_SCATTER ? send_len : cnt;
-    for (size_t k = 0; k < recv_len; k++) d[k] = 0xdeadbeefdeadbeefull;
+    size_t sl, rl;
+    buf_lens(c, r, &sl, &rl);
+    if (c->coll == COLL_COLL_SCATTER && r != c->root) sl = 0; /* not read */
+    for (size_t k = 0; k < rl; k++) d[k] = 0xdeadbeefdeadbeefull;
     for (size_t k = 0; k < sl; k++) s[k] = contrib(r, k);
     rs[r].bufs[COLL_BUF_SEND] = s;
     rs[r].bufs[COLL_BUF_RECV] = d;
     rs[r].steps = calloc(maxs, sizeof(coll_step));
     coll_plan_args a = {.coll = c->coll, .algo = c->algo, .count = cnt, .nranks = n,
                         .rank = r, .root = c->root, .in_place = c->in_place, .slice = c->slice};
+    if (c->coll == COLL_COLL_ALL_TO_ALLV) {
+      a.sendcounts = c->v[r], a.sdispls = c->v[r] + n, a.recvcounts = c->v[r] + 2 * n;
+      a.rdispls = c->v[r] + 3 * n;
+    }
+    if ((c->coll == COLL_COLL_GATHER || c->coll == COLL_COLL_SCATTER) && r != c->root)
+      a.in_place = 0; /* only the root can be in place */
     cr_assert_eq(coll_plan_build(&a, rs[r].steps, &rs[r].nsteps), COLL_OK);
     cr_assert_leq(rs[r].nsteps, maxs);
     for (size_t i = 0; i < rs[r].nsteps; i++) {
@@ -116,15 +178,18 @@ static uint64_t run_sim(const sim_case *c) {
       size_t k = (st->count + c->slice - 1) / c->slice + st->delay;
       if (k > rs[r].rounds) rs[r].rounds = k;
       /* Ranges stay inside the buffers. */
-      size_t slen = st->src_buf == COLL_BUF_SEND ? (c->coll == COLL_COLL_REDUCE_SCATTER ? send_len : cnt) : recv_len;
-      size_t dlen = st->dst_buf == COLL_BUF_SEND ? send_len : recv_len;
+      size_t slen = st->src_buf == COLL_BUF_SEND ? sl : rl;
+      size_t dlen = st->dst_buf == COLL_BUF_SEND ? sl : rl;
+      if (c->in_place && c->coll == COLL_COLL_ALL_TO_ALL) slen = dlen = rl;
       if (reads_src(st->kind)) cr_assert_leq(st->src_off + st->count, slen, "src range in bounds");
       if (writes_dst(st->kind)) cr_assert_leq(st->dst_off + st->count, dlen, "dst range in bounds");
       /* A reduce's non-root ranks have no receive buffer (the API passes NULL). */
-      if (c->coll == COLL_COLL_REDUCE && r != c->root) {
-        cr_assert(!(reads_src(st->kind) && st->src_buf == COLL_BUF_RECV), "reduce: non-root reads recvbuf");
-        cr_assert(!writes_dst(st->kind), "reduce: non-root writes recvbuf");
+      if ((c->coll == COLL_COLL_REDUCE || c->coll == COLL_COLL_GATHER) && r != c->root) {
+        cr_assert(!(reads_src(st->kind) && st->src_buf == COLL_BUF_RECV), "non-root reads recvbuf");
+        cr_assert(!writes_dst(st->kind), "non-root writes recvbuf");
       }
+      if (c->coll == COLL_COLL_SCATTER && r != c->root)
+        cr_assert(!reads_src(st->kind) || st->src_buf != COLL_BUF_SEND, "non-root reads sendbuf");
       int peers[3] = {st->peer_in, st->peer_out,
                       st->kind == COLL_STEP_RECV2_REDUCE_SEND ? st->peer_in2 : -1};
       for (int q = 0; q < 3; q++) cr_assert(peers[q] < n && peers[q] != r, "peer in range");
@@ -249,9 +314,18 @@ static uint64_t run_sim(const sim_case *c) {
   uint64_t all = digits(n) + (reducing && n > 1 ? DIVIDED : 0);
   for (int r = 0; r < n; r++) {
     const uint64_t *d = rs[r].bufs[COLL_BUF_RECV];
-    for (size_t k = 0; k < recv_len; k++) {
+    size_t sl, rl;
+    buf_lens(c, r, &sl, &rl);
+    for (size_t k = 0; k < rl; k++) {
       uint64_t want;
       switch (c->coll) {
+      case COLL_COLL_GATHER:
+        if (r != c->root) continue;
+        want = moved_expected(c, r, k);
+        break;
+      case COLL_COLL_ALL_TO_ALL:
+      case COLL_COLL_ALL_TO_ALLV:
+      case COLL_COLL_SCATTER: want = moved_expected(c, r, k); break;
       case COLL_COLL_ALL_REDUCE: want = ((uint64_t)n * k << HI) + all; break;
       case COLL_COLL_REDUCE:
         if (r != c->root) continue;
@@ -535,7 +609,8 @@ Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
 }
 
 Test(plan, algo_names_and_table) {
-  const char *names[] = {"auto", "ring", "tree", "rd", "rhd", "oneshot", "direct", "mapped"};
+  const char *names[] = {"auto", "ring", "tree", "rd", "rhd", "oneshot", "direct", "mapped",
+                         "pairwise", "linear"};
   for (int a = 0; a < COLL_NUM_ALGOS; a++) {
     bool ok = false;
     cr_assert_str_eq(coll_algo_name((coll_algo)a), names[a]);
@@ -772,4 +847,166 @@ Test(plan, group_p2p_refuses_bad_operations) {
                         .group = bad[i], .ngroup = 1, .scratch = scratch};
     cr_assert_eq(coll_plan_build(&a, st, &ns), COLL_ERR_INVALID_ARG, "case %zu", i);
   }
+}
+
+/* ---- all-to-all(v), gather, scatter ---------------------------------------------- */
+
+/* Every plan of the newer collectives pairs up, cannot deadlock even with one-slot FIFOs
+ * and one-element slices, and delivers every element exactly where the API says: N =
+ * 1..12, every root, in place and not. */
+static void newer_sweep(int n, size_t count, size_t slice, size_t cap) {
+  const coll_coll_kind kinds[] = {COLL_COLL_ALL_TO_ALL, COLL_COLL_GATHER, COLL_COLL_SCATTER};
+  for (size_t ki = 0; ki < 3; ki++) {
+    bool rooted = kinds[ki] != COLL_COLL_ALL_TO_ALL;
+    for (int root = 0; root < (rooted ? n : 1); root++)
+      for (int ip = 0; ip < 2; ip++) {
+        sim_case c = {.coll = kinds[ki], .algo = coll_algo_default(kinds[ki]), .n = n,
+                      .root = root, .in_place = ip, .count = count, .slice = slice, .cap = cap};
+        run_sim(&c);
+      }
+  }
+}
+
+Test(plan, newer_collectives_sweep, .timeout = 240) {
+  const size_t counts[] = {0, 1, 2, 3, 5, 17, 64};
+  for (int n = 1; n <= 12; n++)
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
+      newer_sweep(n, counts[i], 1, 1);
+      newer_sweep(n, counts[i], 3, 2);
+      newer_sweep(n, counts[i], 1000, 8);
+    }
+}
+
+/* All-to-allv: uneven counts (zeros included, the own block too), displacements in
+ * another order than the ranks, with gaps between blocks that must stay untouched
+ * (moved_expected says 0xdeadbeef... there). */
+static void v_case(int n, unsigned seed, size_t slice, size_t cap) {
+  size_t *v[32];
+  size_t un = (size_t)n;
+  for (int r = 0; r < n; r++) v[r] = calloc(4 * un, sizeof(size_t));
+  for (int r = 0; r < n; r++)
+    for (int q = 0; q < n; q++) {
+      size_t m = (size_t)((r * 7 + q * 3 + (int)seed) % 5) * (seed % 3 + 1); /* r sends q */
+      v[r][q] = m;             /* sendcounts */
+      v[q][2 * un + (size_t)r] = m; /* q's recvcounts from r */
+    }
+  for (int r = 0; r < n; r++) {
+    size_t at = 1;
+    for (int i = n - 1; i >= 0; i--) { /* send blocks in reverse rank order, gaps of 1-2 */
+      v[r][un + (size_t)i] = at;
+      at += v[r][i] + 1 + (size_t)i % 2;
+    }
+    at = 2;
+    for (int i = 0; i < n; i++) { /* receive blocks in a rotated order, gaps of 1-3 */
+      size_t q = ((size_t)i * 5 + (size_t)r) % un;
+      if (un % 5 == 0) q = ((size_t)i + (size_t)r) % un; /* keep it a permutation */
+      v[r][3 * un + q] = at;
+      at += v[r][2 * un + q] + 1 + q % 3;
+    }
+  }
+  sim_case c = {.coll = COLL_COLL_ALL_TO_ALLV, .algo = COLL_ALGO_PAIRWISE, .n = n,
+                .slice = slice, .cap = cap, .v = v};
+  run_sim(&c);
+  for (int r = 0; r < n; r++) free(v[r]);
+}
+
+Test(plan, all_to_allv_sweep, .timeout = 240) {
+  for (int n = 1; n <= 12; n++)
+    for (unsigned seed = 0; seed < 6; seed++) {
+      v_case(n, seed, 1, 1);
+      v_case(n, seed, 2, 2);
+      v_case(n, seed, 1000, 8);
+    }
+}
+
+Test(plan, newer_collectives_shapes) {
+  coll_step st[64];
+  size_t ns;
+  /* Pairwise: a send to every peer, the copy of the own block, a receive from every
+   * peer, partners in the same order in both passes and symmetric (r's k-th partner has
+   * r as its k-th). */
+  for (int n = 1; n <= 20; n++)
+    for (int r = 0; r < n; r++) {
+      coll_plan_args a = {.coll = COLL_COLL_ALL_TO_ALL, .count = 3, .nranks = n, .rank = r};
+      cr_assert_eq(coll_plan_build(&a, st, &ns), COLL_OK);
+      cr_assert_eq(ns, 2 * (size_t)n - 1);
+      cr_assert_leq(ns, coll_plan_max_steps(n));
+      size_t sent = 0, i = 0;
+      for (int k = 0; k < n; k++) { /* sends first, partner q = (k - r) mod n */
+        int q = ((k - r) % n + n) % n;
+        if (q == r) continue;
+        cr_assert(st[i].kind == COLL_STEP_SEND && st[i].peer_out == q, "send %zu", i);
+        cr_assert_eq(st[i].src_off, (size_t)q * 3, "block q goes to q");
+        cr_assert(st[n + i].kind == COLL_STEP_RECV && st[n + i].peer_in == q &&
+                  st[n + i].dst_off == (size_t)q * 3, "the receives in the same order");
+        sent += st[i++].count;
+      }
+      cr_assert_eq(st[n - 1].kind, COLL_STEP_COPY, "the own block between the two");
+      cr_assert_eq(sent, 3 * (size_t)(n - 1), "(N-1)/N of the buffer leaves");
+      a.in_place = 1;
+      cr_assert_eq(coll_plan_build(&a, st, &ns), COLL_OK);
+      cr_assert_eq(ns, 2 * (size_t)n - 2, "in place: no copy of the own block");
+      /* Linear gather and scatter: the root has a step per peer (and its copy). */
+      for (int root = 0; root < n; root++) {
+        coll_plan_args g = {.coll = COLL_COLL_GATHER, .count = 2, .nranks = n, .rank = r,
+                            .root = root};
+        cr_assert_eq(coll_plan_build(&g, st, &ns), COLL_OK);
+        cr_assert_eq(ns, r == root ? (size_t)n : 1);
+        g.coll = COLL_COLL_SCATTER;
+        cr_assert_eq(coll_plan_build(&g, st, &ns), COLL_OK);
+        cr_assert_eq(ns, r == root ? (size_t)n : 1);
+        cr_assert_leq(ns, coll_plan_max_steps(n));
+      }
+    }
+  /* A root outside the communicator, all_to_allv without arrays or with its own block of
+   * two sizes: refused. */
+  coll_plan_args g = {.coll = COLL_COLL_GATHER, .count = 2, .nranks = 4, .rank = 0, .root = 4};
+  cr_assert_eq(coll_plan_build(&g, st, &ns), COLL_ERR_INVALID_ARG);
+  g.coll = COLL_COLL_SCATTER, g.root = -1;
+  cr_assert_eq(coll_plan_build(&g, st, &ns), COLL_ERR_INVALID_ARG);
+  coll_plan_args v = {.coll = COLL_COLL_ALL_TO_ALLV, .nranks = 2, .rank = 0};
+  cr_assert_eq(coll_plan_build(&v, st, &ns), COLL_ERR_INVALID_ARG);
+  size_t sc[2] = {3, 1}, sd[2] = {0, 3}, rc[2] = {2, 1}, rd[2] = {0, 2};
+  v.sendcounts = sc, v.sdispls = sd, v.recvcounts = rc, v.rdispls = rd;
+  cr_assert_eq(coll_plan_build(&v, st, &ns), COLL_ERR_INVALID_ARG);
+  rc[0] = 3;
+  cr_assert_eq(coll_plan_build(&v, st, &ns), COLL_OK);
+  /* Forced algorithms that cannot serve them fall back to their own schedule. */
+  cr_assert(!coll_algo_serves(COLL_ALGO_RING, COLL_COLL_ALL_TO_ALL, 4));
+  cr_assert(!coll_algo_serves(COLL_ALGO_TREE, COLL_COLL_GATHER, 4));
+  cr_assert(coll_algo_serves(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_TO_ALLV, 4));
+  cr_assert(!coll_algo_serves(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_REDUCE, 4));
+  cr_assert(coll_algo_serves(COLL_ALGO_LINEAR, COLL_COLL_SCATTER, 4));
+  coll_plan_args t = {.coll = COLL_COLL_ALL_TO_ALL, .algo = COLL_ALGO_TREE, .count = 3,
+                      .nranks = 4, .rank = 1};
+  cr_assert_eq(coll_plan_build(&t, st, &ns), COLL_OK);
+  cr_assert_eq(ns, 7);
+}
+
+Test(plan, newer_collectives_costs) {
+  char f[512];
+  double t, prev;
+  const coll_coll_kind kinds[] = {COLL_COLL_ALL_TO_ALL, COLL_COLL_GATHER, COLL_COLL_SCATTER};
+  for (size_t ki = 0; ki < 3; ki++)
+    for (int p = 2; p <= 17; p++) {
+      coll_algo a = coll_algo_default(kinds[ki]);
+      prev = 0;
+      for (double n = 8; n <= 1 << 30; n *= 4) {
+        t = cost_of(a, kinds[ki], p, n, f, sizeof f);
+        cr_assert_gt(t, prev);
+        prev = t;
+        cr_assert(strstr(f, ki ? "(p-1)*a + (p-1)/p*n*b" : "(p-1)*a + 2(p-1)/p*n*b") &&
+                  strstr(f, " us"), "%s", f);
+      }
+      /* (p-1) alphas + (p-1)/p*n betas, exactly; pairwise's rank copies twice as much
+       * (its sends into slots and its receives out of them) */
+      cr_assert_eq(coll_algo_cost(a, kinds[ki], p, 1000, 65536, 1e-6, 1e-9, 0, &t, f, sizeof f),
+                   COLL_OK);
+      cr_assert_float_eq(t, (p - 1) * 1e-6 + (ki ? 1 : 2) * (p - 1) * 1000.0 / p * 1e-9, 1e-15);
+      cr_assert_eq(coll_algo_cost(COLL_ALGO_RING, kinds[ki], p, 1000, 65536, 1e-6, 1e-9, 0, &t,
+                                  f, sizeof f), COLL_ERR_INVALID_ARG);
+    }
+  /* all-to-allv has no single n: not priced. */
+  cr_assert_eq(coll_algo_cost(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_TO_ALLV, 4, 1000, 65536, 1e-6,
+                              1e-9, 0, &t, f, sizeof f), COLL_ERR_INVALID_ARG);
 }

@@ -63,8 +63,13 @@ typedef struct coll_algo_entry {
   coll_result (*cost)(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
                       char *formula, size_t formula_len);
   /* The tuner compares cost × handicap: 1 takes the formula at its word; above 1 for
-   * rows whose model is known to flatter them (the numbers and why are in table.c). */
+   * rows whose model is known to flatter them (the numbers and why are in table.c).
+   * Collectives in plain_colls are taken at the formula's word whatever the handicap. */
   double handicap;
+  uint32_t plain_colls;
+  /* Where the tuner may pick it on its own (COLL_ALGO may force it wherever it is
+   * usable); NULL: wherever usable.  n = nccl-tests' size of the call. */
+  bool (*preferable)(struct coll_comm *comm, coll_coll_kind c, double n);
 
   /* --- how it runs: exactly one of the two --- */
   coll_result (*plan)(const coll_plan_args *a, coll_step *steps, size_t *nsteps);
@@ -98,12 +103,16 @@ coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *
                              double *seconds, char *formula, size_t formula_len);
 coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                              double *seconds, char *formula, size_t formula_len);
+coll_result coll_pairwise_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                               double *seconds, char *formula, size_t formula_len);
+coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                             double *seconds, char *formula, size_t formula_len);
 
 /* The rows' `usable` and `run` (each in its file). */
 bool coll_oneshot_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
 coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
-coll_result coll_direct_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
 
 #endif

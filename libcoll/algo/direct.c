@@ -15,7 +15,13 @@
  *   5. a one-shot barrier: nobody returns (and lets its caller reuse the buffers) while a
  *      peer may still be reading them.
  * All-gather is steps 1, 4 (from send buffers), 5; reduce-scatter 1, 2, 5; broadcast
- * 1, non-roots read the root's buffer, 5.
+ * 1, non-roots read the root's buffer, 5; all-to-all 1, then rank r reads block r of
+ * every peer's send buffer straight into block p of its receive buffer, 5.  All-to-allv
+ * publishes the address of its displacement array too, and reads each peer's
+ * sdispls[r] (8 bytes) before that peer's block.  An all-to-all that any rank called in
+ * place cannot run here (a peer would read a block its owner is overwriting): the
+ * exchange carries an in-place flag, and when any rank set it every rank returns
+ * without running, and the executor takes the pairwise schedule.
  *
  * Cost (p ranks, n bytes, β_cma per byte read from a peer, γ per byte reduced, α_mb one
  * one-shot exchange):
@@ -23,7 +29,10 @@
  *   all-gather      2·α_mb + (p-1)/p·n·β_cma
  *   reduce-scatter  2·α_mb + (p-1)/p·n·(β_cma + γ)
  *   broadcast       2·α_mb + n·β_cma
- * the ring's byte terms with β_cma (one copy) in place of β (two copies through a slot).
+ *   all-to-all      2·α_mb + (p-1)·α_cma + (p-1)/p·n·β_cma      (n = one rank's buffer)
+ *   all-to-allv     2·α_mb + 2(p-1)·α_cma + (p-1)/p·n·β_cma     (not priced: no common n)
+ * the ring's (pairwise's) byte terms with β_cma (one copy) in place of β (two copies
+ * through a slot).
  *
  * Usable only when every rank is on this host and the kernel lets ranks read each other
  * (same user, ptrace permission): tune.c probes that once at creation and all ranks
@@ -46,6 +55,8 @@
 
 typedef struct {
   uint64_t send, recv; /* addresses in the owner's address space */
+  uint64_t sdispls;    /* all_to_allv: the owner's sdispls array */
+  uint64_t in_place;   /* all_to_all: the owner called it in place */
 } addr_pair;
 
 /* Copies `len` bytes at `addr` in rank p's memory to `dst`. */
@@ -116,18 +127,59 @@ static coll_result reduce_block(struct coll_comm *comm, const coll_work *w,
   return COLL_OK;
 }
 
-static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pair *ap) {
+/* All-to-all(v): block `me` of every peer's send buffer into this rank's blocks. */
+static coll_result all_to_all(struct coll_comm *comm, const coll_work *w, const addr_pair *ap) {
+  int n = comm->nranks, me = comm->rank;
+  size_t es = coll_dtype_size(w->dtype);
+  const uint8_t *src = w->sendbuf;
+  uint8_t *dst = w->recvbuf;
+  bool v = w->coll == COLL_COLL_ALL_TO_ALLV;
+  coll_result r;
+  for (int i = 1; i < n; i++) { /* staggered: rank r starts with r+1, nobody is read by all */
+    int p = (me + i) % n;
+    size_t cnt = v ? w->recvcounts[p] : w->count, at = v ? w->rdispls[p] : (size_t)p * w->count;
+    uint64_t from = ap[p].send + (uint64_t)me * w->count * es;
+    if (cnt == 0) continue;
+    if (v) {
+      uint64_t disp = 0;
+      if ((r = read_peer(comm, w, p, &disp, ap[p].sdispls + (uint64_t)me * sizeof(size_t),
+                         sizeof disp)) != COLL_OK)
+        return r;
+      from = ap[p].send + disp * es;
+    }
+    if ((r = read_peer(comm, w, p, dst + at * es, from, cnt * es)) != COLL_OK) return r;
+  }
+  size_t cnt = v ? w->sendcounts[me] : w->count;
+  const uint8_t *mine = src + (v ? w->sdispls[me] : (size_t)me * w->count) * es;
+  uint8_t *out = dst + (v ? w->rdispls[me] : (size_t)me * w->count) * es;
+  if (cnt && out != mine) memcpy(out, mine, cnt * es);
+  return COLL_OK;
+}
+
+static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pair *ap,
+                            bool *ran) {
   int n = comm->nranks, me = comm->rank;
   size_t es = coll_dtype_size(w->dtype);
   const uint8_t *src = w->sendbuf;
   uint8_t *dst = w->recvbuf;
   coll_result r;
-  addr_pair mine = {.send = (uint64_t)(uintptr_t)src, .recv = (uint64_t)(uintptr_t)dst};
+  addr_pair mine = {.send = (uint64_t)(uintptr_t)src, .recv = (uint64_t)(uintptr_t)dst,
+                    .sdispls = (uint64_t)(uintptr_t)w->sdispls,
+                    .in_place = w->coll == COLL_COLL_ALL_TO_ALL && src == dst};
   coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = ap,
                   .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
   if ((r = coll_oneshot_run(comm, &ex)) != COLL_OK) return r;
+  for (int p = 0; p < n; p++)
+    if (ap[p].in_place) {
+      *ran = false; /* every rank saw the same flags: all take the schedule */
+      return COLL_OK;
+    }
 
   switch (w->coll) {
+  case COLL_COLL_ALL_TO_ALL:
+  case COLL_COLL_ALL_TO_ALLV:
+    if ((r = all_to_all(comm, w, ap)) != COLL_OK) return r;
+    break;
   case COLL_COLL_ALL_REDUCE: {
     size_t off, cnt;
     coll_ring_chunk(w->count, n, me, &off, &cnt);
@@ -175,13 +227,15 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
 bool coll_direct_serves(struct coll_comm *comm, coll_coll_kind c) {
   if (!comm->direct_ok) return false;
   return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER ||
-         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST;
+         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST ||
+         c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_ALL_TO_ALLV;
 }
 
-coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w) {
+coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w, bool *ran) {
   uint64_t t0 = coll_trace_on(comm) ? coll_now_ns() : 0;
-  coll_result r = run_call(comm, w, comm->direct_addrs);
-  if (t0 && r == COLL_OK)
+  *ran = true;
+  coll_result r = run_call(comm, w, comm->direct_addrs, ran);
+  if (t0 && r == COLL_OK && *ran)
     coll_trace_record(comm, w, COLL_ALGO_DIRECT, comm->steps, 0, coll_dtype_size(w->dtype), t0,
                       coll_now_ns());
   return r;
@@ -266,9 +320,17 @@ bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
   return coll_direct_serves(comm, c);
 }
 
-coll_result coll_direct_run_row(struct coll_comm *comm, const coll_work *w, bool *ran) {
-  *ran = true;
-  return coll_direct_run(comm, w);
+/* All-to-all moves no byte twice here (pairwise copies each into a slot and out), and
+ * measured faster that way while the buffers stay in cache with a core per rank
+ * (2 ranks: 256 KiB 14 us vs pairwise 60-231, 1 MiB 170-205 vs 417-968, 4 MiB equal);
+ * from 16 MiB pairwise's streamed stores win (6.8-8.2 ms vs 8.1-13.4), and with more
+ * ranks than cores every barrier waits for a descheduled peer (4 ranks: pairwise ahead
+ * at 256 KiB, 4 and 16 MiB).  So the tuner takes it for all-to-all only there, at the
+ * formula's word (table.c: plain_colls). */
+#define A2A_DIRECT_MAX (4u << 20)
+bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n) {
+  if (c != COLL_COLL_ALL_TO_ALL) return true;
+  return !comm->oversubscribed && n <= A2A_DIRECT_MAX;
 }
 
 /* The formulas at the top of this file, n = nccl-tests' size.  a: one one-shot exchange;
@@ -299,6 +361,11 @@ coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *
   case COLL_COLL_BROADCAST:
     s = 2 * a + r + n * b;
     snprintf(formula, flen, "2*a_mb + a_cma + n*b_cma = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_ALL_TO_ALL:
+  case COLL_COLL_ALL_TO_ALLV: /* n: one rank's whole send buffer */
+    s = 2 * a + (p - 1) * r + f * n * b;
+    snprintf(formula, flen, "2*a_mb + (p-1)*a_cma + (p-1)/p*n*b_cma = %.3g us", s * 1e6);
     break;
   default: return COLL_ERR_INVALID_ARG;
   }

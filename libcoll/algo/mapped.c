@@ -16,6 +16,10 @@
  *        reduce          as all-reduce, stored into the root's receive buffer only;
  *        all-gather      store its send buffer into slot r of every receive buffer;
  *        broadcast       store block r of the root's buffer into every receive buffer;
+ *        all-to-all      load block r of every rank's send buffer into its own receive
+ *                        buffer (rank p's into block p);
+ *        gather          store its send buffer into block r of the root's receive buffer;
+ *        scatter         load block r of the root's send buffer into its receive buffer;
  *   2. a one-shot barrier (after a store fence): no rank returns while a peer may still
  *      read its send buffer or write its receive buffer.
  *
@@ -31,6 +35,11 @@
  *   reduce-scatter  2·α_mb + n/p·β_mem + (p-1)/p·n·γ     (n = whole input)
  *   all-gather      2·α_mb + n·β_mem                     (n = whole output)
  *   broadcast       2·α_mb + n·β_mem
+ *   all-to-all      2·α_mb + n·β_mem                     (n = one rank's whole buffer)
+ *   gather, scatter 2·α_mb + n/p·β_mem                   (n = the root's whole buffer)
+ * All-to-all that any rank calls in place is not run here (a rank would load a block its
+ * owner is overwriting): every rank sees the in-place pair in the exchange and takes the
+ * schedule; all-to-allv neither (its peers' displacements are not in windows).
  * Every element is reduced once, in rank order, by one rank, so every rank gets the
  * same bits, and a rerun too (not the ring's bits: its order differs).
  *
@@ -55,23 +64,25 @@ typedef coll_mapped_where where;
 
 bool coll_mapped_serves(coll_coll_kind c) {
   return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER ||
-         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE;
+         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE ||
+         c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER;
 }
 
 /* Bytes of the send and receive ranges of this rank's call. */
 static void ranges(const struct coll_comm *comm, const coll_work *w, size_t *sb, size_t *rb) {
   size_t b = w->count * coll_dtype_size(w->dtype), p = (size_t)comm->nranks;
   *sb = *rb = b;
-  if (w->coll == COLL_COLL_REDUCE_SCATTER) *sb = b * p;
-  if (w->coll == COLL_COLL_ALL_GATHER) *rb = b * p;
+  if (w->coll == COLL_COLL_REDUCE_SCATTER || w->coll == COLL_COLL_SCATTER) *sb = b * p;
+  if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_GATHER) *rb = b * p;
+  if (w->coll == COLL_COLL_ALL_TO_ALL) *sb = *rb = b * p;
 }
 
 /* Does rank p's call need its send (receive) buffer here? */
 static bool needs_send(const coll_work *w, int p) {
-  return w->coll != COLL_COLL_BROADCAST || p == w->root;
+  return (w->coll != COLL_COLL_BROADCAST && w->coll != COLL_COLL_SCATTER) || p == w->root;
 }
 static bool needs_recv(const coll_work *w, int p) {
-  return w->coll != COLL_COLL_REDUCE || p == w->root;
+  return (w->coll != COLL_COLL_REDUCE && w->coll != COLL_COLL_GATHER) || p == w->root;
 }
 
 /* out[0..k) = op over ranks, in rank order, of in[q][0..k); via `scratch`, then stored
@@ -174,6 +185,23 @@ static coll_result run(struct coll_comm *comm, const coll_work *w, const where *
     copy_out(in[w->root] + off * es, cnt * es, dst, n, nt);
     break;
   }
+  case COLL_COLL_ALL_TO_ALL: { /* p's block `me` into block p, starting with the next rank */
+    size_t blk = sb / (size_t)n;
+    for (int i = 1; i <= n; i++) {
+      int p = (me + i) % n;
+      uint8_t *dst = out[me] + (size_t)p * blk;
+      copy_out(in[p] + (size_t)me * blk, blk, &dst, 1, nt);
+    }
+    break;
+  }
+  case COLL_COLL_GATHER: {
+    uint8_t *dst = out[w->root] + (size_t)me * sb;
+    copy_out(in[me], sb, &dst, 1, nt); /* the root in place: skipped (dst == src) */
+    break;
+  }
+  case COLL_COLL_SCATTER:
+    copy_out(in[w->root] + (size_t)me * rb, rb, &out[me], 1, nt);
+    break;
   default:
     return coll_fail(comm, COLL_ERR_INTERNAL, "mapped path asked to run %s",
                      coll_coll_name(w->coll));
@@ -216,6 +244,10 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
       }
       return COLL_OK; /* every rank sees the same table: all fall back together */
     }
+  if (w->coll == COLL_COLL_ALL_TO_ALL)
+    for (int p = 0; p < n; p++)
+      if (at[p].send_slot == at[p].recv_slot && at[p].send_off == at[p].recv_off)
+        return COLL_OK; /* rank p in place: every rank takes the schedule */
   *ran = true;
   r = run(comm, w, at);
   if (t0 && r == COLL_OK)
@@ -258,6 +290,13 @@ coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *
   case COLL_COLL_BROADCAST:
     s = 2 * a + n * b;
     snprintf(formula, flen, "2*a_mb + n*b_mem = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_ALL_TO_ALL: /* n: one rank's send buffer; it pulls (p-1)/p of it in */
+  case COLL_COLL_GATHER:     /* n: the root's buffer; each rank stores its n/p */
+  case COLL_COLL_SCATTER:
+    s = 2 * a + (c == COLL_COLL_ALL_TO_ALL ? n : n / p) * b;
+    snprintf(formula, flen, "2*a_mb + %s*b_mem = %.3g us", c == COLL_COLL_ALL_TO_ALL ? "n" : "n/p",
+             s * 1e6);
     break;
   default: return COLL_ERR_INVALID_ARG;
   }

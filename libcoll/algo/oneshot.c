@@ -14,6 +14,9 @@
  *   all-gather      everyone writes, everyone reads all
  *   reduce-scatter  everyone writes its whole input, rank r reads block r of each
  *   barrier         everyone writes nothing, everyone waits for all
+ *   all-to-all      everyone writes its whole send buffer, rank r reads block r of each
+ *   gather          everyone but the root writes its block, the root reads all
+ *   scatter         the root writes its whole send buffer, rank r reads block r of it
  *
  * Reuse without a handshake: a rank writes mailbox[k % 2] again at call k+2 only once
  * every peer has arrived at call k+1 (its seq in mailbox[(k+1) % 2] is >= k+1; ranks
@@ -29,8 +32,12 @@
  *   all-reduce       α_mb + n·β_mem + (p-1)·n·(β_mem + γ)
  *   all-gather       α_mb + n·β_mem + (p-1)·n·β_mem
  *   broadcast        α_mb + 2·n·β_mem
+ *   all-to-all       α_mb + n·β_mem + n·β_mem      (n = one rank's whole send buffer)
+ *   gather           α_mb + n/p·β_mem + (p-1)/p·n·β_mem    (n = the root's buffer)
+ *   scatter          α_mb + n·β_mem + n/p·β_mem
  * one hand-over instead of 2(p-1), but (p-1)·n bytes read per rank instead of
- * 2(p-1)/p·n: it wins below a crossover the tuner computes (tune.c).
+ * 2(p-1)/p·n: it wins below a crossover the tuner computes (tune.c).  All-to-allv is not
+ * served: whether it fits a mailbox depends on counts the other ranks do not know.
  *
  * Waiting: spin (cores to spare), then sched_yield (ranks outnumber cores), then sleep
  * on a futex on the flag word after announcing it in the owner's waiter count, which
@@ -64,6 +71,9 @@ bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count
   case COLL_COLL_BROADCAST:
   case COLL_COLL_ALL_GATHER: return bytes <= max;
   case COLL_COLL_REDUCE_SCATTER: return bytes <= max / (size_t)comm->nranks;
+  case COLL_COLL_GATHER: return bytes <= max;
+  case COLL_COLL_ALL_TO_ALL:
+  case COLL_COLL_SCATTER: return bytes <= max / (size_t)comm->nranks;
   case COLL_COLL_BARRIER: return true;
   default: return false;
   }
@@ -174,6 +184,34 @@ static coll_result reduce_all(struct coll_comm *comm, const coll_work *w, uint32
   return COLL_OK;
 }
 
+/* Does rank `me` write its mailbox in this call?  (Ranks that do not still post seq.) */
+static bool writes_mailbox(const coll_work *w, int me) {
+  switch (w->coll) {
+  case COLL_COLL_BARRIER: return false;
+  case COLL_COLL_BROADCAST:
+  case COLL_COLL_SCATTER: return me == w->root;
+  case COLL_COLL_GATHER: return me != w->root; /* the root copies its own block directly */
+  default: return true;
+  }
+}
+
+/* Does a rank write its whole input of nranks blocks (count elements each)? */
+static bool whole_input(coll_coll_kind c) {
+  return c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_SCATTER;
+}
+
+/* Does rank `me` read rank p's mailbox in this call? */
+static bool reads_mailbox_of(const coll_work *w, int me, int p) {
+  if (p == me) return false;
+  switch (w->coll) {
+  case COLL_COLL_BROADCAST:
+  case COLL_COLL_SCATTER: return p == w->root;
+  case COLL_COLL_REDUCE:
+  case COLL_COLL_GATHER: return me == w->root;
+  default: return true;
+  }
+}
+
 static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mailbox *mine,
                             uint32_t k) {
   int n = comm->nranks, me = comm->rank;
@@ -182,9 +220,8 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mai
   uint8_t *dst = w->recvbuf;
   size_t bytes = w->count * es;
   coll_result r;
-  bool writes = w->coll != COLL_COLL_BARRIER &&
-                (w->coll != COLL_COLL_BROADCAST || me == w->root);
-  size_t wbytes = w->coll == COLL_COLL_REDUCE_SCATTER ? bytes * (size_t)n : bytes;
+  bool writes = writes_mailbox(w, me);
+  size_t wbytes = whole_input(w->coll) ? bytes * (size_t)n : bytes;
   if (writes) {
     if ((r = may_write(comm, w, k)) != COLL_OK) return r;
     memcpy(mine->data, src, wbytes);
@@ -223,6 +260,40 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mai
     for (int p = 0; p < n; p++)
       if (p != me && (r = fetch(comm, w, p, k, &d)) != COLL_OK) return r;
     return COLL_OK;
+  case COLL_COLL_ALL_TO_ALL:
+    /* Each peer's block `me` into place; the own block last (in place it is there). */
+    for (int i = 1; i <= n; i++) {
+      int p = (me + i) % n;
+      uint8_t *out = dst + (size_t)p * bytes;
+      if (p == me) {
+        if (out != src + (size_t)me * bytes) memcpy(out, src + (size_t)me * bytes, bytes);
+        continue;
+      }
+      if ((r = fetch(comm, w, p, k, &d)) != COLL_OK) return r;
+      memcpy(out, d + (size_t)me * bytes, bytes);
+    }
+    return COLL_OK;
+  case COLL_COLL_GATHER:
+    if (me != w->root) return COLL_OK; /* written: the root reads it from the mailbox */
+    for (int i = 1; i <= n; i++) {
+      int p = (me + i) % n;
+      uint8_t *out = dst + (size_t)p * bytes;
+      if (p == me) {
+        if (out != src) memcpy(out, src, bytes);
+        continue;
+      }
+      if ((r = fetch(comm, w, p, k, &d)) != COLL_OK) return r;
+      memcpy(out, d, bytes);
+    }
+    return COLL_OK;
+  case COLL_COLL_SCATTER:
+    if (me == w->root) {
+      if (dst != src + (size_t)me * bytes) memcpy(dst, src + (size_t)me * bytes, bytes);
+      return COLL_OK;
+    }
+    if ((r = fetch(comm, w, w->root, k, &d)) != COLL_OK) return r;
+    memcpy(dst, d + (size_t)me * bytes, bytes);
+    return COLL_OK;
   default:
     return coll_fail(comm, COLL_ERR_INTERNAL, "one-shot path asked to run %s",
                      coll_coll_name(w->coll));
@@ -236,16 +307,12 @@ static void record(struct coll_comm *comm, const coll_work *w, size_t es, uint64
   int n = comm->nranks, me = comm->rank;
   size_t cnt = w->count, ns = 0;
   coll_step *st = comm->steps;
-  bool reads_all = w->coll == COLL_COLL_ALL_REDUCE || w->coll == COLL_COLL_ALL_GATHER ||
-                   w->coll == COLL_COLL_REDUCE_SCATTER || w->coll == COLL_COLL_BARRIER ||
-                   (w->coll == COLL_COLL_REDUCE && me == w->root);
-  bool writes = w->coll != COLL_COLL_BARRIER && (w->coll != COLL_COLL_BROADCAST || me == w->root);
-  if (writes)
+  if (writes_mailbox(w, me))
     st[ns++] = (coll_step){.kind = COLL_STEP_COPY, .peer_in = -1, .peer_out = -1,
-                           .count = w->coll == COLL_COLL_REDUCE_SCATTER ? cnt * (size_t)n : cnt,
+                           .count = whole_input(w->coll) ? cnt * (size_t)n : cnt,
                            .chunk = me};
   for (int p = 0; p < n; p++) {
-    if (p == me || (!reads_all && !(w->coll == COLL_COLL_BROADCAST && p == w->root))) continue;
+    if (!reads_mailbox_of(w, me, p)) continue;
     st[ns++] = (coll_step){.kind = COLL_STEP_RECV, .peer_in = p, .peer_out = -1,
                            .count = w->coll == COLL_COLL_BARRIER ? 0 : cnt, .chunk = p};
   }
@@ -321,6 +388,18 @@ coll_result coll_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model 
   case COLL_COLL_BARRIER:
     s = a;
     snprintf(formula, flen, "a_mb = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_ALL_TO_ALL:
+    s = a + 2 * n * b;
+    snprintf(formula, flen, "a_mb + n*b + n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_GATHER:
+    s = a + (n / p) * b + (p - 1) * (n / p) * b;
+    snprintf(formula, flen, "a_mb + n/p*b + (p-1)/p*n*b = %.3g us", s * 1e6);
+    break;
+  case COLL_COLL_SCATTER:
+    s = a + n * b + (n / p) * b;
+    snprintf(formula, flen, "a_mb + n*b + n/p*b = %.3g us", s * 1e6);
     break;
   default: return COLL_ERR_INVALID_ARG;
   }

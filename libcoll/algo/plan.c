@@ -18,10 +18,13 @@
 #include <string.h>
 
 #include "algo.h"
+#include "linear.h"
+#include "pairwise.h"
 
 /* ring: 2p + 2; tree: at most 5 per rank (up and down in two trees, one of them with a
  * second child); rd/rhd: a copy, the folds (all-gather's fold-out in two ranges) and
- * two steps per phase, at most 4·ceil(log2 p) + 4. */
+ * two steps per phase, at most 4·ceil(log2 p) + 4; pairwise: a copy and two steps per
+ * peer, 2p - 1; linear: the root's copy and one step per peer, p. */
 size_t coll_plan_max_steps(int nranks) {
   size_t p = (size_t)(nranks > 0 ? nranks : 1), lg = 0, ring = 2 * p + 2, rd;
   while (((size_t)1 << lg) < p) lg++;
@@ -130,22 +133,29 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
   if ((a->coll == COLL_COLL_BROADCAST || a->coll == COLL_COLL_REDUCE) &&
       (a->root < 0 || a->root >= a->nranks))
     return COLL_ERR_INVALID_ARG;
+  /* The newer collectives have one schedule each, which also covers one rank. */
+  if (a->coll == COLL_COLL_ALL_TO_ALL || a->coll == COLL_COLL_ALL_TO_ALLV)
+    return coll_pairwise_plan(a, steps, nsteps);
+  if (a->coll == COLL_COLL_GATHER || a->coll == COLL_COLL_SCATTER)
+    return coll_linear_plan(a, steps, nsteps);
   if (a->nranks == 1) {
     plan_single(a, steps, nsteps);
     return COLL_OK;
   }
   /* The row's schedule; a row with none (a run path), or one that cannot serve this
-   * collective, gets the ring's: the ring serves every collective. */
+   * collective, gets the collective's default schedule (coll_algo_default). */
   const coll_algo_entry *e = coll_algo_get(a->algo);
   if (!e || !e->plan || !coll_algo_serves(a->algo, a->coll, a->nranks))
-    e = coll_algo_get(COLL_ALGO_RING);
+    e = coll_algo_get(coll_algo_default(a->coll));
+  if (!e || !e->plan) return COLL_ERR_INVALID_ARG;
   return e->plan(a, steps, nsteps);
 }
 
 const char *coll_coll_name(coll_coll_kind c) {
   static const char *names[] = {"broadcast", "reduce", "all_reduce", "reduce_scatter",
                                 "all_gather", "send", "recv", "barrier",
-                                "sendrecv", "group"};
+                                "sendrecv", "all_to_all", "all_to_allv", "gather",
+                                "scatter", "group"};
   return (unsigned)c < COLL_NUM_COLLS ? names[c] : "?";
 }
 

@@ -19,19 +19,21 @@
 typedef enum {
   COLL_COLL_BROADCAST, COLL_COLL_REDUCE, COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
   COLL_COLL_ALL_GATHER, COLL_COLL_SEND, COLL_COLL_RECV, COLL_COLL_BARRIER,
-  COLL_COLL_SENDRECV,
+  COLL_COLL_SENDRECV, COLL_COLL_ALL_TO_ALL, COLL_COLL_ALL_TO_ALLV, COLL_COLL_GATHER,
+  COLL_COLL_SCATTER,
   COLL_COLL_GROUP_P2P /* every send/recv/sendrecv of one group on one communicator, as
                          one work ("group"; group.c builds it, its plan is below) */
 } coll_coll_kind;
-#define COLL_NUM_COLLS 10
+#define COLL_NUM_COLLS 14
 
 /* One value per row of the algorithm table (algo.h, table.c), where each is described.
  * AUTO: the tuner's choice (exec/tune.c), not a row that runs. */
 typedef enum {
   COLL_ALGO_AUTO = 0, COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
-  COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED
+  COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED, COLL_ALGO_PAIRWISE,
+  COLL_ALGO_LINEAR
 } coll_algo;
-#define COLL_NUM_ALGOS 8
+#define COLL_NUM_ALGOS 10
 
 /* Which user buffer a range lives in. */
 typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;
@@ -90,7 +92,8 @@ typedef struct {
   coll_coll_kind coll;
   coll_algo algo;
   size_t count;   /* all_reduce/broadcast/reduce/send/recv: count; reduce_scatter:
-                     recvcount; all_gather: sendcount */
+                     recvcount; all_gather/gather: sendcount; all_to_all: elements per
+                     block (per peer); scatter: recvcount; all_to_allv: unused */
   int nranks, rank, root; /* root: broadcast/reduce root; send/recv: the peer */
   int in_place;           /* send and recv buffers are the in-place pair */
   size_t recv_count;      /* sendrecv: elements received (count is elements sent) */
@@ -103,6 +106,9 @@ typedef struct {
   const coll_group_op *group;
   size_t ngroup;
   size_t *scratch;
+  /* all_to_allv: per peer, elements sent to it and where they start in the send buffer,
+   * elements received from it and where they go in the receive buffer (nranks each). */
+  const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
 } coll_plan_args;
 
 /* Fills steps[0..*nsteps) (capacity coll_plan_max_steps(nranks)).  Steps with count 0
@@ -117,8 +123,11 @@ void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
 const char *coll_coll_name(coll_coll_kind c);
 const char *coll_step_name(coll_step_kind k);
 const char *coll_algo_name(coll_algo a);
-/* "auto", "ring", "tree", "rd", "rhd" (also "recursive_doubling", "rabenseifner");
- * *ok = false (and AUTO returned) for anything else. */
+/* The schedule that serves c when nothing better is chosen or a forced algorithm cannot
+ * serve it: pairwise for all-to-all(v), linear for gather and scatter, else the ring. */
+coll_algo coll_algo_default(coll_coll_kind c);
+/* A row's name or alias from the table ("ring", "rabenseifner", ...); *ok = false (and
+ * AUTO returned) for anything else. */
 coll_algo coll_algo_from_name(const char *s, bool *ok);
 /* Whether algorithm `a` serves collective c on nranks ranks (its row in the table,
  * algo.h).  Point-to-point and one-rank calls need no algorithm: true for every `a`. */
@@ -130,7 +139,8 @@ size_t coll_algo_names(char *buf, size_t len);
 /* The cost of collective c by algorithm a, from the formula at the top of the
  * algorithm's file: p ranks, n bytes (nccl-tests' convention: the whole vector for
  * all-reduce/broadcast/reduce, the whole output of all-gather, the whole input of
- * reduce-scatter), slices of `slice` bytes, α s/message, β s/byte moved, γ s/byte
+ * reduce-scatter, one rank's whole send buffer of all-to-all, the root's whole buffer of
+ * gather and scatter), slices of `slice` bytes, α s/message, β s/byte moved, γ s/byte
  * reduced (rows with constants of their own — one-shot, direct, mapped — take α and β
  * for them here).  Writes the formula with its numbers into `formula`.
  * COLL_ERR_INVALID_ARG when a cannot serve c (AUTO is not an algorithm). */

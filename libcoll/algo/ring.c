@@ -193,6 +193,7 @@ coll_result coll_ring_cost(coll_coll_kind coll, double n, const coll_cost_model 
     steps = 2.0 * (p - 1), bytes = 0;
     shape = "2(p-1)*a";
     break;
+  default: return COLL_ERR_INVALID_ARG; /* all-to-all, gather, scatter: not ring schedules */
   }
   *seconds = steps * alpha + bytes * beta;
   char ks[32] = "";

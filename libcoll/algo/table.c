@@ -12,7 +12,8 @@
  *                  against the ring's 5.4.
  *   direct         2: its model (per-call and per-byte costs of process_vm_readv on
  *                  1 MiB) was 2x optimistic at 256 KiB - 4 MiB on 2 ranks (a 4 MiB
- *                  all-reduce: 425 us against the ring's 190 us).
+ *                  all-reduce: 425 us against the ring's 190 us); all-to-all is taken at
+ *                  its word, but only where it measured faster (direct.c: preferable).
  *
  * Must never: hold state (the table is const), or name an algorithm anywhere but here.
  */
@@ -20,6 +21,8 @@
 #include <string.h>
 
 #include "algo.h"
+#include "linear.h"
+#include "pairwise.h"
 #include "rd.h"
 #include "ring.h"
 #include "tree.h"
@@ -51,20 +54,34 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .plan = coll_rhd_plan},
     [COLL_ALGO_ONESHOT] = {
         .id = COLL_ALGO_ONESHOT, .name = "oneshot",
-        .colls = FIVE | B(BARRIER), .host_only = true, .usable = coll_oneshot_usable,
+        .colls = FIVE | B(BARRIER) | B(ALL_TO_ALL) | B(GATHER) | B(SCATTER),
+        .host_only = true, .usable = coll_oneshot_usable,
         .cost = coll_oneshot_cost, .handicap = 1.0,
         .run = coll_oneshot_run_row},
     [COLL_ALGO_DIRECT] = {
         .id = COLL_ALGO_DIRECT, .name = "direct",
-        .colls = B(BROADCAST) | B(ALL_REDUCE) | B(REDUCE_SCATTER) | B(ALL_GATHER),
+        .colls = B(BROADCAST) | B(ALL_REDUCE) | B(REDUCE_SCATTER) | B(ALL_GATHER) |
+                 B(ALL_TO_ALL) | B(ALL_TO_ALLV),
         .host_only = true, .usable = coll_direct_usable,
-        .cost = coll_direct_cost, .handicap = 2.0,
-        .run = coll_direct_run_row},
+        .cost = coll_direct_cost, .handicap = 2.0, .plain_colls = B(ALL_TO_ALL),
+        .preferable = coll_direct_preferable,
+        .run = coll_direct_run},
     [COLL_ALGO_MAPPED] = {
         .id = COLL_ALGO_MAPPED, .name = "mapped",
-        .colls = FIVE, .host_only = true, .usable = coll_mapped_usable, .per_call = true,
+        .colls = FIVE | B(ALL_TO_ALL) | B(GATHER) | B(SCATTER),
+        .host_only = true, .usable = coll_mapped_usable, .per_call = true,
         .cost = coll_mapped_cost, .handicap = 1.0,
         .run = coll_mapped_run},
+    [COLL_ALGO_PAIRWISE] = {
+        .id = COLL_ALGO_PAIRWISE, .name = "pairwise",
+        .colls = B(ALL_TO_ALL) | B(ALL_TO_ALLV),
+        .cost = coll_pairwise_cost, .handicap = 1.0,
+        .plan = coll_pairwise_plan},
+    [COLL_ALGO_LINEAR] = {
+        .id = COLL_ALGO_LINEAR, .name = "linear",
+        .colls = B(GATHER) | B(SCATTER),
+        .cost = coll_linear_cost, .handicap = 1.0,
+        .plan = coll_linear_plan},
 };
 
 const coll_algo_entry *coll_algo_get(coll_algo a) {
@@ -81,6 +98,15 @@ bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
   if (no_algorithm_needed(c, nranks)) return true; /* plan.c schedules these itself */
   if (a == COLL_ALGO_AUTO) return true;              /* the tuner picks a row that does */
   return (coll_algo_table[a].colls & COLL_BIT(c)) != 0;
+}
+
+coll_algo coll_algo_default(coll_coll_kind c) {
+  /* The first row with a schedule that serves c, in table order: the ring for the five
+   * and barrier, pairwise for all-to-all(v), linear for gather and scatter. */
+  for (int a = 0; a < COLL_NUM_ALGOS; a++)
+    if (coll_algo_table[a].plan && (coll_algo_table[a].colls & COLL_BIT(c)))
+      return (coll_algo)a;
+  return COLL_ALGO_RING; /* point-to-point: plan.c schedules it, any name will do */
 }
 
 bool coll_algo_has_plan(coll_algo a) {

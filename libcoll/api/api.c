@@ -5,10 +5,14 @@
  * Everything a caller can get wrong is refused here, before a byte moves, with
  * COLL_ERR_INVALID_ARG and a sentence naming the call and the argument: so a rank that
  * passes bad arguments fails at once instead of leaving its peers waiting half-way
- * through a ring.  Must never block, allocate or touch the user's buffers.
+ * through a ring.  Must never block or touch the user's buffers, and allocates only one
+ * thing: the copy of all_to_allv's counts and displacements for a call on a stream,
+ * which returns before the call runs (the executor frees it when the work finishes).
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_internal.h"
 #include "internal.h"
@@ -95,12 +99,32 @@ static coll_result check_overlap(ctx *c, const void *a, size_t alen, const void 
   return COLL_OK;
 }
 
+/* All-to-all, gather and scatter have no device path yet: cuda.c's executor hooks were
+ * written for the five collectives, and nothing here could test them on a GPU. */
+static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_work *w) {
+  bool newer = w->coll == COLL_COLL_ALL_TO_ALL || w->coll == COLL_COLL_ALL_TO_ALLV ||
+               w->coll == COLL_COLL_GATHER || w->coll == COLL_COLL_SCATTER;
+  if (!newer || (!w->device && !w->cuda_event)) return COLL_OK;
+  return coll_fail(comm, COLL_ERR_UNSUPPORTED,
+                   "%s on rank %d: %s, but all-to-all, gather and scatter run on host memory "
+                   "and coll_stream_t streams only (no device path yet): stage the data "
+                   "through host buffers", fn, comm->rank,
+                   w->device ? "the buffers are CUDA device memory"
+                             : "the stream wraps a cudaStream_t");
+}
+
 coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
   coll_comm_enter(comm);
   /* cuda.c: device buffers are recognised (and refused when they cannot run) here; a
    * cudaStream_t gets its event before and its wait after the enqueue. */
   coll_result r = coll_cuda_prepare(comm, fn, w);
-  if (r == COLL_OK) r = coll_cuda_after_submit(comm, w, coll_exec_submit(comm, w));
+  bool enqueued = false;
+  if (r == COLL_OK) {
+    r = host_only(comm, fn, w);
+    if (r == COLL_OK) r = coll_exec_submit(comm, w), enqueued = true;
+    r = coll_cuda_after_submit(comm, w, r); /* on failure it releases the event */
+  }
+  if (!enqueued) free(w->v_copy); /* else the executor frees it (finish()) */
   coll_comm_leave(comm);
   return r;
 }
@@ -260,6 +284,134 @@ coll_result coll_barrier(coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_barrier", comm};
   TRY(check_comm(&c));
   coll_work w = {.coll = COLL_COLL_BARRIER, .count = 1, .dtype = COLL_UINT8, .op = COLL_MAX,
+                 .stream = s};
+  return submit(&c, &w);
+}
+
+/* ---- all-to-all, gather, scatter -------------------------------------------------- */
+
+coll_result coll_all_to_all(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
+                            coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_all_to_all", comm};
+  size_t total;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_bytes(&c, count, dtype, (size_t)comm->nranks, &total));
+  TRY(check_buf(&c, sendbuf, total, "sendbuf"));
+  TRY(check_buf(&c, recvbuf, total, "recvbuf"));
+  if (sendbuf != recvbuf) TRY(check_overlap(&c, sendbuf, total, recvbuf, total));
+  coll_work w = {.coll = COLL_COLL_ALL_TO_ALL, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                 .count = count, .dtype = dtype, .stream = s};
+  return submit(&c, &w);
+}
+
+/* The elements [0, *extent) of a v-form buffer that its blocks reach, refusing a block
+ * whose end does not fit the address space. */
+static coll_result v_extent(ctx *c, const size_t *counts, const size_t *displs,
+                            const char *cname, const char *dname, coll_dtype d,
+                            size_t *extent) {
+  size_t es = coll_dtype_size(d), end, bytes;
+  *extent = 0;
+  for (int j = 0; j < c->comm->nranks; j++) {
+    if (counts[j] == 0) continue;
+    if (__builtin_add_overflow(displs[j], counts[j], &end) ||
+        __builtin_mul_overflow(end, es, &bytes) || bytes > (size_t)PTRDIFF_MAX)
+      return BAD(c, "%s on rank %d: %s[%d] + %s[%d] (%zu + %zu elements of %s) overflows the "
+                 "address space", c->fn, c->comm->rank, dname, j, cname, j, displs[j],
+                 counts[j], coll_dtype_name(d));
+    if (bytes > *extent) *extent = bytes;
+  }
+  return COLL_OK;
+}
+
+coll_result coll_all_to_allv(const void *sendbuf, const size_t *sendcounts,
+                             const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                             const size_t *rdispls, coll_dtype dtype, coll_comm_t comm,
+                             coll_stream_t s) {
+  ctx c = {"coll_all_to_allv", comm};
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  const size_t *arr[4] = {sendcounts, sdispls, recvcounts, rdispls};
+  static const char *const names[4] = {"sendcounts", "sdispls", "recvcounts", "rdispls"};
+  for (int i = 0; i < 4; i++)
+    if (!arr[i])
+      return BAD(&c, "coll_all_to_allv on rank %d: %s is NULL (it needs one entry per rank)",
+                 comm->rank, names[i]);
+  int me = comm->rank, n = comm->nranks;
+  if (sendcounts[me] != recvcounts[me])
+    return BAD(&c, "coll_all_to_allv on rank %d: sendcounts[%d] (%zu) must equal "
+               "recvcounts[%d] (%zu): it is the block this rank sends itself", me, me,
+               sendcounts[me], me, recvcounts[me]);
+  size_t sext, rext, total = 0;
+  TRY(v_extent(&c, sendcounts, sdispls, "sendcounts", "sdispls", dtype, &sext));
+  TRY(v_extent(&c, recvcounts, rdispls, "recvcounts", "rdispls", dtype, &rext));
+  TRY(check_buf(&c, sendbuf, sext, "sendbuf"));
+  TRY(check_buf(&c, recvbuf, rext, "recvbuf"));
+  if (sendbuf && sendbuf == recvbuf && sext && rext)
+    return BAD(&c, "coll_all_to_allv on rank %d: sendbuf == recvbuf, but all_to_allv does "
+               "not work in place (blocks of different sizes would overwrite blocks not yet "
+               "sent): use separate buffers", me);
+  TRY(check_overlap(&c, sendbuf, sext, recvbuf, rext));
+  for (int j = 0; j < n; j++)
+    total = __builtin_add_overflow(total, sendcounts[j], &total) ? SIZE_MAX : total;
+  coll_work w = {.coll = COLL_COLL_ALL_TO_ALLV, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                 .count = total, .dtype = dtype, .stream = s, .sendcounts = sendcounts,
+                 .sdispls = sdispls, .recvcounts = recvcounts, .rdispls = rdispls};
+  if (s) {
+    /* The call runs after we return: keep our own copy of the arrays. */
+    size_t *v = malloc(4 * (size_t)n * sizeof *v);
+    if (!v)
+      return coll_fail(comm, COLL_ERR_SYSTEM, "coll_all_to_allv on rank %d: out of memory "
+                       "copying the counts and displacements (%zu bytes)", me,
+                       4 * (size_t)n * sizeof *v);
+    for (int i = 0; i < 4; i++) memcpy(v + (size_t)i * (size_t)n, arr[i], (size_t)n * sizeof *v);
+    w.v_copy = v;
+    w.sendcounts = v, w.sdispls = v + n, w.recvcounts = v + 2 * (size_t)n,
+    w.rdispls = v + 3 * (size_t)n;
+  }
+  return submit(&c, &w);
+}
+
+coll_result coll_gather(const void *sendbuf, void *recvbuf, size_t sendcount, coll_dtype dtype,
+                        int root, coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_gather", comm};
+  size_t bytes, total;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_rank_arg(&c, root, "root"));
+  TRY(check_bytes(&c, sendcount, dtype, 1, &bytes));
+  TRY(check_bytes(&c, sendcount, dtype, (size_t)comm->nranks, &total));
+  TRY(check_buf(&c, sendbuf, bytes, "sendbuf"));
+  bool is_root = comm->rank == root;
+  if (is_root) {
+    TRY(check_buf(&c, recvbuf, total, "recvbuf"));
+    bool in_place = recvbuf && (const char *)recvbuf + (size_t)root * bytes == sendbuf;
+    if (!in_place) TRY(check_overlap(&c, sendbuf, bytes, recvbuf, total));
+  }
+  coll_work w = {.coll = COLL_COLL_GATHER, .sendbuf = sendbuf,
+                 .recvbuf = is_root ? recvbuf : NULL, .count = sendcount, .dtype = dtype,
+                 .root = root, .stream = s};
+  return submit(&c, &w);
+}
+
+coll_result coll_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, coll_dtype dtype,
+                         int root, coll_comm_t comm, coll_stream_t s) {
+  ctx c = {"coll_scatter", comm};
+  size_t bytes, total;
+  TRY(check_comm(&c));
+  TRY(check_dtype(&c, dtype));
+  TRY(check_rank_arg(&c, root, "root"));
+  TRY(check_bytes(&c, recvcount, dtype, 1, &bytes));
+  TRY(check_bytes(&c, recvcount, dtype, (size_t)comm->nranks, &total));
+  TRY(check_buf(&c, recvbuf, bytes, "recvbuf"));
+  bool is_root = comm->rank == root;
+  if (is_root) {
+    TRY(check_buf(&c, sendbuf, total, "sendbuf"));
+    bool in_place = sendbuf && (const char *)sendbuf + (size_t)root * bytes == recvbuf;
+    if (!in_place) TRY(check_overlap(&c, sendbuf, total, recvbuf, bytes));
+  }
+  coll_work w = {.coll = COLL_COLL_SCATTER, .sendbuf = is_root ? sendbuf : NULL,
+                 .recvbuf = recvbuf, .count = recvcount, .dtype = dtype, .root = root,
                  .stream = s};
   return submit(&c, &w);
 }

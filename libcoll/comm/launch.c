@@ -9,11 +9,14 @@
  * crashes — then kills the others rather than letting them wait for a peer that will
  * never come.  Afterwards it removes any shared segment of the job left in /dev/shm
  * (normally none: ranks unlink their segments during init; this covers a rank killed
- * during init itself).  Must never leave a child running or unreaped when it returns.
+ * during init itself).  When every rank can have a CPU of its own, rank r is bound to
+ * the r-th allowed CPU (bind_rank).  Must never leave a child running or unreaped when
+ * it returns.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +54,26 @@ static void cleanup_segments(const coll_unique_id *id) {
   closedir(d);
 }
 
+/* Rank r on the r-th CPU this process may use, when there are enough for every rank (as
+ * mpirun binds to cores by default; COLL_LAUNCH_BIND=0 leaves placement to the kernel).
+ * Unbound, the scheduler often kept both ranks of a 2-rank job on one core of this busy
+ * 2-vCPU VM, and every wait then spun out its budget before the peer could run: a 1 KiB
+ * all-to-all took ~30 us in 4 runs of 6, against 0.2-1.7 us bound (Open MPI 0.4-2.2). */
+static void bind_rank(int r, int nranks) {
+  const char *e = getenv("COLL_LAUNCH_BIND");
+  if (e && strcmp(e, "0") == 0) return;
+  cpu_set_t allowed, one;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || nranks > CPU_COUNT(&allowed))
+    return;
+  for (int c = 0, k = 0; c < CPU_SETSIZE; c++) {
+    if (!CPU_ISSET(c, &allowed) || k++ != r) continue;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    sched_setaffinity(0, sizeof one, &one); /* best effort: placement, not correctness */
+    return;
+  }
+}
+
 static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why,
                   size_t why_len, bool raw) {
   char dummy[8];
@@ -83,6 +106,7 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
     pid_t pid = fork();
     if (pid == 0) {
       coll_bootstrap_root_forget(root);
+      bind_rank(r, nranks);
       char buf[16];
       snprintf(buf, sizeof buf, "%d", r);
       setenv("COLL_LAUNCH_RANK", buf, 1);

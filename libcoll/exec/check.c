@@ -23,6 +23,10 @@
  *                 a group with several messages to a peer must meet a group there (the
  *                 plain calls would exchange one descriptor each: reported as a
  *                 mismatch).  Dtypes are not compared across a group.
+ *   all_to_allv   as collectives, but the descriptor sent to rank q carries what this
+ *                 rank sends q and expects from q (count, recv_count), and q checks them
+ *                 against its own recvcounts and sendcounts; the rest is compared as for
+ *                 any collective.
  * Posting every send before the first receive cannot deadlock: a FIFO that is full holds
  * slices of the previous call, which the peer consumes without waiting for us (our part
  * of that call is complete).  Every wait is bounded exactly like the executor's.
@@ -76,7 +80,10 @@ static bool reducing(int coll) {
   return coll == COLL_COLL_ALL_REDUCE || coll == COLL_COLL_REDUCE ||
          coll == COLL_COLL_REDUCE_SCATTER;
 }
-static bool rooted(int coll) { return coll == COLL_COLL_BROADCAST || coll == COLL_COLL_REDUCE; }
+static bool rooted(int coll) {
+  return coll == COLL_COLL_BROADCAST || coll == COLL_COLL_REDUCE || coll == COLL_COLL_GATHER ||
+         coll == COLL_COLL_SCATTER;
+}
 
 static desc describe(const coll_work *w) {
   desc d = {.magic = CHECK_MAGIC, .coll = (uint8_t)w->coll, .dtype = (uint8_t)w->dtype,
@@ -91,6 +98,7 @@ static desc describe(const coll_work *w) {
     d.recv_count = w->recv_count;
     break;
   case COLL_COLL_BARRIER: d.dtype = 0; d.op = 0; d.count = 0; break;
+  case COLL_COLL_ALL_TO_ALLV: d.op = 0; d.count = 0; break; /* per peer: check_collective */
   default:
     d.count = w->count;
     if (!reducing(w->coll)) d.op = 0;
@@ -134,7 +142,12 @@ static void say(char *out, size_t len, const desc *d) {
              d->root);
     break;
   case COLL_COLL_BROADCAST:
+  case COLL_COLL_GATHER:
+  case COLL_COLL_SCATTER:
     snprintf(out, len, " (count %llu, %s, root %d)", (unsigned long long)d->count, dt, d->root);
+    break;
+  case COLL_COLL_ALL_TO_ALLV:
+    snprintf(out, len, " (%s)", dt);
     break;
   default:
     if (reducing(d->coll))
@@ -222,17 +235,40 @@ static coll_result get(struct coll_comm *comm, const coll_work *w, int peer, des
 
 /* ---- the two schedules -------------------------------------------------------------- */
 
+/* all_to_allv: rank q's descriptor for this rank says what q sends here (count) and
+ * expects from here (recv_count); both must match this rank's own arrays. */
+static coll_result v_pair(struct coll_comm *comm, const coll_work *w, int q, const desc *d) {
+  if (d->coll != COLL_COLL_ALL_TO_ALLV) return COLL_OK; /* another call: reported below */
+  int me = comm->rank;
+  if (d->count == w->recvcounts[q] && d->recv_count == w->sendcounts[q]) return COLL_OK;
+  bool sends = d->count != w->recvcounts[q];
+  return coll_fail(comm, COLL_ERR_MISMATCH,
+                   "mismatched calls (COLL_CHECK, seen by rank %d): in all_to_allv #%llu rank "
+                   "%d %s %llu elements %s rank %d, but rank %d's %s[%d] is %zu", me,
+                   (unsigned long long)w->seq, q, sends ? "sends" : "expects",
+                   (unsigned long long)(sends ? d->count : d->recv_count),
+                   sends ? "to" : "from", me, me, sends ? "recvcounts" : "sendcounts", q,
+                   sends ? w->recvcounts[q] : w->sendcounts[q]);
+}
+
 static coll_result check_collective(struct coll_comm *comm, const coll_work *w) {
   desc me = describe(w), prev = {0}, cur;
   int n = comm->nranks;
+  bool v = w->coll == COLL_COLL_ALL_TO_ALLV;
   coll_result r, first = COLL_OK;
-  for (int p = 0; p < n; p++)
-    if (p != comm->rank && (r = put(comm, w, p, &me)) != COLL_OK) return r;
+  for (int p = 0; p < n; p++) {
+    if (p == comm->rank) continue;
+    desc to = me;
+    if (v) to.count = w->sendcounts[p], to.recv_count = w->recvcounts[p];
+    if ((r = put(comm, w, p, &to)) != COLL_OK) return r;
+  }
   /* Receive everything even after a disagreement, so every rank reports the same first
    * one (between the lowest pair of neighbouring ranks that differ). */
   for (int p = 0; p < n; p++) {
     if (p == comm->rank) cur = me;
     else if ((r = get(comm, w, p, &cur)) != COLL_OK) return r;
+    if (v && p != comm->rank && first == COLL_OK) first = v_pair(comm, w, p, &cur);
+    if (cur.coll == COLL_COLL_ALL_TO_ALLV) cur.count = cur.recv_count = 0; /* compared above */
     if (p > 0 && first == COLL_OK && (is_p2p(cur.coll) || !same(&prev, &cur)))
       first = mismatch(comm, p - 1, &prev, p, &cur);
     prev = cur;

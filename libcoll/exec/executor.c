@@ -252,7 +252,9 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   coll_plan_args a = {.coll = w->coll, .algo = algo, .count = w->count,
                       .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
                       .recv_count = w->recv_count, .recv_peer = w->recv_peer,
-                      .slice = comm->slot_bytes / es};
+                      .slice = comm->slot_bytes / es, .sendcounts = w->sendcounts,
+                      .sdispls = w->sdispls, .recvcounts = w->recvcounts,
+                      .rdispls = w->rdispls};
   switch (w->coll) {
   case COLL_COLL_ALL_REDUCE: a.in_place = w->sendbuf == w->recvbuf; break;
   case COLL_COLL_BROADCAST:
@@ -267,6 +269,13 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     bufs[0] = bufs[1] = comm->barrier_buf;
     a.count = 1;
     a.in_place = 1;
+    break;
+  case COLL_COLL_ALL_TO_ALL: a.in_place = w->sendbuf == w->recvbuf; break;
+  case COLL_COLL_GATHER: /* on the root: its block already in place */
+    a.in_place = bufs[1] && bufs[1] + (size_t)w->root * w->count * es == bufs[0];
+    break;
+  case COLL_COLL_SCATTER:
+    a.in_place = bufs[0] && bufs[0] + (size_t)w->root * w->count * es == bufs[1];
     break;
   default: break;
   }
@@ -307,7 +316,9 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   }
   {
     size_t user = w->count * es;
-    if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER)
+    if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER ||
+        w->coll == COLL_COLL_ALL_TO_ALL || w->coll == COLL_COLL_GATHER ||
+        w->coll == COLL_COLL_SCATTER)
       user *= (size_t)comm->nranks;
     /* In place the output lines are read as inputs anyway: nothing to save there. */
     x.nt = !g && user >= comm->nt_bytes && !a.in_place;
@@ -356,6 +367,8 @@ static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_wor
   if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
   free(w->group); /* a group's point-to-point lists and plan (group.c) */
   w->group = NULL;
+  free(w->v_copy); /* all_to_allv's arrays, copied at the enqueue (api.c) */
+  w->v_copy = NULL;
   coll_cuda_work_done(w); /* its cudaStream_t event, if any */
   if (w->stream) {
     const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);

@@ -262,10 +262,17 @@ coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes, size_t
                      "and somewhere to put the result");
   char dummy[8];
   if (!formula) { formula = dummy; formula_len = sizeof dummy; }
-  for (int c = 0; c < COLL_NUM_COLLS; c++)
-    if (strcmp(coll, coll_coll_name((coll_coll_kind)c)) == 0)
-      return coll_algo_cost(COLL_ALGO_RING, (coll_coll_kind)c, nranks, (double)bytes,
-                            (double)slice_bytes, alpha, beta, 0, seconds, formula, formula_len);
+  for (int c = 0; c < COLL_NUM_COLLS; c++) {
+    if (strcmp(coll, coll_coll_name((coll_coll_kind)c)) != 0) continue;
+    /* The collective's default schedule: the ring, pairwise for all-to-all, linear for
+     * gather and scatter. */
+    if (coll_algo_cost(coll_algo_default((coll_coll_kind)c), (coll_coll_kind)c, nranks,
+                       (double)bytes, (double)slice_bytes, alpha, beta, 0, seconds, formula,
+                       formula_len) == COLL_OK)
+      return COLL_OK;
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_cost_predict: %s has no size every "
+                     "rank shares, so no single cost", coll);
+  }
   return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_cost_predict: unknown collective \"%s\"",
                    coll);
 }

@@ -6,8 +6,9 @@
  *          lap over the number of hops (on 2 ranks, half a ping-pong).
  *   β      ranks 0 and 1 bounce 1 MiB: (half the fastest round trip - α) / 1 MiB.
  *   γ      rank 0 reduces 64 KiB of float32 in cache: seconds per byte reduced.
- *   per schedule (every row with a plan): an 8-byte all-reduce forced onto it, median
- *          of 60, over the number of α terms in its formula — its own α.  With more
+ *   per schedule (every row with a plan): a small call forced onto it — an 8-byte
+ *          all-reduce, or a byte per rank of all-to-all (pairwise) or gather (linear) —
+ *          median of 60, over the number of α terms in its formula: its own α.  With more
  *          ranks than cores an α is mostly the wait for a descheduled peer, and how much
  *          a pattern overlaps those waits differs (calibrate()).
  *   α_mb   the same 8-byte all-reduce on the one-shot row: its fixed cost.
@@ -89,7 +90,8 @@ static bool price(struct coll_comm *comm, const coll_algo_entry *e, coll_coll_ki
 
 /* The elements of a call of c moving `bytes` (nccl-tests' size) of 1-byte elements. */
 static size_t count_of(struct coll_comm *comm, coll_coll_kind c, size_t bytes) {
-  return c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER
+  return c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER ||
+                 c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER
              ? bytes / (size_t)comm->nranks : bytes;
 }
 
@@ -99,16 +101,17 @@ static void build_table(struct coll_comm *comm) {
     if (!tabled((coll_coll_kind)c)) continue;
     for (int b = 0; b < COLL_TUNE_BUCKETS; b++) {
       double n = bucket_bytes(b), best = INFINITY, best_plan = INFINITY, s;
-      coll_algo pick = COLL_ALGO_RING, pick_plan = COLL_ALGO_RING;
+      coll_algo pick = coll_algo_default((coll_coll_kind)c), pick_plan = pick;
       coll_work w = {.coll = (coll_coll_kind)c, .count = count_of(comm, (coll_coll_kind)c, (size_t)n),
                      .dtype = COLL_UINT8};
       for (int a = 0; a < COLL_NUM_ALGOS; a++) {
         const coll_algo_entry *e = coll_algo_get((coll_algo)a);
         comm->cost_at[a][c][b] = INFINITY;
         if (!e || !price(comm, e, (coll_coll_kind)c, n, &s, f, sizeof f)) continue;
-        s *= e->handicap;
+        s *= e->plain_colls & COLL_BIT(c) ? 1.0 : e->handicap;
         comm->cost_at[a][c][b] = s;
         if (e->per_call || !coll_algo_usable(e, comm, &w, 1)) continue;
+        if (e->preferable && !e->preferable(comm, (coll_coll_kind)c, n)) continue;
         if (s < best) best = s, pick = (coll_algo)a;
         if (e->plan && s < best_plan) best_plan = s, pick_plan = (coll_algo)a;
       }
@@ -124,11 +127,15 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
                                   coll_algo declined) {
   coll_coll_kind c = w->coll;
   if (!tabled(c) || comm->nranks == 1)
-    return COLL_ALGO_RING; /* no algorithm: plan.c schedules these itself */
+    return coll_algo_default(c); /* no algorithm: plan.c schedules these itself */
   size_t bytes = w->count * es;
-  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
+  if (c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL ||
+      c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER)
+    bytes *= (size_t)comm->nranks;
+  if (c == COLL_COLL_ALL_TO_ALLV)
+    bytes = 1; /* its count is this rank's alone: the choice below must not depend on it */
   if (bytes == 0 && c != COLL_COLL_BARRIER)
-    return COLL_ALGO_RING; /* nothing moves: the plan has no steps, whatever is forced */
+    return coll_algo_default(c); /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
   if (f != COLL_ALGO_AUTO && f != declined) {
     if (coll_algo_usable(coll_algo_get(f), comm, w, es)) return f;
@@ -142,7 +149,11 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
     }
   }
   if (!comm->tuned) /* measuring: the probe runs on rings, or on what it is timing */
-    return comm->probe_algo != COLL_ALGO_AUTO ? comm->probe_algo : COLL_ALGO_RING;
+    return comm->probe_algo != COLL_ALGO_AUTO ? comm->probe_algo : coll_algo_default(c);
+  /* All-to-allv: the ranks' sizes differ and none knows the others', so there is no size
+   * to look up that every rank agrees on: always its default schedule (COLL_ALGO=direct,
+   * or mapped buffers, choose the single-copy paths, the same on every rank). */
+  if (c == COLL_COLL_ALL_TO_ALLV) return coll_algo_default(c);
   int b = bucket_of(bytes);
   coll_algo a = (coll_algo)comm->choice[c][b];
   if (a == declined || !coll_algo_usable(coll_algo_get(a), comm, w, es))
@@ -244,7 +255,7 @@ static void defaults(coll_tune_params *t) {
 
 /* ---- the cache: one line per shape of communicator ------------------------------------ */
 
-#define CACHE_FORMAT "libcoll-tune 3 "
+#define CACHE_FORMAT "libcoll-tune 4 "
 
 static void key_of(struct coll_comm *comm, char *key, size_t len) {
   snprintf(key, len, "nranks=%d local=%d transport=%s slot=%zu", comm->nranks,
@@ -291,10 +302,10 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
     coll_tune_params x = {0};
     double *aa = x.alpha_algo;
     if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg beta_cma=%lg alpha_cma=%lg "
-                   "ring=%lg tree=%lg rd=%lg rhd=%lg",
+                   "ring=%lg tree=%lg rd=%lg rhd=%lg pairwise=%lg linear=%lg",
                &x.alpha, &x.beta, &x.gamma, &x.alpha_mb, &x.beta_cma, &x.alpha_cma,
                &aa[COLL_ALGO_RING], &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD],
-               &aa[COLL_ALGO_RHD]) == 10 &&
+               &aa[COLL_ALGO_RHD], &aa[COLL_ALGO_PAIRWISE], &aa[COLL_ALGO_LINEAR]) == 12 &&
         x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0 && x.beta_cma > 0 &&
         x.alpha_cma >= 0) {
       *t = x;
@@ -329,9 +340,11 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   if (in) fclose(in);
   const double *aa = t->alpha_algo;
   fprintf(out, CACHE_FORMAT "%s alpha=%.17g beta=%.17g gamma=%.17g alpha_mb=%.17g "
-          "beta_cma=%.17g alpha_cma=%.17g ring=%.17g tree=%.17g rd=%.17g rhd=%.17g\n", key,
+          "beta_cma=%.17g alpha_cma=%.17g ring=%.17g tree=%.17g rd=%.17g rhd=%.17g "
+          "pairwise=%.17g linear=%.17g\n", key,
           t->alpha, t->beta, t->gamma, t->alpha_mb, t->beta_cma, t->alpha_cma,
-          aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD]);
+          aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD],
+          aa[COLL_ALGO_PAIRWISE], aa[COLL_ALGO_LINEAR]);
   bool ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
   ok = fclose(out) == 0 && ok;
   if (!ok || rename(tmp, path) != 0) {
@@ -362,21 +375,30 @@ static void quantize_all(coll_tune_params *t) {
  * on the pattern (a ring overlaps its waits, a butterfly does not): the token lap alone
  * mispriced them.  Rank 0's figures count, like the rest. */
 static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
-  uint8_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8];
+  size_t n = (size_t)comm->nranks;
+  uint8_t *in = calloc(n > 8 ? n : 8, 1), *out = calloc(n > 8 ? n : 8, 1);
   double v[CAL_LAPS];
   coll_result r = COLL_OK;
-  /* Every row with a schedule that serves an all-reduce, then the one-shot row. */
+  if (!in || !out) r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory calibrating");
+  /* Every row with a schedule, on the first of these collectives it serves (8 bytes of
+   * all-reduce; a byte per rank of all-to-all or gather), then the one-shot row. */
+  static const coll_coll_kind probes[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_ALL_TO_ALL,
+                                          COLL_COLL_GATHER};
   for (int i = 0; i < COLL_NUM_ALGOS && r == COLL_OK; i++) {
     coll_algo a = (coll_algo)i;
-    coll_work probe = {.coll = COLL_COLL_ALL_REDUCE, .count = sizeof in, .dtype = COLL_UINT8};
+    coll_coll_kind c = COLL_COLL_ALL_REDUCE;
+    bool found = false;
+    for (size_t k = 0; k < sizeof probes / sizeof *probes && !found; k++)
+      if (coll_algo_serves(a, probes[k], comm->nranks)) c = probes[k], found = true;
+    size_t count = c == COLL_COLL_ALL_REDUCE ? 8 : 1;
+    coll_work probe = {.coll = c, .count = count, .dtype = COLL_UINT8};
     if (a == COLL_ALGO_ONESHOT ? !coll_algo_usable(coll_algo_get(a), comm, &probe, 1)
-                               : !coll_algo_has_plan(a) ||
-                                     !coll_algo_serves(a, COLL_COLL_ALL_REDUCE, comm->nranks))
+                               : !coll_algo_has_plan(a) || !found)
       continue;
     comm->probe_algo = a;
     for (int k = -10; k < CAL_LAPS && r == COLL_OK; k++) {
-      coll_work w = {.coll = COLL_COLL_ALL_REDUCE, .sendbuf = in, .recvbuf = out,
-                     .count = sizeof in, .dtype = COLL_UINT8, .op = COLL_SUM};
+      coll_work w = {.coll = c, .sendbuf = in, .recvbuf = out, .count = count,
+                     .dtype = COLL_UINT8, .op = COLL_SUM};
       uint64_t t0 = coll_now_ns();
       r = coll_exec_submit(comm, &w);
       if (k >= 0) v[k] = (double)(coll_now_ns() - t0) * 1e-9;
@@ -386,13 +408,15 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
     char f[160];
     if (a == COLL_ALGO_ONESHOT) {
       t->alpha_mb = L;
-    } else if (coll_algo_cost(a, COLL_COLL_ALL_REDUCE, comm->nranks, sizeof in,
+    } else if (coll_algo_cost(a, c, comm->nranks, c == COLL_COLL_ALL_REDUCE ? 8.0 : (double)n,
                               (double)comm->slot_bytes, 1.0, 0, 0, &unit, f, sizeof f) ==
                    COLL_OK && unit > 0) {
       t->alpha_algo[a] = L / unit;
     }
   }
   comm->probe_algo = COLL_ALGO_AUTO;
+  free(in);
+  free(out);
   return r;
 }
 

@@ -129,6 +129,36 @@ COLL_API coll_result coll_sendrecv(const void *sendbuf, size_t sendcount, int ds
                                    coll_comm_t comm, coll_stream_t s);
 COLL_API coll_result coll_barrier(coll_comm_t comm, coll_stream_t s);
 
+/* Block j of sendbuf (`count` elements, at j*count) goes to rank j; block i of recvbuf
+ * comes from rank i.  Both buffers hold nranks*count elements.  In place
+ * (sendbuf == recvbuf) each block is replaced by the one its peer sent, as MPI_IN_PLACE
+ * does; any other overlap is refused. */
+COLL_API coll_result coll_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                     coll_dtype dtype, coll_comm_t comm, coll_stream_t s);
+/* The same with a block size per peer, in elements: sendcounts[j] elements starting at
+ * element sdispls[j] of sendbuf go to rank j; recvcounts[i] elements from rank i land at
+ * element rdispls[i] of recvbuf.  Rank j's sendcounts[i] must equal rank i's
+ * recvcounts[j] (and a rank's own sendcounts[r] its recvcounts[r]); elements of recvbuf
+ * outside the named blocks are left untouched; receive blocks must not overlap each
+ * other.  Not in place: sendbuf and recvbuf must not overlap.  The four arrays (nranks
+ * entries each) are copied before the call returns, so with a stream they may be reused
+ * at once. */
+COLL_API coll_result coll_all_to_allv(const void *sendbuf, const size_t *sendcounts,
+                                      const size_t *sdispls, void *recvbuf,
+                                      const size_t *recvcounts, const size_t *rdispls,
+                                      coll_dtype dtype, coll_comm_t comm, coll_stream_t s);
+/* Every rank's `sendcount` elements land, in rank order, in the root's recvbuf
+ * (nranks*sendcount elements); recvbuf is ignored (may be NULL) elsewhere.  In place on
+ * the root: sendbuf == recvbuf + root*sendcount elements (its block is already there). */
+COLL_API coll_result coll_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                 coll_dtype dtype, int root, coll_comm_t comm,
+                                 coll_stream_t s);
+/* The mirror of gather: block i of the root's sendbuf (nranks*recvcount elements) lands in
+ * rank i's recvbuf (recvcount elements); sendbuf is ignored (may be NULL) off the root.
+ * In place on the root: recvbuf == sendbuf + root*recvcount elements. */
+COLL_API coll_result coll_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                  coll_dtype dtype, int root, coll_comm_t comm,
+                                  coll_stream_t s);
 /* --- grouped calls, as ncclGroupStart / ncclGroupEnd ------------------------------
  * Between coll_group_start and coll_group_end (per thread; groups nest, the outermost
  * end counts) the calls above check their arguments and return: COLL_OK, or an argument

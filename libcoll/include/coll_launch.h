@@ -23,7 +23,9 @@ typedef int (*coll_rank_fn)(coll_comm_t comm, int rank, int nranks, void *arg);
  * than timeout_ms (0: no limit) it kills the others.  Afterwards no shared-memory
  * segment of the job is left in /dev/shm.  Returns 0 when every rank returned 0, else
  * the first non-zero status seen (128+signal for a rank killed by a signal, 124 for a
- * timeout); `why` (if not NULL, `why_len` bytes) gets a sentence about the failure. */
+ * timeout); `why` (if not NULL, `why_len` bytes) gets a sentence about the failure.
+ * When nranks is at most the number of CPUs the caller may run on, rank r is bound to
+ * the r-th of them, as mpirun binds ranks to cores (COLL_LAUNCH_BIND=0: not bound). */
 COLL_API int coll_launch_local(int nranks, coll_rank_fn fn, void *arg, int timeout_ms,
                                char *why, size_t why_len);
 

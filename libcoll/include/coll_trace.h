@@ -51,9 +51,10 @@ COLL_API coll_result coll_trace_stop(coll_comm_t comm);
 COLL_API coll_result coll_trace_read(coll_comm_t comm, coll_trace_event *ev, size_t cap,
                                      size_t *n);
 
-/* The α-β cost model of the algorithm libcoll runs for `coll` ("all_reduce", ...,
- * "sendrecv") on `nranks` ranks moving `bytes` (nccl-tests' size convention: the whole
- * buffer for all_gather / reduce_scatter), with slices of `slice_bytes`: *seconds gets
+/* The α-β cost model of the FIFO schedule libcoll runs for `coll` ("all_reduce", ...,
+ * "sendrecv", "all_to_all", "gather", "scatter": the ring, pairwise or linear) on `nranks`
+ * ranks moving `bytes` (nccl-tests' size convention: the whole buffer for all_gather /
+ * reduce_scatter / gather / scatter, one rank's whole buffer for all_to_all), with slices of `slice_bytes`: *seconds gets
  * the predicted time for α seconds per message and β seconds per byte, and `formula`
  * (if not NULL) the formula with the numbers put in. */
 COLL_API coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes,
