@@ -27,6 +27,8 @@
  * run measures, every later run on this machine reads the same numbers and so builds
  * the same table; COLL_TUNE_FILE=path moves the cache, COLL_TUNE_FILE=none turns it off;
  * (3) COLL_ALGO=name pins the algorithm outright, and COLL_TUNE=0 uses fixed defaults.
+ * The cache keeps the first run's figures: a first run on a busy machine misprices until
+ * COLL_TUNE=refresh measures again (and rewrites the line) on a quiet one.
  *
  * The table: for every collective and every power-of-two size bucket, the row with the
  * smallest predicted time × its handicap (algo/table.c), each priced by its own formula
@@ -432,7 +434,11 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   } msg = {0};
   uint8_t buf[64];
   coll_result r;
-  if (cached && read_cache(comm, path, &t)) msg.source = 2;
+  /* COLL_TUNE=refresh: measure again and replace this shape's cached figures (the cache
+   * keeps the first run's measurement; one taken on a busy machine misprices). */
+  const char *mode = getenv("COLL_TUNE");
+  bool refresh = mode && strcmp(mode, "refresh") == 0;
+  if (cached && !refresh && read_cache(comm, path, &t)) msg.source = 2;
   if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
   if (msg.source != 2) {
     uint8_t *big = malloc(BIG);
@@ -489,7 +495,7 @@ coll_result coll_tune_init(struct coll_comm *comm) {
     }
   }
   long on = 1;
-  if (!coll_env_int("COLL_TUNE", 1, &on)) on = 1;
+  if (!coll_env_int("COLL_TUNE", 1, &on)) on = 1; /* "refresh" too: probe() reads it */
   /* The probe's calls are the library's own, the same on every rank by construction:
    * COLL_CHECK (which ranks may set differently) checks users' calls only. */
   bool check = comm->check;
