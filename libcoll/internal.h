@@ -395,10 +395,11 @@ coll_result coll_tune_init(struct coll_comm *comm);
 /* The row of the algorithm table for this call: COLL_ALGO if it can serve it, else the
  * tuner's table's.  The same on every rank for the same call. */
 coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es);
-/* The same, once every rank's `declined` row found it could not run this call (its run
- * reported *ran = false): the next choice. */
+/* The same, once every rank found that the rows in `declined` (bit 1 << coll_algo each)
+ * cannot run this call (their run reported *ran = false): the next choice, never one of
+ * them.  The table's choice with a plan is never declined, so this ends. */
 coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, size_t es,
-                                  coll_algo declined);
+                                  uint32_t declined);
 
 /* ---- tracing (trace.c) ------------------------------------------------------------ */
 

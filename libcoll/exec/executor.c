@@ -238,6 +238,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
    * with a plan fall through to the schedule below. */
   const coll_group_p2p *g = w->group;
   coll_algo algo = g ? COLL_ALGO_RING : coll_tune_choose(comm, w, es);
+  uint32_t declined = 0; /* rows that found, on every rank, they cannot run this call */
   for (const coll_algo_entry *e; !g && (e = coll_algo_get(algo)) && e->run;) {
     bool ran = true;
     coll_result r = e->run(comm, w, &ran);
@@ -245,7 +246,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
       return r;
     }
-    algo = coll_tune_choose_except(comm, w, es, algo);
+    declined |= 1u << algo;
+    algo = coll_tune_choose_except(comm, w, es, declined);
   }
   atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};

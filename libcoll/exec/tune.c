@@ -126,7 +126,7 @@ static void build_table(struct coll_comm *comm) {
 /* ---- the choice, per call -------------------------------------------------------- */
 
 coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, size_t es,
-                                  coll_algo declined) {
+                                  uint32_t declined) {
   coll_coll_kind c = w->coll;
   if (!tabled(c) || comm->nranks == 1)
     return coll_algo_default(c); /* no algorithm: plan.c schedules these itself */
@@ -139,7 +139,7 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
   if (bytes == 0 && c != COLL_COLL_BARRIER)
     return coll_algo_default(c); /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
-  if (f != COLL_ALGO_AUTO && f != declined) {
+  if (f != COLL_ALGO_AUTO && !(declined & (1u << f))) {
     if (coll_algo_usable(coll_algo_get(f), comm, w, es)) return f;
     if (!comm->warned_forced[c]) {
       comm->warned_forced[c] = true;
@@ -158,18 +158,18 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
   if (c == COLL_COLL_ALL_TO_ALLV) return coll_algo_default(c);
   int b = bucket_of(bytes);
   coll_algo a = (coll_algo)comm->choice[c][b];
-  if (a == declined || !coll_algo_usable(coll_algo_get(a), comm, w, es))
+  if ((declined & (1u << a)) || !coll_algo_usable(coll_algo_get(a), comm, w, es))
     a = (coll_algo)comm->choice_plan[c][b]; /* a schedule serves whatever the call holds */
   for (int k = 0; k < COLL_NUM_ALGOS; k++) {
     const coll_algo_entry *e = coll_algo_get((coll_algo)k);
-    if (!e || !e->per_call || k == (int)declined || !coll_algo_usable(e, comm, w, es)) continue;
+    if (!e || !e->per_call || (declined & (1u << k)) || !coll_algo_usable(e, comm, w, es)) continue;
     if (coll_algo_has_plan(a) || comm->cost_at[k][c][b] < comm->cost_at[a][c][b]) a = (coll_algo)k;
   }
   return a;
 }
 
 coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es) {
-  return coll_tune_choose_except(comm, w, es, COLL_ALGO_AUTO);
+  return coll_tune_choose_except(comm, w, es, 0);
 }
 
 /* ---- measuring ------------------------------------------------------------------- */
