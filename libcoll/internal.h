@@ -267,6 +267,7 @@ struct coll_comm {
   uint8_t choice_plan[COLL_NUM_COLLS][COLL_TUNE_BUCKETS]; /* best row with a schedule */
   /* every row's predicted seconds × handicap per bucket (INFINITY: cannot serve) */
   double cost_at[COLL_NUM_ALGOS][COLL_NUM_COLLS][COLL_TUNE_BUCKETS];
+  uint32_t per_call_rows; /* bit a: row a is usable only call by call (algo.h) */
   struct coll_cuda_comm *cuda; /* device path (cuda.c); NULL until init sets it up */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */

@@ -81,8 +81,10 @@ typedef struct coll_algo_entry {
 
 /* Rows indexed by coll_algo (AUTO, index 0, is the tuner's choice, not a row that runs). */
 extern const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS];
-/* The row of `a`, NULL for AUTO or anything out of range. */
-const coll_algo_entry *coll_algo_get(coll_algo a);
+/* The row of `a`, NULL for AUTO or anything out of range (inline: every call asks). */
+static inline const coll_algo_entry *coll_algo_get(coll_algo a) {
+  return (unsigned)a < COLL_NUM_ALGOS && a != COLL_ALGO_AUTO ? &coll_algo_table[a] : NULL;
+}
 /* Whether row e can serve this call on comm: the collective, the memory kind, `usable`.
  * The same on every rank for the same call. */
 bool coll_algo_usable(const coll_algo_entry *e, struct coll_comm *comm, const coll_work *w,

@@ -84,10 +84,6 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .plan = coll_linear_plan},
 };
 
-const coll_algo_entry *coll_algo_get(coll_algo a) {
-  return (unsigned)a < COLL_NUM_ALGOS && a != COLL_ALGO_AUTO ? &coll_algo_table[a] : NULL;
-}
-
 static bool no_algorithm_needed(coll_coll_kind c, int nranks) {
   return c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV ||
          c == COLL_COLL_GROUP_P2P || nranks == 1;

@@ -99,6 +99,9 @@ static size_t count_of(struct coll_comm *comm, coll_coll_kind c, size_t bytes) {
 
 static void build_table(struct coll_comm *comm) {
   char f[160];
+  comm->per_call_rows = 0;
+  for (int a = 0; a < COLL_NUM_ALGOS; a++)
+    if (coll_algo_table[a].per_call) comm->per_call_rows |= 1u << a;
   for (int c = 0; c < COLL_NUM_COLLS; c++) {
     if (!tabled((coll_coll_kind)c)) continue;
     for (int b = 0; b < COLL_TUNE_BUCKETS; b++) {
@@ -160,9 +163,11 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
   coll_algo a = (coll_algo)comm->choice[c][b];
   if ((declined & (1u << a)) || !coll_algo_usable(coll_algo_get(a), comm, w, es))
     a = (coll_algo)comm->choice_plan[c][b]; /* a schedule serves whatever the call holds */
-  for (int k = 0; k < COLL_NUM_ALGOS; k++) {
+  /* The per-call rows only (a mask made with the table: this runs on every call). */
+  for (uint32_t m = comm->per_call_rows & ~declined; m; m &= m - 1) {
+    int k = __builtin_ctz(m);
     const coll_algo_entry *e = coll_algo_get((coll_algo)k);
-    if (!e || !e->per_call || (declined & (1u << k)) || !coll_algo_usable(e, comm, w, es)) continue;
+    if (!coll_algo_usable(e, comm, w, es)) continue;
     if (coll_algo_has_plan(a) || comm->cost_at[k][c][b] < comm->cost_at[a][c][b]) a = (coll_algo)k;
   }
   return a;
