@@ -31,14 +31,6 @@
 #include "algo.h"
 #include "linear.h"
 
-static void add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int out,
-                size_t so, size_t doff, size_t count, int chunk) {
-  if (count == 0) return;
-  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out,
-                              .peer_in2 = -1, .src_buf = COLL_BUF_SEND,
-                              .dst_buf = COLL_BUF_RECV, .src_off = so, .dst_off = doff,
-                              .count = count, .chunk = chunk};
-}
 
 coll_result coll_linear_plan(const coll_plan_args *a, coll_step *steps, size_t *nsteps) {
   int p = a->nranks, r = a->rank, root = a->root;
@@ -48,27 +40,27 @@ coll_result coll_linear_plan(const coll_plan_args *a, coll_step *steps, size_t *
   switch (a->coll) {
   case COLL_COLL_GATHER:
     if (r != root) {
-      add(steps, nsteps, COLL_STEP_SEND, -1, root, 0, 0, cnt, r);
+      coll_plan_add(steps, nsteps, COLL_STEP_SEND, -1, root, 0, 0, cnt, r);
       return COLL_OK;
     }
     if (!a->in_place)
-      add(steps, nsteps, COLL_STEP_COPY, -1, -1, 0, (size_t)r * cnt, cnt, r);
+      coll_plan_add(steps, nsteps, COLL_STEP_COPY, -1, -1, 0, (size_t)r * cnt, cnt, r);
     for (int k = 1; k < p; k++) { /* the ranks after the root first, as the ring orders */
       int q = (root + k) % p;
-      add(steps, nsteps, COLL_STEP_RECV, q, -1, 0, (size_t)q * cnt, cnt, q);
+      coll_plan_add(steps, nsteps, COLL_STEP_RECV, q, -1, 0, (size_t)q * cnt, cnt, q);
     }
     return COLL_OK;
   case COLL_COLL_SCATTER:
     if (r != root) {
-      add(steps, nsteps, COLL_STEP_RECV, root, -1, 0, 0, cnt, r);
+      coll_plan_add(steps, nsteps, COLL_STEP_RECV, root, -1, 0, 0, cnt, r);
       return COLL_OK;
     }
     for (int k = 1; k < p; k++) {
       int q = (root + k) % p;
-      add(steps, nsteps, COLL_STEP_SEND, -1, q, (size_t)q * cnt, 0, cnt, q);
+      coll_plan_add(steps, nsteps, COLL_STEP_SEND, -1, q, (size_t)q * cnt, 0, cnt, q);
     }
     if (!a->in_place)
-      add(steps, nsteps, COLL_STEP_COPY, -1, -1, (size_t)r * cnt, 0, cnt, r);
+      coll_plan_add(steps, nsteps, COLL_STEP_COPY, -1, -1, (size_t)r * cnt, 0, cnt, r);
     return COLL_OK;
   default:
     return COLL_ERR_INVALID_ARG;

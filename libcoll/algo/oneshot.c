@@ -244,6 +244,10 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mai
     if ((r = fetch(comm, w, w->root, k, &d)) != COLL_OK) return r;
     memcpy(dst, d, bytes);
     return COLL_OK;
+  case COLL_COLL_GATHER:
+    if (me != w->root) return COLL_OK; /* written: the root reads it from the mailbox */
+    /* the root gathers as every rank of an all-gather does */
+    __attribute__((fallthrough));
   case COLL_COLL_ALL_GATHER:
     for (int i = 1; i <= n; i++) {
       int p = (me + i) % n; /* own block last: in place it is already there */
@@ -271,19 +275,6 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mai
       }
       if ((r = fetch(comm, w, p, k, &d)) != COLL_OK) return r;
       memcpy(out, d + (size_t)me * bytes, bytes);
-    }
-    return COLL_OK;
-  case COLL_COLL_GATHER:
-    if (me != w->root) return COLL_OK; /* written: the root reads it from the mailbox */
-    for (int i = 1; i <= n; i++) {
-      int p = (me + i) % n;
-      uint8_t *out = dst + (size_t)p * bytes;
-      if (p == me) {
-        if (out != src) memcpy(out, src, bytes);
-        continue;
-      }
-      if ((r = fetch(comm, w, p, k, &d)) != COLL_OK) return r;
-      memcpy(out, d, bytes);
     }
     return COLL_OK;
   case COLL_COLL_SCATTER:

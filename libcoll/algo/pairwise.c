@@ -47,14 +47,6 @@
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-static void add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int out,
-                size_t so, size_t doff, size_t count, int chunk) {
-  if (count == 0) return;
-  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out,
-                              .peer_in2 = -1, .src_buf = COLL_BUF_SEND,
-                              .dst_buf = COLL_BUF_RECV, .src_off = so, .dst_off = doff,
-                              .count = count, .chunk = chunk};
-}
 
 coll_result coll_pairwise_plan(const coll_plan_args *a, coll_step *steps, size_t *nsteps) {
   int p = a->nranks, r = a->rank;
@@ -73,11 +65,11 @@ coll_result coll_pairwise_plan(const coll_plan_args *a, coll_step *steps, size_t
       size_t ro = v ? a->rdispls[q] : (size_t)q * a->count;
       if (q == r) {
         if (sc != rc) return COLL_ERR_INVALID_ARG; /* its own block: a copy of one size */
-        if (pass == 1 && !a->in_place) add(steps, nsteps, COLL_STEP_COPY, -1, -1, so, ro, sc, q);
+        if (pass == 1 && !a->in_place) coll_plan_add(steps, nsteps, COLL_STEP_COPY, -1, -1, so, ro, sc, q);
       } else if (pass == 0) {
-        add(steps, nsteps, COLL_STEP_SEND, -1, q, so, ro, sc, q);
+        coll_plan_add(steps, nsteps, COLL_STEP_SEND, -1, q, so, ro, sc, q);
       } else if (pass == 2) {
-        add(steps, nsteps, COLL_STEP_RECV, q, -1, so, ro, rc, q);
+        coll_plan_add(steps, nsteps, COLL_STEP_RECV, q, -1, so, ro, rc, q);
       }
     }
   return COLL_OK;

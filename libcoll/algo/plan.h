@@ -84,6 +84,18 @@ typedef struct {
   size_t count;
 } coll_group_op;
 
+/* Appends a step from the send buffer to the receive buffer (left out when count is 0,
+ * as both ends of a connection leave it out): the shape of the pairwise and linear plans. */
+static inline void coll_plan_add(coll_step *steps, size_t *n, coll_step_kind kind, int in,
+                                 int out, size_t src_off, size_t dst_off, size_t count,
+                                 int chunk) {
+  if (count == 0) return;
+  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out, .peer_in2 = -1,
+                              .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV,
+                              .src_off = src_off, .dst_off = dst_off, .count = count,
+                              .chunk = chunk};
+}
+
 /* The most steps any algorithm here produces for nranks ranks (a group's
  * point-to-point plan has one step per operation instead: its caller sizes it). */
 size_t coll_plan_max_steps(int nranks);
