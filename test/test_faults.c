@@ -283,9 +283,13 @@ static void *aborter(void *arg) {
 
 static int abort_rank(coll_comm_t comm, int rank, int n, void *arg) {
   (void)n;
-  int *fds = arg;
-  char c;
-  if (rank == 1) return read(fds[0], &c, 1) == 1 ? 0 : 1; /* never joins the all-reduce */
+  int *fds = arg; /* [0..1]: rank 0 is done; [2..3]: rank 1 is up */
+  char c = 'u';
+  if (rank == 1) /* never joins the all-reduce */
+    return write(fds[3], &c, 1) == 1 && read(fds[0], &c, 1) == 1 ? 0 : 1;
+  /* Rank 0's init can end while rank 1's still reads rank 0's last bytes of it: aborted
+   * then, rank 1's init would fail, not the call this test is about. */
+  if (read(fds[2], &c, 1) != 1) return 1;
   pthread_t t;
   pthread_create(&t, NULL, aborter, comm);
   float x = 1;
@@ -304,13 +308,13 @@ static int abort_rank(coll_comm_t comm, int rank, int n, void *arg) {
 }
 
 Test(faults, abort_from_another_thread_tcp, .timeout = 40) {
-  int fds[2];
+  int fds[4];
   cr_assert_eq(pipe(fds), 0);
+  cr_assert_eq(pipe(fds + 2), 0);
   setenv("COLL_TRANSPORT", "tcp", 1);
   setenv("COLL_TIMEOUT_MS", "20000", 1);
   char why[256];
   int rc = t_launch(2, abort_rank, fds, 30000, why, sizeof why);
-  close(fds[0]);
-  close(fds[1]);
+  for (int i = 0; i < 4; i++) close(fds[i]);
   cr_assert_eq(rc, 0, "%s", why);
 }

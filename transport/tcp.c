@@ -441,7 +441,7 @@ static void publish(tcp_conn *c, _Atomic uint32_t *word, _Atomic uint32_t *waite
 
 /* Moves what can move on peer p's sockets without blocking; true if any byte moved. */
 static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
-  bool moved = false;
+  bool moved = false, all_goodbyes = false;
   tcp_conn *s = &p->send, *r = &p->recv;
   uint32_t stail = atomic_load_explicit(&s->ctl.tail, memory_order_acquire);
   uint32_t rhead = atomic_load_explicit(&r->ctl.head, memory_order_acquire);
@@ -506,10 +506,7 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
           so->roff = 0;
           bool all = true;
           for (int j = 0; j < p->nsocks; j++) all = all && p->socks[j].said_goodbye;
-          if (all) {
-            atomic_store(&p->gone, 1);
-            wake_conn(r);
-          }
+          all_goodbyes = all;
           break;
         }
         if (so->rlen > TCP_SLOT_BYTES) {
@@ -539,6 +536,12 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
   if (h != shead) publish(s, &s->ctl.head, &s->ctl.head_waiter, h);
   uint32_t rtail = atomic_load_explicit(&r->ctl.tail, memory_order_relaxed);
   if (t != rtail) publish(r, &r->ctl.tail, &r->ctl.tail_waiter, t);
+  /* Only now: the slices read in this same pass, just ahead of the goodbyes, are
+   * published above, and a waiter that sees `gone` must find them. */
+  if (all_goodbyes) {
+    atomic_store(&p->gone, 1);
+    wake_conn(r);
+  }
   if (h != stail) *sends_pending = true;
   return moved;
 }
@@ -734,7 +737,9 @@ static coll_result peer_trouble(struct coll_comm *comm, tcp_conn *c) {
   int lost = atomic_load(&ctx->first_dead);
   if (lost >= 0)
     return coll_fail(comm, COLL_ERR_REMOTE, "%s", ctx->peers[lost]->why);
-  if (!c->base.is_send && atomic_load(&c->peer->gone))
+  /* Gone, then the counter: the proxy publishes the last slices before `gone`, and a
+   * caller that looked at the counter before `gone` was set may have missed them. */
+  if (!c->base.is_send && atomic_load(&c->peer->gone) && !can_go(c))
     return coll_fail(comm, COLL_ERR_REMOTE,
                      "rank %d: rank %d destroyed its communicator while this rank still waits "
                      "for its data (did the ranks call different collectives?)", comm->rank,
