@@ -476,7 +476,7 @@ Test(collectives, mapped_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO
 Test(collectives, tree_big, .timeout = 600) { forced_big(COLL_ALGO_TREE, 5, 8); }
 Test(collectives, rd_big, .timeout = 600) { forced_big(COLL_ALGO_RD, 3, 0); }
 Test(collectives, rhd_big, .timeout = 600) { forced_big(COLL_ALGO_RHD, 5, 8); }
-Test(collectives, direct_big, .timeout = 600) { forced_big(COLL_ALGO_DIRECT, 2, 5); }
+Test(collectives, direct_big, .timeout = 600) { forced_big(COLL_ALGO_DIRECT, 2, 0); }
 Test(collectives, mapped_big, .timeout = 600) { forced_big(COLL_ALGO_MAPPED, 2, 5); }
 
 /* COLL_ALGO=tree cannot serve reduce-scatter (nor all-gather): the call falls back to
