@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "../bench/bench_util.c"
+#include "run_prog.h"
 
 /* An assertion that reaches Criterion only when it fails: the loops below check millions
  * of values, and `meson test` runs with --full-stats, which reports every passed
@@ -326,23 +327,7 @@ Test(bench_units, checker_counts_wrong_elements) {
 /* Part 2: the binary                                                                      */
 /* ===================================================================================== */
 
-typedef struct {
-  int status; /* exit status, or 128+signal, or -1 on timeout */
-  char *out, *err;
-} run_result;
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return strdup("");
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  size_t got = fread(s, 1, (size_t)n, f);
-  s[got] = '\0';
-  fclose(f);
-  return s;
-}
+typedef t_run_result run_result;
 
 static const char *bench_path(void) {
   static char path[4096];
@@ -357,58 +342,17 @@ static const char *bench_path(void) {
  * assignments ("NAME=value", NULL-terminated, may be NULL), killing its process group
  * after timeout_s. */
 static run_result run_bench(const char *const *args, const char *const *env, int timeout_s) {
-  const char *exe = bench_path();
-  char outp[] = "/tmp/test_bench_out_XXXXXX", errp[] = "/tmp/test_bench_err_XXXXXX";
-  int ofd = mkstemp(outp), efd = mkstemp(errp);
-  cr_assert(ofd >= 0 && efd >= 0);
   const char *argv[64];
   int argc = 0;
-  argv[argc++] = exe;
+  argv[argc++] = bench_path();
   for (; args[argc - 1] && argc < 63; argc++) argv[argc] = args[argc - 1];
   argv[argc] = NULL;
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    setpgid(0, 0);
-    dup2(ofd, 1);
-    dup2(efd, 2);
-    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
-    execv(exe, (char *const *)argv);
-    _exit(126);
-  }
-  setpgid(pid, pid);
-  run_result r = {0, NULL, NULL};
-  struct timespec t0, now;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  int st;
-  for (;;) {
-    pid_t w = waitpid(pid, &st, WNOHANG);
-    if (w == pid) break;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec - t0.tv_sec > timeout_s) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      r.status = -1;
-      break;
-    }
-    usleep(10000);
-  }
-  if (r.status != -1)
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  close(ofd);
-  close(efd);
-  r.out = slurp(outp);
-  r.err = slurp(errp);
-  unlink(outp);
-  unlink(errp);
+  run_result r = t_run(argv, env, timeout_s);
+  cr_assert_neq(r.status, -2, "%s", r.err);
   return r;
 }
 
-static void free_run(run_result *r) {
-  free(r->out);
-  free(r->err);
-}
+static void free_run(run_result *r) { t_run_free(r); }
 
 /* Splits a line into whitespace-separated fields (modifies it). */
 static int split(char *line, char **f, int max) {
@@ -675,7 +619,7 @@ Test(bench_run, csv_and_json, .timeout = 120) {
 
   /* CSV: a header and 18 rows (9 collectives x 2 sizes); busbw = algbw x factor, and
    * algbw = size / time */
-  char *c = slurp(csv);
+  char *c = t_slurp(csv);
   cr_assert_eq(count_lines(c), 1 + 2 * NCOLLS, "%s", c);
   static const char head[] = "collective,nranks,transport,algorithm,type,redop,root,size,count,"
                              "oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us";
@@ -708,7 +652,7 @@ Test(bench_run, csv_and_json, .timeout = 120) {
   free(c);
 
   /* JSON: an array of 18 records carrying the run's context */
-  char *j = slurp(json);
+  char *j = t_slurp(json);
   cr_assert(j[0] == '[' && strstr(j, "\n]\n"), "%s", j);
   size_t records = 0;
   for (const char *p = j; (p = strstr(p, "{\"collective\": ")); p++) records++;
@@ -745,7 +689,7 @@ Test(bench_run, plot, .timeout = 120) {
     unlink("/tmp/test_bench_plot.svg");
     run_result r = run_bench(args, NULL, 120);
     cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
-    char *svg = slurp("/tmp/test_bench_plot.svg");
+    char *svg = t_slurp("/tmp/test_bench_plot.svg");
     cr_assert(strstr(svg, "<svg"), "not an SVG");
     cr_assert(strstr(svg, "all_reduce") && strstr(svg, "sendrecv"), "a collective is missing");
     free(svg);

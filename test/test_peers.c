@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "run_prog.h"
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,73 +39,15 @@
 
 /* ---- running a program -------------------------------------------------------------- */
 
-typedef struct {
-  int status; /* exit status, or 128+signal, or -1 on timeout */
-  char *out, *err;
-} run_result;
+typedef t_run_result run_result;
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return strdup("");
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  size_t got = fread(s, 1, (size_t)n, f);
-  s[got] = '\0';
-  fclose(f);
-  return s;
-}
-
-/* Runs argv (NULL-terminated) with extra environment assignments ("NAME=value"), killing
- * its process group after timeout_s. */
 static run_result run(const char *const *argv, const char *const *env, int timeout_s) {
-  char outp[] = "/tmp/test_peers_out_XXXXXX", errp[] = "/tmp/test_peers_err_XXXXXX";
-  int ofd = mkstemp(outp), efd = mkstemp(errp);
-  cr_assert(ofd >= 0 && efd >= 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    setpgid(0, 0);
-    dup2(ofd, 1);
-    dup2(efd, 2);
-    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
-    execv(argv[0], (char *const *)argv);
-    _exit(126);
-  }
-  setpgid(pid, pid);
-  run_result r = {0, NULL, NULL};
-  struct timespec t0, now;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  int st;
-  for (;;) {
-    if (waitpid(pid, &st, WNOHANG) == pid) break;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec - t0.tv_sec > timeout_s) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      r.status = -1;
-      break;
-    }
-    usleep(10000);
-  }
-  if (r.status != -1) r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  /* a launcher that died leaves its ranks in our group: none may outlive the test */
-  kill(-pid, SIGKILL);
-  close(ofd);
-  close(efd);
-  r.out = slurp(outp);
-  r.err = slurp(errp);
-  unlink(outp);
-  unlink(errp);
+  run_result r = t_run(argv, env, timeout_s);
+  cr_assert_neq(r.status, -2, "%s", r.err);
   return r;
 }
 
-static void free_run(run_result *r) {
-  free(r->out);
-  free(r->err);
-}
+static void free_run(run_result *r) { t_run_free(r); }
 
 /* ---- the table ------------------------------------------------------------------------ */
 
