@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# demo.sh — the README's first command: set up, build, and run coll-bench over all five
-# collectives (and send/recv) on 4 local ranks, every result checked.
+# demo.sh — the README's first command: set up, build, and run coll-bench over every
+# collective (and send/recv) on 4 local ranks, every result checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
