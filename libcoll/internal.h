@@ -18,6 +18,7 @@
 
 #include "coll.h"
 #include "plan.h"
+#include "ring_link.h"
 #include "transport.h"
 
 #define COLL_SECRET_BYTES 16
@@ -62,9 +63,10 @@ int coll_env_timeout_ms(void);
 uint64_t coll_now_ns(void);
 
 /* ---- bootstrap (bootstrap.c) ---------------------------------------------------------
- * Every rank holds one TCP connection to the rendezvous root; allgather rounds through
- * it exchange connection info during init.  The root is served by a thread of the
- * process that created the unique id (or by rank 0 for env-based init). */
+ * Every rank registers with the rendezvous root, which tells it where its ring
+ * neighbour listens; allgather rounds around that ring of sockets exchange connection
+ * info during init.  The root is served by a thread of the process that created the
+ * unique id (or by rank 0 for env-based init). */
 
 typedef struct {
   uint32_t magic;
@@ -103,10 +105,18 @@ void coll_bootstrap_root_forget(coll_root *r);
 /* A fresh id; with `held`, the listening root is handed back without a thread. */
 coll_result coll_make_unique_id(coll_unique_id *id, coll_root **held);
 
+/* A rank's side of the bootstrap (bootstrap.c): its listener and ring links. */
 typedef struct {
-  int fd;
   int rank, nranks;
   int timeout_ms;
+  coll_ring_link link;
+  struct sockaddr_storage local; /* this end of the route to the root */
+  socklen_t local_len;
+  coll_sockaddr_packed next_addr; /* from the root's note */
+  bool have_next, next_done, failed;
+  char why[COLL_LINK_NOTE_MAX]; /* failed: what the neighbours were told */
+  coll_frame_tx tx;
+  coll_frame_rx rx_prev, rx_next;
 } coll_bootstrap;
 
 coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
@@ -116,6 +126,8 @@ coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
 coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
                                      const void *mine, void *all, size_t len);
 void coll_bootstrap_close(coll_bootstrap *b);
+/* Init failed on this rank: the ring hears why (sentence in comm->errbuf). */
+void coll_bootstrap_fail(struct coll_comm *comm, coll_bootstrap *b);
 
 /* ---- transport selection (select.c) --------------------------------------------------- */
 
@@ -273,6 +285,7 @@ struct coll_comm {
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
   bool check; /* COLL_CHECK: exchange call descriptors before each call (check.c) */
 
+  struct coll_watch *watch; /* failures of other ranks reach this one (watch.c) */
   _Atomic int aborted;
   _Atomic int users; /* API calls inside the communicator right now */
   coll_result sticky; /* first asynchronous failure: every later call fails too */
@@ -442,6 +455,9 @@ typedef struct coll_rendezvous {
   coll_result (*allgather)(struct coll_rendezvous *rv, struct coll_comm *comm,
                            const void *mine, void *all, size_t len);
   void (*leave)(struct coll_rendezvous *rv);
+  /* Optional: init failed on this rank (sentence in comm->errbuf); tell the others now
+   * rather than let them find out by a timeout.  Called before leave. */
+  void (*fail)(struct coll_rendezvous *rv, struct coll_comm *comm);
   void *ctx;
 } coll_rendezvous;
 

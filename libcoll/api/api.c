@@ -16,6 +16,7 @@
 
 #include "cuda_internal.h"
 #include "internal.h"
+#include "watch.h"
 
 size_t coll_dtype_size(coll_dtype d) {
   switch (d) {
@@ -43,7 +44,13 @@ typedef struct {
   coll_comm_t comm;
 } ctx;
 
-#define BAD(c, ...) coll_fail((c)->comm, COLL_ERR_INVALID_ARG, __VA_ARGS__)
+/* A refused call: the sentence, and the peers hear of it (watch.c) so that a rank that
+ * made this call validly fails it at once instead of waiting for this one. */
+static coll_result refused(struct coll_comm *comm, coll_result r) {
+  coll_watch_refused(comm, atomic_load(&comm->next_seq));
+  return r;
+}
+#define BAD(c, ...) refused((c)->comm, coll_fail((c)->comm, COLL_ERR_INVALID_ARG, __VA_ARGS__))
 
 static coll_result check_comm(ctx *c) {
   if (!c->comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "%s: comm is NULL", c->fn);

@@ -1,23 +1,39 @@
 /* bootstrap.c — rendezvous over TCP: how ranks find each other during init.
  *
  * The root (a thread of the process that made the unique id, or of rank 0 when the
- * launcher's environment is used) listens on one port.  Each rank connects, proves it
- * belongs to the job by presenting the 16-byte secret carried in the unique id, and then
- * takes part in "rounds": every rank sends one blob, the root answers each rank with all
- * blobs in rank order (an allgather through a star).  Init uses two rounds: connection
- * info, then "everyone has mapped everything" (a barrier).  When every rank has hung up
- * the root thread exits.
+ * launcher's environment is used) listens on one port.  It only introduces the ranks:
+ *
+ *   1. each rank listens on a port of its own, connects to the root, proves it belongs
+ *      to the job (the 16-byte secret of the unique id), registers that port and hangs
+ *      up — the root holds a bounded number of connections at a time, not one per rank;
+ *   2. once all N have registered, the root connects back to each rank in turn and
+ *      tells it where its ring neighbour rank+1 listens, then its thread ends;
+ *   3. each rank dials rank+1 and accepts rank-1: a ring of two sockets per rank;
+ *   4. each init round (coll_bootstrap_allgather) is a ring all-gather: N-1 hops, every
+ *      rank sending and receiving (N-1)·len bytes.  Nothing goes through the root.
+ *
+ * So the root's work per rank is constant (one short connection in, one out), a rank
+ * holds three descriptors whatever N is, and init moves O(N) bytes per rank instead of
+ * O(N²) through one socket.  A failure anywhere — a rank that dies, gives up or sends
+ * what the job does not expect — travels round the ring both ways as an error frame
+ * naming its origin, and the root tells every registered rank when a rank cannot be
+ * reached or the job did not assemble within COLL_TIMEOUT_MS.
  *
  * The root faces the network, so it must never trust a byte: a connection that does not
  * present the secret within a few seconds is dropped without disturbing the job, every
- * length read is bounded before anything is allocated, and all sockets are non-blocking
- * under one poll loop so a stalled or hostile peer cannot hold the others up.
+ * length read is bounded before anything is allocated (bootstrap_parse.c, fuzzed), and
+ * all sockets are non-blocking under one poll loop so a stalled or hostile peer cannot
+ * hold the others up.  The ranks' own listeners admit only hellos with the secret
+ * (ring_link.c).
  *
  * Wire format (all integers big-endian):
- *   auth   client->root  u32 magic 'CLBA', u32 version, u8 secret[16], u32 rank, u32 nranks
- *   round  client->root  u32 len (<= COLL_BOOT_MAX_LEN), len bytes
- *   reply  root->client  u32 status (0 ok, 1 error), u32 len, then nranks*len bytes
- *                        (status 1: len bytes of text saying what went wrong)
+ *   auth     rank->root  u32 magic 'CLBA', u32 version, u8 secret[16], u32 rank, u32 nranks
+ *   register rank->root  u32 len (= 20), a packed address (sock.h)
+ *   answer   root->rank  u32 status (0 ok, 1 error), u32 len, len bytes of text
+ *   note     root->rank  a hello (ring_link.c) of kind NOTE: a = 0 and the next rank's
+ *                        packed address, or a = 1 and the text of what went wrong
+ *   ring     rank->rank  a hello of kind RING (a = the dialling rank), then frames:
+ *                        DATA (a = the block's rank, len bytes) or ERROR (text)
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,6 +44,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +56,16 @@
 
 #include "bootstrap_wire.h"
 #include "internal.h"
+#include "ring_link.h"
+#include "sock.h"
 
 #define ID_MAGIC 0x434f4c4cu /* "COLL" */
 #define ID_VERSION 1
-#define AUTH_TIMEOUT_MS 5000
-#define MAX_CONNS 512
+#define AUTH_TIMEOUT_MS 5000 /* a registration must finish within this */
+#define MAX_INFLIGHT 128     /* registrations the root serves at once */
+#define ROOT_TELL_MS 5000    /* the root's note to one rank */
+#define COLL_BOOT_LINK_MAGIC 0x434c424cu /* "CLBL": the ranks' bootstrap listeners */
+enum { BOOT_FRAME_DATA = 1, BOOT_FRAME_ERROR = 2 };
 
 /* ---- unique id ------------------------------------------------------------------- */
 
@@ -131,11 +153,11 @@ static void pick_local_addr(coll_id_fields *f) {
 
 /* ---- the root server ------------------------------------------------------------- */
 
+/* A registration in progress: one short-lived connection. */
 typedef struct {
-  coll_boot_rx rx; /* first: job.by_rank points at it (bootstrap_parse.c parses into it) */
+  coll_boot_rx rx; /* first: job.by_rank points at it while the rank registers */
   int fd;
   uint64_t deadline_ns;
-  bool closed;
 } root_conn;
 
 typedef struct coll_root {
@@ -145,217 +167,244 @@ typedef struct coll_root {
   pthread_t thread;
   coll_boot_job job; /* secret, nranks, rank table */
   int timeout_ms;
-  root_conn *conns;
-  int nconns;
+  root_conn *conns;  /* MAX_INFLIGHT registrations in progress (fd -1: free) */
+  coll_sockaddr_packed *addrs; /* per rank: where it listens for its ring links */
+  int registered;
+  /* The job failed: every rank that registered has been told why, and ranks that come
+   * later hear it in the answer to their registration.  `lost`: ranks that never will. */
+  bool failed;
+  int lost;
+  char failure[COLL_LINK_NOTE_MAX];
 } root_state;
 
-/* The connection of rank r, or NULL before it joined. */
-static root_conn *by_rank(root_state *st, int r) { return (root_conn *)st->job.by_rank[r]; }
+/* job.by_rank[r] of a rank that finished registering (its connection is gone). */
+static coll_boot_rx registered_mark;
 
-static int set_nonblock(int fd) {
-  int fl = fcntl(fd, F_GETFL);
-  return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-/* Writes all of buf to a non-blocking socket, waiting at most timeout_ms in total. */
-static bool write_all(int fd, const void *buf, size_t len, int timeout_ms) {
-  const uint8_t *p = buf;
-  uint64_t end = coll_now_ns() + (uint64_t)timeout_ms * 1000000u;
-  while (len) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= (size_t)n;
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    uint64_t now = coll_now_ns();
-    if (now >= end) return false;
-    struct pollfd pf = {.fd = fd, .events = POLLOUT};
-    poll(&pf, 1, (int)((end - now) / 1000000u) + 1);
-  }
-  return true;
-}
-
-static void drop(root_conn *c) {
+/* Ends a registration connection; one that had authenticated but not finished takes its
+ * rank's place back (the caller decides whether that fails the job). */
+static void drop(root_state *st, root_conn *c) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
+  if (c->rx.rank >= 0 && st->job.by_rank && st->job.by_rank[c->rx.rank] == &c->rx)
+    st->job.by_rank[c->rx.rank] = NULL;
   coll_boot_rx_free(&c->rx);
-  c->closed = true;
+  coll_boot_rx_init(&c->rx);
 }
 
-static void fail_all(root_state *st, const char *msg) {
-  uint8_t h[8];
-  size_t len = strlen(msg);
-  coll_put32(h, 1);
-  coll_put32(h + 4, (uint32_t)len);
-  for (int i = 0; i < st->nconns; i++) {
-    root_conn *c = &st->conns[i];
-    if (c->fd < 0) continue;
-    if (c->rx.rank >= 0 && write_all(c->fd, h, 8, 1000)) write_all(c->fd, msg, len, 1000);
-    drop(c);
-  }
-  COLL_WARN(-1, "bootstrap root: %s", msg);
-}
-
-/* Every registered rank has sent this round's blob: answer all of them. */
-static bool serve_round(root_state *st) {
-  uint32_t len = by_rank(st, 0)->rx.len;
-  for (int r = 1; r < st->job.nranks; r++)
-    if (by_rank(st, r)->rx.len != len) {
-      char msg[160];
-      snprintf(msg, sizeof msg, "rank 0 sent %u bytes in a bootstrap round but rank %d sent "
-               "%u: the ranks disagree about the job", len, r, by_rank(st, r)->rx.len);
-      fail_all(st, msg);
-      return false;
-    }
-  size_t total = (size_t)len * (size_t)st->job.nranks;
-  uint8_t *all = malloc(8 + total);
-  if (!all) {
-    fail_all(st, "bootstrap root is out of memory");
+/* Sends rank r its note: status 0 with its next neighbour's address, or 1 with `msg`.
+ * False when the rank cannot be reached (it died or gave up). */
+static bool tell(root_state *st, int r, uint32_t status, const void *note, uint32_t len,
+                 char *why, size_t why_len) {
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (!coll_sock_unpack(&st->addrs[r], &ss, &sl)) {
+    snprintf(why, why_len, "rank %d registered no usable address", r);
     return false;
   }
-  coll_put32(all, 0);
-  coll_put32(all + 4, len);
-  for (int r = 0; r < st->job.nranks; r++) {
-    if (len) memcpy(all + 8 + (size_t)r * len, by_rank(st, r)->rx.data, len);
-    coll_boot_rx_next_round(&by_rank(st, r)->rx);
-  }
-  for (int r = 0; r < st->job.nranks; r++)
-    if (!write_all(by_rank(st, r)->fd, all, 8 + total, st->timeout_ms ? st->timeout_ms : 60000)) {
-      free(all);
-      char msg[120];
-      snprintf(msg, sizeof msg, "could not send the bootstrap reply to rank %d", r);
-      fail_all(st, msg);
-      return false;
-    }
-  free(all);
+  coll_ring_link l;
+  coll_ring_link_init(&l, COLL_BOOT_LINK_MAGIC, st->job.secret, -1, st->job.nranks);
+  int fd = coll_link_dial(&l, &ss, sl, COLL_HELLO_NOTE, status, note, len,
+                          coll_deadline_ms(ROOT_TELL_MS), why, why_len);
+  if (fd < 0) return false;
+  close(fd);
   return true;
 }
 
-/* Reads what is available on c and hands it to the parser (bootstrap_parse.c); returns
- * false when c should be dropped. */
+/* Every registered rank (and every registration in progress) learns that the job failed. */
+static void fail_all(root_state *st, const char *msg) {
+  COLL_WARN(-1, "bootstrap root: %s", msg);
+  if (!st->failed) snprintf(st->failure, sizeof st->failure, "%s", msg);
+  st->failed = true;
+  uint32_t len = (uint32_t)strlen(msg);
+  if (len > COLL_LINK_NOTE_MAX) len = COLL_LINK_NOTE_MAX;
+  uint8_t h[8];
+  coll_put32(h, 1);
+  coll_put32(h + 4, len);
+  for (int i = 0; i < MAX_INFLIGHT; i++) {
+    root_conn *c = &st->conns[i];
+    if (c->fd < 0) continue;
+    if (c->rx.rank >= 0 && coll_sock_write_all(c->fd, h, 8, coll_deadline_ms(1000)))
+      coll_sock_write_all(c->fd, msg, len, coll_deadline_ms(1000));
+    drop(st, c);
+  }
+  char why[160];
+  for (int r = 0; r < st->job.nranks; r++)
+    if (st->job.by_rank[r] == &registered_mark) tell(st, r, 1, msg, len, why, sizeof why);
+}
+
+/* A registration is complete: keep the address, answer, hang up. */
+static bool registered(root_state *st, root_conn *c, char *why, size_t why_len) {
+  int r = c->rx.rank;
+  if (c->rx.len != sizeof(coll_sockaddr_packed)) {
+    snprintf(why, why_len, "rank %d registered a %u-byte address (expected %zu): not a "
+             "libcoll of this version", r, c->rx.len, sizeof(coll_sockaddr_packed));
+    return false;
+  }
+  if (!st->addrs && !(st->addrs = calloc((size_t)st->job.nranks, sizeof *st->addrs))) {
+    snprintf(why, why_len, "the bootstrap root is out of memory for %d ranks", st->job.nranks);
+    return false;
+  }
+  memcpy(&st->addrs[r], c->rx.data, sizeof st->addrs[r]);
+  uint8_t ok[8] = {0};
+  uint32_t flen = (uint32_t)strlen(st->failure);
+  if (st->failed) { /* too late: the job already failed, say why */
+    coll_put32(ok, 1);
+    coll_put32(ok + 4, flen);
+  }
+  if (coll_sock_write_all(c->fd, ok, sizeof ok, coll_deadline_ms(1000)) && st->failed)
+    coll_sock_write_all(c->fd, st->failure, flen, coll_deadline_ms(1000));
+  st->job.by_rank[r] = &registered_mark;
+  c->rx.rank = -1; /* drop() must not give the place back */
+  drop(st, c);
+  st->registered++;
+  return true;
+}
+
+/* Reads what is available on c and hands it to the parser (bootstrap_parse.c); false
+ * when c should be dropped (`why` empty: a stranger, or a rank that simply finished). */
 static bool feed(root_state *st, root_conn *c, char *why, size_t why_len) {
-  uint8_t buf[4096];
+  uint8_t buf[512];
+  why[0] = 0;
   for (;;) {
     ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n == 0) {
-      if (c->rx.rank >= 0 && (c->rx.have_len || c->rx.got))
-        snprintf(why, why_len, "rank %d hung up in the middle of a bootstrap round", c->rx.rank);
-      else if (c->rx.rank >= 0)
-        snprintf(why, why_len, "rank %d hung up", c->rx.rank);
-      else
-        why[0] = 0;
+      if (c->rx.rank >= 0) snprintf(why, why_len, "rank %d left the job during init (it hung "
+                                    "up before it had registered)", c->rx.rank);
       return false;
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
-      snprintf(why, why_len, "reading from rank %d failed: %s", c->rx.rank, strerror(errno));
+      if (c->rx.rank >= 0) snprintf(why, why_len, "rank %d left the job during init (reading "
+                                    "its registration failed: %s)", c->rx.rank, strerror(errno));
       return false;
     }
     if (!coll_boot_rx_input(&st->job, &c->rx, buf, (size_t)n, why, why_len)) {
       if (c->rx.rank < 0 && !why[0])
         COLL_INFO(-1, "bootstrap root: dropped a connection without the job's secret");
-      else if (c->rx.rank < 0)
-        COLL_WARN(-1, "bootstrap root: %s", why);
+      else if (c->rx.rank >= 0)
+        snprintf(why + strlen(why), why_len - strlen(why), ": rank %d left the job during "
+                 "init", c->rx.rank);
       return false;
     }
+    if (c->rx.have_data) return registered(st, c, why, why_len) && false;
   }
+}
+
+/* Everyone registered: tell each rank where its next neighbour listens.  A rank that
+ * cannot be reached any more fails the job, and everyone hears why. */
+static void hand_out(root_state *st) {
+  int n = st->job.nranks;
+  for (int r = 0; r < n; r++) {
+    char why[160];
+    if (!tell(st, r, 0, &st->addrs[(r + 1) % n], sizeof *st->addrs, why, sizeof why)) {
+      char msg[300];
+      snprintf(msg, sizeof msg, "rank %d left the job during init (the root could not reach "
+               "it: %s)", r, why);
+      st->job.by_rank[r] = NULL;
+      fail_all(st, msg);
+      return;
+    }
+  }
+  COLL_INFO(-1, "bootstrap root: all %d ranks registered and know their ring neighbours", n);
 }
 
 static void *root_main(void *arg) {
   root_state *st = arg;
-  bool any_joined = false;
   uint64_t last_progress = coll_now_ns();
-  struct pollfd *pfs = calloc(MAX_CONNS + 2, sizeof *pfs);
-  if (!pfs) {
-    fail_all(st, "bootstrap root is out of memory");
-    goto out;
-  }
+  struct pollfd pfs[MAX_INFLIGHT + 2];
+  int idx[MAX_INFLIGHT];
   for (;;) {
-    /* Everyone who joined has hung up after the last round: done. */
-    if (any_joined) {
-      bool all_gone = true;
-      for (int r = 0; r < st->job.nranks; r++)
-        if (!by_rank(st, r) || !by_rank(st, r)->closed) all_gone = false;
-      if (all_gone) break;
-    }
-    int np = 0;
-    pfs[np++] = (struct pollfd){.fd = st->nconns < MAX_CONNS ? st->listen_fd : -1,
-                                .events = POLLIN};
-    for (int i = 0; i < st->nconns; i++)
-      pfs[np++] = (struct pollfd){.fd = st->conns[i].fd, .events = POLLIN};
-    pfs[np] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
-    int rc = poll(pfs, (nfds_t)np + 1, 200);
-    if (rc < 0 && errno != EINTR) break;
-    if (pfs[np].revents & POLLIN) break; /* asked to stop */
-    uint64_t now = coll_now_ns();
-    if (st->timeout_ms && now - last_progress > (uint64_t)st->timeout_ms * 1000000u) {
-      fail_all(st, "bootstrap timed out: not every rank joined within COLL_TIMEOUT_MS");
+    if (st->job.nranks > 0 && st->registered + st->lost >= st->job.nranks) {
+      if (!st->failed) hand_out(st);
       break;
     }
-    if (pfs[0].revents & POLLIN) {
-      int fd = accept(st->listen_fd, NULL, NULL);
-      if (fd >= 0) {
-        set_nonblock(fd);
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        /* Reuse a dead slot before growing. */
-        int slot = -1;
-        for (int i = 0; i < st->nconns; i++)
-          if (st->conns[i].fd < 0 && st->conns[i].rx.rank < 0) { slot = i; break; }
-        if (slot < 0) slot = st->nconns++;
-        st->conns[slot] = (root_conn){.fd = fd, .deadline_ns = now + AUTH_TIMEOUT_MS * 1000000ull};
-        coll_boot_rx_init(&st->conns[slot].rx);
+    int np = 0, busy = 0;
+    for (int i = 0; i < MAX_INFLIGHT; i++) busy += st->conns[i].fd >= 0;
+    pfs[np++] = (struct pollfd){.fd = busy < MAX_INFLIGHT ? st->listen_fd : -1, .events = POLLIN};
+    pfs[np++] = (struct pollfd){.fd = st->wake_fd, .events = POLLIN};
+    for (int i = 0; i < MAX_INFLIGHT; i++)
+      if (st->conns[i].fd >= 0) {
+        idx[np - 2] = i;
+        pfs[np++] = (struct pollfd){.fd = st->conns[i].fd, .events = POLLIN};
       }
+    int rc = poll(pfs, (nfds_t)np, 200);
+    if (rc < 0 && errno != EINTR) break;
+    if (pfs[1].revents & POLLIN) break; /* asked to stop */
+    uint64_t now = coll_now_ns();
+    if (st->timeout_ms && now - last_progress > (uint64_t)st->timeout_ms * 1000000u) {
+      if (st->failed) break; /* told everyone who came */
+      char msg[300];
+      int missing = 0, shown = 0;
+      size_t at = (size_t)snprintf(msg, sizeof msg, "bootstrap timed out: not every rank "
+                                   "joined within COLL_TIMEOUT_MS");
+      for (int r = 0; r < st->job.nranks; r++)
+        if (st->job.by_rank[r] != &registered_mark) {
+          missing++;
+          if (shown < 8 && at < sizeof msg - 16)
+            at += (size_t)snprintf(msg + at, sizeof msg - at, "%s%d", shown++ ? ", " : " (missing: rank ", r);
+        }
+      if (shown && at < sizeof msg - 24)
+        snprintf(msg + at, sizeof msg - at, missing > shown ? ", ... %d in all)" : ")", missing);
+      fail_all(st, msg);
+      break;
     }
-    bool failed = false;
-    for (int i = 1; i < np && !failed; i++) {
-      root_conn *c = &st->conns[i - 1];
-      if (c->fd < 0 || c->fd != pfs[i].fd) continue;
-      if (c->rx.rank < 0 && now > c->deadline_ns) { drop(c); continue; }
-      if (!(pfs[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char why[200] = "";
-      int before = c->rx.rank;
-      if (!feed(st, c, why, sizeof why)) {
-        if (why[0]) COLL_INFO(-1, "bootstrap root: %s", why);
-        drop(c);
+    /* Each pass accepts what is waiting (up to the in-flight bound). */
+    while (pfs[0].revents & POLLIN) {
+      int slot = -1;
+      for (int i = 0; i < MAX_INFLIGHT && slot < 0; i++)
+        if (st->conns[i].fd < 0) slot = i;
+      if (slot < 0) break;
+      int fd = accept4(st->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      coll_sock_tune(fd);
+      st->conns[slot].fd = fd;
+      st->conns[slot].deadline_ns = now + AUTH_TIMEOUT_MS * 1000000ull;
+      coll_boot_rx_init(&st->conns[slot].rx);
+    }
+    for (int k = 2; k < np; k++) {
+      root_conn *c = &st->conns[idx[k - 2]];
+      if (c->fd < 0 || c->fd != pfs[k].fd) continue;
+      if (now > c->deadline_ns) {
+        if (c->rx.rank >= 0) {
+          char msg[160];
+          snprintf(msg, sizeof msg, "rank %d left the job during init (it did not finish "
+                   "registering within %d ms)", c->rx.rank, AUTH_TIMEOUT_MS);
+          drop(st, c);
+          st->lost++;
+          fail_all(st, msg);
+          last_progress = now;
+        } else {
+          drop(st, c);
+        }
         continue;
       }
-      if (before < 0 && c->rx.rank >= 0) { any_joined = true; last_progress = now; }
-    }
-    /* A rank that hung up while others are in a round can never answer it. */
-    for (int r = 0; r < st->job.nranks && !failed; r++) {
-      if (!by_rank(st, r) || !by_rank(st, r)->closed) continue;
-      for (int o = 0; o < st->job.nranks; o++)
-        if (by_rank(st, o) && !by_rank(st, o)->closed && by_rank(st, o)->rx.have_len) {
-          char msg[160];
-          snprintf(msg, sizeof msg, "rank %d left the job during init (died or gave up)", r);
-          fail_all(st, msg);
-          failed = true;
-          break;
-        }
-    }
-    if (failed) break;
-    /* Answer a round once every rank has sent its blob. */
-    if (st->job.nranks > 0) {
-      bool ready = true;
-      for (int r = 0; r < st->job.nranks; r++)
-        if (!by_rank(st, r) || by_rank(st, r)->closed || !by_rank(st, r)->rx.have_data) ready = false;
-      if (ready) {
-        if (!serve_round(st)) break;
-        last_progress = coll_now_ns();
+      if (!(pfs[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char why[300];
+      int before = st->registered;
+      if (feed(st, c, why, sizeof why)) continue;
+      if (st->registered > before) {
+        last_progress = now;
+        continue; /* registered and hung up: the normal end of a registration */
+      }
+      bool authed = c->rx.rank >= 0; /* a rank of the job that will never register now */
+      drop(st, c);
+      if (why[0] && authed) {
+        st->lost++;
+        fail_all(st, why);
+        last_progress = now;
+      } else if (why[0]) {
+        COLL_INFO(-1, "bootstrap root: %s", why);
       }
     }
   }
-out:
-  for (int i = 0; i < st->nconns; i++)
-    if (st->conns[i].fd >= 0) drop(&st->conns[i]);
+  for (int i = 0; i < MAX_INFLIGHT; i++)
+    if (st->conns[i].fd >= 0) drop(st, &st->conns[i]);
   close(st->listen_fd);
   st->listen_fd = -1;
-  free(pfs);
   free(st->conns);
   st->conns = NULL;
+  free(st->addrs);
+  st->addrs = NULL;
   coll_boot_job_free(&st->job);
   if (st->detached) {
     close(st->wake_fd);
@@ -380,7 +429,7 @@ coll_result coll_bootstrap_root_listen(coll_id_fields *f, bool pick_addr, int ti
   coll_id_fields any = *f;
   memset(any.addr, 0, sizeof any.addr); /* listen on every interface */
   to_sockaddr(&any, &ss, &sl);
-  if (bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, 128) != 0) {
+  if (bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, 4096) != 0) {
     char a[80];
     addr_string(f, a, sizeof a);
     snprintf(why, why_len, "bootstrap root: cannot listen on port %u (%s): %s%s", f->port, a,
@@ -395,10 +444,10 @@ coll_result coll_bootstrap_root_listen(coll_id_fields *f, bool pick_addr, int ti
     f->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                              : ((struct sockaddr_in *)&ss)->sin_port);
   }
-  set_nonblock(fd);
+  coll_sock_set_nonblock(fd);
   int wfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   root_state *st = calloc(1, sizeof *st);
-  if (st) st->conns = calloc(MAX_CONNS, sizeof *st->conns);
+  if (st) st->conns = calloc(MAX_INFLIGHT, sizeof *st->conns);
   if (wfd < 0 || !st || !st->conns) {
     if (st) free(st->conns);
     free(st);
@@ -406,6 +455,10 @@ coll_result coll_bootstrap_root_listen(coll_id_fields *f, bool pick_addr, int ti
     close(fd);
     snprintf(why, why_len, "bootstrap root: out of memory or file descriptors");
     return COLL_ERR_SYSTEM;
+  }
+  for (int i = 0; i < MAX_INFLIGHT; i++) {
+    st->conns[i].fd = -1;
+    coll_boot_rx_init(&st->conns[i].rx);
   }
   st->listen_fd = fd;
   st->wake_fd = wfd;
@@ -490,102 +543,348 @@ coll_result coll_get_unique_id(coll_unique_id *id) {
 
 /* ---- the client side -------------------------------------------------------------- */
 
-static coll_result read_full(struct coll_comm *comm, coll_bootstrap *b, void *buf, size_t len) {
-  uint8_t *p = buf;
-  uint64_t end = b->timeout_ms ? coll_now_ns() + (uint64_t)b->timeout_ms * 1000000u : UINT64_MAX;
-  while (len) {
-    ssize_t n = recv(b->fd, p, len, MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= (size_t)n;
-      continue;
-    }
-    if (n == 0)
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: the bootstrap root closed the "
-                       "connection (a rank died or was refused during init?)", b->rank);
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: bootstrap read failed: %s", b->rank,
-                       strerror(errno));
-    uint64_t now = coll_now_ns();
-    if (now >= end)
-      return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: no answer from the bootstrap root "
-                       "within %d ms: not every rank joined", b->rank, b->timeout_ms);
-    struct pollfd pf = {.fd = b->fd, .events = POLLIN};
-    uint64_t left = (end - now) / 1000000u + 1;
-    poll(&pf, 1, left > 1000 ? 1000 : (int)left);
-  }
-  return COLL_OK;
-}
-
-coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
-                                   const coll_id_fields *f, int rank, int nranks) {
-  b->fd = -1;
-  b->rank = rank;
-  b->nranks = nranks;
-  b->timeout_ms = comm->timeout_ms;
+/* Registers with the root over a short connection: auth, then one round carrying the
+ * address where this rank listens for its ring links; the root answers ok or why not. */
+static coll_result register_with_root(struct coll_comm *comm, coll_bootstrap *b,
+                                      const coll_id_fields *f, const char *at, uint64_t end) {
   struct sockaddr_storage ss;
   socklen_t sl;
   to_sockaddr(f, &ss, &sl);
-  char a[80];
-  addr_string(f, a, sizeof a);
-  uint64_t end = coll_now_ns() + (uint64_t)(b->timeout_ms ? b->timeout_ms : 600000) * 1000000u;
+  int rank = b->rank;
   /* The root may not be listening yet (env launch: rank 0 starts it): retry until the
    * deadline, backing off from 10 ms to 200 ms. */
-  int backoff_ms = 10;
+  int backoff_ms = 10, fd = -1;
   for (;;) {
-    int fd = socket(f->family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd = socket(f->family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
       return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", rank, strerror(errno));
-    if (connect(fd, (struct sockaddr *)&ss, sl) == 0) {
-      b->fd = fd;
-      break;
-    }
+    if (connect(fd, (struct sockaddr *)&ss, sl) == 0) break;
     int e = errno;
     close(fd);
     if (coll_now_ns() > end || (e != ECONNREFUSED && e != ETIMEDOUT && e != ENETUNREACH &&
                                 e != EHOSTUNREACH && e != EAGAIN && e != EINTR))
       return coll_fail(comm, e == ECONNREFUSED ? COLL_ERR_TIMEOUT : COLL_ERR_SYSTEM,
-                       "rank %d: cannot reach the bootstrap root at %s: %s", rank, a,
+                       "rank %d: cannot reach the bootstrap root at %s: %s", rank, at,
                        strerror(e));
     struct timespec ts = {0, backoff_ms * 1000000L};
     nanosleep(&ts, NULL);
     if (backoff_ms < 200) backoff_ms *= 2;
   }
-  int one = 1;
-  setsockopt(b->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  set_nonblock(b->fd);
-  uint8_t auth[COLL_AUTH_BYTES];
-  coll_auth_build(auth, f->secret, (uint32_t)rank, (uint32_t)nranks);
-  if (!write_all(b->fd, auth, sizeof auth, 10000)) {
-    coll_bootstrap_close(b);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: sending to the bootstrap root at %s "
-                     "failed", rank, a);
+  coll_sock_tune(fd);
+  /* The route to the root says which local address peers can reach. */
+  b->local_len = sizeof b->local;
+  if (getsockname(fd, (struct sockaddr *)&b->local, &b->local_len) != 0) b->local_len = 0;
+  char why[200];
+  if (!b->local_len || !coll_ring_link_listen(&b->link, &b->local, b->local_len, why, sizeof why)) {
+    close(fd);
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: bootstrap: %s", rank,
+                     b->local_len ? why : "no local address");
+  }
+  uint8_t msg[COLL_AUTH_BYTES + 4 + sizeof(coll_sockaddr_packed)];
+  coll_auth_build(msg, f->secret, (uint32_t)rank, (uint32_t)b->nranks);
+  coll_put32(msg + COLL_AUTH_BYTES, sizeof(coll_sockaddr_packed));
+  coll_sockaddr_packed me;
+  coll_sock_pack(&b->link.bound, &me);
+  memcpy(msg + COLL_AUTH_BYTES + 4, &me, sizeof me);
+  uint8_t h[8];
+  bool sent = coll_sock_write_all(fd, msg, sizeof msg, end);
+  bool answered = sent && coll_sock_read_all(fd, h, 8, end);
+  if (answered && coll_get32(h) != 0) {
+    char text[COLL_LINK_NOTE_MAX + 1] = "";
+    uint32_t n = coll_get32(h + 4);
+    if (n > COLL_LINK_NOTE_MAX) n = COLL_LINK_NOTE_MAX;
+    if (coll_sock_read_all(fd, text, n, coll_deadline_ms(1000))) text[n] = 0;
+    close(fd);
+    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: bootstrap failed: %s", rank, text);
+  }
+  close(fd);
+  if (!answered)
+    return coll_fail(comm, coll_now_ns() >= end ? COLL_ERR_TIMEOUT : COLL_ERR_REMOTE,
+                     "rank %d: the bootstrap root at %s did not accept the registration (a "
+                     "rank died or was refused during init?)", rank, at);
+  return COLL_OK;
+}
+
+/* Init failed on this rank: tell both neighbours `text` (the sentence of the failure's
+ * origin, passed on unchanged) so that it goes round both ways instead of each rank
+ * timing out.  Bounded: a neighbour that does not read gets a second at most. */
+static void spread_failure(coll_bootstrap *b, const char *text) {
+  snprintf(b->why, sizeof b->why, "%s", text);
+  uint32_t len = (uint32_t)strlen(b->why);
+  uint64_t d = coll_deadline_ms(1000);
+  int err;
+  if (b->link.next_fd >= 0) {
+    /* Finish the frame in flight first: the stream must stay parseable. */
+    while (!coll_frame_idle(&b->tx) && coll_frame_write(b->link.next_fd, &b->tx, &err) == 0 &&
+           coll_now_ns() < d) {
+      struct pollfd pf = {.fd = b->link.next_fd, .events = POLLOUT};
+      poll(&pf, 1, 10);
+    }
+    if (coll_frame_idle(&b->tx)) {
+      coll_frame_start(&b->tx, BOOT_FRAME_ERROR, (uint32_t)b->rank, b->why, len);
+      coll_sock_write_all(b->link.next_fd, b->tx.buf, b->tx.len, d);
+      b->tx.off = b->tx.len;
+    }
+    shutdown(b->link.next_fd, SHUT_WR);
+  }
+  if (b->link.prev_fd >= 0 && b->link.prev_fd != b->link.next_fd) {
+    coll_frame_tx t;
+    coll_frame_start(&t, BOOT_FRAME_ERROR, (uint32_t)b->rank, b->why, len);
+    coll_sock_write_all(b->link.prev_fd, t.buf, t.len, d);
+    shutdown(b->link.prev_fd, SHUT_WR);
+  }
+  b->failed = true;
+}
+
+static coll_result fail_ring(struct coll_comm *comm, coll_bootstrap *b, coll_result r,
+                             const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static coll_result fail_ring(struct coll_comm *comm, coll_bootstrap *b, coll_result r,
+                             const char *fmt, ...) {
+  char msg[COLL_LINK_FRAME_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  coll_fail(comm, r, "%s", msg);
+  spread_failure(b, msg);
+  return r;
+}
+
+/* A failure that reached this rank from `from` (a neighbour, or -1: the root). */
+static coll_result failure_arrived(struct coll_comm *comm, coll_bootstrap *b,
+                                   const coll_frame_rx *rx, const char *text) {
+  (void)rx;
+  coll_fail(comm, COLL_ERR_REMOTE, "rank %d: bootstrap failed: %s", b->rank, text);
+  spread_failure(b, text);
+  return COLL_ERR_REMOTE;
+}
+
+/* A connection on the listener during init: the root's note, or the prev rank's ring
+ * link.  Returns COLL_OK (possibly having taken nothing) or the failure it carried. */
+static coll_result take_hello(struct coll_comm *comm, coll_bootstrap *b, uint64_t end) {
+  coll_link_hello h;
+  int fd = coll_link_accept(&b->link, &h, end);
+  if (fd < 0) return COLL_OK;
+  int prev = (b->rank + b->nranks - 1) % b->nranks;
+  if (h.kind == COLL_HELLO_RING) {
+    if ((int)h.a != prev || b->link.prev_fd >= 0) {
+      COLL_INFO(b->rank, "bootstrap: dropped a ring link from rank %u (expected one from rank %d)",
+                h.a, prev);
+      close(fd);
+      return COLL_OK;
+    }
+    b->link.prev_fd = fd;
+    return COLL_OK;
+  }
+  close(fd);
+  if (h.a != 0) { /* the root says the job failed */
+    char text[COLL_LINK_NOTE_MAX + 1];
+    memcpy(text, h.note, h.len);
+    text[h.len] = 0;
+    return failure_arrived(comm, b, NULL, text);
+  }
+  if (h.len != sizeof(coll_sockaddr_packed) || b->have_next) return COLL_OK;
+  memcpy(&b->next_addr, h.note, sizeof b->next_addr);
+  b->have_next = true;
+  return COLL_OK;
+}
+
+coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
+                                   const coll_id_fields *f, int rank, int nranks) {
+  memset(b, 0, sizeof *b);
+  b->rank = rank;
+  b->nranks = nranks;
+  b->timeout_ms = comm->timeout_ms;
+  coll_ring_link_init(&b->link, COLL_BOOT_LINK_MAGIC, f->secret, rank, nranks);
+  b->tx.off = b->tx.len = 0;
+  char at[80];
+  addr_string(f, at, sizeof at);
+  uint64_t end = coll_deadline_ms(b->timeout_ms ? b->timeout_ms : 600000);
+  coll_result r = register_with_root(comm, b, f, at, end);
+  if (r != COLL_OK) return r;
+  /* Wait for the root's note (the next rank's address), dial next, accept prev; any of
+   * them may come first. */
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  bool need_ring = nranks > 1;
+  while (!b->have_next || (need_ring && (b->link.next_fd < 0 || b->link.prev_fd < 0))) {
+    if (coll_now_ns() >= end) {
+      if (!b->have_next)
+        return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: bootstrap: the root did not say "
+                         "within %d ms that every rank joined", rank, b->timeout_ms);
+      return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: bootstrap: rank %d did not open its "
+                       "ring link within %d ms", rank, prev, b->timeout_ms);
+    }
+    if (b->have_next && need_ring && b->link.next_fd < 0) {
+      struct sockaddr_storage ss;
+      socklen_t sl;
+      char why[200];
+      if (!coll_sock_unpack(&b->next_addr, &ss, &sl))
+        return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: bootstrap: the root sent no usable "
+                         "address for rank %d", rank, next);
+      b->link.next_fd = coll_link_dial(&b->link, &ss, sl, COLL_HELLO_RING, (uint32_t)rank, NULL,
+                                       0, end, why, sizeof why);
+      if (b->link.next_fd < 0)
+        return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
+                         "during init (%s)", rank, next, why);
+      continue;
+    }
+    struct pollfd pf[2] = {{.fd = b->link.listen_fd, .events = POLLIN},
+                           {.fd = b->link.next_fd, .events = POLLIN}};
+    int np = b->link.next_fd >= 0 ? 2 : 1;
+    poll(pf, (nfds_t)np, 100);
+    if (np == 2 && pf[1].revents) { /* only a failure can come from next before round 1 */
+      int err = 0, k = coll_frame_read(b->link.next_fd, &b->rx_next, &err);
+      if (k == 1 && b->rx_next.kind == BOOT_FRAME_ERROR) {
+        char text[COLL_LINK_FRAME_MAX + 1];
+        memcpy(text, b->rx_next.data, b->rx_next.len);
+        text[b->rx_next.len] = 0;
+        return failure_arrived(comm, b, NULL, text);
+      }
+      if (k < 0)
+        return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
+                         "during init (%s)", rank, next, err ? strerror(err) : "its ring link closed");
+    }
+    if (pf[0].revents & POLLIN) {
+      if ((r = take_hello(comm, b, end)) != COLL_OK) return r;
+    }
   }
   return COLL_OK;
 }
 
+/* Ring allgather: rank r sends its own block to next, then forwards each block that
+ * arrives from prev, except the last (which next already has: it is next's own).
+ * After N-1 steps everyone has every block.  The root carries nothing: each rank moves
+ * (N-1)·len bytes each way, and the round takes N-1 hops.  Sends and receives progress
+ * together under one poll, so no rank waits on a full socket while its prev waits on it. */
 coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
                                      const void *mine, void *all, size_t len) {
-  uint8_t h[8];
-  coll_put32(h, (uint32_t)len);
-  if (!write_all(b->fd, h, 4, 10000) || !write_all(b->fd, mine, len, 10000))
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: the bootstrap root went away", b->rank);
-  coll_result r = read_full(comm, b, h, 8);
-  if (r != COLL_OK) return r;
-  uint32_t status = coll_get32(h), n = coll_get32(h + 4);
-  if (status != 0) {
-    char msg[256] = "";
-    if (n >= sizeof msg) n = sizeof msg - 1;
-    if (read_full(comm, b, msg, n) == COLL_OK) msg[n] = 0;
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: bootstrap failed: %s", b->rank, msg);
+  int n = b->nranks, me = b->rank;
+  memcpy((uint8_t *)all + (size_t)me * len, mine, len);
+  if (n == 1) return COLL_OK;
+  if (b->failed) return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: the bootstrap already failed", me);
+  if (len > COLL_LINK_FRAME_MAX)
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: a bootstrap round of %zu bytes (limit %d)",
+                     me, len, COLL_LINK_FRAME_MAX);
+  int prev = (me + n - 1) % n, next = (me + 1) % n;
+  uint64_t end = coll_deadline_ms(b->timeout_ms);
+  int sent = 0, got = 0; /* frames of this round */
+  int err = 0;
+  b->tx.off = b->tx.len = 0;
+  while (sent < n - 1 || got < n - 1 || !coll_frame_idle(&b->tx)) {
+    /* The next frame to send: block me - sent, once it is here. */
+    if (coll_frame_idle(&b->tx) && sent < n - 1 && sent <= got) {
+      int blk = (me - sent + n) % n;
+      coll_frame_start(&b->tx, BOOT_FRAME_DATA, (uint32_t)blk, (uint8_t *)all + (size_t)blk * len,
+                       (uint32_t)len);
+      sent++;
+    }
+    if (!coll_frame_idle(&b->tx)) {
+      int k = coll_frame_write(b->link.next_fd, &b->tx, &err);
+      if (k < 0)
+        return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
+                         "during init (%s)", me, next, strerror(err));
+      if (k == 1) continue;
+    }
+    struct pollfd pf[3] = {
+        {.fd = b->link.prev_fd, .events = got < n - 1 ? POLLIN : 0},
+        {.fd = b->next_done ? -1 : b->link.next_fd,
+         .events = (short)(POLLIN | (coll_frame_idle(&b->tx) ? 0 : POLLOUT))},
+        {.fd = b->link.listen_fd, .events = POLLIN}};
+    uint64_t now = coll_now_ns();
+    if (now >= end)
+      return fail_ring(comm, b, COLL_ERR_TIMEOUT, "rank %d: bootstrap: a round did not complete "
+                       "within %d ms (waiting on rank %d)", me, b->timeout_ms,
+                       got < n - 1 ? prev : next);
+    poll(pf, 3, 100);
+    if (pf[0].revents) {
+      for (;;) {
+        int k = coll_frame_read(b->link.prev_fd, &b->rx_prev, &err);
+        if (k == 0) break;
+        if (k < 0)
+          return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
+                           "during init (%s)", me, prev, err ? strerror(err) : "its ring link closed");
+        if (b->rx_prev.kind == BOOT_FRAME_ERROR) {
+          char text[COLL_LINK_FRAME_MAX + 1];
+          memcpy(text, b->rx_prev.data, b->rx_prev.len);
+          text[b->rx_prev.len] = 0;
+          return failure_arrived(comm, b, &b->rx_prev, text);
+        }
+        int want = (me - 1 - got + n) % n;
+        if (b->rx_prev.kind != BOOT_FRAME_DATA || b->rx_prev.len != len ||
+            (int)b->rx_prev.a != want) {
+          char d[120];
+          snprintf(d, sizeof d, "it sent block %u of %u bytes, expected block %d of %zu: the "
+                   "ranks disagree about the job", b->rx_prev.a, b->rx_prev.len, want, len);
+          return fail_ring(comm, b, COLL_ERR_MISMATCH, "rank %d: bootstrap: rank %d %s", me, prev, d);
+        }
+        memcpy((uint8_t *)all + (size_t)want * len, b->rx_prev.data, len);
+        got++;
+        if (got == n - 1) break;
+      }
+    }
+    if (pf[1].revents) {
+      int k = coll_frame_read(b->link.next_fd, &b->rx_next, &err);
+      if (k == 1 && b->rx_next.kind == BOOT_FRAME_ERROR) {
+        char text[COLL_LINK_FRAME_MAX + 1];
+        memcpy(text, b->rx_next.data, b->rx_next.len);
+        text[b->rx_next.len] = 0;
+        return failure_arrived(comm, b, &b->rx_next, text);
+      }
+      if (k < 0) {
+        /* next closes its links when it has everything; before that it left */
+        if (err == 0 && sent == n - 1 && coll_frame_idle(&b->tx)) b->next_done = true;
+        else
+          return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
+                           "during init (%s)", me, next, err ? strerror(err) : "its ring link closed");
+      }
+    }
+    if (pf[2].revents & POLLIN) {
+      coll_result r = take_hello(comm, b, end);
+      if (r != COLL_OK) return r;
+    }
   }
-  if (n != len)
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: bootstrap reply of %u bytes per rank, "
-                     "expected %zu", b->rank, n, len);
-  return read_full(comm, b, all, len * (size_t)b->nranks);
+  return COLL_OK;
+}
+
+void coll_bootstrap_fail(struct coll_comm *comm, coll_bootstrap *b) {
+  if (!b->failed && (b->link.prev_fd >= 0 || b->link.next_fd >= 0 || b->link.listen_fd >= 0))
+    spread_failure(b, comm->errbuf);
 }
 
 void coll_bootstrap_close(coll_bootstrap *b) {
-  if (b->fd >= 0) close(b->fd);
-  b->fd = -1;
+  if (b->failed) {
+    /* Linger a moment so the failure reaches the neighbours before the sockets go: a
+     * prev rank whose link is still in the listen queue would be reset by the close
+     * (and blame this rank), and a close with unread bytes resets the link and can lose
+     * the error frame.  So: answer pending links with the error, read what the
+     * neighbours still send, then close. */
+    uint64_t d = coll_deadline_ms(200);
+    uint32_t len = (uint32_t)strlen(b->why);
+    bool open[2] = {b->link.prev_fd >= 0, b->link.next_fd >= 0 && b->link.next_fd != b->link.prev_fd};
+    while (coll_now_ns() < d) {
+      struct pollfd pf[3] = {{.fd = open[0] ? b->link.prev_fd : -1, .events = POLLIN},
+                             {.fd = open[1] ? b->link.next_fd : -1, .events = POLLIN},
+                             {.fd = b->link.listen_fd, .events = POLLIN}};
+      if (pf[0].fd < 0 && pf[1].fd < 0 && pf[2].fd < 0) break;
+      if (poll(pf, 3, 20) <= 0) continue;
+      for (int i = 0; i < 2; i++) {
+        if (!pf[i].revents) continue;
+        uint8_t junk[512];
+        ssize_t k = recv(pf[i].fd, junk, sizeof junk, MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) open[i] = false;
+      }
+      if (pf[2].revents & POLLIN) {
+        coll_link_hello h;
+        int fd = coll_link_accept(&b->link, &h, d);
+        if (fd >= 0) {
+          coll_frame_tx t;
+          coll_frame_start(&t, BOOT_FRAME_ERROR, (uint32_t)b->rank, b->why, len);
+          coll_sock_write_all(fd, t.buf, t.len, d);
+          shutdown(fd, SHUT_WR);
+          close(fd); /* its prev sent nothing after the hello: no reset */
+        }
+      }
+    }
+  }
+  coll_ring_link_close(&b->link);
 }

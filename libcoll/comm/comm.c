@@ -24,6 +24,7 @@
 #include "ib_wire.h"
 #include "cuda_internal.h"
 #include "internal.h"
+#include "watch.h"
 #if COLL_HAVE_IBVERBS
 #include "ib.h"
 #endif
@@ -34,6 +35,7 @@ typedef struct {
   uint64_t host_id;
   uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, by COLL_T_* */
   uint8_t cuda_blob[COLL_CONN_BLOB]; /* cuda_ipc, for device buffers (cuda.c) */
+  coll_sockaddr_packed watch;        /* where the watch link listens (watch.c) */
 } rank_info;
 _Static_assert(sizeof(rank_info) <= COLL_RV_MAX_BYTES, "a rendezvous round carries a rank_info");
 
@@ -78,6 +80,7 @@ static uint64_t host_id(void) {
 void coll_comm_free(struct coll_comm *comm) {
   if (!comm) return;
   coll_exec_stop(comm);
+  coll_watch_stop(comm, atomic_load(&comm->aborted) ? COLL_WATCH_ABORT : COLL_WATCH_BYE);
   coll_cuda_comm_free(comm);
   coll_trace_free(comm);
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
@@ -168,7 +171,10 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
         (r = comm->transports[t]->setup(comm, &comm->transport_ctxs[t], me.blob[t])) != COLL_OK)
       goto fail;
   if ((r = coll_cuda_comm_setup(comm, me.cuda_blob)) != COLL_OK) goto fail;
+  if ((r = coll_watch_listen(comm, &me.watch)) != COLL_OK) goto fail;
   if ((r = rv->allgather(rv, comm, &me, all, sizeof me)) != COLL_OK) goto fail;
+  /* From here a failure on any rank reaches every other rank at once (watch.c). */
+  if ((r = coll_watch_start(comm, &all[(rank + 1) % nranks].watch)) != COLL_OK) goto fail;
   for (int p = 0; p < nranks; p++) {
     comm->pids[p] = all[p].pid;
     comm->host_ids[p] = all[p].host_id;
@@ -244,6 +250,10 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   return COLL_OK;
 
 fail:
+  /* Peers hear why at once: through the rendezvous while it is open, and through the
+   * watch once it runs (a failure on the way out of init, e.g. in the tuner). */
+  if (!left && rv->fail) rv->fail(rv, comm);
+  coll_watch_stop(comm, COLL_WATCH_FAILED);
   if (!left) rv->leave(rv);
   free(all);
   /* Keep the sentence for the caller: it has no communicator to ask. */
@@ -266,9 +276,8 @@ static coll_result boot_join(coll_rendezvous *rv, struct coll_comm *comm) {
   boot_rv *x = rv->ctx;
   coll_result r = coll_bootstrap_connect(comm, &x->b, x->f, comm->rank, comm->nranks);
   if (r != COLL_OK) return r;
-  comm->boot_local_len = sizeof comm->boot_local;
-  if (getsockname(x->b.fd, (struct sockaddr *)&comm->boot_local, &comm->boot_local_len) != 0)
-    comm->boot_local_len = 0;
+  memcpy(&comm->boot_local, &x->b.local, sizeof comm->boot_local);
+  comm->boot_local_len = x->b.local_len;
   return COLL_OK;
 }
 
@@ -278,15 +287,21 @@ static coll_result boot_allgather(coll_rendezvous *rv, struct coll_comm *comm,
   return coll_bootstrap_allgather(comm, &x->b, mine, all, len);
 }
 
+static void boot_fail(coll_rendezvous *rv, struct coll_comm *comm) {
+  boot_rv *x = rv->ctx;
+  coll_bootstrap_fail(comm, &x->b);
+}
+
 static void boot_leave(coll_rendezvous *rv) {
   boot_rv *x = rv->ctx;
   coll_bootstrap_close(&x->b);
 }
 
 coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank) {
-  boot_rv x = {.f = f, .b = {.fd = -1}};
+  boot_rv x = {.f = f};
+  coll_ring_link_init(&x.b.link, 0, f->secret, rank, nranks); /* closed even if join fails */
   coll_rendezvous rv = {.join = boot_join, .allgather = boot_allgather, .leave = boot_leave,
-                        .ctx = &x};
+                        .fail = boot_fail, .ctx = &x};
   return coll_comm_build_rv(out, nranks, rank, f->secret, &rv);
 }
 

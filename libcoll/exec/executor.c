@@ -21,12 +21,14 @@
  * or touch a user buffer outside the ranges the plan names.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "algo.h"
 #include "cuda_internal.h"
 #include "reduce.h"
+#include "watch.h"
 
 #define WAIT_SLICE_MS 100
 
@@ -63,11 +65,33 @@ static coll_result waited_too_long(wait_ctx *x, int peer, const char *what) {
                    x->done_bytes, x->total_bytes);
 }
 
+/* The rank whose failure alone would doom `w`: its peer for point-to-point work, -1
+ * (any rank) for everything else. */
+static int involved(const coll_work *w) {
+  return w->coll == COLL_COLL_SEND || w->coll == COLL_COLL_RECV ? w->root : -1;
+}
+
+/* A failure elsewhere (watch.c) that dooms this call: COLL_ERR_REMOTE with its sentence. */
+static coll_result check_watch(struct coll_comm *comm, const coll_work *w) {
+  if (!coll_watch_attention(comm)) return COLL_OK;
+  char what[64];
+  snprintf(what, sizeof what, "%s #%llu", coll_coll_name(w->coll), (unsigned long long)w->seq);
+  return coll_watch_check(comm, w->seq, involved(w), what);
+}
+
 static coll_result check_abort(wait_ctx *x) {
   if (atomic_load_explicit(&x->comm->aborted, memory_order_relaxed))
     return coll_fail(x->comm, COLL_ERR_REMOTE, "rank %d: communicator aborted during %s #%llu",
                      x->comm->rank, coll_coll_name(x->w->coll), (unsigned long long)x->w->seq);
-  return COLL_OK;
+  return check_watch(x->comm, x->w);
+}
+
+/* A call failed while running here: sticky for this rank, and every peer hears of it
+ * (watch.c) instead of waiting for this rank until its timeout. */
+static void failed(struct coll_comm *comm, coll_result r) {
+  if (r == COLL_OK) return;
+  if (comm->sticky == COLL_OK) comm->sticky = r;
+  coll_watch_failed(comm);
 }
 
 static coll_result get_send(wait_ctx *x, coll_conn *c, void **slot) {
@@ -226,6 +250,8 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
   if (comm->sticky != COLL_OK)
     return comm->sticky; /* the sentence of the first failure stays in errbuf */
+  coll_result wr = check_watch(comm, w);
+  if (wr != COLL_OK) return wr;
   /* COLL_CHECK, on the user's calls only */
   coll_result cr = comm->check && !w->internal ? coll_check_call(comm, w) : COLL_OK;
   if (cr != COLL_OK) return cr;
@@ -366,7 +392,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 /* ---- the queue and the progress thread ----------------------------------------- */
 
 static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_work *waiter) {
-  if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+  failed(comm, r);
   free(w->group); /* a group's point-to-point lists and plan (group.c) */
   w->group = NULL;
   free(w->v_copy); /* all_to_allv's arrays, copied at the enqueue (api.c) */
@@ -493,7 +519,7 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
       w.seq = w.internal ? comm->next_seq : comm->next_seq++;
       atomic_store(&w.done, 0);
       coll_result r = coll_exec_run(comm, &w);
-      if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+      failed(comm, r);
       atomic_store(&comm->running, false);
       /* Work queued meanwhile found `running` set and sleeps: wake the progress thread.
        * (Sequentially consistent atomics: either it sees running false, or we see its
@@ -519,7 +545,7 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
     pthread_mutex_unlock(&comm->qmu);
     coll_result r = coll_exec_run(comm, &w);
     pthread_mutex_lock(&comm->qmu);
-    if (r != COLL_OK && comm->sticky == COLL_OK) comm->sticky = r;
+    failed(comm, r);
     atomic_store(&comm->running, false);
     if (comm->qhead != comm->qtail) pthread_cond_broadcast(&comm->qcv);
     pthread_mutex_unlock(&comm->qmu);
