@@ -218,8 +218,12 @@ struct coll_comm {
   pid_t *pids;        /* per rank, for liveness checks on this host */
   uint64_t *host_ids; /* per rank */
 
-  /* connectors: conn_send[p] moves data to p, conn_recv[p] from p (NULL for self) */
+  /* connectors: conn_send[p] moves data to p, conn_recv[p] from p (NULL for self, and
+   * for a peer of a lazy transport until the executor first needs it) */
   coll_conn **conn_send, **conn_recv;
+  pthread_mutex_t connmu; /* a lazy connector being published vs coll_exec_wake_all */
+  int8_t *peer_t;         /* per rank: its lazy transport (COLL_T_*), -1: none or eager */
+  uint8_t *peer_blob;     /* per rank: COLL_CONN_BLOB bytes of that transport's info */
   /* Transports in use, indexed by COLL_T_*, chosen per peer pair by
    * coll_select_transport; each connector points at its own. */
   const coll_transport *transports[COLL_MAX_TRANSPORTS];
@@ -467,6 +471,9 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
                                const uint8_t secret[COLL_SECRET_BYTES], coll_rendezvous *rv);
 /* The same through the TCP bootstrap of `f` (coll_comm_init_rank, init_from_env). */
 coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank);
+/* Makes conn_send[p]/conn_recv[p] when p's transport connects lazily (tcp) and they do
+ * not exist yet; the executor's thread calls it before a plan uses p. */
+coll_result coll_comm_connect_peer(struct coll_comm *comm, int p);
 void coll_comm_free(struct coll_comm *comm);
 /* Raises/lowers the count of API calls inside comm (abort waits for zero). */
 static inline void coll_comm_enter(struct coll_comm *c) { atomic_fetch_add(&c->users, 1); }

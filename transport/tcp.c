@@ -17,9 +17,13 @@
  * that ends (EOF, reset) without one means the peer died or aborted, and every wait of
  * this communicator then fails with COLL_ERR_REMOTE naming that rank.
  *
- * Sockets: the lower rank of a pair connects, sending a hello (magic, the communicator's
- * secret, its rank, the socket's index); the higher rank accepts in ready(), once every
- * rank has connected, and drops anything that does not present the secret.  The listen
+ * Sockets are made lazily, when the executor first needs a peer (coll_comm_connect_peer
+ * in comm.c calls connect()): a communicator holds sockets only to the peers its
+ * algorithms use (a ring: two), not to all N-1.  The lower rank of a pair dials, sending
+ * a hello (magic, the communicator's secret, its rank, the socket's index); the higher
+ * rank's proxy accepts at any time and hands the sockets to the peer's entry, and its
+ * connect() waits (bounded, watching for aborts and failures elsewhere) until all of
+ * them arrived.  Anything that does not present the secret is dropped.  The listen
  * address is COLL_SOCKET_IFNAME's, else the local address of the route this rank used to
  * reach the rendezvous (so a host with a real interface never advertises loopback unless
  * the rendezvous itself is on loopback, which means every rank is on this host).
@@ -50,6 +54,8 @@
 
 #include "bootstrap_wire.h"
 #include "internal.h"
+#include "sock.h"
+#include "watch.h"
 
 #define TCP_NSLOTS 4
 #define TCP_SLOT_BYTES (256 * 1024)
@@ -95,8 +101,12 @@ typedef struct {
 
 typedef struct tcp_peer {
   int rank;
-  int nsocks, nconnected;
-  tcp_sock socks[TCP_MAX_SOCKS];
+  int nsocks;
+  /* Sockets carry one direction each: `out` this rank dialed (its sends to the peer),
+   * `in` the peer dialed (the peer's sends, accepted by the proxy at any time). */
+  _Atomic uint32_t out_ready; /* every out socket is connected: the proxy may send */
+  tcp_sock out[TCP_MAX_SOCKS];
+  tcp_sock in[TCP_MAX_SOCKS]; /* fd -1 until it arrives */
   tcp_conn send, recv;
   _Atomic int dead; /* set by the proxy; `why` is written before */
   _Atomic int gone; /* said goodbye on every socket: destroyed its communicator */
@@ -110,9 +120,11 @@ typedef struct tcp_ctx {
   int nsocks;
   struct sockaddr_storage addr;
   socklen_t addr_len;
-  tcp_peer **peers; /* by rank; NULL where another transport (or none) is used */
-  int *order;       /* ranks of tcp peers */
-  int npeers;
+  pthread_mutex_t mu; /* adding peers (the executor's connect, the proxy's accept) */
+  tcp_peer **peers; /* by rank; NULL until the peer is first used */
+  int *order;       /* ranks of tcp peers, in the order they were added */
+  _Atomic int npeers; /* order[0..npeers) are stable once published */
+  int pfd_cap;
   struct pollfd *pfds;
   tcp_sock **pfd_sock;
   tcp_peer **pfd_peer;
@@ -203,6 +215,7 @@ static coll_result tcp_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   *ctxp = ctx;
   ctx->comm = comm;
   ctx->listen_fd = ctx->evfd = -1;
+  pthread_mutex_init(&ctx->mu, NULL);
   atomic_store(&ctx->first_dead, -1);
   ctx->peers = calloc((size_t)comm->nranks, sizeof *ctx->peers);
   ctx->order = calloc((size_t)comm->nranks, sizeof *ctx->order);
@@ -305,6 +318,53 @@ static void tune_socket(int fd) {
   set_nonblock(fd);
 }
 
+static void kick_proxy(tcp_ctx *ctx);
+
+/* The entry of `peer`, made on first use by whichever thread needs it first: the
+ * executor (connect) or the proxy (an accepted socket from a lower rank).  NULL when out
+ * of memory. */
+static tcp_peer *peer_entry(tcp_ctx *ctx, int peer) {
+  pthread_mutex_lock(&ctx->mu);
+  tcp_peer *p = ctx->peers[peer];
+  if (p) {
+    pthread_mutex_unlock(&ctx->mu);
+    return p;
+  }
+  /* tcp_peer holds cache-line-aligned counters: calloc only promises 16 bytes. */
+  size_t psize = (sizeof(tcp_peer) + 63) / 64 * 64;
+  p = aligned_alloc(64, psize);
+  uint8_t *mem = malloc(2 * (size_t)TCP_NSLOTS * TCP_SLOT_BYTES);
+  if (!p || !mem) {
+    free(p);
+    free(mem);
+    pthread_mutex_unlock(&ctx->mu);
+    return NULL;
+  }
+  memset(p, 0, psize);
+  /* Touch the FIFOs now: first touch costs ~10 us a page, never on the data path. */
+  memset(mem, 0, 2 * (size_t)TCP_NSLOTS * TCP_SLOT_BYTES);
+  p->rank = peer;
+  p->nsocks = ctx->nsocks;
+  for (int k = 0; k < p->nsocks; k++) {
+    p->out[k] = (tcp_sock){.fd = -1, .sseq = (uint32_t)k, .rseq = (uint32_t)k};
+    p->in[k] = (tcp_sock){.fd = -1, .sseq = (uint32_t)k, .rseq = (uint32_t)k};
+  }
+  p->send = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = true,
+                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
+                       .slots = mem, .peer = p, .ctx = ctx};
+  p->recv = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = false,
+                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
+                       .slots = mem + (size_t)TCP_NSLOTS * TCP_SLOT_BYTES, .peer = p, .ctx = ctx};
+  snprintf(p->addr, sizeof p->addr, "rank %d's listener", peer);
+  ctx->peers[peer] = p;
+  int i = atomic_load(&ctx->npeers);
+  ctx->order[i] = peer;
+  atomic_store_explicit(&ctx->npeers, i + 1, memory_order_release);
+  pthread_mutex_unlock(&ctx->mu);
+  return p;
+}
+
+/* Called when the executor first needs `peer` (comm.c's coll_comm_connect_peer). */
 static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
                                const void *peer_blob, coll_conn **send, coll_conn **recv) {
   tcp_ctx *ctx = vctx;
@@ -319,90 +379,42 @@ static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
                      "rank %d: rank %d uses %u sockets per peer but this rank uses %d: set "
                      "COLL_SOCKS_PER_PEER alike on every rank", comm->rank, peer, b.nsocks,
                      ctx->nsocks);
-  /* tcp_peer holds cache-line-aligned counters: calloc only promises 16 bytes. */
-  size_t psize = (sizeof(tcp_peer) + 63) / 64 * 64;
-  tcp_peer *p = aligned_alloc(64, psize);
-  if (p) memset(p, 0, psize);
-  uint8_t *mem = malloc(2 * (size_t)TCP_NSLOTS * TCP_SLOT_BYTES);
-  if (!p || !mem) {
-    free(p);
-    free(mem);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
-  }
-  /* Touch the FIFOs now: first touch costs ~10 us a page, never on the data path. */
-  memset(mem, 0, 2 * (size_t)TCP_NSLOTS * TCP_SLOT_BYTES);
-  ctx->peers[peer] = p;
-  ctx->order[ctx->npeers++] = peer;
-  p->rank = peer;
-  p->nsocks = ctx->nsocks;
-  for (int k = 0; k < p->nsocks; k++)
-    p->socks[k] = (tcp_sock){.fd = -1, .sseq = (uint32_t)k, .rseq = (uint32_t)k};
-  p->send = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = true,
-                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
-                       .slots = mem, .peer = p, .ctx = ctx};
-  p->recv = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = false,
-                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
-                       .slots = mem + (size_t)TCP_NSLOTS * TCP_SLOT_BYTES, .peer = p, .ctx = ctx};
+  tcp_peer *p = peer_entry(ctx, peer);
+  if (!p) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  coll_sockaddr_packed pk = {.family = b.family, .port = b.port};
+  memcpy(pk.addr, b.addr, sizeof pk.addr);
   struct sockaddr_storage ss;
-  memset(&ss, 0, sizeof ss);
   socklen_t sl;
-  if (b.family == AF_INET) {
-    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-    s4->sin_family = AF_INET;
-    s4->sin_port = htons(b.port);
-    memcpy(&s4->sin_addr, b.addr, 4);
-    sl = sizeof *s4;
-  } else {
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-    s6->sin6_family = AF_INET6;
-    s6->sin6_port = htons(b.port);
-    memcpy(&s6->sin6_addr, b.addr, 16);
-    sl = sizeof *s6;
-  }
+  coll_sock_unpack(&pk, &ss, &sl);
   addr_text(&ss, p->addr, sizeof p->addr);
+  /* Dial the peer for this rank's sends.  Nothing here waits for the peer's executor:
+   * its proxy accepts whenever the sockets arrive, and its sends to this rank come on
+   * sockets it dials itself. */
+  uint64_t deadline = setup_deadline(comm);
+  if (!atomic_load(&p->out_ready)) {
+    for (int k = 0; k < p->nsocks; k++) {
+      int e = 0;
+      int fd = coll_sock_dial(&ss, sl, deadline, &e);
+      if (fd < 0)
+        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: cannot open a TCP connection to rank "
+                         "%d at %s: %s (is that address reachable from this host? set "
+                         "COLL_SOCKET_IFNAME to choose the interface)", comm->rank, peer,
+                         p->addr, strerror(e));
+      p->out[k].fd = fd;
+      uint8_t hello[TCP_HELLO_BYTES];
+      put32(hello, TCP_HELLO_MAGIC);
+      memcpy(hello + 4, comm->secret, COLL_SECRET_BYTES);
+      put32(hello + 20, (uint32_t)comm->rank);
+      put32(hello + 24, (uint32_t)k);
+      if (!write_until(fd, hello, sizeof hello, deadline))
+        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: sending the TCP hello to rank %d at "
+                         "%s failed", comm->rank, peer, p->addr);
+    }
+    atomic_store_explicit(&p->out_ready, 1, memory_order_release);
+    kick_proxy(ctx);
+  }
   *send = &p->send.base;
   *recv = &p->recv.base;
-  if (peer < comm->rank) return COLL_OK; /* it connects to us; ready() accepts */
-
-  uint64_t deadline = setup_deadline(comm);
-  for (int k = 0; k < p->nsocks; k++) {
-    int fd = socket(b.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", comm->rank,
-                       strerror(errno));
-    p->socks[k].fd = fd;
-    int e = 0;
-    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
-      e = errno;
-      if (e == EINPROGRESS) {
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        int left;
-        for (;;) {
-          uint64_t now = coll_now_ns();
-          left = now >= deadline ? 0 : (int)((deadline - now) / 1000000u) + 1;
-          if (poll(&pf, 1, left > 1000 ? 1000 : left) != 0 || left == 0) break;
-        }
-        socklen_t el = sizeof e;
-        if (pf.revents) getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el);
-        else e = ETIMEDOUT;
-      }
-    }
-    if (e)
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: cannot open a TCP connection to rank "
-                       "%d at %s: %s (is that address reachable from this host? set "
-                       "COLL_SOCKET_IFNAME to choose the interface)", comm->rank, peer,
-                       p->addr, strerror(e));
-    tune_socket(fd);
-    uint8_t hello[TCP_HELLO_BYTES];
-    put32(hello, TCP_HELLO_MAGIC);
-    memcpy(hello + 4, comm->secret, COLL_SECRET_BYTES);
-    put32(hello + 20, (uint32_t)comm->rank);
-    put32(hello + 24, (uint32_t)k);
-    if (!write_until(fd, hello, sizeof hello, deadline))
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: sending the TCP hello to rank %d at %s "
-                       "failed", comm->rank, peer, p->addr);
-    p->nconnected++;
-  }
   return COLL_OK;
 }
 
@@ -426,7 +438,8 @@ static void lose_peer(tcp_ctx *ctx, tcp_peer *p, const char *fmt, int err) {
   int none = -1;
   atomic_compare_exchange_strong(&ctx->first_dead, &none, p->rank);
   COLL_WARN(comm->rank, "%s", p->why);
-  for (int i = 0; i < ctx->npeers; i++) {
+  int np = atomic_load_explicit(&ctx->npeers, memory_order_acquire);
+  for (int i = 0; i < np; i++) {
     wake_conn(&ctx->peers[ctx->order[i]]->send);
     wake_conn(&ctx->peers[ctx->order[i]]->recv);
   }
@@ -445,9 +458,10 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
   tcp_conn *s = &p->send, *r = &p->recv;
   uint32_t stail = atomic_load_explicit(&s->ctl.tail, memory_order_acquire);
   uint32_t rhead = atomic_load_explicit(&r->ctl.head, memory_order_acquire);
-  for (int k = 0; k < p->nsocks && !atomic_load(&p->dead); k++) {
-    tcp_sock *so = &p->socks[k];
-    /* send every slice of this socket that the executor has posted */
+  bool out_ok = atomic_load_explicit(&p->out_ready, memory_order_acquire);
+  /* send every slice the executor has posted, slice k on out socket k % nsocks */
+  for (int k = 0; k < p->nsocks && out_ok && !atomic_load(&p->dead); k++) {
+    tcp_sock *so = &p->out[k];
     for (;;) {
       if (!so->sactive) {
         if ((int32_t)(stail - so->sseq) <= 0) break;
@@ -476,7 +490,11 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
       so->sactive = false;
       so->sseq += (uint32_t)p->nsocks;
     }
-    /* receive into free slots */
+  }
+  /* receive into free slots, slice k from in socket k % nsocks (those that arrived) */
+  for (int k = 0; k < p->nsocks && !atomic_load(&p->dead); k++) {
+    tcp_sock *so = &p->in[k];
+    if (so->fd < 0) continue;
     for (;;) {
       if (so->said_goodbye) break;
       if (so->rseq - rhead >= TCP_NSLOTS) break; /* no free slot: TCP holds the rest */
@@ -505,7 +523,7 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
           so->said_goodbye = true;
           so->roff = 0;
           bool all = true;
-          for (int j = 0; j < p->nsocks; j++) all = all && p->socks[j].said_goodbye;
+          for (int j = 0; j < p->nsocks; j++) all = all && p->in[j].said_goodbye;
           all_goodbyes = all;
           break;
         }
@@ -525,12 +543,13 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
     }
   }
   if (atomic_load(&p->dead)) return moved;
-  /* The counters advance to the first slice not yet complete on any socket. */
+  /* The counters advance to the first slice not yet complete on any socket (a socket
+   * that has not arrived yet holds its first slice back). */
   uint32_t shead = atomic_load_explicit(&s->ctl.head, memory_order_relaxed);
-  uint32_t h = p->socks[0].sseq, t = p->socks[0].rseq;
+  uint32_t h = p->out[0].sseq, t = p->in[0].rseq;
   for (int k = 1; k < p->nsocks; k++) {
-    if ((int32_t)(p->socks[k].sseq - h) < 0) h = p->socks[k].sseq;
-    if ((int32_t)(p->socks[k].rseq - t) < 0) t = p->socks[k].rseq;
+    if ((int32_t)(p->out[k].sseq - h) < 0) h = p->out[k].sseq;
+    if ((int32_t)(p->in[k].rseq - t) < 0) t = p->in[k].rseq;
   }
   if ((int32_t)(h - stail) > 0) h = stail;
   if (h != shead) publish(s, &s->ctl.head, &s->ctl.head_waiter, h);
@@ -546,38 +565,90 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
   return moved;
 }
 
-/* Poll events for each socket, given the counters now. Returns the count of pollfds. */
+/* Poll events for each socket, given the counters now, then the listener (lower ranks
+ * dial whenever they first need this rank) and the eventfd.  Returns the count of
+ * pollfds, or -1 when out of memory. */
 static int build_poll(tcp_ctx *ctx) {
+  int np = atomic_load_explicit(&ctx->npeers, memory_order_acquire);
+  int need = 2 * np * ctx->nsocks + 2;
+  if (need > ctx->pfd_cap) {
+    int cap = need * 2;
+    struct pollfd *a = realloc(ctx->pfds, (size_t)cap * sizeof *a);
+    if (a) ctx->pfds = a;
+    tcp_sock **b = realloc(ctx->pfd_sock, (size_t)cap * sizeof *b);
+    if (b) ctx->pfd_sock = b;
+    tcp_peer **c = realloc(ctx->pfd_peer, (size_t)cap * sizeof *c);
+    if (c) ctx->pfd_peer = c;
+    if (!a || !b || !c) return -1;
+    ctx->pfd_cap = cap;
+  }
   int n = 0;
-  for (int i = 0; i < ctx->npeers; i++) {
+  for (int i = 0; i < np; i++) {
     tcp_peer *p = ctx->peers[ctx->order[i]];
     if (atomic_load(&p->dead)) continue;
     uint32_t stail = atomic_load_explicit(&p->send.ctl.tail, memory_order_acquire);
     uint32_t rhead = atomic_load_explicit(&p->recv.ctl.head, memory_order_acquire);
+    bool out_ok = atomic_load_explicit(&p->out_ready, memory_order_acquire);
     for (int k = 0; k < p->nsocks; k++) {
-      tcp_sock *so = &p->socks[k];
-      short ev = 0;
-      if (so->sactive || (int32_t)(stail - so->sseq) > 0) ev |= POLLOUT;
-      if (!so->said_goodbye && so->rseq - rhead < TCP_NSLOTS) ev |= POLLIN;
-      ctx->pfds[n] = (struct pollfd){.fd = so->fd, .events = ev};
-      ctx->pfd_sock[n] = so;
-      ctx->pfd_peer[n] = p;
-      n++;
+      tcp_sock *so = &p->out[k];
+      if (out_ok && (so->sactive || (int32_t)(stail - so->sseq) > 0)) {
+        ctx->pfds[n] = (struct pollfd){.fd = so->fd, .events = POLLOUT};
+        ctx->pfd_sock[n] = so;
+        ctx->pfd_peer[n] = p;
+        n++;
+      }
+      so = &p->in[k];
+      if (so->fd >= 0 && !so->said_goodbye) {
+        ctx->pfds[n] = (struct pollfd){
+            .fd = so->fd, .events = so->rseq - rhead < TCP_NSLOTS ? POLLIN : 0};
+        ctx->pfd_sock[n] = so;
+        ctx->pfd_peer[n] = p;
+        n++;
+      }
     }
   }
+  ctx->pfds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
   ctx->pfds[n++] = (struct pollfd){.fd = ctx->evfd, .events = POLLIN};
   return n;
+}
+
+/* Takes the connections waiting on the listener: each must present the hello of a rank
+ * of this communicator within 200 ms (a peer sends it right after connecting), and
+ * becomes in socket k of that rank's entry. */
+static void accept_peers(tcp_ctx *ctx) {
+  struct coll_comm *comm = ctx->comm;
+  for (;;) {
+    int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    uint8_t hello[TCP_HELLO_BYTES];
+    bool ok = read_until(fd, hello, sizeof hello, coll_now_ns() + 200000000ull);
+    uint8_t diff = 0;
+    for (int i = 0; ok && i < COLL_SECRET_BYTES; i++) diff |= (uint8_t)(hello[4 + i] ^ comm->secret[i]);
+    uint32_t from = ok ? coll_get32(hello + 20) : 0, k = ok ? coll_get32(hello + 24) : 0;
+    tcp_peer *p = NULL;
+    if (ok && !diff && coll_get32(hello) == TCP_HELLO_MAGIC && from < (uint32_t)comm->nranks &&
+        (int)from != comm->rank && k < (uint32_t)ctx->nsocks)
+      p = peer_entry(ctx, (int)from);
+    if (!p || p->in[k].fd >= 0) {
+      COLL_INFO(comm->rank, "tcp: dropped a connection that did not present a valid hello");
+      close(fd);
+      continue;
+    }
+    tune_socket(fd);
+    p->in[k].fd = fd;
+  }
 }
 
 static void send_goodbyes(tcp_ctx *ctx, uint64_t deadline) {
   uint8_t bye[4];
   put32(bye, TCP_GOODBYE);
-  for (int i = 0; i < ctx->npeers; i++) {
+  int np = atomic_load_explicit(&ctx->npeers, memory_order_acquire);
+  for (int i = 0; i < np; i++) {
     tcp_peer *p = ctx->peers[ctx->order[i]];
-    if (atomic_load(&p->dead)) continue;
+    if (atomic_load(&p->dead) || !atomic_load(&p->out_ready)) continue;
     for (int k = 0; k < p->nsocks; k++) {
-      if (!write_until(p->socks[k].fd, bye, 4, deadline)) break;
-      shutdown(p->socks[k].fd, SHUT_WR);
+      if (!write_until(p->out[k].fd, bye, 4, deadline)) break;
+      shutdown(p->out[k].fd, SHUT_WR);
     }
   }
 }
@@ -589,8 +660,8 @@ static void *proxy_main(void *arg) {
     int stop = atomic_load(&ctx->stop);
     if (stop == 2) break;
     bool pending = false, moved = false;
-    for (int i = 0; i < ctx->npeers; i++)
-      moved |= progress_peer(ctx, ctx->peers[ctx->order[i]], &pending);
+    int np = atomic_load_explicit(&ctx->npeers, memory_order_acquire);
+    for (int i = 0; i < np; i++) moved |= progress_peer(ctx, ctx->peers[ctx->order[i]], &pending);
     if (stop == 1) {
       if (!drain_deadline) drain_deadline = coll_now_ns() + TCP_DRAIN_MS * 1000000ull;
       if (!pending || coll_now_ns() > drain_deadline) {
@@ -605,14 +676,21 @@ static void *proxy_main(void *arg) {
     atomic_store(&ctx->sleeping, 1);
     atomic_thread_fence(memory_order_seq_cst);
     int n = build_poll(ctx);
+    if (n < 0) { /* out of memory for the poll set: try again shortly */
+      atomic_store(&ctx->sleeping, 0);
+      struct timespec ts = {0, 10000000L};
+      nanosleep(&ts, NULL);
+      continue;
+    }
     int rc = poll(ctx->pfds, (nfds_t)n, stop == 1 ? 10 : TCP_IDLE_POLL_MS);
     atomic_store(&ctx->sleeping, 0);
     if (rc > 0 && (ctx->pfds[n - 1].revents & POLLIN)) {
       uint64_t v;
       if (read(ctx->evfd, &v, sizeof v) < 0) { /* nothing to drain */ }
     }
+    if (rc > 0 && (ctx->pfds[n - 2].revents & POLLIN)) accept_peers(ctx);
     /* A hang-up or error with nothing to read shows up as POLLHUP/POLLERR only. */
-    for (int i = 0; rc > 0 && i < n - 1; i++)
+    for (int i = 0; rc > 0 && i < n - 2; i++)
       if ((ctx->pfds[i].revents & (POLLHUP | POLLERR)) && !(ctx->pfds[i].events & POLLIN) &&
           !ctx->pfd_sock[i]->said_goodbye) {
         int e = 0;
@@ -633,53 +711,9 @@ static void kick_proxy(tcp_ctx *ctx) {
   }
 }
 
-/* Accepts the connections of every lower rank and starts the proxy. */
+/* Starts the proxy: from now on it accepts lower ranks' connections as they come. */
 static coll_result tcp_ready(struct coll_comm *comm, void *vctx) {
   tcp_ctx *ctx = vctx;
-  int expected = 0, got = 0;
-  for (int i = 0; i < ctx->npeers; i++)
-    if (ctx->order[i] < comm->rank) expected += ctx->nsocks;
-  uint64_t deadline = setup_deadline(comm);
-  while (got < expected) {
-    uint64_t now = coll_now_ns();
-    if (now >= deadline)
-      return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: only %d of %d TCP connections from "
-                       "lower ranks arrived within %d ms", comm->rank, got, expected,
-                       comm->timeout_ms);
-    struct pollfd pf = {.fd = ctx->listen_fd, .events = POLLIN};
-    uint64_t left = (deadline - now) / 1000000u + 1;
-    if (poll(&pf, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
-    int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
-    /* A stranger gets 5 s to present the hello, then is dropped. */
-    uint64_t hd = coll_now_ns() + 5000000000ull;
-    uint8_t hello[TCP_HELLO_BYTES];
-    bool ok = read_until(fd, hello, sizeof hello, hd < deadline ? hd : deadline);
-    uint8_t diff = 0;
-    for (int i = 0; ok && i < COLL_SECRET_BYTES; i++) diff |= (uint8_t)(hello[4 + i] ^ comm->secret[i]);
-    uint32_t from = ok ? coll_get32(hello + 20) : 0, k = ok ? coll_get32(hello + 24) : 0;
-    tcp_peer *p = ok && from < (uint32_t)comm->rank ? ctx->peers[from] : NULL;
-    if (!ok || diff || coll_get32(hello) != TCP_HELLO_MAGIC || !p || k >= (uint32_t)p->nsocks ||
-        p->socks[k].fd >= 0) {
-      COLL_INFO(comm->rank, "tcp: dropped a connection that did not present a valid hello");
-      close(fd);
-      continue;
-    }
-    tune_socket(fd);
-    p->socks[k].fd = fd;
-    p->nconnected++;
-    got++;
-  }
-  close(ctx->listen_fd);
-  ctx->listen_fd = -1;
-  if (ctx->npeers == 0) return COLL_OK;
-  int nfds = 1;
-  for (int i = 0; i < ctx->npeers; i++) nfds += ctx->peers[ctx->order[i]]->nsocks;
-  ctx->pfds = calloc((size_t)nfds, sizeof *ctx->pfds);
-  ctx->pfd_sock = calloc((size_t)nfds, sizeof *ctx->pfd_sock);
-  ctx->pfd_peer = calloc((size_t)nfds, sizeof *ctx->pfd_peer);
-  if (!ctx->pfds || !ctx->pfd_sock || !ctx->pfd_peer)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory starting the tcp proxy");
   int e = pthread_create(&ctx->thread, NULL, proxy_main, ctx);
   if (e)
     return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: starting the tcp proxy thread failed: %s",
@@ -790,10 +824,13 @@ static void tcp_close(struct coll_comm *comm, void *vctx) {
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
   if (ctx->evfd >= 0) close(ctx->evfd);
   if (ctx->peers) {
-    for (int i = 0; i < ctx->npeers; i++) {
+    int np = atomic_load(&ctx->npeers);
+    for (int i = 0; i < np; i++) {
       tcp_peer *p = ctx->peers[ctx->order[i]];
-      for (int k = 0; k < p->nsocks; k++)
-        if (p->socks[k].fd >= 0) close(p->socks[k].fd);
+      for (int k = 0; k < p->nsocks; k++) {
+        if (p->out[k].fd >= 0) close(p->out[k].fd);
+        if (p->in[k].fd >= 0) close(p->in[k].fd);
+      }
       free(p->send.slots);
       free(p);
     }
@@ -803,11 +840,13 @@ static void tcp_close(struct coll_comm *comm, void *vctx) {
   free(ctx->pfds);
   free(ctx->pfd_sock);
   free(ctx->pfd_peer);
+  pthread_mutex_destroy(&ctx->mu);
   free(ctx);
 }
 
 const coll_transport coll_transport_tcp = {
     .name = "tcp",
+    .lazy = true,
     .can_connect = tcp_can_connect,
     .setup = tcp_setup,
     .connect = tcp_connect,

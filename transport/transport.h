@@ -35,6 +35,9 @@ struct coll_conn {
 
 struct coll_transport {
   const char *name;
+  /* connect() runs when the executor first needs the peer (comm.c), not during init:
+   * the transport accepts its peers' connections at any time after ready(). */
+  bool lazy;
   /* Can this transport connect this rank to `peer` (e.g. same host for shm)? */
   bool (*can_connect)(struct coll_comm *comm, int peer);
   /* Creates this rank's local resources and writes the info peers need into `blob`

@@ -88,6 +88,9 @@ void coll_comm_free(struct coll_comm *comm) {
       comm->transports[t]->close(comm, comm->transport_ctxs[t]);
   free(comm->conn_send);
   free(comm->conn_recv);
+  free(comm->peer_t);
+  free(comm->peer_blob);
+  pthread_mutex_destroy(&comm->connmu);
   free(comm->pids);
   free(comm->host_ids);
   free(comm->mb_seen);
@@ -116,6 +119,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   pthread_cond_init(&comm->donecv, NULL);
   pthread_mutex_init(&comm->errmu, NULL);
   pthread_mutex_init(&comm->winmu, NULL);
+  pthread_mutex_init(&comm->connmu, NULL);
   comm->rank = rank;
   comm->nranks = nranks;
   comm->timeout_ms = coll_env_timeout_ms();
@@ -131,12 +135,16 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->host_ids = calloc((size_t)nranks, sizeof *comm->host_ids);
   comm->conn_send = calloc((size_t)nranks, sizeof *comm->conn_send);
   comm->conn_recv = calloc((size_t)nranks, sizeof *comm->conn_recv);
+  comm->peer_t = malloc((size_t)nranks);
+  comm->peer_blob = calloc((size_t)nranks, COLL_CONN_BLOB);
+  if (comm->peer_t) memset(comm->peer_t, -1, (size_t)nranks);
   comm->mb_seen = calloc((size_t)nranks, sizeof *comm->mb_seen);
   comm->windows = calloc(COLL_MAX_WINDOWS, sizeof *comm->windows);
   rank_info *all = calloc((size_t)nranks, sizeof *all);
   coll_result r = COLL_OK;
   bool left = false; /* rv->leave called */
   if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv ||
+      !comm->peer_t || !comm->peer_blob ||
       !comm->mb_seen || !comm->windows || !all) {
     r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating a communicator of %d ranks",
                   nranks);
@@ -205,6 +213,11 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
       goto fail;
     }
     uses[t]++;
+    if (comm->transports[t]->lazy) { /* connected when first needed (coll_comm_connect_peer) */
+      comm->peer_t[p] = (int8_t)t;
+      memcpy(comm->peer_blob + (size_t)p * COLL_CONN_BLOB, all[p].blob[t], COLL_CONN_BLOB);
+      continue;
+    }
     if ((r = comm->transports[t]->connect(comm, comm->transport_ctxs[t], p, all[p].blob[t],
                                           &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
       goto fail;
@@ -263,6 +276,25 @@ fail:
   atomic_store(&comm->aborted, 1);
   coll_comm_free(comm);
   return r;
+}
+
+coll_result coll_comm_connect_peer(struct coll_comm *comm, int p) {
+  if (p < 0 || p == comm->rank || comm->conn_send[p]) return COLL_OK;
+  int t = comm->peer_t[p];
+  if (t < 0 || !comm->transports[t])
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no transport reaches rank %d", comm->rank, p);
+  coll_conn *send = NULL, *recv = NULL;
+  coll_result r = comm->transports[t]->connect(comm, comm->transport_ctxs[t], p,
+                                               comm->peer_blob + (size_t)p * COLL_CONN_BLOB,
+                                               &send, &recv);
+  if (r != COLL_OK) return r;
+  /* Published under connmu: coll_exec_wake_all (another thread) walks these arrays. */
+  pthread_mutex_lock(&comm->connmu);
+  comm->conn_recv[p] = recv;
+  comm->conn_send[p] = send;
+  pthread_mutex_unlock(&comm->connmu);
+  COLL_INFO(comm->rank, "connected to rank %d (%s) on first use", p, comm->transports[t]->name);
+  return COLL_OK;
 }
 
 /* ---- the TCP bootstrap as a rendezvous ------------------------------------------- */

@@ -201,6 +201,8 @@ static coll_result wait_once(struct coll_comm *comm, const coll_work *w, coll_co
 }
 
 static coll_result put(struct coll_comm *comm, const coll_work *w, int peer, const desc *d) {
+  coll_result cr = coll_comm_connect_peer(comm, peer);
+  if (cr != COLL_OK) return cr;
   coll_conn *c = comm->conn_send[peer];
   void *slot;
   uint64_t start = coll_now_ns();
@@ -213,6 +215,8 @@ static coll_result put(struct coll_comm *comm, const coll_work *w, int peer, con
 }
 
 static coll_result get(struct coll_comm *comm, const coll_work *w, int peer, desc *d) {
+  coll_result cr = coll_comm_connect_peer(comm, peer);
+  if (cr != COLL_OK) return cr;
   coll_conn *c = comm->conn_recv[peer];
   const void *slot;
   uint32_t bytes = 0;

@@ -337,6 +337,17 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
                                                    coll_coll_name(w->coll),
                                                    (unsigned long long)w->seq));
   }
+  /* Peers of a lazy transport (tcp) are connected when a plan first uses them. */
+  for (size_t i = 0; !cuda && i < nsteps; i++) {
+    const coll_step *s = &steps[i];
+    if ((s->peer_in >= 0 && !comm->conn_recv[s->peer_in] &&
+         (r = coll_comm_connect_peer(comm, s->peer_in)) != COLL_OK) ||
+        (s->peer_out >= 0 && !comm->conn_send[s->peer_out] &&
+         (r = coll_comm_connect_peer(comm, s->peer_out)) != COLL_OK) ||
+        (s->peer_in2 >= 0 && !comm->conn_recv[s->peer_in2] &&
+         (r = coll_comm_connect_peer(comm, s->peer_in2)) != COLL_OK))
+      return r;
+  }
   size_t slice = slot_bytes / es, rounds = 0;
   for (size_t i = 0; i < nsteps; i++) {
     size_t k = (steps[i].count + slice - 1) / slice + steps[i].delay;
@@ -497,10 +508,12 @@ void coll_exec_stop(struct coll_comm *comm) {
 }
 
 void coll_exec_wake_all(struct coll_comm *comm) {
+  pthread_mutex_lock(&comm->connmu);
   for (int p = 0; p < comm->nranks; p++) {
     if (comm->conn_send && comm->conn_send[p]) comm->conn_send[p]->t->wake(comm->conn_send[p]);
     if (comm->conn_recv && comm->conn_recv[p]) comm->conn_recv[p]->t->wake(comm->conn_recv[p]);
   }
+  pthread_mutex_unlock(&comm->connmu);
   coll_cuda_comm_wake(comm);
   pthread_mutex_lock(&comm->qmu);
   pthread_cond_broadcast(&comm->qcv);
