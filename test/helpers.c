@@ -5,20 +5,58 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
 
 int t_launch(int n, coll_rank_fn fn, void *arg, int timeout_ms, char *why, size_t why_len) {
   return coll_launch_local(n, fn, arg, timeout_ms, why, why_len);
 }
 
-int t_shm_segments(void) {
+int t_prefix_segments(const char *prefix, int remove, char *names, size_t len) {
+  if (names && len) names[0] = 0;
   DIR *d = opendir("/dev/shm");
   if (!d) return 0;
   int n = 0;
+  size_t used = 0;
   struct dirent *e;
-  while ((e = readdir(d)))
-    if (strncmp(e->d_name, "coll-", 5) == 0) n++;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+    n++;
+    if (names && used < len) {
+      int k = snprintf(names + used, len - used, "%s%s", used ? " " : "", e->d_name);
+      if (k > 0) used += (size_t)k;
+    }
+    if (remove) {
+      char path[300];
+      snprintf(path, sizeof path, "/%s", e->d_name);
+      shm_unlink(path);
+    }
+  }
   closedir(d);
   return n;
+}
+
+int t_job_leftovers(char *names, size_t len) {
+  char removed[512];
+  int n = coll_launch_leftovers(removed, sizeof removed);
+  /* The launcher already looked; a segment of the job still there now would be one made
+   * after every rank had exited, which nothing does, but count it rather than trust. */
+  coll_unique_id id = coll_launch_unique_id();
+  coll_id_fields f;
+  char why[64], prefix[40], still[512] = "";
+  if (coll_id_decode(&id, &f, why, sizeof why) == COLL_OK) {
+    coll_job_prefix(prefix, sizeof prefix, f.secret);
+    n += t_prefix_segments(prefix, 1, still, sizeof still);
+  }
+  if (names && len) snprintf(names, len, "%s%s%s", removed, removed[0] && still[0] ? " " : "", still);
+  return n;
+}
+
+void t_env_job_prefix(char *out, size_t len, const char *addr, int size) {
+  uint8_t secret[COLL_SECRET_BYTES];
+  coll_env_secret(secret, addr, size);
+  coll_job_prefix(out, len, secret);
 }
 
 uint64_t t_rand(uint64_t *s) {

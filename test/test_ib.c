@@ -735,14 +735,13 @@ Test(ib_proc, forced_ib_without_device_fails_cleanly, .timeout = 60) {
     cr_skip_test("an InfiniBand device is present: this test is for machines without one");
   setenv("COLL_TRANSPORT", "ib", 1);
   setenv("COLL_TIMEOUT_MS", "10000", 1);
-  int before = t_shm_segments();
   char lwhy[256];
   uint64_t t0 = coll_now_ns();
   int rc = coll_launch_local_raw(2, init_must_fail, NULL, 30000, lwhy, sizeof lwhy);
   uint64_t ms = (coll_now_ns() - t0) / 1000000u;
   cr_assert_eq(rc, 0, "%s", lwhy);
   cr_assert_lt(ms, 10000, "init took %llu ms to fail", (unsigned long long)ms);
-  cr_assert_eq(t_shm_segments(), before, "a shared segment was left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(ib_proc, probe_reason_is_stable) {
@@ -799,9 +798,8 @@ Test(ib_proc, auto_without_device_runs, .timeout = 60) {
   setenv("COLL_TRANSPORT", "auto", 1);
   setenv("COLL_TIMEOUT_MS", "10000", 1);
   char lwhy[256];
-  int before = t_shm_segments();
   cr_assert_eq(t_launch(3, auto_works, NULL, 30000, lwhy, sizeof lwhy), 0, "%s", lwhy);
-  cr_assert_eq(t_shm_segments(), before);
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 static int rank_matrix(coll_comm_t comm, int rank, int n, void *arg) {
@@ -815,11 +813,10 @@ static void device_matrix(int n) {
   if (!ib_present(why, sizeof why)) cr_skip_test("%s", why);
   setenv("COLL_TRANSPORT", "ib", 1);
   setenv("COLL_TIMEOUT_MS", "30000", 1);
-  int before = t_shm_segments();
   char lwhy[256];
   int rc = t_launch(n, rank_matrix, NULL, 150000, lwhy, sizeof lwhy);
   cr_assert_eq(rc, 0, "ib matrix on %d ranks: %s", n, lwhy);
-  cr_assert_eq(t_shm_segments(), before);
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(ib_device, matrix_n2, .timeout = 180) { device_matrix(2); }

@@ -122,6 +122,13 @@ void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const c
   snprintf(out, len, "/coll-%s-%s%d", hex, what, rank);
 }
 
+void coll_job_prefix(char *out, size_t len, const uint8_t *secret) {
+  int n = snprintf(out, len, "coll-");
+  for (int i = 0; i < 8 && n > 0 && (size_t)n < len; i++)
+    n += snprintf(out + n, len - (size_t)n, "%02x", secret[i]);
+  if (n > 0 && (size_t)n < len) snprintf(out + n, len - (size_t)n, "-");
+}
+
 static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   int n = comm->nranks;
   shm_ctx *ctx = calloc(1, sizeof *ctx);

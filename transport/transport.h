@@ -87,6 +87,10 @@ _Atomic uint32_t *coll_shm_mailbox_waiters(struct coll_comm *comm, int rank);
  * shm's FIFOs, "cu" for cuda_ipc's counters. */
 void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const char *what,
                            int rank);
+/* "coll-<job>-": how the names of one job's segments begin in /dev/shm (no leading
+ * slash), from its secret; what the launcher's clean-up and the tests' leak checks match,
+ * so that they see only their own job's segments and never another job's. */
+void coll_job_prefix(char *out, size_t len, const uint8_t *secret);
 /* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */
 coll_result coll_shm_peer_check(struct coll_comm *comm, int peer);
 extern const coll_transport coll_transport_tcp;
