@@ -372,6 +372,46 @@ Test(ib_choice, pick_gid) {
   cr_assert_eq(coll_ib_pick_gid(t, 2, COLL_IB_LL_ETHERNET), 0);
 }
 
+/* Present is not usable: a RoCE port without a usable GID or a device that refuses a
+ * protection domain is skipped (and named, for the warning), the next usable port taken;
+ * with none usable the probe says why and the job goes on without ib. */
+static coll_ib_port_view port_view(const char *dev, int port, bool active, int ll, int gid,
+                                   bool pd) {
+  coll_ib_port_view v = {.port = port, .active = active, .link_layer = ll, .gid_index = gid,
+                         .pd_ok = pd};
+  snprintf(v.dev, sizeof v.dev, "%s", dev);
+  return v;
+}
+
+Test(ib_choice, unusable_ports_are_skipped) {
+  char skipped[256], why[256];
+  coll_ib_port_view v[4];
+  v[0] = port_view("roce0", 1, true, COLL_IB_LL_ETHERNET, -1, true); /* no IP: no GID */
+  v[1] = port_view("mlx5_0", 1, false, COLL_IB_LL_INFINIBAND, -1, true);
+  v[2] = port_view("mlx5_1", 1, true, COLL_IB_LL_INFINIBAND, 0, false); /* no PD */
+  v[3] = port_view("mlx5_1", 2, true, COLL_IB_LL_INFINIBAND, 0, true);
+  cr_assert_eq(coll_ib_choose_port(v, 4, "", 0, skipped, sizeof skipped, why, sizeof why), 3);
+  cr_assert(strstr(skipped, "roce0 port 1 is RoCE without a usable GID"), "%s", skipped);
+  cr_assert(strstr(skipped, "mlx5_1 port 1 refuses a protection domain"), "%s", skipped);
+  cr_assert(!strstr(skipped, "mlx5_0"), "an inactive port is not a warning: %s", skipped);
+  /* Only unusable ones: none is taken, and the reason names each. */
+  cr_assert_eq(coll_ib_choose_port(v, 3, "", 0, skipped, sizeof skipped, why, sizeof why), -1);
+  cr_assert(strstr(why, "roce0 port 1 is RoCE without a usable GID") &&
+            strstr(why, "mlx5_0 port 1 not active"), "%s", why);
+  /* The RoCE port alone, as on a host whose RoCE NIC has no address. */
+  cr_assert_eq(coll_ib_choose_port(v, 1, "", 0, skipped, sizeof skipped, why, sizeof why), -1);
+  cr_assert(strstr(why, "without a usable GID"), "%s", why);
+  cr_assert(strstr(skipped, "roce0"), "%s", skipped);
+  /* COLL_IB_HCA narrows the choice and is named when it finds nothing usable. */
+  cr_assert_eq(coll_ib_choose_port(v, 4, "mlx5_1", 0, NULL, 0, why, sizeof why), 3);
+  cr_assert_eq(coll_ib_choose_port(v, 4, "mlx5_1", 1, NULL, 0, why, sizeof why), -1);
+  cr_assert(strstr(why, "COLL_IB_HCA=mlx5_1:1") && strstr(why, "protection domain"), "%s", why);
+  cr_assert_eq(coll_ib_choose_port(v, 4, "nonesuch", 0, NULL, 0, why, sizeof why), -1);
+  cr_assert(strstr(why, "no such device"), "%s", why);
+  cr_assert_eq(coll_ib_choose_port(v, 0, "", 0, NULL, 0, why, sizeof why), -1);
+  cr_assert(strstr(why, "no InfiniBand device"), "%s", why);
+}
+
 /* ---- registration cache ----------------------------------------------------------------- */
 
 #define FAKE_MAX 65536
