@@ -412,6 +412,46 @@ Test(ib_choice, unusable_ports_are_skipped) {
   cr_assert(strstr(why, "no InfiniBand device"), "%s", why);
 }
 
+/* ---- close drains posted writes, within a bound ------------------------------------ */
+
+typedef struct {
+  uint32_t out[4];  /* writes outstanding per queue */
+  bool stuck[4];    /* this queue's completions never come */
+  int polls[4];
+  uint64_t clock;   /* advances 1 per look, so the bound is reached without sleeping */
+  int relaxes;
+} fake_queues;
+
+static uint32_t fq_out(void *a, int i) { return ((fake_queues *)a)->out[i]; }
+static void fq_poll(void *a, int i) {
+  fake_queues *f = a;
+  f->polls[i]++;
+  if (!f->stuck[i] && f->out[i]) f->out[i]--; /* one completion per poll */
+}
+static uint64_t fq_now(void *a) { return ++((fake_queues *)a)->clock; }
+static void fq_relax(void *a) { ((fake_queues *)a)->relaxes++; }
+
+Test(ib_close, drain_waits_for_every_posted_write) {
+  fake_queues f = {.out = {2, 0, 5, 1}};
+  cr_assert_eq(coll_ib_drain(4, fq_out, fq_poll, fq_now, fq_relax, &f, 1000), 0);
+  for (int i = 0; i < 4; i++) cr_assert_eq(f.out[i], 0u, "queue %d not drained", i);
+  cr_assert_eq(f.polls[1], 0, "a queue with nothing posted was polled");
+  cr_assert_eq(f.polls[2], 5);
+  cr_assert_lt(f.clock, 1000u);
+}
+
+Test(ib_close, drain_is_bounded) {
+  fake_queues f = {.out = {3, 2}, .stuck = {false, true}};
+  cr_assert_eq(coll_ib_drain(2, fq_out, fq_poll, fq_now, fq_relax, &f, 50), 1,
+               "a queue whose completions never come must be given up at the deadline");
+  cr_assert_eq(f.out[0], 0u);
+  cr_assert_eq(f.clock, 50u, "it stopped at the deadline, not before or long after");
+  /* Nothing posted anywhere: returns at once. */
+  fake_queues g = {.clock = 0};
+  cr_assert_eq(coll_ib_drain(2, fq_out, fq_poll, fq_now, fq_relax, &g, 50), 0);
+  cr_assert_eq(g.polls[0] + g.polls[1] + g.relaxes, 0);
+}
+
 /* ---- registration cache ----------------------------------------------------------------- */
 
 #define FAKE_MAX 65536

@@ -27,6 +27,10 @@
  * GID: COLL_IB_GID_INDEX, else coll_ib_pick_gid (RoCE v2 IPv4-mapped first).  With no
  * device the probe says so once at INFO level and comm.c never selects this transport.
  *
+ * Close drains first: it polls every queue pair until its posted writes have completed
+ * (acknowledged by the peer's HCA) or a bound passes (coll_ib_drain), because destroying
+ * a queue pair drops writes still in flight — the last slice of the last collective.
+ *
  * Must never: sleep on the data path, post more work requests than the queues hold,
  * trust a length or address from the sideband before ib_wire.c bounds it, or leave a
  * queue pair, memory region or socket behind on any exit path.
@@ -861,9 +865,48 @@ static bool ib_can_connect(struct coll_comm *comm, int peer) {
   return probe_ok;
 }
 
+/* ---- close ----------------------------------------------------------------------------- */
+
+/* coll_ib_drain's view of the peers (by position in ctx->order). */
+static ib_peer *drain_peer(void *arg, int i) {
+  ib_ctx *ctx = arg;
+  return ctx->peers[ctx->order[i]];
+}
+static uint32_t drain_outstanding(void *arg, int i) {
+  ib_peer *p = drain_peer(arg, i);
+  return p->qp && !atomic_load(&p->dead) ? p->sq_out : 0;
+}
+static void drain_poll(void *arg, int i) { poll_cq(drain_peer(arg, i)); }
+static uint64_t drain_now(void *arg) {
+  (void)arg;
+  return coll_now_ns();
+}
+static void drain_relax(void *arg) {
+  (void)arg;
+  sched_yield();
+}
+
+/* How long close waits for posted writes to complete: a completion means the peer's HCA
+ * acknowledged the bytes (reliable connection), so the last slice of the last collective
+ * has landed.  Bounded by COLL_TIMEOUT_MS, and at most 5 s: a peer that died meanwhile
+ * is found by the HCA's retry timeout (an error completion), not by waiting it out. */
+#define IB_DRAIN_MAX_MS 5000
+
 static void ib_close(struct coll_comm *comm, void *vctx) {
   ib_ctx *ctx = vctx;
   if (!ctx) return;
+  /* Drain before destroying: a queue pair destroyed with writes still posted drops them,
+   * and the peer, still inside its last collective, waits for a slice that never comes.
+   * Not after an abort: nobody waits for those bytes, and the peer may be gone. */
+  if (ctx->peers && ctx->npeers > 0 && !atomic_load(&comm->aborted)) {
+    long ms = comm->timeout_ms > 0 && comm->timeout_ms < IB_DRAIN_MAX_MS ? comm->timeout_ms
+                                                                          : IB_DRAIN_MAX_MS;
+    int left = coll_ib_drain(ctx->npeers, drain_outstanding, drain_poll, drain_now, drain_relax,
+                             ctx, coll_now_ns() + (uint64_t)ms * 1000000u);
+    if (left)
+      COLL_WARN(comm->rank, "ib: %d queue pair(s) still had writes in flight %ld ms into close; "
+                "destroying them anyway (a peer may miss the last slice)", left, ms);
+  }
   if (ctx->peers)
     for (int i = 0; i < ctx->npeers; i++) {
       ib_peer *p = ctx->peers[ctx->order[i]];

@@ -245,3 +245,18 @@ int coll_ib_choose_port(const coll_ib_port_view *v, int n, const char *want_dev,
     snprintf(why, why_len, "no InfiniBand device with an active, usable port (%s)", seen);
   return -1;
 }
+
+int coll_ib_drain(int n, uint32_t (*outstanding)(void *arg, int i), void (*poll)(void *arg, int i),
+                  uint64_t (*now)(void *arg), void (*relax)(void *arg), void *arg,
+                  uint64_t deadline) {
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < n; i++)
+      if (outstanding(arg, i) > 0) {
+        poll(arg, i);
+        left += outstanding(arg, i) > 0;
+      }
+    if (left == 0 || now(arg) >= deadline) return left;
+    if (relax) relax(arg);
+  }
+}

@@ -119,6 +119,16 @@ typedef struct {
  * GID is never usable. */
 int coll_ib_pick_gid(const coll_ib_gid_entry *e, int n, int link_layer);
 
+/* ---- close: drain before destroying -------------------------------------------------- */
+
+/* Bounded drain of n send queues before their queue pairs are destroyed (a write still
+ * in flight when its queue pair goes is lost: the peer never gets the last slice).
+ * Round after round: poll(arg, i) each queue that still has work outstanding(arg, i) > 0;
+ * stop when none has, or when now(arg) reaches deadline; relax(arg) (may be NULL) between
+ * rounds.  Returns how many queues still had work outstanding (0: all drained). */
+int coll_ib_drain(int n, uint32_t (*outstanding)(void *arg, int i), void (*poll)(void *arg, int i),
+                  uint64_t (*now)(void *arg), void (*relax)(void *arg), void *arg,
+                  uint64_t deadline);
 /* One HCA port as the probe saw it: present is not the same as usable. */
 typedef struct {
   char dev[64];   /* device name (ibv_get_device_name) */
