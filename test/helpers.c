@@ -1,8 +1,13 @@
 /* helpers.c — see helpers.h. */
 #include "helpers.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -57,6 +62,42 @@ void t_env_job_prefix(char *out, size_t len, const char *addr, int size) {
   uint8_t secret[COLL_SECRET_BYTES];
   coll_env_secret(secret, addr, size);
   coll_job_prefix(out, len, secret);
+}
+
+static bool port_free(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t l = sizeof a;
+  bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &l) == 0;
+  close(fd);
+  return ok;
+}
+
+int t_free_port(void) {
+  int lo = 32768;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d", &lo) != 1) lo = 32768;
+    fclose(f);
+  }
+  static uint64_t calls;
+  uint64_t rng = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull + ++calls;
+  if (lo > 12000)
+    for (int tries = 0; tries < 200; tries++) {
+      int port = 10000 + (int)(t_rand(&rng) % (uint64_t)(lo - 10000));
+      if (port_free(port)) return port;
+    }
+  /* No room below the range: any port the kernel picks (the old way). */
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t l = sizeof a;
+  bind(fd, (struct sockaddr *)&a, sizeof a);
+  getsockname(fd, (struct sockaddr *)&a, &l);
+  close(fd);
+  return ntohs(a.sin_port);
 }
 
 uint64_t t_rand(uint64_t *s) {

@@ -35,6 +35,11 @@ int t_prefix_segments(const char *prefix, int remove, char *names, size_t len);
  * COLL_SECRET (which must be set), or with rendezvous `addr` ("host:port") and `size`
  * when it is not. */
 void t_env_job_prefix(char *out, size_t len, const char *addr, int size);
+/* A TCP port on 127.0.0.1 that nobody listens on now, below the kernel's ephemeral range
+ * (ip_local_port_range): a port the kernel hands out for outgoing connections can be
+ * taken by another process's connection (another libcoll job's bootstrap) between the
+ * moment we find it free and the moment a rank listens on it. */
+int t_free_port(void);
 /* splitmix64: a fixed-seed stream of random numbers. */
 uint64_t t_rand(uint64_t *state);
 /* Prints (to stderr) and returns 1 — for use inside rank functions, which must not call

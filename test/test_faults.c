@@ -38,15 +38,6 @@ typedef struct {
   char msg[400];
 } report;
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t l = sizeof a;
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 static double now_ms(void) {
   struct timespec ts;
@@ -159,7 +150,7 @@ static bool read_full(int fd, void *buf, size_t len) {
 
 /* Runs the scenario: victim `vic` gets `sig` once the others are pending. */
 static void scenario(int n, int vic, int sig, const char *transport, outcome *o) {
-  job j = {.n = n, .port = free_port(), .transport = transport};
+  job j = {.n = n, .port = t_free_port(), .transport = transport};
   cr_assert_eq(pipe(j.rep), 0);
   cr_assert_eq(pipe(j.gate), 0);
   cr_assert_eq(pipe(j.rel), 0);

@@ -31,16 +31,6 @@ static const char *prog(void) {
   return path;
 }
 
-/* A port nobody listens on right now (the kernel picks it). */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t l = sizeof a;
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 /* Runs a shell command with a time limit; returns its output's count of "ok" lines. */
 static int run_count_ok(const char *cmd, int *status) {
@@ -73,7 +63,7 @@ Test(launcher, mpirun_np4, .timeout = 120) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd,
            "%s --allow-run-as-root --oversubscribe -np 4 -x COLL_ADDR=127.0.0.1:%d "
-           "-x COLL_SECRET %s", mpirun, free_port(), prog());
+           "-x COLL_SECRET %s", mpirun, t_free_port(), prog());
   int st;
   int ok = run_count_ok(cmd, &st);
   cr_assert_eq(ok, 4, "expected 4 ranks to say ok (exit %d)", st);
@@ -138,7 +128,7 @@ static void env_job_on(const char *rank_var, const char *size_var, int n, bool m
 }
 
 static void env_job(const char *rank_var, const char *size_var, int n, bool master_vars) {
-  env_job_on(rank_var, size_var, n, master_vars, free_port(), "localhost");
+  env_job_on(rank_var, size_var, n, master_vars, t_free_port(), "localhost");
 }
 
 Test(launcher, torchrun_style_env, .timeout = 90) { env_job("RANK", "WORLD_SIZE", 3, true); }
@@ -230,7 +220,7 @@ static int32_t stamped_pid(const char *name) {
  * whole job runs with the same environment and must succeed. */
 Test(launcher, stale_segment_of_a_killed_job_is_replaced, .timeout = 90) {
   unsetenv("COLL_SECRET");
-  int port = free_port();
+  int port = t_free_port();
   char addr[64], prefix[40], name[96];
   snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
   uint8_t secret[COLL_SECRET_BYTES];
