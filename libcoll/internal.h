@@ -129,6 +129,19 @@ void coll_bootstrap_close(coll_bootstrap *b);
 /* Init failed on this rank: the ring hears why (sentence in comm->errbuf). */
 void coll_bootstrap_fail(struct coll_comm *comm, coll_bootstrap *b);
 
+/* ---- env-based init (init_env.c) ------------------------------------------------------ */
+
+/* The job's secret when the launcher cannot carry one: from COLL_SECRET when set, else a
+ * hash of the rendezvous "host:port", the size and the launcher's job id variables. */
+void coll_env_secret(uint8_t out[COLL_SECRET_BYTES], const char *addr, long size);
+
+/* ---- the local launcher (launch.c) -------------------------------------------------- */
+
+/* Segments of the last job coll_launch_local(_raw) ran from this process that were still
+ * in /dev/shm after every rank exited (the launcher removed them): their number, and
+ * their names (space-separated, cut at len) in `names` when not NULL. */
+int coll_launch_leftovers(char *names, size_t len);
+
 /* ---- transport selection (select.c) --------------------------------------------------- */
 
 /* Index of each transport in comm->transports[] and in the exchanged blobs. */

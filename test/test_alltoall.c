@@ -355,7 +355,6 @@ static void run(int n, bool big, unsigned kinds, const char *algo, const char *t
   matrix_arg a = {.big = big, .kinds = kinds, .streams = streams,
                   .mapped = algo && strcmp(algo, "mapped") == 0};
   char why[256];
-  int before = t_shm_segments();
   if (algo) setenv("COLL_ALGO", algo, 1);
   if (transport) setenv("COLL_TRANSPORT", transport, 1);
   setenv("COLL_TIMEOUT_MS", "60000", 1);
@@ -365,7 +364,7 @@ static void run(int n, bool big, unsigned kinds, const char *algo, const char *t
   unsetenv("COLL_TIMEOUT_MS");
   cr_assert_eq(rc, 0, "n=%d %s COLL_ALGO=%s COLL_TRANSPORT=%s%s: %s", n, big ? "big" : "small",
                algo ? algo : "auto", transport ? transport : "auto", streams ? " streams" : "", why);
-  cr_assert_eq(t_shm_segments(), before, "a shared segment was left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(alltoall, shm_small_n1_to_8, .timeout = 900) {

@@ -396,14 +396,13 @@ static void run_matrix_kinds(int n, bool big, const char *algo, unsigned kinds) 
   matrix_arg a = {.big = big, .kinds = kinds, .mapped = algo && strcmp(algo, "mapped") == 0,
                   .forced = known ? (int)forced : COLL_ALGO_AUTO};
   char why[256];
-  int before = t_shm_segments();
   /* The ranks are forked by t_launch and read COLL_ALGO at every call. */
   if (algo) cr_assert_eq(setenv("COLL_ALGO", algo, 1), 0);
   int rc = t_launch(n, matrix, &a, 600000, why, sizeof why);
   if (algo) unsetenv("COLL_ALGO");
   cr_assert_eq(rc, 0, "matrix on %d ranks (%s, COLL_ALGO=%s): %s", n,
                big ? "few MiB" : "small counts", algo ? algo : "unset", why);
-  cr_assert_eq(t_shm_segments(), before, "a shared segment was left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 static void run_matrix(int n, bool big) { run_matrix_kinds(n, big, NULL, 0); }

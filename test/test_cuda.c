@@ -198,10 +198,9 @@ static int host_rank_auto(coll_comm_t comm, int rank, int n, void *arg) {
 Test(cuda, host_path_with_cuda_auto, .timeout = 60) {
   unsetenv("COLL_CUDA");
   char why[256];
-  int before = t_shm_segments();
   int rc = t_launch(2, host_rank_auto, NULL, 50000, why, sizeof why);
   cr_assert_eq(rc, 0, "%s", why);
-  cr_assert_eq(t_shm_segments(), before, "a segment was left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 #if COLL_HAVE_CUDA
@@ -577,10 +576,9 @@ static void run_matrix(int n, bool stream) {
   setenv("COLL_TIMEOUT_MS", "60000", 1);
   unsetenv("COLL_CUDA");
   marg a = {.use_stream = stream};
-  int before = t_shm_segments();
   int rc = coll_launch_local_raw(n, matrix_rank, &a, 900000, why, sizeof why);
   cr_assert_eq(rc, 0, "device matrix on %d ranks%s: %s", n, stream ? " (cudaStream_t)" : "", why);
-  cr_assert_eq(t_shm_segments(), before, "a segment was left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(cuda, matrix_2_ranks, .timeout = 900) { run_matrix(2, false); }

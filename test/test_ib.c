@@ -372,6 +372,86 @@ Test(ib_choice, pick_gid) {
   cr_assert_eq(coll_ib_pick_gid(t, 2, COLL_IB_LL_ETHERNET), 0);
 }
 
+/* Present is not usable: a RoCE port without a usable GID or a device that refuses a
+ * protection domain is skipped (and named, for the warning), the next usable port taken;
+ * with none usable the probe says why and the job goes on without ib. */
+static coll_ib_port_view port_view(const char *dev, int port, bool active, int ll, int gid,
+                                   bool pd) {
+  coll_ib_port_view v = {.port = port, .active = active, .link_layer = ll, .gid_index = gid,
+                         .pd_ok = pd};
+  snprintf(v.dev, sizeof v.dev, "%s", dev);
+  return v;
+}
+
+Test(ib_choice, unusable_ports_are_skipped) {
+  char skipped[256], why[256];
+  coll_ib_port_view v[4];
+  v[0] = port_view("roce0", 1, true, COLL_IB_LL_ETHERNET, -1, true); /* no IP: no GID */
+  v[1] = port_view("mlx5_0", 1, false, COLL_IB_LL_INFINIBAND, -1, true);
+  v[2] = port_view("mlx5_1", 1, true, COLL_IB_LL_INFINIBAND, 0, false); /* no PD */
+  v[3] = port_view("mlx5_1", 2, true, COLL_IB_LL_INFINIBAND, 0, true);
+  cr_assert_eq(coll_ib_choose_port(v, 4, "", 0, skipped, sizeof skipped, why, sizeof why), 3);
+  cr_assert(strstr(skipped, "roce0 port 1 is RoCE without a usable GID"), "%s", skipped);
+  cr_assert(strstr(skipped, "mlx5_1 port 1 refuses a protection domain"), "%s", skipped);
+  cr_assert(!strstr(skipped, "mlx5_0"), "an inactive port is not a warning: %s", skipped);
+  /* Only unusable ones: none is taken, and the reason names each. */
+  cr_assert_eq(coll_ib_choose_port(v, 3, "", 0, skipped, sizeof skipped, why, sizeof why), -1);
+  cr_assert(strstr(why, "roce0 port 1 is RoCE without a usable GID") &&
+            strstr(why, "mlx5_0 port 1 not active"), "%s", why);
+  /* The RoCE port alone, as on a host whose RoCE NIC has no address. */
+  cr_assert_eq(coll_ib_choose_port(v, 1, "", 0, skipped, sizeof skipped, why, sizeof why), -1);
+  cr_assert(strstr(why, "without a usable GID"), "%s", why);
+  cr_assert(strstr(skipped, "roce0"), "%s", skipped);
+  /* COLL_IB_HCA narrows the choice and is named when it finds nothing usable. */
+  cr_assert_eq(coll_ib_choose_port(v, 4, "mlx5_1", 0, NULL, 0, why, sizeof why), 3);
+  cr_assert_eq(coll_ib_choose_port(v, 4, "mlx5_1", 1, NULL, 0, why, sizeof why), -1);
+  cr_assert(strstr(why, "COLL_IB_HCA=mlx5_1:1") && strstr(why, "protection domain"), "%s", why);
+  cr_assert_eq(coll_ib_choose_port(v, 4, "nonesuch", 0, NULL, 0, why, sizeof why), -1);
+  cr_assert(strstr(why, "no such device"), "%s", why);
+  cr_assert_eq(coll_ib_choose_port(v, 0, "", 0, NULL, 0, why, sizeof why), -1);
+  cr_assert(strstr(why, "no InfiniBand device"), "%s", why);
+}
+
+/* ---- close drains posted writes, within a bound ------------------------------------ */
+
+typedef struct {
+  uint32_t out[4];  /* writes outstanding per queue */
+  bool stuck[4];    /* this queue's completions never come */
+  int polls[4];
+  uint64_t clock;   /* advances 1 per look, so the bound is reached without sleeping */
+  int relaxes;
+} fake_queues;
+
+static uint32_t fq_out(void *a, int i) { return ((fake_queues *)a)->out[i]; }
+static void fq_poll(void *a, int i) {
+  fake_queues *f = a;
+  f->polls[i]++;
+  if (!f->stuck[i] && f->out[i]) f->out[i]--; /* one completion per poll */
+}
+static uint64_t fq_now(void *a) { return ++((fake_queues *)a)->clock; }
+static void fq_relax(void *a) { ((fake_queues *)a)->relaxes++; }
+
+Test(ib_close, drain_waits_for_every_posted_write) {
+  fake_queues f = {.out = {2, 0, 5, 1}};
+  cr_assert_eq(coll_ib_drain(4, fq_out, fq_poll, fq_now, fq_relax, &f, 1000), 0);
+  for (int i = 0; i < 4; i++) cr_assert_eq(f.out[i], 0u, "queue %d not drained", i);
+  cr_assert_eq(f.polls[1], 0, "a queue with nothing posted was polled");
+  cr_assert_eq(f.polls[2], 5);
+  cr_assert_lt(f.clock, 1000u);
+}
+
+Test(ib_close, drain_is_bounded) {
+  fake_queues f = {.out = {3, 2}, .stuck = {false, true}};
+  cr_assert_eq(coll_ib_drain(2, fq_out, fq_poll, fq_now, fq_relax, &f, 50), 1,
+               "a queue whose completions never come must be given up at the deadline");
+  cr_assert_eq(f.out[0], 0u);
+  cr_assert_eq(f.clock, 50u, "it stopped at the deadline, not before or long after");
+  /* Nothing posted anywhere: returns at once. */
+  fake_queues g = {.clock = 0};
+  cr_assert_eq(coll_ib_drain(2, fq_out, fq_poll, fq_now, fq_relax, &g, 50), 0);
+  cr_assert_eq(g.polls[0] + g.polls[1] + g.relaxes, 0);
+}
+
 /* ---- registration cache ----------------------------------------------------------------- */
 
 #define FAKE_MAX 65536
@@ -735,14 +815,13 @@ Test(ib_proc, forced_ib_without_device_fails_cleanly, .timeout = 60) {
     cr_skip_test("an InfiniBand device is present: this test is for machines without one");
   setenv("COLL_TRANSPORT", "ib", 1);
   setenv("COLL_TIMEOUT_MS", "10000", 1);
-  int before = t_shm_segments();
   char lwhy[256];
   uint64_t t0 = coll_now_ns();
   int rc = coll_launch_local_raw(2, init_must_fail, NULL, 30000, lwhy, sizeof lwhy);
   uint64_t ms = (coll_now_ns() - t0) / 1000000u;
   cr_assert_eq(rc, 0, "%s", lwhy);
   cr_assert_lt(ms, 10000, "init took %llu ms to fail", (unsigned long long)ms);
-  cr_assert_eq(t_shm_segments(), before, "a shared segment was left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(ib_proc, probe_reason_is_stable) {
@@ -799,9 +878,8 @@ Test(ib_proc, auto_without_device_runs, .timeout = 60) {
   setenv("COLL_TRANSPORT", "auto", 1);
   setenv("COLL_TIMEOUT_MS", "10000", 1);
   char lwhy[256];
-  int before = t_shm_segments();
   cr_assert_eq(t_launch(3, auto_works, NULL, 30000, lwhy, sizeof lwhy), 0, "%s", lwhy);
-  cr_assert_eq(t_shm_segments(), before);
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 static int rank_matrix(coll_comm_t comm, int rank, int n, void *arg) {
@@ -815,11 +893,10 @@ static void device_matrix(int n) {
   if (!ib_present(why, sizeof why)) cr_skip_test("%s", why);
   setenv("COLL_TRANSPORT", "ib", 1);
   setenv("COLL_TIMEOUT_MS", "30000", 1);
-  int before = t_shm_segments();
   char lwhy[256];
   int rc = t_launch(n, rank_matrix, NULL, 150000, lwhy, sizeof lwhy);
   cr_assert_eq(rc, 0, "ib matrix on %d ranks: %s", n, lwhy);
-  cr_assert_eq(t_shm_segments(), before);
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(ib_device, matrix_n2, .timeout = 180) { device_matrix(2); }

@@ -20,10 +20,9 @@
 
 static void run(int n, coll_rank_fn fn, void *arg) {
   char why[512] = "";
-  int before = t_shm_segments();
   int st = t_launch(n, fn, arg, 120000, why, sizeof why);
   cr_assert_eq(st, 0, "n=%d: %s", n, why);
-  cr_assert_eq(t_shm_segments(), before, "segments left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 /* float32 all-reduce (sum) of count elements: rank r's element i is r + (i % 7). */

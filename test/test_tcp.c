@@ -36,11 +36,10 @@ static void run(int n, bool big, const char *socks) {
   setenv("COLL_SOCKS_PER_PEER", socks, 1);
   targ a = {.big = big};
   char why[256];
-  int before = t_shm_segments();
   int rc = t_launch(n, rank_matrix, &a, 150000, why, sizeof why);
   cr_assert_eq(rc, 0, "tcp matrix on %d ranks (%s sockets per pair%s): %s", n, socks,
                big ? ", ~1 MiB counts" : "", why);
-  cr_assert_eq(t_shm_segments(), before, "a shared segment was left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(tcp, n2, .timeout = 120) { run(2, false, "2"); }
@@ -173,7 +172,7 @@ static void selection(const char *value, const char *expect) {
   char why[256];
   int rc = coll_launch_local_raw(2, init_only, NULL, 30000, why, sizeof why);
   cr_assert_eq(rc, 0, "COLL_TRANSPORT=%s: %s", value, why);
-  cr_assert_eq(t_shm_segments(), 0);
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 Test(tcp, transport_shm_on_one_host, .timeout = 60) { selection("shm", "ok"); }

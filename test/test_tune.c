@@ -57,7 +57,7 @@ static void run(int n, coll_rank_fn fn, void *arg) {
   char why[512] = "";
   int st = t_launch(n, fn, arg, 60000, why, sizeof why);
   cr_assert_eq(st, 0, "n=%d: %s", n, why);
-  cr_assert_eq(t_shm_segments(), 0, "segments left in /dev/shm");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
 /* Measured parameters differ from run to run (a busy machine): only agreement is

@@ -84,6 +84,7 @@ bool coll_cuda_ipc_blob_view(const void *blob, coll_cuda_view *v) {
 _Static_assert(sizeof(cudaIpcMemHandle_t) == 64, "IPC handle is 64 bytes");
 
 typedef struct {
+  coll_seg_owner owner; /* first: coll_shm_create stamps it */
   uint32_t magic, nranks, nslots, slot_bytes;
   int32_t owner_pid;
   int32_t owner_rank;
@@ -200,27 +201,12 @@ static coll_result cipc_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   /* The counters: a host segment, as shm.c's. */
   coll_shm_segment_name(ctx->name, sizeof ctx->name, comm->secret, "cu", comm->rank);
   ctx->size = seg_size(n);
-  int fd = shm_open(ctx->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: shm_open(%s) failed: %s",
-                     comm->rank, ctx->name, strerror(errno));
-  if (ftruncate(fd, (off_t)ctx->size) != 0) {
-    int err = errno;
-    close(fd);
-    shm_unlink(ctx->name);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: sizing %s failed: %s",
-                     comm->rank, ctx->name, strerror(err));
-  }
-  void *p = mmap(NULL, ctx->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(ctx->name);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: mmap of %s failed: %s",
-                     comm->rank, ctx->name, strerror(err));
-  }
+  void *p;
+  coll_result cr = coll_shm_create(comm, ctx->name, ctx->size, &p);
+  if (cr != COLL_OK) return cr;
   ctx->base = p;
-  memset(ctx->base, 0, ctx->size); /* first touch now, not on the data path */
+  /* First touch now, not on the data path (the owner record stays as stamped). */
+  memset(ctx->base + sizeof(coll_seg_owner), 0, ctx->size - sizeof(coll_seg_owner));
   cipc_header *hd = (cipc_header *)ctx->base;
   hd->nranks = (uint32_t)n;
   hd->nslots = CIPC_NSLOTS;

@@ -27,6 +27,10 @@
  * GID: COLL_IB_GID_INDEX, else coll_ib_pick_gid (RoCE v2 IPv4-mapped first).  With no
  * device the probe says so once at INFO level and comm.c never selects this transport.
  *
+ * Close drains first: it polls every queue pair until its posted writes have completed
+ * (acknowledged by the peer's HCA) or a bound passes (coll_ib_drain), because destroying
+ * a queue pair drops writes still in flight — the last slice of the last collective.
+ *
  * Must never: sleep on the data path, post more work requests than the queues hold,
  * trust a length or address from the sideband before ib_wire.c bounds it, or leave a
  * queue pair, memory region or socket behind on any exit path.
@@ -126,30 +130,43 @@ static char probe_why[256];
 static char probe_dev[IBV_SYSFS_NAME_MAX + 1];
 static int probe_port;
 
-/* First active port of an open device (or `want` if it is active); 0 if none. */
-static int active_port(struct ibv_context *d, int want) {
-  struct ibv_device_attr da;
-  if (ibv_query_device(d, &da) != 0) return 0;
-  for (int pt = 1; pt <= da.phys_port_cnt; pt++) {
-    if (want && pt != want) continue;
-    struct ibv_port_attr pa;
-    if (ibv_query_port(d, (uint8_t)pt, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) return pt;
+/* The GID index a port would use (COLL_IB_GID_INDEX when set and inside the table,
+ * else coll_ib_pick_gid's choice), -1 when none is usable. */
+static int port_gid_index(struct ibv_context *d, int port, const struct ibv_port_attr *pa) {
+  long want;
+  if (!coll_env_int("COLL_IB_GID_INDEX", -1, &want) || want >= pa->gid_tbl_len) return -1;
+  if (want >= 0) return (int)want;
+  int n = pa->gid_tbl_len > 256 ? 256 : pa->gid_tbl_len;
+  coll_ib_gid_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
+  if (!e) return -1;
+  for (int i = 0; i < n; i++) {
+    struct ibv_gid_entry ge;
+    if (ibv_query_gid_ex(d, (uint32_t)port, (uint32_t)i, &ge, 0) != 0) continue;
+    memcpy(e[i].gid, ge.gid.raw, 16);
+    e[i].type = ge.gid_type == IBV_GID_TYPE_ROCE_V2   ? COLL_IB_GID_TYPE_ROCE_V2
+                : ge.gid_type == IBV_GID_TYPE_ROCE_V1 ? COLL_IB_GID_TYPE_ROCE_V1
+                                                      : COLL_IB_GID_TYPE_IB;
+    e[i].valid = true;
   }
-  return 0;
+  int ll = pa->link_layer == IBV_LINK_LAYER_ETHERNET ? COLL_IB_LL_ETHERNET : COLL_IB_LL_INFINIBAND;
+  int idx = coll_ib_pick_gid(e, n, ll);
+  free(e);
+  return idx;
 }
 
+/* Looks at every port of every device (within COLL_IB_HCA) the way setup will use it —
+ * active, a usable GID, a protection domain — and lets coll_ib_choose_port (ib_wire.c,
+ * unit-tested without hardware) take one.  A device that is present but unusable is
+ * skipped with a warning, so that a job on a host with, say, a RoCE port without an IP
+ * address goes on over tcp instead of failing at setup. */
 static void probe_run(void) {
   int n = 0;
+  coll_ib_port_view *views = NULL;
   struct ibv_device **list = ibv_get_device_list(&n);
   if (!list) {
     /* ENOSYS: the kernel has no RDMA subsystem (/sys/class/infiniband is missing). */
     snprintf(probe_why, sizeof probe_why, "no InfiniBand device: ibv_get_device_list returned "
              "0 devices (%s)", errno == ENOSYS ? "no RDMA support in this kernel" : strerror(errno));
-    goto out;
-  }
-  if (n == 0) {
-    snprintf(probe_why, sizeof probe_why,
-             "no InfiniBand device: ibv_get_device_list returned 0 devices");
     goto out;
   }
   char want[IBV_SYSFS_NAME_MAX + 1] = "";
@@ -160,31 +177,53 @@ static void probe_run(void) {
              "COLL_IB_HCA=%s is not of the form name[:port] (e.g. mlx5_0:1)", spec);
     goto out;
   }
-  char seen[160] = "";
-  for (int i = 0; i < n && !probe_ok; i++) {
+  int nv = 0, cap = 0;
+  for (int i = 0; i < n; i++) {
     const char *name = ibv_get_device_name(list[i]);
-    size_t sl = strlen(seen);
-    snprintf(seen + sl, sizeof seen - sl, "%s%s", sl ? ", " : "", name);
     if (want[0] && strcmp(name, want) != 0) continue;
     struct ibv_context *d = ibv_open_device(list[i]);
     if (!d) continue;
-    int pt = active_port(d, want_port);
-    ibv_close_device(d);
-    if (pt) {
-      snprintf(probe_dev, sizeof probe_dev, "%s", name);
-      probe_port = pt;
-      probe_ok = true;
+    struct ibv_device_attr da;
+    struct ibv_pd *pd = NULL;
+    if (ibv_query_device(d, &da) == 0 && (pd = ibv_alloc_pd(d)) != NULL) ibv_dealloc_pd(pd);
+    for (int pt = 1; ibv_query_device(d, &da) == 0 && pt <= da.phys_port_cnt; pt++) {
+      struct ibv_port_attr pa;
+      if (ibv_query_port(d, (uint8_t)pt, &pa) != 0) continue;
+      if (nv == cap) {
+        cap = cap ? 2 * cap : 8;
+        coll_ib_port_view *g = realloc(views, (size_t)cap * sizeof *views);
+        if (!g) break;
+        views = g;
+      }
+      coll_ib_port_view *v = &views[nv++];
+      memset(v, 0, sizeof *v);
+      snprintf(v->dev, sizeof v->dev, "%s", name);
+      v->port = pt;
+      v->active = pa.state == IBV_PORT_ACTIVE;
+      v->link_layer = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? COLL_IB_LL_ETHERNET
+                                                                : COLL_IB_LL_INFINIBAND;
+      v->pd_ok = pd != NULL;
+      v->gid_index = v->active ? port_gid_index(d, pt, &pa) : -1;
     }
+    ibv_close_device(d);
   }
-  if (!probe_ok) {
-    if (want[0])
-      snprintf(probe_why, sizeof probe_why,
-               "COLL_IB_HCA=%s: no such device with an active port (devices: %s)", spec, seen);
-    else
-      snprintf(probe_why, sizeof probe_why,
-               "no InfiniBand device with an active port (devices: %s)", seen);
+  char skipped[256] = "";
+  if (nv == 0 && n > 0 && !want[0]) {
+    snprintf(probe_why, sizeof probe_why,
+             "%d InfiniBand device(s) present but none could be opened or queried", n);
+    goto out;
   }
+  int k = coll_ib_choose_port(views, nv, want, want_port, skipped, sizeof skipped, probe_why,
+                              sizeof probe_why);
+  if (k >= 0) {
+    snprintf(probe_dev, sizeof probe_dev, "%s", views[k].dev);
+    probe_port = views[k].port;
+    probe_ok = true;
+  }
+  if (skipped[0])
+    COLL_WARN(-1, "ib: skipping a device that is present but unusable: %s", skipped);
 out:
+  free(views);
   if (list) ibv_free_device_list(list);
   if (probe_ok)
     COLL_INFO(-1, "ib: using %s port %d", probe_dev, probe_port);
@@ -826,9 +865,48 @@ static bool ib_can_connect(struct coll_comm *comm, int peer) {
   return probe_ok;
 }
 
+/* ---- close ----------------------------------------------------------------------------- */
+
+/* coll_ib_drain's view of the peers (by position in ctx->order). */
+static ib_peer *drain_peer(void *arg, int i) {
+  ib_ctx *ctx = arg;
+  return ctx->peers[ctx->order[i]];
+}
+static uint32_t drain_outstanding(void *arg, int i) {
+  ib_peer *p = drain_peer(arg, i);
+  return p->qp && !atomic_load(&p->dead) ? p->sq_out : 0;
+}
+static void drain_poll(void *arg, int i) { poll_cq(drain_peer(arg, i)); }
+static uint64_t drain_now(void *arg) {
+  (void)arg;
+  return coll_now_ns();
+}
+static void drain_relax(void *arg) {
+  (void)arg;
+  sched_yield();
+}
+
+/* How long close waits for posted writes to complete: a completion means the peer's HCA
+ * acknowledged the bytes (reliable connection), so the last slice of the last collective
+ * has landed.  Bounded by COLL_TIMEOUT_MS, and at most 5 s: a peer that died meanwhile
+ * is found by the HCA's retry timeout (an error completion), not by waiting it out. */
+#define IB_DRAIN_MAX_MS 5000
+
 static void ib_close(struct coll_comm *comm, void *vctx) {
   ib_ctx *ctx = vctx;
   if (!ctx) return;
+  /* Drain before destroying: a queue pair destroyed with writes still posted drops them,
+   * and the peer, still inside its last collective, waits for a slice that never comes.
+   * Not after an abort: nobody waits for those bytes, and the peer may be gone. */
+  if (ctx->peers && ctx->npeers > 0 && !atomic_load(&comm->aborted)) {
+    long ms = comm->timeout_ms > 0 && comm->timeout_ms < IB_DRAIN_MAX_MS ? comm->timeout_ms
+                                                                          : IB_DRAIN_MAX_MS;
+    int left = coll_ib_drain(ctx->npeers, drain_outstanding, drain_poll, drain_now, drain_relax,
+                             ctx, coll_now_ns() + (uint64_t)ms * 1000000u);
+    if (left)
+      COLL_WARN(comm->rank, "ib: %d queue pair(s) still had writes in flight %ld ms into close; "
+                "destroying them anyway (a peer may miss the last slice)", left, ms);
+  }
   if (ctx->peers)
     for (int i = 0; i < ctx->npeers; i++) {
       ib_peer *p = ctx->peers[ctx->order[i]];

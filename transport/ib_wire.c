@@ -198,3 +198,65 @@ int coll_ib_pick_gid(const coll_ib_gid_entry *e, int n, int link_layer) {
   }
   return best;
 }
+
+/* Appends to a bounded sentence (never past len, always terminated). */
+static void add(char *out, size_t len, const char *fmt, const char *dev, int port,
+                const char *what) {
+  if (!out || !len) return;
+  size_t used = strlen(out);
+  if (used + 1 >= len) return;
+  snprintf(out + used, len - used, fmt, used ? "; " : "", dev, port, what);
+}
+
+int coll_ib_choose_port(const coll_ib_port_view *v, int n, const char *want_dev, int want_port,
+                        char *skipped, size_t skipped_len, char *why, size_t why_len) {
+  if (skipped && skipped_len) skipped[0] = 0;
+  if (why && why_len) why[0] = 0;
+  int chosen = -1, considered = 0;
+  char seen[160] = "";
+  for (int i = 0; i < n; i++) {
+    if (want_dev && want_dev[0] && strcmp(v[i].dev, want_dev) != 0) continue;
+    if (want_port && v[i].port != want_port) continue;
+    considered++;
+    if (!v[i].active) {
+      add(seen, sizeof seen, "%s%s port %d %s", v[i].dev, v[i].port, "not active");
+      continue;
+    }
+    const char *bad = !v[i].pd_ok ? "refuses a protection domain (ibv_alloc_pd)"
+                      : v[i].gid_index < 0
+                          ? (v[i].link_layer == COLL_IB_LL_ETHERNET
+                                 ? "is RoCE without a usable GID (no IP address on its interface?)"
+                                 : "has no GID")
+                          : NULL;
+    if (bad) {
+      add(skipped, skipped_len, "%s%s port %d %s", v[i].dev, v[i].port, bad);
+      add(seen, sizeof seen, "%s%s port %d %s", v[i].dev, v[i].port, bad);
+      continue;
+    }
+    if (chosen < 0) chosen = i;
+  }
+  if (chosen >= 0 || !why || !why_len) return chosen;
+  if (want_dev && want_dev[0])
+    snprintf(why, why_len, "COLL_IB_HCA=%s%s%.0d: no usable port (%s)", want_dev,
+             want_port ? ":" : "", want_port, considered ? seen : "no such device");
+  else if (n == 0)
+    snprintf(why, why_len, "no InfiniBand device: ibv_get_device_list returned 0 devices");
+  else
+    snprintf(why, why_len, "no InfiniBand device with an active, usable port (%s)", seen);
+  return -1;
+}
+
+int coll_ib_drain(int n, uint32_t (*outstanding)(void *arg, int i), void (*poll)(void *arg, int i),
+                  uint64_t (*now)(void *arg), void (*relax)(void *arg), void *arg,
+                  uint64_t deadline) {
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < n; i++)
+      if (outstanding(arg, i) > 0) {
+        poll(arg, i);
+        left += outstanding(arg, i) > 0;
+      }
+    if (left == 0 || now(arg) >= deadline) return left;
+    if (relax) relax(arg);
+  }
+}

@@ -1,7 +1,7 @@
 /* ib_wire.h — the parts of the InfiniBand transport that need no hardware: what one rank
  * tells the others about its HCA port, what two ranks tell each other about the queue
- * pair that joins them, the FIFO slot/credit arithmetic, COLL_IB_HCA parsing and GID
- * index choice.
+ * pair that joins them, the FIFO slot/credit arithmetic, COLL_IB_HCA parsing, GID
+ * index choice and which port (if any) the probe takes.
  *
  * Kept apart from ib.c (which needs libibverbs and a device) so that every byte parser
  * and every counter rule is unit-tested here, on a machine with no HCA.  Must never read
@@ -118,5 +118,34 @@ typedef struct {
  * global IPv6 address, any RoCE v2, then RoCE v1; -1 if no entry is usable.  An all-zero
  * GID is never usable. */
 int coll_ib_pick_gid(const coll_ib_gid_entry *e, int n, int link_layer);
+
+/* ---- close: drain before destroying -------------------------------------------------- */
+
+/* Bounded drain of n send queues before their queue pairs are destroyed (a write still
+ * in flight when its queue pair goes is lost: the peer never gets the last slice).
+ * Round after round: poll(arg, i) each queue that still has work outstanding(arg, i) > 0;
+ * stop when none has, or when now(arg) reaches deadline; relax(arg) (may be NULL) between
+ * rounds.  Returns how many queues still had work outstanding (0: all drained). */
+int coll_ib_drain(int n, uint32_t (*outstanding)(void *arg, int i), void (*poll)(void *arg, int i),
+                  uint64_t (*now)(void *arg), void (*relax)(void *arg), void *arg,
+                  uint64_t deadline);
+/* One HCA port as the probe saw it: present is not the same as usable. */
+typedef struct {
+  char dev[64];   /* device name (ibv_get_device_name) */
+  int port;       /* 1-based */
+  bool active;    /* IBV_PORT_ACTIVE */
+  int link_layer; /* COLL_IB_LL_* */
+  int gid_index;  /* coll_ib_pick_gid's choice, or COLL_IB_GID_INDEX; -1: none usable */
+  bool pd_ok;     /* the device gave a protection domain (it answers verbs) */
+} coll_ib_port_view;
+
+/* The port the transport uses among `n` seen: the first active, usable one, within
+ * COLL_IB_HCA's `want_dev` ("" = any) and `want_port` (0 = any); -1 if none.  A port
+ * that is active but unusable (RoCE without a usable GID, no protection domain) is
+ * skipped, and `skipped` (when not NULL) gets a sentence naming each such port and why
+ * ("" when none was skipped), which the caller logs as a warning: the device is there but
+ * the job goes on without it.  On -1, `why` says what was found. */
+int coll_ib_choose_port(const coll_ib_port_view *v, int n, const char *want_dev, int want_port,
+                        char *skipped, size_t skipped_len, char *why, size_t why_len);
 
 #endif

@@ -15,7 +15,11 @@
  *
  * Segments are created 0600, touched once at creation (first touch costs ~10 us per
  * page here, which must never land on the hot path), and unlinked as soon as every rank
- * has mapped them (ready()), so a crash later leaves nothing in /dev/shm.
+ * has mapped them (ready()), so a crash later leaves nothing in /dev/shm.  A crash during
+ * init can leave one, and env-based init without COLL_SECRET derives the same name again
+ * next run: every segment starts with its owner (pid and start time), and a rank that
+ * finds its name taken removes the segment if that owner is dead and refuses, naming
+ * it, if it is alive (coll_shm_create).
  *
  * Must never: block without a bound, allocate or call into the kernel while data moves,
  * or trust the peer's segment header beyond what it checks.
@@ -50,6 +54,7 @@
 #define MB_STRIDE ((size_t)COLL_MAILBOX_BYTES + PAGE)
 
 typedef struct {
+  coll_seg_owner owner; /* first: coll_shm_create stamps it */
   uint32_t magic, nranks, nslots, slot_bytes;
   int32_t owner_pid;
   int32_t owner_rank;
@@ -122,6 +127,149 @@ void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const c
   snprintf(out, len, "/coll-%s-%s%d", hex, what, rank);
 }
 
+void coll_job_prefix(char *out, size_t len, const uint8_t *secret) {
+  int n = snprintf(out, len, "coll-");
+  for (int i = 0; i < 8 && n > 0 && (size_t)n < len; i++)
+    n += snprintf(out + n, len - (size_t)n, "%02x", secret[i]);
+  if (n > 0 && (size_t)n < len) snprintf(out + n, len - (size_t)n, "-");
+}
+
+/* ---- creating a segment, and taking over one a dead job left ----------------------- */
+
+/* Field 22 of /proc/PID/stat (start time in clock ticks after boot; 0 if unreadable) and
+ * the state letter (field 3) in *state ('?' if unreadable).  Fields are counted after the
+ * last ')': the command name may hold spaces and parentheses. */
+static uint64_t proc_start(pid_t pid, char *state) {
+  char path[64], buf[1024];
+  *state = '?';
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) *state = 'X';
+    return 0;
+  }
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  if (!p || p[1] != ' ') return 0;
+  *state = p[2];
+  p += 2; /* field 3 */
+  for (int f = 3; f < 22; f++) {
+    if (!(p = strchr(p, ' '))) return 0;
+    p++;
+  }
+  return strtoull(p, NULL, 10);
+}
+
+/* NULL while the owner (pid, start) runs; else why it does not.  A pid that exists but
+ * started at another time is a new process that inherited the number: the owner is gone.
+ * When /proc cannot tell (unreadable), the owner counts as alive: refusing is safe,
+ * removing a live job's segment is not. */
+static const char *owner_gone(int32_t pid, uint64_t start, char *why, size_t len) {
+  if (pid <= 0) return "no owner ever stamped it (its creator died while making it)";
+  if (kill(pid, 0) != 0 && errno == ESRCH) {
+    snprintf(why, len, "its owner, pid %d, no longer exists", (int)pid);
+    return why;
+  }
+  char state;
+  uint64_t now_start = proc_start(pid, &state);
+  if (state == 'Z' || state == 'X') {
+    snprintf(why, len, "its owner, pid %d, has exited or was killed", (int)pid);
+    return why;
+  }
+  if (start && now_start && now_start != start) {
+    snprintf(why, len, "pid %d now belongs to a process that started after its owner", (int)pid);
+    return why;
+  }
+  return NULL;
+}
+
+/* `name` exists: COLL_OK once it is removed because its owner is dead (or it vanished by
+ * itself), else a failure naming the live owner.  A creator stamps the owner record right
+ * after mapping, so an unstamped segment is given up to a second to be stamped before it
+ * is judged: its creator died half-way. */
+static coll_result take_over(struct coll_comm *comm, const char *name) {
+  int rank = comm ? comm->rank : -1;
+  int fd = shm_open(name, O_RDONLY, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return COLL_OK; /* gone meanwhile */
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "rank %d: shared segment %s already exists and cannot be opened (%s): "
+                     "another user's job with the same secret?", rank, name, strerror(errno));
+  }
+  int32_t pid = 0, orank = -1;
+  uint64_t start = 0, deadline = coll_now_ns() + 1000000000ull;
+  for (;;) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(coll_seg_owner)) {
+      void *m = mmap(NULL, sizeof(coll_seg_owner), PROT_READ, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) {
+        const coll_seg_owner *o = m;
+        pid = atomic_load_explicit(&o->pid, memory_order_acquire);
+        start = o->start;
+        orank = o->rank;
+        munmap(m, sizeof(coll_seg_owner));
+      }
+    }
+    if (pid != 0 || coll_now_ns() >= deadline) break;
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  close(fd);
+  char why[160];
+  const char *gone = owner_gone(pid, start, why, sizeof why);
+  if (!gone)
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "rank %d: shared segment %s already exists and belongs to a running "
+                     "process (pid %d, rank %d of its job): two live jobs with the same secret "
+                     "on one host; give each its own COLL_SECRET (or rendezvous port)",
+                     rank, name, (int)pid, (int)orank);
+  COLL_INFO(rank, "removing shared segment %s left by a dead job: %s", name, gone);
+  if (shm_unlink(name) != 0 && errno != ENOENT)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: removing the stale segment %s (%s) "
+                     "failed: %s", rank, name, gone, strerror(errno));
+  return COLL_OK;
+}
+
+coll_result coll_shm_create(struct coll_comm *comm, const char *name, size_t size,
+                            void **base) {
+  int rank = comm ? comm->rank : -1;
+  *base = NULL;
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    coll_result r = take_over(comm, name);
+    if (r != COLL_OK) return r;
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  }
+  if (fd < 0)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: shm_open(%s) failed: %s", rank, name,
+                     strerror(errno));
+  if (ftruncate(fd, (off_t)size) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name);
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s",
+                     rank, name, size, strerror(e));
+  }
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: mmap of %s failed: %s", rank, name,
+                     strerror(e));
+  }
+  coll_seg_owner *o = p;
+  char state;
+  o->rank = rank;
+  o->start = proc_start(getpid(), &state);
+  atomic_store_explicit(&o->pid, (int32_t)getpid(), memory_order_release);
+  *base = p;
+  return COLL_OK;
+}
+
 static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   int n = comm->nranks;
   shm_ctx *ctx = calloc(1, sizeof *ctx);
@@ -134,25 +282,9 @@ static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
     return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up shm");
   coll_shm_segment_name(ctx->name, sizeof ctx->name, comm->secret, "", comm->rank);
   ctx->size = seg_size(n);
-  int fd = shm_open(ctx->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: shm_open(%s) failed: %s", comm->rank,
-                     ctx->name, strerror(errno));
-  if (ftruncate(fd, (off_t)ctx->size) != 0) {
-    int e = errno;
-    close(fd);
-    shm_unlink(ctx->name);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s",
-                     comm->rank, ctx->name, ctx->size, strerror(e));
-  }
-  void *p = mmap(NULL, ctx->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int e = errno;
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(ctx->name);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: mmap of %s failed: %s", comm->rank,
-                     ctx->name, strerror(e));
-  }
+  void *p;
+  coll_result cr = coll_shm_create(comm, ctx->name, ctx->size, &p);
+  if (cr != COLL_OK) return cr;
   ctx->base = p;
   /* Touch every page we will use now (control pages and peers' slots), not later on the
    * data path; our own fifo is never used and stays untouched (sparse). */

@@ -90,6 +90,27 @@ _Atomic uint32_t *coll_shm_mailbox_waiters(struct coll_comm *comm, int rank);
  * shm's FIFOs, "cu" for cuda_ipc's counters. */
 void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const char *what,
                            int rank);
+/* The first bytes of every shared segment a rank creates (shm's FIFOs, cuda_ipc's
+ * counters): who made it, so that a rank that finds its segment's name taken can tell a
+ * segment left by a dead job (removed and made anew) from one of a live job (refused). */
+typedef struct {
+  _Alignas(64) _Atomic int32_t pid; /* stamped last: 0 while the creator is at it */
+  int32_t rank;
+  uint64_t start; /* the owner's start time (/proc/PID/stat field 22): pids get reused */
+} coll_seg_owner;
+/* Creates segment `name` (0600, O_EXCL) of `size` bytes, maps it and stamps its owner
+ * record with this process.  A segment of that name already there is first looked at:
+ * its owner dead (no such process, a zombie, or a pid now used by a process that started
+ * later) — it is removed and made anew, with an INFO line; alive — COLL_ERR_SYSTEM with a
+ * sentence naming the owner (two live jobs with the same secret on one host).  Memory
+ * beyond the owner record is zero (fresh). */
+coll_result coll_shm_create(struct coll_comm *comm, const char *name, size_t size,
+                            void **base);
+
+/* "coll-<job>-": how the names of one job's segments begin in /dev/shm (no leading
+ * slash), from its secret; what the launcher's clean-up and the tests' leak checks match,
+ * so that they see only their own job's segments and never another job's. */
+void coll_job_prefix(char *out, size_t len, const uint8_t *secret);
 /* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */
 coll_result coll_shm_peer_check(struct coll_comm *comm, int peer);
 extern const coll_transport coll_transport_tcp;

@@ -205,7 +205,7 @@ static coll_result submit_p2p(struct coll_comm *comm, const rec *recs, size_t fr
   coll_work w = {.coll = COLL_COLL_GROUP_P2P, .count = total, .dtype = COLL_UINT8,
                  .stream = s, .group = g};
   coll_comm_enter(comm);
-  r = coll_exec_submit(comm, &w); /* with a stream it always enqueues: g is the work's now */
+  r = coll_exec_submit(comm, &w); /* enqueued, or refused and freed: g is not ours now */
   coll_comm_leave(comm);
   return r;
 }

@@ -47,7 +47,7 @@ static uint64_t fnv(uint64_t h, const char *s) {
   return h;
 }
 
-static void derive_secret(uint8_t out[COLL_SECRET_BYTES], const char *addr, long size) {
+void coll_env_secret(uint8_t out[COLL_SECRET_BYTES], const char *addr, long size) {
   const char *job_vars[] = {"COLL_SECRET", "SLURM_JOB_ID", "SLURM_STEP_ID",
                             "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid",
                             "TORCHELASTIC_RUN_ID", "PMI_ID", "PMIX_NAMESPACE"};
@@ -138,7 +138,7 @@ coll_result coll_comm_init_from_env(coll_comm_t *comm) {
   else
     memcpy(f.addr, &((struct sockaddr_in6 *)pick->ai_addr)->sin6_addr, 16);
   freeaddrinfo(res);
-  derive_secret(f.secret, addrdesc, size);
+  coll_env_secret(f.secret, addrdesc, size);
 
   COLL_INFO((int)rank, "init from env (%s): rank %ld of %ld, rendezvous %s", from, rank, size,
             addrdesc);

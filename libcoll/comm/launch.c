@@ -35,23 +35,42 @@ coll_unique_id coll_launch_unique_id(void) { return launched_id; }
 
 static int pidfd_open_(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
+/* What the last launch's clean-up found: segments of the job still in /dev/shm once
+ * every rank had exited.  Normally none (ranks unlink theirs during init); tests assert
+ * that, because the clean-up itself would otherwise hide a leak. */
+static int leftover_count;
+static char leftover_names[512];
+
 static void cleanup_segments(const coll_unique_id *id) {
+  leftover_count = 0;
+  leftover_names[0] = 0;
   coll_id_fields f;
   char why[64];
   if (coll_id_decode(id, &f, why, sizeof why) != COLL_OK) return;
   char prefix[32];
-  int n = snprintf(prefix, sizeof prefix, "coll-");
-  for (int i = 0; i < 8; i++) n += snprintf(prefix + n, sizeof prefix - (size_t)n, "%02x", f.secret[i]);
+  coll_job_prefix(prefix, sizeof prefix, f.secret);
   DIR *d = opendir("/dev/shm");
   if (!d) return;
   struct dirent *e;
+  size_t used = 0;
   while ((e = readdir(d)))
     if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
       char name[300];
       snprintf(name, sizeof name, "/%s", e->d_name);
-      shm_unlink(name);
+      if (shm_unlink(name) != 0) continue;
+      leftover_count++;
+      if (used < sizeof leftover_names) {
+        int k = snprintf(leftover_names + used, sizeof leftover_names - used, "%s%s",
+                         used ? " " : "", e->d_name);
+        if (k > 0) used += (size_t)k;
+      }
     }
   closedir(d);
+}
+
+int coll_launch_leftovers(char *names, size_t len) {
+  if (names && len) snprintf(names, len, "%s", leftover_names);
+  return leftover_count;
 }
 
 /* Rank r on the r-th CPU this process may use, when there are enough for every rank (as

@@ -355,6 +355,19 @@ coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs,
       if (cc->send[p] && (cc->slot_bytes == 0 || cc->send[p]->slot_bytes < cc->slot_bytes))
         cc->slot_bytes = cc->send[p]->slot_bytes;
     cc->ready = r == COLL_OK;
+    if (r != COLL_OK) {
+      /* A GPU that is there but refuses (cudaIpcOpenMemHandle denied, cudaSetDevice
+       * failing): the host path owes it nothing.  The communicator goes on without a
+       * device path; the connectors made so far stay with ipc_ctx, which close() frees.
+       * (Peers whose own connects worked still think the path is there: comm.c's second
+       * round should carry this outcome so that all ranks agree; see cuda_internal.h.) */
+      snprintf(cc->reason, sizeof cc->reason, "%s", comm->errbuf);
+      for (int p = 0; p < n; p++) cc->send[p] = cc->recv[p] = NULL;
+      cc->slot_bytes = 0;
+      COLL_WARN(comm->rank, "CUDA: %s; going on without the device path (device buffers are "
+                "refused)", cc->reason);
+      r = COLL_OK;
+    }
   } else {
     COLL_INFO(comm->rank, "CUDA: %s; device buffers are refused", cc->reason);
   }
@@ -365,6 +378,23 @@ coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs,
 coll_result coll_cuda_comm_ready(struct coll_comm *comm) {
   if (!comm->cuda || !comm->cuda->ipc_ctx) return COLL_OK;
   return coll_transport_cuda_ipc.ready(comm, comm->cuda->ipc_ctx);
+}
+
+bool coll_cuda_comm_usable(const struct coll_comm *comm) {
+  return comm->cuda && comm->cuda->ready;
+}
+
+void coll_cuda_comm_agree(struct coll_comm *comm, const uint8_t *flags) {
+  struct coll_cuda_comm *cc = comm->cuda;
+  if (!cc || !cc->ready) return;
+  for (int p = 0; p < comm->nranks; p++)
+    if (!(flags[p] & 1)) {
+      cc->ready = false;
+      snprintf(cc->reason, sizeof cc->reason,
+               "rank %d has no device path (its log says why), so no rank uses one", p);
+      COLL_WARN(comm->rank, "CUDA: %s; device buffers are refused", cc->reason);
+      return;
+    }
 }
 
 void coll_cuda_comm_wake(struct coll_comm *comm) {
@@ -684,6 +714,13 @@ coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs,
 coll_result coll_cuda_comm_ready(struct coll_comm *comm) {
   (void)comm;
   return COLL_OK;
+}
+bool coll_cuda_comm_usable(const struct coll_comm *comm) {
+  (void)comm;
+  return false;
+}
+void coll_cuda_comm_agree(struct coll_comm *comm, const uint8_t *flags) {
+  (void)comm, (void)flags;
 }
 void coll_cuda_comm_wake(struct coll_comm *comm) { (void)comm; }
 void coll_cuda_comm_free(struct coll_comm *comm) {

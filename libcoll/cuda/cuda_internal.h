@@ -94,6 +94,13 @@ coll_result coll_cuda_comm_setup(struct coll_comm *comm, void *blob);
  * rank p's blob. */
 coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs, size_t stride);
 coll_result coll_cuda_comm_ready(struct coll_comm *comm);
+/* Agreement on the device path after connect: a rank whose own connects failed (a GPU
+ * present but unusable) goes on without it, but its peers' connects may have worked.
+ * comm.c's second round carries each rank's coll_cuda_comm_usable() (one bit per rank,
+ * `flags[p] & 1`), and coll_cuda_comm_agree() then drops the device path everywhere
+ * unless every rank has it, so no rank starts a device collective a peer refuses. */
+bool coll_cuda_comm_usable(const struct coll_comm *comm);
+void coll_cuda_comm_agree(struct coll_comm *comm, const uint8_t *flags);
 void coll_cuda_comm_free(struct coll_comm *comm);
 /* Wakes threads waiting on cuda_ipc connectors (abort). */
 void coll_cuda_comm_wake(struct coll_comm *comm);

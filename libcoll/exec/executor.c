@@ -433,6 +433,17 @@ static bool claim(struct coll_comm *comm) {
   return atomic_compare_exchange_strong(&comm->running, &idle, true);
 }
 
+/* The call's sequence number, taken by whoever holds the execution right (`running`),
+ * just before it runs: so numbers follow the order calls actually run on this rank,
+ * whichever path (fast path, inline under the lock, progress thread) each took.  Taken
+ * at submission instead, a fast-path call that claimed the executor and a queued call
+ * that got its number under the lock could run in the opposite order to their numbers,
+ * and COLL_CHECK reported a mismatch between ranks that ran the same calls.  Internal
+ * work (split.c) takes none. */
+static void number(struct coll_comm *comm, coll_work *w) {
+  w->seq = w->internal ? atomic_load(&comm->next_seq) : atomic_fetch_add(&comm->next_seq, 1);
+}
+
 static void *progress_main(void *arg) {
   struct coll_comm *comm = arg;
   pthread_mutex_lock(&comm->qmu);
@@ -446,6 +457,7 @@ static void *progress_main(void *arg) {
       pthread_cond_wait(&comm->qcv, &comm->qmu);
     }
     queued item = *qslot(comm, comm->qhead);
+    number(comm, &item.w);
     pthread_mutex_unlock(&comm->qmu);
     coll_result r = coll_exec_run(comm, &item.w);
     pthread_mutex_lock(&comm->qmu);
@@ -521,16 +533,27 @@ void coll_exec_wake_all(struct coll_comm *comm) {
   pthread_mutex_unlock(&comm->qmu);
 }
 
+/* Work the executor will never run (refused after an abort): what it owns is freed here,
+ * as finish() would have, and its stream is not told of it (it was never enqueued). */
+static coll_result refuse(struct coll_comm *comm, coll_work *w) {
+  free(w->group);
+  w->group = NULL;
+  free(w->v_copy);
+  w->v_copy = NULL;
+  return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted: %s not run",
+                   comm->rank, coll_coll_name(w->coll));
+}
+
 coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
   coll_work w = *wk;
+  atomic_store(&w.done, 0);
   /* Fast path: a blocking call that finds nothing queued and nobody executing runs
    * right here without touching the lock (two lock/unlock pairs were a fifth of an
    * 8-byte all-reduce).  The queue is checked again after the claim: work queued by
    * another thread in between goes first, through the slow path. */
   if (!w.stream && comm->qtail == comm->qhead && claim(comm)) {
     if (comm->qtail == comm->qhead) {
-      w.seq = w.internal ? comm->next_seq : comm->next_seq++;
-      atomic_store(&w.done, 0);
+      number(comm, &w);
       coll_result r = coll_exec_run(comm, &w);
       failed(comm, r);
       atomic_store(&comm->running, false);
@@ -552,9 +575,14 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
   pthread_mutex_lock(&comm->qmu);
   while (comm->qtail - comm->qhead >= COLL_QUEUE_SLOTS && !atomic_load(&comm->aborted))
     pthread_cond_wait(&comm->donecv, &comm->qmu);
-  w.seq = w.internal ? comm->next_seq : comm->next_seq++; /* internal: not the user's */
-  atomic_store(&w.done, 0);
+  /* Aborted: nothing new goes in.  Enqueueing anyway (as this once did) could write past
+   * a full queue over work not yet taken, whose waiter or stream then never heard back. */
+  if (atomic_load(&comm->aborted)) {
+    pthread_mutex_unlock(&comm->qmu);
+    return refuse(comm, &w);
+  }
   if (!w.stream && comm->qhead == comm->qtail && claim(comm)) {
+    number(comm, &w);
     pthread_mutex_unlock(&comm->qmu);
     coll_result r = coll_exec_run(comm, &w);
     pthread_mutex_lock(&comm->qmu);
@@ -572,6 +600,8 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
   pthread_cond_broadcast(&comm->qcv);
   coll_result r = COLL_OK;
   if (!w.stream) {
+    /* The progress thread finishes every queued work, aborted or not (each fails at
+     * once then), so this wait ends. */
     while (!atomic_load(&w.done)) pthread_cond_wait(&comm->donecv, &comm->qmu);
     r = w.result;
   }
