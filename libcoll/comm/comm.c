@@ -174,10 +174,22 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
 #endif
   rank_info me = {.pid = (int32_t)getpid(), .host_id = host_id()};
   comm->host_ids[rank] = me.host_id; /* setup may ask can_connect before the round */
-  for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
-    if (comm->transports[t] &&
-        (r = comm->transports[t]->setup(comm, &comm->transport_ctxs[t], me.blob[t])) != COLL_OK)
-      goto fail;
+  for (int t = 0; t < COLL_MAX_TRANSPORTS; t++) {
+    if (!comm->transports[t]) continue;
+    r = comm->transports[t]->setup(comm, &comm->transport_ctxs[t], me.blob[t]);
+    if (r != COLL_OK && t == COLL_T_IB && mode == COLL_MODE_AUTO) {
+      /* A device that probed fine but cannot be set up: go on without it (peers see no
+       * port in this rank's blob and pick tcp). */
+      COLL_WARN(rank, "InfiniBand setup failed, going on over shm/tcp: %s", comm->errbuf);
+      comm->transports[t]->close(comm, comm->transport_ctxs[t]);
+      comm->transport_ctxs[t] = NULL;
+      comm->transports[t] = NULL;
+      memset(me.blob[t], 0, sizeof me.blob[t]);
+      ib_here = false;
+      r = COLL_OK;
+    }
+    if (r != COLL_OK) goto fail;
+  }
   if ((r = coll_cuda_comm_setup(comm, me.cuda_blob)) != COLL_OK) goto fail;
   if ((r = coll_watch_listen(comm, &me.watch)) != COLL_OK) goto fail;
   if ((r = rv->allgather(rv, comm, &me, all, sizeof me)) != COLL_OK) goto fail;
@@ -236,13 +248,16 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->mailboxes = nranks > 1 && uses[COLL_T_SHM] == nranks - 1;
   /* Second round: everyone has mapped everyone's segment, so names can go. */
   {
-    uint8_t token = 1;
+    /* ...and says whether its device path works (cuda.c): it stays only where every
+     * rank's does, so no rank starts a device collective that a peer refuses. */
+    uint8_t token = coll_cuda_comm_usable(comm) ? 1 : 0;
     uint8_t *tokens = calloc((size_t)nranks, 1);
     if (!tokens) {
       r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory");
       goto fail;
     }
     r = rv->allgather(rv, comm, &token, tokens, 1);
+    if (r == COLL_OK) coll_cuda_comm_agree(comm, tokens);
     free(tokens);
     if (r != COLL_OK) goto fail;
   }
