@@ -178,10 +178,7 @@ static int validate(const opts *o) {
         for (int root = 0; root < (rooted ? 2 : 1) && rc == COLL_OK; root++)
           for (int ip = 0; ip < 2 && rc == COLL_OK; ip++) {
             size_t count, slice;
-            if (c == COLL_COLL_ALL_REDUCE) count = 2 * (size_t)n + 3, slice = 2;
-            else if (rooted && c != COLL_COLL_GATHER && c != COLL_COLL_SCATTER)
-              count = 2 * (size_t)n + 3, slice = count / 16 + 1;
-            else count = 3, slice = 2;
+            sim_validation_case(c, (coll_algo)a, n, &count, &slice);
             sim_call call = {.coll = c, .algo = (coll_algo)a, .count = count, .es = 1,
                              .root = root ? n / 2 + 1 : 0, .in_place = ip};
             if (call.root >= n) call.root = n - 1;

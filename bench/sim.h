@@ -135,6 +135,12 @@ coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check,
                          sim_edit_fn edit, void *edit_ctx, sim_result *res, char *why,
                          size_t why_len);
 
+/* The count and slice (elements) --validate and test_sim use for collective c by algorithm
+ * a on n ranks: uneven chunks (counts not divisible by n) and, up to 64 ranks, steps of
+ * several slices; above that one slice per ring chunk or block, which keeps a 4096-rank
+ * check to seconds (a rank's rounds then write its output in order, so its runs join). */
+void sim_validation_case(coll_coll_kind c, coll_algo a, int n, size_t *count, size_t *slice);
+
 /* nccl-tests' size of a call (bytes) from its count, and its count from a size. */
 double sim_call_bytes(const sim_call *c, int nranks);
 size_t sim_count_for(coll_coll_kind c, double bytes, size_t es, int nranks);

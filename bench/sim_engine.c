@@ -447,6 +447,19 @@ out:
 
 /* ---- conveniences ------------------------------------------------------------------- */
 
+void sim_validation_case(coll_coll_kind c, coll_algo a, int n, size_t *count, size_t *slice) {
+  bool small = n <= 64;
+  bool rooted = c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE;
+  if (c == COLL_COLL_ALL_REDUCE || rooted) {
+    *count = 2 * (size_t)n + 3; /* ring chunks of 2 and 3 elements */
+    if (a == COLL_ALGO_RING && !rooted) *slice = small ? 2 : 3;
+    else *slice = *count / (small ? 16 : 4) + 1; /* whole-vector steps: a few slices */
+  } else {
+    *count = 3; /* blocks (per rank) */
+    *slice = small ? 2 : 3;
+  }
+}
+
 double sim_call_bytes(const sim_call *c, int n) {
   double b = (double)c->count * (double)c->es;
   switch (c->coll) {
