@@ -1,0 +1,379 @@
+/* coll-sim — the scale simulator: libcoll's own plans run on a model of N = 2..4096 ranks.
+ *
+ * For every algorithm with a plan (ring, tree, rd, rhd, pairwise, linear: the rows of
+ * libcoll/algo/table.c that have one) and every collective it serves, coll-sim builds
+ * every rank's schedule with the library's plan functions and runs them through a
+ * discrete-event model of the executor (bench/sim_engine.c: slices of one slot, rounds,
+ * FIFOs of bounded depth; α and β per link, shm within a host and the network across
+ * hosts, a host's NIC shared by all its ranks' flows).  It prints, per size, the
+ * predicted time, algbw and busbw (nccl-tests' factors), the crossover table (which
+ * algorithm wins at each size and N), and with --validate it checks every plan's
+ * invariants at each N (sends and receives pair up with equal lengths, no deadlock with
+ * FIFOs of --depth slots, every output element holds every contribution exactly once or
+ * the block that belongs there: bench/sim_check.c).
+ *
+ * The model's numbers: the tuner's defaults (exec/tune.c) unless given, or the tuner's
+ * cache of measured figures (--tune-cache), or flags.  docs/bandwidth-math.md reads the
+ * crossover tables; docs/perf.md-style agreement with measured runs is in that section.
+ *
+ * Must never: start processes, open sockets or touch a communicator — it predicts; the
+ * measurements are coll-bench's.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench_util.h"
+#include "sim.h"
+
+#define MAXN 32
+#define MAXSIZES 64
+
+static const coll_coll_kind all_colls[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_ALL_GATHER,
+                                           COLL_COLL_REDUCE_SCATTER, COLL_COLL_BROADCAST,
+                                           COLL_COLL_REDUCE, COLL_COLL_ALL_TO_ALL,
+                                           COLL_COLL_GATHER, COLL_COLL_SCATTER};
+#define NCOLLS (sizeof all_colls / sizeof *all_colls)
+
+static void usage(void) {
+  printf(
+      "usage: coll-sim [options]\n"
+      "Runs libcoll's plans on a model of many ranks: predicted time, algbw and busbw per\n"
+      "algorithm, crossover tables, and (--validate) each plan's invariants at each N.\n\n"
+      "  -N, --ranks LIST      rank counts, e.g. 2,8,64,512,4096 (default), or A:B for the\n"
+      "                        powers of two from A to B\n"
+      "  -H, --per-host R      ranks per host (default 8; 1 = every rank its own host)\n"
+      "      --cores C         cores per host for CPU work (default: R, one per rank)\n"
+      "  -c, --colls LIST      all_reduce,all_gather,reduce_scatter,broadcast,reduce,\n"
+      "                        all_to_all,gather,scatter or all (default: the first five\n"
+      "                        and all_to_all)\n"
+      "  -A, --algos LIST      ring,tree,rd,rhd,pairwise,linear (default: every one with a\n"
+      "                        plan that serves the collective)\n"
+      "  -b, -e, -f            smallest size, largest size, factor (default 8, 1G, 8)\n"
+      "      --alpha-shm US    latency per message within a host, us (default 1: tune.c)\n"
+      "      --bw-shm GBS      bytes per second of a copy into a peer's slot (default 5)\n"
+      "      --alpha-net US    latency per message across hosts, us (default 10)\n"
+      "      --bw-net GBS      one NIC direction, GB/s, shared by the host (default 12.5)\n"
+      "      --gamma-bw GBS    reduction speed, GB/s of input (default 10: tune.c)\n"
+      "      --copy-bw GBS     local copies (COPY steps, kept slices); 0 = free (default)\n"
+      "      --tune-cache[=F]  take alpha, beta, gamma for shm from the tuner's cache line\n"
+      "                        of this shape (default file ~/.cache/libcoll/tune)\n"
+      "      --slot BYTES      FIFO slot = slice (default 64K)\n"
+      "      --depth D         slots per FIFO (default 8, shm's)\n"
+      "      --max-a2a N       largest N for all-to-all and gather/scatter timing (its\n"
+      "                        plans and FIFOs grow as N^2; default 1024)\n"
+      "      --no-table        skip the per-size tables\n"
+      "      --crossover       print the crossover tables (which algorithm wins)\n"
+      "      --validate        check every plan's invariants at each N\n"
+      "  -h, --help            this text\n");
+}
+
+typedef struct {
+  int ns[MAXN], nn;
+  int per_host, cores;
+  bool colls[NCOLLS];
+  bool algos[COLL_NUM_ALGOS], algo_given;
+  double sizes[MAXSIZES];
+  int nsizes;
+  double alpha_shm, bw_shm, alpha_net, bw_net, gamma_bw, copy_bw;
+  const char *tune_cache;
+  size_t slot;
+  int depth, max_a2a;
+  bool table, crossover, validate;
+} opts;
+
+static bool parse_list_n(const char *s, opts *o) {
+  o->nn = 0;
+  const char *colon = strchr(s, ':');
+  if (colon) {
+    int a = atoi(s), b = atoi(colon + 1);
+    if (a < 2 || b < a || b > 32767) return false;
+    for (long v = 1; v <= b && o->nn < MAXN; v *= 2)
+      if (v >= a) o->ns[o->nn++] = (int)v;
+    return o->nn > 0;
+  }
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *t = strtok(buf, ","); t && o->nn < MAXN; t = strtok(NULL, ",")) {
+    int v = atoi(t);
+    if (v < 2 || v > 32767) return false;
+    o->ns[o->nn++] = v;
+  }
+  return o->nn > 0;
+}
+
+static int coll_index(const char *s) {
+  for (size_t i = 0; i < NCOLLS; i++)
+    if (strcmp(s, coll_coll_name(all_colls[i])) == 0) return (int)i;
+  return -1;
+}
+
+/* The tuner's cache line for nranks=n local=n transport=shm (exec/tune.c's format). */
+static bool read_tune_cache(const char *path, int n, opts *o) {
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  char line[1024], key[96];
+  snprintf(key, sizeof key, "nranks=%d local=%d transport=shm ", n, n);
+  bool found = false;
+  while (fgets(line, sizeof line, f)) {
+    char *k = strstr(line, key), *a = strstr(line, " alpha=");
+    double al, be, ga;
+    if (!k || !a || sscanf(a, " alpha=%lg beta=%lg gamma=%lg", &al, &be, &ga) != 3) continue;
+    o->alpha_shm = al * 1e6, o->bw_shm = 1e-9 / be, o->gamma_bw = 1e-9 / ga;
+    found = true;
+  }
+  fclose(f);
+  return found;
+}
+
+static sim_model model_for(const opts *o, int n) {
+  sim_model m = {.nranks = n, .per_host = o->per_host < n ? o->per_host : n,
+                 .cores = o->cores, .slot = o->slot, .depth = o->depth};
+  m.alpha[SIM_SHM] = o->alpha_shm * 1e-6, m.beta[SIM_SHM] = 1e-9 / o->bw_shm;
+  m.alpha[SIM_NET] = o->alpha_net * 1e-6, m.beta[SIM_NET] = 1e-9 / o->bw_net;
+  m.gamma = o->gamma_bw > 0 ? 1e-9 / o->gamma_bw : 0;
+  m.beta_copy = o->copy_bw > 0 ? 1e-9 / o->copy_bw : 0;
+  return m;
+}
+
+static bool big_n_ok(const opts *o, coll_coll_kind c, int n) {
+  bool square = c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER;
+  return !square || n <= o->max_a2a;
+}
+
+static bool algo_serves(const opts *o, coll_algo a, coll_coll_kind c, int n) {
+  if (!coll_algo_has_plan(a) || !coll_algo_serves(a, c, n)) return false;
+  return !o->algo_given || o->algos[a];
+}
+
+static void print_size(double b, char *out, size_t len) {
+  const char *u[] = {"B", "K", "M", "G", "T"};
+  int i = 0;
+  while (b >= 1024 && i < 4 && fmod(b, 1024) == 0) b /= 1024, i++;
+  snprintf(out, len, "%.0f%s", b, u[i]);
+}
+
+/* ---- validation ----------------------------------------------------------------------- */
+
+static int validate(const opts *o) {
+  int failures = 0;
+  printf("# Validation: every plan at each N, FIFOs of %d slots; counts chosen so chunks are "
+         "uneven and steps take several slices\n", o->depth);
+  for (int ni = 0; ni < o->nn; ni++) {
+    int n = o->ns[ni];
+    for (size_t ci = 0; ci < NCOLLS; ci++) {
+      coll_coll_kind c = all_colls[ci];
+      if (!o->colls[ci] || !big_n_ok(o, c, n)) continue;
+      for (int a = 1; a < COLL_NUM_ALGOS; a++) {
+        if (!algo_serves(o, (coll_algo)a, c, n)) continue;
+        bool rooted = c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE ||
+                      c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int cases = 0;
+        char why[512] = "";
+        coll_result rc = COLL_OK;
+        for (int root = 0; root < (rooted ? 2 : 1) && rc == COLL_OK; root++)
+          for (int ip = 0; ip < 2 && rc == COLL_OK; ip++) {
+            size_t count, slice;
+            sim_validation_case(c, (coll_algo)a, n, &count, &slice);
+            sim_call call = {.coll = c, .algo = (coll_algo)a, .count = count, .es = 1,
+                             .root = root ? n / 2 + 1 : 0, .in_place = ip};
+            if (call.root >= n) call.root = n - 1;
+            sim_model m = {.nranks = n, .per_host = n, .slot = slice, .depth = o->depth};
+            sim_result res;
+            rc = sim_call_run(&m, &call, true, NULL, NULL, &res, why, sizeof why);
+            cases++;
+          }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        printf("#   N=%-5d %-15s %-9s %s  (%d cases, %.2f s)%s%s\n", n, coll_coll_name(c),
+               coll_algo_name((coll_algo)a), rc == COLL_OK ? "ok  " : "FAIL", cases, s,
+               rc == COLL_OK ? "" : ": ", rc == COLL_OK ? "" : why);
+        if (rc != COLL_OK) failures++;
+      }
+    }
+  }
+  return failures;
+}
+
+/* ---- prediction ---------------------------------------------------------------------- */
+
+static int predict(const opts *o) {
+  const size_t es = 4; /* float32, as coll-bench's default */
+  int failures = 0;
+  static char winner[NCOLLS][MAXN][MAXSIZES][12];
+  memset(winner, 0, sizeof winner);
+  for (size_t ci = 0; ci < NCOLLS; ci++) {
+    coll_coll_kind c = all_colls[ci];
+    if (!o->colls[ci]) continue;
+    for (int ni = 0; ni < o->nn; ni++) {
+      int n = o->ns[ni];
+      if (!big_n_ok(o, c, n)) {
+        printf("# %s N=%d: skipped (all-to-all, gather and scatter stop at --max-a2a %d)\n",
+               coll_coll_name(c), n, o->max_a2a);
+        continue;
+      }
+      sim_model m = model_for(o, n);
+      if (o->table)
+        printf("# %s, N=%d (%d hosts x %d ranks, %d cores per host)\n#%11s %12s %-9s "
+               "%12s %9s %9s\n", coll_coll_name(c), n, (n + m.per_host - 1) / m.per_host,
+               m.per_host, m.cores ? m.cores : m.per_host, "size", "count", "algo",
+               "time(us)", "algbw", "busbw");
+      for (int si = 0; si < o->nsizes; si++) {
+        size_t count = sim_count_for(c, o->sizes[si], es, n);
+        if (count == 0) continue;
+        double best = INFINITY;
+        for (int a = 1; a < COLL_NUM_ALGOS; a++) {
+          if (!algo_serves(o, (coll_algo)a, c, n)) continue;
+          sim_call call = {.coll = c, .algo = (coll_algo)a, .count = count, .es = es};
+          sim_result res;
+          char why[512];
+          coll_result rc = sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why);
+          if (rc != COLL_OK) {
+            printf("# %s/%s N=%d: %s\n", coll_algo_name((coll_algo)a), coll_coll_name(c), n, why);
+            failures++;
+            continue;
+          }
+          double bytes = sim_call_bytes(&call, n);
+          double algbw = bytes / 1e9 / res.seconds;
+          if (o->table) {
+            char sz[32];
+            print_size(bytes, sz, sizeof sz);
+            printf("%12s %12zu %-9s %12.2f %9.2f %9.2f\n", sz, count,
+                   coll_algo_name((coll_algo)a), res.seconds * 1e6, algbw,
+                   algbw * sim_bus_factor(c, n));
+          }
+          if (res.seconds < best) {
+            best = res.seconds;
+            snprintf(winner[ci][ni][si], sizeof winner[ci][ni][si], "%s",
+                     coll_algo_name((coll_algo)a));
+          }
+        }
+      }
+    }
+  }
+  if (o->crossover) {
+    for (size_t ci = 0; ci < NCOLLS; ci++) {
+      if (!o->colls[ci]) continue;
+      printf("# Crossover: %s, the fastest plan per size (rows: N)\n#%6s", coll_coll_name(all_colls[ci]), "N");
+      for (int si = 0; si < o->nsizes; si++) {
+        char sz[32];
+        print_size(o->sizes[si], sz, sizeof sz);
+        printf(" %6s", sz);
+      }
+      printf("\n");
+      for (int ni = 0; ni < o->nn; ni++) {
+        printf(" %6d", o->ns[ni]);
+        for (int si = 0; si < o->nsizes; si++)
+          printf(" %6s", winner[ci][ni][si][0] ? winner[ci][ni][si] : "-");
+        printf("\n");
+      }
+    }
+  }
+  return failures;
+}
+
+int main(int argc, char **argv) {
+  opts o = {.per_host = 8, .alpha_shm = 1.0, .bw_shm = 5.0, .alpha_net = 10.0, .bw_net = 12.5,
+            .gamma_bw = 10.0, .slot = 65536, .depth = 8, .max_a2a = 1024, .table = true};
+  parse_list_n("2,8,64,512,4096", &o);
+  for (size_t i = 0; i < NCOLLS; i++) o.colls[i] = i < 6;
+  double b = 8, e = 1 << 30, f = 8;
+  bool used_cache = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(s, l) ((strcmp(a, s) == 0 || strcmp(a, l) == 0) && v && ++i)
+#define LONG(l) (strcmp(a, l) == 0 && v && ++i)
+    size_t sz;
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage();
+      return 0;
+    } else if (ARG("-N", "--ranks")) {
+      if (!parse_list_n(v, &o)) { fprintf(stderr, "coll-sim: bad rank list %s (2..32767)\n", v); return 2; }
+    } else if (ARG("-H", "--per-host")) {
+      o.per_host = atoi(v);
+    } else if (LONG("--cores")) {
+      o.cores = atoi(v);
+    } else if (ARG("-c", "--colls")) {
+      if (strcmp(v, "all") == 0) {
+        for (size_t k = 0; k < NCOLLS; k++) o.colls[k] = true;
+      } else {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", v);
+        memset(o.colls, 0, sizeof o.colls);
+        for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+          int k = coll_index(t);
+          if (k < 0) { fprintf(stderr, "coll-sim: unknown collective %s\n", t); return 2; }
+          o.colls[k] = true;
+        }
+      }
+    } else if (ARG("-A", "--algos")) {
+      char buf[256];
+      snprintf(buf, sizeof buf, "%s", v);
+      o.algo_given = true;
+      for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+        bool ok;
+        coll_algo al = coll_algo_from_name(t, &ok);
+        if (!ok || !coll_algo_has_plan(al)) {
+          fprintf(stderr, "coll-sim: %s is not an algorithm with a plan\n", t);
+          return 2;
+        }
+        o.algos[al] = true;
+      }
+    } else if (ARG("-b", "--minbytes") || ARG("-e", "--maxbytes") || LONG("--slot")) {
+      if (!bench_parse_size(v, &sz)) { fprintf(stderr, "coll-sim: bad size %s\n", v); return 2; }
+      if (a[1] == 'b' || strcmp(a, "--minbytes") == 0) b = (double)sz;
+      else if (a[1] == 'e' || strcmp(a, "--maxbytes") == 0) e = (double)sz;
+      else o.slot = sz;
+    } else if (ARG("-f", "--stepfactor")) {
+      f = atof(v);
+    } else if (LONG("--alpha-shm")) { o.alpha_shm = atof(v);
+    } else if (LONG("--bw-shm")) { o.bw_shm = atof(v);
+    } else if (LONG("--alpha-net")) { o.alpha_net = atof(v);
+    } else if (LONG("--bw-net")) { o.bw_net = atof(v);
+    } else if (LONG("--gamma-bw")) { o.gamma_bw = atof(v);
+    } else if (LONG("--copy-bw")) { o.copy_bw = atof(v);
+    } else if (LONG("--depth")) { o.depth = atoi(v);
+    } else if (LONG("--max-a2a")) { o.max_a2a = atoi(v);
+    } else if (strncmp(a, "--tune-cache", 12) == 0) {
+      o.tune_cache = a[12] == '=' ? a + 13 : "";
+      used_cache = true;
+    } else if (strcmp(a, "--no-table") == 0) { o.table = false;
+    } else if (strcmp(a, "--crossover") == 0) { o.crossover = true;
+    } else if (strcmp(a, "--validate") == 0) { o.validate = true;
+    } else {
+      fprintf(stderr, "coll-sim: unknown or incomplete option %s (see --help)\n", a);
+      return 2;
+    }
+  }
+  if (o.per_host < 1 || o.depth < 1 || o.slot < 4 || !(f > 1) || !(b >= 1) || e < b ||
+      !(o.bw_shm > 0) || !(o.bw_net > 0) || o.cores < 0) {
+    fprintf(stderr, "coll-sim: need ranks per host >= 1, depth >= 1, slot >= 4, factor > 1, "
+            "sizes 1 <= -b <= -e and positive bandwidths\n");
+    return 2;
+  }
+  for (double s = b; s <= e && o.nsizes < MAXSIZES; s *= f) o.sizes[o.nsizes++] = s;
+  if (used_cache) {
+    char path[600];
+    const char *home = getenv("HOME");
+    if (*o.tune_cache) snprintf(path, sizeof path, "%s", o.tune_cache);
+    else snprintf(path, sizeof path, "%s/.cache/libcoll/tune", home ? home : ".");
+    int n = o.per_host < o.ns[0] ? o.per_host : o.ns[0];
+    if (!read_tune_cache(path, n, &o)) {
+      fprintf(stderr, "coll-sim: no shm line for %d ranks in the tuner's cache %s\n", n, path);
+      return 2;
+    }
+  }
+  printf("# coll-sim: model alpha_shm %.3f us, shm %.2f GB/s, alpha_net %.3f us, NIC %.2f GB/s, "
+         "reduce %.2f GB/s, copies %s, slot %zu B, %d slots per FIFO%s\n",
+         o.alpha_shm, o.bw_shm, o.alpha_net, o.bw_net, o.gamma_bw,
+         o.copy_bw > 0 ? "counted" : "free", o.slot, o.depth,
+         used_cache ? " (shm figures from the tuner's cache)" : "");
+  int failures = 0;
+  if (o.validate) failures += validate(&o);
+  if (o.table || o.crossover) failures += predict(&o);
+  return failures ? 1 : 0;
+}

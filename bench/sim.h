@@ -1,0 +1,150 @@
+/* sim.h — the scale simulator's parts (bench/coll-sim.c is the tool that drives them).
+ *
+ * The same plans the executor runs (libcoll/algo/: every table row with a `plan`) are
+ * built for every rank of a job this machine cannot start — N = 2..4096 ranks over
+ * hosts × ranks per host — and run against a model of the executor:
+ *
+ *   sim_plans.c   all ranks' plans, kept compactly (a ring of 4096 ranks is 33 million
+ *                 steps: identical steps, peers taken relative to the rank, are stored
+ *                 once and each rank keeps 4-byte references to them);
+ *   sim_engine.c  a discrete-event run of those plans exactly as executor.c walks them
+ *                 (round j runs slice j - delay of every step, in step order, each rank
+ *                 one sequential thread, FIFOs of `depth` slots per connection), priced
+ *                 with the α-β-γ model below: it predicts the time of a call, and finds
+ *                 deadlocks, unpaired messages and slices of the wrong length;
+ *   sim_check.c   what the slices carry, symbolically: every element is a 64-bit hash
+ *                 of the contributions in it, kept as affine runs, so that at N = 4096
+ *                 the run can still say "every output element holds every rank's
+ *                 contribution exactly once" (reductions) or "every block arrived where
+ *                 it belongs" (gathers) in seconds, without N^2 elements of memory.
+ *
+ * Must never: call the network, the transports or a communicator; these files only
+ * read plans (pure functions) and do arithmetic.
+ */
+#ifndef COLL_SIM_H
+#define COLL_SIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+
+enum { SIM_SHM = 0, SIM_NET = 1 }; /* the two kinds of link */
+
+/* The machine being simulated.  Rank r lives on host r / per_host. */
+typedef struct {
+  int nranks, per_host;
+  int cores;          /* per host: at most this many ranks' CPU work at once (0: per_host) */
+  double alpha[2];    /* s from a slice being posted to it being visible at the receiver */
+  double beta[2];     /* s per byte a slice occupies its link: on shm the sender's CPU (it
+                         copies into the peer's slot), on the network the sending host's NIC
+                         out and the receiving host's NIC in, shared by all their flows */
+  double gamma;       /* s per byte reduced (CPU) */
+  double beta_copy;   /* s per byte of a copy that is not a message: a COPY step, a
+                         received slice kept in the user's buffer (CPU); 0 in the plain
+                         α-β model */
+  size_t slot;        /* bytes per FIFO slot (the executor's slice) */
+  int depth;          /* slots per connection */
+} sim_model;
+
+/* One collective call, as coll_plan_args describes it (count in elements of es bytes). */
+typedef struct {
+  coll_coll_kind coll;
+  coll_algo algo;
+  size_t count, es;
+  int root, in_place;
+} sim_call;
+
+/* A change made to a rank's plan after it is built (tests: a plan with a send dropped). */
+typedef void (*sim_edit_fn)(int rank, coll_step *steps, size_t *nsteps, void *ctx);
+
+/* ---- sim_plans.c ------------------------------------------------------------------ */
+
+/* A step with its peers relative to the rank that runs it ((peer - rank) mod N, -1 for
+ * none), so that the ring's 2N-1 steps of every rank are mostly the same few entries. */
+typedef struct {
+  uint64_t count, src_off, dst_off;
+  uint32_t delay;
+  int32_t din, dout, din2;
+  uint8_t kind, final, src_buf, dst_buf;
+} sim_step;
+
+typedef struct {
+  int nranks;
+  sim_step *table;       /* the distinct steps */
+  size_t ntable, captable;
+  uint32_t *refs;        /* every rank's steps, rank after rank, as indices into table */
+  size_t *first;         /* rank r's steps are refs[first[r] .. first[r+1]) */
+  uint64_t *rounds;      /* rounds rank r's executor runs: max over steps of slices + delay */
+  size_t *hash;          /* open addressing over table (index + 1; 0 empty) */
+  size_t hashcap;
+} sim_plans;
+
+/* Builds every rank's plan for `call` with slices of `slice` elements.  why gets a
+ * sentence on failure (a plan function refused, or a step out of what the compact form
+ * holds). */
+coll_result sim_plans_build(sim_plans *p, int nranks, const sim_call *call, size_t slice,
+                            sim_edit_fn edit, void *edit_ctx, char *why, size_t why_len);
+void sim_plans_free(sim_plans *p);
+static inline const sim_step *sim_plans_step(const sim_plans *p, int r, size_t i) {
+  return &p->table[p->refs[p->first[r] + i]];
+}
+static inline size_t sim_plans_nsteps(const sim_plans *p, int r) {
+  return p->first[r + 1] - p->first[r];
+}
+/* The absolute peer of a relative one. */
+static inline int sim_peer(int r, int32_t d, int n) { return d < 0 ? -1 : (int)((r + d) % n); }
+
+/* ---- sim_check.c ------------------------------------------------------------------ */
+
+typedef struct sim_checker sim_checker;
+/* What one slice carries (owned by the checker). */
+typedef struct sim_payload sim_payload;
+
+sim_checker *sim_check_new(int nranks, const sim_call *call);
+void sim_check_free(sim_checker *ck);
+/* Runs slice [off, off+m) of step s on rank r: reads in[0..1] (NULL where unused),
+ * writes the rank's buffers, and returns what goes out (*out; NULL when nothing is
+ * sent).  False with a sentence in why when the step breaks an invariant. */
+bool sim_check_op(sim_checker *ck, int r, const sim_step *s, uint64_t off, uint64_t m,
+                  const sim_payload *in[2], sim_payload **out, char *why, size_t why_len);
+void sim_payload_free(sim_payload *pl);
+/* After the run: every rank's output holds what the collective promises. */
+bool sim_check_final(sim_checker *ck, char *why, size_t why_len);
+
+/* ---- sim_engine.c ----------------------------------------------------------------- */
+
+typedef struct {
+  double seconds;        /* when the last rank finished */
+  uint64_t ops;          /* slice operations run */
+  uint64_t messages;     /* slices sent */
+  double net_bytes;      /* bytes that crossed hosts */
+  double shm_bytes;
+  double busiest_nic;    /* s the busiest NIC direction was busy */
+} sim_result;
+
+/* Runs the plans on the model.  With ck, every slice's contents go through the checker
+ * too (the times do not change).  COLL_ERR_MISMATCH with a sentence for a deadlock, an
+ * unreceived message or a slice of the wrong length; the checker's own findings too. */
+coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_checker *ck,
+                    sim_result *res, char *why, size_t why_len);
+
+/* Convenience: plans + run (+ checks when `check`), for one call on one model. */
+coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check,
+                         sim_edit_fn edit, void *edit_ctx, sim_result *res, char *why,
+                         size_t why_len);
+
+/* The count and slice (elements) --validate and test_sim use for collective c by algorithm
+ * a on n ranks: uneven chunks (counts not divisible by n) and, up to 64 ranks, steps of
+ * several slices; above that one slice per ring chunk or block, which keeps a 4096-rank
+ * check to seconds (a rank's rounds then write its output in order, so its runs join). */
+void sim_validation_case(coll_coll_kind c, coll_algo a, int n, size_t *count, size_t *slice);
+
+/* nccl-tests' size of a call (bytes) from its count, and its count from a size. */
+double sim_call_bytes(const sim_call *c, int nranks);
+size_t sim_count_for(coll_coll_kind c, double bytes, size_t es, int nranks);
+/* busbw factor of nccl-tests (bench_bus_factor's, by collective kind). */
+double sim_bus_factor(coll_coll_kind c, int nranks);
+
+#endif

@@ -1,0 +1,518 @@
+/* sim_engine.c — a discrete-event run of every rank's plan, the way executor.c runs it.
+ *
+ * What is modelled, and why it is the executor:
+ *   - Each rank is one sequential thread walking its plan round by round: round j runs
+ *     slice j - delay of every step, in step order (executor.c's double loop).  An
+ *     operation needs, at once, a slice in every FIFO it reads and a free slot in the
+ *     FIFO it writes; until then the rank waits, doing nothing else (the real executor
+ *     blocks in get_recv / get_send).  The slot it read stays taken until the operation
+ *     ends (recv_release comes last).
+ *   - Each directed pair of ranks is a FIFO of `depth` slots.  A slice posted at time t
+ *     is visible to the receiver at t + α (+ its time on the link, below).
+ *   - Costs, per slice of b bytes (the α-β-γ model of the tuner, coll_cost_model, with
+ *     two kinds of link):
+ *       shm   (same host)   the sender's CPU copies the slice into the peer's slot:
+ *                           b·β_shm of CPU, then visible α_shm later;
+ *       net   (other host)  the slice goes through the sending host's NIC out and the
+ *                           receiving host's NIC in, b·β_net each, in the order slices
+ *                           reach them (a FIFO server per NIC direction: the flows of all
+ *                           the host's ranks share its bandwidth), then α_net;
+ *       CPU                 b·γ per reduction (RECV2 reduces twice), b·β_copy per copy
+ *                           that is not a message (COPY steps; a received slice kept in
+ *                           the user's buffer), on one of the host's `cores`.
+ *     With γ = β_copy = 0 and one kind of link, a ring all-reduce whose chunks fit one
+ *     slot takes exactly 2(N-1)·(α + n/N·β), the closed form in ring.c; with chunks of
+ *     k slices, 2(N-1)·(k·α + n/N·β): every round is a full wave of 2(N-1) hops, since a
+ *     rank starts round j+1 only after its last step of round j (test_sim checks both).
+ *   - Events: each rank has at most one pending event (its operation ends, or the slice
+ *     it waits for arrives); a rank blocked on an empty FIFO or a full one is woken by
+ *     the post or the release that unblocks it.  Ties are broken by order of scheduling,
+ *     so a run is deterministic.  No pending event and a rank not done is a deadlock;
+ *     a message left in a FIFO at the end was never received.
+ *
+ * What it leaves out: the scheduling noise of more ranks than cores beyond the core
+ * pool, cache effects, the proxy threads of tcp, and fair sharing (a NIC serves slices
+ * in arrival order; for the whole of a collective the total is the same).
+ *
+ * Must never: depend on wall-clock time or on anything but its arguments (the same call
+ * gives the same prediction), or change the plans it runs.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim.h"
+
+typedef struct {
+  double t;             /* when the slice is visible to the receiver */
+  uint64_t n;           /* elements */
+  sim_payload *pl;
+} slot;
+
+typedef struct {
+  int src, dst;
+  uint64_t tail, head, released; /* posted, taken by the receiver, slots given back */
+  slot *q;                       /* depth slots, allocated at the first post */
+  int wait_recv, wait_send;      /* a rank blocked on this FIFO (empty / full), or -1 */
+} conn;
+
+typedef struct {
+  uint64_t round, idx;  /* the executor's position: round j, step i */
+  bool done, busy;
+  double busy_until;
+  uint32_t held[2];     /* FIFOs whose slots the running operation holds (conn index + 1) */
+} rank_state;
+
+typedef struct {
+  double t;
+  uint64_t seq;
+  int r;
+} event;
+
+typedef struct {
+  const sim_plans *p;
+  const sim_model *m;
+  size_t es;
+  sim_checker *ck;
+  int n, depth;
+  rank_state *rs;
+  conn *conns;
+  size_t nconns;
+  uint64_t *ckeys;      /* open addressing: (src*n + dst) + 1 -> conn index in cval */
+  uint32_t *cval;
+  size_t ccap;
+  event *heap;
+  size_t nheap;
+  uint64_t seq;
+  double *core_free;    /* per host, `cores` entries */
+  double *nic_tx, *nic_rx, *nic_busy;
+  int cores, hosts;
+  sim_result res;
+  char *why;
+  size_t why_len;
+} engine;
+
+/* ---- connections ------------------------------------------------------------------- */
+
+static size_t ckey_slot(const engine *e, uint64_t key) {
+  uint64_t h = key * 0x9e3779b97f4a7c15ull;
+  size_t k = (size_t)(h >> 17) & (e->ccap - 1);
+  while (e->ckeys[k] && e->ckeys[k] != key) k = (k + 1) & (e->ccap - 1);
+  return k;
+}
+
+static bool add_conn(engine *e, int src, int dst) {
+  uint64_t key = (uint64_t)src * (uint64_t)e->n + (uint64_t)dst + 1;
+  if (2 * (e->nconns + 1) > e->ccap) {
+    size_t cap = e->ccap ? 2 * e->ccap : 4096;
+    uint64_t *ok = e->ckeys;
+    uint32_t *ov = e->cval;
+    size_t ocap = e->ccap;
+    e->ckeys = calloc(cap, sizeof *e->ckeys);
+    e->cval = calloc(cap, sizeof *e->cval);
+    if (!e->ckeys || !e->cval) return false;
+    e->ccap = cap;
+    for (size_t i = 0; i < ocap; i++)
+      if (ok[i]) {
+        size_t k = ckey_slot(e, ok[i]);
+        e->ckeys[k] = ok[i], e->cval[k] = ov[i];
+      }
+    free(ok);
+    free(ov);
+  }
+  size_t k = ckey_slot(e, key);
+  if (e->ckeys[k]) return true;
+  if ((e->nconns & (e->nconns + 1)) == 0 || e->nconns == 0) {
+    /* grow the array at powers of two */
+    size_t cap = e->nconns ? 2 * (e->nconns + 1) : 1024;
+    conn *c = realloc(e->conns, cap * sizeof *c);
+    if (!c) return false;
+    e->conns = c;
+  }
+  e->conns[e->nconns] = (conn){.src = src, .dst = dst, .wait_recv = -1, .wait_send = -1};
+  e->ckeys[k] = key;
+  e->cval[k] = (uint32_t)e->nconns++;
+  return true;
+}
+
+static conn *get_conn(engine *e, int src, int dst) {
+  uint64_t key = (uint64_t)src * (uint64_t)e->n + (uint64_t)dst + 1;
+  size_t k = ckey_slot(e, key);
+  return e->ckeys[k] ? &e->conns[e->cval[k]] : NULL;
+}
+
+/* ---- the event heap ---------------------------------------------------------------- */
+
+static bool before(const event *a, const event *b) {
+  return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
+
+static void schedule(engine *e, int r, double t) {
+  event ev = {.t = t, .seq = e->seq++, .r = r};
+  size_t i = e->nheap++;
+  while (i > 0) {
+    size_t up = (i - 1) / 2;
+    if (!before(&ev, &e->heap[up])) break;
+    e->heap[i] = e->heap[up];
+    i = up;
+  }
+  e->heap[i] = ev;
+}
+
+static event pop(engine *e) {
+  event top = e->heap[0], last = e->heap[--e->nheap];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= e->nheap) break;
+    if (c + 1 < e->nheap && before(&e->heap[c + 1], &e->heap[c])) c++;
+    if (!before(&e->heap[c], &last)) break;
+    e->heap[i] = e->heap[c];
+    i = c;
+  }
+  if (e->nheap) e->heap[i] = last;
+  return top;
+}
+
+/* ---- the model's costs -------------------------------------------------------------- */
+
+static int host_of(const engine *e, int r) { return r / e->m->per_host; }
+
+/* Takes the host's earliest free core for `work` seconds from `ready`; returns the end. */
+static double on_core(engine *e, int r, double ready, double work) {
+  if (work <= 0) return ready;
+  double *c = &e->core_free[(size_t)host_of(e, r) * (size_t)e->cores];
+  int best = 0;
+  for (int i = 1; i < e->cores; i++)
+    if (c[i] < c[best]) best = i;
+  double start = c[best] > ready ? c[best] : ready;
+  c[best] = start + work;
+  return start + work;
+}
+
+/* When a slice of b bytes posted at t by `src` (after its CPU part) is visible at dst. */
+static double deliver(engine *e, int src, int dst, double t, double b) {
+  int hs = host_of(e, src), hd = host_of(e, dst);
+  if (hs == hd) {
+    e->res.shm_bytes += b;
+    return t + e->m->alpha[SIM_SHM];
+  }
+  double w = b * e->m->beta[SIM_NET];
+  double tx0 = e->nic_tx[hs] > t ? e->nic_tx[hs] : t, tx1 = tx0 + w;
+  e->nic_tx[hs] = tx1;
+  /* The receiving NIC takes the bytes as they come; it finishes no earlier than the
+   * sender's NIC and no earlier than its own earlier slices plus this one. */
+  double rx1 = e->nic_rx[hd] + w > tx1 ? e->nic_rx[hd] + w : tx1;
+  if (rx1 < tx0 + w) rx1 = tx0 + w;
+  e->nic_rx[hd] = rx1;
+  e->nic_busy[2 * hs] += w;
+  e->nic_busy[2 * hd + 1] += w;
+  e->res.net_bytes += b;
+  return rx1 + e->m->alpha[SIM_NET];
+}
+
+static bool reduces(coll_step_kind k) {
+  return k == COLL_STEP_RECV_REDUCE_SEND || k == COLL_STEP_RECV_REDUCE_COPY ||
+         k == COLL_STEP_RECV_REDUCE_COPY_SEND || k == COLL_STEP_RECV2_REDUCE_SEND;
+}
+/* Copies into the user's buffer that are not the message itself. */
+static int keeps(coll_step_kind k) {
+  return k == COLL_STEP_COPY || k == COLL_STEP_RECV_COPY_SEND || k == COLL_STEP_RECV;
+}
+
+/* ---- running ------------------------------------------------------------------------ */
+
+static void release(engine *e, int r, double now) {
+  rank_state *s = &e->rs[r];
+  for (int i = 0; i < 2; i++) {
+    if (!s->held[i]) continue;
+    conn *c = &e->conns[s->held[i] - 1];
+    c->released++;
+    s->held[i] = 0;
+    if (c->wait_send >= 0) {
+      schedule(e, c->wait_send, now);
+      c->wait_send = -1;
+    }
+  }
+}
+
+static coll_result fail(engine *e, const char *msg) {
+  snprintf(e->why, e->why_len, "%s", msg);
+  return COLL_ERR_MISMATCH;
+}
+
+/* Rank r at time now: finish its operation if one ended, then run what it can. */
+static coll_result step_rank(engine *e, int r, double now) {
+  rank_state *s = &e->rs[r];
+  const sim_plans *p = e->p;
+  int n = e->n;
+  size_t ns = sim_plans_nsteps(p, r);
+  uint64_t slice = e->m->slot / e->es;
+  if (s->busy) {
+    if (now < s->busy_until) return COLL_OK; /* a stale wake-up; its own event comes */
+    s->busy = false;
+    release(e, r, now);
+  }
+  while (!s->done) {
+    if (s->round >= p->rounds[r]) {
+      s->done = true;
+      if (now > e->res.seconds) e->res.seconds = now;
+      return COLL_OK;
+    }
+    const sim_step *st = sim_plans_step(p, r, s->idx);
+    bool active = s->round >= st->delay && (s->round - st->delay) * slice < st->count;
+    if (!active) {
+      if (++s->idx == ns) s->idx = 0, s->round++;
+      continue;
+    }
+    uint64_t off = (s->round - st->delay) * slice;
+    uint64_t m = st->count - off < slice ? st->count - off : slice;
+    int pin = sim_peer(r, st->din, n), pout = sim_peer(r, st->dout, n);
+    int pin2 = st->kind == COLL_STEP_RECV2_REDUCE_SEND ? sim_peer(r, st->din2, n) : -1;
+    conn *in[2] = {pin >= 0 ? get_conn(e, pin, r) : NULL, pin2 >= 0 ? get_conn(e, pin2, r) : NULL};
+    conn *out = pout >= 0 ? get_conn(e, r, pout) : NULL;
+    for (int q = 0; q < 2; q++) {
+      conn *c = in[q];
+      if (!c) continue;
+      if (c->head == c->tail) { /* nothing posted yet: the post wakes us */
+        c->wait_recv = r;
+        return COLL_OK;
+      }
+      slot *sl = &c->q[c->head % (uint64_t)e->depth];
+      if (sl->t > now) {
+        schedule(e, r, sl->t);
+        return COLL_OK;
+      }
+      if (sl->n != m) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "rank %d step %llu (%s) round %llu expected a slice of %llu "
+                 "elements from rank %d but the next one on that FIFO has %llu: sends and "
+                 "receives do not pair up", r, (unsigned long long)s->idx,
+                 coll_step_name((coll_step_kind)st->kind), (unsigned long long)s->round,
+                 (unsigned long long)m, c->src, (unsigned long long)sl->n);
+        return fail(e, msg);
+      }
+    }
+    if (out && out->tail - out->released >= (uint64_t)e->depth) { /* full: a release wakes us */
+      out->wait_send = r;
+      return COLL_OK;
+    }
+    /* Run it. */
+    const sim_payload *got[2] = {NULL, NULL};
+    for (int q = 0; q < 2; q++)
+      if (in[q]) got[q] = in[q]->q[in[q]->head % (uint64_t)e->depth].pl;
+    sim_payload *sent = NULL;
+    if (e->ck && !sim_check_op(e->ck, r, st, off, m, got, &sent, e->why, e->why_len))
+      return COLL_ERR_MISMATCH;
+    double b = (double)m * (double)e->es;
+    coll_step_kind k = (coll_step_kind)st->kind;
+    double work = (reduces(k) ? (k == COLL_STEP_RECV2_REDUCE_SEND ? 2 : 1) * b * e->m->gamma : 0) +
+                  (keeps(k) ? b * e->m->beta_copy : 0);
+    bool shm_out = out && host_of(e, r) == host_of(e, pout);
+    if (shm_out) work += b * e->m->beta[SIM_SHM];
+    double end = on_core(e, r, now, work);
+    for (int q = 0; q < 2; q++) {
+      if (!in[q]) continue;
+      slot *sl = &in[q]->q[in[q]->head % (uint64_t)e->depth];
+      if (e->ck) sim_payload_free(sl->pl);
+      sl->pl = NULL;
+      in[q]->head++;
+      s->held[q] = (uint32_t)(in[q] - e->conns) + 1;
+    }
+    if (out) {
+      if (!out->q && !(out->q = calloc((size_t)e->depth, sizeof *out->q))) {
+        sim_payload_free(sent);
+        snprintf(e->why, e->why_len, "out of memory for the FIFO of rank %d to %d", r, pout);
+        return COLL_ERR_SYSTEM;
+      }
+      slot *sl = &out->q[out->tail % (uint64_t)e->depth];
+      sl->t = deliver(e, r, pout, end, b);
+      sl->n = m;
+      sl->pl = sent;
+      out->tail++;
+      e->res.messages++;
+      if (out->wait_recv >= 0) {
+        schedule(e, out->wait_recv, sl->t > now ? sl->t : now);
+        out->wait_recv = -1;
+      }
+    } else if (sent) {
+      sim_payload_free(sent);
+    }
+    e->res.ops++;
+    if (++s->idx == ns) s->idx = 0, s->round++;
+    if (end > now) {
+      s->busy = true;
+      s->busy_until = end;
+      schedule(e, r, end);
+      return COLL_OK;
+    }
+    release(e, r, now);
+  }
+  return COLL_OK;
+}
+
+coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_checker *ck,
+                    sim_result *res, char *why, size_t why_len) {
+  engine e = {.p = p, .m = m, .es = es, .ck = ck, .n = p->nranks, .depth = m->depth,
+              .why = why, .why_len = why_len};
+  coll_result rc = COLL_OK;
+  memset(res, 0, sizeof *res);
+  if (m->per_host < 1 || m->depth < 1 || m->slot < es || es == 0 || p->nranks != m->nranks) {
+    snprintf(why, why_len, "the model needs ranks per host >= 1, FIFO depth >= 1, a slot of "
+             "at least one element and the plans' number of ranks");
+    return COLL_ERR_INVALID_ARG;
+  }
+  e.hosts = (e.n + m->per_host - 1) / m->per_host;
+  e.cores = m->cores > 0 ? m->cores : m->per_host;
+  e.rs = calloc((size_t)e.n, sizeof *e.rs);
+  e.heap = malloc(((size_t)e.n + 1) * 2 * sizeof *e.heap);
+  e.core_free = calloc((size_t)e.hosts * (size_t)e.cores, sizeof *e.core_free);
+  e.nic_tx = calloc((size_t)e.hosts, sizeof(double));
+  e.nic_rx = calloc((size_t)e.hosts, sizeof(double));
+  e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
+  if (!e.rs || !e.heap || !e.core_free || !e.nic_tx || !e.nic_rx || !e.nic_busy) goto oom;
+  /* Every FIFO the plans use, from both ends' point of view (a send without its receive
+   * still gets a FIFO: the message is then found unreceived). */
+  for (int r = 0; r < e.n; r++)
+    for (size_t i = 0; i < sim_plans_nsteps(p, r); i++) {
+      const sim_step *st = sim_plans_step(p, r, i);
+      int pin = sim_peer(r, st->din, e.n), pout = sim_peer(r, st->dout, e.n);
+      int pin2 = st->kind == COLL_STEP_RECV2_REDUCE_SEND ? sim_peer(r, st->din2, e.n) : -1;
+      if ((pin >= 0 && !add_conn(&e, pin, r)) || (pin2 >= 0 && !add_conn(&e, pin2, r)) ||
+          (pout >= 0 && !add_conn(&e, r, pout)))
+        goto oom;
+    }
+  for (int r = 0; r < e.n; r++) schedule(&e, r, 0);
+  while (e.nheap && rc == COLL_OK) {
+    event ev = pop(&e);
+    rc = step_rank(&e, ev.r, ev.t);
+    /* A rank has at most one pending event; the heap holds at most 2N (stale ones). */
+    if (e.nheap >= 2 * (size_t)e.n) {
+      /* cannot happen with one event per rank plus wake-ups; guard the array anyway */
+      event *h = realloc(e.heap, (e.nheap + 1) * 2 * sizeof *h);
+      if (!h) goto oom;
+      e.heap = h;
+    }
+  }
+  if (rc == COLL_OK) {
+    int stuck = -1, count = 0;
+    for (int r = 0; r < e.n; r++)
+      if (!e.rs[r].done) {
+        if (stuck < 0) stuck = r;
+        count++;
+      }
+    if (stuck >= 0) {
+      const rank_state *s = &e.rs[stuck];
+      const sim_step *st = sim_plans_step(p, stuck, s->idx);
+      snprintf(why, why_len, "deadlock with FIFOs of %d slots: %d ranks can never finish; "
+               "rank %d waits in round %llu at step %llu (%s, from %d to %d)", e.depth, count,
+               stuck, (unsigned long long)s->round, (unsigned long long)s->idx,
+               coll_step_name((coll_step_kind)st->kind), sim_peer(stuck, st->din, e.n),
+               sim_peer(stuck, st->dout, e.n));
+      rc = COLL_ERR_MISMATCH;
+    }
+  }
+  for (size_t i = 0; rc == COLL_OK && i < e.nconns; i++)
+    if (e.conns[i].head != e.conns[i].tail) {
+      snprintf(why, why_len, "rank %d sent %llu slices to rank %d that it never received",
+               e.conns[i].src, (unsigned long long)(e.conns[i].tail - e.conns[i].head),
+               e.conns[i].dst);
+      rc = COLL_ERR_MISMATCH;
+    }
+  for (int h = 0; h < 2 * e.hosts; h++)
+    if (e.nic_busy[h] > e.res.busiest_nic) e.res.busiest_nic = e.nic_busy[h];
+  *res = e.res;
+  goto out;
+oom:
+  snprintf(why, why_len, "out of memory simulating %d ranks", e.n);
+  rc = COLL_ERR_SYSTEM;
+out:
+  for (size_t i = 0; i < e.nconns; i++) {
+    if (e.conns[i].q && ck)
+      for (int k = 0; k < e.depth; k++) sim_payload_free(e.conns[i].q[k].pl);
+    free(e.conns[i].q);
+  }
+  free(e.conns);
+  free(e.ckeys);
+  free(e.cval);
+  free(e.rs);
+  free(e.heap);
+  free(e.core_free);
+  free(e.nic_tx);
+  free(e.nic_rx);
+  free(e.nic_busy);
+  return rc;
+}
+
+/* ---- conveniences ------------------------------------------------------------------- */
+
+void sim_validation_case(coll_coll_kind c, coll_algo a, int n, size_t *count, size_t *slice) {
+  bool small = n <= 64;
+  bool rooted = c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE;
+  if (c == COLL_COLL_ALL_REDUCE || rooted) {
+    *count = 2 * (size_t)n + 3; /* ring chunks of 2 and 3 elements */
+    if (a == COLL_ALGO_RING && !rooted) *slice = small ? 2 : 3;
+    else *slice = *count / (small ? 16 : 4) + 1; /* whole-vector steps: a few slices */
+  } else {
+    *count = 3; /* blocks (per rank) */
+    *slice = small ? 2 : 3;
+  }
+}
+
+double sim_call_bytes(const sim_call *c, int n) {
+  double b = (double)c->count * (double)c->es;
+  switch (c->coll) {
+  case COLL_COLL_ALL_GATHER:
+  case COLL_COLL_REDUCE_SCATTER:
+  case COLL_COLL_GATHER:
+  case COLL_COLL_SCATTER:
+  case COLL_COLL_ALL_TO_ALL: return b * n;
+  default: return b;
+  }
+}
+
+size_t sim_count_for(coll_coll_kind c, double bytes, size_t es, int n) {
+  double e = bytes / (double)es;
+  switch (c) {
+  case COLL_COLL_ALL_GATHER:
+  case COLL_COLL_REDUCE_SCATTER:
+  case COLL_COLL_GATHER:
+  case COLL_COLL_SCATTER:
+  case COLL_COLL_ALL_TO_ALL: e /= n; break;
+  default: break;
+  }
+  return (size_t)floor(e);
+}
+
+double sim_bus_factor(coll_coll_kind c, int n) {
+  switch (c) {
+  case COLL_COLL_ALL_REDUCE: return 2.0 * (n - 1) / n;
+  case COLL_COLL_ALL_GATHER:
+  case COLL_COLL_REDUCE_SCATTER:
+  case COLL_COLL_ALL_TO_ALL:
+  case COLL_COLL_GATHER:
+  case COLL_COLL_SCATTER: return (double)(n - 1) / n;
+  default: return 1.0;
+  }
+}
+
+coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check, sim_edit_fn edit,
+                         void *edit_ctx, sim_result *res, char *why, size_t why_len) {
+  sim_plans p;
+  size_t slice = m->slot / (call->es ? call->es : 1);
+  coll_result rc = sim_plans_build(&p, m->nranks, call, slice ? slice : 1, edit, edit_ctx, why,
+                                   why_len);
+  if (rc != COLL_OK) return rc;
+  sim_checker *ck = NULL;
+  if (check && !(ck = sim_check_new(m->nranks, call))) {
+    sim_plans_free(&p);
+    snprintf(why, why_len, "out of memory for the checker of %d ranks", m->nranks);
+    return COLL_ERR_SYSTEM;
+  }
+  rc = sim_run(&p, m, call->es, ck, res, why, why_len);
+  if (rc == COLL_OK && ck && !sim_check_final(ck, why, why_len)) rc = COLL_ERR_MISMATCH;
+  sim_check_free(ck);
+  sim_plans_free(&p);
+  return rc;
+}

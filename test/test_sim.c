@@ -1,0 +1,196 @@
+/* test_sim.c — the scale simulator (bench/sim_*.c, the tool bench/coll-sim.c) checked:
+ *
+ *   - every plan's invariants at N up to 4096 (pairing, no deadlock with FIFOs of 4
+ *     slots, every contribution exactly once / every block in place), through the same
+ *     symbolic run coll-sim --validate does;
+ *   - its timing against the closed forms it must reproduce: a ring all-reduce on one
+ *     kind of link, no contention, γ = 0, is 2(N-1)·(k·α + n/N·β) with k slices per
+ *     chunk (ring.c's 2(N-1)·α + 2(N-1)/N·n·β when k = 1);
+ *   - that it catches broken plans: a send dropped, a receive dropped, a chunk taken
+ *     from the wrong offset, a division done twice.
+ * Deterministic (no clock, no randomness beyond fixed seeds), bounded, no processes.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "../bench/sim.h"
+
+static void must_pass(coll_coll_kind c, coll_algo a, int n, int in_place, int root) {
+  size_t count, slice;
+  sim_validation_case(c, a, n, &count, &slice);
+  sim_call call = {.coll = c, .algo = a, .count = count, .es = 1, .root = root,
+                   .in_place = in_place};
+  sim_model m = {.nranks = n, .per_host = n, .slot = slice, .depth = 4};
+  sim_result res;
+  char why[512] = "";
+  coll_result rc = sim_call_run(&m, &call, true, NULL, NULL, &res, why, sizeof why);
+  cr_assert_eq(rc, COLL_OK, "%s/%s N=%d in_place=%d root=%d: %s", coll_algo_name(a),
+               coll_coll_name(c), n, in_place, root, why);
+  cr_assert_gt(res.messages, 0);
+}
+
+static const coll_coll_kind colls[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_ALL_GATHER,
+                                       COLL_COLL_REDUCE_SCATTER, COLL_COLL_BROADCAST,
+                                       COLL_COLL_REDUCE, COLL_COLL_ALL_TO_ALL,
+                                       COLL_COLL_GATHER, COLL_COLL_SCATTER};
+
+Test(sim, every_plan_small_n) {
+  const int ns[] = {2, 3, 4, 5, 7, 8, 13, 16, 17, 33, 64};
+  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+    for (size_t c = 0; c < sizeof colls / sizeof *colls; c++)
+      for (int a = 1; a < COLL_NUM_ALGOS; a++) {
+        if (!coll_algo_has_plan((coll_algo)a) || !coll_algo_serves((coll_algo)a, colls[c], ns[i]))
+          continue;
+        for (int ip = 0; ip < 2; ip++) {
+          must_pass(colls[c], (coll_algo)a, ns[i], ip, 0);
+          must_pass(colls[c], (coll_algo)a, ns[i], ip, ns[i] - 1);
+        }
+      }
+}
+
+Test(sim, every_plan_1024, .timeout = 120) {
+  for (size_t c = 0; c < sizeof colls / sizeof *colls; c++)
+    for (int a = 1; a < COLL_NUM_ALGOS; a++)
+      if (coll_algo_has_plan((coll_algo)a) && coll_algo_serves((coll_algo)a, colls[c], 1024) &&
+          colls[c] != COLL_COLL_ALL_TO_ALL) /* pairwise: N^2 FIFOs; checked up to 64 above */
+        must_pass(colls[c], (coll_algo)a, 1024, 0, 1000);
+}
+
+/* 4096 ranks: the ring's 33.5 million steps of all-reduce, its all-gather and
+ * reduce-scatter, the trees and recursive doubling's all-reduce. */
+Test(sim, plans_at_4096, .timeout = 240) {
+  must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RING, 4096, 0, 0);
+  must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_TREE, 4096, 1, 0);
+  must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RD, 4096, 0, 0);
+  must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RHD, 4096, 0, 0);
+  must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RHD, 4095, 0, 0);
+  must_pass(COLL_COLL_ALL_GATHER, COLL_ALGO_RING, 4096, 1, 0);
+  must_pass(COLL_COLL_REDUCE_SCATTER, COLL_ALGO_RING, 4096, 0, 0);
+  must_pass(COLL_COLL_BROADCAST, COLL_ALGO_TREE, 4096, 0, 4000);
+  must_pass(COLL_COLL_REDUCE, COLL_ALGO_TREE, 4095, 0, 17);
+  must_pass(COLL_COLL_GATHER, COLL_ALGO_LINEAR, 4096, 0, 5);
+}
+
+/* ---- timing against closed forms ---------------------------------------------------- */
+
+static double ring_time(int n, int per_host, size_t count, size_t slot, double *alpha,
+                        double *beta) {
+  sim_model m = {.nranks = n, .per_host = per_host, .slot = slot, .depth = 8};
+  m.alpha[SIM_SHM] = 1e-6, m.beta[SIM_SHM] = 1.0 / 5e9;
+  m.alpha[SIM_NET] = 8e-6, m.beta[SIM_NET] = 1.0 / 12.5e9;
+  int kind = per_host == 1 ? SIM_NET : SIM_SHM;
+  *alpha = m.alpha[kind], *beta = m.beta[kind];
+  sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = count, .es = 4};
+  sim_result res;
+  char why[512];
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why), COLL_OK, "%s", why);
+  return res.seconds;
+}
+
+Test(sim, ring_matches_closed_form) {
+  const int ns[] = {2, 3, 8, 64, 512};
+  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+    for (int net = 0; net < 2; net++) {
+      int n = ns[i];
+      double a, b;
+      /* One slice per chunk: n/N bytes = 4000 B < 64 KiB. */
+      size_t count = (size_t)n * 1000;
+      double t = ring_time(n, net ? 1 : n, count, 65536, &a, &b);
+      double bytes = 4.0 * (double)count;
+      double want = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * bytes * b;
+      cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d %s: simulated %.6g s, closed form %.6g s",
+                n, net ? "net" : "shm", t, want);
+      /* Chunks of k = 4 slices: each round is a wave of 2(N-1) hops. */
+      count = (size_t)n * 65536; /* chunk 256 KiB = 4 slices */
+      t = ring_time(n, net ? 1 : n, count, 65536, &a, &b);
+      bytes = 4.0 * (double)count;
+      want = 2.0 * (n - 1) * (4 * a + bytes / n * b);
+      cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d %s k=4: simulated %.6g s, formula %.6g s",
+                n, net ? "net" : "shm", t, want);
+    }
+}
+
+/* Two ranks per host behind one NIC: the inter-host ring flows share it, so the ring
+ * that crosses hosts at every hop (per_host = 1) and the one that crosses at every
+ * second hop take the same bandwidth time per round: the NIC is not the bottleneck
+ * twice.  And 8 ranks on one host with 2 cores take longer than with 8. */
+Test(sim, shared_resources) {
+  sim_model m = {.nranks = 8, .per_host = 2, .slot = 65536, .depth = 8};
+  m.alpha[SIM_SHM] = 0, m.beta[SIM_SHM] = 0, m.alpha[SIM_NET] = 0, m.beta[SIM_NET] = 1e-9;
+  sim_call call = {.coll = COLL_COLL_ALL_GATHER, .algo = COLL_ALGO_RING, .count = 16384, .es = 4};
+  sim_result r1, r2;
+  char why[512];
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r1, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert(r1.seconds > 0 && r1.net_bytes > 0);
+  /* All-to-all: both ranks of a host send across it at once: twice the NIC time of one. */
+  call.coll = COLL_COLL_ALL_TO_ALL, call.algo = COLL_ALGO_PAIRWISE, call.count = 16384;
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r2, why, sizeof why), COLL_OK, "%s", why);
+  /* each host sends 2 ranks x 6 remote blocks x 64 KiB through one NIC */
+  double nic = 2 * 6 * 65536.0 * 1e-9;
+  cr_assert(fabs(r2.busiest_nic - nic) < 1e-12, "busiest NIC %.9g s, want %.9g", r2.busiest_nic, nic);
+  cr_assert(r2.seconds >= nic - 1e-12);
+
+  sim_model c = {.nranks = 8, .per_host = 8, .cores = 8, .slot = 65536, .depth = 8};
+  c.alpha[SIM_SHM] = 1e-6, c.beta[SIM_SHM] = 1.0 / 5e9, c.gamma = 1.0 / 10e9;
+  call = (sim_call){.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = 1 << 20, .es = 4};
+  cr_assert_eq(sim_call_run(&c, &call, false, NULL, NULL, &r1, why, sizeof why), COLL_OK, "%s", why);
+  c.cores = 2;
+  cr_assert_eq(sim_call_run(&c, &call, false, NULL, NULL, &r2, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert(r2.seconds > 2 * r1.seconds, "2 cores %.3g s, 8 cores %.3g s", r2.seconds, r1.seconds);
+}
+
+/* ---- broken plans are caught ------------------------------------------------------- */
+
+typedef struct {
+  int rank, what; /* what: 0 drop the first send, 1 the first receive, 2 shift a source */
+} breakage;
+
+static void break_plan(int rank, coll_step *st, size_t *n, void *ctx) {
+  const breakage *b = ctx;
+  if (rank != b->rank) return;
+  for (size_t i = 0; i < *n; i++) {
+    coll_step *s = &st[i];
+    bool sends = s->peer_out >= 0 && s->peer_in < 0;
+    bool recvs = s->kind == COLL_STEP_RECV;
+    if ((b->what == 0 && sends) || (b->what == 1 && recvs)) { /* drop it */
+      memmove(s, s + 1, (*n - i - 1) * sizeof *s);
+      (*n)--;
+      return;
+    }
+    if (b->what == 2 && s->kind == COLL_STEP_RECV_REDUCE_SEND && s->src_off > 0) {
+      s->src_off -= 1; /* its own contribution from the element before */
+      return;
+    }
+  }
+}
+
+static coll_result run_broken(int n, coll_algo a, breakage b, char *why, size_t len) {
+  size_t count, slice;
+  sim_validation_case(COLL_COLL_ALL_REDUCE, a, n, &count, &slice);
+  sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = a, .count = count, .es = 1};
+  sim_model m = {.nranks = n, .per_host = n, .slot = slice, .depth = 4};
+  sim_result res;
+  return sim_call_run(&m, &call, true, break_plan, &b, &res, why, len);
+}
+
+Test(sim, broken_plans_are_caught, .timeout = 120) {
+  const int ns[] = {4, 7, 4096};
+  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+    char why[512] = "";
+    int n = ns[i];
+    cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){1, 0}, why, sizeof why), COLL_ERR_MISMATCH,
+                 "N=%d: a dropped send went unnoticed", n);
+    cr_assert(strstr(why, "deadlock") || strstr(why, "pair"), "N=%d: %s", n, why);
+    if (n > 64) continue;
+    cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){2, 1}, why, sizeof why), COLL_ERR_MISMATCH,
+                 "N=%d: a dropped receive went unnoticed", n);
+    cr_assert(strstr(why, "never received") || strstr(why, "pair") || strstr(why, "deadlock"),
+              "N=%d: %s", n, why);
+    cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){n - 1, 2}, why, sizeof why),
+                 COLL_ERR_MISMATCH, "N=%d: a contribution from the wrong element went unnoticed", n);
+    cr_assert(strstr(why, "exactly once"), "N=%d: %s", n, why);
+    cr_assert_eq(run_broken(n, COLL_ALGO_TREE, (breakage){1, 0}, why, sizeof why), COLL_ERR_MISMATCH,
+                 "N=%d: a tree leaf without its first send went unnoticed", n);
+  }
+}
