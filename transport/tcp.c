@@ -65,6 +65,8 @@
 #define TCP_GOODBYE 0xffffffffu
 #define TCP_IDLE_POLL_MS 1000
 #define TCP_DRAIN_MS 10000
+#define PENDING 32       /* accepted sockets waiting for their hello */
+#define HELLO_MS 10000   /* ...for at most this long */
 
 typedef struct {
   _Alignas(64) _Atomic uint32_t tail; /* slices filled (sender: by the executor) */
@@ -124,6 +126,16 @@ typedef struct tcp_ctx {
   tcp_peer **peers; /* by rank; NULL until the peer is first used */
   int *order;       /* ranks of tcp peers, in the order they were added */
   _Atomic int npeers; /* order[0..npeers) are stable once published */
+  /* Accepted sockets whose hello has not arrived yet (the dialer may be descheduled
+   * between its connect and its hello when ranks outnumber cores): read as it comes,
+   * dropped after HELLO_MS.  While all PENDING slots are taken the listener waits. */
+  struct {
+    int fd;
+    uint32_t got;
+    uint64_t deadline;
+    uint8_t buf[TCP_HELLO_BYTES];
+  } pend[PENDING];
+  int npend;
   int pfd_cap;
   struct pollfd *pfds;
   tcp_sock **pfd_sock;
@@ -288,24 +300,6 @@ static bool write_until(int fd, const void *buf, size_t len, uint64_t deadline) 
   return true;
 }
 
-static bool read_until(int fd, void *buf, size_t len, uint64_t deadline) {
-  uint8_t *p = buf;
-  while (len) {
-    ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= (size_t)n;
-      continue;
-    }
-    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
-    uint64_t now = coll_now_ns();
-    if (now >= deadline) return false;
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    uint64_t left = (deadline - now) / 1000000u + 1;
-    poll(&pf, 1, left > 100 ? 100 : (int)left);
-  }
-  return true;
-}
 
 static uint64_t setup_deadline(struct coll_comm *comm) {
   int ms = comm->timeout_ms > 0 ? comm->timeout_ms : 600000;
@@ -570,7 +564,7 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
  * pollfds, or -1 when out of memory. */
 static int build_poll(tcp_ctx *ctx) {
   int np = atomic_load_explicit(&ctx->npeers, memory_order_acquire);
-  int need = 2 * np * ctx->nsocks + 2;
+  int need = 2 * np * ctx->nsocks + PENDING + 2;
   if (need > ctx->pfd_cap) {
     int cap = need * 2;
     struct pollfd *a = realloc(ctx->pfds, (size_t)cap * sizeof *a);
@@ -607,35 +601,64 @@ static int build_poll(tcp_ctx *ctx) {
       }
     }
   }
-  ctx->pfds[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+  for (int i = 0; i < ctx->npend; i++) {
+    ctx->pfds[n] = (struct pollfd){.fd = ctx->pend[i].fd, .events = POLLIN};
+    ctx->pfd_sock[n] = NULL; /* a hello, not a peer's socket */
+    ctx->pfd_peer[n] = NULL;
+    n++;
+  }
+  ctx->pfds[n++] = (struct pollfd){.fd = ctx->npend < PENDING ? ctx->listen_fd : -1,
+                                   .events = POLLIN};
   ctx->pfds[n++] = (struct pollfd){.fd = ctx->evfd, .events = POLLIN};
   return n;
 }
 
-/* Takes the connections waiting on the listener: each must present the hello of a rank
- * of this communicator within 200 ms (a peer sends it right after connecting), and
- * becomes in socket k of that rank's entry. */
+/* Takes the connections waiting on the listener (as many as there are free PENDING
+ * slots) and reads the hellos that have arrived.  A hello of a rank of this
+ * communicator makes its socket in socket k of that rank's entry; anything else, or
+ * nothing within HELLO_MS, is dropped. */
 static void accept_peers(tcp_ctx *ctx) {
   struct coll_comm *comm = ctx->comm;
-  for (;;) {
+  while (ctx->npend < PENDING) {
     int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
-    uint8_t hello[TCP_HELLO_BYTES];
-    bool ok = read_until(fd, hello, sizeof hello, coll_now_ns() + 200000000ull);
-    uint8_t diff = 0;
-    for (int i = 0; ok && i < COLL_SECRET_BYTES; i++) diff |= (uint8_t)(hello[4 + i] ^ comm->secret[i]);
-    uint32_t from = ok ? coll_get32(hello + 20) : 0, k = ok ? coll_get32(hello + 24) : 0;
+    if (fd < 0) break;
+    ctx->pend[ctx->npend].fd = fd;
+    ctx->pend[ctx->npend].got = 0;
+    ctx->pend[ctx->npend].deadline = coll_now_ns() + HELLO_MS * 1000000ull;
+    ctx->npend++;
+  }
+  uint64_t now = coll_now_ns();
+  for (int i = 0; i < ctx->npend;) {
+    __typeof__(ctx->pend[0]) *h = &ctx->pend[i];
+    ssize_t k = recv(h->fd, h->buf + h->got, TCP_HELLO_BYTES - h->got, MSG_DONTWAIT);
+    if (k > 0) h->got += (uint32_t)k;
+    bool done = h->got == TCP_HELLO_BYTES;
+    bool gone = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+                now > h->deadline;
+    if (!done && !gone) {
+      i++;
+      continue;
+    }
+    int fd = h->fd;
     tcp_peer *p = NULL;
-    if (ok && !diff && coll_get32(hello) == TCP_HELLO_MAGIC && from < (uint32_t)comm->nranks &&
-        (int)from != comm->rank && k < (uint32_t)ctx->nsocks)
-      p = peer_entry(ctx, (int)from);
-    if (!p || p->in[k].fd >= 0) {
+    uint32_t from = 0, sk = 0;
+    if (done) {
+      uint8_t diff = 0;
+      for (int j = 0; j < COLL_SECRET_BYTES; j++) diff |= (uint8_t)(h->buf[4 + j] ^ comm->secret[j]);
+      from = coll_get32(h->buf + 20);
+      sk = coll_get32(h->buf + 24);
+      if (!diff && coll_get32(h->buf) == TCP_HELLO_MAGIC && from < (uint32_t)comm->nranks &&
+          (int)from != comm->rank && sk < (uint32_t)ctx->nsocks)
+        p = peer_entry(ctx, (int)from);
+    }
+    ctx->pend[i] = ctx->pend[--ctx->npend]; /* this slot is free either way */
+    if (!p || p->in[sk].fd >= 0) {
       COLL_INFO(comm->rank, "tcp: dropped a connection that did not present a valid hello");
       close(fd);
       continue;
     }
     tune_socket(fd);
-    p->in[k].fd = fd;
+    p->in[sk].fd = fd;
   }
 }
 
@@ -688,11 +711,11 @@ static void *proxy_main(void *arg) {
       uint64_t v;
       if (read(ctx->evfd, &v, sizeof v) < 0) { /* nothing to drain */ }
     }
-    if (rc > 0 && (ctx->pfds[n - 2].revents & POLLIN)) accept_peers(ctx);
+    if (ctx->npend || (rc > 0 && (ctx->pfds[n - 2].revents & POLLIN))) accept_peers(ctx);
     /* A hang-up or error with nothing to read shows up as POLLHUP/POLLERR only. */
     for (int i = 0; rc > 0 && i < n - 2; i++)
-      if ((ctx->pfds[i].revents & (POLLHUP | POLLERR)) && !(ctx->pfds[i].events & POLLIN) &&
-          !ctx->pfd_sock[i]->said_goodbye) {
+      if (ctx->pfd_sock[i] && (ctx->pfds[i].revents & (POLLHUP | POLLERR)) &&
+          !(ctx->pfds[i].events & POLLIN) && !ctx->pfd_sock[i]->said_goodbye) {
         int e = 0;
         socklen_t el = sizeof e;
         getsockopt(ctx->pfds[i].fd, SOL_SOCKET, SO_ERROR, &e, &el);
@@ -823,6 +846,7 @@ static void tcp_close(struct coll_comm *comm, void *vctx) {
   }
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
   if (ctx->evfd >= 0) close(ctx->evfd);
+  for (int i = 0; i < ctx->npend; i++) close(ctx->pend[i].fd);
   if (ctx->peers) {
     int np = atomic_load(&ctx->npeers);
     for (int i = 0; i < np; i++) {

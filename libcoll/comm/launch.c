@@ -29,6 +29,9 @@
 #include "coll_launch.h"
 #include "internal.h"
 
+#define PIDFD_RANKS 256 /* ranks watched by a pidfd each */
+#define POLL_MS 50       /* otherwise: how often the parent looks for ended ranks */
+
 static coll_unique_id launched_id;
 
 coll_unique_id coll_launch_unique_id(void) { return launched_id; }
@@ -125,6 +128,10 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
     pid_t pid = fork();
     if (pid == 0) {
       coll_bootstrap_root_forget(root);
+      /* The parent's watches on the ranks forked before this one are not this rank's:
+       * with a thousand ranks they would be most of its descriptors. */
+      for (int o = 0; o < r; o++)
+        if (pfs[o].fd >= 0) close(pfs[o].fd);
       bind_rank(r, nranks);
       char buf[16];
       snprintf(buf, sizeof buf, "%d", r);
@@ -156,7 +163,10 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
       break;
     }
     pids[r] = pid;
-    pfs[r] = (struct pollfd){.fd = pidfd_open_(pid), .events = POLLIN};
+    /* A pidfd per rank wakes the wait below at once when a rank ends; past PIDFD_RANKS
+     * the parent would spend the descriptors the bootstrap root (in this process)
+     * needs, so larger jobs are polled every POLL_MS instead. */
+    pfs[r] = (struct pollfd){.fd = nranks <= PIDFD_RANKS ? pidfd_open_(pid) : -1, .events = POLLIN};
     alive++;
   }
   if (status == 0) {
@@ -174,7 +184,7 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
   if (killed)
     for (int r = 0; r < nranks; r++) if (pids[r] > 0) kill(pids[r], SIGKILL);
   while (alive > 0) {
-    int wait_ms = 1000;
+    int wait_ms = nranks <= PIDFD_RANKS ? 1000 : POLL_MS;
     if (end && !killed) {
       uint64_t now = coll_now_ns();
       if (now >= end) {
@@ -185,8 +195,8 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
         for (int r = 0; r < nranks; r++) if (pids[r] > 0) kill(pids[r], SIGKILL);
         killed = true;
       } else {
-        wait_ms = (int)((end - now) / 1000000u) + 1;
-        if (wait_ms > 1000) wait_ms = 1000;
+        int left = (int)((end - now) / 1000000u) + 1;
+        if (left < wait_ms) wait_ms = left;
       }
     }
     poll(pfs, (nfds_t)nranks, wait_ms);

@@ -5,8 +5,8 @@
  * becomes the listener's prev.  COLL_HELLO_NOTE: a message from the bootstrap root
  * (bootstrap.c).  Frame: u32 kind, u32 a, u32 len, then len bytes (<= COLL_LINK_FRAME_MAX).
  *
- * Must never: read a length before bounding it, wait on a stranger for more than a
- * second, or compare the secret in time that depends on where it differs.
+ * Must never: read a length before bounding it, wait on a stranger for more than
+ * STRANGER_MS, or compare the secret in time that depends on where it differs.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -17,7 +17,7 @@
 #include "internal.h"
 #include "ring_link.h"
 
-#define STRANGER_MS 1000
+#define STRANGER_MS 5000 /* a dialler descheduled between connect and hello (ranks >> cores) */
 
 void coll_ring_link_init(coll_ring_link *l, uint32_t magic, const uint8_t secret[16], int rank,
                          int nranks) {

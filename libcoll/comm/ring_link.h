@@ -65,7 +65,7 @@ int coll_link_dial(const coll_ring_link *l, const struct sockaddr_storage *to, s
                    uint32_t kind, uint32_t a, const void *note, uint32_t note_len,
                    uint64_t deadline_ns, char *why, size_t why_len);
 /* Accepts one connection on the listener and reads its hello (bounded by `deadline_ns`
- * and by one second for a stranger).  Returns the socket, or -1 when nothing valid
+ * and by five seconds for a stranger).  Returns the socket, or -1 when nothing valid
  * arrived (a stranger was dropped, or nothing was pending). */
 int coll_link_accept(const coll_ring_link *l, coll_link_hello *h, uint64_t deadline_ns);
 
