@@ -771,11 +771,13 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
   int err = 0;
   b->tx.off = b->tx.len = 0;
   while (sent < n - 1 || got < n - 1 || !coll_frame_idle(&b->tx)) {
-    /* The next frame to send: block me - sent, once it is here. */
-    if (coll_frame_idle(&b->tx) && sent < n - 1 && sent <= got) {
+    /* Queue every frame that can go: frame k carries block me - k, which is here once
+     * k <= got.  Several go out in one send when several are ready. */
+    while (sent < n - 1 && sent <= got) {
       int blk = (me - sent + n) % n;
-      coll_frame_start(&b->tx, BOOT_FRAME_DATA, (uint32_t)blk, (uint8_t *)all + (size_t)blk * len,
-                       (uint32_t)len);
+      if (!coll_frame_append(&b->tx, BOOT_FRAME_DATA, (uint32_t)blk,
+                             (uint8_t *)all + (size_t)blk * len, (uint32_t)len))
+        break;
       sent++;
     }
     if (!coll_frame_idle(&b->tx)) {
@@ -795,8 +797,10 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
       return fail_ring(comm, b, COLL_ERR_TIMEOUT, "rank %d: bootstrap: a round did not complete "
                        "within %d ms (waiting on rank %d)", me, b->timeout_ms,
                        got < n - 1 ? prev : next);
-    poll(pf, 3, 100);
-    if (pf[0].revents) {
+    /* Frames already staged (read with an earlier round's) need no wait. */
+    bool staged = got < n - 1 && b->rx_prev.soff < b->rx_prev.slen;
+    poll(pf, 3, staged ? 0 : 100);
+    if (pf[0].revents || staged) {
       for (;;) {
         int k = coll_frame_read(b->link.prev_fd, &b->rx_prev, &err);
         if (k == 0) break;

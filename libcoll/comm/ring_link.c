@@ -106,25 +106,35 @@ int coll_link_accept(const coll_ring_link *l, coll_link_hello *h, uint64_t deadl
 
 int coll_frame_read(int fd, coll_frame_rx *rx, int *err) {
   for (;;) {
-    ssize_t n;
+    if (rx->soff == rx->slen) { /* the stage is empty: one recv for whatever has come */
+      ssize_t n = recv(fd, rx->stage, sizeof rx->stage, MSG_DONTWAIT);
+      if (n == 0 && !(rx->got >= 12 && rx->len == rx->got - 12)) {
+        *err = 0;
+        return -1;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          if (rx->got >= 12 && rx->len == rx->got - 12) goto complete; /* empty frame */
+          return 0;
+        }
+        *err = errno;
+        return -1;
+      }
+      rx->soff = 0;
+      rx->slen = (uint32_t)(n > 0 ? n : 0);
+    }
+    uint32_t avail = rx->slen - rx->soff, take;
     if (rx->got < 12) {
-      n = recv(fd, rx->hdr + rx->got, 12 - rx->got, MSG_DONTWAIT);
+      take = 12 - rx->got < avail ? 12 - rx->got : avail;
+      memcpy(rx->hdr + rx->got, rx->stage + rx->soff, take);
     } else {
       uint32_t want = rx->len - (rx->got - 12);
-      if (want == 0) n = 0; /* a frame with no bytes: complete below */
-      else n = recv(fd, rx->data + (rx->got - 12), want, MSG_DONTWAIT);
+      take = want < avail ? want : avail;
+      memcpy(rx->data + (rx->got - 12), rx->stage + rx->soff, take);
     }
-    if (n == 0 && !(rx->got >= 12 && rx->len == rx->got - 12)) {
-      *err = 0;
-      return -1;
-    }
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-      *err = errno;
-      return -1;
-    }
-    rx->got += (uint32_t)n;
-    if (rx->got == 12 && n > 0) {
+    rx->soff += take;
+    rx->got += take;
+    if (rx->got == 12 && take > 0 && rx->got - take < 12) {
       rx->kind = coll_get32(rx->hdr);
       rx->a = coll_get32(rx->hdr + 4);
       rx->len = coll_get32(rx->hdr + 8);
@@ -133,6 +143,7 @@ int coll_frame_read(int fd, coll_frame_rx *rx, int *err) {
         return -1;
       }
     }
+  complete:
     if (rx->got >= 12 && rx->got - 12 == rx->len) {
       rx->got = 0;
       return 1;
@@ -142,13 +153,21 @@ int coll_frame_read(int fd, coll_frame_rx *rx, int *err) {
 
 void coll_frame_start(coll_frame_tx *tx, uint32_t kind, uint32_t a, const void *data,
                       uint32_t len) {
-  if (len > COLL_LINK_FRAME_MAX) len = COLL_LINK_FRAME_MAX;
-  coll_put32(tx->buf, kind);
-  coll_put32(tx->buf + 4, a);
-  coll_put32(tx->buf + 8, len);
-  if (len) memcpy(tx->buf + 12, data, len);
-  tx->len = 12 + len;
-  tx->off = 0;
+  tx->len = tx->off = 0;
+  coll_frame_append(tx, kind, a, data, len > COLL_LINK_FRAME_MAX ? COLL_LINK_FRAME_MAX : len);
+}
+
+bool coll_frame_append(coll_frame_tx *tx, uint32_t kind, uint32_t a, const void *data,
+                       uint32_t len) {
+  if (tx->off == tx->len) tx->off = tx->len = 0; /* everything before went out */
+  if (len > COLL_LINK_FRAME_MAX || tx->len + 12 + len > sizeof tx->buf) return false;
+  uint8_t *p = tx->buf + tx->len;
+  coll_put32(p, kind);
+  coll_put32(p + 4, a);
+  coll_put32(p + 8, len);
+  if (len) memcpy(p + 12, data, len);
+  tx->len += 12 + len;
+  return true;
 }
 
 int coll_frame_write(int fd, coll_frame_tx *tx, int *err) {

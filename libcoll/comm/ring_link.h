@@ -23,6 +23,7 @@
 #define COLL_LINK_NOTE_MAX 512     /* bytes a hello may carry */
 #define COLL_LINK_FRAME_MAX 4096   /* bytes a frame may carry */
 #define COLL_LINK_HELLO_BYTES 32
+#define COLL_LINK_STAGE 16384      /* bytes one recv or send moves at most */
 
 enum { COLL_HELLO_RING = 1, COLL_HELLO_NOTE = 2 };
 
@@ -40,18 +41,25 @@ typedef struct {
   uint8_t note[COLL_LINK_NOTE_MAX];
 } coll_link_hello;
 
-/* Incoming frames on one link, byte by byte as they arrive. */
+/* Incoming frames on one link.  One recv takes up to COLL_LINK_STAGE bytes, so a rank
+ * that was descheduled while frames piled up reads them all in one system call (in a
+ * ring all-gather of N ranks a rank receives N-1 frames a round: with a thousand ranks
+ * on a few cores, one call per frame was most of init). */
 typedef struct {
   uint8_t hdr[12];
   uint32_t got, kind, a, len;
   uint8_t data[COLL_LINK_FRAME_MAX];
+  uint8_t stage[COLL_LINK_STAGE];
+  uint32_t slen, soff; /* stage[soff..slen) not parsed yet */
 } coll_frame_rx;
 
-/* Outgoing bytes of one frame being written. */
+/* Outgoing frames being written: several may be queued (coll_frame_append) and go out
+ * in one send. */
 typedef struct {
-  uint8_t buf[12 + COLL_LINK_FRAME_MAX];
+  uint8_t buf[COLL_LINK_STAGE];
   uint32_t len, off;
 } coll_frame_tx;
+_Static_assert(COLL_LINK_STAGE >= 12 + COLL_LINK_FRAME_MAX, "a frame fits the stage");
 
 void coll_ring_link_init(coll_ring_link *l, uint32_t magic, const uint8_t secret[16], int rank,
                          int nranks);
@@ -77,7 +85,10 @@ int coll_frame_read(int fd, coll_frame_rx *rx, int *err);
 /* Starts a frame in tx (which must be idle: tx->off == tx->len). */
 void coll_frame_start(coll_frame_tx *tx, uint32_t kind, uint32_t a, const void *data,
                       uint32_t len);
-/* Writes what fits.  1: the frame is out; 0: not yet; -1: the link failed (*err). */
+/* Queues one more frame behind those in tx; false when it does not fit now. */
+bool coll_frame_append(coll_frame_tx *tx, uint32_t kind, uint32_t a, const void *data,
+                       uint32_t len);
+/* Writes what fits.  1: every queued frame is out; 0: not yet; -1: the link failed (*err). */
 int coll_frame_write(int fd, coll_frame_tx *tx, int *err);
 static inline bool coll_frame_idle(const coll_frame_tx *tx) { return tx->off == tx->len; }
 
