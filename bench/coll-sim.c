@@ -63,15 +63,15 @@ static void usage(void) {
       "      --cpu-model       price the executor's CPU work as its passes over memory\n"
       "                        (bench/sim_cpu.c), with this host's fitted figures below\n"
       "                        unless given; off: the plain alpha-beta-gamma model\n"
-      "      --copy-ns C,M     memcpy, ns per byte in cache, from memory (0.025,0.11)\n"
-      "      --nt-ns C,M       non-temporal copy, the same (0.035,0.088)\n"
-      "      --reduce-ns C,M   reduction kernel, the same (0.035,0.18)\n"
-      "      --slot-in-ns C,M  a copy out of a slot the peer wrote (0.025,0.08)\n"
-      "      --slot-out-ns C,M a copy into a slot the peer last read (0.07,0.105)\n"
-      "      --cache MIB       last-level cache per host (32)\n"
-      "      --op-us US        CPU per slice operation (CPU model; default fitted)\n"
-      "      --call-us US      per call outside the slices (CPU model; default fitted)\n"
-      "      --switch-us US    CPU per operation when ranks outnumber cores (fitted)\n"
+      "      --copy-ns C,M     memcpy, ns per byte in cache, from memory (0.020,0.11)\n"
+      "      --nt-ns C,M       non-temporal copy, the same (0.035,0.080)\n"
+      "      --reduce-ns C,M   reduction kernel, the same (0.029,0.165)\n"
+      "      --slot-in-ns C,M  a copy out of a slot the peer wrote (0.0226,0.053)\n"
+      "      --slot-out-ns C,M a copy into a slot the peer last read (0.047,0.088)\n"
+      "      --cache MIB       last-level cache per host, MiB (20)\n"
+      "      --op-us US        CPU per slice operation (CPU model; default 0)\n"
+      "      --call-us US      per call outside the slices (CPU model; 13, fitted)\n"
+      "      --switch-us US    CPU per operation when ranks outnumber cores (3.5, fitted)\n"
       "      --slot BYTES      FIFO slot = slice (default 64K, 256K when --cores is less\n"
       "                        than the ranks per host: shm.c's rule)\n"
       "      --depth D         slots per FIFO (default 8, shm's)\n"
@@ -99,10 +99,12 @@ typedef struct {
   sim_cpu cpu;          /* --cpu-model and its figures */
 } opts;
 
-/* This host's CPU model (2-core AMD EPYC VM, 32 MiB L3; docs/bandwidth-math.md section
- * 8 says how each figure was obtained): the kernels' speeds from build/bench/sim-membw 2
- * (two threads: both cores busy), op and call fitted on two 2-rank ring runs, the core
- * hand-over on one 3-rank run; everything else the model is compared with is predicted. */
+/* This host's CPU model (2-core AMD EPYC VM; docs/bandwidth-math.md section 8 says how
+ * each figure was obtained): the kernels' speeds, slot_in and C measured with
+ * build/bench/sim-membw (two threads: both cores busy); fitted: call on ring all-reduce
+ * N=2 64 KiB, slot_out in cache on ring N=2 1 MiB, the core hand-over on ring N=3
+ * 1 MiB; op is 0 (a slice's fixed cost is not separable from α and call on this data).
+ * Everything else the model is compared with is predicted. */
 static const sim_cpu host_cpu = {
     .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
