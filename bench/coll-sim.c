@@ -60,7 +60,20 @@ static void usage(void) {
       "      --copy-bw GBS     local copies (COPY steps, kept slices); 0 = free (default)\n"
       "      --tune-cache[=F]  take alpha, beta, gamma for shm from the tuner's cache line\n"
       "                        of this shape (default file ~/.cache/libcoll/tune)\n"
-      "      --slot BYTES      FIFO slot = slice (default 64K)\n"
+      "      --cpu-model       price the executor's CPU work as its passes over memory\n"
+      "                        (bench/sim_cpu.c), with this host's fitted figures below\n"
+      "                        unless given; off: the plain alpha-beta-gamma model\n"
+      "      --copy-ns C,M     memcpy, ns per byte in cache, from memory (0.020,0.11)\n"
+      "      --nt-ns C,M       non-temporal copy, the same (0.035,0.080)\n"
+      "      --reduce-ns C,M   reduction kernel, the same (0.029,0.165)\n"
+      "      --slot-in-ns C,M  a copy out of a slot the peer wrote (0.0226,0.053)\n"
+      "      --slot-out-ns C,M a copy into a slot the peer last read (0.047,0.088)\n"
+      "      --cache MIB       last-level cache per host, MiB (20)\n"
+      "      --op-us US        CPU per slice operation (CPU model; default 0)\n"
+      "      --call-us US      per call outside the slices (CPU model; 13, fitted)\n"
+      "      --switch-us US    CPU per operation when ranks outnumber cores (3.5, fitted)\n"
+      "      --slot BYTES      FIFO slot = slice (default 64K, 256K when --cores is less\n"
+      "                        than the ranks per host: shm.c's rule)\n"
       "      --depth D         slots per FIFO (default 8, shm's)\n"
       "      --max-a2a N       largest N for all-to-all and gather/scatter timing (its\n"
       "                        plans and FIFOs grow as N^2; default 1024)\n"
@@ -82,7 +95,32 @@ typedef struct {
   size_t slot;
   int depth, max_a2a;
   bool table, crossover, validate;
+  bool slot_given, alpha_given;
+  sim_cpu cpu;          /* --cpu-model and its figures */
 } opts;
+
+/* This host's CPU model (2-core AMD EPYC VM; docs/bandwidth-math.md section 8 says how
+ * each figure was obtained): the kernels' speeds, slot_in and C measured with
+ * build/bench/sim-membw (two threads: both cores busy); fitted: call on ring all-reduce
+ * N=2 64 KiB, slot_out in cache on ring N=2 1 MiB, the core hand-over on ring N=3
+ * 1 MiB; op is 0 (a slice's fixed cost is not separable from α and call on this data).
+ * Everything else the model is compared with is predicted. */
+static const sim_cpu host_cpu = {
+    .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
+    .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
+    .slot_out = {0.047e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
+    .call = 13e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024};
+/* α of a hop on this host, the tuner's ring-lap figure: 0.2 us with a core per rank
+ * (it spins), 1.6 us when ranks outnumber cores (they yield and sleep). */
+#define HOST_ALPHA_US 0.2
+#define HOST_ALPHA_OVERSUB_US 1.6
+
+static bool parse_pair(const char *v, double x[2]) {
+  double a, b;
+  if (sscanf(v, "%lg,%lg", &a, &b) != 2 || a < 0 || b < 0) return false;
+  x[0] = a * 1e-9, x[1] = b * 1e-9;
+  return true;
+}
 
 static bool parse_list_n(const char *s, opts *o) {
   o->nn = 0;
@@ -122,6 +160,7 @@ static bool read_tune_cache(const char *path, int n, opts *o) {
     double al, be, ga;
     if (!k || !a || sscanf(a, " alpha=%lg beta=%lg gamma=%lg", &al, &be, &ga) != 3) continue;
     o->alpha_shm = al * 1e6, o->bw_shm = 1e-9 / be, o->gamma_bw = 1e-9 / ga;
+    o->alpha_given = true;
     found = true;
   }
   fclose(f);
@@ -135,6 +174,12 @@ static sim_model model_for(const opts *o, int n) {
   m.alpha[SIM_NET] = o->alpha_net * 1e-6, m.beta[SIM_NET] = 1e-9 / o->bw_net;
   m.gamma = o->gamma_bw > 0 ? 1e-9 / o->gamma_bw : 0;
   m.beta_copy = o->copy_bw > 0 ? 1e-9 / o->copy_bw : 0;
+  m.cpu = o->cpu;
+  int cores = o->cores > 0 ? o->cores : m.per_host;
+  /* shm.c: when a host's ranks outnumber its cores the slots are 256 KiB */
+  if (!o->slot_given && m.per_host > cores) m.slot = 256 * 1024;
+  if (m.cpu.on && !o->alpha_given)
+    m.alpha[SIM_SHM] = (m.per_host > cores ? HOST_ALPHA_OVERSUB_US : HOST_ALPHA_US) * 1e-6;
   return m;
 }
 
@@ -327,10 +372,25 @@ int main(int argc, char **argv) {
       if (!bench_parse_size(v, &sz)) { fprintf(stderr, "coll-sim: bad size %s\n", v); return 2; }
       if (a[1] == 'b' || strcmp(a, "--minbytes") == 0) b = (double)sz;
       else if (a[1] == 'e' || strcmp(a, "--maxbytes") == 0) e = (double)sz;
-      else o.slot = sz;
+      else o.slot = sz, o.slot_given = true;
     } else if (ARG("-f", "--stepfactor")) {
       f = atof(v);
-    } else if (LONG("--alpha-shm")) { o.alpha_shm = atof(v);
+    } else if (strcmp(a, "--cpu-model") == 0) {
+      sim_cpu keep = o.cpu;
+      o.cpu = host_cpu;
+      if (keep.on) o.cpu = keep; /* given twice: keep what was set */
+      o.cpu.on = true;
+    } else if (LONG("--copy-ns") || LONG("--nt-ns") || LONG("--reduce-ns") ||
+               LONG("--slot-in-ns") || LONG("--slot-out-ns")) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      double *x = a[2] == 'c' ? o.cpu.copy : a[2] == 'n' ? o.cpu.nt_copy
+                : a[2] == 'r' ? o.cpu.reduce : a[7] == 'i' ? o.cpu.slot_in : o.cpu.slot_out;
+      if (!parse_pair(v, x)) { fprintf(stderr, "coll-sim: %s takes C,M (ns per byte)\n", a); return 2; }
+    } else if (LONG("--cache")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.cache_bytes = atof(v) * 1048576.0;
+    } else if (LONG("--op-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.op = atof(v) * 1e-6;
+    } else if (LONG("--call-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.call = atof(v) * 1e-6;
+    } else if (LONG("--switch-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.switch_cost = atof(v) * 1e-6;
+    } else if (LONG("--alpha-shm")) { o.alpha_shm = atof(v), o.alpha_given = true;
     } else if (LONG("--bw-shm")) { o.bw_shm = atof(v);
     } else if (LONG("--alpha-net")) { o.alpha_net = atof(v);
     } else if (LONG("--bw-net")) { o.bw_net = atof(v);
@@ -372,6 +432,13 @@ int main(int argc, char **argv) {
          o.alpha_shm, o.bw_shm, o.alpha_net, o.bw_net, o.gamma_bw,
          o.copy_bw > 0 ? "counted" : "free", o.slot, o.depth,
          used_cache ? " (shm figures from the tuner's cache)" : "");
+  if (o.cpu.on)
+    printf("# CPU model: copy %.3f/%.3f, nt %.3f/%.3f, reduce %.3f/%.3f ns/B (cache/memory), "
+           "cache %.0f MiB, op %.2f us, call %.2f us, switch %.2f us; alpha_shm %s\n",
+           o.cpu.copy[0] * 1e9, o.cpu.copy[1] * 1e9, o.cpu.nt_copy[0] * 1e9,
+           o.cpu.nt_copy[1] * 1e9, o.cpu.reduce[0] * 1e9, o.cpu.reduce[1] * 1e9,
+           o.cpu.cache_bytes / 1048576.0, o.cpu.op * 1e6, o.cpu.call * 1e6,
+           o.cpu.switch_cost * 1e6, o.alpha_given ? "as given" : "0.2 us (1.6 us oversubscribed)");
   int failures = 0;
   if (o.validate) failures += validate(&o);
   if (o.table || o.crossover) failures += predict(&o);

@@ -32,6 +32,25 @@
 
 enum { SIM_SHM = 0, SIM_NET = 1 }; /* the two kinds of link */
 
+/* The executor's CPU work, priced as its passes over memory (bench/sim_cpu.c has the
+ * math); on = false leaves the plain α-β-γ model (β_shm per byte sent, γ per byte
+ * reduced, beta_copy per byte kept). */
+typedef struct {
+  bool on;
+  double copy[2], nt_copy[2], reduce[2]; /* s per byte of output: [0] in cache, [1] memory */
+  double slot_in[2], slot_out[2]; /* a copy out of a slot the peer just wrote, into a slot
+                                     the peer last read (sim-membw handover); 0: as copy */
+  double cache_bytes;  /* the host's last-level cache (C) */
+  double op;           /* s of CPU per slice operation, whatever its bytes */
+  double call;         /* s per call outside the slices (enqueue, plan, completion) */
+  double switch_cost;  /* s of CPU per operation when the host's ranks outnumber its
+                          cores: the ranks hand the cores to each other (yield, futex) */
+  double nt_bytes;     /* the executor's non-temporal threshold (COLL_NT_BYTES) */
+  /* per call (sim_call_run fills them in): */
+  double ws;           /* W: bytes the host's ranks touch in the call */
+  bool nt;             /* the call's final copies are non-temporal */
+} sim_cpu;
+
 /* The machine being simulated.  Rank r lives on host r / per_host. */
 typedef struct {
   int nranks, per_host;
@@ -46,6 +65,7 @@ typedef struct {
                          α-β model */
   size_t slot;        /* bytes per FIFO slot (the executor's slice) */
   int depth;          /* slots per connection */
+  sim_cpu cpu;        /* the CPU model (off: the plain α-β-γ costs above) */
 } sim_model;
 
 /* One collective call, as coll_plan_args describes it (count in elements of es bytes). */
@@ -112,6 +132,16 @@ bool sim_check_op(sim_checker *ck, int r, const sim_step *s, uint64_t off, uint6
 void sim_payload_free(sim_payload *pl);
 /* After the run: every rank's output holds what the collective promises. */
 bool sim_check_final(sim_checker *ck, char *why, size_t why_len);
+
+/* ---- sim_cpu.c -------------------------------------------------------------------- */
+
+/* cost(W) = f·x[0] + (1-f)·x[1], f = min(1, C/W): s per byte of a pass. */
+double sim_cpu_per_byte(const sim_cpu *c, const double x[2]);
+/* CPU seconds of one slice operation of kind k moving b bytes (its passes + op). */
+double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b);
+/* W of a call on model m, and the executor's nt rule for it. */
+double sim_cpu_working_set(const sim_model *m, const sim_call *call);
+bool sim_cpu_nt(const sim_call *call, int nranks, double nt_bytes);
 
 /* ---- sim_engine.c ----------------------------------------------------------------- */
 

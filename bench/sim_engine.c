@@ -30,8 +30,13 @@
  *     so a run is deterministic.  No pending event and a rank not done is a deadlock;
  *     a message left in a FIFO at the end was never received.
  *
+ * With the CPU model on (m->cpu, sim_cpu.c) the CPU costs above are replaced by the
+ * passes over memory run_slice really makes, priced by whether the call's working set
+ * fits the cache, plus a fixed cost per operation and per call, and per operation a
+ * core hand-over when ranks outnumber cores.
+ *
  * What it leaves out: the scheduling noise of more ranks than cores beyond the core
- * pool, cache effects, the proxy threads of tcp, and fair sharing (a NIC serves slices
+ * pool and the hand-over cost, the proxy threads of tcp, and fair sharing (a NIC serves slices
  * in arrival order; for the whole of a collective the total is the same).
  *
  * Must never: depend on wall-clock time or on anything but its arguments (the same call
@@ -88,6 +93,7 @@ typedef struct {
   double *core_free;    /* per host, `cores` entries */
   double *nic_tx, *nic_rx, *nic_busy;
   int cores, hosts;
+  bool oversub;         /* a host's ranks outnumber its cores */
   sim_result res;
   char *why;
   size_t why_len;
@@ -307,10 +313,19 @@ static coll_result step_rank(engine *e, int r, double now) {
       return COLL_ERR_MISMATCH;
     double b = (double)m * (double)e->es;
     coll_step_kind k = (coll_step_kind)st->kind;
-    double work = (reduces(k) ? (k == COLL_STEP_RECV2_REDUCE_SEND ? 2 : 1) * b * e->m->gamma : 0) +
-                  (keeps(k) ? b * e->m->beta_copy : 0);
-    bool shm_out = out && host_of(e, r) == host_of(e, pout);
-    if (shm_out) work += b * e->m->beta[SIM_SHM];
+    double work;
+    if (e->m->cpu.on) {
+      /* The CPU model (sim_cpu.c): the slice's passes over memory and its fixed cost,
+       * whatever link it goes out on (the executor copies into a tcp slot too); the
+       * network's β is the NIC's, in deliver().  When the host's ranks outnumber its
+       * cores, each operation also pays for handing the core over. */
+      work = sim_cpu_work(&e->m->cpu, k, b) + (e->oversub ? e->m->cpu.switch_cost : 0);
+    } else {
+      work = (reduces(k) ? (k == COLL_STEP_RECV2_REDUCE_SEND ? 2 : 1) * b * e->m->gamma : 0) +
+             (keeps(k) ? b * e->m->beta_copy : 0);
+      bool shm_out = out && host_of(e, r) == host_of(e, pout);
+      if (shm_out) work += b * e->m->beta[SIM_SHM];
+    }
     double end = on_core(e, r, now, work);
     for (int q = 0; q < 2; q++) {
       if (!in[q]) continue;
@@ -365,6 +380,7 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   }
   e.hosts = (e.n + m->per_host - 1) / m->per_host;
   e.cores = m->cores > 0 ? m->cores : m->per_host;
+  e.oversub = (m->per_host < e.n ? m->per_host : e.n) > e.cores;
   e.rs = calloc((size_t)e.n, sizeof *e.rs);
   e.heap = malloc(((size_t)e.n + 1) * 2 * sizeof *e.heap);
   e.core_free = calloc((size_t)e.hosts * (size_t)e.cores, sizeof *e.core_free);
@@ -422,6 +438,9 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
     }
   for (int h = 0; h < 2 * e.hosts; h++)
     if (e.nic_busy[h] > e.res.busiest_nic) e.res.busiest_nic = e.nic_busy[h];
+  /* The call's fixed cost outside its slices (CPU model only): every rank pays it once,
+   * before its first slice and after its last, so it adds to the makespan. */
+  if (m->cpu.on && rc == COLL_OK) e.res.seconds += m->cpu.call;
   *res = e.res;
   goto out;
 oom:
@@ -510,7 +529,12 @@ coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check, s
     snprintf(why, why_len, "out of memory for the checker of %d ranks", m->nranks);
     return COLL_ERR_SYSTEM;
   }
-  rc = sim_run(&p, m, call->es, ck, res, why, why_len);
+  sim_model mc = *m; /* the CPU model's per-call figures: W and the nt rule */
+  if (mc.cpu.on) {
+    mc.cpu.ws = sim_cpu_working_set(&mc, call);
+    mc.cpu.nt = sim_cpu_nt(call, mc.nranks, mc.cpu.nt_bytes);
+  }
+  rc = sim_run(&p, &mc, call->es, ck, res, why, why_len);
   if (rc == COLL_OK && ck && !sim_check_final(ck, why, why_len)) rc = COLL_ERR_MISMATCH;
   sim_check_free(ck);
   sim_plans_free(&p);

@@ -111,6 +111,47 @@ Test(sim, ring_matches_closed_form) {
     }
 }
 
+/* The CPU model (bench/sim_cpu.c) against its closed form.  Ring all-reduce, chunks of
+ * one slice, α = 0, a core per rank: every rank runs the same chain of 2N-1 operations
+ * in lockstep (SEND, N-2 RECV_REDUCE_SEND, RECV_REDUCE_COPY_SEND, N-2 RECV_COPY_SEND,
+ * RECV), each on a chunk of b bytes, so
+ *     T = call + (2N-1)·op + b·[x + (N-2)·y + (y + x) + (N-2)·2x + x]
+ * with x a copy's and y a reduction's cost per byte (slots as dear as copies).  And
+ * the cache mixture: with C = W/2, a pass costs the mean of its cache and memory
+ * figures, the same as a model whose cache figure is that mean. */
+static double cpu_ring(int n, size_t count, sim_cpu cpu) {
+  sim_model m = {.nranks = n, .per_host = n, .slot = 65536, .depth = 8, .cpu = cpu};
+  sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = count, .es = 4};
+  sim_result res;
+  char why[512];
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why), COLL_OK, "%s", why);
+  return res.seconds;
+}
+
+Test(sim, cpu_model_closed_form) {
+  const double x = 0.05e-9, y = 0.08e-9, op = 0.3e-6, call = 5e-6;
+  sim_cpu cpu = {.on = true, .copy = {x, 1e-9}, .nt_copy = {x, 1e-9}, .reduce = {y, 2e-9},
+                 .cache_bytes = 1e12, .op = op, .call = call, .nt_bytes = 1e12};
+  const int ns[] = {2, 3, 8, 64};
+  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+    int n = ns[i];
+    size_t count = (size_t)n * 4000; /* chunks of 16000 B: one slice */
+    double b = 16000, t = cpu_ring(n, count, cpu);
+    double want = call + (2 * n - 1) * op + b * (x + (n - 2) * y + (y + x) + (n - 2) * 2 * x + x);
+    cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d: simulated %.6g s, closed form %.6g s", n, t,
+              want);
+    /* the mixture: W = N ranks x (in + out + 2 FIFOs of 8 slots) */
+    double w = n * (2.0 * 4 * (double)count + 2.0 * 8 * 65536);
+    sim_cpu half = cpu, mean = cpu;
+    half.cache_bytes = w / 2;
+    mean.copy[0] = mean.nt_copy[0] = (x + 1e-9) / 2, mean.reduce[0] = (y + 2e-9) / 2;
+    double th = cpu_ring(n, count, half), tm = cpu_ring(n, count, mean);
+    cr_assert(fabs(th - tm) <= 1e-9 * tm, "N=%d: C = W/2 gives %.6g s, the mean figures %.6g s",
+              n, th, tm);
+    cr_assert(th > t);
+  }
+}
+
 /* Two ranks per host behind one NIC: the inter-host ring flows share it, so the ring
  * that crosses hosts at every hop (per_host = 1) and the one that crosses at every
  * second hop take the same bandwidth time per round: the NIC is not the bottleneck

@@ -1,0 +1,110 @@
+/* sim_cpu.c — what one slice operation costs the CPU, as executor.c's run_slice does it.
+ *
+ * The plain α-β model charges a slice b·β_shm for the copy into the peer's slot and b·γ
+ * per reduction, and nothing else.  run_slice does more, and measured 2-rank times were
+ * 61-95 % slower than that model.  Here every slice is priced as the passes over memory
+ * it really makes (executor.c, host memory):
+ *
+ *   step kind               passes per slice of b bytes
+ *   COPY                    put (1 copy; non-temporal when the call is "nt")
+ *   SEND                    1 copy (user buffer -> slot)
+ *   RECV                    put
+ *   RECV_COPY_SEND          1 copy (slot -> slot) + put
+ *   RECV_REDUCE_SEND        1 reduce (slot, user buffer -> slot)
+ *   RECV_REDUCE_COPY        1 reduce, + 1 non-temporal copy when nt (reduced in scratch,
+ *                           then streamed out)
+ *   RECV_REDUCE_COPY_SEND   1 reduce + 1 copy (to the slot), + 1 non-temporal copy when
+ *                           nt (the scratch path); without nt reduce into the user's
+ *                           buffer, then copy it to the slot: the same 2 passes
+ *   RECV2_REDUCE_SEND       2 reduces
+ *
+ * where "nt" is the executor's rule: out of place and the user's buffer at least
+ * COLL_NT_BYTES (16 MiB), and put is a non-temporal copy then, else a memcpy.
+ *
+ * A pass's cost per byte depends on where its operands are.  Let W be every byte the
+ * host's ranks touch in one call (each rank's send and receive buffers, and the slots
+ * of its FIFOs).  A benchmark repeats the call, so when W fits the last-level cache of
+ * C bytes everything is found in cache; when W is larger, an LRU-like cache keeps about
+ * C of the W bytes between two touches, so a fraction f = C/W of the accesses hit and
+ * the rest go to memory:
+ *
+ *     cost(W) = f·x_cache + (1 - f)·x_mem,   f = min(1, C/W)          (per byte)
+ *
+ * with x_cache and x_mem the kernel's speed in cache and from memory, measured apart
+ * (bench/sim_membw.c, with as many threads as ranks can run at once on the host).
+ *
+ * A slot is shared by two cores: the sender's writes must first take its lines from the
+ * receiver's cache (which read them last), the receiver's reads fetch what the sender
+ * just wrote.  So a pass that writes into a peer's slot costs, per byte, t_out(W) more
+ * than the same pass between a rank's own buffers, and one that reads a received slot
+ * t_in(W) more, with
+ *
+ *     t_out = slot_out - copy,   t_in = slot_in - copy       (each by the formula above)
+ *
+ * slot_out and slot_in being the two sides of a copy through a FIFO of slots between two
+ * threads (sim-membw handover).  A reduction that reads a slot and writes one pays both;
+ * RECV_COPY_SEND's second copy (slot -> user's buffer) reads lines already fetched.  Each
+ * operation also pays a fixed `op` seconds of CPU (acquiring the FIFO slots, the
+ * counters' atomics and cache-line transfers, the loop's bookkeeping): at 64 KiB slices
+ * it is what separates a slice's cost from its bytes.
+ *
+ * Must never: depend on anything but its arguments.
+ */
+#include "sim.h"
+
+double sim_cpu_per_byte(const sim_cpu *c, const double x[2]) {
+  double f = c->ws <= c->cache_bytes || c->ws <= 0 ? 1.0 : c->cache_bytes / c->ws;
+  return f * x[0] + (1 - f) * x[1];
+}
+
+double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b) {
+  double copy = sim_cpu_per_byte(c, c->copy), red = sim_cpu_per_byte(c, c->reduce);
+  double put = c->nt ? sim_cpu_per_byte(c, c->nt_copy) : copy;
+  double t_in = c->slot_in[0] > 0 ? sim_cpu_per_byte(c, c->slot_in) - copy : 0;
+  double t_out = c->slot_out[0] > 0 ? sim_cpu_per_byte(c, c->slot_out) - copy : 0;
+  double passes = 0;
+  switch (k) {
+  case COLL_STEP_COPY: passes = put; break;
+  case COLL_STEP_SEND: passes = copy + t_out; break;
+  case COLL_STEP_RECV: passes = put + t_in; break;
+  case COLL_STEP_RECV_COPY_SEND: passes = copy + t_in + t_out + put; break;
+  case COLL_STEP_RECV_REDUCE_SEND: passes = red + t_in + t_out; break;
+  case COLL_STEP_RECV_REDUCE_COPY: passes = red + t_in + (c->nt ? put : 0); break;
+  case COLL_STEP_RECV_REDUCE_COPY_SEND:
+    passes = red + t_in + copy + t_out + (c->nt ? put : 0);
+    break;
+  case COLL_STEP_RECV2_REDUCE_SEND: passes = 2 * red + 2 * t_in + t_out; break;
+  }
+  return c->op + b * passes;
+}
+
+/* W for one call on this model: per rank its send and receive buffers as coll-bench
+ * allocates them out of place (all-gather: count in, count·N out; reduce-scatter the
+ * reverse; all-reduce, broadcast, reduce: count each) plus its FIFOs' slots
+ * (depth × slot per connection, one connection per peer the plan uses — a ring's or a
+ * tree's 2-3 — counted as 2 here), times the ranks of the host. */
+double sim_cpu_working_set(const sim_model *m, const sim_call *call) {
+  double e = (double)call->count * (double)call->es, n = m->nranks, in = e, out = e;
+  switch (call->coll) {
+  case COLL_COLL_ALL_GATHER:
+  case COLL_COLL_GATHER: out = e * n; break;
+  case COLL_COLL_REDUCE_SCATTER:
+  case COLL_COLL_SCATTER: in = e * n; break;
+  case COLL_COLL_ALL_TO_ALL: in = out = e * n; break;
+  default: break;
+  }
+  if (call->in_place) in = 0;
+  double slots = 2.0 * m->depth * (double)m->slot;
+  int local = m->per_host < m->nranks ? m->per_host : m->nranks;
+  return local * (in + out + slots);
+}
+
+/* The executor's nt rule (executor.c: x.nt), for one call. */
+bool sim_cpu_nt(const sim_call *call, int nranks, double nt_bytes) {
+  double user = (double)call->count * (double)call->es;
+  if (call->coll == COLL_COLL_ALL_GATHER || call->coll == COLL_COLL_REDUCE_SCATTER ||
+      call->coll == COLL_COLL_ALL_TO_ALL || call->coll == COLL_COLL_GATHER ||
+      call->coll == COLL_COLL_SCATTER)
+    user *= nranks;
+  return nt_bytes > 0 && user >= nt_bytes && !call->in_place;
+}

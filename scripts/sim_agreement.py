@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""sim_agreement.py — coll-sim's predictions against coll-bench's measurements.
+
+  scripts/sim_agreement.py measure OUT.csv [REPS] [NS]   interleaved coll-bench runs
+  scripts/sim_agreement.py compare OUT.csv [coll-sim flags...]
+
+measure: REPS rounds (default 3); in each round every case once (N in NS, default
+"2,3,4"; all_reduce ring/tree, all_gather ring, broadcast ring/tree; 64 KiB..16 MiB by
+4), so that a disturbance of the machine hits one run of many cases rather than every
+run of one case.  Each row gets the round and the load average when it started.
+compare: the median of the out-of-place times per case, coll-sim's prediction for it
+(--cpu-model, cores per host 2, every rank on one host), and the error; cases named in
+FIT (the ones the model's free figures were fitted on) are marked, the rest are
+predictions.  Exit 1 if a predicted case of all_reduce ring/tree is off by more than 25 %.
+"""
+import csv, os, statistics, subprocess, sys
+
+CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("all_gather", "ring"),
+         ("broadcast", "ring"), ("broadcast", "tree")]
+# The cases the CPU model's free figures were fitted on (docs/bandwidth-math.md, 8).
+FIT = {("all_reduce", "ring", 2, 65536), ("all_reduce", "ring", 2, 1048576),
+       ("all_reduce", "ring", 3, 1048576)}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(out, reps, ns):
+    env = dict(os.environ, COLL_TUNE_FILE="none")
+    with open(out, "a") as f:
+        for rep in range(reps):
+            for n in ns:
+                for coll, algo in CASES:
+                    load = open("/proc/loadavg").read().split()[0]
+                    p = subprocess.run([f"{ROOT}/build/bench/coll-bench", coll, "--ranks", str(n),
+                                        "-b", "64K", "-e", "16M", "-f", "4", "-A", algo, "-n", "20",
+                                        "-w", "3", "--csv"], env=env, capture_output=True,
+                                       text=True, timeout=600)
+                    for line in p.stdout.splitlines()[1:]:
+                        f.write(f"{rep},{load},{line}\n")
+                    f.flush()
+
+
+def predict(coll, algo, n, size, flags):
+    p = subprocess.run([f"{ROOT}/build/bench/coll-sim", "-N", str(n), "-H", str(n), "--cores", "2",
+                        "-c", coll, "-A", algo, "-b", str(size), "-e", str(size), "-f", "2",
+                        "--cpu-model"] + flags, capture_output=True, text=True, check=True)
+    for line in p.stdout.splitlines():
+        w = line.split()
+        if len(w) == 6 and w[2] == algo and not line.startswith("#"):
+            return float(w[3])
+    raise RuntimeError(p.stdout)
+
+
+def compare(path, flags):
+    runs = {}
+    for r in csv.reader(open(path)):
+        coll, n, algo, size = r[2], int(r[3]), r[5], int(r[9])
+        runs.setdefault((coll, algo, n, size), []).append(float(r[11]))
+    bad = 0
+    print("| case | N | size | measured us (median of runs) | predicted us | error | role |")
+    print("|---|---|---|---|---|---|---|")
+    errs = {}
+    for key in sorted(runs, key=lambda k: (CASES.index((k[0], k[1])), k[2], k[3])):
+        coll, algo, n, size = key
+        med = statistics.median(runs[key])
+        pred = predict(coll, algo, n, size, flags)
+        err = (pred - med) / med * 100
+        role = "fitted" if key in FIT else "predicted"
+        errs.setdefault((coll, algo, role), []).append(abs(err))
+        if role == "predicted" and coll == "all_reduce" and abs(err) > 25:
+            bad += 1
+        print(f"| {coll} {algo} | {n} | {size >> 10} KiB | {med:.1f} "
+              f"({', '.join(f'{v:.0f}' for v in runs[key])}) | {pred:.1f} | {err:+.0f} % | {role} |")
+    for k, v in sorted(errs.items()):
+        print(f"# {k[0]} {k[1]} {k[2]}: {len(v)} cases, median |error| {statistics.median(v):.0f} %, "
+              f"within 25 %: {sum(e <= 25 for e in v)}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "measure":
+        measure(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3,
+                [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "2,3,4").split(",")])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "compare":
+        sys.exit(compare(sys.argv[2], sys.argv[3:]))
+    else:
+        print(__doc__)
+        sys.exit(2)
