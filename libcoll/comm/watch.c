@@ -101,8 +101,10 @@ static void send_both(coll_watch *w, uint32_t kind, uint32_t origin, uint64_t se
   if (w->link.prev_fd != w->link.next_fd) send_note(w, PREV, kind, origin, seq, text);
 }
 
-/* Marks the communicator failed with `text`; true if it was not already. */
-static bool poison(coll_watch *w, const char *text) {
+/* Marks the communicator failed with `text`; true if it was not already.  `wake`: wake
+ * this rank's waiters (a failure from elsewhere; never from the executor's own thread,
+ * which may hold the queue lock that waking takes). */
+static bool poison(coll_watch *w, const char *text, bool wake) {
   pthread_mutex_lock(&w->mu);
   bool first = !atomic_load(&w->poisoned);
   if (first) {
@@ -115,7 +117,7 @@ static bool poison(coll_watch *w, const char *text) {
   pthread_mutex_unlock(&w->mu);
   if (first) {
     COLL_INFO(w->comm->rank, "watch: the communicator failed: %s", text);
-    coll_exec_wake_all(w->comm); /* waiters look at the watch when they wake */
+    if (wake) coll_exec_wake_all(w->comm); /* waiters look at the watch when they wake */
   }
   return first;
 }
@@ -134,7 +136,7 @@ static void on_note(coll_watch *w, int from, const coll_frame_rx *rx) {
   memcpy(text, rx->data + 8, tl);
   text[tl] = 0;
   if (rx->kind == NOTE_POISON) {
-    if (poison(w, text)) send_note(w, other, NOTE_POISON, rx->a, seq, text);
+    if (poison(w, text, true)) send_note(w, other, NOTE_POISON, rx->a, seq, text);
     return;
   }
   if (rx->kind != NOTE_REFUSED || w->seen[rx->a] == seq + 1) return;
@@ -164,7 +166,7 @@ static void on_lost(coll_watch *w, int side, int err) {
   snprintf(text, sizeof text, "rank %d died or was killed (its watch link to rank %d %s "
            "without a goodbye)", who, comm->rank, err ? strerror(err) : "closed");
   w->ended[side] = true;
-  if (poison(w, text)) send_both(w, NOTE_POISON, (uint32_t)who, 0, text);
+  if (poison(w, text, true)) send_both(w, NOTE_POISON, (uint32_t)who, 0, text);
 }
 
 static void *watch_main(void *arg) {
@@ -333,5 +335,5 @@ void coll_watch_failed(struct coll_comm *comm) {
   if (!w || atomic_load(&w->poisoned)) return; /* a failure that came from elsewhere */
   char text[COLL_ERRBUF];
   snprintf(text, sizeof text, "%s", comm->errbuf);
-  if (poison(w, text)) send_both(w, NOTE_POISON, (uint32_t)comm->rank, 0, text);
+  if (poison(w, text, false)) send_both(w, NOTE_POISON, (uint32_t)comm->rank, 0, text);
 }
