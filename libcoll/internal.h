@@ -303,6 +303,7 @@ struct coll_comm {
   bool check; /* COLL_CHECK: exchange call descriptors before each call (check.c) */
 
   struct coll_watch *watch; /* failures of other ranks reach this one (watch.c) */
+  _Atomic int ready;        /* init (tuning included) is over: the user's calls begin */
   _Atomic int aborted;
   _Atomic int users; /* API calls inside the communicator right now */
   coll_result sticky; /* first asynchronous failure: every later call fails too */

@@ -271,6 +271,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   left = true;
   if ((r = coll_exec_start(comm)) != COLL_OK) goto fail;
   if ((r = coll_tune_init(comm)) != COLL_OK) goto fail;
+  atomic_store(&comm->ready, 1); /* peers' refused calls concern this rank from now on */
   free(all);
   COLL_INFO(rank, "communicator ready: %d ranks, transport %s, slot %zu bytes", nranks,
             comm->transport->name, comm->slot_bytes);

@@ -308,6 +308,10 @@ coll_result coll_watch_check(struct coll_comm *comm, uint64_t seq, int peer, con
   if (atomic_load(&w->poisoned))
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: %s cannot complete: %s", comm->rank,
                      what, w->why);
+  /* A refusal is about the user's numbered calls: the library's own calls during init
+   * (the tuner's probes) are numbered apart and must not fail on a peer that finished
+   * init first and refused its first call. */
+  if (!atomic_load(&comm->ready)) return COLL_OK;
   pthread_mutex_lock(&w->mu);
   bool hit = w->pend_seq && seq + 1 >= w->pend_seq && (peer < 0 || peer == w->pend_origin);
   int origin = w->pend_origin;
