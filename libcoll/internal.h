@@ -325,6 +325,9 @@ coll_result coll_exec_bytes(struct coll_comm *comm, coll_coll_kind c, const void
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */
 void coll_exec_wake_all(struct coll_comm *comm);
+/* A failure elsewhere (watch.c) that dooms `w`: COLL_ERR_REMOTE with its sentence.  Every
+ * wait loop asks it once per slice (executor.c, check.c, oneshot.c). */
+coll_result coll_exec_watch(struct coll_comm *comm, const coll_work *w);
 
 /* ---- entry points (api.c) and grouped calls (group.c) ------------------------------- */
 

@@ -121,6 +121,7 @@ static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer
     if (reached(seen, want)) return COLL_OK;
     coll_result r = coll_shm_peer_check(comm, peer);
     if (r != COLL_OK) return r;
+    if ((r = coll_exec_watch(comm, w)) != COLL_OK) return r; /* a failure elsewhere */
     if (comm->timeout_ms && coll_now_ns() - start > (uint64_t)comm->timeout_ms * 1000000u)
       return timed_out(comm, w, peer, want, seen);
   }

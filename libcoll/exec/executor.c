@@ -71,8 +71,7 @@ static int involved(const coll_work *w) {
   return w->coll == COLL_COLL_SEND || w->coll == COLL_COLL_RECV ? w->root : -1;
 }
 
-/* A failure elsewhere (watch.c) that dooms this call: COLL_ERR_REMOTE with its sentence. */
-static coll_result check_watch(struct coll_comm *comm, const coll_work *w) {
+coll_result coll_exec_watch(struct coll_comm *comm, const coll_work *w) {
   if (!coll_watch_attention(comm)) return COLL_OK;
   char what[64];
   snprintf(what, sizeof what, "%s #%llu", coll_coll_name(w->coll), (unsigned long long)w->seq);
@@ -83,7 +82,7 @@ static coll_result check_abort(wait_ctx *x) {
   if (atomic_load_explicit(&x->comm->aborted, memory_order_relaxed))
     return coll_fail(x->comm, COLL_ERR_REMOTE, "rank %d: communicator aborted during %s #%llu",
                      x->comm->rank, coll_coll_name(x->w->coll), (unsigned long long)x->w->seq);
-  return check_watch(x->comm, x->w);
+  return coll_exec_watch(x->comm, x->w);
 }
 
 /* A call failed while running here: sticky for this rank, and every peer hears of it
@@ -250,7 +249,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
   if (comm->sticky != COLL_OK)
     return comm->sticky; /* the sentence of the first failure stays in errbuf */
-  coll_result wr = check_watch(comm, w);
+  coll_result wr = coll_exec_watch(comm, w);
   if (wr != COLL_OK) return wr;
   /* COLL_CHECK, on the user's calls only */
   coll_result cr = comm->check && !w->internal ? coll_check_call(comm, w) : COLL_OK;
