@@ -53,7 +53,7 @@ struct coll_watch {
   bool started;
   _Atomic int stop;
   pthread_mutex_t wmu; /* one writer at a time on the links */
-  bool ended[2];       /* PREV/NEXT: said goodbye, or ended */
+  _Atomic bool ended[2]; /* PREV/NEXT: said goodbye, or ended (read by writers too) */
   coll_frame_rx rx[2];
   _Atomic int attention; /* something below is set */
   _Atomic int poisoned;
