@@ -17,7 +17,6 @@
  * child on every path; each child has alarm() as a last resort.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -138,30 +137,14 @@ static int child(job *j, int rank) {
   return 0;
 }
 
-/* The job's segments in /dev/shm (names start /coll-<hex of the secret's first 8
- * bytes>-): counted, or removed when `rm`.  Only this job's: another libcoll job on the
- * machine does not disturb the check. */
-static int job_segments(const coll_unique_id *id, bool rm) {
+/* The job's segments left in /dev/shm, removed: only this job's (coll_job_prefix), so
+ * another libcoll job on the machine does not disturb the check. */
+static int job_segments(const coll_unique_id *id) {
   coll_id_fields f;
-  char why[200], prefix[32];
+  char why[200], prefix[64], names[512];
   if (coll_id_decode(id, &f, why, sizeof why) != COLL_OK) return -1;
-  int n = snprintf(prefix, sizeof prefix, "coll-");
-  for (int i = 0; i < 8; i++) n += snprintf(prefix + n, sizeof prefix - (size_t)n, "%02x", f.secret[i]);
-  DIR *d = opendir("/dev/shm");
-  if (!d) return 0;
-  int count = 0;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-      count++;
-      if (rm) {
-        char path[300];
-        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-        unlink(path);
-      }
-    }
-  closedir(d);
-  return count;
+  coll_job_prefix(prefix, sizeof prefix, f.secret);
+  return t_prefix_segments(prefix, 1, names, sizeof names);
 }
 
 /* Reads len bytes, giving up after `ms` in all (a child that died cannot answer). */
@@ -233,7 +216,7 @@ static void run_case(int n, fault f, const char *transport) {
   close(j.go[0]);
   close(j.go[1]);
   coll_bootstrap_root_stop(j.root);
-  int left = job_segments(&j.id, true); /* removed either way: the next case starts clean */
+  int left = job_segments(&j.id); /* removed either way: the next case starts clean */
   cr_assert(ok, "a rank failed or did not report (%d of %d reports)", nrep, n - 1);
   for (int k = 0; k < nrep; k++) {
     report *r = &rep[k];

@@ -159,21 +159,6 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 64, NULL, NULL, 0);
 }
 
-static void addr_text(const struct sockaddr_storage *ss, char *out, size_t len) {
-  char a[INET6_ADDRSTRLEN] = "?";
-  unsigned port;
-  if (ss->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
-    inet_ntop(AF_INET6, &s6->sin6_addr, a, sizeof a);
-    port = ntohs(s6->sin6_port);
-    snprintf(out, len, "[%s]:%u", a, port);
-  } else {
-    const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
-    inet_ntop(AF_INET, &s4->sin_addr, a, sizeof a);
-    port = ntohs(s4->sin_port);
-    snprintf(out, len, "%s:%u", a, port);
-  }
-}
 
 static bool tcp_can_connect(struct coll_comm *comm, int peer) {
   (void)comm;
@@ -181,10 +166,6 @@ static bool tcp_can_connect(struct coll_comm *comm, int peer) {
   return true;
 }
 
-static int set_nonblock(int fd) {
-  int fl = fcntl(fd, F_GETFL);
-  return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
 
 /* The address peers should connect to: COLL_SOCKET_IFNAME's, else the one this rank's
  * route to the rendezvous leaves from. */
@@ -246,14 +227,14 @@ static coll_result tcp_setup(struct coll_comm *comm, void **ctxp, void *blob) {
     return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", comm->rank,
                      strerror(errno));
   char a[80];
-  addr_text(&ctx->addr, a, sizeof a);
+  coll_sock_text(&ctx->addr, a, sizeof a);
   if (bind(ctx->listen_fd, (struct sockaddr *)&ctx->addr, ctx->addr_len) != 0 ||
       listen(ctx->listen_fd, 1024) != 0)
     return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cannot listen for TCP peers on %s: %s",
                      comm->rank, a, strerror(errno));
   ctx->addr_len = sizeof ctx->addr;
   getsockname(ctx->listen_fd, (struct sockaddr *)&ctx->addr, &ctx->addr_len);
-  set_nonblock(ctx->listen_fd);
+  coll_sock_set_nonblock(ctx->listen_fd);
   ctx->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (ctx->evfd < 0)
     return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: eventfd failed: %s", comm->rank,
@@ -274,31 +255,12 @@ static coll_result tcp_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   }
   _Static_assert(sizeof b <= COLL_CONN_BLOB, "blob fits");
   memcpy(blob, &b, sizeof b);
-  addr_text(&ctx->addr, a, sizeof a);
+  coll_sock_text(&ctx->addr, a, sizeof a);
   COLL_INFO(comm->rank, "tcp: listening at %s, %d sockets per peer", a, ctx->nsocks);
   comm->slot_bytes = TCP_SLOT_BYTES;
   return COLL_OK;
 }
 
-/* Writes all of buf before the deadline (ns); false on error or time up. */
-static bool write_until(int fd, const void *buf, size_t len, uint64_t deadline) {
-  const uint8_t *p = buf;
-  while (len) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= (size_t)n;
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    uint64_t now = coll_now_ns();
-    if (now >= deadline) return false;
-    struct pollfd pf = {.fd = fd, .events = POLLOUT};
-    uint64_t left = (deadline - now) / 1000000u + 1;
-    poll(&pf, 1, left > 100 ? 100 : (int)left);
-  }
-  return true;
-}
 
 
 static uint64_t setup_deadline(struct coll_comm *comm) {
@@ -306,11 +268,6 @@ static uint64_t setup_deadline(struct coll_comm *comm) {
   return coll_now_ns() + (uint64_t)ms * 1000000u;
 }
 
-static void tune_socket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  set_nonblock(fd);
-}
 
 static void kick_proxy(tcp_ctx *ctx);
 
@@ -380,7 +337,7 @@ static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
   struct sockaddr_storage ss;
   socklen_t sl;
   coll_sock_unpack(&pk, &ss, &sl);
-  addr_text(&ss, p->addr, sizeof p->addr);
+  coll_sock_text(&ss, p->addr, sizeof p->addr);
   /* Dial the peer for this rank's sends.  Nothing here waits for the peer's executor:
    * its proxy accepts whenever the sockets arrive, and its sends to this rank come on
    * sockets it dials itself. */
@@ -400,7 +357,7 @@ static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
       memcpy(hello + 4, comm->secret, COLL_SECRET_BYTES);
       put32(hello + 20, (uint32_t)comm->rank);
       put32(hello + 24, (uint32_t)k);
-      if (!write_until(fd, hello, sizeof hello, deadline))
+      if (!coll_sock_write_all(fd, hello, sizeof hello, deadline))
         return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: sending the TCP hello to rank %d at "
                          "%s failed", comm->rank, peer, p->addr);
     }
@@ -657,7 +614,7 @@ static void accept_peers(tcp_ctx *ctx) {
       close(fd);
       continue;
     }
-    tune_socket(fd);
+    coll_sock_tune(fd);
     p->in[sk].fd = fd;
   }
 }
@@ -670,7 +627,7 @@ static void send_goodbyes(tcp_ctx *ctx, uint64_t deadline) {
     tcp_peer *p = ctx->peers[ctx->order[i]];
     if (atomic_load(&p->dead) || !atomic_load(&p->out_ready)) continue;
     for (int k = 0; k < p->nsocks; k++) {
-      if (!write_until(p->out[k].fd, bye, 4, deadline)) break;
+      if (!coll_sock_write_all(p->out[k].fd, bye, 4, deadline)) break;
       shutdown(p->out[k].fd, SHUT_WR);
     }
   }
