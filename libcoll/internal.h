@@ -113,7 +113,8 @@ typedef struct {
   struct sockaddr_storage local; /* this end of the route to the root */
   socklen_t local_len;
   coll_sockaddr_packed next_addr; /* from the root's note */
-  bool have_next, next_done, failed;
+  bool have_next, next_done, failed, formed;
+  uint64_t end_ns; /* init's deadline */
   char why[COLL_LINK_NOTE_MAX]; /* failed: what the neighbours were told */
   coll_frame_tx tx;
   coll_frame_rx rx_prev, rx_next;

@@ -69,8 +69,9 @@ static void wait_release(job *j) {
   while (read(j->rel[0], &c, 1) > 0) {}
 }
 
-/* The victim of F_INIT: joins the rendezvous (registers, forms its ring links), then
- * leaves without a word, as a crash would. */
+/* The victim of F_INIT: joins the rendezvous (registers with the root), then leaves
+ * without a word, as a crash would: the root cannot hand it its ring neighbour, or its
+ * neighbours find it gone. */
 static int leave_in_init(job *j, int rank) {
   struct coll_comm *c = calloc(1, sizeof *c);
   pthread_mutex_init(&c->errmu, NULL);

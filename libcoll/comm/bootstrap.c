@@ -702,8 +702,18 @@ coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
   uint64_t end = coll_deadline_ms(b->timeout_ms ? b->timeout_ms : 600000);
   coll_result r = register_with_root(comm, b, f, at, end);
   if (r != COLL_OK) return r;
-  /* Wait for the root's note (the next rank's address), dial next, accept prev; any of
-   * them may come first. */
+  b->end_ns = end;
+  return COLL_OK;
+}
+
+/* Waits for the root's note (the next rank's address), dials next, accepts prev; any of
+ * them may come first.  Run by the first round, so a rank sets up its transports while
+ * the others are still joining (and a rank that joined leaves a trace of itself, its
+ * shared segment, before it waits: what the stale-segment check relies on). */
+static coll_result form_ring(struct coll_comm *comm, coll_bootstrap *b) {
+  int rank = b->rank, nranks = b->nranks;
+  uint64_t end = b->end_ns;
+  coll_result r;
   int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
   bool need_ring = nranks > 1;
   while (!b->have_next || (need_ring && (b->link.next_fd < 0 || b->link.prev_fd < 0))) {
@@ -760,8 +770,13 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
                                      const void *mine, void *all, size_t len) {
   int n = b->nranks, me = b->rank;
   memcpy((uint8_t *)all + (size_t)me * len, mine, len);
-  if (n == 1) return COLL_OK;
   if (b->failed) return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: the bootstrap already failed", me);
+  if (!b->formed) {
+    coll_result fr = form_ring(comm, b);
+    if (fr != COLL_OK) return fr;
+    b->formed = true;
+  }
+  if (n == 1) return COLL_OK;
   if (len > COLL_LINK_FRAME_MAX)
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: a bootstrap round of %zu bytes (limit %d)",
                      me, len, COLL_LINK_FRAME_MAX);
