@@ -717,7 +717,9 @@ static coll_result form_ring(struct coll_comm *comm, coll_bootstrap *b) {
   int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
   bool need_ring = nranks > 1;
   while (!b->have_next || (need_ring && (b->link.next_fd < 0 || b->link.prev_fd < 0))) {
-    if (coll_now_ns() >= end) {
+    /* The root gives up on a missing rank at the same deadline and then says which
+     * ranks are missing: wait a second longer for that sentence. */
+    if (coll_now_ns() >= end + (b->have_next || end == UINT64_MAX ? 0 : 1000000000ull)) {
       if (!b->have_next)
         return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: bootstrap: the root did not say "
                          "within %d ms that every rank joined", rank, b->timeout_ms);
