@@ -1,17 +1,21 @@
 /* comm.c — communicator lifetime: init (from an id or from the launcher's environment),
- * destroy and abort.
+ * destroy and abort, and connecting a peer on first use.
  *
- * Init is: join the rendezvous, set up the transports this rank may need, exchange (pid,
- * host, transport info) in one round, connect each peer with its transport (same host:
- * shm, else ib where both ends have a port, else tcp; COLL_TRANSPORT=shm|tcp|ib forces
- * one; the rule is coll_select_transport in select.c), meet again so that every rank has
- * connected everything, let the transports finish (shm unlinks its segment, tcp accepts
- * and starts its proxy), start the progress thread, tune.  The rendezvous is the TCP
- * bootstrap for a new job (coll_comm_build) or the parent communicator for a split
- * (split.c): coll_comm_build_rv only sees its two allgather rounds.  After init nothing
- * talks to the rendezvous again.  Must never leave a half-built communicator behind: a
- * failure frees everything it made, shared segments included, and marks it aborted so
- * that peers already connected fail fast.
+ * Init is: join the rendezvous, set up the transports this rank may need and its watch
+ * listener, exchange (pid, host, transport info, watch address) in one round, start the
+ * watch (watch.c: failures anywhere reach this rank at once), pick each peer's transport
+ * (same host: shm, else ib where both ends have a port, else tcp; COLL_TRANSPORT=
+ * shm|tcp|ib forces one; the rule is coll_select_transport in select.c) and connect the
+ * eager ones (shm, ib) now — a lazy one (tcp) keeps the peer's blob and is connected by
+ * coll_comm_connect_peer when the executor first needs that peer — meet again so that
+ * every rank has mapped everything (and agree whether the device path works
+ * everywhere), let the transports finish (shm unlinks its segment, tcp starts its proxy),
+ * start the progress thread, tune.  The rendezvous is the TCP bootstrap for a new job
+ * (coll_comm_build) or the parent communicator for a split (split.c): coll_comm_build_rv
+ * only sees its two allgather rounds.  After init nothing talks to the rendezvous again.
+ * Must never leave a half-built communicator behind: a failure frees everything it made,
+ * shared segments included, tells the rendezvous and the watch why, and marks it aborted
+ * so that peers already connected fail fast.
  */
 #include <stdio.h>
 #include <stdlib.h>
