@@ -182,7 +182,13 @@ static void scenario(int n, int vic, int sig, const char *transport, outcome *o)
     ok = read_full(j.rep[0], &o->rep[k], sizeof o->rep[k]);
     if (ok) o->nrep++;
   }
-  o->victim_state = proc_state(o->pid[vic]); /* not reaped yet: a zombie after SIGKILL */
+  /* Not reaped yet: a zombie after SIGKILL, once the kernel has torn it down.  The
+   * survivors may report before that (the watch hears the links close while the victim
+   * still exits), so wait for it, bounded. */
+  for (int k = 0; k < 500 && (o->victim_state = proc_state(o->pid[vic])) != 'Z' && sig == SIGKILL; k++) {
+    struct timespec nap = {0, 10000000L};
+    nanosleep(&nap, NULL);
+  }
   close(j.rel[1]); /* survivors may go */
   for (int r = 0; r < n; r++) {
     if (r == vic || o->pid[r] <= 0) continue;

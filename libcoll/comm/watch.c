@@ -6,9 +6,12 @@
  * every rank to the side it did not come from, so they reach all N ranks within N/2
  * hops whatever the transports are:
  *
- *   POISON(origin, sentence)  a call failed while running on `origin`, or it aborted,
- *                             or its init failed: every call of every rank now fails
- *                             with COLL_ERR_REMOTE and that sentence;
+ *   POISON(origin, code, sentence)  a call failed while running on `origin`, or it
+ *                             aborted, or its init failed: every call of every rank now
+ *                             fails with that sentence, as COLL_ERR_REMOTE — or as
+ *                             COLL_ERR_MISMATCH when that is what `origin` found
+ *                             (COLL_CHECK: every rank sees the same disagreement, so
+ *                             every rank reports it the same way);
  *   REFUSED(origin, k, sentence)  `origin` refused its call number k before anything
  *                             moved (invalid arguments).  If every rank refused it too,
  *                             nothing happens (the same bad call everywhere returns at
@@ -58,6 +61,7 @@ struct coll_watch {
   _Atomic int attention; /* something below is set */
   _Atomic int poisoned;
   char why[COLL_ERRBUF]; /* the POISON sentence, written before `poisoned` */
+  coll_result code;      /* what calls return: COLL_ERR_REMOTE or COLL_ERR_MISMATCH */
   pthread_mutex_t mu;    /* the refusal fields */
   uint64_t my_refused;   /* 1 + the number of this rank's last refused call, 0: none */
   uint64_t pend_seq;     /* 1 + k of a peer's refusal this rank has not matched, 0: none */
@@ -104,10 +108,11 @@ static void send_both(coll_watch *w, uint32_t kind, uint32_t origin, uint64_t se
 /* Marks the communicator failed with `text`; true if it was not already.  `wake`: wake
  * this rank's waiters (a failure from elsewhere; never from the executor's own thread,
  * which may hold the queue lock that waking takes). */
-static bool poison(coll_watch *w, const char *text, bool wake) {
+static bool poison(coll_watch *w, const char *text, coll_result code, bool wake) {
   pthread_mutex_lock(&w->mu);
   bool first = !atomic_load(&w->poisoned);
   if (first) {
+    w->code = code == COLL_ERR_MISMATCH ? COLL_ERR_MISMATCH : COLL_ERR_REMOTE;
     size_t tl = strlen(text) < sizeof w->why - 1 ? strlen(text) : sizeof w->why - 1;
     memcpy(w->why, text, tl);
     w->why[tl] = 0;
@@ -136,7 +141,7 @@ static void on_note(coll_watch *w, int from, const coll_frame_rx *rx) {
   memcpy(text, rx->data + 8, tl);
   text[tl] = 0;
   if (rx->kind == NOTE_POISON) {
-    if (poison(w, text, true)) send_note(w, other, NOTE_POISON, rx->a, seq, text);
+    if (poison(w, text, (coll_result)seq, true)) send_note(w, other, NOTE_POISON, rx->a, seq, text);
     return;
   }
   if (rx->kind != NOTE_REFUSED || w->seen[rx->a] == seq + 1) return;
@@ -166,7 +171,8 @@ static void on_lost(coll_watch *w, int side, int err) {
   snprintf(text, sizeof text, "rank %d died or was killed (its watch link to rank %d %s "
            "without a goodbye)", who, comm->rank, err ? strerror(err) : "closed");
   w->ended[side] = true;
-  if (poison(w, text, true)) send_both(w, NOTE_POISON, (uint32_t)who, 0, text);
+  if (poison(w, text, COLL_ERR_REMOTE, true))
+    send_both(w, NOTE_POISON, (uint32_t)who, COLL_ERR_REMOTE, text);
 }
 
 static void *watch_main(void *arg) {
@@ -281,7 +287,7 @@ void coll_watch_stop(struct coll_comm *comm, int how) {
     else
       snprintf(text, sizeof text, "rank %d failed during init: %s", comm->rank, comm->errbuf);
     atomic_store(&w->poisoned, 1);
-    send_both(w, NOTE_POISON, (uint32_t)comm->rank, 0, text);
+    send_both(w, NOTE_POISON, (uint32_t)comm->rank, COLL_ERR_REMOTE, text);
   }
   if (w->started) {
     atomic_store(&w->stop, 1);
@@ -306,8 +312,8 @@ coll_result coll_watch_check(struct coll_comm *comm, uint64_t seq, int peer, con
   coll_watch *w = comm->watch;
   if (!w || !atomic_load_explicit(&w->attention, memory_order_acquire)) return COLL_OK;
   if (atomic_load(&w->poisoned))
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: %s cannot complete: %s", comm->rank,
-                     what, w->why);
+    return coll_fail(comm, w->code, "rank %d: %s cannot complete: %s", comm->rank, what,
+                     w->why);
   /* A refusal is about the user's numbered calls: the library's own calls during init
    * (the tuner's probes) are numbered apart and must not fail on a peer that finished
    * init first and refused its first call. */
@@ -339,5 +345,6 @@ void coll_watch_failed(struct coll_comm *comm) {
   if (!w || atomic_load(&w->poisoned)) return; /* a failure that came from elsewhere */
   char text[COLL_ERRBUF];
   snprintf(text, sizeof text, "%s", comm->errbuf);
-  if (poison(w, text, false)) send_both(w, NOTE_POISON, (uint32_t)comm->rank, 0, text);
+  coll_result code = comm->sticky == COLL_ERR_MISMATCH ? COLL_ERR_MISMATCH : COLL_ERR_REMOTE;
+  if (poison(w, text, code, false)) send_both(w, NOTE_POISON, (uint32_t)comm->rank, code, text);
 }
