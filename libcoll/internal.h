@@ -193,6 +193,7 @@ typedef struct {
   /* CUDA (cuda.c): buffers in device memory; the event recorded on the cudaStream_t
    * that the collective waits for, and its ticket on that stream. */
   bool device;
+  int cuda_dev; /* the buffers' GPU when device */
   void *cuda_event;
   uint32_t cuda_ticket;
   /* A step of another path (mapped.c's and direct.c's exchanges and barriers through

@@ -43,6 +43,7 @@
 
 #include "coll_config.h"
 #include "cuda_internal.h"
+#include "proc.h"
 
 #define CIPC_MAGIC 0x43495043u /* "CPIC" */
 #define CIPC_BLOB_MAGIC 0x42495043u
@@ -370,10 +371,11 @@ static coll_result cipc_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) 
         return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
                          comm->rank, c->base.peer);
       }
-      if (kill(c->peer_pid, 0) != 0 && errno == ESRCH) {
+      const char *how = coll_process_gone(c->peer_pid); /* zombies too (proc.h) */
+      if (how) {
         atomic_store(flag, 0);
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died",
-                         comm->rank, c->base.peer, (int)c->peer_pid);
+        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
+                         comm->rank, c->base.peer, (int)c->peer_pid, how);
       }
     }
   }

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "proc.h"
 
 #define SHM_MAGIC 0x434f4c53u /* "COLS" */
 #define PAGE 4096
@@ -136,33 +137,6 @@ void coll_job_prefix(char *out, size_t len, const uint8_t *secret) {
 
 /* ---- creating a segment, and taking over one a dead job left ----------------------- */
 
-/* Field 22 of /proc/PID/stat (start time in clock ticks after boot; 0 if unreadable) and
- * the state letter (field 3) in *state ('?' if unreadable).  Fields are counted after the
- * last ')': the command name may hold spaces and parentheses. */
-static uint64_t proc_start(pid_t pid, char *state) {
-  char path[64], buf[1024];
-  *state = '?';
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) *state = 'X';
-    return 0;
-  }
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  const char *p = strrchr(buf, ')');
-  if (!p || p[1] != ' ') return 0;
-  *state = p[2];
-  p += 2; /* field 3 */
-  for (int f = 3; f < 22; f++) {
-    if (!(p = strchr(p, ' '))) return 0;
-    p++;
-  }
-  return strtoull(p, NULL, 10);
-}
-
 /* NULL while the owner (pid, start) runs; else why it does not.  A pid that exists but
  * started at another time is a new process that inherited the number: the owner is gone.
  * When /proc cannot tell (unreadable), the owner counts as alive: refusing is safe,
@@ -174,7 +148,7 @@ static const char *owner_gone(int32_t pid, uint64_t start, char *why, size_t len
     return why;
   }
   char state;
-  uint64_t now_start = proc_start(pid, &state);
+  uint64_t now_start = coll_process_start(pid, &state);
   if (state == 'Z' || state == 'X') {
     snprintf(why, len, "its owner, pid %d, has exited or was killed", (int)pid);
     return why;
@@ -264,7 +238,7 @@ coll_result coll_shm_create(struct coll_comm *comm, const char *name, size_t siz
   coll_seg_owner *o = p;
   char state;
   o->rank = rank;
-  o->start = proc_start(getpid(), &state);
+  o->start = coll_process_start(getpid(), &state);
   atomic_store_explicit(&o->pid, (int32_t)getpid(), memory_order_release);
   *base = p;
   return COLL_OK;
@@ -423,27 +397,6 @@ static bool can_go(shm_conn *c) {
 
 /* Spin (cheap when the peer runs on another core), then yield (cheap when ranks share
  * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
-/* NULL while `pid` runs (or is stopped); else how it is gone.  kill(pid, 0) succeeds on
- * a zombie — a process that died but that its parent has not reaped yet, which is what a
- * SIGKILLed rank is until its launcher gets round to waitpid — so the state letter in
- * /proc/PID/stat (after the last ')': the name may hold spaces and parentheses) decides:
- * Z (zombie) or X (being reaped) is dead.  Called only after a quiet 100 ms wait. */
-static const char *process_gone(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return "";
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? "" : NULL;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return NULL;
-  buf[n] = 0;
-  const char *p = strrchr(buf, ')');
-  if (p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'))
-    return " (killed or exited; not yet reaped by its parent)";
-  return NULL;
-}
-
 /* COLL_ERR_REMOTE with a sentence when `peer` aborted its communicator or its process is
  * gone (zombies included); COLL_OK otherwise.  Only for long quiet spells: it reads
  * /proc. */
@@ -451,7 +404,7 @@ static coll_result peer_gone(struct coll_comm *comm, shm_header *ph, pid_t pid, 
   if (atomic_load(&ph->closed))
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
                      comm->rank, peer);
-  const char *how = process_gone(pid);
+  const char *how = coll_process_gone(pid);
   if (how)
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
                      comm->rank, peer, (int)pid, how);

@@ -8,9 +8,9 @@
  * shm|tcp|ib forces one; the rule is coll_select_transport in select.c) and connect the
  * eager ones (shm, ib) now — a lazy one (tcp) keeps the peer's blob and is connected by
  * coll_comm_connect_peer when the executor first needs that peer — meet again so that
- * every rank has mapped everything (and agree whether the device path works
- * everywhere), let the transports finish (shm unlinks its segment, tcp starts its proxy),
- * start the progress thread, tune.  The rendezvous is the TCP bootstrap for a new job
+ * every rank has mapped everything, let the transports finish (shm unlinks its segment, tcp starts its proxy),
+ * start the progress thread, tune.  No CUDA call: a communicator's device path is set up
+ * by its first call on device memory (cuda.c).  The rendezvous is the TCP bootstrap for a new job
  * (coll_comm_build) or the parent communicator for a split (split.c): coll_comm_build_rv
  * only sees its two allgather rounds.  After init nothing talks to the rendezvous again.
  * Must never leave a half-built communicator behind: a failure frees everything it made,
@@ -38,7 +38,6 @@ typedef struct {
   uint32_t pad;
   uint64_t host_id;
   uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, by COLL_T_* */
-  uint8_t cuda_blob[COLL_CONN_BLOB]; /* cuda_ipc, for device buffers (cuda.c) */
   coll_sockaddr_packed watch;        /* where the watch link listens (watch.c) */
 } rank_info;
 _Static_assert(sizeof(rank_info) <= COLL_RV_MAX_BYTES, "a rendezvous round carries a rank_info");
@@ -194,7 +193,8 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
     }
     if (r != COLL_OK) goto fail;
   }
-  if ((r = coll_cuda_comm_setup(comm, me.cuda_blob)) != COLL_OK) goto fail;
+  /* No CUDA call here: the device path is set up by the first call on device memory. */
+  if ((r = coll_cuda_comm_setup(comm)) != COLL_OK) goto fail;
   if ((r = coll_watch_listen(comm, &me.watch)) != COLL_OK) goto fail;
   if ((r = rv->allgather(rv, comm, &me, all, sizeof me)) != COLL_OK) goto fail;
   /* From here a failure on any rank reaches every other rank at once (watch.c). */
@@ -238,8 +238,6 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
                                           &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
       goto fail;
   }
-  /* Device buffers take cuda_ipc where every pair of ranks can (cuda.c decides). */
-  if ((r = coll_cuda_comm_connect(comm, all[0].cuda_blob, sizeof *all)) != COLL_OK) goto fail;
   /* The executor cuts every step into slices of one slot: the smallest slot in use. */
   for (int p = 0; p < nranks; p++)
     if (comm->conn_send[p] && comm->conn_send[p]->slot_bytes < comm->slot_bytes)
@@ -252,16 +250,12 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->mailboxes = nranks > 1 && uses[COLL_T_SHM] == nranks - 1;
   /* Second round: everyone has mapped everyone's segment, so names can go. */
   {
-    /* ...and says whether its device path works (cuda.c): it stays only where every
-     * rank's does, so no rank starts a device collective that a peer refuses. */
-    uint8_t token = coll_cuda_comm_usable(comm) ? 1 : 0;
-    uint8_t *tokens = calloc((size_t)nranks, 1);
+    uint8_t token = 1, *tokens = calloc((size_t)nranks, 1);
     if (!tokens) {
       r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory");
       goto fail;
     }
     r = rv->allgather(rv, comm, &token, tokens, 1);
-    if (r == COLL_OK) coll_cuda_comm_agree(comm, tokens);
     free(tokens);
     if (r != COLL_OK) goto fail;
   }
@@ -270,7 +264,6 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
         (r = comm->transports[t]->ready(comm, comm->transport_ctxs[t])) != COLL_OK)
       goto fail;
   if ((r = coll_oneshot_setup(comm)) != COLL_OK) goto fail;
-  if ((r = coll_cuda_comm_ready(comm)) != COLL_OK) goto fail;
   rv->leave(rv);
   left = true;
   if ((r = coll_exec_start(comm)) != COLL_OK) goto fail;

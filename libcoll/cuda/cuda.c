@@ -38,6 +38,7 @@
  * let a CUDA error pass without a coll_fail sentence naming the call.
  */
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -145,9 +146,13 @@ bool coll_cuda_built(void) { return true; }
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static bool probe_ok;
+static _Atomic bool probe_ran;
 static char probe_why[256];
 
+bool coll_cuda_probed(void) { return atomic_load(&probe_ran); }
+
 static void probe(void) {
+  atomic_store(&probe_ran, true);
   const char *e = getenv("COLL_CUDA");
   if (e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0)) {
     snprintf(probe_why, sizeof probe_why, "COLL_CUDA=%s turned CUDA off", e);
@@ -156,10 +161,14 @@ static void probe(void) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err == cudaErrorInsufficientDriver) {
+    int drv = 0; /* the CUDA version the installed driver supports; 0: no driver */
+    cudaDriverGetVersion(&drv);
+    char has[64] = "no libcuda.so.1 was found";
+    if (drv) snprintf(has, sizeof has, "the driver supports CUDA %d.%d", drv / 1000, drv % 1000 / 10);
     snprintf(probe_why, sizeof probe_why,
-             "no usable CUDA driver: libcuda.so.1 is missing or older than the CUDA %d.%d "
-             "runtime libcoll was built with (cudaGetDeviceCount: %s)",
-             CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, cudaGetErrorName(err));
+             "no usable CUDA driver: libcoll was built with the CUDA %d.%d runtime, and %s "
+             "(cudaGetDeviceCount: %s)", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, has,
+             cudaGetErrorName(err));
     cudaGetLastError();
     return;
   }
@@ -187,10 +196,41 @@ const char *coll_cuda_unavailable_reason(void) {
   return probe_ok ? "" : probe_why;
 }
 
+/* Is the CUDA driver (libcuda.so) loaded in this process?  Nothing can have allocated
+ * device memory before it was: a job that never touched CUDA (ours is linked statically
+ * and loads the driver only when called) pays for no probe, no context and no pointer
+ * query per call.  Asked per call, so cheap: dl_iterate_phdr's first callback gives the
+ * count of objects ever loaded, and the list is searched again only when it moved
+ * (about 20 ns otherwise).  Once seen, the driver stays: nothing unloads it. */
+static _Atomic unsigned long long dl_adds_seen;
+static _Atomic bool driver_seen;
+
+static int first_object(struct dl_phdr_info *info, size_t size, void *adds) {
+  (void)size;
+  *(unsigned long long *)adds = info->dlpi_adds;
+  return 1;
+}
+static int is_driver(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size, (void)arg;
+  const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+  const char *base = slash ? slash + 1 : info->dlpi_name;
+  return base && strncmp(base, "libcuda.so", 10) == 0;
+}
+static bool driver_loaded(void) {
+  if (atomic_load_explicit(&driver_seen, memory_order_relaxed)) return true;
+  unsigned long long adds = 0;
+  dl_iterate_phdr(first_object, &adds);
+  if (adds == atomic_load_explicit(&dl_adds_seen, memory_order_relaxed)) return false;
+  bool found = dl_iterate_phdr(is_driver, NULL) != 0;
+  if (found) atomic_store(&driver_seen, true);
+  atomic_store(&dl_adds_seen, adds);
+  return found;
+}
+
 coll_mem_kind coll_cuda_classify(const void *p, int *device) {
   *device = -1;
   if (!p) return COLL_MEM_NONE;
-  if (!coll_cuda_available()) return COLL_MEM_HOST;
+  if (!driver_loaded() || !coll_cuda_available()) return COLL_MEM_HOST;
   struct cudaPointerAttributes a;
   memset(&a, 0, sizeof a);
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -276,51 +316,149 @@ static coll_result dev_fence(struct coll_comm *c) {
 static const coll_mem_ops coll_mem_device = {
     .name = "cuda", .copy = dev_copy, .reduce = dev_reduce, .avg = dev_avg, .fence = dev_fence};
 
-/* ---- the communicator's CUDA state ------------------------------------------------------ */
+/* ---- the communicator's CUDA state ------------------------------------------------------
+ *
+ * Lazy.  Creating a communicator makes no CUDA call: a host-only job on a machine with
+ * GPUs gets no CUDA context, no device FIFOs and no IPC handles.  The first collective
+ * handed device memory sets the device path up, on the executor's thread, before it runs:
+ *   1. on the buffers' GPU: a stream, and cuda_ipc's FIFO and handle (setup_local);
+ *   2. an all-gather of every rank's cuda_ipc blob over the host path (internal: it
+ *      takes no sequence number and no COLL_CHECK);
+ *   3. connect to every peer where every pair of ranks can (coll_cuda_select);
+ *   4. a second all-gather, of "my device path works": it stays only if every rank's
+ *      does, so no rank starts a device collective that a peer refuses;
+ *   5. cuda_ipc's ready (unlinks its segment: everyone has mapped it by round 4).
+ * Every rank calls the same collectives in the same order, so every rank reaches step 2
+ * at the same call — the first one on device memory, which must be on device memory on
+ * every rank (as every call of NCCL is).  The communicator's GPU is that call's GPU: a
+ * rank that called cudaSetDevice(local rank) before allocating gets its own, whatever
+ * was current when the communicator was made. */
 
-coll_result coll_cuda_comm_setup(struct coll_comm *comm, void *blob) {
-  memset(blob, 0, COLL_CONN_BLOB);
+coll_result coll_cuda_comm_setup(struct coll_comm *comm) {
   struct coll_cuda_comm *cc = calloc(1, sizeof *cc);
   if (!cc) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up CUDA");
-  comm->cuda = cc;
   cc->device = -1;
-  if (!coll_cuda_available()) {
-    snprintf(cc->reason, sizeof cc->reason, "%s", coll_cuda_unavailable_reason());
-    COLL_INFO(comm->rank, "CUDA: %s; device buffers are refused", cc->reason);
-    return COLL_OK;
+  comm->cuda = cc;
+  return COLL_OK;
+}
+
+/* Step 1.  False with cc->reason when this rank cannot have a device path. */
+static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
+  struct coll_cuda_comm *cc = comm->cuda;
+  memset(blob, 0, COLL_CONN_BLOB);
+  cc->device = dev;
+  cudaError_t e = cudaSetDevice(dev);
+  /* The kernels are built as sm_80 and sm_90 code plus compute_90 PTX (libcoll/meson.build):
+   * every 8.x part runs the sm_80 code, 9.0 its own, newer ones JIT the PTX.  Older parts
+   * would only fail at the first launch, with cudaErrorNoKernelImageForDevice. */
+  int major = 0, minor = 0;
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e == cudaSuccess && major < 8) {
+    snprintf(cc->reason, sizeof cc->reason, "rank %d: GPU %d has compute capability %d.%d, but "
+             "libcoll's kernels are built for 8.0 and newer (sm_80, sm_90, compute_90 PTX)",
+             comm->rank, dev, major, minor);
+    return false;
   }
-  cudaError_t e = cudaGetDevice(&cc->device);
   if (e == cudaSuccess) {
     cudaStream_t s;
     e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (e == cudaSuccess) cc->stream = s;
   }
   if (e != cudaSuccess) {
-    snprintf(cc->reason, sizeof cc->reason, "creating a CUDA stream on GPU %d failed: %s (%s)",
-             cc->device, cudaGetErrorName(e), cudaGetErrorString(e));
+    snprintf(cc->reason, sizeof cc->reason, "rank %d: creating a CUDA stream on GPU %d failed: "
+             "%s (%s)", comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
     cudaGetLastError();
-    COLL_WARN(comm->rank, "CUDA: %s; device buffers are refused", cc->reason);
-    return COLL_OK;
+    return false;
   }
-  if (comm->nranks == 1) return COLL_OK;
-  coll_result r = coll_transport_cuda_ipc.setup(comm, &cc->ipc_ctx, blob);
-  if (r != COLL_OK) {
-    /* CUDA is optional: host buffers keep working; device calls get this sentence. */
+  if (comm->nranks == 1) return true;
+  if (coll_transport_cuda_ipc.setup(comm, &cc->ipc_ctx, blob) != COLL_OK) {
     snprintf(cc->reason, sizeof cc->reason, "%s", comm->errbuf);
     memset(blob, 0, COLL_CONN_BLOB);
-    COLL_WARN(comm->rank, "CUDA: %s; device buffers are refused", cc->reason);
+    return false;
   }
+  return true;
+}
+
+/* One all-gather of `len` bytes per rank over the host path, as the library's own call. */
+static coll_result host_allgather(struct coll_comm *comm, const void *mine, void *all,
+                                  size_t len) {
+  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all, .count = len,
+                 .dtype = COLL_UINT8, .internal = true};
+  coll_result r = coll_exec_run(comm, &x);
+  if (r != COLL_OK)
+    return coll_fail(comm, r, "rank %d: setting up the device path: the exchange over the "
+                     "host path failed: %s", comm->rank, coll_comm_last_error(comm));
   return COLL_OK;
 }
 
-coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs, size_t stride) {
+static coll_result connect_all(struct coll_comm *comm, const uint8_t *blobs, size_t stride);
+static void agree(struct coll_comm *comm, const uint8_t *flags);
+
+static coll_result lazy_setup(struct coll_comm *comm, int dev) {
   struct coll_cuda_comm *cc = comm->cuda;
   int n = comm->nranks;
-  if (!cc) return COLL_OK;
-  if (n == 1) {
-    cc->ready = cc->stream != NULL;
-    return COLL_OK;
+  if (!coll_cuda_available()) {
+    snprintf(cc->reason, sizeof cc->reason, "%s", coll_cuda_unavailable_reason());
+    return COLL_OK; /* the caller refuses; the peers, whose buffers are device memory
+                       too, saw the same probe fail (or will hear why from COLL_CHECK) */
   }
+  uint8_t blob[COLL_CONN_BLOB];
+  bool ok = setup_local(comm, dev, blob);
+  if (!ok) COLL_WARN(comm->rank, "CUDA: %s", cc->reason);
+  if (n > 1) {
+    uint8_t *all = malloc((size_t)n * COLL_CONN_BLOB);
+    if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
+    coll_result r = host_allgather(comm, blob, all, COLL_CONN_BLOB);
+    if (r == COLL_OK) r = connect_all(comm, all, COLL_CONN_BLOB);
+    free(all);
+    if (r != COLL_OK) return r;
+    uint8_t token = cc->ready ? 1 : 0, *tokens = calloc((size_t)n, 1);
+    if (!tokens) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
+    r = host_allgather(comm, &token, tokens, 1);
+    if (r == COLL_OK) agree(comm, tokens);
+    free(tokens);
+    if (r != COLL_OK) return r;
+    if (cc->ipc_ctx && (r = coll_transport_cuda_ipc.ready(comm, cc->ipc_ctx)) != COLL_OK)
+      return r;
+  } else {
+    cc->ready = ok;
+  }
+  if (cc->ready)
+    COLL_INFO(comm->rank, "CUDA: device path set up on GPU %d (%s)", cc->device,
+              n > 1 ? "cuda_ipc to every peer" : "one rank");
+  return COLL_OK;
+}
+
+coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn) {
+  struct coll_cuda_comm *cc = comm->cuda;
+  if (!cc) return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no CUDA state", comm->rank);
+  if (!atomic_load_explicit(&cc->tried, memory_order_acquire)) {
+    int old = -1;
+    if (cudaGetDevice(&old) != cudaSuccess) old = -1;
+    coll_result r = lazy_setup(comm, w->cuda_dev);
+    if (old >= 0) cudaSetDevice(old);
+    cudaGetLastError();
+    if (!cc->ready && !cc->reason[0])
+      snprintf(cc->reason, sizeof cc->reason, "setting it up failed: %.*s",
+               (int)sizeof cc->reason - 32, comm->errbuf);
+    atomic_store_explicit(&cc->tried, true, memory_order_release);
+    if (r != COLL_OK) return r;
+  }
+  if (!cc->ready)
+    return coll_fail(comm, COLL_ERR_UNSUPPORTED, "%s on rank %d: the buffers are CUDA device "
+                     "memory (GPU %d), but this communicator cannot run a collective on device "
+                     "memory: %s", fn, comm->rank, w->cuda_dev, cc->reason);
+  if (w->cuda_dev != cc->device)
+    return coll_fail(comm, COLL_ERR_INVALID_ARG, "%s on rank %d: the buffers are on GPU %d, but "
+                     "this communicator's device path is on GPU %d (set up by its first call "
+                     "on device memory)", fn, comm->rank, w->cuda_dev, cc->device);
+  return COLL_OK;
+}
+
+static coll_result connect_all(struct coll_comm *comm, const uint8_t *blobs, size_t stride) {
+  struct coll_cuda_comm *cc = comm->cuda;
+  int n = comm->nranks;
   coll_cuda_view *v = calloc((size_t)n, sizeof *v);
   cc->send = calloc((size_t)n, sizeof *cc->send);
   cc->recv = calloc((size_t)n, sizeof *cc->recv);
@@ -359,8 +497,7 @@ coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs,
       /* A GPU that is there but refuses (cudaIpcOpenMemHandle denied, cudaSetDevice
        * failing): the host path owes it nothing.  The communicator goes on without a
        * device path; the connectors made so far stay with ipc_ctx, which close() frees.
-       * (Peers whose own connects worked still think the path is there: comm.c's second
-       * round should carry this outcome so that all ranks agree; see cuda_internal.h.) */
+       * Peers whose own connects worked hear of it in lazy_setup's second round. */
       snprintf(cc->reason, sizeof cc->reason, "%s", comm->errbuf);
       for (int p = 0; p < n; p++) cc->send[p] = cc->recv[p] = NULL;
       cc->slot_bytes = 0;
@@ -375,16 +512,8 @@ coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs,
   return r;
 }
 
-coll_result coll_cuda_comm_ready(struct coll_comm *comm) {
-  if (!comm->cuda || !comm->cuda->ipc_ctx) return COLL_OK;
-  return coll_transport_cuda_ipc.ready(comm, comm->cuda->ipc_ctx);
-}
-
-bool coll_cuda_comm_usable(const struct coll_comm *comm) {
-  return comm->cuda && comm->cuda->ready;
-}
-
-void coll_cuda_comm_agree(struct coll_comm *comm, const uint8_t *flags) {
+/* Round 4: flags[p] & 1 is rank p's "my device path works". */
+static void agree(struct coll_comm *comm, const uint8_t *flags) {
   struct coll_cuda_comm *cc = comm->cuda;
   if (!cc || !cc->ready) return;
   for (int p = 0; p < comm->nranks; p++)
@@ -406,15 +535,42 @@ void coll_cuda_comm_wake(struct coll_comm *comm) {
   }
 }
 
+/* Waits until `s` has run everything issued on it, for at most timeout_ms (0: no
+ * bound).  Unlike poll_done it ignores the abort flag: what follows frees memory that
+ * work on the stream may still touch.  False when the bound ran out. */
+static bool drain(cudaStream_t s, int timeout_ms) {
+  uint64_t start = coll_now_ns();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e != cudaErrorNotReady) {
+      cudaGetLastError();
+      return true; /* done, or an error that no waiting will cure */
+    }
+    if (timeout_ms && coll_now_ns() - start > (uint64_t)timeout_ms * 1000000u) return false;
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 void coll_cuda_comm_free(struct coll_comm *comm) {
   struct coll_cuda_comm *cc = comm->cuda;
   if (!cc) return;
+  bool drained = true;
   if (cc->stream) {
     cudaSetDevice(cc->device);
-    cudaStreamSynchronize((cudaStream_t)cc->stream);
+    /* libcoll's stream only runs copies and reductions of slices: it never waits for
+     * another stream, so this ends in microseconds unless the GPU itself is stuck. */
+    drained = drain((cudaStream_t)cc->stream, comm->timeout_ms);
   }
-  if (cc->ipc_ctx) coll_transport_cuda_ipc.close(comm, cc->ipc_ctx);
-  if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
+  if (!drained) {
+    /* Freeing FIFOs under a running kernel could corrupt what a later allocation gets:
+     * leave them (and the stream) to the process's exit. */
+    COLL_WARN(comm->rank, "CUDA: libcoll's stream on GPU %d did not drain within %d ms; "
+              "leaving its FIFO memory allocated", cc->device, comm->timeout_ms);
+  } else {
+    if (cc->ipc_ctx) coll_transport_cuda_ipc.close(comm, cc->ipc_ctx);
+    if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
+  }
   cudaGetLastError();
   free(cc->send);
   free(cc->recv);
@@ -505,10 +661,23 @@ coll_result coll_stream_get_cuda(coll_stream_t s, cudaStream_t *cs) {
 void coll_cuda_stream_free(struct coll_stream *s) {
   struct coll_cuda_stream *x = s->cuda;
   if (!x) return;
-  /* The GPU (or a host callback) may still read the counter until the user's stream
-   * has passed our last wait: only then can the pinned page go. */
-  cudaStreamSynchronize(x->user);
-  cudaFreeHost((void *)x->flag);
+  /* coll_stream_destroy synchronised first, so every ticket handed out is done; say so
+   * once more (a ticket given to a call that failed to enqueue included) so that no wait
+   * on the user's stream can be left hanging.  The GPU (or a host callback) may still
+   * read the counter until the user's stream has passed our last wait: only then can
+   * the pinned page go, and that wait is bounded — on timeout the page stays. */
+  pthread_mutex_lock(&s->mu);
+  x->published = x->issued;
+  atomic_store_explicit(x->flag, x->published, memory_order_release);
+  pthread_mutex_unlock(&s->mu);
+  int old = -1;
+  if (cudaGetDevice(&old) == cudaSuccess && old != x->device) cudaSetDevice(x->device);
+  if (drain(x->user, coll_env_timeout_ms()))
+    cudaFreeHost((void *)x->flag);
+  else
+    COLL_WARN(-1, "CUDA: the cudaStream_t of a coll_stream_t did not reach its last wait "
+              "within COLL_TIMEOUT_MS; leaving its completion counter allocated");
+  if (old >= 0 && old != x->device) cudaSetDevice(old);
   cudaGetLastError();
   free(x);
   s->cuda = NULL;
@@ -536,12 +705,18 @@ static void ticket_done(struct coll_stream *s, uint32_t t) {
 typedef struct {
   struct coll_cuda_stream *x;
   uint32_t ticket;
+  int timeout_ms; /* the communicator's: 0 waits without a bound */
 } host_wait_arg;
 
-/* The fallback: runs on a driver thread once the stream reaches it; may not call CUDA. */
+/* The fallback: runs on a driver thread once the stream reaches it; may not call CUDA.
+ * The ticket is published when its collective ends in any way (failed and aborted ones
+ * too), and a collective's own waits are bounded by the same timeout, so the bound here
+ * (twice it) only guards against a collective that never ran at all. */
 static void host_wait(void *p) {
   host_wait_arg *a = p;
+  uint64_t start = coll_now_ns(), limit = (uint64_t)a->timeout_ms * 2000000u;
   while ((int32_t)(atomic_load_explicit(a->x->flag, memory_order_acquire) - a->ticket) < 0) {
+    if (limit && coll_now_ns() - start > limit) break;
     struct timespec ts = {0, 20000};
     nanosleep(&ts, NULL);
   }
@@ -556,15 +731,23 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
   w->cuda_ticket = 0;
   struct coll_cuda_stream *x = w->stream ? w->stream->cuda : NULL;
   bool moves = w->count > 0 || (w->coll == COLL_COLL_SENDRECV && w->recv_count > 0);
-  if (moves && w->coll != COLL_COLL_BARRIER && coll_cuda_available()) {
+  w->cuda_dev = -1;
+  /* A process that never loaded the CUDA driver has no device memory: no query at all. */
+  if (moves && w->coll != COLL_COLL_BARRIER && driver_loaded()) {
     int sd, rd;
     coll_mem_kind sk = coll_cuda_classify(w->sendbuf, &sd);
-    coll_mem_kind rk = coll_cuda_classify(w->recvbuf, &rd);
+    coll_mem_kind rk = sk;
+    rd = sd;
+    if (w->recvbuf != w->sendbuf) rk = coll_cuda_classify(w->recvbuf, &rd); /* in place: once */
     struct coll_cuda_comm *cc = comm->cuda;
-    const char *why = !cc ? "CUDA was not set up" : cc->ready ? NULL : cc->reason;
-    coll_result r = coll_cuda_check_kinds(comm, fn, sk, sd, rk, rd, cc ? cc->device : -1, why);
+    bool tried = cc && atomic_load_explicit(&cc->tried, memory_order_acquire);
+    /* Before the first device call the path is not set up: it will be, on this GPU. */
+    const char *why = !cc ? "CUDA was not set up" : !tried || cc->ready ? NULL : cc->reason;
+    int dev = sk == COLL_MEM_DEVICE ? sd : rd;
+    coll_result r = coll_cuda_check_kinds(comm, fn, sk, sd, rk, rd, tried ? cc->device : dev, why);
     if (r != COLL_OK) return r;
     w->device = sk == COLL_MEM_DEVICE || rk == COLL_MEM_DEVICE;
+    if (w->device) w->cuda_dev = dev;
   }
   if (!x) return COLL_OK;
   /* The event must belong to the stream's device; the caller's current device is put
@@ -614,6 +797,7 @@ coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_re
                      comm->rank);
   a->x = x;
   a->ticket = w->cuda_ticket;
+  a->timeout_ms = comm->timeout_ms;
   cudaError_t e = cudaLaunchHostFunc(x->user, host_wait, a);
   if (e != cudaSuccess) {
     free(a);
@@ -698,8 +882,7 @@ coll_mem_kind coll_cuda_classify(const void *p, int *device) {
   *device = -1;
   return p ? COLL_MEM_HOST : COLL_MEM_NONE;
 }
-coll_result coll_cuda_comm_setup(struct coll_comm *comm, void *blob) {
-  memset(blob, 0, COLL_CONN_BLOB);
+coll_result coll_cuda_comm_setup(struct coll_comm *comm) {
   struct coll_cuda_comm *cc = calloc(1, sizeof *cc);
   if (!cc) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up CUDA");
   cc->device = -1;
@@ -707,21 +890,11 @@ coll_result coll_cuda_comm_setup(struct coll_comm *comm, void *blob) {
   comm->cuda = cc;
   return COLL_OK;
 }
-coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs, size_t stride) {
-  (void)comm, (void)blobs, (void)stride;
-  return COLL_OK;
+coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn) {
+  (void)w;
+  return coll_fail(comm, COLL_ERR_INTERNAL, "%s: device work in a build without CUDA", fn);
 }
-coll_result coll_cuda_comm_ready(struct coll_comm *comm) {
-  (void)comm;
-  return COLL_OK;
-}
-bool coll_cuda_comm_usable(const struct coll_comm *comm) {
-  (void)comm;
-  return false;
-}
-void coll_cuda_comm_agree(struct coll_comm *comm, const uint8_t *flags) {
-  (void)comm, (void)flags;
-}
+bool coll_cuda_probed(void) { return false; }
 void coll_cuda_comm_wake(struct coll_comm *comm) { (void)comm; }
 void coll_cuda_comm_free(struct coll_comm *comm) {
   free(comm->cuda);

@@ -8,8 +8,9 @@
  *    reduce.c; the device table (cuda.c) is cudaMemcpyAsync and cuda_kernels.cu on the
  *    communicator's own CUDA stream, with `fence` waiting for that stream before a slot
  *    is published (send_post) or handed back (recv_release).
- *  - pointer classification (cudaPointerGetAttributes, asked only once a probe found a
- *    CUDA runtime with a device; the probe is cached per process).
+ *  - pointer classification: only in a process where the CUDA driver is loaded (someone
+ *    used CUDA: a process that never did can have no device memory), then
+ *    cudaPointerGetAttributes once a probe found a device (cached per process).
  *  - the per-communicator CUDA state: its device, its stream, and the cuda_ipc
  *    connectors used for device buffers (host buffers keep using shm / tcp).
  *  - pure functions (transport selection per pair, the buffer check) that tests call
@@ -51,10 +52,13 @@ bool coll_cuda_built(void);
  * least one device.  False with the reason in coll_cuda_unavailable_reason(). */
 bool coll_cuda_available(void);
 const char *coll_cuda_unavailable_reason(void);
+/* Has this process run the probe (for tests: a host-only job must not)? */
+bool coll_cuda_probed(void);
 
 typedef enum { COLL_MEM_HOST = 0, COLL_MEM_DEVICE = 1, COLL_MEM_NONE = 2 } coll_mem_kind;
-/* NONE for NULL; host when CUDA is unavailable, for host (pinned or not) and managed
- * memory; device (and its ordinal in *device) for cudaMalloc'ed memory. */
+/* NONE for NULL; host when CUDA is unavailable or was never used in this process, for
+ * host (pinned or not) and managed memory; device (and its ordinal in *device) for
+ * cudaMalloc'ed memory. */
 coll_mem_kind coll_cuda_classify(const void *p, int *device);
 
 /* ---- pure parts (no CUDA calls; tested without a GPU) ------------------------------- */
@@ -87,20 +91,14 @@ coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn,
 
 /* ---- the communicator's CUDA state (cuda.c), hooked into comm.c ---------------------- */
 
-/* Before the init exchange: sets up cuda_ipc when available (never fails init for
- * want of CUDA: the reason is kept for device calls); writes this rank's blob. */
-coll_result coll_cuda_comm_setup(struct coll_comm *comm, void *blob);
-/* After it: connects cuda_ipc to every peer the selection allows.  blobs[p * stride] is
- * rank p's blob. */
-coll_result coll_cuda_comm_connect(struct coll_comm *comm, const uint8_t *blobs, size_t stride);
-coll_result coll_cuda_comm_ready(struct coll_comm *comm);
-/* Agreement on the device path after connect: a rank whose own connects failed (a GPU
- * present but unusable) goes on without it, but its peers' connects may have worked.
- * comm.c's second round carries each rank's coll_cuda_comm_usable() (one bit per rank,
- * `flags[p] & 1`), and coll_cuda_comm_agree() then drops the device path everywhere
- * unless every rank has it, so no rank starts a device collective a peer refuses. */
-bool coll_cuda_comm_usable(const struct coll_comm *comm);
-void coll_cuda_comm_agree(struct coll_comm *comm, const uint8_t *flags);
+/* At creation: the communicator's CUDA state, empty.  Makes no CUDA call (nothing is
+ * set up until a collective is handed device memory). */
+coll_result coll_cuda_comm_setup(struct coll_comm *comm);
+/* executor.c, before running work on device memory (w->device): on the communicator's
+ * first such call, sets the device path up on the buffers' GPU (w->cuda_dev) with every
+ * other rank (cuda.c's "Lazy" comment says how); then refuses, with a sentence, a call
+ * the path cannot serve.  Collective on that first call: every rank must make it. */
+coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn);
 void coll_cuda_comm_free(struct coll_comm *comm);
 /* Wakes threads waiting on cuda_ipc connectors (abort). */
 void coll_cuda_comm_wake(struct coll_comm *comm);
@@ -138,7 +136,9 @@ bool coll_cuda_ipc_blob_view(const void *blob, coll_cuda_view *v);
 
 /* The communicator's CUDA state (comm->cuda). */
 struct coll_cuda_comm {
-  int device;            /* the GPU current when the communicator was built */
+  _Atomic bool tried;    /* the first device call has set the path up (or failed to):
+                            the fields below are final once this reads true */
+  int device;            /* the GPU of the first call on device memory */
   void *stream;          /* cudaStream_t: libcoll's own, non-blocking */
   void *ipc_ctx;         /* cuda_ipc transport context */
   coll_conn **send, **recv; /* per peer, for device buffers */

@@ -254,6 +254,9 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   /* COLL_CHECK, on the user's calls only */
   coll_result cr = comm->check && !w->internal ? coll_check_call(comm, w) : COLL_OK;
   if (cr != COLL_OK) return cr;
+  /* The communicator's first call on device memory sets its device path up (cuda.c). */
+  if (w->device && (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll))) != COLL_OK)
+    return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
   /* A group's point-to-point work (api/group.c) carries its plan: no algorithm.  Else
