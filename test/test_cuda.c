@@ -24,12 +24,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coll_config.h"
 #include "cuda_internal.h"
 #include "helpers.h"
+#include "internal.h"
 #include "reduce.h"
 
 #if COLL_HAVE_CUDA
@@ -621,8 +624,114 @@ static void run_matrix(int n, bool stream) {
 
 Test(cuda, matrix_2_ranks, .timeout = 900) { run_matrix(2, false); }
 Test(cuda, matrix_4_ranks, .timeout = 900) { run_matrix(4, false); }
+Test(cuda, matrix_8_ranks, .timeout = 900) { run_matrix(8, false); }
 Test(cuda, matrix_2_ranks_stream, .timeout = 900) { run_matrix(2, true); }
 Test(cuda, matrix_4_ranks_stream, .timeout = 900) { run_matrix(4, true); }
+Test(cuda, matrix_8_ranks_stream, .timeout = 900) { run_matrix(8, true); }
+
+/* ---- a rank that dies or aborts during device collectives ---------------------------------
+ *
+ * Four ranks on the GPU(s) run one device all-reduce (which sets the device path up),
+ * then rank 1 is SIGKILLed (by itself) or calls coll_comm_abort, while the others enter
+ * a second one that cannot finish without it: each must return COLL_ERR_REMOTE naming
+ * rank 1 within 5 s (COLL_TIMEOUT_MS is 30 s), with no device work of ours left behind
+ * (coll_comm_destroy and the process exit must not hang).  Children report by exit
+ * status; alarm() is the last resort; the parent reaps everyone. */
+#define FAULT_COUNT (1u << 20) /* floats: 4 MiB, two cuda_ipc slots */
+
+typedef enum { DEV_KILL, DEV_ABORT } dev_fault;
+
+static int fault_child(coll_unique_id id, int rank, int n, dev_fault f, int gate) {
+  alarm(120);
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 || cudaSetDevice(rank % ndev) != cudaSuccess)
+    return 10;
+  coll_comm_t comm;
+  if (coll_comm_init_rank(&comm, n, id, rank) != COLL_OK) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, coll_comm_last_error(NULL));
+    return 11;
+  }
+  float *h = malloc(sizeof(float) * FAULT_COUNT), *d = NULL;
+  for (unsigned i = 0; i < FAULT_COUNT; i++) h[i] = 1;
+  if (cudaMalloc((void **)&d, sizeof(float) * FAULT_COUNT) != cudaSuccess ||
+      cudaMemcpy(d, h, sizeof(float) * FAULT_COUNT, cudaMemcpyHostToDevice) != cudaSuccess)
+    return 12;
+  if (coll_all_reduce(d, d, FAULT_COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL) != COLL_OK) {
+    fprintf(stderr, "rank %d: first device all-reduce: %s\n", rank, coll_comm_last_error(comm));
+    return 13;
+  }
+  char c = 'r';
+  if (write(gate, &c, 1) != 1) return 14;
+  if (rank == 1) {
+    if (f == DEV_KILL) raise(SIGKILL);
+    coll_comm_abort(comm);
+    for (;;) pause(); /* stuck in its own code; the parent kills it */
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  coll_result r = coll_all_reduce(d, d, FAULT_COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+  const char *msg = coll_comm_last_error(comm);
+  fprintf(stderr, "  %s rank %d: %s in %.0f ms: %s\n", f == DEV_KILL ? "kill" : "abort", rank,
+          coll_result_string(r), ms, msg);
+  int bad = r != COLL_ERR_REMOTE || ms > 5000 ||
+            !(strstr(msg, "rank 1 ") || strstr(msg, "rank 1:") || strstr(msg, "rank 1)"));
+  if (coll_all_reduce(d, d, 4, COLL_FLOAT32, COLL_SUM, comm, NULL) == COLL_OK) bad = 1;
+  coll_comm_destroy(comm);
+  cudaFree(d);
+  free(h);
+  return bad ? 1 : 0;
+}
+
+static void run_fault(dev_fault f) {
+  char why[256];
+  if (!gpu_in_child(why, sizeof why)) cr_skip_test("%s", why);
+  setenv("COLL_TIMEOUT_MS", "30000", 1);
+  unsetenv("COLL_CUDA");
+  const int n = 4;
+  coll_unique_id id;
+  coll_root *root;
+  cr_assert_eq(coll_make_unique_id(&id, &root), COLL_OK, "%s", coll_comm_last_error(NULL));
+  int gate[2];
+  cr_assert_eq(pipe(gate), 0);
+  pid_t pid[4];
+  for (int r = 0; r < n; r++) {
+    pid[r] = fork();
+    cr_assert_neq(pid[r], -1);
+    if (pid[r] == 0) {
+      close(gate[0]);
+      _exit(fault_child(id, r, n, f, gate[1]));
+    }
+  }
+  close(gate[1]);
+  cr_assert_eq(coll_bootstrap_root_run(root, false, why, sizeof why), COLL_OK, "%s", why);
+  /* every rank through its first call; then the survivors, then the victim */
+  char c;
+  int ready = 0;
+  while (ready < n && read(gate[0], &c, 1) == 1) ready++;
+  close(gate[0]);
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    if (r == 1) continue;
+    int st = 0;
+    waitpid(pid[r], &st, 0);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+      fprintf(stderr, "  rank %d: %s %d\n", r, WIFEXITED(st) ? "exit status" : "signal",
+              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      failed++;
+    }
+  }
+  kill(pid[1], SIGKILL);
+  waitpid(pid[1], NULL, 0);
+  coll_bootstrap_root_stop(root);
+  cr_assert_eq(ready, n, "only %d of %d ranks got through the first device all-reduce", ready, n);
+  cr_assert_eq(failed, 0, "%d survivor(s) did not hear of rank 1 in time (stderr says how)", failed);
+  T_ASSERT_NO_LEFTOVERS("after the job");
+}
+
+Test(cuda, killed_rank_device, .timeout = 300) { run_fault(DEV_KILL); }
+Test(cuda, aborted_rank_device, .timeout = 300) { run_fault(DEV_ABORT); }
 #else
 Test(cuda, device_tests) {
   cr_skip_test("this build has no CUDA (nvcc was not found): device tests not built");
