@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# gpu_check.sh — the GPU run of issues 18 and 19, on a machine with a GPU and no network.
+#
+#   scripts/gpu_prepare.sh                       # HERE, once: fetches .gpu/debs
+#   # on the GPU machine (device tool: carry [".gpu"]), two calls of < 10 min each:
+#   scripts/gpu_check.sh build test              # env, build, CUDA tests -> $OUT
+#   scripts/gpu_check.sh bench                   # coll-bench --device cuda tables -> $OUT
+#   scripts/gpu_check.sh --rehearse build test bench   # here, without a GPU: every step
+#                                                # up to the first one that needs a GPU
+#
+# Stages (any order, each appends to its own file under $OUT, default ./gpu-results):
+#   build  unpacks .gpu/debs into /tmp/gpu-prefix (Criterion, OpenBLAS, pkgconf; a
+#          fallback library only where the machine lacks it), configures build-gpu with
+#          CUDA required, builds everything (build.log), and writes env.txt (GPU, driver,
+#          nvcc, torch).  A later stage builds first if build-gpu is missing.
+#   test   the CUDA tests, none skipped when a GPU is there: test_cuda (kernels against
+#          reduce.c, the device matrix at 2, 4 and 8 ranks, through a cudaStream_t too, a
+#          killed and an aborted rank) and libtrain's train_cuda (tests.log); then the
+#          closing line of scripts/summary.py over them.
+#   bench  coll-bench --device cuda: all_reduce, all_gather, reduce_scatter and broadcast
+#          at N = 2, 4, 8 ranks on the machine's GPUs, 1 KiB to 1 GiB, each table headed
+#          by the device-to-device copy rate coll-bench measures in the same run; the
+#          8-byte all-reduce latency at N = 2, blocking and stream-ordered (bench.txt).
+# Every stage prints what it runs; summary.txt gets one line per stage with its status.
+# Must never: download anything, install into / (the prefix is under /tmp), or stop at
+# the first failure (each stage runs whatever it can and says what failed).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-results}
+mkdir -p "$OUT"
+P=/tmp/gpu-prefix
+B=$ROOT/build-gpu
+REHEARSE=0
+STAGES=()
+for a in "$@"; do
+  case $a in
+  --rehearse) REHEARSE=1 ;;
+  build | test | bench) STAGES+=("$a") ;;
+  *) echo "gpu_check: unknown argument '$a' (stages: build test bench; --rehearse)" >&2; exit 2 ;;
+  esac
+done
+((${#STAGES[@]})) || STAGES=(build test bench)
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+have_gpu() { nvidia-smi -L >/dev/null 2>&1; }
+
+# ---- the carried prefix -------------------------------------------------------------
+prefix() {
+  [ -d .gpu/debs ] || { echo "gpu_check: no .gpu/debs: run scripts/gpu_prepare.sh here first" >&2; return 1; }
+  if [ ! -f $P/.done ]; then
+    mkdir -p $P
+    for f in .gpu/debs/*.deb; do dpkg-deb -x "$f" $P || return 1; done
+    # A fallback library only where the machine has none of that name.
+    for f in .gpu/fallback/*.deb; do
+      [ -e "$f" ] || continue
+      local t; t=$(mktemp -d)
+      dpkg-deb -x "$f" "$t"
+      find "$t" -name 'lib*.so.*' -type f -o -name 'lib*.so.*' -type l | while read -r l; do
+        ldconfig -p | grep -q " $(basename "$l") " ||
+          { mkdir -p $P/fallback; cp -a "$l" $P/fallback/; }
+      done
+      rm -rf "$t"
+    done
+    touch $P/.done
+  fi
+  local lib=$P/usr/lib/x86_64-linux-gnu
+  export PATH=$P/usr/bin:$PATH
+  export PKG_CONFIG_PATH=$lib/pkgconfig:$lib/openblas-pthread/pkgconfig
+  export PKG_CONFIG_SYSROOT_DIR=$P
+  # ld resolves the carried libraries' own needs (libgit2 for Criterion ...) through
+  # LD_LIBRARY_PATH too, and the test programs find them there at run time.
+  export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$P/fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+}
+
+stage_build() {
+  {
+    echo "== $(date -u +%FT%TZ) $(uname -srm)"
+    nvidia-smi 2>&1 || echo "(no nvidia-smi: no GPU here)"
+    nvcc --version 2>&1 | tail -2
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1
+    meson --version 2>&1 | sed 's/^/meson /'
+    ninja --version 2>&1 | sed 's/^/ninja /'
+    nproc
+  } >"$OUT/env.txt" 2>&1
+  prefix || { summary "build: FAILED (no carried prefix)"; return 1; }
+  local cuda=enabled
+  [ $REHEARSE = 1 ] && ! command -v nvcc >/dev/null && cuda=auto
+  {
+    echo "== meson setup (PKG_CONFIG_SYSROOT_DIR=$PKG_CONFIG_SYSROOT_DIR)"
+    if [ ! -f "$B/build.ninja" ]; then
+      meson setup "$B" -Dwerror=true -Dcuda=$cuda -Dtrain=enabled -Dpeers=disabled \
+        -Dbuildtype=release || return 1
+    fi
+    grep -E "Run-time dependency (criterion|openblas)|Program nvcc" "$B/meson-logs/meson-log.txt" | tail -4
+    echo "== ninja"
+    ninja -C "$B" || return 1
+  } >"$OUT/build.log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ]; then summary "build: ok ($(grep -c '^\[' "$OUT/build.log") steps)"
+  else summary "build: FAILED (tail of build.log:)"; tail -20 "$OUT/build.log" | tee -a "$OUT/summary.txt"; fi
+  return $rc
+}
+
+ensure_built() { [ -f "$B/build.ninja" ] && prefix && ninja -C "$B" >/dev/null 2>&1 || stage_build; }
+
+stage_test() {
+  ensure_built || { summary "test: not run (no build)"; return 1; }
+  if ! have_gpu && [ $REHEARSE = 0 ]; then summary "test: no GPU on this machine (nvidia-smi -L failed)"; fi
+  {
+    echo "== $(date -u +%T) meson test cuda train_cuda"
+    # The whole coll suite is CI's; here only what needs the GPU.  COLL_CUDA is left to
+    # test_cuda's own environment (meson sets it per test).
+    meson test -C "$B" --no-rebuild --print-errorlogs --timeout-multiplier 2 cuda train_cuda
+    echo "== $(date -u +%T) done"
+  } >"$OUT/tests.log" 2>&1
+  python3 scripts/summary.py "$B/meson-logs/testlog.json" | tail -3 | sed 's/^/test: /' | tee -a "$OUT/summary.txt"
+  # the per-case lines: what passed, what skipped and why
+  grep -E '^\[(PASS|FAIL|SKIP|ERR )' "$B/meson-logs/testlog.txt" | sort | uniq -c | sort -rn | head -40 >>"$OUT/tests.log"
+}
+
+stage_bench() {
+  ensure_built || { summary "bench: not run (no build)"; return 1; }
+  local cb="$B/bench/coll-bench" f="$OUT/bench.txt" rc=0
+  if ! have_gpu; then
+    summary "bench: no GPU on this machine; running one size to rehearse the command lines"
+  fi
+  : >"$f"
+  run() { echo "\$ $*" >>"$f"; timeout 300 "$@" >>"$f" 2>&1 || { rc=1; echo "(exit $?)" >>"$f"; }; }
+  local big=1G
+  have_gpu || big=1K
+  for n in 2 4 8; do
+    run "$cb" all_reduce,all_gather,reduce_scatter,broadcast --device cuda --ranks $n \
+      -b 1K -e $big -f 4 -n 10 -w 2 -c 0 -z 1
+    have_gpu || break
+  done
+  # one checked pass, and the small-message latency: blocking, then stream-ordered
+  run "$cb" all_reduce --device cuda --ranks 2 -b 1K -e 64M -f 16 -n 5 -w 1 -c 1 -z 1
+  run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 1 --stats
+  run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 0
+  summary "bench: $([ $rc = 0 ] && echo ok || echo 'some runs failed, see bench.txt')"
+}
+
+: >"$OUT/summary.txt"
+summary "gpu_check $(git rev-parse --short HEAD 2>/dev/null) on $(hostname): stages ${STAGES[*]}$([ $REHEARSE = 1 ] && echo ' (rehearsal)')"
+for s in "${STAGES[@]}"; do "stage_$s"; done
+exit 0
