@@ -145,10 +145,16 @@ struct train_model {
     void *bwd_hook_arg;
     train_forward_hook fwd_hook; /* called as forward stages finish (timelines), may be NULL */
     void *fwd_hook_arg;
+    /* FSDP (ZeRO-3): block l's parameters are read from block_params[l] (its tensors at
+     * the same offsets relative to the block's first tensor) instead of from `params`,
+     * where that block's range is then not kept. NULL (the array or an entry): `params`. */
+    float **block_params;
 };
 
 /* Views of block l (or of embeddings / final LayerNorm) inside a flat array `base`. */
 void train_block_view(const train_model *m, float *base, int l, train_block *out);
+/* Block l's parameters, wherever they live (block_params[l] or params). */
+void train_block_params_view(const train_model *m, int l, train_block *out);
 float *train_tensor(const train_model *m, float *base, const char *name);
 
 /* ---- helpers (util.c) ---- */

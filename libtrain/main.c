@@ -11,6 +11,7 @@
  * before the first file is created, and every file is written atomically.
  */
 #include "ddp.h"
+#include "fsdp.h"
 #include "train.h"
 
 #include <coll_launch.h>
@@ -63,7 +64,9 @@ static void usage(FILE *f)
         "  --plot FILE.svg   draw the loss curve at the end\n"
         "  --quiet           only evaluations and the summary\n"
         "data parallel:\n"
-        "  --parallel none|ddp  (none)\n"
+        "  --parallel none|ddp|fsdp  (none)\n"
+        "  --zero 1|2|3      with fsdp: shard optimizer state (1), + gradients (2),\n"
+        "                    + parameters (3) (3)\n"
         "  --ranks N         local ranks to start (1); under a launcher: its world size\n"
         "  --backend coll|mpi|nccl  libcoll, Open MPI via mpirun.openmpi, or NCCL (needs\n"
         "                    --device cuda; its id goes over libcoll's bootstrap) (coll)\n"
@@ -160,7 +163,7 @@ enum {
     O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
     O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
     O_QUIET, O_HELP, O_STOPAFTER, O_PARALLEL, O_RANKS, O_BACKEND, O_BUCKETMB, O_NOOVERLAP,
-    O_ACCUM, O_TRACE
+    O_ACCUM, O_TRACE, O_ZERO
 };
 
 /* Everything parsed from the command line. */
@@ -169,7 +172,7 @@ typedef struct cli {
     const char *ckpt_dir, *resume, *plot, *prompt, *trace;
     long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
     int quiet;
-    int ddp, ranks, ranks_given, mpi, nccl, overlap, accum;
+    int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
     double bucket_mb;
     char **argv;
 } cli;
@@ -219,7 +222,16 @@ static int run(const cli *c, train_backend *b)
         die_rank(b, msg);
     }
     train_ddp *d = NULL;
-    if (b) {
+    train_fsdp *fs = NULL;
+    if (b && c->fsdp) {
+        train_fsdp_options fo = train_fsdp_options_default();
+        fo.zero = c->zero;
+        fo.accum = c->accum;
+        fo.trace = c->trace != NULL;
+        fs = train_fsdp_create(s, b, &fo, msg);
+        if (!fs)
+            die_rank(b, msg);
+    } else if (b) {
         train_ddp_options dopt = train_ddp_options_default();
         dopt.bucket_bytes = (size_t)(c->bucket_mb * 1048576.0);
         if (dopt.bucket_bytes < sizeof(float))
@@ -274,6 +286,16 @@ static int run(const cli *c, train_backend *b)
     putchar('\n');
     if (resume)
         printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
+    if (fs) {
+        printf("coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s per step: "
+               "global batch %d x seq %d; %d units:\n",
+               c->zero, b->nranks, b->name, c->accum, c->accum > 1 ? "s" : "",
+               c->accum * b->nranks * o.batch, o.seq, train_fsdp_num_units(fs));
+        for (int i = 0; i < train_fsdp_num_units(fs); i++) {
+            train_fsdp_describe_unit(fs, i, msg, sizeof msg);
+            printf("  %s\n", msg);
+        }
+    }
     if (d) {
         printf("coll-train: DDP on %d ranks (%s backend), %d micro-step%s per step: global "
                "batch %d x seq %d; %s; %d gradient buckets:\n",
@@ -304,12 +326,20 @@ train:;
     double tok_total = 0, time_total = 0;
     train_step_stats st = {0};
     char path[4200];
-    double bwd_total = 0, wait_total = 0, comm_total = 0;
+    double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0;
     int nglobal = b ? c->accum * b->nranks : 1;
 
     for (long i = 0; i < n; i++) {
         train_ddp_stats ds = {0};
-        if (d) {
+        train_fsdp_stats fst = {0};
+        if (fs) {
+            if (train_fsdp_step(fs, &fst, msg) != 0)
+                die_rank(b, msg);
+            st = fst.step;
+            ds.wait_ms = fst.wait_ms;
+            ds.bwd_ms = fst.bwd_ms;
+            sent_total += (double)fst.sent_bytes;
+        } else if (d) {
             if (train_ddp_step(d, &ds, msg) != 0)
                 die_rank(b, msg);
             st = ds.step;
@@ -329,12 +359,18 @@ train:;
                    st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
             if (peak > 0)
                 printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
+            if (fs)
+                printf(" | bwd %6.1f ms | exposed comm %6.1f ms | sent %.2f MiB", fst.bwd_ms,
+                       fst.wait_ms, fst.sent_bytes / 1048576.0);
             if (d)
                 printf(" | bwd %6.1f ms | exposed comm %6.1f ms | hidden %3.0f%%", ds.bwd_ms,
                        ds.wait_ms, 100.0 * ds.hidden);
             putchar('\n');
         }
         int last = st.step == last_step;
+        int eval_now = (eval_every && st.step % eval_every == 0) || (last && eval_every);
+        if (fs && eval_now && train_fsdp_materialize(fs, msg) != 0) /* collective */
+            die_rank(b, msg);
         if (root && ((eval_every && st.step % eval_every == 0) || (last && eval_every))) {
             float vl = train_session_val_loss(s, (int)eval_batches);
             vsteps[nv] = st.step;
@@ -359,9 +395,14 @@ train:;
     double wall = now_s() - t_start;
     if (d && train_ddp_check_identical(d, msg) != 0)
         die_rank(b, msg);
+    if (fs && train_fsdp_check_identical(fs, msg) != 0)
+        die_rank(b, msg);
+    if (fs && c->trace && train_fsdp_write_trace(fs, c->trace, msg) != 0)
+        die_rank(b, msg);
     if (d && c->trace && train_ddp_write_trace(d, c->trace, msg) != 0)
         die_rank(b, msg);
     if (!root) {
+        train_fsdp_free(fs);
         train_ddp_free(d);
         train_session_free(s);
         free(losses);
@@ -377,7 +418,10 @@ train:;
                wait_total / (double)(n - 1),
                comm_total > wait_total ? 100.0 * (1.0 - wait_total / comm_total) : 0.0);
     }
-    if (d && c->trace)
+    if (fs && n > 0)
+        printf("fsdp: every rank gathers bitwise the same weights | sent per rank per step "
+               "%.0f bytes (ring formulas over the calls made)\n", sent_total / (double)n);
+    if ((d || fs) && c->trace)
         printf("trace %s\n", c->trace);
     printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
     if (nv)
@@ -402,6 +446,7 @@ train:;
     free(vsteps);
     free(vloss);
     free(sample);
+    train_fsdp_free(fs);
     train_ddp_free(d);
     train_session_free(s);
     return 0;
@@ -537,6 +582,7 @@ int main(int argc, char **argv)
         {"no-overlap", no_argument, 0, O_NOOVERLAP},
         {"accum", required_argument, 0, O_ACCUM},
         {"trace", required_argument, 0, O_TRACE},
+        {"zero", required_argument, 0, O_ZERO},
         {0, 0, 0, 0},
     };
     train_options o = {
@@ -554,7 +600,8 @@ int main(int argc, char **argv)
     long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
     int quiet = 0;
     char msg[TRAIN_ERRLEN];
-    cli cl = {.ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
+    int zero_given = 0;
+    cli cl = {.zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
 
     opterr = 0;
     int c;
@@ -598,12 +645,13 @@ int main(int argc, char **argv)
         case O_QUIET: quiet = 1; break;
         case O_STOPAFTER: stop_after = parse_int("--stop-after", a, 0, LONG_MAX); break;
         case O_PARALLEL:
+            cl.ddp = cl.fsdp = 0;
             if (strcmp(a, "ddp") == 0)
                 cl.ddp = 1;
-            else if (strcmp(a, "none") == 0)
-                cl.ddp = 0;
-            else {
-                snprintf(msg, sizeof msg, "--parallel: '%s' is not none or ddp", a);
+            else if (strcmp(a, "fsdp") == 0)
+                cl.ddp = cl.fsdp = 1; /* launched like DDP */
+            else if (strcmp(a, "none") != 0) {
+                snprintf(msg, sizeof msg, "--parallel: '%s' is not none, ddp or fsdp", a);
                 die(msg);
             }
             break;
@@ -623,6 +671,10 @@ int main(int argc, char **argv)
         case O_NOOVERLAP: cl.overlap = 0; break;
         case O_ACCUM: cl.accum = (int)parse_int("--accum", a, 1, 1 << 20); break;
         case O_TRACE: cl.trace = a; break;
+        case O_ZERO:
+            cl.zero = (int)parse_int("--zero", a, 1, 3);
+            zero_given = 1;
+            break;
         case O_HELP:
         case 'h': usage(stdout); return 0;
         default:
@@ -644,7 +696,17 @@ int main(int argc, char **argv)
         check_writable_dir_of("--plot", plot);
 
     if (!cl.ddp && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
-        die("--ranks, --accum and --trace need --parallel ddp");
+        die("--ranks, --accum and --trace need --parallel ddp or fsdp");
+    if (zero_given && !cl.fsdp)
+        die("--zero needs --parallel fsdp: it chooses what the fully sharded trainer shards");
+    if (cl.fsdp && cl.nccl)
+        die("--parallel fsdp runs on the CPU model over libcoll or Open MPI; --backend nccl "
+            "is for --parallel ddp");
+    if (cl.fsdp && o.device == TRAIN_DEVICE_CUDA)
+        die("--parallel fsdp runs on the CPU model only (--device cpu); use --parallel ddp "
+            "on GPUs");
+    if (cl.fsdp && (ckpt_dir || resume))
+        die("--parallel fsdp does not write or resume checkpoints yet");
     if (cl.trace)
         check_writable_dir_of("--trace", cl.trace);
     if (cl.nccl && o.device != TRAIN_DEVICE_CUDA)
