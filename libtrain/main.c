@@ -12,6 +12,7 @@
  */
 #include "ddp.h"
 #include "fsdp.h"
+#include "plan.h"
 #include "train.h"
 
 #include <coll_launch.h>
@@ -73,6 +74,8 @@ static void usage(FILE *f)
         "  --bucket-mb X     gradient bucket cap in MiB; the first is 1 MiB (25)\n"
         "  --no-overlap      all-reduce the buckets after backward, not during it\n"
         "  --accum K         micro-steps per optimizer step; only the last syncs (1)\n"
+        "  --plan            print the memory/communication planner's table for this model,\n"
+        "                    --batch and --ranks (none, DDP, ZeRO-1/2/3) and exit\n"
         "  --trace FILE.json timeline of compute and communication per rank (Perfetto)\n"
         "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
 }
@@ -163,7 +166,7 @@ enum {
     O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
     O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
     O_QUIET, O_HELP, O_STOPAFTER, O_PARALLEL, O_RANKS, O_BACKEND, O_BUCKETMB, O_NOOVERLAP,
-    O_ACCUM, O_TRACE, O_ZERO
+    O_ACCUM, O_TRACE, O_ZERO, O_PLAN
 };
 
 /* Everything parsed from the command line. */
@@ -174,6 +177,7 @@ typedef struct cli {
     int quiet;
     int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
     double bucket_mb;
+    double fixed; /* resident bytes at start, before any model: the planner's fixed part */
     char **argv;
 } cli;
 
@@ -187,6 +191,40 @@ static void die_rank(train_backend *b, const char *msg)
     fflush(stderr);
     b->abort(b);
     exit(1);
+}
+
+/* --plan: the table for every strategy. */
+static int print_plan(const train_options *o, int N, int accum, double fixed)
+{
+    char line[256], msg[TRAIN_ERRLEN];
+    size_t np = 0;
+    printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
+           "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
+           "step (ring); fixed = measured resident size of this process before any model\n",
+           o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq,
+           o->batch, o->seq, N, N > 1 ? "s" : "", accum);
+    (void)np;
+    train_plan_header(line, sizeof line);
+    printf("%s\n", line);
+    for (int st = 0; st < TRAIN_PLAN_COUNT; st++) {
+        train_plan_row r;
+        if (train_plan(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, fixed, &r,
+                       msg) != 0)
+            die(msg);
+        train_plan_format(&r, line, sizeof line);
+        printf("%s\n", line);
+    }
+    return 0;
+}
+
+/* This run's planner row, and at the end each rank's measured peak beside it. */
+static train_strategy run_strategy(const cli *c, const train_backend *b)
+{
+    if (!b)
+        return TRAIN_PLAN_NONE;
+    if (!c->fsdp)
+        return TRAIN_PLAN_DDP;
+    return (train_strategy)(TRAIN_PLAN_ZERO1 + c->zero - 1);
 }
 
 static int env_int(const char *name, int dflt)
@@ -296,6 +334,17 @@ static int run(const cli *c, train_backend *b)
             printf("  %s\n", msg);
         }
     }
+    {
+        train_plan_row pr;
+        char line[256];
+        if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
+                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+            train_plan_header(line, sizeof line);
+            printf("plan (MiB per rank): %s\n", line);
+            train_plan_format(&pr, line, sizeof line);
+            printf("plan (MiB per rank): %s\n", line);
+        }
+    }
     if (d) {
         printf("coll-train: DDP on %d ranks (%s backend), %d micro-step%s per step: global "
                "batch %d x seq %d; %s; %d gradient buckets:\n",
@@ -393,6 +442,14 @@ train:;
         fflush(stdout);
     }
     double wall = now_s() - t_start;
+    double peak_rss = train_peak_rss_bytes(), *peaks = NULL;
+    if (b) {
+        peaks = calloc((size_t)b->nranks, sizeof *peaks);
+        train_req preq;
+        if (!peaks || b->all_gather(b, &peak_rss, peaks, sizeof peak_rss, &preq) != 0 ||
+            b->wait(b, preq) != 0)
+            die_rank(b, peaks ? b->err : "out of memory gathering the peak memory");
+    }
     if (d && train_ddp_check_identical(d, msg) != 0)
         die_rank(b, msg);
     if (fs && train_fsdp_check_identical(fs, msg) != 0)
@@ -402,6 +459,7 @@ train:;
     if (d && c->trace && train_ddp_write_trace(d, c->trace, msg) != 0)
         die_rank(b, msg);
     if (!root) {
+        free(peaks);
         train_fsdp_free(fs);
         train_ddp_free(d);
         train_session_free(s);
@@ -418,6 +476,26 @@ train:;
                wait_total / (double)(n - 1),
                comm_total > wait_total ? 100.0 * (1.0 - wait_total / comm_total) : 0.0);
     }
+    {
+        train_plan_row pr;
+        if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
+                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+            printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
+                   pr.total / 1048576.0, pr.name);
+            double mx = peak_rss;
+            for (int r = 0; b && r < b->nranks; r++) {
+                printf(" rank %d %.1f", r, peaks[r] / 1048576.0);
+                mx = peaks[r] > mx ? peaks[r] : mx;
+            }
+            if (!b)
+                printf(" %.1f", peak_rss / 1048576.0);
+            printf(" MiB; largest / planned = %.3f\n", mx / pr.total);
+            if (fs && n > 0)
+                printf("communication: planned %.0f bytes sent per rank per step (ring), "
+                       "counted %.0f\n", pr.sent, sent_total / (double)n);
+        }
+    }
+    free(peaks);
     if (fs && n > 0)
         printf("fsdp: every rank gathers bitwise the same weights | sent per rank per step "
                "%.0f bytes (ring formulas over the calls made)\n", sent_total / (double)n);
@@ -583,6 +661,7 @@ int main(int argc, char **argv)
         {"accum", required_argument, 0, O_ACCUM},
         {"trace", required_argument, 0, O_TRACE},
         {"zero", required_argument, 0, O_ZERO},
+        {"plan", no_argument, 0, O_PLAN},
         {0, 0, 0, 0},
     };
     train_options o = {
@@ -600,7 +679,8 @@ int main(int argc, char **argv)
     long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
     int quiet = 0;
     char msg[TRAIN_ERRLEN];
-    int zero_given = 0;
+    int zero_given = 0, plan = 0;
+    double fixed = train_rss_bytes();
     cli cl = {.zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
 
     opterr = 0;
@@ -671,6 +751,7 @@ int main(int argc, char **argv)
         case O_NOOVERLAP: cl.overlap = 0; break;
         case O_ACCUM: cl.accum = (int)parse_int("--accum", a, 1, 1 << 20); break;
         case O_TRACE: cl.trace = a; break;
+        case O_PLAN: plan = 1; break;
         case O_ZERO:
             cl.zero = (int)parse_int("--zero", a, 1, 3);
             zero_given = 1;
@@ -695,6 +776,8 @@ int main(int argc, char **argv)
     if (plot)
         check_writable_dir_of("--plot", plot);
 
+    if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
+        return print_plan(&o, cl.ranks, cl.accum, fixed);
     if (!cl.ddp && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
         die("--ranks, --accum and --trace need --parallel ddp or fsdp");
     if (zero_given && !cl.fsdp)
@@ -716,6 +799,7 @@ int main(int argc, char **argv)
         train_backend_nccl(NULL, 0, msg); /* the stub says why */
         die(msg);
     }
+    cl.fixed = fixed;
     cl.o = o;
     cl.ckpt_dir = ckpt_dir;
     cl.resume = resume;

@@ -188,6 +188,31 @@ static size_t layout_scratch(train_model *m, float *mem)
     return off;
 }
 
+int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
+                      size_t *act_bytes, size_t *unit_len)
+{
+    train_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    m.maxB = B;
+    m.maxT = T;
+    build_layout(&m);
+    if (!m.tensors)
+        return -1;
+    *nparams = m.nparams;
+    *act_bytes = (layout_acts(&m, NULL) + layout_scratch(&m, NULL)) * sizeof(float);
+    int L = cfg->layers;
+    if (unit_len) {
+        unit_len[0] = m.tensors[2].offset;
+        for (int l = 0; l < L; l++)
+            unit_len[l + 1] = m.tensors[2 + (l + 1) * BLOCK_TENSORS].offset -
+                              m.tensors[2 + l * BLOCK_TENSORS].offset;
+        unit_len[L + 1] = m.nparams - m.tensors[2 + L * BLOCK_TENSORS].offset;
+    }
+    free(m.tensors);
+    return 0;
+}
+
 /* GPT-2 initialisation, drawn in layout order from one splitmix64 stream. */
 static void init_params(const train_model *m, float *host, uint64_t seed)
 {
