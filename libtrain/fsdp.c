@@ -117,13 +117,14 @@ static void release_range(float *p, size_t n)
     }
 }
 
-static void *zalloc(size_t bytes)
+/* Zeroed arrays from the device's allocator: on the CPU large ones are fresh mmap pages,
+ * resident only once touched, so a shard array costs memory when it is first written. */
+static const train_ops *zops;
+static void *zalloc(size_t bytes) { return zops->alloc(bytes ? bytes : 64); }
+static void zfree(void *p)
 {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
-        return NULL;
-    memset(p, 0, bytes);
-    return p;
+    if (p)
+        zops->release(p);
 }
 
 static void build_units(train_fsdp *f)
@@ -472,6 +473,7 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
                         "released pages are host memory (use --parallel ddp on GPUs)");
         return NULL;
     }
+    zops = m->ops;
     train_fsdp *f = calloc(1, sizeof *f);
     if (!f) {
         train_errf(err, "out of memory for FSDP");
@@ -537,6 +539,8 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
         }
         memcpy(m->params + x->start, f->stage, x->len * sizeof(float));
         memcpy(f->pshard + x->soff, m->params + x->own_lo, x->own_n * sizeof(float));
+        if (o->zero == 3 && x->block >= 0 && x->block < f->L) /* not kept: no peak of 4P */
+            release_range(m->params + x->start, x->len);
     }
     struct { train_loader_state pos; int64_t step; } where = {s->pos, s->step};
     train_req r;
@@ -547,6 +551,7 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
     }
     s->pos = where.pos;
     s->step = (long)where.step;
+    f->materialized = o->zero == 3; /* the check gathers unit by unit, not into params */
     if (train_fsdp_check_identical(f, err) != 0) {
         train_fsdp_free(f);
         return NULL;
@@ -598,14 +603,14 @@ void train_fsdp_free(train_fsdp *f)
     free(f->u);
     free(f->rs);
     free(f->block_params);
-    free(f->pshard);
-    free(f->gshard);
-    free(f->mshard);
-    free(f->vshard);
-    free(f->gtmp);
-    free(f->stage);
-    free(f->blockbuf[0]);
-    free(f->blockbuf[1]);
+    zfree(f->pshard);
+    zfree(f->gshard);
+    zfree(f->mshard);
+    zfree(f->vshard);
+    zfree(f->gtmp);
+    zfree(f->stage);
+    zfree(f->blockbuf[0]);
+    zfree(f->blockbuf[1]);
     free(f->inputs);
     free(f->targets);
     train_trace_free(&f->trace);
