@@ -79,11 +79,4 @@ TRAIN_API int train_fsdp_materialize(train_fsdp *f, char *err);
 /* Collective: gathers the timelines; rank 0 writes `path`. */
 TRAIN_API int train_fsdp_write_trace(train_fsdp *f, const char *path, char *err);
 
-/* Sharded checkpoints (fsdp_ckpt.c): collective. dir/manifest.txt plus one
- * dir/shard_<r>_of_<N>.bin per rank, each written atomically, the manifest last. */
-TRAIN_API int train_fsdp_save(train_fsdp *f, const char *dir, char *err);
-/* Loads a sharded checkpoint written at any N into this job (resharding), or, with
- * f == NULL, into a single-process session s. Refuses an incomplete one with a sentence. */
-TRAIN_API int train_fsdp_load(train_fsdp *f, train_session *s, const char *dir, char *err);
-
 #endif
