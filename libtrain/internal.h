@@ -75,7 +75,7 @@ typedef struct train_ops {
 
 const train_ops *train_cpu_ops(void);
 /* NULL when CUDA is not built in or no usable GPU is present (reason in err). */
-const train_ops *train_cuda_ops(char *err);
+TRAIN_API const train_ops *train_cuda_ops(char *err); /* exported: cuda_dlopen.c finds it */
 
 /* Forward activations, views into one allocation (sizes for the B,T of creation). */
 typedef struct train_acts {
@@ -145,10 +145,21 @@ struct train_model {
     void *bwd_hook_arg;
     train_forward_hook fwd_hook; /* called as forward stages finish (timelines), may be NULL */
     void *fwd_hook_arg;
+    /* FSDP (ZeRO-3): block l's parameters are read from block_params[l] (its tensors at
+     * the same offsets relative to the block's first tensor) instead of from `params`,
+     * where that block's range is then not kept. NULL (the array or an entry): `params`. */
+    float **block_params;
 };
 
 /* Views of block l (or of embeddings / final LayerNorm) inside a flat array `base`. */
 void train_block_view(const train_model *m, float *base, int l, train_block *out);
+/* Without allocating: parameter count, activation + backward scratch bytes at (B,T), and
+ * (unit_len: L+2 entries, may be NULL) the lengths of the embeddings, each block and the
+ * final LayerNorm. -1 when out of memory. */
+int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
+                      size_t *act_bytes, size_t *unit_len);
+/* Block l's parameters, wherever they live (block_params[l] or params). */
+void train_block_params_view(const train_model *m, int l, train_block *out);
 float *train_tensor(const train_model *m, float *base, const char *name);
 
 /* ---- helpers (util.c) ---- */

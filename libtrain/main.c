@@ -11,6 +11,8 @@
  * before the first file is created, and every file is written atomically.
  */
 #include "ddp.h"
+#include "fsdp.h"
+#include "plan.h"
 #include "train.h"
 
 #include <coll_launch.h>
@@ -63,13 +65,17 @@ static void usage(FILE *f)
         "  --plot FILE.svg   draw the loss curve at the end\n"
         "  --quiet           only evaluations and the summary\n"
         "data parallel:\n"
-        "  --parallel none|ddp  (none)\n"
+        "  --parallel none|ddp|fsdp  (none)\n"
+        "  --zero 1|2|3      with fsdp: shard optimizer state (1), + gradients (2),\n"
+        "                    + parameters (3) (3)\n"
         "  --ranks N         local ranks to start (1); under a launcher: its world size\n"
         "  --backend coll|mpi|nccl  libcoll, Open MPI via mpirun.openmpi, or NCCL (needs\n"
         "                    --device cuda; its id goes over libcoll's bootstrap) (coll)\n"
         "  --bucket-mb X     gradient bucket cap in MiB; the first is 1 MiB (25)\n"
         "  --no-overlap      all-reduce the buckets after backward, not during it\n"
         "  --accum K         micro-steps per optimizer step; only the last syncs (1)\n"
+        "  --plan            print the memory/communication planner's table for this model,\n"
+        "                    --batch and --ranks (none, DDP, ZeRO-1/2/3) and exit\n"
         "  --trace FILE.json timeline of compute and communication per rank (Perfetto)\n"
         "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
 }
@@ -160,7 +166,7 @@ enum {
     O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
     O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
     O_QUIET, O_HELP, O_STOPAFTER, O_PARALLEL, O_RANKS, O_BACKEND, O_BUCKETMB, O_NOOVERLAP,
-    O_ACCUM, O_TRACE
+    O_ACCUM, O_TRACE, O_ZERO, O_PLAN
 };
 
 /* Everything parsed from the command line. */
@@ -169,8 +175,9 @@ typedef struct cli {
     const char *ckpt_dir, *resume, *plot, *prompt, *trace;
     long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
     int quiet;
-    int ddp, ranks, ranks_given, mpi, nccl, overlap, accum;
+    int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
     double bucket_mb;
+    double fixed; /* resident bytes at start, before any model: the planner's fixed part */
     char **argv;
 } cli;
 
@@ -184,6 +191,40 @@ static void die_rank(train_backend *b, const char *msg)
     fflush(stderr);
     b->abort(b);
     exit(1);
+}
+
+/* --plan: the table for every strategy. */
+static int print_plan(const train_options *o, int N, int accum, double fixed)
+{
+    char line[256], msg[TRAIN_ERRLEN];
+    size_t np = 0;
+    printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
+           "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
+           "step (ring); fixed = measured resident size of this process before any model\n",
+           o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq,
+           o->batch, o->seq, N, N > 1 ? "s" : "", accum);
+    (void)np;
+    train_plan_header(line, sizeof line);
+    printf("%s\n", line);
+    for (int st = 0; st < TRAIN_PLAN_COUNT; st++) {
+        train_plan_row r;
+        if (train_plan(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, fixed, &r,
+                       msg) != 0)
+            die(msg);
+        train_plan_format(&r, line, sizeof line);
+        printf("%s\n", line);
+    }
+    return 0;
+}
+
+/* This run's planner row, and at the end each rank's measured peak beside it. */
+static train_strategy run_strategy(const cli *c, const train_backend *b)
+{
+    if (!b)
+        return TRAIN_PLAN_NONE;
+    if (!c->fsdp)
+        return TRAIN_PLAN_DDP;
+    return (train_strategy)(TRAIN_PLAN_ZERO1 + c->zero - 1);
 }
 
 static int env_int(const char *name, int dflt)
@@ -219,7 +260,16 @@ static int run(const cli *c, train_backend *b)
         die_rank(b, msg);
     }
     train_ddp *d = NULL;
-    if (b) {
+    train_fsdp *fs = NULL;
+    if (b && c->fsdp) {
+        train_fsdp_options fo = train_fsdp_options_default();
+        fo.zero = c->zero;
+        fo.accum = c->accum;
+        fo.trace = c->trace != NULL;
+        fs = train_fsdp_create(s, b, &fo, msg);
+        if (!fs)
+            die_rank(b, msg);
+    } else if (b) {
         train_ddp_options dopt = train_ddp_options_default();
         dopt.bucket_bytes = (size_t)(c->bucket_mb * 1048576.0);
         if (dopt.bucket_bytes < sizeof(float))
@@ -274,6 +324,27 @@ static int run(const cli *c, train_backend *b)
     putchar('\n');
     if (resume)
         printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
+    if (fs) {
+        printf("coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s per step: "
+               "global batch %d x seq %d; %d units:\n",
+               c->zero, b->nranks, b->name, c->accum, c->accum > 1 ? "s" : "",
+               c->accum * b->nranks * o.batch, o.seq, train_fsdp_num_units(fs));
+        for (int i = 0; i < train_fsdp_num_units(fs); i++) {
+            train_fsdp_describe_unit(fs, i, msg, sizeof msg);
+            printf("  %s\n", msg);
+        }
+    }
+    {
+        train_plan_row pr;
+        char line[256];
+        if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
+                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+            train_plan_header(line, sizeof line);
+            printf("plan (MiB per rank): %s\n", line);
+            train_plan_format(&pr, line, sizeof line);
+            printf("plan (MiB per rank): %s\n", line);
+        }
+    }
     if (d) {
         printf("coll-train: DDP on %d ranks (%s backend), %d micro-step%s per step: global "
                "batch %d x seq %d; %s; %d gradient buckets:\n",
@@ -304,12 +375,20 @@ train:;
     double tok_total = 0, time_total = 0;
     train_step_stats st = {0};
     char path[4200];
-    double bwd_total = 0, wait_total = 0, comm_total = 0;
+    double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0;
     int nglobal = b ? c->accum * b->nranks : 1;
 
     for (long i = 0; i < n; i++) {
         train_ddp_stats ds = {0};
-        if (d) {
+        train_fsdp_stats fst = {0};
+        if (fs) {
+            if (train_fsdp_step(fs, &fst, msg) != 0)
+                die_rank(b, msg);
+            st = fst.step;
+            ds.wait_ms = fst.wait_ms;
+            ds.bwd_ms = fst.bwd_ms;
+            sent_total += (double)fst.sent_bytes;
+        } else if (d) {
             if (train_ddp_step(d, &ds, msg) != 0)
                 die_rank(b, msg);
             st = ds.step;
@@ -329,12 +408,18 @@ train:;
                    st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
             if (peak > 0)
                 printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
+            if (fs)
+                printf(" | bwd %6.1f ms | exposed comm %6.1f ms | sent %.2f MiB", fst.bwd_ms,
+                       fst.wait_ms, fst.sent_bytes / 1048576.0);
             if (d)
                 printf(" | bwd %6.1f ms | exposed comm %6.1f ms | hidden %3.0f%%", ds.bwd_ms,
                        ds.wait_ms, 100.0 * ds.hidden);
             putchar('\n');
         }
         int last = st.step == last_step;
+        int eval_now = (eval_every && st.step % eval_every == 0) || (last && eval_every);
+        if (fs && eval_now && train_fsdp_materialize(fs, msg) != 0) /* collective */
+            die_rank(b, msg);
         if (root && ((eval_every && st.step % eval_every == 0) || (last && eval_every))) {
             float vl = train_session_val_loss(s, (int)eval_batches);
             vsteps[nv] = st.step;
@@ -357,11 +442,25 @@ train:;
         fflush(stdout);
     }
     double wall = now_s() - t_start;
+    double peak_rss = train_peak_rss_bytes(), *peaks = NULL;
+    if (b) {
+        peaks = calloc((size_t)b->nranks, sizeof *peaks);
+        train_req preq;
+        if (!peaks || b->all_gather(b, &peak_rss, peaks, sizeof peak_rss, &preq) != 0 ||
+            b->wait(b, preq) != 0)
+            die_rank(b, peaks ? b->err : "out of memory gathering the peak memory");
+    }
     if (d && train_ddp_check_identical(d, msg) != 0)
+        die_rank(b, msg);
+    if (fs && train_fsdp_check_identical(fs, msg) != 0)
+        die_rank(b, msg);
+    if (fs && c->trace && train_fsdp_write_trace(fs, c->trace, msg) != 0)
         die_rank(b, msg);
     if (d && c->trace && train_ddp_write_trace(d, c->trace, msg) != 0)
         die_rank(b, msg);
     if (!root) {
+        free(peaks);
+        train_fsdp_free(fs);
         train_ddp_free(d);
         train_session_free(s);
         free(losses);
@@ -377,7 +476,30 @@ train:;
                wait_total / (double)(n - 1),
                comm_total > wait_total ? 100.0 * (1.0 - wait_total / comm_total) : 0.0);
     }
-    if (d && c->trace)
+    {
+        train_plan_row pr;
+        if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
+                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+            printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
+                   pr.total / 1048576.0, pr.name);
+            double mx = peak_rss;
+            for (int r = 0; b && r < b->nranks; r++) {
+                printf(" rank %d %.1f", r, peaks[r] / 1048576.0);
+                mx = peaks[r] > mx ? peaks[r] : mx;
+            }
+            if (!b)
+                printf(" %.1f", peak_rss / 1048576.0);
+            printf(" MiB; largest / planned = %.3f\n", mx / pr.total);
+            if (fs && n > 0)
+                printf("communication: planned %.0f bytes sent per rank per step (ring), "
+                       "counted %.0f\n", pr.sent, sent_total / (double)n);
+        }
+    }
+    free(peaks);
+    if (fs && n > 0)
+        printf("fsdp: every rank gathers bitwise the same weights | sent per rank per step "
+               "%.0f bytes (ring formulas over the calls made)\n", sent_total / (double)n);
+    if ((d || fs) && c->trace)
         printf("trace %s\n", c->trace);
     printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
     if (nv)
@@ -402,6 +524,7 @@ train:;
     free(vsteps);
     free(vloss);
     free(sample);
+    train_fsdp_free(fs);
     train_ddp_free(d);
     train_session_free(s);
     return 0;
@@ -537,6 +660,8 @@ int main(int argc, char **argv)
         {"no-overlap", no_argument, 0, O_NOOVERLAP},
         {"accum", required_argument, 0, O_ACCUM},
         {"trace", required_argument, 0, O_TRACE},
+        {"zero", required_argument, 0, O_ZERO},
+        {"plan", no_argument, 0, O_PLAN},
         {0, 0, 0, 0},
     };
     train_options o = {
@@ -554,7 +679,9 @@ int main(int argc, char **argv)
     long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
     int quiet = 0;
     char msg[TRAIN_ERRLEN];
-    cli cl = {.ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
+    int zero_given = 0, plan = 0;
+    double fixed = train_rss_bytes();
+    cli cl = {.zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
 
     opterr = 0;
     int c;
@@ -598,12 +725,13 @@ int main(int argc, char **argv)
         case O_QUIET: quiet = 1; break;
         case O_STOPAFTER: stop_after = parse_int("--stop-after", a, 0, LONG_MAX); break;
         case O_PARALLEL:
+            cl.ddp = cl.fsdp = 0;
             if (strcmp(a, "ddp") == 0)
                 cl.ddp = 1;
-            else if (strcmp(a, "none") == 0)
-                cl.ddp = 0;
-            else {
-                snprintf(msg, sizeof msg, "--parallel: '%s' is not none or ddp", a);
+            else if (strcmp(a, "fsdp") == 0)
+                cl.ddp = cl.fsdp = 1; /* launched like DDP */
+            else if (strcmp(a, "none") != 0) {
+                snprintf(msg, sizeof msg, "--parallel: '%s' is not none, ddp or fsdp", a);
                 die(msg);
             }
             break;
@@ -623,6 +751,11 @@ int main(int argc, char **argv)
         case O_NOOVERLAP: cl.overlap = 0; break;
         case O_ACCUM: cl.accum = (int)parse_int("--accum", a, 1, 1 << 20); break;
         case O_TRACE: cl.trace = a; break;
+        case O_PLAN: plan = 1; break;
+        case O_ZERO:
+            cl.zero = (int)parse_int("--zero", a, 1, 3);
+            zero_given = 1;
+            break;
         case O_HELP:
         case 'h': usage(stdout); return 0;
         default:
@@ -643,8 +776,20 @@ int main(int argc, char **argv)
     if (plot)
         check_writable_dir_of("--plot", plot);
 
+    if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
+        return print_plan(&o, cl.ranks, cl.accum, fixed);
     if (!cl.ddp && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
-        die("--ranks, --accum and --trace need --parallel ddp");
+        die("--ranks, --accum and --trace need --parallel ddp or fsdp");
+    if (zero_given && !cl.fsdp)
+        die("--zero needs --parallel fsdp: it chooses what the fully sharded trainer shards");
+    if (cl.fsdp && cl.nccl)
+        die("--parallel fsdp runs on the CPU model over libcoll or Open MPI; --backend nccl "
+            "is for --parallel ddp");
+    if (cl.fsdp && o.device == TRAIN_DEVICE_CUDA)
+        die("--parallel fsdp runs on the CPU model only (--device cpu); use --parallel ddp "
+            "on GPUs");
+    if (cl.fsdp && (ckpt_dir || resume))
+        die("--parallel fsdp does not write or resume checkpoints yet");
     if (cl.trace)
         check_writable_dir_of("--trace", cl.trace);
     if (cl.nccl && o.device != TRAIN_DEVICE_CUDA)
@@ -654,6 +799,7 @@ int main(int argc, char **argv)
         train_backend_nccl(NULL, 0, msg); /* the stub says why */
         die(msg);
     }
+    cl.fixed = fixed;
     cl.o = o;
     cl.ckpt_dir = ckpt_dir;
     cl.resume = resume;

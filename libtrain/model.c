@@ -108,6 +108,21 @@ void train_block_view(const train_model *m, float *base, int l, train_block *o)
         *dst[i] = base + t[i].offset;
 }
 
+void train_block_params_view(const train_model *m, int l, train_block *o)
+{
+    if (!m->block_params || !m->block_params[l]) {
+        train_block_view(m, m->params, l, o);
+        return;
+    }
+    const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+    float *base = m->block_params[l];
+    float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw,  &o->qkvb,
+                                  &o->projw, &o->projb, &o->ln2w, &o->ln2b,
+                                  &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
+    for (int i = 0; i < BLOCK_TENSORS; i++)
+        *dst[i] = base + (t[i].offset - t[0].offset);
+}
+
 float *train_tensor(const train_model *m, float *base, const char *name)
 {
     for (int i = 0; i < m->ntensors; i++)
@@ -171,6 +186,31 @@ static size_t layout_scratch(train_model *m, float *mem)
     S_(datt, B * NH * T * T);
 #undef S_
     return off;
+}
+
+int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
+                      size_t *act_bytes, size_t *unit_len)
+{
+    train_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    m.maxB = B;
+    m.maxT = T;
+    build_layout(&m);
+    if (!m.tensors)
+        return -1;
+    *nparams = m.nparams;
+    *act_bytes = (layout_acts(&m, NULL) + layout_scratch(&m, NULL)) * sizeof(float);
+    int L = cfg->layers;
+    if (unit_len) {
+        unit_len[0] = m.tensors[2].offset;
+        for (int l = 0; l < L; l++)
+            unit_len[l + 1] = m.tensors[2 + (l + 1) * BLOCK_TENSORS].offset -
+                              m.tensors[2 + l * BLOCK_TENSORS].offset;
+        unit_len[L + 1] = m.nparams - m.tensors[2 + L * BLOCK_TENSORS].offset;
+    }
+    free(m.tensors);
+    return 0;
 }
 
 /* GPT-2 initialisation, drawn in layout order from one splitmix64 stream. */
@@ -251,6 +291,10 @@ train_model *train_model_create(const train_config *cfg, int B, int T, train_dev
     layout_acts(m, m->actmem);
     layout_scratch(m, m->scratchmem);
 
+    if (dev == TRAIN_DEVICE_CPU) { /* no second copy: it would count in the peak memory */
+        init_params(m, m->params, seed);
+        return m;
+    }
     float *host = malloc(pbytes);
     if (!host) {
         train_errf(err, "out of host memory for %zu parameters", m->nparams);
@@ -361,7 +405,7 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
     float *x = a->encoded; /* (B,T,C) input of the current block */
     for (int l = 0; l < L; l++) {
         train_block w;
-        train_block_view(m, m->params, l, &w);
+        train_block_params_view(m, l, &w);
         float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * bt,
               *ln1_rstd = a->ln1_rstd + l * bt, *qkv = a->qkv + l * bt * 3 * C,
               *atty = a->atty + l * bt * C, *att = a->att + l * batt,
@@ -459,7 +503,7 @@ void train_backward(train_model *m)
      * residual connections pass dres straight through; each branch adds its part. */
     for (int l = L - 1; l >= 0; l--) {
         train_block w, g;
-        train_block_view(m, m->params, l, &w);
+        train_block_params_view(m, l, &w);
         train_block_view(m, m->grads, l, &g);
         float *x = l == 0 ? a->encoded : a->residual3 + (l - 1) * bt * C;
         float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * bt,

@@ -1,10 +1,11 @@
 /*
  * trace.c — records compute/communication slices per rank and writes them, together
  * with libcoll's own records of its calls and ring steps, as Chrome trace-event JSON in
- * libcoll's trace format (see trace.h). It only collects and formats: exchanging the
- * events between ranks is ddp.c's job. Must never print or exit.
+ * libcoll's trace format (see trace.h). train_trace_gather_write exchanges
+ * the events between the ranks (DDP and FSDP timelines) over the training backend. Must never print or exit.
  */
 #include "trace.h"
+#include "backend.h"
 #include "internal.h"
 
 #include <stdlib.h>
@@ -136,4 +137,100 @@ int train_trace_write(const char *path, const train_trace_event *ev, size_t n,
         return -1;
     }
     return train_atomic_commit(&a, err);
+}
+
+/* Every rank's `mine` (n records of `size` bytes) gathered to every rank: *counts gets each
+ * rank's n, *all nranks blocks of max(n) records (rank r's at r * *per). Collective. */
+static int gather_records(train_backend *b, const void *mine, uint64_t n, size_t size,
+                          uint64_t **counts, void **all, size_t *per, char *err)
+{
+    int N = b->nranks;
+    train_req req;
+    *all = NULL;
+    *counts = calloc((size_t)N, sizeof **counts);
+    if (!*counts) {
+        train_errf(err, "out of memory gathering the trace");
+        return -1;
+    }
+    if (b->all_gather(b, &n, *counts, sizeof n, &req) != 0 || b->wait(b, req) != 0) {
+        train_errf(err, "gathering the trace: %s", b->err);
+        return -1;
+    }
+    uint64_t mx = 1;
+    for (int r = 0; r < N; r++)
+        mx = (*counts)[r] > mx ? (*counts)[r] : mx;
+    *per = (size_t)mx;
+    void *send = calloc((size_t)mx, size);
+    *all = calloc((size_t)N * mx, size);
+    int rc = 0;
+    if (!send || !*all) {
+        train_errf(err, "out of memory gathering the trace");
+        rc = -1;
+    } else {
+        if (n)
+            memcpy(send, mine, (size_t)n * size);
+        if (b->all_gather(b, send, *all, (size_t)mx * size, &req) != 0 ||
+            b->wait(b, req) != 0) {
+            train_errf(err, "gathering the trace: %s", b->err);
+            rc = -1;
+        }
+    }
+    free(send);
+    return rc;
+}
+
+/* Packs rank blocks of `per` records (counts[r] used in block r) together; returns the total. */
+static size_t pack(void *all, const uint64_t *counts, int N, size_t per, size_t size)
+{
+    size_t n = 0;
+    char *p = all;
+    for (int r = 0; r < N; r++) {
+        memmove(p + n * size, p + (size_t)r * per * size, (size_t)counts[r] * size);
+        n += (size_t)counts[r];
+    }
+    return n;
+}
+
+int train_trace_gather_write(train_backend *b, train_trace *t, const char *path, char *err)
+{
+    int N = b->nranks;
+    /* this rank's libcoll records (the gathers below are not part of the trace) */
+    coll_trace_event *lib = NULL;
+    size_t nlib = 0;
+    int rc = 0;
+    if (b->trace_stop && b->trace_read) {
+        size_t have = 0;
+        if (b->trace_stop(b) != 0 || b->trace_read(b, NULL, 0, &have) != 0) {
+            train_errf(err, "--trace: %s", b->err);
+            rc = -1;
+        } else if (have && !(lib = malloc(have * sizeof *lib))) {
+            train_errf(err, "out of memory reading libcoll's trace");
+            rc = -1;
+        } else if (have && b->trace_read(b, lib, have, &nlib) != 0) {
+            train_errf(err, "--trace: %s", b->err);
+            rc = -1;
+        }
+        nlib = nlib < have ? nlib : have;
+    }
+    /* gather even after a local failure would leave the others waiting: fail collectively
+     * by gathering zero records instead */
+    uint64_t *c1 = NULL, *c2 = NULL;
+    void *a1 = NULL, *a2 = NULL;
+    size_t per1 = 0, per2 = 0;
+    if (gather_records(b, t->ev, rc == 0 ? t->n : 0, sizeof(train_trace_event),
+                       &c1, &a1, &per1, err) != 0 ||
+        gather_records(b, lib, rc == 0 ? nlib : 0, sizeof(coll_trace_event), &c2, &a2, &per2,
+                       err) != 0)
+        rc = -1;
+    if (rc == 0 && b->rank == 0) {
+        size_t n1 = pack(a1, c1, N, per1, sizeof(train_trace_event));
+        size_t n2 = pack(a2, c2, N, per2, sizeof(coll_trace_event));
+        rc = train_trace_write(path, a1, n1, a2, n2, N, err);
+    }
+    free(lib);
+    free(c1);
+    free(c2);
+    free(a1);
+    free(a2);
+    return rc;
 }

@@ -50,4 +50,11 @@ TRAIN_API int train_trace_write(const char *path, const train_trace_event *ev, s
                                 const coll_trace_event *lib, size_t nlib, int nranks,
                                 char *err);
 
+typedef struct train_backend train_backend;
+/* Collective: gathers every rank's events `t` and the backend's own records (when it keeps
+ * any: libcoll); rank 0 writes them to `path`. A local failure still takes part in the
+ * gathers (with zero records), so no rank is left waiting. */
+TRAIN_API int train_trace_gather_write(train_backend *b, train_trace *t, const char *path,
+                                       char *err);
+
 #endif

@@ -209,3 +209,11 @@ Test(badinput, corrupt_checkpoint)
     expect_failure(dir, SMALL " --resume missing.bin", "missing.bin: cannot open");
     free(buf), free(p), free(q), free(ck);
 }
+
+Test(badinput, fsdp_flags)
+{
+    expect_failure(dir, SMALL " --parallel fsdp --ranks 2 --zero 4", "--zero: 4 is out of range 1..3");
+    expect_failure(dir, SMALL " --zero 2", "--zero needs --parallel fsdp");
+    expect_failure(dir, SMALL " --parallel ddp --zero 2", "--zero needs --parallel fsdp");
+    expect_failure(dir, SMALL " --parallel fsdp --ranks 0", "--ranks: 0 is out of range");
+}
