@@ -61,12 +61,14 @@ prefix() {
       done
       rm -rf "$t"
     done
+    # The carried .pc files name /usr: point them into the prefix (a sysroot for
+    # pkg-config would wrongly move the machine's own .pc files there too).
+    find $P -name '*.pc' -exec sed -i "s|/usr/|$P/usr/|g; s|=/usr\$|=$P/usr|" {} +
     touch $P/.done
   fi
   local lib=$P/usr/lib/x86_64-linux-gnu
   export PATH=$P/usr/bin:$PATH
   export PKG_CONFIG_PATH=$lib/pkgconfig:$lib/openblas-pthread/pkgconfig
-  export PKG_CONFIG_SYSROOT_DIR=$P
   # ld resolves the carried libraries' own needs (libgit2 for Criterion ...) through
   # LD_LIBRARY_PATH too, and the test programs find them there at run time.
   export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$P/fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -86,16 +88,16 @@ stage_build() {
   prefix || { summary "build: FAILED (no carried prefix)"; return 1; }
   local cuda=enabled
   [ $REHEARSE = 1 ] && ! command -v nvcc >/dev/null && cuda=auto
-  {
-    echo "== meson setup (PKG_CONFIG_SYSROOT_DIR=$PKG_CONFIG_SYSROOT_DIR)"
+  (
+    echo "== meson setup (PKG_CONFIG_PATH=$PKG_CONFIG_PATH)"
     if [ ! -f "$B/build.ninja" ]; then
       meson setup "$B" -Dwerror=true -Dcuda=$cuda -Dtrain=enabled -Dpeers=disabled \
-        -Dbuildtype=release || return 1
+        -Dbuildtype=release || exit 1
     fi
     grep -E "Run-time dependency (criterion|openblas)|Program nvcc" "$B/meson-logs/meson-log.txt" | tail -4
     echo "== ninja"
-    ninja -C "$B" || return 1
-  } >"$OUT/build.log" 2>&1
+    ninja -C "$B" || exit 1
+  ) >"$OUT/build.log" 2>&1
   local rc=$?
   if [ $rc = 0 ]; then summary "build: ok ($(grep -c '^\[' "$OUT/build.log") steps)"
   else summary "build: FAILED (tail of build.log:)"; tail -20 "$OUT/build.log" | tee -a "$OUT/summary.txt"; fi

@@ -146,7 +146,7 @@ static coll_result submit(ctx *c, coll_work *w) {
 coll_result coll_all_reduce(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
                             coll_op op, coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_all_reduce", comm};
-  size_t bytes;
+  size_t bytes = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_op(&c, op));
@@ -162,7 +162,7 @@ coll_result coll_all_reduce(const void *sendbuf, void *recvbuf, size_t count, co
 coll_result coll_broadcast(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
                            int root, coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_broadcast", comm};
-  size_t bytes;
+  size_t bytes = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_rank_arg(&c, root, "root"));
@@ -180,7 +180,7 @@ coll_result coll_broadcast(const void *sendbuf, void *recvbuf, size_t count, col
 coll_result coll_reduce(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
                         coll_op op, int root, coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_reduce", comm};
-  size_t bytes;
+  size_t bytes = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_op(&c, op));
@@ -200,7 +200,7 @@ coll_result coll_reduce(const void *sendbuf, void *recvbuf, size_t count, coll_d
 coll_result coll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                 coll_dtype dtype, coll_op op, coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_reduce_scatter", comm};
-  size_t bytes, total;
+  size_t bytes = 0, total = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_op(&c, op));
@@ -218,7 +218,7 @@ coll_result coll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvc
 coll_result coll_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                             coll_dtype dtype, coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_all_gather", comm};
-  size_t bytes, total;
+  size_t bytes = 0, total = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_bytes(&c, sendcount, dtype, 1, &bytes));
@@ -234,7 +234,7 @@ coll_result coll_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount
 
 static coll_result p2p(ctx *c, bool send, void *buf, size_t count, coll_dtype dtype, int peer,
                        coll_stream_t s) {
-  size_t bytes;
+  size_t bytes = 0;
   TRY(check_comm(c));
   TRY(check_dtype(c, dtype));
   TRY(check_rank_arg(c, peer, "peer"));
@@ -264,7 +264,7 @@ coll_result coll_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *
                           size_t recvcount, int src, coll_dtype dtype, coll_comm_t comm,
                           coll_stream_t s) {
   ctx c = {"coll_sendrecv", comm};
-  size_t sbytes, rbytes;
+  size_t sbytes = 0, rbytes = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_rank_arg(&c, dst, "dst"));
@@ -300,7 +300,7 @@ coll_result coll_barrier(coll_comm_t comm, coll_stream_t s) {
 coll_result coll_all_to_all(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
                             coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_all_to_all", comm};
-  size_t total;
+  size_t total = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_bytes(&c, count, dtype, (size_t)comm->nranks, &total));
@@ -382,7 +382,7 @@ coll_result coll_all_to_allv(const void *sendbuf, const size_t *sendcounts,
 coll_result coll_gather(const void *sendbuf, void *recvbuf, size_t sendcount, coll_dtype dtype,
                         int root, coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_gather", comm};
-  size_t bytes, total;
+  size_t bytes = 0, total = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_rank_arg(&c, root, "root"));
@@ -404,7 +404,7 @@ coll_result coll_gather(const void *sendbuf, void *recvbuf, size_t sendcount, co
 coll_result coll_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, coll_dtype dtype,
                          int root, coll_comm_t comm, coll_stream_t s) {
   ctx c = {"coll_scatter", comm};
-  size_t bytes, total;
+  size_t bytes = 0, total = 0;
   TRY(check_comm(&c));
   TRY(check_dtype(&c, dtype));
   TRY(check_rank_arg(&c, root, "root"));

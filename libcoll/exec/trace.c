@@ -304,7 +304,9 @@ static void json_event(FILE *f, const coll_trace_event *e, uint64_t t_base, bool
 static bool write_json(const char *path, const coll_trace_event *ev, const uint64_t *counts,
                        int nranks, size_t stride, int max_steps) {
   char tmp[600];
-  snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+  /* a path too long for the temporary name is refused, never cut to another file's name */
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid()) >= sizeof tmp)
+    return false;
   FILE *f = fopen(tmp, "w");
   if (!f) return false;
   uint64_t base = UINT64_MAX;
