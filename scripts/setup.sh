@@ -10,6 +10,7 @@ PKGS=(
   openmpi-bin libopenmpi-dev                      # mpirun launch test, MPI backend, MPI peer
   mpich libmpich-dev                              # the MPICH peer (bench/peers)
   python3 python3-torch python3-numpy             # PyTorch reference for libtrain
+  libtorch-dev pybind11-dev                       # the PyTorch binding (torch/)
   gnuplot-nox                                     # coll-bench --plot
   clang libclang-rt-14-dev                        # sanitizers' runtime, fuzzing
   iproute2 procps                                 # ip netns test bed, process tools
@@ -23,4 +24,9 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# PyTorch's own distributed test suite (scripts/torch_dist_suite.py) needs expecttest.
+if ! /usr/bin/python3 -c 'import expecttest' 2>/dev/null; then
+  echo "setup: installing expecttest (pip)"
+  /usr/bin/python3 -m pip install -q --break-system-packages expecttest
 fi

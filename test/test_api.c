@@ -70,6 +70,7 @@ Test(api, null_communicator_and_bad_init) {
   int v;
   cr_assert_eq(coll_comm_rank(NULL, &v), COLL_ERR_INVALID_ARG);
   cr_assert_eq(coll_comm_size(NULL, &v), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_comm_set_timeout(NULL, 5), COLL_ERR_INVALID_ARG);
   coll_comm_t c;
   coll_unique_id id;
   memset(&id, 0x5a, sizeof id);

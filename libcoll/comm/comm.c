@@ -411,3 +411,13 @@ coll_result coll_comm_size(coll_comm_t comm, int *nranks) {
   *nranks = comm->nranks;
   return COLL_OK;
 }
+
+coll_result coll_comm_set_timeout(coll_comm_t comm, int ms) {
+  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_set_timeout: comm is NULL");
+  if (ms < 0)
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "rank %d: coll_comm_set_timeout: %d ms is negative (0 means never)",
+                     comm->rank, ms);
+  comm->timeout_ms = ms;
+  return COLL_OK;
+}

@@ -85,6 +85,11 @@ COLL_API coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_
 COLL_API coll_result coll_comm_dup(coll_comm_t comm, coll_comm_t *newcomm);
 COLL_API coll_result coll_comm_rank(coll_comm_t comm, int *rank);
 COLL_API coll_result coll_comm_size(coll_comm_t comm, int *nranks);
+/* This communicator's timeout: a wait of its work that makes no progress for `ms`
+ * milliseconds fails with COLL_ERR_TIMEOUT (0 = never).  Starts as COLL_TIMEOUT_MS (default
+ * 600000).  Set it before enqueuing work on the communicator; children made by split/dup
+ * start from the environment's value, not this one. */
+COLL_API coll_result coll_comm_set_timeout(coll_comm_t comm, int ms);
 
 COLL_API const char *coll_result_string(coll_result r);
 /* The sentence for the last failure seen by this communicator (comm may be NULL: the

@@ -1,0 +1,67 @@
+/* test_torch.c — the PyTorch backend (torch/, docs/pytorch.md) in the suite: each case runs
+ * test/torch_check.py with /usr/bin/python3 on N forked ranks, the built libcoll_torch on
+ * PYTHONPATH, and checks its exit status and what it printed.
+ *
+ *   ops   N = 2, 3, 4: every operation x dtype on the world and on a subgroup, against
+ *         results the script computes itself from rank-dependent inputs
+ *   async N = 2, 3: Work.wait / is_completed / futures with then()
+ *   badop a bitwise ReduceOp, an unreducible dtype, bool AVG and a send libcoll refuses
+ *         raise RuntimeError with the backend's or libcoll's sentence
+ *   kill  N = 3: a rank SIGKILLs itself; the survivors raise within seconds
+ *
+ * Built only when meson built the module (COLL_TORCH_MODULE_DIR).  Every run is bounded
+ * (t_run kills its process group); the script reaps its ranks and removes its store.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run_prog.h"
+
+static t_run_result check(const char *mode, const char *n) {
+  const char *dir = getenv("COLL_TORCH_MODULE_DIR"), *src = getenv("COLL_TEST_SOURCE_DIR");
+  cr_assert(dir && src, "COLL_TORCH_MODULE_DIR and COLL_TEST_SOURCE_DIR must be set (meson test)");
+  char script[4096], pp[4096];
+  snprintf(script, sizeof script, "%s/test/torch_check.py", src);
+  snprintf(pp, sizeof pp, "PYTHONPATH=%s", dir);
+  const char *argv[] = {"/usr/bin/python3", script, mode, n, NULL};
+  const char *env[] = {pp, "OMP_NUM_THREADS=1", NULL};
+  t_run_result r = t_run(argv, env, 150);
+  cr_assert_neq(r.status, -2, "%s", r.err);
+  char want[64];
+  snprintf(want, sizeof want, "torch_check %s %s: OK", mode, n);
+  if (r.status != 0 || !strstr(r.out, want))
+    cr_assert_fail("torch_check.py %s %s: status %d\n--- stdout\n%s\n--- stderr\n%s", mode, n,
+                   r.status, r.out, r.err);
+  return r;
+}
+
+static void run_ok(const char *mode, const char *n) {
+  t_run_result r = check(mode, n);
+  t_run_free(&r);
+}
+
+Test(torch, ops_2, .timeout = 160) { run_ok("ops", "2"); }
+Test(torch, ops_3, .timeout = 160) { run_ok("ops", "3"); }
+Test(torch, ops_4, .timeout = 160) { run_ok("ops", "4"); }
+Test(torch, async_2, .timeout = 160) { run_ok("async", "2"); }
+Test(torch, async_3, .timeout = 160) { run_ok("async", "3"); }
+
+Test(torch, bad_op_raises, .timeout = 160) {
+  t_run_result r = check("badop", "2");
+  cr_expect(strstr(r.out, "ReduceOp.BAND is not supported by the libcoll backend"), "%s", r.out);
+  cr_expect(strstr(r.out, "coll_send on rank 0: peer 7 is outside 0..1"), "%s", r.out);
+  t_run_free(&r);
+}
+
+Test(torch, killed_rank_raises, .timeout = 160) {
+  t_run_result r = check("kill", "3");
+  for (int rank = 0; rank < 2; rank++) {
+    char want[96];
+    snprintf(want, sizeof want, "rank %d: all_reduce with a dead rank raised: libcoll all_reduce failed", rank);
+    cr_expect(strstr(r.out, want), "rank %d did not raise libcoll's sentence:\n%s", rank, r.out);
+  }
+  cr_expect(strstr(r.out, "rank 2 died or was killed"), "%s", r.out);
+  t_run_free(&r);
+}

@@ -1,0 +1,744 @@
+// core.cpp — torch tensors onto libcoll calls (see core.hpp): dtype and op mapping,
+// staging of non-contiguous tensors, one coll_stream per operation, the Work that
+// synchronizes it, and the completion thread that completes futures nobody waits on.
+//
+// Mapping: float16/bfloat16/float32/float64/int8/uint8/int32/int64 are libcoll dtypes;
+// bool is uint8 (SUM and MAX as MAX = logical or, PRODUCT and MIN as MIN = logical and,
+// as ProcessGroupNCCL does); complex64/128 are float pairs (SUM, AVG, PREMUL_SUM only).
+// Operations that only move data (broadcast, gathers, scatter, all-to-all, send/recv) move
+// bytes, so they take every dtype.  PREMUL_SUM scales a copy of the input, then sums.
+// Bitwise reductions are refused.  Non-contiguous tensors go through a contiguous copy
+// that is copied back once the operation finished.
+//
+// It must never block the caller on the network (only wait() and the completion thread
+// wait), never print, and never swallow libcoll's sentence.
+#include "core.hpp"
+
+#include <climits>
+#include <cstring>
+#include <stdexcept>
+
+namespace libcoll_torch {
+
+namespace {
+
+std::runtime_error error(const std::string &what, const std::string &sentence) {
+  return std::runtime_error("libcoll " + what + ": " + sentence);
+}
+
+void check_cpu(const at::Tensor &t, const char *what) {
+  if (!t.device().is_cpu())
+    throw error(what, "the libcoll backend takes CPU tensors only, this one is on " +
+                          t.device().str());
+  if (t.is_sparse())
+    throw error(what, "the libcoll backend takes dense tensors only, this one is sparse");
+}
+
+void check_one(const std::vector<at::Tensor> &ts, const char *what) {
+  if (ts.size() != 1)
+    throw error(what, "the libcoll backend takes one tensor per call (one process per "
+                      "device), got " + std::to_string(ts.size()));
+  check_cpu(ts[0], what);
+}
+
+size_t nbytes(const at::Tensor &t) { return (size_t)t.numel() * t.element_size(); }
+
+// The tensor itself if contiguous, else a contiguous copy (copied back by `after`).
+at::Tensor wire_of(const at::Tensor &t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// Copies `wire` back into `user` when they differ.
+void copy_back(const at::Tensor &user, const at::Tensor &wire) {
+  if (!user.is_same(wire)) user.copy_(wire);
+}
+
+// Bytes of `src` (any layout) into dst.
+void pack(uint8_t *dst, const at::Tensor &src) {
+  at::Tensor c = src.contiguous();
+  if (c.numel()) std::memcpy(dst, c.data_ptr(), nbytes(c));
+}
+
+// Bytes at src into `dst` (any layout).
+void unpack(const at::Tensor &dst, const uint8_t *src) {
+  if (!dst.numel()) return;
+  if (dst.is_contiguous()) {
+    std::memcpy(dst.data_ptr(), src, nbytes(dst));
+    return;
+  }
+  at::Tensor c = at::empty(dst.sizes(), dst.options());
+  std::memcpy(c.data_ptr(), src, nbytes(c));
+  dst.copy_(c);
+}
+
+at::Tensor byte_buffer(size_t n) { return at::empty({(int64_t)n}, at::kByte); }
+uint8_t *bytes_of(const at::Tensor &t) { return (uint8_t *)t.data_ptr(); }
+
+// A reduction's libcoll dtype and element multiplier (2 for complex), or a refusal.
+struct Typed {
+  coll_dtype dtype;
+  size_t mult;
+};
+
+Typed typed(at::ScalarType t, const char *what) {
+  switch (t) {
+    case at::kFloat: return {COLL_FLOAT32, 1};
+    case at::kDouble: return {COLL_FLOAT64, 1};
+    case at::kHalf: return {COLL_FLOAT16, 1};
+    case at::kBFloat16: return {COLL_BFLOAT16, 1};
+    case at::kChar: return {COLL_INT8, 1};
+    case at::kByte: return {COLL_UINT8, 1};
+    case at::kInt: return {COLL_INT32, 1};
+    case at::kLong: return {COLL_INT64, 1};
+    case at::kBool: return {COLL_UINT8, 1};
+    case at::kComplexFloat: return {COLL_FLOAT32, 2};
+    case at::kComplexDouble: return {COLL_FLOAT64, 2};
+    default:
+      throw error(what, std::string("libcoll cannot reduce ") + c10::toString(t) +
+                            " tensors (it reduces float16, bfloat16, float32, float64, int8, "
+                            "uint8, int32, int64, bool and complex64/128)");
+  }
+}
+
+const char *op_name(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: return "SUM";
+    case c10d::ReduceOp::AVG: return "AVG";
+    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case c10d::ReduceOp::MIN: return "MIN";
+    case c10d::ReduceOp::MAX: return "MAX";
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "an unknown ReduceOp";
+  }
+}
+
+// A reduction as libcoll runs it: dtype, multiplier, op, and the PREMUL_SUM factor.
+struct Reduction {
+  Typed ty{COLL_FLOAT32, 1};
+  coll_op op = COLL_SUM;
+  bool premul = false;
+  double factor = 1.0;
+  at::Tensor factor_tensor;  // defined when the factor is a tensor
+};
+
+Reduction reduction(const c10d::ReduceOp &rop, at::ScalarType t, const char *what) {
+  Reduction r;
+  r.ty = typed(t, what);
+  r.op = COLL_SUM;
+  const bool is_bool = t == at::kBool, is_complex = at::isComplexType(t);
+  const auto op = rop.op_;
+  auto refuse = [&](const std::string &why) -> Reduction {
+    throw error(what, std::string("ReduceOp.") + op_name(op) + " is not supported by the "
+                          "libcoll backend" + why);
+  };
+  switch (op) {
+    case c10d::ReduceOp::SUM: r.op = is_bool ? COLL_MAX : COLL_SUM; break;
+    case c10d::ReduceOp::AVG:
+      if (is_bool) return refuse(" on bool tensors");
+      r.op = COLL_AVG;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      if (is_complex) return refuse(" on complex tensors (only SUM and AVG are)");
+      r.op = is_bool ? COLL_MIN : COLL_PROD;
+      break;
+    case c10d::ReduceOp::MIN:
+    case c10d::ReduceOp::MAX:
+      if (is_complex) return refuse(" on complex tensors (only SUM and AVG are)");
+      r.op = op == c10d::ReduceOp::MIN ? COLL_MIN : COLL_MAX;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      if (is_bool) return refuse(" on bool tensors");
+      auto *s = dynamic_cast<c10d::NCCLPreMulSumSupplement *>(rop.supplement_.get());
+      if (!s) return refuse(" without its factor");
+      r.premul = true;
+      r.op = COLL_SUM;
+      if (!s->tensor_factors.empty())
+        r.factor_tensor = s->tensor_factors[0];
+      else
+        r.factor = s->double_factor;
+      break;
+    }
+    default:
+      return refuse(": libcoll has no bitwise reductions (it has SUM, PRODUCT, MIN, MAX, "
+                    "AVG and PREMUL_SUM)");
+  }
+  return r;
+}
+
+// The input scaled for PREMUL_SUM (a new tensor), or `t` itself.
+at::Tensor scaled(const Reduction &r, const at::Tensor &t) {
+  if (!r.premul) return t;
+  if (r.factor_tensor.defined()) return t.mul(r.factor_tensor.to(t.device()));
+  return t.mul(r.factor);
+}
+
+size_t count_of(const Reduction &r, const at::Tensor &t) { return (size_t)t.numel() * r.ty.mult; }
+
+void same_shape(const at::Tensor &a, const at::Tensor &b, const char *what, const char *which) {
+  if (a.scalar_type() != b.scalar_type() || a.numel() != b.numel())
+    throw error(what, std::string(which) + " holds " + std::to_string(a.numel()) + " " +
+                          c10::toString(a.scalar_type()) + " elements where " +
+                          std::to_string(b.numel()) + " " + c10::toString(b.scalar_type()) +
+                          " were expected");
+}
+
+int check_root(int64_t root, int size, const char *what) {
+  if (root < 0 || root >= size)
+    throw error(what, "root " + std::to_string(root) + " is not a rank of this group of " +
+                          std::to_string(size));
+  return (int)root;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- Work
+
+Work::Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
+           std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
+           std::function<void()> after)
+    : c10d::Work(rank, type),
+      stream_(stream),
+      what_(std::move(what)),
+      outputs_(std::move(outputs)),
+      keep_(std::move(keep)),
+      after_(std::move(after)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+Work::~Work() { coll_stream_destroy(stream_); }
+
+void Work::record(coll_result r, const char *sentence) {
+  std::exception_ptr e;
+  if (r != COLL_OK) {
+    e = std::make_exception_ptr(error(what_ + " failed", sentence ? sentence : coll_result_string(r)));
+  } else if (after_) {
+    try {
+      after_();
+    } catch (const std::exception &x) {
+      e = std::make_exception_ptr(error(what_ + " failed copying its result", x.what()));
+    }
+  }
+  after_ = nullptr;
+  keep_.clear();
+  settled_ = true;
+  finish(e);
+}
+
+void Work::complete_future() {
+  std::exception_ptr e = exception();
+  if (e)
+    future_->setError(e);
+  else
+    future_->markCompleted(c10::IValue(outputs_));
+}
+
+void Work::settle() {
+  {
+    std::lock_guard<std::mutex> g(settle_mu_);
+    if (settled_) return;
+    coll_result r = coll_stream_synchronize(stream_);
+    record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
+  }
+  complete_future();
+}
+
+bool Work::isCompleted() {
+  {
+    std::unique_lock<std::mutex> g(settle_mu_, std::try_to_lock);
+    if (!g.owns_lock()) return false;  // another thread is synchronizing it right now
+    if (settled_) return true;
+    coll_result r = coll_stream_query(stream_);
+    if (r == COLL_IN_PROGRESS) return false;
+    record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
+  }
+  complete_future();
+  return true;
+}
+
+bool Work::wait(std::chrono::milliseconds timeout) {
+  if (timeout == std::chrono::milliseconds(0)) {
+    settle();
+  } else {
+    // libcoll has no timed wait: poll until the deadline (the communicator's own timeout
+    // still bounds the operation itself).
+    auto end = std::chrono::steady_clock::now() + timeout;
+    while (!isCompleted()) {
+      if (std::chrono::steady_clock::now() >= end)
+        throw error(what_, "did not finish within " + std::to_string(timeout.count()) +
+                               " ms (Work.wait timeout)");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  std::exception_ptr e = exception();
+  if (e) std::rethrow_exception(e);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() { return future_; }
+
+std::vector<at::Tensor> Work::result() { return outputs_; }
+
+// ---------------------------------------------------------------------------- Core
+
+Core::Core(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+           std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size) {
+  // Generation: how many times this group's store has seen a libcoll init, so that a
+  // store reused by a second init_process_group gets a fresh id.
+  int64_t n = store->add("libcoll/init", 1);
+  std::string key = "libcoll/id/" + std::to_string((n - 1) / size);
+  coll_unique_id id;
+  if (rank == 0) {
+    coll_result r = coll_get_unique_id(&id);
+    if (r != COLL_OK) throw error("init", coll_comm_last_error(nullptr));
+    store->set(key, std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal));
+  } else {
+    std::vector<uint8_t> v = store->get(key);
+    if (v.size() != sizeof id.internal)
+      throw error("init", "the store's " + key + " holds " + std::to_string(v.size()) +
+                              " bytes, not a libcoll unique id of " +
+                              std::to_string(sizeof id.internal));
+    std::memcpy(id.internal, v.data(), v.size());
+  }
+  coll_result r = coll_comm_init_rank(&comm_, size, id, rank);
+  if (r != COLL_OK) throw error("init", coll_comm_last_error(nullptr));
+  long long ms = timeout.count();
+  r = coll_comm_set_timeout(comm_, ms < 0 ? 0 : ms > INT_MAX ? INT_MAX : (int)ms);
+  if (r != COLL_OK) {
+    std::string s = coll_comm_last_error(comm_);
+    coll_comm_abort(comm_);
+    throw error("init", s);
+  }
+  thread_ = std::thread([this] { completion_main(); });
+}
+
+Core::~Core() {
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    stop_ = true;
+  }
+  qcv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (comm_) coll_comm_destroy(comm_);
+}
+
+// Settles the Works in the order they were enqueued (the order libcoll runs them), so
+// that every future completes although nobody calls wait().
+void Core::completion_main() {
+  for (;;) {
+    c10::intrusive_ptr<Work> w;
+    {
+      std::unique_lock<std::mutex> g(qmu_);
+      qcv_.wait(g, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      w = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    w->settle();
+  }
+}
+
+void Core::fail(const char *what, coll_result r) const {
+  const char *s = coll_comm_last_error(comm_);
+  throw error(what, s && *s ? s : coll_result_string(r));
+}
+
+Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
+                           std::function<coll_result(coll_stream_t)> enqueue,
+                           std::function<void()> after) {
+  coll_stream_t st;
+  if (coll_stream_create(&st) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
+  coll_result r = enqueue(st);
+  if (r != COLL_OK) {
+    std::string s = coll_comm_last_error(comm_);
+    coll_stream_destroy(st);  // waits for what an earlier call of this op enqueued
+    throw error(what, s.empty() ? coll_result_string(r) : s);
+  }
+  auto w = c10::make_intrusive<Work>(rank_, type, st, what, std::move(outputs), std::move(keep),
+                                     std::move(after));
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    queue_.push_back(w);
+  }
+  qcv_.notify_one();
+  return w;
+}
+
+// ---------------------------------------------------------------------------- operations
+
+Core::WorkPtr Core::broadcast(Tensors &tensors, const c10d::BroadcastOptions &opts) {
+  const char *what = "broadcast";
+  check_one(tensors, what);
+  int root = check_root(opts.rootRank, size_, what);
+  at::Tensor t = tensors[0], w = wire_of(t);
+  return launch(
+      c10d::OpType::BROADCAST, what, {t}, {w},
+      [=](coll_stream_t s) { return coll_broadcast(w.data_ptr(), w.data_ptr(), nbytes(w), COLL_UINT8, root, comm_, s); },
+      [=] { copy_back(t, w); });
+}
+
+Core::WorkPtr Core::allreduce(Tensors &tensors, const c10d::AllreduceOptions &opts) {
+  const char *what = "all_reduce";
+  check_one(tensors, what);
+  at::Tensor t = tensors[0];
+  Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
+  at::Tensor w = wire_of(t);
+  if (red.premul) w = wire_of(scaled(red, w));
+  return launch(
+      c10d::OpType::ALLREDUCE, what, {t}, {w},
+      [=](coll_stream_t s) {
+        return coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(red, w), red.ty.dtype, red.op, comm_, s);
+      },
+      [=] { copy_back(t, w); });
+}
+
+Core::WorkPtr Core::allreduce_coalesced(Tensors &tensors,
+                                        const c10d::AllreduceCoalescedOptions &opts) {
+  const char *what = "all_reduce_coalesced";
+  std::vector<Reduction> reds;
+  Tensors wires;
+  for (auto &t : tensors) {
+    check_cpu(t, what);
+    Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
+    at::Tensor w = wire_of(t);
+    if (red.premul) w = wire_of(scaled(red, w));
+    reds.push_back(red);
+    wires.push_back(w);
+  }
+  Tensors users = tensors;
+  return launch(
+      c10d::OpType::ALLREDUCE_COALESCED, what, users, wires,
+      [=](coll_stream_t s) {
+        for (size_t i = 0; i < wires.size(); i++) {
+          const at::Tensor &w = wires[i];
+          coll_result r = coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(reds[i], w),
+                                          reds[i].ty.dtype, reds[i].op, comm_, s);
+          if (r != COLL_OK) return r;
+        }
+        return COLL_OK;
+      },
+      [=] {
+        for (size_t i = 0; i < wires.size(); i++) copy_back(users[i], wires[i]);
+      });
+}
+
+Core::WorkPtr Core::reduce(Tensors &tensors, const c10d::ReduceOptions &opts) {
+  const char *what = "reduce";
+  check_one(tensors, what);
+  int root = check_root(opts.rootRank, size_, what);
+  at::Tensor t = tensors[0];
+  Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
+  at::Tensor w = wire_of(t);
+  at::Tensor send = red.premul ? wire_of(scaled(red, w)) : w;
+  bool is_root = rank_ == root;
+  return launch(
+      c10d::OpType::REDUCE, what, {t}, {w, send},
+      [=](coll_stream_t s) {
+        return coll_reduce(send.data_ptr(), is_root ? w.data_ptr() : nullptr, count_of(red, w),
+                           red.ty.dtype, red.op, root, comm_, s);
+      },
+      [=] {
+        if (is_root) copy_back(t, w);
+      });
+}
+
+Core::WorkPtr Core::allgather(TensorLists &outputs, Tensors &inputs,
+                              const c10d::AllgatherOptions &) {
+  const char *what = "all_gather";
+  check_one(inputs, what);
+  if (outputs.size() != 1 || outputs[0].size() != (size_t)size_)
+    throw error(what, "takes one list of " + std::to_string(size_) + " output tensors");
+  at::Tensor in = wire_of(inputs[0]);
+  for (auto &o : outputs[0]) {
+    check_cpu(o, what);
+    same_shape(o, in, what, "an output tensor");
+  }
+  size_t b = nbytes(in);
+  at::Tensor flat = byte_buffer(b * size_);
+  Tensors outs = outputs[0];
+  return launch(
+      c10d::OpType::ALLGATHER, what, outs, {in, flat},
+      [=](coll_stream_t s) { return coll_all_gather(in.data_ptr(), flat.data_ptr(), b, COLL_UINT8, comm_, s); },
+      [=] {
+        for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(flat) + i * b);
+      });
+}
+
+Core::WorkPtr Core::allgather_base(at::Tensor &output, at::Tensor &input,
+                                   const c10d::AllgatherOptions &) {
+  const char *what = "all_gather_into_tensor";
+  check_cpu(output, what);
+  check_cpu(input, what);
+  if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * size_)
+    throw error(what, "the output tensor must hold " + std::to_string(size_) +
+                          " times the input's elements, of the same dtype");
+  at::Tensor in = wire_of(input), out = wire_of(output), user = output;
+  return launch(
+      c10d::OpType::_ALLGATHER_BASE, what, {user}, {in, out},
+      [=](coll_stream_t s) { return coll_all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), COLL_UINT8, comm_, s); },
+      [=] { copy_back(user, out); });
+}
+
+Core::WorkPtr Core::allgather_coalesced(TensorLists &outputs, Tensors &inputs,
+                                        const c10d::AllgatherOptions &) {
+  const char *what = "all_gather_coalesced";
+  if (outputs.size() != (size_t)size_)
+    throw error(what, "takes " + std::to_string(size_) + " output lists, one per rank");
+  size_t total = 0;
+  for (auto &t : inputs) {
+    check_cpu(t, what);
+    total += nbytes(t);
+  }
+  for (auto &l : outputs) {
+    if (l.size() != inputs.size())
+      throw error(what, "every output list must hold one tensor per input tensor");
+    for (size_t j = 0; j < l.size(); j++) {
+      check_cpu(l[j], what);
+      same_shape(l[j], inputs[j], what, "an output tensor");
+    }
+  }
+  at::Tensor in = byte_buffer(total), flat = byte_buffer(total * size_);
+  size_t off = 0;
+  for (auto &t : inputs) {
+    pack(bytes_of(in) + off, t);
+    off += nbytes(t);
+  }
+  Tensors outs;
+  for (auto &l : outputs) outs.insert(outs.end(), l.begin(), l.end());
+  TensorLists lists = outputs;
+  return launch(
+      c10d::OpType::ALLGATHER_COALESCED, what, outs, {in, flat},
+      [=](coll_stream_t s) { return coll_all_gather(in.data_ptr(), flat.data_ptr(), total, COLL_UINT8, comm_, s); },
+      [=] {
+        for (size_t i = 0; i < lists.size(); i++) {
+          size_t o = i * total;
+          for (auto &t : lists[i]) {
+            unpack(t, bytes_of(flat) + o);
+            o += nbytes(t);
+          }
+        }
+      });
+}
+
+Core::WorkPtr Core::gather(TensorLists &outputs, Tensors &inputs, const c10d::GatherOptions &opts) {
+  const char *what = "gather";
+  check_one(inputs, what);
+  int root = check_root(opts.rootRank, size_, what);
+  at::Tensor in = wire_of(inputs[0]);
+  size_t b = nbytes(in);
+  bool is_root = rank_ == root;
+  Tensors outs;
+  at::Tensor flat;
+  if (is_root) {
+    if (outputs.size() != 1 || outputs[0].size() != (size_t)size_)
+      throw error(what, "the root takes one list of " + std::to_string(size_) + " output tensors");
+    for (auto &o : outputs[0]) {
+      check_cpu(o, what);
+      same_shape(o, in, what, "an output tensor");
+    }
+    outs = outputs[0];
+    flat = byte_buffer(b * size_);
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    throw error(what, "only the root (rank " + std::to_string(root) + ") takes output tensors");
+  }
+  return launch(
+      c10d::OpType::GATHER, what, outs, {in, flat},
+      [=](coll_stream_t s) {
+        return coll_gather(in.data_ptr(), is_root ? flat.data_ptr() : nullptr, b, COLL_UINT8, root, comm_, s);
+      },
+      [=] {
+        for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(flat) + i * b);
+      });
+}
+
+Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs, const c10d::ScatterOptions &opts) {
+  const char *what = "scatter";
+  check_one(outputs, what);
+  int root = check_root(opts.rootRank, size_, what);
+  at::Tensor user = outputs[0], out = wire_of(user);
+  size_t b = nbytes(out);
+  bool is_root = rank_ == root;
+  at::Tensor flat;
+  if (is_root) {
+    if (inputs.size() != 1 || inputs[0].size() != (size_t)size_)
+      throw error(what, "the root takes one list of " + std::to_string(size_) + " input tensors");
+    flat = byte_buffer(b * size_);
+    for (size_t i = 0; i < inputs[0].size(); i++) {
+      check_cpu(inputs[0][i], what);
+      same_shape(inputs[0][i], out, what, "an input tensor");
+      pack(bytes_of(flat) + i * b, inputs[0][i]);
+    }
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    throw error(what, "only the root (rank " + std::to_string(root) + ") takes input tensors");
+  }
+  return launch(
+      c10d::OpType::SCATTER, what, {user}, {out, flat},
+      [=](coll_stream_t s) {
+        return coll_scatter(is_root ? flat.data_ptr() : nullptr, out.data_ptr(), b, COLL_UINT8, root, comm_, s);
+      },
+      [=] { copy_back(user, out); });
+}
+
+Core::WorkPtr Core::reduce_scatter(Tensors &outputs, TensorLists &inputs,
+                                   const c10d::ReduceScatterOptions &opts) {
+  const char *what = "reduce_scatter";
+  check_one(outputs, what);
+  if (inputs.size() != 1 || inputs[0].size() != (size_t)size_)
+    throw error(what, "takes one list of " + std::to_string(size_) + " input tensors");
+  at::Tensor user = outputs[0], out = wire_of(user);
+  Reduction red = reduction(opts.reduceOp, out.scalar_type(), what);
+  int64_t n = out.numel();
+  at::Tensor flat = at::empty({n * size_}, out.options());
+  for (size_t i = 0; i < inputs[0].size(); i++) {
+    check_cpu(inputs[0][i], what);
+    same_shape(inputs[0][i], out, what, "an input tensor");
+    flat.narrow(0, (int64_t)i * n, n).copy_(inputs[0][i].reshape({-1}));
+  }
+  if (red.premul) flat = wire_of(scaled(red, flat));
+  return launch(
+      c10d::OpType::REDUCE_SCATTER, what, {user}, {out, flat},
+      [=](coll_stream_t s) {
+        return coll_reduce_scatter(flat.data_ptr(), out.data_ptr(), count_of(red, out), red.ty.dtype, red.op, comm_, s);
+      },
+      [=] { copy_back(user, out); });
+}
+
+Core::WorkPtr Core::reduce_scatter_base(at::Tensor &output, at::Tensor &input,
+                                        const c10d::ReduceScatterOptions &opts) {
+  const char *what = "reduce_scatter_tensor";
+  check_cpu(output, what);
+  check_cpu(input, what);
+  if (output.scalar_type() != input.scalar_type() || input.numel() != output.numel() * size_)
+    throw error(what, "the input tensor must hold " + std::to_string(size_) +
+                          " times the output's elements, of the same dtype");
+  Reduction red = reduction(opts.reduceOp, output.scalar_type(), what);
+  at::Tensor user = output, out = wire_of(output), in = wire_of(scaled(red, wire_of(input)));
+  return launch(
+      c10d::OpType::_REDUCE_SCATTER_BASE, what, {user}, {in, out},
+      [=](coll_stream_t s) {
+        return coll_reduce_scatter(in.data_ptr(), out.data_ptr(), count_of(red, out), red.ty.dtype, red.op, comm_, s);
+      },
+      [=] { copy_back(user, out); });
+}
+
+namespace {
+// Byte counts and displacements of an all-to-all split along dim 0 ("rows").
+void splits_to_bytes(const at::Tensor &t, const std::vector<int64_t> &splits, int size,
+                     const char *what, const char *which, std::vector<size_t> &counts,
+                     std::vector<size_t> &displs) {
+  int64_t rows = t.dim() ? t.size(0) : 1;
+  size_t row = rows ? nbytes(t) / rows : 0;
+  counts.assign(size, 0);
+  displs.assign(size, 0);
+  if (splits.empty()) {
+    if (rows % size)
+      throw error(what, std::string("the ") + which + " tensor's first dimension (" +
+                            std::to_string(rows) + ") does not divide by the group size " +
+                            std::to_string(size) + " and no split sizes were given");
+    for (int i = 0; i < size; i++) counts[i] = row * (rows / size);
+  } else {
+    if (splits.size() != (size_t)size)
+      throw error(what, std::string("takes one ") + which + " split size per rank (" +
+                            std::to_string(size) + "), got " + std::to_string(splits.size()));
+    int64_t sum = 0;
+    for (int i = 0; i < size; i++) {
+      if (splits[i] < 0) throw error(what, std::string("a negative ") + which + " split size");
+      counts[i] = row * splits[i];
+      sum += splits[i];
+    }
+    if (sum != rows)
+      throw error(what, std::string("the ") + which + " split sizes add up to " +
+                            std::to_string(sum) + " rows, the tensor has " + std::to_string(rows));
+  }
+  size_t off = 0;
+  for (int i = 0; i < size; i++) {
+    displs[i] = off;
+    off += counts[i];
+  }
+}
+}  // namespace
+
+Core::WorkPtr Core::alltoall_base(at::Tensor &output, at::Tensor &input,
+                                  std::vector<int64_t> &output_splits,
+                                  std::vector<int64_t> &input_splits, const c10d::AllToAllOptions &) {
+  const char *what = "all_to_all_single";
+  check_cpu(output, what);
+  check_cpu(input, what);
+  if (output.scalar_type() != input.scalar_type())
+    throw error(what, "the input and output tensors must have the same dtype");
+  at::Tensor user = output, out = wire_of(output), in = wire_of(input);
+  if (in.numel() && out.numel() && in.data_ptr() == out.data_ptr()) in = in.clone();
+  std::vector<size_t> sc, sd, rc, rd;
+  splits_to_bytes(in, input_splits, size_, what, "input", sc, sd);
+  splits_to_bytes(out, output_splits, size_, what, "output", rc, rd);
+  return launch(
+      c10d::OpType::ALLTOALL_BASE, what, {user}, {in, out},
+      [=](coll_stream_t s) {
+        return coll_all_to_allv(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(),
+                                rd.data(), COLL_UINT8, comm_, s);
+      },
+      [=] { copy_back(user, out); });
+}
+
+Core::WorkPtr Core::alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllToAllOptions &) {
+  const char *what = "all_to_all";
+  if (outputs.size() != (size_t)size_ || inputs.size() != (size_t)size_)
+    throw error(what, "takes " + std::to_string(size_) + " input and output tensors, one per rank");
+  std::vector<size_t> sc(size_), sd(size_), rc(size_), rd(size_);
+  size_t sin = 0, sout = 0;
+  for (int i = 0; i < size_; i++) {
+    check_cpu(inputs[i], what);
+    check_cpu(outputs[i], what);
+    sc[i] = nbytes(inputs[i]);
+    sd[i] = sin;
+    sin += sc[i];
+    rc[i] = nbytes(outputs[i]);
+    rd[i] = sout;
+    sout += rc[i];
+  }
+  at::Tensor in = byte_buffer(sin), out = byte_buffer(sout);
+  for (int i = 0; i < size_; i++) pack(bytes_of(in) + sd[i], inputs[i]);
+  Tensors outs = outputs;
+  return launch(
+      c10d::OpType::ALLTOALL, what, outs, {in, out},
+      [=](coll_stream_t s) {
+        return coll_all_to_allv(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(),
+                                rd.data(), COLL_UINT8, comm_, s);
+      },
+      [=] {
+        for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(out) + rd[i]);
+      });
+}
+
+// Tags: libcoll has none; messages between two ranks match in the order they were sent.
+Core::WorkPtr Core::send(Tensors &tensors, int dst, int) {
+  const char *what = "send";
+  check_one(tensors, what);
+  at::Tensor w = wire_of(tensors[0]);
+  return launch(c10d::OpType::SEND, what, {tensors[0]}, {w}, [=](coll_stream_t s) {
+    return coll_send(w.data_ptr(), nbytes(w), COLL_UINT8, dst, comm_, s);
+  });
+}
+
+Core::WorkPtr Core::recv(Tensors &tensors, int src, int) {
+  const char *what = "recv";
+  check_one(tensors, what);
+  at::Tensor t = tensors[0], w = wire_of(t);
+  return launch(
+      c10d::OpType::RECV, what, {t}, {w},
+      [=](coll_stream_t s) { return coll_recv(w.data_ptr(), nbytes(w), COLL_UINT8, src, comm_, s); },
+      [=] { copy_back(t, w); });
+}
+
+Core::WorkPtr Core::recv_anysource(Tensors &, int) {
+  throw error("recv", "the libcoll backend cannot receive from any source: name the sending "
+                      "rank (src=...)");
+}
+
+Core::WorkPtr Core::barrier(const c10d::BarrierOptions &) {
+  return launch(c10d::OpType::BARRIER, "barrier", {}, {},
+                [=](coll_stream_t s) { return coll_barrier(comm_, s); });
+}
+
+}  // namespace libcoll_torch

@@ -1,0 +1,121 @@
+// core.hpp — the PyTorch binding's core, independent of which c10d base class exposes it:
+// a libcoll communicator made through a c10d store, every torch collective mapped onto
+// libcoll calls enqueued on a coll_stream, and the Work that waits for that stream.
+//
+// An adapter (pg_1x.cpp for torch 1.x's c10d::ProcessGroup, backend_2x.cpp for torch
+// 2.x's c10d::Backend) only forwards its virtual methods here.  This file must never
+// include anything version-specific (ProcessGroup.hpp, Backend.hpp) nor touch Python.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <coll.h>
+
+namespace libcoll_torch {
+
+// One enqueued operation: the stream it went on, the tensors it must keep alive, what to
+// do once it finished (copy results back into non-contiguous tensors), and its future.
+// The stream is synchronized exactly once, by whichever comes first: wait(), or the
+// core's completion thread (which is what completes getFuture() without anyone waiting).
+class Work : public c10d::Work {
+ public:
+  Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
+       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
+       std::function<void()> after);
+  ~Work() override;
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override;
+  // Blocks until the stream is done, then finishes the Work and completes the future.
+  void settle();
+
+ private:
+  // With settle_mu_ held: record the stream's result, run `after`, finish.  Returns
+  // whether the future should be completed (by the caller, without the lock).
+  void record(coll_result r, const char *sentence);
+  void complete_future();
+
+  std::mutex settle_mu_;
+  bool settled_ = false;
+  coll_stream_t stream_;
+  std::string what_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+  std::function<void()> after_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class Core {
+ public:
+  // Collective over the group: rank 0 puts a libcoll unique id in `store`, every rank
+  // joins; the communicator's timeout becomes `timeout`.  Throws with libcoll's sentence.
+  Core(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+       std::chrono::milliseconds timeout);
+  ~Core();
+  Core(const Core &) = delete;
+  Core &operator=(const Core &) = delete;
+
+  using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+  using Tensors = std::vector<at::Tensor>;
+  using TensorLists = std::vector<std::vector<at::Tensor>>;
+
+  WorkPtr broadcast(Tensors &tensors, const c10d::BroadcastOptions &opts);
+  WorkPtr allreduce(Tensors &tensors, const c10d::AllreduceOptions &opts);
+  WorkPtr allreduce_coalesced(Tensors &tensors, const c10d::AllreduceCoalescedOptions &opts);
+  WorkPtr reduce(Tensors &tensors, const c10d::ReduceOptions &opts);
+  WorkPtr allgather(TensorLists &outputs, Tensors &inputs, const c10d::AllgatherOptions &opts);
+  WorkPtr allgather_base(at::Tensor &output, at::Tensor &input,
+                         const c10d::AllgatherOptions &opts);
+  WorkPtr allgather_coalesced(TensorLists &outputs, Tensors &inputs,
+                              const c10d::AllgatherOptions &opts);
+  WorkPtr gather(TensorLists &outputs, Tensors &inputs, const c10d::GatherOptions &opts);
+  WorkPtr scatter(Tensors &outputs, TensorLists &inputs, const c10d::ScatterOptions &opts);
+  WorkPtr reduce_scatter(Tensors &outputs, TensorLists &inputs,
+                         const c10d::ReduceScatterOptions &opts);
+  WorkPtr reduce_scatter_base(at::Tensor &output, at::Tensor &input,
+                              const c10d::ReduceScatterOptions &opts);
+  WorkPtr alltoall_base(at::Tensor &output, at::Tensor &input,
+                        std::vector<int64_t> &output_splits, std::vector<int64_t> &input_splits,
+                        const c10d::AllToAllOptions &opts);
+  WorkPtr alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllToAllOptions &opts);
+  WorkPtr send(Tensors &tensors, int dst, int tag);
+  WorkPtr recv(Tensors &tensors, int src, int tag);
+  WorkPtr recv_anysource(Tensors &tensors, int tag);
+  WorkPtr barrier(const c10d::BarrierOptions &opts);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  // Makes a stream, lets `enqueue` put libcoll calls on it, hands the Work to the
+  // completion thread.  A call libcoll refuses throws its sentence.
+  WorkPtr launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
+                 std::function<coll_result(coll_stream_t)> enqueue,
+                 std::function<void()> after = nullptr);
+  [[noreturn]] void fail(const char *what, coll_result r) const;
+  void completion_main();
+
+  int rank_, size_;
+  coll_comm_t comm_ = nullptr;
+  std::mutex qmu_;
+  std::condition_variable qcv_;
+  std::deque<c10::intrusive_ptr<Work>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace libcoll_torch
