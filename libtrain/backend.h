@@ -55,6 +55,11 @@ struct train_backend {
     /* 1: finished (a finished request may be tested again), 0: pending, -1: failed */
     int (*test)(train_backend *b, train_req req);
     int (*wait)(train_backend *b, train_req req);
+    /* Optional (NULL: the caller waits on the host instead): makes the operations started
+     * from now on wait, on the device, for `event` (a cudaEvent_t recorded on the model's
+     * compute stream) before they read their buffers, without blocking the host.  NCCL:
+     * cudaStreamWaitEvent on its communication stream. */
+    int (*order_after)(train_backend *b, void *event);
     /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
     int (*destroy)(train_backend *b);
     /* Fails pending work and leaves the group at once, from any state. */

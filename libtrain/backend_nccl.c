@@ -9,9 +9,10 @@
  * else. Each rank uses GPU (local rank mod devices).
  *
  * Requests: every operation goes on one CUDA stream created non-blocking, so it never
- * waits for, nor holds up, the model's kernels on the legacy default stream (DDP only
- * launches a bucket once the model has synchronised the device: its gradients are
- * final). A request is a CUDA event recorded after its operation; operations on one
+ * waits for, nor holds up, the model's kernels on the legacy default stream.  A bucket's
+ * gradients are final once the compute stream passes the mark the model takes before it
+ * calls DDP's hook: order_after makes this stream wait for that mark on the device
+ * (cudaStreamWaitEvent), so neither the host nor the compute stream waits. A request is a CUDA event recorded after its operation; operations on one
  * stream run in call order, so requests complete in order, as backend.h promises.
  * Host buffers (the loss, weight hashes, the start-up parameter broadcast, trace gathers)
  * go through a per-request device staging buffer: copied in at launch, copied out when the
@@ -290,6 +291,15 @@ static int nc_broadcast(train_backend *b, void *buf, size_t bytes, int root, tra
                     ncclBroadcast(in, out, bytes, ncclUint8, root, p->nccl, p->stream), req);
 }
 
+/* The next operations wait on the device for the model's mark: no host block, and the
+ * compute stream is not held up either (it is the communication stream that waits). */
+static int nc_order_after(train_backend *b, void *event)
+{
+    nccl_impl *p = b->impl;
+    cudaError_t e = cudaStreamWaitEvent(p->stream, (cudaEvent_t)event, 0);
+    return e == cudaSuccess ? 0 : fail_cuda(b, "ordering the communication stream after backward", e);
+}
+
 static int nc_barrier(train_backend *b)
 {
     nccl_impl *p = b->impl;
@@ -345,18 +355,6 @@ static void nc_abort(train_backend *b)
     release(b);
 }
 
-/* Which GPU this rank uses: its rank among the ranks of this machine. */
-static int local_rank(int rank)
-{
-    static const char *vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
-                                 "MPI_LOCALRANKID"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v)
-            return atoi(v);
-    }
-    return rank; /* coll_launch_local: every rank is local */
-}
 
 int train_backend_nccl_built(void) { return 1; }
 
@@ -388,7 +386,7 @@ train_backend *train_backend_nccl(coll_comm_t boot, int own, char *err)
                        : e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
         return NULL;
     }
-    int dev = local_rank(rank) % ndev;
+    int dev = train_local_rank(rank) % ndev; /* coll_launch_local: every rank is local */
     if ((e = cudaSetDevice(dev)) != cudaSuccess) {
         train_errf(err, "rank %d: --backend nccl: cudaSetDevice(%d): %s", rank, dev,
                    cudaGetErrorString(e));
@@ -456,6 +454,7 @@ train_backend *train_backend_nccl(coll_comm_t boot, int own, char *err)
     b->all_gather = nc_all_gather;
     b->broadcast = nc_broadcast;
     b->barrier = nc_barrier;
+    b->order_after = nc_order_after;
     b->test = nc_test;
     b->wait = nc_wait;
     b->destroy = nc_destroy;

@@ -135,12 +135,42 @@ static void poll_buckets(train_ddp *d)
     }
 }
 
+/* On a device: the buckets about to launch read gradients that are written once the
+ * compute stream passes the model's grad_mark.  The backend orders its stream after that
+ * mark where it can (NCCL); otherwise the host waits for the compute stream — that
+ * stream only, so communication already in flight keeps running under backward. */
+static int order_after_mark(train_ddp *d)
+{
+    train_model *m = d->s->model;
+    void *mk = m->grad_mark;
+    if (!mk)
+        return 0;
+    m->grad_mark = NULL; /* once per notification, for all the buckets it makes final */
+    char why[TRAIN_ERRLEN];
+    if (d->b->order_after) {
+        if (d->b->order_after(d->b, mk) == 0)
+            return 0;
+        snprintf(why, sizeof why, "%s", d->b->err);
+    } else if (m->ops->wait_mark(mk, why) == 0) {
+        return 0;
+    }
+    if (!d->failed)
+        snprintf(d->hook_err, sizeof d->hook_err, "%s", why);
+    d->failed = 1;
+    return -1;
+}
+
 static void launch(train_ddp *d, int i)
 {
     train_ddp_bucket *k = &d->bk[i];
     bucket_state *bs = &d->bs[i];
     bs->t_launch = train_now();
     bs->launched = 1;
+    if (order_after_mark(d) != 0) {
+        bs->done = 1;
+        bs->req = TRAIN_REQ_DONE;
+        return;
+    }
     if (d->b->all_reduce(d->b, d->s->model->grads + k->start, k->count, TRAIN_REDUCE_AVG,
                          &bs->req) != 0) {
         if (!d->failed)
@@ -421,6 +451,14 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err)
         train_backward(m);
         if (sync && train_ddp_finish_backward(d, err) != 0) {
             train_set_loss_scale(m, 1.0f);
+            return -1;
+        }
+        /* On a device the host ran ahead of the compute stream: wait for that stream
+         * alone, so that backward's time is compute and what follows is communication
+         * only (a wait on everything would count communication as compute). */
+        if (m->ops->mark && m->ops->wait_mark(m->ops->mark(), err) != 0) {
+            train_set_loss_scale(m, 1.0f);
+            train_ddp_wait_all(d, err);
             return -1;
         }
         tb_end = train_now();

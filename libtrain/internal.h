@@ -13,6 +13,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* Layer kernels. Shapes in the comments: N = B*T rows. All backward kernels ACCUMULATE
  * (+=) into their outputs. Pointers are device pointers on the GPU. */
@@ -71,6 +72,14 @@ typedef struct train_ops {
     void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float wd, float bc1, float bc2);
     void (*sync)(void);
+    /* Device ops only (NULL on the CPU, where work is done when its call returns): mark
+     * records an event on the compute stream after the work issued so far and returns it
+     * (from a ring the ops own: valid for the next 256 marks); wait_mark blocks the host
+     * until the compute stream has passed it — that stream alone, never the streams that
+     * communication runs on (sync, cudaDeviceSynchronize, would wait for those too, and
+     * so serialise communication with backward).  0, or -1 with a sentence in err. */
+    void *(*mark)(void);
+    int (*wait_mark)(void *mark, char *err);
 } train_ops;
 
 const train_ops *train_cpu_ops(void);
@@ -143,6 +152,9 @@ struct train_model {
     float loss_scale;            /* dloss multiplier in backward (1; 1/K for accumulation) */
     train_backward_hook bwd_hook;/* called as gradients become final (DDP), may be NULL */
     void *bwd_hook_arg;
+    void *grad_mark;             /* device: ops->mark() taken just before bwd_hook is called:
+                                    the gradients it declares final are written once the
+                                    compute stream passes it (NULL on the CPU) */
     train_forward_hook fwd_hook; /* called as forward stages finish (timelines), may be NULL */
     void *fwd_hook_arg;
     /* FSDP (ZeRO-3): block l's parameters are read from block_params[l] (its tensors at
@@ -197,4 +209,19 @@ struct train_session {
     int *inputs, *targets;  /* host (B,T) */
     float *logits;          /* host (T,V), for sampling */
 };
+/* This process's rank among the ranks on its machine, which picks its GPU (local rank mod
+ * devices): coll-train's own forked ranks set TRAIN_LOCAL_RANK; launchers set one of the
+ * others.  `fallback` when none is set (a one-host job whose rank is the local rank). */
+static inline int train_local_rank(int fallback)
+{
+    static const char *vars[] = {"TRAIN_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                 "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v)
+            return atoi(v);
+    }
+    return fallback;
+}
+
 #endif

@@ -78,6 +78,34 @@ static void g_to_device(void *dst, const void *src, size_t b)
 static void g_set_threads(int) {}
 static void g_sync(void) { CK(cudaDeviceSynchronize()); }
 
+/* Marks on the compute stream (the legacy default stream every kernel here runs on): a
+ * ring of events, created once, recorded in turn.  256 marks outlive any one step's
+ * notifications (one per layer plus two), so a mark is never re-recorded while a backend
+ * still orders a stream after it. */
+#define MARKS 256
+static cudaEvent_t marks[MARKS];
+static unsigned next_mark;
+
+static void *g_mark(void)
+{
+    cudaEvent_t *e = &marks[next_mark++ % MARKS];
+    if (!*e)
+        CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    CK(cudaEventRecord(*e, 0));
+    return (void *)*e;
+}
+
+static int g_wait_mark(void *mark, char *err)
+{
+    cudaError_t e = cudaEventSynchronize((cudaEvent_t)mark);
+    if (e != cudaSuccess) {
+        train_errf(err, "--device cuda: waiting for the compute stream: %s",
+                   cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- warp helpers ---------------------------------------------------------------- */
 
 __device__ inline float warp_sum(float v)
@@ -548,11 +576,20 @@ static int cuda_init(char *err)
         train_errf(err, "%s", why);
         return -1;
     }
+    /* Each rank on its own GPU where there are several: local rank mod devices. */
+    int dev = train_local_rank(0) % n;
+    if ((e = cudaSetDevice(dev)) != cudaSuccess) {
+        snprintf(why, sizeof why, "--device cuda: cudaSetDevice(%d): %s", dev,
+                 cudaGetErrorString(e));
+        state = -1;
+        train_errf(err, "%s", why);
+        return -1;
+    }
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CK(cudaGetDeviceProperties(&prop, dev));
     snprintf(device_name, sizeof device_name, "%s", prop.name);
     int clock_khz = 0;
-    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev);
     /* fp32 lanes per SM: 64 on sm_80 (A100), 128 on sm_86 and newer consumer/Hopper */
     int lanes = (prop.major == 8 && prop.minor == 0) ? 64 : prop.major >= 8 ? 128 : 64;
     peak_flops = 2.0 * lanes * prop.multiProcessorCount * (clock_khz * 1e3);
@@ -593,6 +630,8 @@ static int cuda_init(char *err)
     o.scale = g_scale;
     o.adamw = g_adamw;
     o.sync = g_sync;
+    o.mark = g_mark;
+    o.wait_mark = g_wait_mark;
     cuda_ops = o;
     state = 1;
     return 0;

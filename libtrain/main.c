@@ -532,10 +532,13 @@ train:;
 
 static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg)
 {
-    (void)rank;
     (void)nranks;
     char msg[TRAIN_ERRLEN];
     const cli *c = arg;
+    /* forked on this machine: the rank is the local rank, which picks the GPU */
+    char lr[16];
+    snprintf(lr, sizeof lr, "%d", rank);
+    setenv("TRAIN_LOCAL_RANK", lr, 1);
     train_backend *b =
         c->nccl ? train_backend_nccl(comm, 0, msg) : train_backend_coll(comm, 0, msg);
     if (!b)

@@ -457,13 +457,16 @@ void train_set_backward_hook(train_model *m, train_backward_hook fn, void *arg)
     m->bwd_hook_arg = arg;
 }
 
-/* Tells the hook that gradients from `from` on are final; the device must have finished
- * writing them first (a no-op sync on the CPU). */
+/* Tells the hook that gradients from `from` on are final.  On a device they are final
+ * once the compute stream passes the mark taken here: the hook orders its communication
+ * after that mark (on the device where the backend can, else by waiting on the host for
+ * the compute stream alone) — never by a device-wide sync, which would also wait for the
+ * communication already in flight and so serialise it with the rest of backward. */
 static void gradients_final(train_model *m, size_t from, int layer)
 {
     if (!m->bwd_hook)
         return;
-    m->ops->sync();
+    m->grad_mark = m->ops->mark ? m->ops->mark() : NULL;
     m->bwd_hook(m->bwd_hook_arg, from, layer);
 }
 

@@ -4,7 +4,7 @@
 #   scripts/gpu_prepare.sh                       # HERE, once: fetches .gpu/debs
 #   # on the GPU machine (device tool: carry [".gpu"]), two calls of < 10 min each:
 #   scripts/gpu_check.sh build test              # env, build, CUDA tests -> $OUT
-#   scripts/gpu_check.sh bench                   # coll-bench --device cuda tables -> $OUT
+#   scripts/gpu_check.sh bench train             # coll-bench --device cuda, coll-train -> $OUT
 #   scripts/gpu_check.sh --rehearse build test bench   # here, without a GPU: every step
 #                                                # up to the first one that needs a GPU
 #
@@ -21,6 +21,12 @@
 #          at N = 2, 4, 8 ranks on the machine's GPUs, 1 KiB to 1 GiB, each table headed
 #          by the device-to-device copy rate coll-bench measures in the same run; the
 #          8-byte all-reduce latency at N = 2, blocking and stream-ordered (bench.txt).
+#   train  libtrain on the GPU (train.txt): GPT-2 small's shape (12 layers, 768 channels,
+#          12 heads, sequence 1024; byte vocabulary) in coll-train --device cuda against
+#          the same model in PyTorch (libtrain/tools/bench_torch.py), both fp32 with TF32
+#          off, interleaved twice; DDP over libcoll with 2 and 4 ranks on the GPU(s), the
+#          first with --trace (ddp2.json); NCCL with 2 ranks (on one GPU it refuses: its
+#          answer is recorded).
 # Every stage prints what it runs; summary.txt gets one line per stage with its status.
 # Must never: download anything, install into / (the prefix is under /tmp), or stop at
 # the first failure (each stage runs whatever it can and says what failed).
@@ -36,11 +42,11 @@ STAGES=()
 for a in "$@"; do
   case $a in
   --rehearse) REHEARSE=1 ;;
-  build | test | bench) STAGES+=("$a") ;;
-  *) echo "gpu_check: unknown argument '$a' (stages: build test bench; --rehearse)" >&2; exit 2 ;;
+  build | test | bench | train) STAGES+=("$a") ;;
+  *) echo "gpu_check: unknown argument '$a' (stages: build test bench train; --rehearse)" >&2; exit 2 ;;
   esac
 done
-((${#STAGES[@]})) || STAGES=(build test bench)
+((${#STAGES[@]})) || STAGES=(build test bench train)
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 have_gpu() { nvidia-smi -L >/dev/null 2>&1; }
 
@@ -141,6 +147,27 @@ stage_bench() {
   run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 1 --stats
   run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 0
   summary "bench: $([ $rc = 0 ] && echo ok || echo 'some runs failed, see bench.txt')"
+}
+
+stage_train() {
+  ensure_built || { summary "train: not run (no build)"; return 1; }
+  local ct="$B/libtrain/coll-train" f="$OUT/train.txt" rc=0
+  : >"$f"
+  run() { echo "\$ $*" >>"$f"; timeout 420 "$@" >>"$f" 2>&1 || { rc=1; echo "(exit $?)" >>"$f"; }; }
+  local gpt2=(--layers 12 --channels 768 --heads 12 --seq 1024 --max-seq 1024 --batch 4)
+  local steps=12
+  have_gpu || steps=2
+  for rep in 1 2; do
+    run "$ct" --device cuda "${gpt2[@]}" --steps $steps --eval-every 0 --sample-len 0
+    run python3 libtrain/tools/bench_torch.py --device cuda --tf32 0 "${gpt2[@]}" --steps $steps
+    have_gpu || break
+  done
+  local small=(--layers 12 --channels 768 --heads 12 --seq 256 --max-seq 256 --batch 8
+               --steps 10 --eval-every 0 --sample-len 0)
+  run "$ct" --device cuda --parallel ddp --ranks 2 --backend coll "${small[@]}" --trace "$OUT/ddp2.json"
+  run "$ct" --device cuda --parallel ddp --ranks 4 --backend coll "${small[@]}"
+  run "$ct" --device cuda --parallel ddp --ranks 2 --backend nccl "${small[@]}"
+  summary "train: $([ $rc = 0 ] && echo ok || echo 'some runs failed (NCCL on one GPU is expected to), see train.txt')"
 }
 
 : >"$OUT/summary.txt"

@@ -1,10 +1,12 @@
 #!/usr/bin/python3
-"""bench_torch.py — trains the same GPT as coll-train with PyTorch (CPU, fp32) and
-prints tokens/s, for the comparison in docs/perf.md. The model is the one in
-reference.py; AdamW, clipping and the schedule as in coll-train.
+"""bench_torch.py — trains the same GPT as coll-train with PyTorch (fp32) and prints
+tokens/s, for the comparisons in docs/perf.md. The model is the one in reference.py;
+AdamW, clipping and the schedule as in coll-train. On --device cuda the matrix products
+are plain fp32 (TF32 off), as coll-train's cuBLAS calls, unless --tf32 1.
 
 usage: bench_torch.py [--layers 4 --channels 128 --heads 4 --seq 64 --max-seq 256
-                       --batch 16 --steps 30 --threads 2 --data FILE]
+                       --batch 16 --steps 30 --threads 2 --data FILE
+                       --device cpu|cuda --tf32 0|1]
 """
 import argparse
 import os
@@ -47,13 +49,20 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--data", default=os.path.join(here, "..", "data", "sonnets.txt"))
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--tf32", type=int, default=0)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
+    dev = torch.device(a.device)
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = bool(a.tf32)
+        torch.backends.cudnn.allow_tf32 = bool(a.tf32)
     data = np.frombuffer(open(a.data, "rb").read(), dtype=np.uint8).astype(np.int64)
     model = GPT(256, a.max_seq, a.layers, a.channels, a.heads)
     for p in model.parameters():  # GPT-2 init, roughly: scale does not affect speed
         torch.nn.init.normal_(p, std=0.02) if p.dim() == 2 else None
+    model = model.to(dev)
     layout = model.flat_layout()
     groups = [{"params": [t for t, d in layout if d], "weight_decay": 0.1},
               {"params": [t for t, d in layout if not d], "weight_decay": 0.0}]
@@ -64,21 +73,27 @@ def main():
     times = []
     for step in range(a.steps):
         starts = rng.integers(0, len(data) - T - 1, size=B)
-        x = torch.from_numpy(np.stack([data[s:s + T] for s in starts]))
-        y = torch.from_numpy(np.stack([data[s + 1:s + T + 1] for s in starts]))
+        x = torch.from_numpy(np.stack([data[s:s + T] for s in starts])).to(dev)
+        y = torch.from_numpy(np.stack([data[s + 1:s + T + 1] for s in starts])).to(dev)
+        if a.device == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         times.append(dt)
         print("step %4d | loss %.6f | %7.1f ms | %8.0f tok/s" % (step + 1, loss.item(),
               dt * 1e3, B * T / dt))
     mean = sum(times[1:]) / max(1, len(times) - 1)
-    print("pytorch %s: %d threads, %.1f ms/step, %.0f tok/s (mean of steps 2..%d)"
-          % (torch.__version__, a.threads, mean * 1e3, B * T / mean, a.steps))
+    where = ("%s, TF32 %s" % (torch.cuda.get_device_name(dev), "on" if a.tf32 else "off")
+             if a.device == "cuda" else "%d threads" % a.threads)
+    print("pytorch %s: %s, %.1f ms/step, %.0f tok/s (mean of steps 2..%d)"
+          % (torch.__version__, where, mean * 1e3, B * T / mean, a.steps))
 
 
 if __name__ == "__main__":
