@@ -134,13 +134,14 @@ stage_bench() {
     summary "bench: no GPU on this machine; running one size to rehearse the command lines"
   fi
   : >"$f"
-  run() { echo "\$ $*" >>"$f"; timeout 300 "$@" >>"$f" 2>&1 || { rc=1; echo "(exit $?)" >>"$f"; }; }
+  run() { echo "\$ $*" >>"$f"; timeout 300 "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }; }
   local big=1G
   have_gpu || big=1K
   for n in 2 4 8; do
-    run "$cb" all_reduce,all_gather,reduce_scatter,broadcast --device cuda --ranks $n \
-      -b 1K -e $big -f 4 -n 10 -w 2 -c 0 -z 1
-    have_gpu || break
+    for c in all_reduce all_gather reduce_scatter broadcast; do
+      run "$cb" $c --device cuda --ranks $n -b 1K -e $big -f 4 -n 10 -w 2 -c 0 -z 1
+      have_gpu || break 2
+    done
   done
   # one checked pass, and the small-message latency: blocking, then stream-ordered
   run "$cb" all_reduce --device cuda --ranks 2 -b 1K -e 64M -f 16 -n 5 -w 1 -c 1 -z 1
@@ -153,7 +154,7 @@ stage_train() {
   ensure_built || { summary "train: not run (no build)"; return 1; }
   local ct="$B/libtrain/coll-train" f="$OUT/train.txt" rc=0
   : >"$f"
-  run() { echo "\$ $*" >>"$f"; timeout 420 "$@" >>"$f" 2>&1 || { rc=1; echo "(exit $?)" >>"$f"; }; }
+  run() { echo "\$ $*" >>"$f"; timeout 420 "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }; }
   local gpt2=(--layers 12 --channels 768 --heads 12 --seq 1024 --max-seq 1024 --batch 4)
   local steps=12
   have_gpu || steps=2
