@@ -539,10 +539,20 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
         }
         memcpy(m->params + x->start, f->stage, x->len * sizeof(float));
         memcpy(f->pshard + x->soff, m->params + x->own_lo, x->own_n * sizeof(float));
+        if (m->adam_m) { /* a resumed session: every rank loaded the same full state */
+            memcpy(f->mshard + x->soff, m->adam_m + x->own_lo, x->own_n * sizeof(float));
+            memcpy(f->vshard + x->soff, m->adam_v + x->own_lo, x->own_n * sizeof(float));
+        }
         if (o->zero == 3 && x->block >= 0 && x->block < f->L) /* not kept: no peak of 4P */
             release_range(m->params + x->start, x->len);
     }
-    struct { train_loader_state pos; int64_t step; } where = {s->pos, s->step};
+    if (m->adam_m) { /* the shards hold it now */
+        m->ops->release(m->adam_m);
+        m->ops->release(m->adam_v);
+        m->adam_m = m->adam_v = NULL;
+    }
+    struct { train_loader_state pos; int64_t step; uint64_t rng; } where = {s->pos, s->step,
+                                                                          s->sample_rng};
     train_req r;
     if (b->broadcast(b, &where, sizeof where, 0, &r) != 0 || b->wait(b, r) != 0) {
         train_errf(err, "data position broadcast from rank 0: %s", b->err);
@@ -551,6 +561,7 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
     }
     s->pos = where.pos;
     s->step = (long)where.step;
+    s->sample_rng = where.rng;
     f->materialized = o->zero == 3; /* the check gathers unit by unit, not into params */
     if (train_fsdp_check_identical(f, err) != 0) {
         train_fsdp_free(f);
@@ -737,6 +748,78 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
     st->wait_ms = f->wait_s * 1e3;
     st->sent_bytes = f->sent;
     return 0;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------- */
+
+int train_fsdp_save(train_fsdp *f, const char *path, char *err)
+{
+    int N = f->N;
+    uint64_t mine[3] = {0, 0, 0}; /* bytes, hash, failed */
+    uint64_t *all = calloc((size_t)N * 3, sizeof *all);
+    size_t *ulen = calloc((size_t)f->nu, sizeof *ulen);
+    char why[TRAIN_ERRLEN] = "";
+    if (!all || !ulen) {
+        free(all);
+        free(ulen);
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return -1;
+    }
+    if (train_shard_write(f->s, path, f->rank, N, f->pshard, f->mshard, f->vshard, f->S,
+                          &mine[0], &mine[1], why) != 0)
+        mine[2] = 1;
+    train_req r;
+    int rc = 0;
+    if (f->b->all_gather(f->b, mine, all, sizeof mine, &r) != 0 || f->b->wait(f->b, r) != 0) {
+        train_errf(err, "checkpoint %s: gathering the shard checksums: %s", path, f->b->err);
+        rc = -1;
+        goto out;
+    }
+    int bad = -1;
+    for (int q = 0; q < N && bad < 0; q++)
+        if (all[3 * q + 2])
+            bad = q;
+    if (bad >= 0) { /* no manifest: the shards written are not a checkpoint */
+        if (bad == f->rank)
+            train_errf(err, "%s", why);
+        else
+            train_errf(err, "checkpoint %s: rank %d could not write its shard", path, bad);
+        rc = -1;
+        goto out;
+    }
+    int32_t ok = 1;
+    if (f->rank == 0) {
+        uint64_t *bytes = malloc((size_t)N * sizeof *bytes), *hash = malloc((size_t)N * 8);
+        for (int u = 0; u < f->nu; u++)
+            ulen[u] = f->u[u].len;
+        if (!bytes || !hash) {
+            train_errf(why, "checkpoint %s: out of memory", path);
+            ok = 0;
+        } else {
+            for (int q = 0; q < N; q++) {
+                bytes[q] = all[3 * q];
+                hash[q] = all[3 * q + 1];
+            }
+            ok = train_manifest_write(f->s, path, N, f->nu, ulen, bytes, hash, why) == 0;
+        }
+        free(bytes);
+        free(hash);
+    }
+    /* everyone learns whether the checkpoint exists */
+    if (f->b->broadcast(f->b, &ok, sizeof ok, 0, &r) != 0 || f->b->wait(f->b, r) != 0) {
+        train_errf(err, "checkpoint %s: %s", path, f->b->err);
+        rc = -1;
+    } else if (!ok) {
+        if (f->rank == 0)
+            train_errf(err, "%s", why);
+        else
+            train_errf(err, "checkpoint %s: rank 0 could not write the manifest", path);
+        rc = -1;
+    }
+out:
+    free(all);
+    free(ulen);
+    return rc;
 }
 
 /* ---- timeline ---------------------------------------------------------------------- */

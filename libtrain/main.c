@@ -255,10 +255,28 @@ static int run(const cli *c, train_backend *b)
     train_session *s = train_session_create(&o, msg);
     if (!s)
         die_rank(b, msg);
+    if (b && c->fsdp) /* fsdp checkpoints record the global batch: resumable at any N */
+        train_session_set_batch_mult(s, b->nranks * c->accum);
     if (resume && train_session_load(s, resume, msg) != 0) {
         train_session_free(s);
         die_rank(b, msg);
     }
+    if (ckpt_dir && root) {
+        struct stat st;
+        if (stat(ckpt_dir, &st) != 0) {
+            if (mkdir(ckpt_dir, 0755) != 0) {
+                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
+                         strerror(errno));
+                train_session_free(s);
+                die_rank(b, msg);
+            }
+        } else if (!S_ISDIR(st.st_mode)) {
+            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
+            train_session_free(s);
+            die_rank(b, msg);
+        }
+    }
+
     train_ddp *d = NULL;
     train_fsdp *fs = NULL;
     if (b && c->fsdp) {
@@ -281,22 +299,6 @@ static int run(const cli *c, train_backend *b)
         if (!d)
             die_rank(b, msg);
     }
-    if (ckpt_dir && root) {
-        struct stat st;
-        if (stat(ckpt_dir, &st) != 0) {
-            if (mkdir(ckpt_dir, 0755) != 0) {
-                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
-                         strerror(errno));
-                train_session_free(s);
-                die_rank(b, msg);
-            }
-        } else if (!S_ISDIR(st.st_mode)) {
-            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
-            train_session_free(s);
-            die_rank(b, msg);
-        }
-    }
-
     train_model *m = train_session_model(s);
     const train_config *cfg = train_model_config(m);
     size_t np = train_num_params(m);
@@ -431,7 +433,14 @@ train:;
                 print_escaped(sample, (int)sample_len);
             }
         }
-        if (root && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+        if (fs && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
+            if (train_fsdp_save(fs, path, msg) != 0) /* collective: shards, then manifest */
+                die_rank(b, msg);
+            if (root)
+                printf("checkpoint %s (manifest; %d shards %s.shard<r>of%d)\n", path,
+                       b->nranks, path, b->nranks);
+        } else if (root && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
             if (train_session_save(s, path, msg) != 0) {
                 train_session_free(s);
@@ -615,6 +624,18 @@ static int run_ddp(cli *c)
             rc = 1;
         return rc;
     }
+    if (c->resume) { /* one line from here, not one per rank, for a bad checkpoint */
+        train_options o = c->o;
+        o.threads = 1;
+        train_session *s = train_session_create(&o, msg);
+        if (s && c->fsdp)
+            train_session_set_batch_mult(s, c->ranks * c->accum);
+        if (!s || train_session_load(s, c->resume, msg) != 0) {
+            train_session_free(s);
+            die(msg);
+        }
+        train_session_free(s);
+    }
     fflush(stdout);
     int rc = coll_launch_local(c->ranks, rank_main, c, 0, msg, sizeof msg);
     if (rc != 0)
@@ -788,8 +809,6 @@ int main(int argc, char **argv)
     if (cl.fsdp && o.device == TRAIN_DEVICE_CUDA)
         die("--parallel fsdp runs on the CPU model only (--device cpu); use --parallel ddp "
             "on GPUs");
-    if (cl.fsdp && (ckpt_dir || resume))
-        die("--parallel fsdp does not write or resume checkpoints yet");
     if (cl.trace)
         check_writable_dir_of("--trace", cl.trace);
     if (cl.nccl && o.device != TRAIN_DEVICE_CUDA)
