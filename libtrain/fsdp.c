@@ -52,6 +52,7 @@ struct train_fsdp {
     size_t grads_bytes;
     float *model_grads;       /* the model's own, put back at free */
     float *stage;             /* staging for gathers of whole units (max plen) */
+    size_t stagecap;          /* its floats */
     float *blockbuf[2];       /* ZeRO-3: block l lives in blockbuf[l % 2] */
     size_t blockcap;
     float **block_params;     /* given to the model */
@@ -231,11 +232,11 @@ static void rs_finished(train_fsdp *f, int i)
         for (size_t j = 0; j < x->shard; j++)
             g[j] += t[j];
     }
-    /* ZeRO-2/3: the unit launched before this one (above it) is no longer read */
-    if (f->o.zero >= 2 && i > 0) {
-        const fsdp_unit *y = &f->u[f->rs[i - 1].unit];
-        release_range(f->grads + y->start, y->len);
-    }
+    /* ZeRO-2/3: this unit's full gradient is no longer needed. (The reduce-scatter of the
+     * unit below may still read our first floats as its padding: what lands in padding is
+     * never used, so zeroes there are as good as gradients.) */
+    if (f->o.zero >= 2)
+        release_range(f->grads + x->start, x->len);
     if (f->o.trace) {
         char nm[40], un[24];
         snprintf(nm, sizeof nm, "reducescatter %.24s", unit_name(f, r->unit, un, sizeof un));
@@ -264,10 +265,6 @@ static int rs_wait_all(train_fsdp *f)
             note_fail(f, "reduce-scatter of gradients");
         rs_finished(f, f->rs_polled++);
     }
-    if (f->o.zero >= 2 && f->nrs > 0) {
-        const fsdp_unit *y = &f->u[f->rs[f->nrs - 1].unit];
-        release_range(f->grads + y->start, y->len);
-    }
     return f->failed ? -1 : 0;
 }
 
@@ -284,6 +281,16 @@ static void rs_launch(train_fsdp *f, int u)
                                            TRAIN_REDUCE_AVG, &r->req) != 0)
         note_fail(f, "reduce-scatter of gradients");
     f->sent += (uint64_t)(f->N - 1) * x->shard * sizeof(float);
+    /* ZeRO-2/3: at most two units' full gradients at once — the one just launched and the
+     * one backward computes next. The previous reduce-scatter had the whole of this unit's
+     * backward to finish; if it has not, backward waits for it here (exposed). */
+    if (f->o.zero >= 2)
+        while (f->rs_polled < f->nrs - 1) {
+            rs_state *o = &f->rs[f->rs_polled];
+            if (!f->failed && wait_req(f, o->req) != 0)
+                note_fail(f, "reduce-scatter of gradients");
+            rs_finished(f, f->rs_polled++);
+        }
 }
 
 /* ---- hooks ------------------------------------------------------------------------- */
@@ -352,6 +359,15 @@ static void bwd_hook(void *arg, size_t final_from, int layer)
 
 /* ---- gathers of whole units -------------------------------------------------------- */
 
+/* ZeRO-3 gathers only the root units into the staging buffer at every step: after a
+ * gather of whole blocks its pages go back to the system. (ZeRO-1/2 use all of it every
+ * step.) */
+static void release_stage(train_fsdp *f)
+{
+    if (f->o.zero == 3)
+        release_range(f->stage, f->stagecap);
+}
+
 /* All-gathers unit u into f->stage (blocking). */
 static int gather_unit(train_fsdp *f, int u, const float *src_shards, char *err)
 {
@@ -406,6 +422,7 @@ int train_fsdp_gather(train_fsdp *f, float *dst, float *m_dst, float *v_dst, uin
     }
     if (hash)
         *hash = h;
+    release_stage(f);
     return 0;
 }
 
@@ -503,6 +520,7 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
     f->mshard = zalloc(sb);
     f->vshard = zalloc(sb);
     f->stage = zalloc(maxp * sizeof(float));
+    f->stagecap = maxp;
     f->gtmp = o->accum > 1 ? zalloc(sb) : NULL;
     size_t bt = (size_t)s->opt.batch * s->opt.seq;
     f->inputs = malloc(bt * sizeof(int));

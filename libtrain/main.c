@@ -200,7 +200,8 @@ static int print_plan(const train_options *o, int N, int accum, double fixed)
     size_t np = 0;
     printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
            "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
-           "step (ring); fixed = measured resident size of this process before any model\n",
+           "step (ring); fixed = measured resident size of this process before any model (a run "
+           "adds libcoll's communicator, measured after start-up: ~8 MiB at 4 ranks)\n",
            o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq,
            o->batch, o->seq, N, N > 1 ? "s" : "", accum);
     (void)np;
@@ -299,6 +300,9 @@ static int run(const cli *c, train_backend *b)
         if (!d)
             die_rank(b, msg);
     }
+    /* the planner's fixed part: this process before any model, plus libcoll's
+     * communicator as the start-up broadcasts have left it resident */
+    double comm_rss = b ? train_comm_rss_bytes() : 0.0, fixed = c->fixed + comm_rss;
     train_model *m = train_session_model(s);
     const train_config *cfg = train_model_config(m);
     size_t np = train_num_params(m);
@@ -340,7 +344,7 @@ static int run(const cli *c, train_backend *b)
         train_plan_row pr;
         char line[256];
         if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+                       run_strategy(c, b), fixed, &pr, msg) == 0) {
             train_plan_header(line, sizeof line);
             printf("plan (MiB per rank): %s\n", line);
             train_plan_format(&pr, line, sizeof line);
@@ -488,7 +492,7 @@ train:;
     {
         train_plan_row pr;
         if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+                       run_strategy(c, b), fixed, &pr, msg) == 0) {
             printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
                    pr.total / 1048576.0, pr.name);
             double mx = peak_rss;
@@ -499,6 +503,10 @@ train:;
             if (!b)
                 printf(" %.1f", peak_rss / 1048576.0);
             printf(" MiB; largest / planned = %.3f\n", mx / pr.total);
+            printf("memory: fixed part %.1f MiB = process before any model %.1f + libcoll "
+                   "communicator %.1f (after start-up; %.1f at the end on rank 0)\n",
+                   fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
+                   (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
             if (fs && n > 0)
                 printf("communication: planned %.0f bytes sent per rank per step (ring), "
                        "counted %.0f\n", pr.sent, sent_total / (double)n);
