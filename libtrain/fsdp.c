@@ -70,6 +70,8 @@ struct train_fsdp {
     train_trace trace;
     int *inputs, *targets;
     int materialized;
+    coll_trace_event *tev;    /* libcoll's records of one step (measured bytes sent) */
+    size_t tcap;
 };
 
 train_fsdp_options train_fsdp_options_default(void)
@@ -642,6 +644,7 @@ void train_fsdp_free(train_fsdp *f)
     zfree(f->blockbuf[1]);
     free(f->inputs);
     free(f->targets);
+    free(f->tev);
     train_trace_free(&f->trace);
     free(f);
 }
@@ -697,6 +700,37 @@ static void adamw_shards(train_fsdp *f, float lr, long t)
     }
 }
 
+/* What this rank's calls of the step really sent, from libcoll's own records (every
+ * work is finished: the step waited for all of it). */
+static int measured_sent(train_fsdp *f, uint64_t *out, char *err)
+{
+    train_backend *b = f->b;
+    size_t n = 0;
+    if (b->trace_stop(b) != 0 || b->trace_read(b, f->tev, f->tcap, &n) != 0) {
+        train_errf(err, "reading libcoll's trace counters: %s", b->err);
+        return -1;
+    }
+    if (n > f->tcap) { /* first step: grow to fit, then read again */
+        coll_trace_event *ev = realloc(f->tev, n * sizeof *ev);
+        if (!ev) {
+            train_errf(err, "out of memory reading libcoll's trace counters");
+            return -1;
+        }
+        f->tev = ev;
+        f->tcap = n;
+        if (b->trace_read(b, f->tev, f->tcap, &n) != 0) {
+            train_errf(err, "reading libcoll's trace counters: %s", b->err);
+            return -1;
+        }
+    }
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n && i < f->tcap; i++)
+        if (f->tev[i].step >= 0 && f->tev[i].rank == f->rank)
+            sum += f->tev[i].bytes_out;
+    *out = sum;
+    return 0;
+}
+
 int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
 {
     train_session *s = f->s;
@@ -704,6 +738,11 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
     train_backend *b = f->b;
     int B = s->opt.batch, T = s->opt.seq, K = f->o.accum, N = f->N;
     memset(st, 0, sizeof *st);
+    int measure = !f->o.trace && b->trace_start && b->trace_read;
+    if (measure && b->trace_start(b) != 0) {
+        train_errf(err, "starting libcoll's trace counters: %s", b->err);
+        return -1;
+    }
     dematerialize(f);
     f->wait_s = 0.0;
     f->sent = 0;
@@ -765,6 +804,8 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
     st->step.tokens_per_s = (double)K * N * B * T / (t1 - t0);
     st->wait_ms = f->wait_s * 1e3;
     st->sent_bytes = f->sent;
+    if (measure && measured_sent(f, &st->measured_bytes, err) != 0)
+        return -1;
     return 0;
 }
 

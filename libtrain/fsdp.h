@@ -48,6 +48,9 @@ typedef struct train_fsdp_stats {
     double wait_ms;        /* exposed communication: time blocked on the backend */
     double opt_ms;         /* clip + AdamW + parameter gather after the step */
     uint64_t sent_bytes;   /* bytes this rank sent this step (ring formulas per call) */
+    uint64_t measured_bytes; /* the same, measured: the bytes_out of every step libcoll's
+                              * trace recorded for this rank's calls in this step (0 when
+                              * the backend keeps no trace, or with --trace, which uses it) */
 } train_fsdp_stats;
 
 typedef struct train_fsdp train_fsdp;

@@ -381,7 +381,7 @@ train:;
     double tok_total = 0, time_total = 0;
     train_step_stats st = {0};
     char path[4200];
-    double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0;
+    double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0, measured_total = 0;
     int nglobal = b ? c->accum * b->nranks : 1;
 
     for (long i = 0; i < n; i++) {
@@ -394,6 +394,7 @@ train:;
             ds.wait_ms = fst.wait_ms;
             ds.bwd_ms = fst.bwd_ms;
             sent_total += (double)fst.sent_bytes;
+            measured_total += (double)fst.measured_bytes;
         } else if (d) {
             if (train_ddp_step(d, &ds, msg) != 0)
                 die_rank(b, msg);
@@ -508,8 +509,13 @@ train:;
                    fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
                    (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
             if (fs && n > 0)
-                printf("communication: planned %.0f bytes sent per rank per step (ring), "
-                       "counted %.0f\n", pr.sent, sent_total / (double)n);
+                printf("communication: bytes sent per rank per step: planned %.0f (ring "
+                       "formulas), measured %.0f (rank 0, libcoll's trace counters: bytes_out of the steps "
+                       "it ran; one-shot and direct copies, which peers load, send none%s), "
+                       "counted %.0f (ring formulas over the calls made)\n",
+                       pr.sent, measured_total / (double)n,
+                       measured_total > 0 ? "" : ": not available with --trace or this backend",
+                       sent_total / (double)n);
         }
     }
     free(peaks);
