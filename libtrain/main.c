@@ -483,6 +483,10 @@ train:;
         free(sample);
         return 0;
     }
+    if (fs && n > 1)
+        printf("fsdp: per step after the first: backward %.1f ms, exposed comm %.1f ms (blocked "
+               "on gathers, reduce-scatters and the step's collectives)\n",
+               bwd_total / (double)(n - 1), wait_total / (double)(n - 1));
     if (d && n > 1) {
         printf("ddp: weights bitwise identical on all %d ranks | per step after the first: "
                "backward %.1f ms, comm %.1f ms, exposed comm %.1f ms, hidden %.0f%%\n",
