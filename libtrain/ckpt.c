@@ -20,6 +20,26 @@
  *
  *   148     params, adam m, adam v (nparams f32 each), then u64 FNV-1a of all bytes before.
  *
+ * Sharded checkpoints (version 2, written by --parallel fsdp: train_fsdp_save). The file
+ * at `path` is the manifest: the same 148-byte header with version 2, flags 1 and `batch`
+ * the global batch (rows per optimizer step), then
+ *
+ *   u32 nranks N, u32 nunits U, U x u64 unit length (floats: embeddings, each block,
+ *   final LayerNorm), N x (u64 shard file bytes, u64 FNV-1a of the shard file),
+ *   u64 FNV-1a of all manifest bytes before it.
+ *
+ * Rank r's shard is the file `path.shard<r>of<N>`:
+ *
+ *   char magic[8] "COLLSHD\0", u32 version (1), u32 rank, u32 nranks, u32 0, u64 step,
+ *   u64 S (floats per array), then params, adam m, adam v (S floats each): for every unit
+ *   in order, its padded length ceil(len/N)*N cut in N equal pieces, piece r (pad = 0).
+ *
+ * Every shard is written (temp, fsync, rename) before rank 0 writes the manifest the
+ * same way, so a checkpoint without its manifest does not exist. Loading a manifest reads
+ * every shard, checks its size and checksum against the manifest, and puts the full
+ * ranges back together: the session then holds the whole state, whatever N saved it, and
+ * a parallel layer cuts it for its own N (resharding on load).
+ *
  * Writes go through train_atomic (temp file, fsync, rename, fsync dir). Loads validate
  * everything (magic, version, size, config, data identity, hash) before changing the
  * session, so a bad checkpoint leaves the run untouched.
@@ -33,7 +53,10 @@
 
 #define CKPT_MAGIC "COLLTRN"
 #define CKPT_VERSION 1
+#define CKPT_VERSION_SHARDED 2
 #define CKPT_HEADER 148
+#define SHARD_MAGIC "COLLSHD"
+#define SHARD_HEADER 32
 
 typedef struct ckpt_header {
     uint32_t version, header_bytes;
@@ -81,7 +104,7 @@ static void fill_header(const train_session *s, ckpt_header *h)
     h->layers = (uint32_t)o->cfg.layers;
     h->channels = (uint32_t)o->cfg.channels;
     h->heads = (uint32_t)o->cfg.heads;
-    h->batch = (uint32_t)o->batch;
+    h->batch = (uint32_t)(o->batch * (s->batch_mult > 0 ? s->batch_mult : 1));
     h->seq = (uint32_t)o->seq;
     h->seed = o->seed;
     h->step = (uint64_t)s->step;
@@ -148,11 +171,12 @@ static int mismatch(const char *path, const ckpt_header *h, const train_session 
                    o->cfg.max_seq);
         return 1;
     }
-    if (h->batch != (uint32_t)o->batch || h->seq != (uint32_t)o->seq || h->seed != o->seed) {
+    uint32_t rows = (uint32_t)(o->batch * (s->batch_mult > 0 ? s->batch_mult : 1));
+    if (h->batch != rows || h->seq != (uint32_t)o->seq || h->seed != o->seed) {
         train_errf(err,
                    "checkpoint %s is from another config: batch %u seq %u seed %llu, this "
-                   "run has batch %d seq %d seed %llu",
-                   path, h->batch, h->seq, (unsigned long long)h->seed, o->batch, o->seq,
+                   "run has batch %u seq %d seed %llu (batch: rows per optimizer step)",
+                   path, h->batch, h->seq, (unsigned long long)h->seed, rows, o->seq,
                    (unsigned long long)o->seed);
         return 1;
     }
@@ -172,6 +196,235 @@ static int mismatch(const char *path, const ckpt_header *h, const train_session 
     }
     return 0;
 }
+
+/* ---- sharded checkpoints ------------------------------------------------------------ */
+
+void train_shard_path(char *out, size_t n, const char *manifest, int rank, int nranks)
+{
+    snprintf(out, n, "%s.shard%dof%d", manifest, rank, nranks);
+}
+
+int train_shard_write(const train_session *s, const char *manifest, int rank, int nranks,
+                      const float *p, const float *m, const float *v, size_t S,
+                      uint64_t *bytes, uint64_t *hash, char *err)
+{
+    char path[4200];
+    train_shard_path(path, sizeof path, manifest, rank, nranks);
+    unsigned char hb[SHARD_HEADER] = {0};
+    cursor c = {hb, 0};
+    uint32_t ver = 1, r = (uint32_t)rank, nr = (uint32_t)nranks, zero = 0;
+    uint64_t step = (uint64_t)s->step, n = S;
+    put(&c, SHARD_MAGIC "", 8);
+    put(&c, &ver, 4);
+    put(&c, &r, 4);
+    put(&c, &nr, 4);
+    put(&c, &zero, 4);
+    put(&c, &step, 8);
+    train_atomic a;
+    if (train_atomic_open(&a, path, err) != 0)
+        return -1;
+    uint64_t h = train_fnv1a(TRAIN_FNV_INIT, hb, sizeof hb);
+    fwrite(hb, 1, sizeof hb, a.f);
+    const float *arr[3] = {p, m, v};
+    for (int k = 0; k < 3; k++) {
+        h = train_fnv1a(h, arr[k], S * sizeof(float));
+        fwrite(arr[k], sizeof(float), S, a.f);
+    }
+    (void)n;
+    *bytes = SHARD_HEADER + 3 * S * sizeof(float);
+    *hash = h;
+    return train_atomic_commit(&a, err);
+}
+
+int train_manifest_write(train_session *s, const char *path, int nranks, int nunits,
+                         const size_t *unit_len, const uint64_t *bytes, const uint64_t *hash,
+                         char *err)
+{
+    ckpt_header h;
+    fill_header(s, &h);
+    h.version = CKPT_VERSION_SHARDED;
+    h.flags = 1;
+    size_t total = CKPT_HEADER + 8 + 8 * (size_t)nunits + 16 * (size_t)nranks;
+    unsigned char *buf = malloc(total + 8);
+    if (!buf) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return -1;
+    }
+    cursor c = {buf, 0};
+    put(&c, CKPT_MAGIC "", 8);
+    FIELDS(put, &c, &h);
+    uint32_t nr = (uint32_t)nranks, nu = (uint32_t)nunits;
+    put(&c, &nr, 4);
+    put(&c, &nu, 4);
+    for (int u = 0; u < nunits; u++) {
+        uint64_t l = unit_len[u];
+        put(&c, &l, 8);
+    }
+    for (int r = 0; r < nranks; r++) {
+        put(&c, &bytes[r], 8);
+        put(&c, &hash[r], 8);
+    }
+    uint64_t fh = train_fnv1a(TRAIN_FNV_INIT, buf, total);
+    put(&c, &fh, 8);
+    train_atomic a;
+    if (train_atomic_open(&a, path, err) != 0) {
+        free(buf);
+        return -1;
+    }
+    fwrite(buf, 1, total + 8, a.f);
+    free(buf);
+    return train_atomic_commit(&a, err);
+}
+
+/* Reads shard r (already checked against the manifest's size and hash) into the full
+ * arrays: piece r of every unit. */
+static void unshard(const float *sh, size_t S, int r, int N, int nu, const size_t *ulen,
+                    float *full, size_t n)
+{
+    for (int k = 0; k < 3; k++) {
+        size_t start = 0, soff = 0;
+        for (int u = 0; u < nu; u++) {
+            size_t piece = (ulen[u] + (size_t)N - 1) / (size_t)N;
+            size_t lo = (size_t)r * piece;
+            size_t cnt = lo < ulen[u] ? (ulen[u] - lo < piece ? ulen[u] - lo : piece) : 0;
+            memcpy(full + (size_t)k * n + start + lo, sh + (size_t)k * S + soff,
+                   cnt * sizeof(float));
+            start += ulen[u];
+            soff += piece;
+        }
+    }
+}
+
+static int load_sharded(train_session *s, const char *path, const unsigned char *hb,
+                        const ckpt_header *h, size_t fsize, char *err)
+{
+    unsigned char *mb = NULL, *sb = NULL;
+    float *full = NULL;
+    size_t *ulen = NULL;
+    int rc = -1;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        train_errf(err, "checkpoint %s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    mb = malloc(fsize > CKPT_HEADER + 16 ? fsize : CKPT_HEADER + 16);
+    if (!mb || fread(mb, 1, fsize, f) != fsize) {
+        train_errf(err, "checkpoint %s: read error", path);
+        goto out;
+    }
+    fclose(f);
+    f = NULL;
+    (void)hb;
+    cursor c = {mb, CKPT_HEADER};
+    uint32_t N = 0, nu = 0;
+    if (fsize >= CKPT_HEADER + 8) {
+        get(&c, &N, 4);
+        get(&c, &nu, 4);
+    }
+    size_t want = CKPT_HEADER + 8 + 8 * (size_t)nu + 16 * (size_t)N + 8;
+    if (fsize < CKPT_HEADER + 8 || N < 1 || N > 65536 || nu > 1u << 20 || fsize != want) {
+        train_errf(err, "checkpoint %s: manifest %s (%zu bytes)", path,
+                   fsize < want ? "truncated" : "corrupt", fsize);
+        goto out;
+    }
+    uint64_t stored;
+    memcpy(&stored, mb + want - 8, 8);
+    if (train_fnv1a(TRAIN_FNV_INIT, mb, want - 8) != stored) {
+        train_errf(err, "checkpoint %s: corrupt manifest (checksum mismatch)", path);
+        goto out;
+    }
+    if (mismatch(path, h, s, err))
+        goto out;
+    size_t n = s->model->nparams;
+    int L = s->opt.cfg.layers;
+    size_t np_, act_;
+    ulen = calloc((size_t)L + 2, sizeof *ulen);
+    if (!ulen || train_model_sizes(&s->opt.cfg, 1, 1, &np_, &act_, ulen) != 0) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    int same = nu == (uint32_t)L + 2;
+    for (uint32_t u = 0; same && u < nu; u++) {
+        uint64_t l;
+        get(&c, &l, 8);
+        same = l == ulen[u];
+    }
+    if (!same) {
+        train_errf(err, "checkpoint %s: its %u units do not cut this model's %d (another "
+                   "model)", path, nu, L + 2);
+        goto out;
+    }
+    size_t S = 0;
+    for (int u = 0; u < L + 2; u++)
+        S += (ulen[u] + N - 1) / N;
+    size_t sbytes = SHARD_HEADER + 3 * S * sizeof(float);
+    full = calloc(3 * n, sizeof(float));
+    sb = malloc(sbytes);
+    if (!full || !sb) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    for (uint32_t r = 0; r < N; r++) {
+        uint64_t bytes, hash;
+        get(&c, &bytes, 8);
+        get(&c, &hash, 8);
+        char sp[4200];
+        train_shard_path(sp, sizeof sp, path, (int)r, (int)N);
+        f = fopen(sp, "rb");
+        if (!f) {
+            train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s): %s", path, r, N,
+                       sp, strerror(errno));
+            goto out;
+        }
+        struct stat st;
+        fstat(fileno(f), &st);
+        if ((uint64_t)st.st_size != bytes || bytes != sbytes) {
+            train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s) has %lld bytes, "
+                       "the manifest says %llu", path, r, N, sp, (long long)st.st_size,
+                       (unsigned long long)bytes);
+            goto out;
+        }
+        if (fread(sb, 1, sbytes, f) != sbytes) {
+            train_errf(err, "checkpoint %s: shard %s: read error", path, sp);
+            goto out;
+        }
+        fclose(f);
+        f = NULL;
+        if (train_fnv1a(TRAIN_FNV_INIT, sb, sbytes) != hash) {
+            train_errf(err, "checkpoint %s: shard %u of %u (%s) is corrupt (checksum "
+                       "mismatch)", path, r, N, sp);
+            goto out;
+        }
+        uint32_t sr, sn;
+        uint64_t sstep;
+        memcpy(&sr, sb + 12, 4);
+        memcpy(&sn, sb + 16, 4);
+        memcpy(&sstep, sb + 24, 8);
+        if (memcmp(sb, SHARD_MAGIC "", 8) != 0 || sr != r || sn != N || sstep != h->step) {
+            train_errf(err, "checkpoint %s: shard %s belongs to another checkpoint", path, sp);
+            goto out;
+        }
+        unshard((const float *)(sb + SHARD_HEADER), S, (int)r, (int)N, L + 2, ulen, full, n);
+    }
+    train_copy_params_from_host(s->model, full);
+    train_copy_opt_from_host(s->model, full + n, full + 2 * n);
+    s->step = (long)h->step;
+    s->sample_rng = h->sample_rng;
+    s->pos.seed = h->seed;
+    s->pos.epoch = h->epoch;
+    s->pos.index = h->index;
+    rc = 0;
+out:
+    if (f)
+        fclose(f);
+    free(mb);
+    free(sb);
+    free(full);
+    free(ulen);
+    return rc;
+}
+
+void train_session_set_batch_mult(train_session *s, int rows_mult) { s->batch_mult = rows_mult; }
 
 int train_session_load(train_session *s, const char *path, char *err)
 {
@@ -198,9 +451,15 @@ int train_session_load(train_session *s, const char *path, char *err)
     cursor c = {hb, 8};
     get(&c, &h.version, 4);
     get(&c, &h.header_bytes, 4);
+    if (h.version == CKPT_VERSION_SHARDED && h.header_bytes == CKPT_HEADER && got == CKPT_HEADER) {
+        c.off = 8;
+        FIELDS(get, &c, &h);
+        fclose(f);
+        return load_sharded(s, path, hb, &h, fsize, err);
+    }
     if (h.version != CKPT_VERSION || h.header_bytes != CKPT_HEADER) {
-        train_errf(err, "checkpoint %s: unsupported version %u (this build reads version %d)",
-                   path, h.version, CKPT_VERSION);
+        train_errf(err, "checkpoint %s: unsupported version %u (this build reads versions %d "
+                   "and %d)", path, h.version, CKPT_VERSION, CKPT_VERSION_SHARDED);
         goto fail;
     }
     if (got < CKPT_HEADER) {

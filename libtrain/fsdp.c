@@ -52,6 +52,7 @@ struct train_fsdp {
     size_t grads_bytes;
     float *model_grads;       /* the model's own, put back at free */
     float *stage;             /* staging for gathers of whole units (max plen) */
+    size_t stagecap;          /* its floats */
     float *blockbuf[2];       /* ZeRO-3: block l lives in blockbuf[l % 2] */
     size_t blockcap;
     float **block_params;     /* given to the model */
@@ -69,6 +70,8 @@ struct train_fsdp {
     train_trace trace;
     int *inputs, *targets;
     int materialized;
+    coll_trace_event *tev;    /* libcoll's records of one step (measured bytes sent) */
+    size_t tcap;
 };
 
 train_fsdp_options train_fsdp_options_default(void)
@@ -231,11 +234,11 @@ static void rs_finished(train_fsdp *f, int i)
         for (size_t j = 0; j < x->shard; j++)
             g[j] += t[j];
     }
-    /* ZeRO-2/3: the unit launched before this one (above it) is no longer read */
-    if (f->o.zero >= 2 && i > 0) {
-        const fsdp_unit *y = &f->u[f->rs[i - 1].unit];
-        release_range(f->grads + y->start, y->len);
-    }
+    /* ZeRO-2/3: this unit's full gradient is no longer needed. (The reduce-scatter of the
+     * unit below may still read our first floats as its padding: what lands in padding is
+     * never used, so zeroes there are as good as gradients.) */
+    if (f->o.zero >= 2)
+        release_range(f->grads + x->start, x->len);
     if (f->o.trace) {
         char nm[40], un[24];
         snprintf(nm, sizeof nm, "reducescatter %.24s", unit_name(f, r->unit, un, sizeof un));
@@ -264,10 +267,6 @@ static int rs_wait_all(train_fsdp *f)
             note_fail(f, "reduce-scatter of gradients");
         rs_finished(f, f->rs_polled++);
     }
-    if (f->o.zero >= 2 && f->nrs > 0) {
-        const fsdp_unit *y = &f->u[f->rs[f->nrs - 1].unit];
-        release_range(f->grads + y->start, y->len);
-    }
     return f->failed ? -1 : 0;
 }
 
@@ -284,6 +283,16 @@ static void rs_launch(train_fsdp *f, int u)
                                            TRAIN_REDUCE_AVG, &r->req) != 0)
         note_fail(f, "reduce-scatter of gradients");
     f->sent += (uint64_t)(f->N - 1) * x->shard * sizeof(float);
+    /* ZeRO-2/3: at most two units' full gradients at once — the one just launched and the
+     * one backward computes next. The previous reduce-scatter had the whole of this unit's
+     * backward to finish; if it has not, backward waits for it here (exposed). */
+    if (f->o.zero >= 2)
+        while (f->rs_polled < f->nrs - 1) {
+            rs_state *o = &f->rs[f->rs_polled];
+            if (!f->failed && wait_req(f, o->req) != 0)
+                note_fail(f, "reduce-scatter of gradients");
+            rs_finished(f, f->rs_polled++);
+        }
 }
 
 /* ---- hooks ------------------------------------------------------------------------- */
@@ -352,6 +361,15 @@ static void bwd_hook(void *arg, size_t final_from, int layer)
 
 /* ---- gathers of whole units -------------------------------------------------------- */
 
+/* ZeRO-3 gathers only the root units into the staging buffer at every step: after a
+ * gather of whole blocks its pages go back to the system. (ZeRO-1/2 use all of it every
+ * step.) */
+static void release_stage(train_fsdp *f)
+{
+    if (f->o.zero == 3)
+        release_range(f->stage, f->stagecap);
+}
+
 /* All-gathers unit u into f->stage (blocking). */
 static int gather_unit(train_fsdp *f, int u, const float *src_shards, char *err)
 {
@@ -406,6 +424,7 @@ int train_fsdp_gather(train_fsdp *f, float *dst, float *m_dst, float *v_dst, uin
     }
     if (hash)
         *hash = h;
+    release_stage(f);
     return 0;
 }
 
@@ -503,6 +522,7 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
     f->mshard = zalloc(sb);
     f->vshard = zalloc(sb);
     f->stage = zalloc(maxp * sizeof(float));
+    f->stagecap = maxp;
     f->gtmp = o->accum > 1 ? zalloc(sb) : NULL;
     size_t bt = (size_t)s->opt.batch * s->opt.seq;
     f->inputs = malloc(bt * sizeof(int));
@@ -539,10 +559,20 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
         }
         memcpy(m->params + x->start, f->stage, x->len * sizeof(float));
         memcpy(f->pshard + x->soff, m->params + x->own_lo, x->own_n * sizeof(float));
+        if (m->adam_m) { /* a resumed session: every rank loaded the same full state */
+            memcpy(f->mshard + x->soff, m->adam_m + x->own_lo, x->own_n * sizeof(float));
+            memcpy(f->vshard + x->soff, m->adam_v + x->own_lo, x->own_n * sizeof(float));
+        }
         if (o->zero == 3 && x->block >= 0 && x->block < f->L) /* not kept: no peak of 4P */
             release_range(m->params + x->start, x->len);
     }
-    struct { train_loader_state pos; int64_t step; } where = {s->pos, s->step};
+    if (m->adam_m) { /* the shards hold it now */
+        m->ops->release(m->adam_m);
+        m->ops->release(m->adam_v);
+        m->adam_m = m->adam_v = NULL;
+    }
+    struct { train_loader_state pos; int64_t step; uint64_t rng; } where = {s->pos, s->step,
+                                                                          s->sample_rng};
     train_req r;
     if (b->broadcast(b, &where, sizeof where, 0, &r) != 0 || b->wait(b, r) != 0) {
         train_errf(err, "data position broadcast from rank 0: %s", b->err);
@@ -551,6 +581,7 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
     }
     s->pos = where.pos;
     s->step = (long)where.step;
+    s->sample_rng = where.rng;
     f->materialized = o->zero == 3; /* the check gathers unit by unit, not into params */
     if (train_fsdp_check_identical(f, err) != 0) {
         train_fsdp_free(f);
@@ -613,6 +644,7 @@ void train_fsdp_free(train_fsdp *f)
     zfree(f->blockbuf[1]);
     free(f->inputs);
     free(f->targets);
+    free(f->tev);
     train_trace_free(&f->trace);
     free(f);
 }
@@ -668,6 +700,37 @@ static void adamw_shards(train_fsdp *f, float lr, long t)
     }
 }
 
+/* What this rank's calls of the step really sent, from libcoll's own records (every
+ * work is finished: the step waited for all of it). */
+static int measured_sent(train_fsdp *f, uint64_t *out, char *err)
+{
+    train_backend *b = f->b;
+    size_t n = 0;
+    if (b->trace_stop(b) != 0 || b->trace_read(b, f->tev, f->tcap, &n) != 0) {
+        train_errf(err, "reading libcoll's trace counters: %s", b->err);
+        return -1;
+    }
+    if (n > f->tcap) { /* first step: grow to fit, then read again */
+        coll_trace_event *ev = realloc(f->tev, n * sizeof *ev);
+        if (!ev) {
+            train_errf(err, "out of memory reading libcoll's trace counters");
+            return -1;
+        }
+        f->tev = ev;
+        f->tcap = n;
+        if (b->trace_read(b, f->tev, f->tcap, &n) != 0) {
+            train_errf(err, "reading libcoll's trace counters: %s", b->err);
+            return -1;
+        }
+    }
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n && i < f->tcap; i++)
+        if (f->tev[i].step >= 0 && f->tev[i].rank == f->rank)
+            sum += f->tev[i].bytes_out;
+    *out = sum;
+    return 0;
+}
+
 int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
 {
     train_session *s = f->s;
@@ -675,6 +738,11 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
     train_backend *b = f->b;
     int B = s->opt.batch, T = s->opt.seq, K = f->o.accum, N = f->N;
     memset(st, 0, sizeof *st);
+    int measure = !f->o.trace && b->trace_start && b->trace_read;
+    if (measure && b->trace_start(b) != 0) {
+        train_errf(err, "starting libcoll's trace counters: %s", b->err);
+        return -1;
+    }
     dematerialize(f);
     f->wait_s = 0.0;
     f->sent = 0;
@@ -736,7 +804,81 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
     st->step.tokens_per_s = (double)K * N * B * T / (t1 - t0);
     st->wait_ms = f->wait_s * 1e3;
     st->sent_bytes = f->sent;
+    if (measure && measured_sent(f, &st->measured_bytes, err) != 0)
+        return -1;
     return 0;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------- */
+
+int train_fsdp_save(train_fsdp *f, const char *path, char *err)
+{
+    int N = f->N;
+    uint64_t mine[3] = {0, 0, 0}; /* bytes, hash, failed */
+    uint64_t *all = calloc((size_t)N * 3, sizeof *all);
+    size_t *ulen = calloc((size_t)f->nu, sizeof *ulen);
+    char why[TRAIN_ERRLEN] = "";
+    if (!all || !ulen) {
+        free(all);
+        free(ulen);
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return -1;
+    }
+    if (train_shard_write(f->s, path, f->rank, N, f->pshard, f->mshard, f->vshard, f->S,
+                          &mine[0], &mine[1], why) != 0)
+        mine[2] = 1;
+    train_req r;
+    int rc = 0;
+    if (f->b->all_gather(f->b, mine, all, sizeof mine, &r) != 0 || f->b->wait(f->b, r) != 0) {
+        train_errf(err, "checkpoint %s: gathering the shard checksums: %s", path, f->b->err);
+        rc = -1;
+        goto out;
+    }
+    int bad = -1;
+    for (int q = 0; q < N && bad < 0; q++)
+        if (all[3 * q + 2])
+            bad = q;
+    if (bad >= 0) { /* no manifest: the shards written are not a checkpoint */
+        if (bad == f->rank)
+            train_errf(err, "%s", why);
+        else
+            train_errf(err, "checkpoint %s: rank %d could not write its shard", path, bad);
+        rc = -1;
+        goto out;
+    }
+    int32_t ok = 1;
+    if (f->rank == 0) {
+        uint64_t *bytes = malloc((size_t)N * sizeof *bytes), *hash = malloc((size_t)N * 8);
+        for (int u = 0; u < f->nu; u++)
+            ulen[u] = f->u[u].len;
+        if (!bytes || !hash) {
+            train_errf(why, "checkpoint %s: out of memory", path);
+            ok = 0;
+        } else {
+            for (int q = 0; q < N; q++) {
+                bytes[q] = all[3 * q];
+                hash[q] = all[3 * q + 1];
+            }
+            ok = train_manifest_write(f->s, path, N, f->nu, ulen, bytes, hash, why) == 0;
+        }
+        free(bytes);
+        free(hash);
+    }
+    /* everyone learns whether the checkpoint exists */
+    if (f->b->broadcast(f->b, &ok, sizeof ok, 0, &r) != 0 || f->b->wait(f->b, r) != 0) {
+        train_errf(err, "checkpoint %s: %s", path, f->b->err);
+        rc = -1;
+    } else if (!ok) {
+        if (f->rank == 0)
+            train_errf(err, "%s", why);
+        else
+            train_errf(err, "checkpoint %s: rank 0 could not write the manifest", path);
+        rc = -1;
+    }
+out:
+    free(all);
+    free(ulen);
+    return rc;
 }
 
 /* ---- timeline ---------------------------------------------------------------------- */

@@ -48,6 +48,9 @@ typedef struct train_fsdp_stats {
     double wait_ms;        /* exposed communication: time blocked on the backend */
     double opt_ms;         /* clip + AdamW + parameter gather after the step */
     uint64_t sent_bytes;   /* bytes this rank sent this step (ring formulas per call) */
+    uint64_t measured_bytes; /* the same, measured: the bytes_out of every step libcoll's
+                              * trace recorded for this rank's calls in this step (0 when
+                              * the backend keeps no trace, or with --trace, which uses it) */
 } train_fsdp_stats;
 
 typedef struct train_fsdp train_fsdp;
@@ -76,6 +79,13 @@ TRAIN_API int train_fsdp_check_identical(train_fsdp *f, char *err);
 /* Collective: puts the full parameters into the model (for evaluation and sampling on
  * one rank) until the next step; costs the full parameter memory at ZeRO-3. */
 TRAIN_API int train_fsdp_materialize(train_fsdp *f, char *err);
+/* Collective: a sharded checkpoint (format in ckpt.c): every rank writes its shard
+ * `path.shard<r>of<N>` (parameters, AdamW m and v of every range it owns; temp file, fsync,
+ * rename), then rank 0 writes the manifest `path` (config, N, step, data position, RNG,
+ * each shard's size and checksum) the same way, last. Every rank returns -1 if any part
+ * failed. train_session_load reads it back at any N (or in one process); a session loaded
+ * that way gives train_fsdp_create its full state, which keeps its own shards of it. */
+TRAIN_API int train_fsdp_save(train_fsdp *f, const char *path, char *err);
 /* Collective: gathers the timelines; rank 0 writes `path`. */
 TRAIN_API int train_fsdp_write_trace(train_fsdp *f, const char *path, char *err);
 

@@ -208,6 +208,8 @@ struct train_session {
     uint64_t sample_rng;    /* state of the sampling RNG */
     int *inputs, *targets;  /* host (B,T) */
     float *logits;          /* host (T,V), for sampling */
+    int batch_mult;         /* rows per optimizer step = batch * batch_mult (0: 1); what a
+                             * checkpoint records as its batch */
 };
 /* This process's rank among the ranks on its machine, which picks its GPU (local rank mod
  * devices): coll-train's own forked ranks set TRAIN_LOCAL_RANK; launchers set one of the
@@ -223,5 +225,15 @@ static inline int train_local_rank(int fallback)
     }
     return fallback;
 }
+
+/* Sharded checkpoints (ckpt.c; format there): rank r's shard file name, writing it
+ * (atomically; *bytes and *hash for the manifest), and the manifest (rank 0, last). */
+void train_shard_path(char *out, size_t n, const char *manifest, int rank, int nranks);
+int train_shard_write(const train_session *s, const char *manifest, int rank, int nranks,
+                      const float *p, const float *m, const float *v, size_t S,
+                      uint64_t *bytes, uint64_t *hash, char *err);
+int train_manifest_write(train_session *s, const char *path, int nranks, int nunits,
+                         const size_t *unit_len, const uint64_t *bytes, const uint64_t *hash,
+                         char *err);
 
 #endif

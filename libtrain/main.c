@@ -200,7 +200,8 @@ static int print_plan(const train_options *o, int N, int accum, double fixed)
     size_t np = 0;
     printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
            "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
-           "step (ring); fixed = measured resident size of this process before any model\n",
+           "step (ring); fixed = measured resident size of this process before any model (a run "
+           "adds libcoll's communicator, measured after start-up: ~8 MiB at 4 ranks)\n",
            o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq,
            o->batch, o->seq, N, N > 1 ? "s" : "", accum);
     (void)np;
@@ -255,10 +256,28 @@ static int run(const cli *c, train_backend *b)
     train_session *s = train_session_create(&o, msg);
     if (!s)
         die_rank(b, msg);
+    if (b && c->fsdp) /* fsdp checkpoints record the global batch: resumable at any N */
+        train_session_set_batch_mult(s, b->nranks * c->accum);
     if (resume && train_session_load(s, resume, msg) != 0) {
         train_session_free(s);
         die_rank(b, msg);
     }
+    if (ckpt_dir && root) {
+        struct stat st;
+        if (stat(ckpt_dir, &st) != 0) {
+            if (mkdir(ckpt_dir, 0755) != 0) {
+                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
+                         strerror(errno));
+                train_session_free(s);
+                die_rank(b, msg);
+            }
+        } else if (!S_ISDIR(st.st_mode)) {
+            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
+            train_session_free(s);
+            die_rank(b, msg);
+        }
+    }
+
     train_ddp *d = NULL;
     train_fsdp *fs = NULL;
     if (b && c->fsdp) {
@@ -281,22 +300,9 @@ static int run(const cli *c, train_backend *b)
         if (!d)
             die_rank(b, msg);
     }
-    if (ckpt_dir && root) {
-        struct stat st;
-        if (stat(ckpt_dir, &st) != 0) {
-            if (mkdir(ckpt_dir, 0755) != 0) {
-                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
-                         strerror(errno));
-                train_session_free(s);
-                die_rank(b, msg);
-            }
-        } else if (!S_ISDIR(st.st_mode)) {
-            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
-            train_session_free(s);
-            die_rank(b, msg);
-        }
-    }
-
+    /* the planner's fixed part: this process before any model, plus libcoll's
+     * communicator as the start-up broadcasts have left it resident */
+    double comm_rss = b ? train_comm_rss_bytes() : 0.0, fixed = c->fixed + comm_rss;
     train_model *m = train_session_model(s);
     const train_config *cfg = train_model_config(m);
     size_t np = train_num_params(m);
@@ -338,7 +344,7 @@ static int run(const cli *c, train_backend *b)
         train_plan_row pr;
         char line[256];
         if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+                       run_strategy(c, b), fixed, &pr, msg) == 0) {
             train_plan_header(line, sizeof line);
             printf("plan (MiB per rank): %s\n", line);
             train_plan_format(&pr, line, sizeof line);
@@ -375,7 +381,7 @@ train:;
     double tok_total = 0, time_total = 0;
     train_step_stats st = {0};
     char path[4200];
-    double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0;
+    double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0, measured_total = 0;
     int nglobal = b ? c->accum * b->nranks : 1;
 
     for (long i = 0; i < n; i++) {
@@ -388,6 +394,7 @@ train:;
             ds.wait_ms = fst.wait_ms;
             ds.bwd_ms = fst.bwd_ms;
             sent_total += (double)fst.sent_bytes;
+            measured_total += (double)fst.measured_bytes;
         } else if (d) {
             if (train_ddp_step(d, &ds, msg) != 0)
                 die_rank(b, msg);
@@ -431,7 +438,14 @@ train:;
                 print_escaped(sample, (int)sample_len);
             }
         }
-        if (root && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+        if (fs && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
+            if (train_fsdp_save(fs, path, msg) != 0) /* collective: shards, then manifest */
+                die_rank(b, msg);
+            if (root)
+                printf("checkpoint %s (manifest; %d shards %s.shard<r>of%d)\n", path,
+                       b->nranks, path, b->nranks);
+        } else if (root && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
             if (train_session_save(s, path, msg) != 0) {
                 train_session_free(s);
@@ -469,6 +483,10 @@ train:;
         free(sample);
         return 0;
     }
+    if (fs && n > 1)
+        printf("fsdp: per step after the first: backward %.1f ms, exposed comm %.1f ms (blocked "
+               "on gathers, reduce-scatters and the step's collectives)\n",
+               bwd_total / (double)(n - 1), wait_total / (double)(n - 1));
     if (d && n > 1) {
         printf("ddp: weights bitwise identical on all %d ranks | per step after the first: "
                "backward %.1f ms, comm %.1f ms, exposed comm %.1f ms, hidden %.0f%%\n",
@@ -479,7 +497,7 @@ train:;
     {
         train_plan_row pr;
         if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+                       run_strategy(c, b), fixed, &pr, msg) == 0) {
             printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
                    pr.total / 1048576.0, pr.name);
             double mx = peak_rss;
@@ -490,9 +508,18 @@ train:;
             if (!b)
                 printf(" %.1f", peak_rss / 1048576.0);
             printf(" MiB; largest / planned = %.3f\n", mx / pr.total);
+            printf("memory: fixed part %.1f MiB = process before any model %.1f + libcoll "
+                   "communicator %.1f (after start-up; %.1f at the end on rank 0)\n",
+                   fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
+                   (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
             if (fs && n > 0)
-                printf("communication: planned %.0f bytes sent per rank per step (ring), "
-                       "counted %.0f\n", pr.sent, sent_total / (double)n);
+                printf("communication: bytes sent per rank per step: planned %.0f (ring "
+                       "formulas), measured %.0f (rank 0, libcoll's trace counters: bytes_out of the steps "
+                       "it ran; one-shot and direct copies, which peers load, send none%s), "
+                       "counted %.0f (ring formulas over the calls made)\n",
+                       pr.sent, measured_total / (double)n,
+                       measured_total > 0 ? "" : ": not available with --trace or this backend",
+                       sent_total / (double)n);
         }
     }
     free(peaks);
@@ -617,6 +644,18 @@ static int run_ddp(cli *c)
         if (b->destroy(b) != 0)
             rc = 1;
         return rc;
+    }
+    if (c->resume) { /* one line from here, not one per rank, for a bad checkpoint */
+        train_options o = c->o;
+        o.threads = 1;
+        train_session *s = train_session_create(&o, msg);
+        if (s && c->fsdp)
+            train_session_set_batch_mult(s, c->ranks * c->accum);
+        if (!s || train_session_load(s, c->resume, msg) != 0) {
+            train_session_free(s);
+            die(msg);
+        }
+        train_session_free(s);
     }
     fflush(stdout);
     int rc = coll_launch_local(c->ranks, rank_main, c, 0, msg, sizeof msg);
@@ -791,8 +830,6 @@ int main(int argc, char **argv)
     if (cl.fsdp && o.device == TRAIN_DEVICE_CUDA)
         die("--parallel fsdp runs on the CPU model only (--device cpu); use --parallel ddp "
             "on GPUs");
-    if (cl.fsdp && (ckpt_dir || resume))
-        die("--parallel fsdp does not write or resume checkpoints yet");
     if (cl.trace)
         check_writable_dir_of("--trace", cl.trace);
     if (cl.nccl && o.device != TRAIN_DEVICE_CUDA)

@@ -29,7 +29,7 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
     }
     /* padded shard floats, the largest unit and block (padded), the root units */
     double Ps = 0, U = 0, Bk = 0, Bs = 0, maxblock = 0, root = (double)(ul[0] + ul[L + 1]);
-    double rootshard = 0;
+    double rootshard = 0, rootU = 0;
     for (int u = 0; u < L + 2; u++) {
         double plen = (double)((ul[u] + (size_t)N - 1) / (size_t)N * (size_t)N);
         Ps += plen / N;
@@ -40,6 +40,7 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
             maxblock = (double)ul[u] > maxblock ? (double)ul[u] : maxblock;
         } else {
             rootshard += plen / N;
+            rootU = plen > rootU ? plen : rootU;
         }
     }
     free(ul);
@@ -69,7 +70,8 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
         r->grads = f * Ps + tmp;
         r->optim = 2 * f * Ps;
         /* staging + the full gradients alive at once: wte/wpe (written at the head, freed
-         * last) and about two blocks (the one computing, the one whose pad is still read) */
+         * last) and two blocks (the one computing, the one being reduce-scattered: fsdp.c
+         * waits for the older ones before backward goes on) */
         r->working = f * U + f * (root + 2 * maxblock);
         r->sent = (K + 1) * n1 * f * Ps;
         break;
@@ -77,7 +79,9 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
         r->params = f * Ps + f * root;       /* master shard + the root units kept whole */
         r->grads = f * Ps + tmp;
         r->optim = 2 * f * Ps;
-        r->working = 2 * f * Bk + f * U + f * (root + 2 * maxblock);
+        /* two block buffers, staging of the largest root unit (the gathers of whole blocks
+         * at start-up return their pages), the full gradients alive at once */
+        r->working = 2 * f * Bk + f * rootU + f * (root + 2 * maxblock);
         /* per micro-step: every block gathered for forward, all but the top one again for
          * backward, every unit reduce-scattered; after the step the root units */
         r->sent = K * n1 * f * ((L > 0 ? 2.0 * Bs - Bs / L : 0.0) + Ps) + n1 * f * rootshard;
@@ -121,4 +125,25 @@ void train_plan_format(const train_plan_row *r, char *out, size_t n)
     snprintf(out, n, "%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %12.2f", r->name,
              r->params / M, r->grads / M, r->optim / M, r->acts / M, r->working / M,
              r->fixed / M, r->total / M, r->sent / M);
+}
+
+/* Resident bytes of libcoll's communicator: its shared-memory segments (/dev/shm/coll-*)
+ * as far as this process has touched them. */
+double train_comm_rss_bytes(void)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return 0.0;
+    char line[512];
+    int in = 0;
+    double kb = 0.0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2)
+            in = strstr(line, "/dev/shm/coll-") != NULL;
+        else if (in && strncmp(line, "Rss:", 4) == 0)
+            kb += strtod(line + 4, NULL);
+    }
+    fclose(fp);
+    return kb * 1024.0;
 }

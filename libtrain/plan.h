@@ -41,6 +41,10 @@ TRAIN_API int train_plan(const train_config *cfg, int B, int T, int N, int accum
  * unavailable. */
 TRAIN_API double train_rss_bytes(void);
 TRAIN_API double train_peak_rss_bytes(void);
+/* Resident bytes of libcoll's communicator (its /dev/shm segments) in this process: part of
+ * a parallel run's fixed cost, measured once the communicator has carried the start-up
+ * broadcasts. */
+TRAIN_API double train_comm_rss_bytes(void);
 /* The table's header line and one row, in MiB, into out (no newline). */
 TRAIN_API void train_plan_header(char *out, size_t n);
 TRAIN_API void train_plan_format(const train_plan_row *r, char *out, size_t n);

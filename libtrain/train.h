@@ -234,6 +234,12 @@ TRAIN_API void train_session_sample(train_session *s, const char *prompt, int n,
  * Loading checks magic, version, sizes, config and hash before touching the session. */
 TRAIN_API int train_session_save(train_session *s, const char *path, char *err);
 TRAIN_API int train_session_load(train_session *s, const char *path, char *err);
+/* Data-parallel runs read batch * mult rows per optimizer step (mult = ranks * accum):
+ * sharded checkpoints record and check that global batch, so a run saved at N ranks
+ * resumes at M ranks (or in one process) with the same rows per step. Default 1. Also
+ * reads sharded checkpoints (version 2, written by train_fsdp_save): load puts the full
+ * state back together from the shards, whatever number of ranks wrote them. */
+TRAIN_API void train_session_set_batch_mult(train_session *s, int mult);
 
 /* ---- misc ----------------------------------------------------------------------- */
 

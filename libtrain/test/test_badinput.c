@@ -217,3 +217,45 @@ Test(badinput, fsdp_flags)
     expect_failure(dir, SMALL " --parallel ddp --zero 2", "--zero needs --parallel fsdp");
     expect_failure(dir, SMALL " --parallel fsdp --ranks 0", "--ranks: 0 is out of range");
 }
+
+/* A sharded checkpoint (2 ranks, ZeRO-3, 2 steps) in dir/fs; returns its manifest path. */
+static char *make_fsdp_checkpoint(void)
+{
+    char *cmd = th_fmt("cd '%s' && %s " SMALL " --parallel fsdp --ranks 2 --ckpt-dir fs",
+                       dir, cli());
+    char *o = th_fmt("%s.fs.out", dir), *e = th_fmt("%s.fs.err", dir);
+    cr_assert_eq(th_run(cmd, o, e), 0, "could not make an fsdp checkpoint");
+    unlink(o), unlink(e);
+    free(cmd), free(o), free(e);
+    return th_fmt("%s/fs/ckpt_00000002.bin", dir);
+}
+
+/* A shard missing, short or corrupt, or a checkpoint of another model: refused before any
+ * rank starts, at the same N, at another N and in one process; nothing written. */
+Test(badinput, fsdp_checkpoint_incomplete_corrupt_or_other_model)
+{
+    char *man = make_fsdp_checkpoint();
+    char *s1 = th_fmt("%s.shard1of2", man);
+    size_t n = 0;
+    char *buf = th_read(s1, &n);
+    cr_assert(buf && n > 64);
+    const char *fsdp2 = SMALL " --parallel fsdp --ranks 2 --resume fs/ckpt_00000002.bin";
+    const char *none = " --layers 1 --channels 32 --heads 2 --seq 16 --batch 4 --steps 2 "
+                       "--eval-every 0 --threads 1 --resume fs/ckpt_00000002.bin";
+    /* another model: one layer more */
+    expect_failure(dir, SMALL " --layers 2 --parallel fsdp --ranks 2 --resume "
+                   "fs/ckpt_00000002.bin", "is from another config: layers 1");
+    /* the batch per step must match: 2 ranks x 2 rows, one process of 2 rows is not it */
+    expect_failure(dir, SMALL " --resume fs/ckpt_00000002.bin", "this run has batch 2");
+    th_write(s1, buf, n / 2); /* short */
+    expect_failure(dir, fsdp2, "is incomplete: shard 1 of 2");
+    expect_failure(dir, none, "is incomplete: shard 1 of 2");
+    buf[n - 5] ^= 0x10; /* right size, one flipped bit */
+    th_write(s1, buf, n);
+    expect_failure(dir, fsdp2, "shard 1 of 2 (fs/ckpt_00000002.bin.shard1of2) is corrupt");
+    unlink(s1); /* missing */
+    expect_failure(dir, fsdp2, "is incomplete: shard 1 of 2");
+    expect_failure(dir, SMALL " --batch 1 --parallel fsdp --ranks 4 --resume "
+                   "fs/ckpt_00000002.bin", "is incomplete: shard 1 of 2");
+    free(buf), free(s1), free(man);
+}

@@ -1,0 +1,587 @@
+/*
+ * test_fsdp_ckpt.c — sharded checkpoints of the fully sharded trainer (train_fsdp_save,
+ * train_session_load of a manifest):
+ *
+ *  - same N: N ranks save after HALF steps; a fresh job of N ranks loads it and its losses
+ *    are bitwise those of the job that never stopped (ZeRO-1, 2, 3 at N = 2);
+ *  - another N: a ZeRO-3 job of 4 ranks saves after HALF steps; a job of 2 ranks and one
+ *    process (--parallel none) load it: the consolidated state (parameters, AdamW m and v)
+ *    after the load is bitwise the state the 4 ranks gathered at the save, and the next
+ *    steps' losses follow the 4-rank job within LOSS_RELTOL (only the summation order
+ *    differs);
+ *  - a plain (one-process) checkpoint resumes under FSDP with the same state;
+ *  - through coll-train at N = 4, ZeRO-3: rank 1 is killed (SIGKILL) once rank 0 has
+ *    reported checkpoint KILL_AT complete; the survivors exit non-zero within KILL_LIMIT_S
+ *    with a `coll-train: rank r of 4:` sentence; the checkpoint on disk is complete, and
+ *    resuming from it at the same N prints the uninterrupted run's losses and writes
+ *    byte-identical final shards and manifest.
+ */
+#include <criterion/criterion.h>
+
+#include <coll_launch.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "fsdp.h"
+#include "helpers.h"
+#include "train.h"
+
+#define B 2
+#define T 16
+#define STEPS 10
+#define HALF 5
+#define LOSS_RELTOL 1e-5
+#define KILL_LIMIT_S 5.0
+
+static train_options small_options(int batch)
+{
+    train_options o = {
+        .cfg = {.vocab = 256, .max_seq = 16, .layers = 2, .channels = 32, .heads = 2},
+        .hp = train_hparams_default(),
+        .batch = batch,
+        .seq = T,
+        .seed = 42,
+        .device = TRAIN_DEVICE_CPU,
+        .threads = 1,
+    };
+    o.hp.steps = STEPS;
+    o.hp.warmup = 2;
+    o.hp.lr = 1e-2f;
+    return o;
+}
+
+/* What one job does: load `load` first (if set), run `steps` steps, save to `save` (if
+ * set) and gather the consolidated state right after the load (`state_after_load`) or at
+ * the end. Shared memory, so the parent sees what the ranks wrote. */
+typedef struct job {
+    int nranks, zero, steps, batch;
+    char load[512], save[512];
+    size_t np;
+    float *loss;  /* [steps], rank 0 */
+    float *state; /* params, m, v (3 np) gathered by rank 0 */
+    int state_after_load;
+} job;
+
+static void *shared_alloc(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED, "mmap %zu bytes: %s", bytes, strerror(errno));
+    return p;
+}
+
+static size_t count_params(void)
+{
+    char err[TRAIN_ERRLEN];
+    train_options o = small_options(B);
+    train_model *m = train_model_create(&o.cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 1, err);
+    cr_assert(m, "%s", err);
+    size_t np = train_num_params(m);
+    train_model_free(m);
+    return np;
+}
+
+static job *job_new(int nranks, int zero, int steps)
+{
+    job *j = shared_alloc(sizeof *j);
+    j->nranks = nranks;
+    j->zero = zero;
+    j->steps = steps;
+    j->batch = B;
+    j->np = count_params();
+    j->loss = shared_alloc(STEPS * sizeof(float));
+    j->state = shared_alloc(3 * j->np * sizeof(float));
+    return j;
+}
+
+static void job_free(job *j)
+{
+    munmap(j->loss, STEPS * sizeof(float));
+    munmap(j->state, 3 * j->np * sizeof(float));
+    munmap(j, sizeof *j);
+}
+
+static int fail(int rank, const char *what, const char *err, int code)
+{
+    fprintf(stderr, "rank %d: %s: %s\n", rank, what, err);
+    return code;
+}
+
+static int ckpt_rank(coll_comm_t comm, int rank, int nranks, void *arg)
+{
+    job *j = arg;
+    char err[TRAIN_ERRLEN];
+    train_options o = small_options(j->batch);
+    train_session *s = train_session_create(&o, err);
+    train_backend *b = s ? train_backend_coll(comm, 0, err) : NULL;
+    if (!b)
+        return fail(rank, "start", err, 2);
+    train_session_set_batch_mult(s, nranks);
+    if (j->load[0] && train_session_load(s, j->load, err) != 0)
+        return fail(rank, "load", err, 3);
+    train_fsdp_options fo = train_fsdp_options_default();
+    fo.zero = j->zero;
+    train_fsdp *f = train_fsdp_create(s, b, &fo, err);
+    if (!f)
+        return fail(rank, "create", err, 4);
+    size_t np = j->np;
+    float *st = rank == 0 ? j->state : malloc(3 * np * sizeof(float));
+    if (j->state_after_load &&
+        train_fsdp_gather(f, st, st + np, st + 2 * np, NULL, err) != 0)
+        return fail(rank, "gather", err, 5);
+    for (int i = 0; i < j->steps; i++) {
+        train_fsdp_stats fs;
+        if (train_fsdp_step(f, &fs, err) != 0)
+            return fail(rank, "step", err, 6);
+        if (rank == 0)
+            j->loss[i] = fs.step.loss;
+    }
+    if (j->save[0] && train_fsdp_save(f, j->save, err) != 0)
+        return fail(rank, "save", err, 7);
+    if (!j->state_after_load &&
+        train_fsdp_gather(f, st, st + np, st + 2 * np, NULL, err) != 0)
+        return fail(rank, "gather", err, 8);
+    if (rank != 0)
+        free(st);
+    train_fsdp_free(f);
+    b->destroy(b);
+    train_session_free(s);
+    return 0;
+}
+
+static void run_job(job *j)
+{
+    char why[256];
+    int rc = coll_launch_local(j->nranks, ckpt_rank, j, 60000, why, sizeof why);
+    cr_assert_eq(rc, 0, "N=%d ZeRO-%d job failed: %s", j->nranks, j->zero, why);
+}
+
+Test(fsdp_ckpt, same_n_resume_is_bitwise, .timeout = 60)
+{
+    char *dir = th_tmpdir();
+    for (int z = 1; z <= 3; z++) {
+        job *full = job_new(2, z, STEPS), *first = job_new(2, z, HALF),
+            *rest = job_new(2, z, STEPS - HALF);
+        run_job(full);
+        snprintf(first->save, sizeof first->save, "%s/z%d.bin", dir, z);
+        run_job(first);
+        cr_assert_eq(th_count_entries(dir), 3 * z, "ZeRO-%d: expected a manifest and 2 "
+                     "shards, nothing else (temp files?)", z);
+        snprintf(rest->load, sizeof rest->load, "%s", first->save);
+        run_job(rest);
+        for (int i = 0; i < HALF; i++)
+            cr_assert(memcmp(&first->loss[i], &full->loss[i], sizeof(float)) == 0,
+                      "ZeRO-%d: step %d differs before the save", z, i + 1);
+        for (int i = 0; i < STEPS - HALF; i++)
+            cr_assert(memcmp(&rest->loss[i], &full->loss[HALF + i], sizeof(float)) == 0,
+                      "ZeRO-%d: step %d after the resume: loss %.9g, uninterrupted %.9g", z,
+                      HALF + i + 1, rest->loss[i], full->loss[HALF + i]);
+        cr_assert(memcmp(rest->state, full->state, 3 * full->np * sizeof(float)) == 0,
+                  "ZeRO-%d: final parameters or AdamW state differ after the resume", z);
+        job_free(full), job_free(first), job_free(rest);
+    }
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* One process from a checkpoint: its consolidated state after the load and its losses. */
+static void one_process(const char *path, int batch, int steps, float *state, float *loss)
+{
+    char err[TRAIN_ERRLEN];
+    train_options o = small_options(batch);
+    train_session *s = train_session_create(&o, err);
+    cr_assert(s, "%s", err);
+    cr_assert_eq(train_session_load(s, path, err), 0, "%s", err);
+    size_t np = train_num_params(train_session_model(s));
+    train_copy_params_to_host(train_session_model(s), state);
+    cr_assert_eq(train_copy_opt_to_host(train_session_model(s), state + np, state + 2 * np),
+                 1, "the loaded session has no AdamW state");
+    for (int i = 0; i < steps; i++)
+        loss[i] = train_session_step(s).loss;
+    train_session_free(s);
+}
+
+static void expect_close(const float *a, const float *ref, int n, const char *who)
+{
+    for (int i = 0; i < n; i++) {
+        double rel = fabs((double)a[i] - ref[i]) / fabs((double)ref[i]);
+        cr_expect(rel <= LOSS_RELTOL, "%s: step %d loss %.9g, 4 ranks %.9g", who,
+                  HALF + i + 1, a[i], ref[i]);
+    }
+}
+
+Test(fsdp_ckpt, reshard_4_to_2_and_to_1, .timeout = 60)
+{
+    char *dir = th_tmpdir();
+    job *saver = job_new(4, 3, HALF), *cont4 = job_new(4, 3, STEPS - HALF),
+        *at2 = job_new(2, 3, STEPS - HALF);
+    snprintf(saver->save, sizeof saver->save, "%s/n4.bin", dir);
+    run_job(saver); /* its state: gathered right after the save */
+    snprintf(cont4->load, sizeof cont4->load, "%s", saver->save);
+    run_job(cont4);
+    size_t np = saver->np, bytes = 3 * np * sizeof(float);
+
+    /* 2 ranks of batch 2B read the rows 4 ranks of batch B read */
+    snprintf(at2->load, sizeof at2->load, "%s", saver->save);
+    at2->batch = 2 * B;
+    at2->state_after_load = 1;
+    run_job(at2);
+    cr_assert(memcmp(at2->state, saver->state, bytes) == 0,
+              "4 -> 2 ranks: the consolidated parameters + AdamW state after the load differ "
+              "from what the 4 ranks saved");
+    expect_close(at2->loss, cont4->loss, STEPS - HALF, "4 -> 2 ranks");
+
+    /* one process (--parallel none) of batch 4B */
+    float *st1 = malloc(bytes), l1[STEPS];
+    one_process(saver->save, 4 * B, STEPS - HALF, st1, l1);
+    cr_assert(memcmp(st1, saver->state, bytes) == 0,
+              "4 ranks -> one process: the loaded parameters + AdamW state differ from what "
+              "the 4 ranks saved");
+    expect_close(l1, cont4->loss, STEPS - HALF, "4 ranks -> one process");
+    cr_log_info("4 -> 2 ranks and 4 -> 1 process: state after the load bitwise equal (%zu "
+                "floats x 3); %d steps on within %g", np, STEPS - HALF, LOSS_RELTOL);
+    free(st1);
+    job_free(saver), job_free(cont4), job_free(at2);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* A plain checkpoint (one process, batch 4B) resumes under FSDP on 4 ranks of batch B. */
+Test(fsdp_ckpt, plain_checkpoint_resumes_under_fsdp, .timeout = 60)
+{
+    char err[TRAIN_ERRLEN];
+    char *dir = th_tmpdir(), *path = th_fmt("%s/plain.bin", dir);
+    train_options o = small_options(4 * B);
+    train_session *s = train_session_create(&o, err);
+    cr_assert(s, "%s", err);
+    for (int i = 0; i < HALF; i++)
+        train_session_step(s);
+    cr_assert_eq(train_session_save(s, path, err), 0, "%s", err);
+    size_t np = train_num_params(train_session_model(s));
+    float *want = malloc(3 * np * sizeof(float));
+    train_copy_params_to_host(train_session_model(s), want);
+    train_copy_opt_to_host(train_session_model(s), want + np, want + 2 * np);
+    train_session_free(s);
+    job *j = job_new(4, 3, 1);
+    snprintf(j->load, sizeof j->load, "%s", path);
+    j->state_after_load = 1;
+    run_job(j);
+    cr_assert(memcmp(j->state, want, 3 * np * sizeof(float)) == 0,
+              "plain checkpoint -> 4 FSDP ranks: the state after the load differs");
+    free(want);
+    job_free(j);
+    th_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
+/* ---- through coll-train: a rank killed after checkpoint KILL_AT -------------------- */
+
+static const char *cli(void)
+{
+    const char *c = getenv("TRAIN_CLI");
+    cr_assert(c, "TRAIN_CLI is not set");
+    return c;
+}
+
+static int read_losses_from(const char *path, long first, float *loss, int max)
+{
+    char *txt = th_read(path, NULL);
+    cr_assert(txt, "no output %s", path);
+    int n = 0;
+    for (char *p = txt; (p = strstr(p, "step ")) && n < max; p++) {
+        long st, tot;
+        float l;
+        if (sscanf(p, "step %ld/%ld | loss %f", &st, &tot, &l) == 3 && st == first + n)
+            loss[n++] = l;
+    }
+    free(txt);
+    return n;
+}
+
+static int read_losses(const char *path, float *loss, int max)
+{
+    return read_losses_from(path, 1, loss, max);
+}
+
+/* The env_job helpers below are test_ddp.c's: ranks started as a launcher starts them,
+ * so the test knows their pids. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- fault tests: ranks started the way a launcher starts them ------------------- */
+
+#define MAX_JOB 8
+
+/* N coll-train processes joined through the environment (COLL_RANK, COLL_WORLD_SIZE,
+ * COLL_ADDR), so the test knows every rank's pid. Each rank's stdout is a pipe the test
+ * reads (only rank 0 prints), its stderr a file. */
+typedef struct env_job {
+    int n;
+    pid_t pid[MAX_JOB];
+    int outfd[MAX_JOB];
+    char *errpath[MAX_JOB];
+} env_job;
+
+/* pipe_bytes > 0 shrinks rank 0's pipe: rank 0 flushes its output every step, so it can
+ * then run at most that many bytes of output ahead of what the test has read. */
+static void env_job_start(env_job *j, int n, const char *dir, const char *args, int pipe_bytes)
+{
+    cr_assert(n <= MAX_JOB);
+    int port = free_port();
+    memset(j, 0, sizeof *j);
+    j->n = n;
+    char *cmd = th_fmt("exec '%s' %s", cli(), args);
+    for (int r = 0; r < n; r++) {
+        int p[2];
+        cr_assert_eq(pipe(p), 0);
+        if (pipe_bytes > 0)
+            cr_assert(fcntl(p[0], F_SETPIPE_SZ, pipe_bytes) >= pipe_bytes,
+                      "F_SETPIPE_SZ %d: %s", pipe_bytes, strerror(errno));
+        j->errpath[r] = th_fmt("%s/rank%d.err", dir, r);
+        j->pid[r] = fork();
+        cr_assert(j->pid[r] >= 0);
+        if (j->pid[r] == 0) {
+            char rank[16], size[16], addr[32];
+            snprintf(rank, sizeof rank, "%d", r);
+            snprintf(size, sizeof size, "%d", n);
+            snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+            setenv("COLL_RANK", rank, 1);
+            setenv("COLL_WORLD_SIZE", size, 1);
+            setenv("COLL_ADDR", addr, 1);
+            setenv("COLL_TIMEOUT_MS", "2000", 1);
+            dup2(p[1], 1);
+            FILE *e = freopen(j->errpath[r], "w", stderr);
+            (void)e;
+            close(p[0]);
+            close(p[1]);
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        close(p[1]);
+        j->outfd[r] = p[0];
+    }
+    free(cmd);
+}
+
+/* Kills and reaps whatever is still running, closes the pipes. */
+static void env_job_end(env_job *j)
+{
+    for (int r = 0; r < j->n; r++) {
+        if (j->pid[r] > 0) {
+            kill(j->pid[r], SIGKILL);
+            waitpid(j->pid[r], NULL, 0);
+            j->pid[r] = 0;
+        }
+        if (j->outfd[r] >= 0)
+            close(j->outfd[r]);
+        j->outfd[r] = -1;
+        free(j->errpath[r]);
+        j->errpath[r] = NULL;
+    }
+}
+
+/* Reads rank 0's output (small reads, no sleeping) until `needle` appears; fails the test,
+ * after killing the job, on EOF or after `limit_s`. */
+static void env_job_wait_for(env_job *j, const char *needle, double limit_s)
+{
+    char buf[1024];
+    size_t have = 0, nl = strlen(needle);
+    double t_end = now_s() + limit_s;
+    while (!memmem(buf, have, needle, nl)) {
+        struct pollfd pf = {.fd = j->outfd[0], .events = POLLIN};
+        int left = (int)((t_end - now_s()) * 1000);
+        int pr = left > 0 ? poll(&pf, 1, left) : 0;
+        ssize_t k = pr > 0 ? read(j->outfd[0], buf + have, 256) : -1;
+        if (k <= 0) {
+            char *e0 = th_read(j->errpath[0], NULL);
+            env_job_end(j);
+            cr_assert_fail("rank 0 never printed \"%s\" (%zu bytes read: %.*s): %s", needle, have, (int)have, buf, e0 ? e0 : "");
+        }
+        have += (size_t)k;
+        if (memmem(buf, have, needle, nl)) /* before the trim below can drop it */
+            break;
+        if (have > sizeof buf - 256) { /* keep a tail long enough to hold the needle */
+            memmove(buf, buf + have - nl, nl);
+            have = nl;
+        }
+    }
+}
+
+/* Kills rank `victim`, then checks that every other rank exits by itself, non-zero, within
+ * limit_s, with an error that says which rank it is. */
+static void env_job_kill_and_expect_failures(env_job *j, int victim, double limit_s)
+{
+    char buf[4096];
+    kill(j->pid[victim], SIGKILL);
+    double t_kill = now_s();
+    waitpid(j->pid[victim], NULL, 0);
+    j->pid[victim] = 0;
+    /* the survivors must exit by themselves: read their output to EOF, then reap */
+    for (int r = 0; r < j->n; r++) {
+        if (r == victim)
+            continue;
+        for (;;) {
+            struct pollfd pf = {.fd = j->outfd[r], .events = POLLIN};
+            int left = (int)((t_kill + limit_s - now_s()) * 1000);
+            if (left <= 0 || poll(&pf, 1, left) <= 0) {
+                env_job_end(j);
+                cr_assert_fail("rank %d still running %.0f s after rank %d was killed", r,
+                               limit_s, victim);
+            }
+            if (read(j->outfd[r], buf, sizeof buf) <= 0)
+                break;
+        }
+        int st = 0;
+        waitpid(j->pid[r], &st, 0);
+        j->pid[r] = 0;
+        double took = now_s() - t_kill;
+        char *e = th_read(j->errpath[r], NULL);
+        char want[32];
+        snprintf(want, sizeof want, "rank %d of %d:", r, j->n);
+        int ok_status = WIFEXITED(st) && WEXITSTATUS(st) != 0, ok_msg = e && strstr(e, want);
+        if (!ok_status || !ok_msg) {
+            env_job_end(j);
+            cr_assert(ok_status, "rank %d did not fail after rank %d died (status %d): %s", r,
+                      victim, st, e ? e : "");
+            cr_assert_fail("rank %d's error does not say who it is: %s", r, e ? e : "");
+        }
+        cr_log_info("rank %d exited %.2f s after the kill: %s", r, took, e);
+        free(e);
+    }
+}
+
+/* The highest step k whose manifest ckpt_<k>.bin is in dir, after checking its N shards
+ * are there too. */
+static long last_checkpoint(const char *dir, int n)
+{
+    DIR *d = opendir(dir);
+    cr_assert(d, "%s: %s", dir, strerror(errno));
+    long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long k;
+        if (strlen(e->d_name) == strlen("ckpt_00000000.bin") &&
+            sscanf(e->d_name, "ckpt_%8ld.bin", &k) == 1)
+            best = k > best ? k : best;
+    }
+    closedir(d);
+    for (int r = 0; best >= 0 && r < n; r++) {
+        char *p = th_fmt("%s/ckpt_%08ld.bin.shard%dof%d", dir, best, r, n);
+        struct stat st;
+        cr_assert(stat(p, &st) == 0, "checkpoint %ld has a manifest but no %s", best, p);
+        free(p);
+    }
+    return best;
+}
+
+static void assert_same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = th_read(a, &na), *y = th_read(b, &nb);
+    cr_assert(x && y, "missing %s", x ? b : a);
+    cr_assert(na == nb && memcmp(x, y, na) == 0, "%s (%zu bytes) and %s (%zu bytes) differ", a,
+              na, b, nb);
+    free(x);
+    free(y);
+}
+
+/* N = 4, ZeRO-3, checkpoints every EVERY steps. Rank 0's output pipe is shrunk to 4 KiB
+ * and read 256 bytes at a time: once the test has read "checkpoint ...KILL_AT" rank 0 is
+ * at most ~4 KiB of output (~25 step lines) further, so the kill lands mid-run, after
+ * checkpoint KILL_AT is complete (rank 0 prints it after every rank has learnt that the
+ * manifest is written), with no sleep. */
+Test(fsdp_ckpt, killed_rank_after_checkpoint_then_resume_at_same_n, .timeout = 90)
+{
+    enum { N = 4, VICTIM = 1, STEPS_R = 80, EVERY = 5, KILL_AT = 10 };
+    (void)cli();
+    char *dir = th_tmpdir();
+    char *full = th_fmt("%s/full", dir), *cut = th_fmt("%s/cut", dir),
+         *again = th_fmt("%s/again", dir);
+    const char *model = "--layers 2 --channels 32 --heads 2 --max-seq 16 --seq 16 --batch 2 "
+                        "--lr 1e-2 --warmup 3 --eval-every 0 --threads 1 --parallel fsdp "
+                        "--zero 3";
+
+    float lfull[STEPS_R], lagain[STEPS_R];
+    char *out = th_fmt("%s/full.out", dir), *errp = th_fmt("%s/full.err", dir);
+    char *cmd = th_fmt("%s %s --steps %d --ranks %d --ckpt-dir %s --ckpt-every %d", cli(),
+                       model, STEPS_R, N, full, EVERY);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL);
+    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+    cr_assert_eq(read_losses(out, lfull, STEPS_R), STEPS_R, "%s: fewer than %d steps", cmd,
+                 STEPS_R);
+    free(e), free(cmd), free(out), free(errp);
+
+    env_job j;
+    char *args = th_fmt("%s --steps %d --ckpt-dir %s --ckpt-every %d", model, STEPS_R, cut,
+                        EVERY);
+    env_job_start(&j, N, dir, args, 4096);
+    char needle[64];
+    snprintf(needle, sizeof needle, "ckpt_%08d.bin (manifest", KILL_AT);
+    env_job_wait_for(&j, needle, 30.0);
+    env_job_kill_and_expect_failures(&j, VICTIM, KILL_LIMIT_S);
+    env_job_end(&j);
+    free(args);
+
+    long k = last_checkpoint(cut, N);
+    cr_assert(k >= KILL_AT && k < STEPS_R, "last checkpoint at step %ld: the kill did not "
+              "land mid-run", k);
+    char *ck = th_fmt("%s/ckpt_%08ld.bin", cut, k);
+    for (int r = 0; r <= N; r++) {
+        char *a = r < N ? th_fmt("%s.shard%dof%d", ck, r, N) : th_fmt("%s", ck);
+        char *b = r < N ? th_fmt("%s/ckpt_%08ld.bin.shard%dof%d", full, k, r, N)
+                        : th_fmt("%s/ckpt_%08ld.bin", full, k);
+        assert_same_file(a, b);
+        free(a), free(b);
+    }
+
+    out = th_fmt("%s/again.out", dir);
+    errp = th_fmt("%s/again.err", dir);
+    cmd = th_fmt("%s %s --steps %d --ranks %d --ckpt-dir %s --ckpt-every %d --resume %s",
+                 cli(), model, STEPS_R, N, again, EVERY, ck);
+    rc = th_run(cmd, out, errp);
+    e = th_read(errp, NULL);
+    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
+    int n = read_losses_from(out, k + 1, lagain, STEPS_R);
+    cr_assert_eq(n, STEPS_R - k, "the resumed run printed %d steps from step %ld, not %ld", n,
+                 k + 1, STEPS_R - k);
+    for (int i = 0; i < n; i++)
+        cr_assert(lagain[i] == lfull[k + i], "step %ld: resumed loss %.6f, uninterrupted %.6f",
+                  k + 1 + i, lagain[i], lfull[k + i]);
+    for (int r = 0; r <= N; r++) {
+        char *a = r < N ? th_fmt("%s/ckpt_%08d.bin.shard%dof%d", again, STEPS_R, r, N)
+                        : th_fmt("%s/ckpt_%08d.bin", again, STEPS_R);
+        char *b = r < N ? th_fmt("%s/ckpt_%08d.bin.shard%dof%d", full, STEPS_R, r, N)
+                        : th_fmt("%s/ckpt_%08d.bin", full, STEPS_R);
+        assert_same_file(a, b);
+        free(a), free(b);
+    }
+    cr_log_info("killed rank %d after checkpoint %d (N=%d, ZeRO-3); resumed from step %ld; "
+                "%d losses and the final shards + manifest bitwise the uninterrupted run's",
+                VICTIM, KILL_AT, N, k, n);
+    free(e), free(cmd), free(out), free(errp), free(ck);
+    th_rmrf(dir);
+    free(full), free(cut), free(again), free(dir);
+}
