@@ -259,6 +259,8 @@ struct coll_comm {
   bool direct_ok;        /* ranks may read each other's memory (direct.c) */
   uint8_t *direct_scratch;
   void *direct_addrs;    /* per rank: its buffers' addresses in the running call */
+  uint64_t *direct_got;  /* per rank: bytes read from it in the running call (while
+                            tracing: direct.c's trace steps), else NULL */
   /* Windows (window.c): memory from coll_mem_alloc, the same slots on every rank. */
   pthread_mutex_t winmu;
   struct coll_window *windows; /* COLL_MAX_WINDOWS slots */

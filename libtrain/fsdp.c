@@ -700,8 +700,12 @@ static void adamw_shards(train_fsdp *f, float lr, long t)
     }
 }
 
-/* What this rank's calls of the step really sent, from libcoll's own records (every
- * work is finished: the step waited for all of it). */
+/* What this rank's calls of the step really moved, from libcoll's own records (every
+ * work is finished: the step waited for all of it): the bytes it received from peers,
+ * summed over the steps libcoll ran for it.  Received, not sent, because every algorithm
+ * records what it receives — a ring's steps, and also the direct and one-shot paths,
+ * where a rank loads its peers' data and so sends nothing itself; for the all-gathers
+ * and reduce-scatters of a step every rank receives exactly what it sends. */
 static int measured_sent(train_fsdp *f, uint64_t *out, char *err)
 {
     train_backend *b = f->b;
@@ -726,7 +730,7 @@ static int measured_sent(train_fsdp *f, uint64_t *out, char *err)
     uint64_t sum = 0;
     for (size_t i = 0; i < n && i < f->tcap; i++)
         if (f->tev[i].step >= 0 && f->tev[i].rank == f->rank)
-            sum += f->tev[i].bytes_out;
+            sum += f->tev[i].bytes_in;
     *out = sum;
     return 0;
 }

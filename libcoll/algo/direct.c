@@ -80,6 +80,15 @@ static coll_result read_peer(struct coll_comm *comm, const coll_work *w, int p, 
   return COLL_OK;
 }
 
+/* read_peer for the call's data (not its addresses): what it read from each peer is
+ * counted, for the trace (the bytes this rank received, as a ring's steps count them). */
+static coll_result read_data(struct coll_comm *comm, const coll_work *w, int p, void *dst,
+                             uint64_t addr, size_t len) {
+  coll_result r = read_peer(comm, w, p, dst, addr, len);
+  if (r == COLL_OK && comm->direct_got) comm->direct_got[p] += len;
+  return r;
+}
+
 static coll_result barrier(struct coll_comm *comm, const coll_work *w) {
   coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq,
                  .inner = true};
@@ -107,17 +116,17 @@ static coll_result reduce_block(struct coll_comm *comm, const coll_work *w,
     }
     const uint8_t *a, *b;
     if (me == 0) a = my;
-    else if ((r = read_peer(comm, w, 0, s0, ap[0].send + at, bytes)) != COLL_OK) return r;
+    else if ((r = read_data(comm, w, 0, s0, ap[0].send + at, bytes)) != COLL_OK) return r;
     else a = s0;
     if (me == 1) b = my;
-    else if ((r = read_peer(comm, w, 1, s1, ap[1].send + at, bytes)) != COLL_OK) return r;
+    else if ((r = read_data(comm, w, 1, s1, ap[1].send + at, bytes)) != COLL_OK) return r;
     else b = s1;
     coll_kernel_reduce(o, a, b, k, w->dtype, w->op);
     for (int p = 2; p < n; p++) {
       if (p == me) {
         b = my;
       } else {
-        if ((r = read_peer(comm, w, p, s1, ap[p].send + at, bytes)) != COLL_OK) return r;
+        if ((r = read_data(comm, w, p, s1, ap[p].send + at, bytes)) != COLL_OK) return r;
         b = s1;
       }
       coll_kernel_reduce(o, o, b, k, w->dtype, w->op);
@@ -147,7 +156,7 @@ static coll_result all_to_all(struct coll_comm *comm, const coll_work *w, const 
         return r;
       from = ap[p].send + disp * es;
     }
-    if ((r = read_peer(comm, w, p, dst + at * es, from, cnt * es)) != COLL_OK) return r;
+    if ((r = read_data(comm, w, p, dst + at * es, from, cnt * es)) != COLL_OK) return r;
   }
   size_t cnt = v ? w->sendcounts[me] : w->count;
   const uint8_t *mine = src + (v ? w->sdispls[me] : (size_t)me * w->count) * es;
@@ -188,7 +197,7 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
     for (int i = 1; i < n; i++) {
       int p = (me + i) % n;
       coll_ring_chunk(w->count, n, p, &off, &cnt);
-      if (cnt && (r = read_peer(comm, w, p, dst + off * es, ap[p].recv + off * es,
+      if (cnt && (r = read_data(comm, w, p, dst + off * es, ap[p].recv + off * es,
                                 cnt * es)) != COLL_OK)
         return r;
     }
@@ -202,7 +211,7 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
     size_t bytes = w->count * es;
     for (int i = 1; i < n; i++) {
       int p = (me + i) % n;
-      if (bytes && (r = read_peer(comm, w, p, dst + (size_t)p * bytes, ap[p].send, bytes)) != COLL_OK)
+      if (bytes && (r = read_data(comm, w, p, dst + (size_t)p * bytes, ap[p].send, bytes)) != COLL_OK)
         return r;
     }
     if (dst + (size_t)me * bytes != src) memcpy(dst + (size_t)me * bytes, src, bytes);
@@ -212,7 +221,7 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
     size_t bytes = w->count * es;
     if (me == w->root) {
       if (dst != src) memcpy(dst, src, bytes);
-    } else if ((r = read_peer(comm, w, w->root, dst, ap[w->root].send, bytes)) != COLL_OK) {
+    } else if ((r = read_data(comm, w, w->root, dst, ap[w->root].send, bytes)) != COLL_OK) {
       return r;
     }
     break;
@@ -231,13 +240,40 @@ bool coll_direct_serves(struct coll_comm *comm, coll_coll_kind c) {
          c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_ALL_TO_ALLV;
 }
 
+/* For the trace: one "recv" step per peer this rank read from, with the bytes it read
+ * (all timed as the whole call).  A pull moves nothing out: a peer's reads of this
+ * rank's buffers are that peer's steps. */
+static void record(struct coll_comm *comm, const coll_work *w, uint64_t t_start,
+                   uint64_t t_end) {
+  size_t es = coll_dtype_size(w->dtype), ns = 0;
+  coll_step *st = comm->steps;
+  uint64_t *t0 = coll_trace_t0(comm), *t1 = coll_trace_t1(comm);
+  for (int p = 0; p < comm->nranks && ns < coll_plan_max_steps(comm->nranks); p++) {
+    if (!comm->direct_got[p]) continue;
+    st[ns] = (coll_step){.kind = COLL_STEP_RECV, .peer_in = p, .peer_out = -1,
+                         .count = comm->direct_got[p] / es, .chunk = p};
+    t0[ns] = t_start, t1[ns] = t_end;
+    ns++;
+  }
+  coll_trace_record(comm, w, COLL_ALGO_DIRECT, st, ns, es, t_start, t_end);
+}
+
 coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w, bool *ran) {
-  uint64_t t0 = coll_trace_on(comm) ? coll_now_ns() : 0;
+  uint64_t t0 = 0;
+  if (coll_trace_on(comm) && !w->internal) {
+    if (!comm->direct_got) comm->direct_got = calloc((size_t)comm->nranks, sizeof(uint64_t));
+    if (comm->direct_got) {
+      memset(comm->direct_got, 0, (size_t)comm->nranks * sizeof(uint64_t));
+      t0 = coll_now_ns();
+    }
+  }
   *ran = true;
   coll_result r = run_call(comm, w, comm->direct_addrs, ran);
-  if (t0 && r == COLL_OK && *ran)
-    coll_trace_record(comm, w, COLL_ALGO_DIRECT, comm->steps, 0, coll_dtype_size(w->dtype), t0,
-                      coll_now_ns());
+  if (t0 && r == COLL_OK && *ran) record(comm, w, t0, coll_now_ns());
+  if (comm->direct_got && !t0) {
+    free(comm->direct_got); /* tracing went off: count nothing from here on */
+    comm->direct_got = NULL;
+  }
   return r;
 }
 

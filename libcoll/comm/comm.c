@@ -103,6 +103,7 @@ void coll_comm_free(struct coll_comm *comm) {
   pthread_mutex_destroy(&comm->winmu);
   free(comm->direct_scratch);
   free(comm->direct_addrs);
+  free(comm->direct_got);
   pthread_mutex_destroy(&comm->qmu);
   pthread_cond_destroy(&comm->qcv);
   pthread_cond_destroy(&comm->donecv);
