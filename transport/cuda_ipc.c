@@ -7,7 +7,8 @@
  * CUDA stream) straight into its slot there.  The counters stay on the host, exactly as
  * in shm.c: a POSIX shared segment per receiver holds, per sender, `tail` (written by
  * the sender), `head` (written by the receiver) and the byte count of each slot, with
- * release stores, acquire loads, and a futex to sleep on when there is nothing to do.
+ * release stores, acquire loads, and a futex to sleep on when there is nothing to do —
+ * the same ring code as shm.c's (fifo.c).
  * The executor's device memory ops fence (wait for the CUDA stream) before send_post and
  * before recv_release, so a published slot is complete in GPU memory and a released
  * one is no longer read: the counters never run ahead of the bytes.
@@ -29,21 +30,18 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "coll_config.h"
 #include "cuda_internal.h"
-#include "proc.h"
+#include "fifo.h"
 
 #define CIPC_MAGIC 0x43495043u /* "CPIC" */
 #define CIPC_BLOB_MAGIC 0x42495043u
@@ -92,23 +90,13 @@ typedef struct {
   _Atomic int32_t closed;
 } cipc_header;
 
-typedef struct {
-  _Alignas(64) _Atomic uint32_t tail;
-  _Atomic uint32_t tail_waiter;
-  _Alignas(64) _Atomic uint32_t head;
-  _Atomic uint32_t head_waiter;
-  _Alignas(64) uint32_t bytes[CIPC_NSLOTS];
-} cipc_ctl;
+/* The counters and both ends are fifo.h's, as shm.c's; only the slots differ (device
+ * memory, written and read by the executor's device ops). */
+typedef coll_fifo_ctl cipc_ctl;
+typedef coll_fifo_conn cipc_conn;
 _Static_assert(sizeof(cipc_ctl) <= PAGE, "control block fits a page");
-
-typedef struct {
-  coll_conn base;
-  cipc_ctl *ctl;
-  uint8_t *slots; /* device memory */
-  uint32_t pos, cached;
-  cipc_header *peer_hdr;
-  pid_t peer_pid;
-} cipc_conn;
+_Static_assert(CIPC_NSLOTS <= COLL_FIFO_MAX_SLOTS && (CIPC_NSLOTS & (CIPC_NSLOTS - 1)) == 0,
+               "slots: a power of two the control block has room for");
 
 typedef struct {
   char name[64];
@@ -272,12 +260,12 @@ static coll_result cipc_connect(struct coll_comm *comm, void *vctx, int peer,
                             .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
                    .ctl = ctl_of(p, comm->rank),
                    .slots = (uint8_t *)pf + (size_t)comm->rank * fifo_stride(),
-                   .peer_hdr = ph, .peer_pid = b.pid};
+                   .stride = CIPC_SLOT_BYTES, .peer_closed = &ph->closed, .peer_pid = b.pid};
   *r = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc, .peer = peer, .is_send = false,
                             .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
                    .ctl = ctl_of(ctx->base, peer),
                    .slots = ctx->fifo + (size_t)peer * fifo_stride(),
-                   .peer_hdr = ph, .peer_pid = b.pid};
+                   .stride = CIPC_SLOT_BYTES, .peer_closed = &ph->closed, .peer_pid = b.pid};
   *send = &s->base;
   *recv = &r->base;
   return COLL_OK;
@@ -290,102 +278,6 @@ static coll_result cipc_ready(struct coll_comm *comm, void *vctx) {
                      comm->rank, ctx->name, strerror(errno));
   ctx->unlinked = true;
   return COLL_OK;
-}
-
-/* ---- data path (the counters; the bytes were moved by the executor's device ops) ---- */
-
-static void futex_wake(_Atomic uint32_t *addr) {
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 1, NULL, NULL, 0);
-}
-
-static void *cipc_send_slot(coll_conn *c) {
-  cipc_conn *s = (cipc_conn *)c;
-  if (s->pos - s->cached >= CIPC_NSLOTS) {
-    s->cached = atomic_load_explicit(&s->ctl->head, memory_order_acquire);
-    if (s->pos - s->cached >= CIPC_NSLOTS) return NULL;
-  }
-  return s->slots + (size_t)(s->pos % CIPC_NSLOTS) * CIPC_SLOT_BYTES;
-}
-
-static void cipc_send_post(coll_conn *c, uint32_t bytes) {
-  cipc_conn *s = (cipc_conn *)c;
-  s->ctl->bytes[s->pos % CIPC_NSLOTS] = bytes;
-  s->pos++;
-  atomic_store_explicit(&s->ctl->tail, s->pos, memory_order_release);
-  atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(&s->ctl->tail_waiter, memory_order_relaxed)) futex_wake(&s->ctl->tail);
-}
-
-static const void *cipc_recv_slot(coll_conn *c, uint32_t *bytes) {
-  cipc_conn *r = (cipc_conn *)c;
-  if (r->pos == r->cached) {
-    r->cached = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
-    if (r->pos == r->cached) return NULL;
-  }
-  uint32_t i = r->pos % CIPC_NSLOTS;
-  *bytes = r->ctl->bytes[i];
-  return r->slots + (size_t)i * CIPC_SLOT_BYTES;
-}
-
-static void cipc_recv_release(coll_conn *c) {
-  cipc_conn *r = (cipc_conn *)c;
-  r->pos++;
-  atomic_store_explicit(&r->ctl->head, r->pos, memory_order_release);
-  atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(&r->ctl->head_waiter, memory_order_relaxed)) futex_wake(&r->ctl->head);
-}
-
-static bool can_go(cipc_conn *c) {
-  if (c->base.is_send)
-    return c->pos - atomic_load_explicit(&c->ctl->head, memory_order_acquire) < CIPC_NSLOTS;
-  return atomic_load_explicit(&c->ctl->tail, memory_order_acquire) != c->pos;
-}
-
-/* As shm_wait: spin, yield, then sleep on the futex of the counter we wait for, looking
- * at the peer's health when a sleep times out. */
-static coll_result cipc_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
-  cipc_conn *c = (cipc_conn *)cc;
-  int spins = comm->oversubscribed ? 0 : 1000;
-  for (int i = 0; i < spins; i++) {
-    if (can_go(c)) return COLL_OK;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
-  for (int i = 0; i < 64; i++) {
-    if (can_go(c)) return COLL_OK;
-    sched_yield();
-  }
-  _Atomic uint32_t *word = c->base.is_send ? &c->ctl->head : &c->ctl->tail;
-  _Atomic uint32_t *flag = c->base.is_send ? &c->ctl->head_waiter : &c->ctl->tail_waiter;
-  uint32_t seen = atomic_load(word);
-  atomic_store(flag, 1);
-  atomic_thread_fence(memory_order_seq_cst);
-  if (!can_go(c) && !atomic_load(&comm->aborted)) {
-    int ms = max_ms < 1 ? 1 : max_ms;
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
-    if (rc != 0 && errno == ETIMEDOUT && !can_go(c)) {
-      if (atomic_load(&c->peer_hdr->closed)) {
-        atomic_store(flag, 0);
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
-                         comm->rank, c->base.peer);
-      }
-      const char *how = coll_process_gone(c->peer_pid); /* zombies too (proc.h) */
-      if (how) {
-        atomic_store(flag, 0);
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
-                         comm->rank, c->base.peer, (int)c->peer_pid, how);
-      }
-    }
-  }
-  atomic_store(flag, 0);
-  return COLL_OK;
-}
-
-static void cipc_wake(coll_conn *cc) {
-  cipc_conn *c = (cipc_conn *)cc;
-  futex_wake(c->base.is_send ? &c->ctl->head : &c->ctl->tail);
 }
 
 static void cipc_close(struct coll_comm *comm, void *vctx) {
@@ -418,12 +310,12 @@ const coll_transport coll_transport_cuda_ipc = {
     .setup = cipc_setup,
     .connect = cipc_connect,
     .ready = cipc_ready,
-    .send_slot = cipc_send_slot,
-    .send_post = cipc_send_post,
-    .recv_slot = cipc_recv_slot,
-    .recv_release = cipc_recv_release,
-    .wait = cipc_wait,
-    .wake = cipc_wake,
+    .send_slot = coll_fifo_send_slot,
+    .send_post = coll_fifo_send_post,
+    .recv_slot = coll_fifo_recv_slot,
+    .recv_release = coll_fifo_recv_release,
+    .wait = coll_fifo_wait,
+    .wake = coll_fifo_wake,
     .close = cipc_close,
 };
 

@@ -11,7 +11,9 @@
  * cache lines so the two sides never write the same line.  A side that finds nothing to
  * do spins briefly, then yields, then sleeps on a futex on the counter it waits for,
  * having raised a "waiter" flag that tells the other side to call FUTEX_WAKE (so no
- * system call is made on the data path while both sides are busy).
+ * system call is made on the data path while both sides are busy).  That ring — the
+ * counters, the waits, the liveness check — is fifo.c's, shared with cuda_ipc.c; this
+ * file lays out the segments and connects.
  *
  * Segments are created 0600, touched once at creation (first touch costs ~10 us per
  * page here, which must never land on the hot path), and unlinked as soon as every rank
@@ -26,18 +28,16 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "fifo.h"
 #include "internal.h"
 #include "proc.h"
 
@@ -65,25 +65,12 @@ typedef struct {
   _Alignas(64) _Atomic uint32_t mb_waiters;
 } shm_header;
 
-typedef struct {
-  _Alignas(64) _Atomic uint32_t tail; /* written by the sender */
-  _Atomic uint32_t tail_waiter;       /* receiver is (about to be) asleep on tail */
-  _Alignas(64) _Atomic uint32_t head; /* written by the receiver */
-  _Atomic uint32_t head_waiter;       /* sender is (about to be) asleep on head */
-  _Alignas(64) uint32_t bytes[SHM_NSLOTS];
-} shm_ctl;
-
+/* A FIFO's control block and the two ends are fifo.h's (shared with cuda_ipc.c). */
+typedef coll_fifo_ctl shm_ctl;
+typedef coll_fifo_conn shm_conn;
 _Static_assert(sizeof(shm_ctl) <= PAGE, "control block fits a page");
-
-typedef struct {
-  coll_conn base;
-  shm_ctl *ctl;
-  uint8_t *slots;
-  uint32_t pos;    /* sender: tail; receiver: head (our own counter, kept locally) */
-  uint32_t cached; /* sender: last head seen; receiver: last tail seen */
-  shm_header *peer_hdr; /* the segment of the other side, for liveness */
-  pid_t peer_pid;
-} shm_conn;
+_Static_assert(SHM_NSLOTS <= COLL_FIFO_MAX_SLOTS && (SHM_NSLOTS & (SHM_NSLOTS - 1)) == 0,
+               "slots: a power of two the control block has room for");
 
 typedef struct {
   char name[64];
@@ -325,11 +312,11 @@ static coll_result shm_connect(struct coll_comm *comm, void *vctx, int peer,
   *s = (shm_conn){.base = {.t = &coll_transport_shm, .peer = peer, .is_send = true,
                            .slot_bytes = slot, .nslots = SHM_NSLOTS},
                   .ctl = fifo_ctl(p, comm->rank), .slots = fifo_slots(p, comm->rank),
-                  .peer_hdr = ph, .peer_pid = b.pid};
+                  .stride = SHM_SLOT_STRIDE, .peer_closed = &ph->closed, .peer_pid = b.pid};
   *r = (shm_conn){.base = {.t = &coll_transport_shm, .peer = peer, .is_send = false,
                            .slot_bytes = slot, .nslots = SHM_NSLOTS},
                   .ctl = fifo_ctl(ctx->base, peer), .slots = fifo_slots(ctx->base, peer),
-                  .peer_hdr = ph, .peer_pid = b.pid};
+                  .stride = SHM_SLOT_STRIDE, .peer_closed = &ph->closed, .peer_pid = b.pid};
   *send = &s->base;
   *recv = &r->base;
   return COLL_OK;
@@ -342,113 +329,6 @@ static coll_result shm_ready(struct coll_comm *comm, void *vctx) {
                      ctx->name, strerror(errno));
   ctx->unlinked = true;
   return COLL_OK;
-}
-
-/* ---- data path ------------------------------------------------------------------- */
-
-static void *shm_send_slot(coll_conn *c) {
-  shm_conn *s = (shm_conn *)c;
-  if (s->pos - s->cached >= SHM_NSLOTS) {
-    s->cached = atomic_load_explicit(&s->ctl->head, memory_order_acquire);
-    if (s->pos - s->cached >= SHM_NSLOTS) return NULL;
-  }
-  return s->slots + (size_t)(s->pos % SHM_NSLOTS) * SHM_SLOT_STRIDE;
-}
-
-static void futex_wake(_Atomic uint32_t *addr) {
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 1, NULL, NULL, 0);
-}
-
-static void shm_send_post(coll_conn *c, uint32_t bytes) {
-  shm_conn *s = (shm_conn *)c;
-  s->ctl->bytes[s->pos % SHM_NSLOTS] = bytes;
-  s->pos++;
-  atomic_store_explicit(&s->ctl->tail, s->pos, memory_order_release);
-  /* Dekker pairing with the receiver's "raise flag, re-check tail, sleep": with both
-   * sides sequentially consistent, one of them sees the other's store. */
-  atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(&s->ctl->tail_waiter, memory_order_relaxed)) futex_wake(&s->ctl->tail);
-}
-
-static const void *shm_recv_slot(coll_conn *c, uint32_t *bytes) {
-  shm_conn *r = (shm_conn *)c;
-  if (r->pos == r->cached) {
-    r->cached = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
-    if (r->pos == r->cached) return NULL;
-  }
-  uint32_t i = r->pos % SHM_NSLOTS;
-  *bytes = r->ctl->bytes[i];
-  return r->slots + (size_t)i * SHM_SLOT_STRIDE;
-}
-
-static void shm_recv_release(coll_conn *c) {
-  shm_conn *r = (shm_conn *)c;
-  r->pos++;
-  atomic_store_explicit(&r->ctl->head, r->pos, memory_order_release);
-  atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(&r->ctl->head_waiter, memory_order_relaxed)) futex_wake(&r->ctl->head);
-}
-
-static bool can_go(shm_conn *c) {
-  if (c->base.is_send)
-    return c->pos - atomic_load_explicit(&c->ctl->head, memory_order_acquire) < SHM_NSLOTS;
-  return atomic_load_explicit(&c->ctl->tail, memory_order_acquire) != c->pos;
-}
-
-/* Spin (cheap when the peer runs on another core), then yield (cheap when ranks share
- * cores), then sleep on the futex (costs ~16 us to wake here, but frees the core). */
-/* COLL_ERR_REMOTE with a sentence when `peer` aborted its communicator or its process is
- * gone (zombies included); COLL_OK otherwise.  Only for long quiet spells: it reads
- * /proc. */
-static coll_result peer_gone(struct coll_comm *comm, shm_header *ph, pid_t pid, int peer) {
-  if (atomic_load(&ph->closed))
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
-                     comm->rank, peer);
-  const char *how = coll_process_gone(pid);
-  if (how)
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
-                     comm->rank, peer, (int)pid, how);
-  return COLL_OK;
-}
-
-static coll_result shm_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
-  shm_conn *c = (shm_conn *)cc;
-  /* When ranks outnumber cores the peer we wait for is likely not running: spinning
-   * would only keep it off the core, so go straight to yielding. */
-  int spins = comm->oversubscribed ? 0 : 1000;
-  for (int i = 0; i < spins; i++) {
-    if (can_go(c)) return COLL_OK;
-    coll_cpu_relax();
-  }
-  for (int i = 0; i < 64; i++) {
-    if (can_go(c)) return COLL_OK;
-    sched_yield();
-  }
-  _Atomic uint32_t *word = c->base.is_send ? &c->ctl->head : &c->ctl->tail;
-  _Atomic uint32_t *flag = c->base.is_send ? &c->ctl->head_waiter : &c->ctl->tail_waiter;
-  uint32_t seen = atomic_load(word);
-  atomic_store(flag, 1);
-  atomic_thread_fence(memory_order_seq_cst);
-  if (!can_go(c) && !atomic_load(&comm->aborted)) {
-    int ms = max_ms < 1 ? 1 : max_ms;
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
-    if (rc != 0 && errno == ETIMEDOUT && !can_go(c)) {
-      /* A long quiet spell: is the peer still there? */
-      coll_result r = peer_gone(comm, c->peer_hdr, c->peer_pid, c->base.peer);
-      if (r != COLL_OK) {
-        atomic_store(flag, 0);
-        return r;
-      }
-    }
-  }
-  atomic_store(flag, 0);
-  return COLL_OK;
-}
-
-static void shm_wake(coll_conn *cc) {
-  shm_conn *c = (shm_conn *)cc;
-  futex_wake(c->base.is_send ? &c->ctl->head : &c->ctl->tail);
 }
 
 static void shm_close(struct coll_comm *comm, void *vctx) {
@@ -493,8 +373,8 @@ _Atomic uint32_t *coll_shm_mailbox_waiters(struct coll_comm *comm, int rank) {
 coll_result coll_shm_peer_check(struct coll_comm *comm, int peer) {
   shm_ctx *ctx = shm_ctx_of(comm);
   if (!ctx || !ctx->peer_base[peer]) return COLL_OK;
-  return peer_gone(comm, (shm_header *)ctx->peer_base[peer], ctx->conns[2 * peer].peer_pid,
-                   peer);
+  return coll_fifo_peer_gone(comm, &((shm_header *)ctx->peer_base[peer])->closed,
+                             ctx->conns[2 * peer].peer_pid, peer);
 }
 
 const coll_transport coll_transport_shm = {
@@ -503,11 +383,11 @@ const coll_transport coll_transport_shm = {
     .setup = shm_setup,
     .connect = shm_connect,
     .ready = shm_ready,
-    .send_slot = shm_send_slot,
-    .send_post = shm_send_post,
-    .recv_slot = shm_recv_slot,
-    .recv_release = shm_recv_release,
-    .wait = shm_wait,
-    .wake = shm_wake,
+    .send_slot = coll_fifo_send_slot,
+    .send_post = coll_fifo_send_post,
+    .recv_slot = coll_fifo_recv_slot,
+    .recv_release = coll_fifo_recv_release,
+    .wait = coll_fifo_wait,
+    .wake = coll_fifo_wake,
     .close = shm_close,
 };
