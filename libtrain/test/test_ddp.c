@@ -52,6 +52,7 @@
 #include "ddp.h"
 #include "env_job.h"
 #include "helpers.h"
+#include "internal.h"
 #include "train.h"
 
 #define B 2
@@ -370,6 +371,76 @@ Test(ddp, bucket_never_launched_is_named_at_end_of_backward, .timeout = 30)
     /* and a complete backward passes */
     train_ddp_stats st;
     cr_assert_eq(train_ddp_step(d, &st, err), 0, "%s", err);
+    train_ddp_free(d);
+    cr_assert_eq(b->destroy(b), 0);
+    train_session_free(s);
+}
+
+/* ---- ordering with a device's compute stream ------------------------------------ *
+ * A device's ops give marks on the compute stream (ops->mark / wait_mark).  DDP must
+ * order each bucket after the mark the model took before declaring its gradients final,
+ * and must never synchronise the whole device during backward: that would also wait for
+ * the all-reduces in flight.  A CPU model with instrumented ops stands in for the device:
+ * every mark is a distinct token, and the counts say who waited on what. */
+static struct {
+    int marks, waits, syncs, bad_waits;
+    int token[4096];
+    int in_step;
+} dev;
+
+static void *fake_mark(void)
+{
+    if (dev.marks >= 4096)
+        return NULL;
+    dev.token[dev.marks] = dev.marks;
+    return &dev.token[dev.marks++];
+}
+static int fake_wait_mark(void *mark, char *err)
+{
+    (void)err;
+    int *t = mark;
+    if (!t || t < dev.token || t >= dev.token + dev.marks)
+        dev.bad_waits++;
+    dev.waits++;
+    return 0;
+}
+static void fake_sync(void) { dev.syncs++; }
+
+Test(ddp, device_ordering_uses_marks_not_a_device_sync, .timeout = 30)
+{
+    char err[TRAIN_ERRLEN];
+    train_options o = small_options(B, 1);
+    train_session *s = train_session_create(&o, err);
+    cr_assert(s, "%s", err);
+    train_backend *b = solo_backend(); /* libcoll: no order_after, so the host waits */
+    cr_assert_null(b->order_after);
+    train_ddp_options dopt = train_ddp_options_default();
+    dopt.first_bucket_bytes = 20000;
+    dopt.bucket_bytes = 70000;
+    train_ddp *d = train_ddp_create(s, b, &dopt, err);
+    cr_assert(d, "%s", err);
+    train_model *m = train_session_model(s);
+    train_ops ops = *m->ops;
+    ops.mark = fake_mark;
+    ops.wait_mark = fake_wait_mark;
+    ops.sync = fake_sync;
+    const train_ops *cpu = m->ops;
+    m->ops = &ops;
+    memset(&dev, 0, sizeof dev);
+    train_ddp_stats st;
+    cr_assert_eq(train_ddp_step(d, &st, err), 0, "%s", err);
+    /* one mark per "gradients final" notification (L blocks, the final LayerNorm, the
+     * embeddings) plus the one that ends backward's compute */
+    int notes = o.cfg.layers + 2;
+    cr_assert_eq(dev.marks, notes + 1, "%d marks for %d notifications", dev.marks, notes);
+    /* the host waited for a mark before the buckets it made final (the backend cannot
+     * order on the device), and once at the end of backward: never on anything else */
+    cr_assert(dev.waits >= 2 && dev.waits <= notes + 1, "%d waits on marks", dev.waits);
+    cr_assert_eq(dev.bad_waits, 0, "a wait on something that is not a mark");
+    /* the only device-wide sync of a step is the one after AdamW */
+    cr_assert_eq(dev.syncs, 1, "%d device-wide syncs in one step (backward must have none)",
+                 dev.syncs);
+    m->ops = cpu;
     train_ddp_free(d);
     cr_assert_eq(b->destroy(b), 0);
     train_session_free(s);

@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 
 #include "helpers.h"
+#include "internal.h"
 #include "train.h"
 
 Test(data, tokfile_roundtrip_and_order)
@@ -239,4 +240,23 @@ Test(ckpt, damaged_files_are_refused, .timeout = 60)
     train_session_free(s);
     th_rmrf(dir);
     free(dir);
+}
+
+/* Which GPU a rank takes: its local rank, from coll-train's own fork (TRAIN_LOCAL_RANK)
+ * first, then the launchers' variables, else the caller's fallback. */
+Test(units, local_rank_from_the_launchers_variables)
+{
+    static const char *vars[] = {"TRAIN_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                 "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+    cr_assert_eq(train_local_rank(5), 5, "no variable: the fallback");
+    setenv("SLURM_LOCALID", "2", 1);
+    cr_assert_eq(train_local_rank(5), 2);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+    cr_assert_eq(train_local_rank(5), 3, "Open MPI's before Slurm's");
+    setenv("TRAIN_LOCAL_RANK", "1", 1);
+    cr_assert_eq(train_local_rank(5), 1, "coll-train's own before any launcher's");
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
 }
