@@ -6,10 +6,12 @@
  * run backwards), checks each child's ranks, an all-reduce and the matrix on it, and
  * that the parent still works after the child is gone. */
 #include <dirent.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coll.h"
@@ -65,6 +67,42 @@ static int split_halves(coll_comm_t comm, int rank, int n) {
   return fails;
 }
 
+/* NET_RANK_FAULT=kill|abort|invalid: the fault matrix across hosts.  After one good
+ * all-reduce, rank 1 fails that way while the others enter an all-reduce that cannot
+ * finish without it; each survivor must return COLL_ERR_REMOTE naming rank 1 within
+ * 3 s (COLL_TIMEOUT_MS is 30 s) and prints "ok" with what it saw.  The victim, where it
+ * does not die, stays until alarm() ends it 8 s later: long after the survivors have
+ * had to notice its fault, not its exit. */
+static int fault(coll_comm_t comm, int rank, int n, const char *host, const char *how) {
+  enum { COUNT = 1 << 16 };
+  static float x[COUNT];
+  for (int i = 0; i < COUNT; i++) x[i] = 1;
+  if (coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL) != COLL_OK) {
+    fprintf(stderr, "rank %d: the first all-reduce: %s\n", rank, coll_comm_last_error(comm));
+    return 1;
+  }
+  if (rank == 1) {
+    alarm(8);
+    if (strcmp(how, "kill") == 0) raise(SIGKILL);
+    if (strcmp(how, "abort") == 0) coll_comm_abort(comm);
+    if (strcmp(how, "invalid") == 0)
+      coll_all_reduce(x, x, COUNT, (coll_dtype)99, COLL_SUM, comm, NULL);
+    for (;;) pause();
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  coll_result r = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  int ms = (int)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+  const char *msg = coll_comm_last_error(comm);
+  int good = r == COLL_ERR_REMOTE && ms < 3000 &&
+             (strstr(msg, "rank 1 ") || strstr(msg, "rank 1:") || strstr(msg, "rank 1)"));
+  printf("rank %d of %d on %s: %s (%s after %s in %d ms: %s)\n", rank, n, host,
+         good ? "ok" : "WRONG", coll_result_string(r), how, ms, msg);
+  coll_comm_abort(comm); /* a peer is gone: nothing to wait for */
+  return good ? 0 : 1;
+}
+
 int main(void) {
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
@@ -78,6 +116,8 @@ int main(void) {
   int rank, n;
   coll_comm_rank(comm, &rank);
   coll_comm_size(comm, &n);
+  const char *how = getenv("NET_RANK_FAULT");
+  if (how && *how) return fault(comm, rank, n, host, how);
   const char *small = getenv("NET_RANK_SMALL");
   const char *split = getenv("NET_RANK_SPLIT");
   int fails = tm_run(comm, rank, n, !(small && *small == '1'));
