@@ -131,8 +131,17 @@ typedef struct train_block {
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } train_block;
 
+/* Tensor parallelism inside the model (tp.c, see tp.h). NULL in train_model.tpc on a
+ * single process (and at T = 1): the model then never calls into tp.c. */
+typedef struct train_tp_ctx train_tp_ctx;
+
 struct train_model {
     train_config cfg;
+    /* Tensor-parallel shape (1, 0 on a single process): this rank holds heads
+     * [tp_rank*NH/tp, +NH/tp), MLP rows [tp_rank*4C/tp, +4C/tp) and vocabulary rows
+     * [tp_rank*vocab_local, +vocab_local) of the vocabulary padded to tp*vocab_local. */
+    int tp, tp_rank, vocab_local;
+    train_tp_ctx *tpc;     /* the TP group's communication; NULL while not attached */
     train_device dev;
     const train_ops *ops;
     int maxB, maxT;        /* batch shape the buffers were sized for */
@@ -173,6 +182,43 @@ int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
 /* Block l's parameters, wherever they live (block_params[l] or params). */
 void train_block_params_view(const train_model *m, int l, train_block *out);
 float *train_tensor(const train_model *m, float *base, const char *name);
+/* A model of the local shapes of tensor-parallel rank tp_rank of tp (tp = 1: the
+ * single-process model; train_model_create is this with 1, 0). Parameters are those of
+ * the single-process model from the same seed, sliced (so T ranks together hold it). */
+train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_device dev,
+                                   int threads, uint64_t seed, int tp, int tp_rank,
+                                   char *err);
+
+/* ---- tensor-parallel pieces the model calls (tp.c); only when m->tpc != NULL ----
+ * Each is collective over the TP group and blocking. A communication failure is kept in
+ * the context (the first sentence wins; later calls do nothing) and reported by
+ * train_tp_failed: forward and backward cannot return errors. */
+/* f backward / g forward: buf (n) = sum over the TP group of buf */
+void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what);
+/* row-parallel output (N,C): sum over the group, then + b (the bias, added once) */
+void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,
+                         const char *what);
+/* vocabulary-parallel embedding: out (B,T,C) = wte[inp] (from the rank holding the row)
+ * + wpe[t]; and its backward into the local rows of dwte and into dwpe */
+void train_tp_embed_forward(train_model *m, float *out, const int *inp, const float *wte,
+                            const float *wpe, int B, int T, int C);
+void train_tp_embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
+                             const int *inp, int B, int T, int C);
+/* vocabulary-parallel cross-entropy over local logits (N,Vl): probs (N,Vl), losses (N) */
+void train_tp_xent_forward(train_model *m, float *losses, float *probs, const float *logits,
+                           const int *targets, int N);
+void train_tp_xent_backward(train_model *m, float *dlogits, const float *probs,
+                            const int *targets, float dloss, int N);
+/* Refuses shapes TP cannot split (heads or 4C not a multiple of tp, a device other than
+ * the CPU), with a sentence. */
+int train_tp_check(const train_config *cfg, int tp, train_device dev, char *err);
+/* Copies between a full tensor fp (at full) and this rank's slice lp (at local), to_local
+ * 1: full -> local, 0: local -> its place in full (see tp.c for the split of each). */
+void train_tp_copy_tensor(const train_param *fp, const train_param *lp, int tp, int rank,
+                          float *full, float *local, int to_local);
+/* squared global gradient norm: split tensors summed over the group, replicated ones
+ * counted once */
+double train_tp_grad_sumsq(train_model *m);
 
 /* ---- helpers (util.c) ---- */
 uint64_t train_splitmix64(uint64_t *state);

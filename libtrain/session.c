@@ -38,8 +38,8 @@ train_session *train_session_create(const train_options *opt, char *err)
     s->data = train_data_open(opt->data_path, opt->cfg.vocab, opt->seq, err);
     if (!s->data)
         goto fail;
-    s->model = train_model_create(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
-                                  opt->seed, err);
+    s->model = train_model_create_tp(&opt->cfg, opt->batch, opt->seq, opt->device,
+                                     opt->threads, opt->seed, opt->tp, opt->tp_rank, err);
     if (!s->model)
         goto fail;
     s->pos.seed = opt->seed;

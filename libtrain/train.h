@@ -198,6 +198,9 @@ typedef struct train_options {
     train_device device;
     int threads;
     const char *data_path; /* NULL: embedded corpus */
+    /* Tensor parallelism (tp.h): the model holds rank tp_rank's slice of a model split tp
+     * ways (0 or 1: the whole model). */
+    int tp, tp_rank;
 } train_options;
 
 typedef struct train_step_stats {
