@@ -179,6 +179,27 @@ static int collective_done(train_tp_ctx *c, int rc, train_req req, const char *w
     return rc;
 }
 
+static int group_sum(train_backend *b, float *x, size_t n)
+{
+    train_req req = TRAIN_REQ_DONE;
+    if (b->all_reduce(b, x, n, TRAIN_REDUCE_SUM, &req) != 0)
+        return -1;
+    return b->wait(b, req);
+}
+
+int train_tp_f_forward(train_backend *b, float *x, size_t n)
+{
+    (void)b, (void)x, (void)n; /* every rank already holds the whole input */
+    return 0;
+}
+int train_tp_f_backward(train_backend *b, float *dx, size_t n) { return group_sum(b, dx, n); }
+int train_tp_g_forward(train_backend *b, float *x, size_t n) { return group_sum(b, x, n); }
+int train_tp_g_backward(train_backend *b, float *dx, size_t n)
+{
+    (void)b, (void)dx, (void)n; /* the sum's gradient reaches every rank's part whole */
+    return 0;
+}
+
 /* Blocking sum over the group; `block` says whether it is one of the in-block f/g. */
 static void all_reduce(train_model *m, float *buf, size_t n, const char *what, int block)
 {
@@ -186,9 +207,10 @@ static void all_reduce(train_model *m, float *buf, size_t n, const char *what, i
     if (c->failed)
         return;
     double t0 = train_now();
-    train_req req = TRAIN_REQ_DONE;
-    int rc = c->b->all_reduce(c->b, buf, n, TRAIN_REDUCE_SUM, &req);
-    collective_done(c, rc, req, what);
+    if (group_sum(c->b, buf, n) != 0) {
+        c->failed = 1;
+        train_errf(c->err, "tensor-parallel %s: %s", what, c->b->err);
+    }
     double t1 = train_now();
     c->st.calls++;
     if (block) {

@@ -71,6 +71,15 @@ TRAIN_API void train_tp_stats_read(train_session *s, train_tp_stats *out, int re
 struct train_trace;
 TRAIN_API void train_tp_set_trace(train_session *s, struct train_trace *tr, int rank);
 
+/* Megatron's two conjugate operators over the group `b`, in place on x (n floats), blocking;
+ * 0 or -1 with a sentence in b->err. The model calls the same sums (tp.c).
+ *   f ("copy to the tensor-parallel region"):  forward identity, backward sum over ranks;
+ *   g ("reduce from the region"):              forward sum over ranks, backward identity. */
+TRAIN_API int train_tp_f_forward(train_backend *b, float *x, size_t n);
+TRAIN_API int train_tp_f_backward(train_backend *b, float *dx, size_t n);
+TRAIN_API int train_tp_g_forward(train_backend *b, float *x, size_t n);
+TRAIN_API int train_tp_g_backward(train_backend *b, float *dx, size_t n);
+
 /* Parameter conversion between the single-process layout (full: train_num_params of the
  * T = 1 model) and rank r's local layout: shard copies r's slice out of full; unshard
  * writes local into its place in full (the replicated tensors too). */
