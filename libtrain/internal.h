@@ -195,6 +195,8 @@ train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_
  * train_tp_failed: forward and backward cannot return errors. */
 /* f backward / g forward: buf (n) = sum over the TP group of buf */
 void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what);
+/* the same for the LM head's f (counted apart from the four per block) */
+void train_tp_head_reduce(train_model *m, float *buf, size_t n);
 /* row-parallel output (N,C): sum over the group, then + b (the bias, added once) */
 void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,
                          const char *what);

@@ -586,7 +586,7 @@ void train_backward(train_model *m)
     o->zero(s->dln, NC * sizeof(float));
     o->matmul_backward(s->dln, dwte, NULL, s->dlogits, a->lnf, wte, N, C, V);
     if (tp) /* f backward: the LM head is column-parallel over the vocabulary */
-        train_tp_all_reduce(m, s->dln, NC, "f head");
+        train_tp_head_reduce(m, s->dln, NC);
     o->zero(s->dres, NC * sizeof(float));
     o->layernorm_backward(s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean,
                           a->lnf_rstd, N, C);

@@ -229,6 +229,11 @@ void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what)
     all_reduce(m, buf, n, what, 1);
 }
 
+void train_tp_head_reduce(train_model *m, float *buf, size_t n)
+{
+    all_reduce(m, buf, n, "f head", 0);
+}
+
 /* out (N,C) holds this rank's partial product x_r W_r^T of a row-parallel Linear:
  * y = sum_r x_r W_r^T + b, so sum first (g), then add the bias once. */
 void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,

@@ -361,3 +361,77 @@ Test(tp, shard_unshard_roundtrip, .timeout = 10)
     free(back);
     free(loc);
 }
+
+/* ---- the CLI ---------------------------------------------------------------------------- */
+
+static const char *cli_path(void)
+{
+    const char *p = getenv("TRAIN_CLI");
+    cr_assert(p, "TRAIN_CLI (path of coll-train) is not set");
+    return p;
+}
+
+#define SMALL "--layers 2 --channels 32 --heads 4 --seq 16 --batch 2 --threads 1 " \
+              "--eval-every 0 --sample-len 0"
+
+/* Refused: exit status 1, one line on stderr starting "coll-train:", nothing on stdout,
+ * nothing written in the directory (the run was asked for a plot there). */
+static void refused(const char *args, const char *needle)
+{
+    char *dir = th_tmpdir();
+    cr_assert(dir);
+    char *out = th_fmt("%s/../%s.out", dir, strrchr(dir, '/') + 1),
+         *errp = th_fmt("%s/../%s.err", dir, strrchr(dir, '/') + 1);
+    char *cmd = th_fmt("timeout 30 %s " SMALL " --steps 2 --plot %s/loss.svg %s", cli_path(),
+                       dir, args);
+    int rc = th_run(cmd, out, errp);
+    size_t n = 0;
+    char *e = th_read(errp, &n), *o = th_read(out, NULL);
+    cr_assert_eq(rc, 1, "%s: exit status %d, stderr: %s", args, rc, e);
+    cr_assert(strncmp(e, "coll-train: ", 12) == 0, "%s: stderr does not start with "
+                                                  "'coll-train: ': %s", args, e);
+    cr_assert(strchr(e, '\n') == e + n - 1, "%s: more than one line: %s", args, e);
+    cr_assert(strstr(e, needle), "%s: the message does not mention '%s': %s", args, needle, e);
+    cr_assert(o[0] == 0, "%s: wrote to stdout: %s", args, o);
+    cr_assert_eq(th_count_entries(dir), 0, "%s: wrote into %s", args, dir);
+    unlink(out);
+    unlink(errp);
+    th_rmrf(dir);
+    free(e), free(o), free(out), free(errp), free(cmd), free(dir);
+}
+
+Test(tp, cli_bad_input, .timeout = 60)
+{
+    refused("--heads 3 --channels 48 --tp 2", "heads");
+    refused("--tp 2 --ranks 3 --parallel ddp", "multiple of --tp");
+    refused("--sp", "--sp needs --tp");
+    refused("--tp 2 --ranks 4", "--parallel ddp");
+}
+
+/* coll-train --tp 2 and --tp 2 --ranks 4 --parallel ddp print one process's losses. */
+static char *final_line(const char *args)
+{
+    char *dir = th_tmpdir();
+    char *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir);
+    char *cmd = th_fmt("timeout 60 %s " SMALL " --steps 5 --quiet %s", cli_path(), args);
+    int rc = th_run(cmd, out, errp);
+    char *o = th_read(out, NULL), *e = th_read(errp, NULL);
+    cr_assert_eq(rc, 0, "%s: exit status %d: %s", args, rc, e);
+    char *d = strstr(o, "final loss");
+    cr_assert(d, "%s: no final loss in %s", args, o);
+    char *line = strndup(d, 11 + strcspn(d + 11, " |\n")); /* "final loss X" */
+    th_rmrf(dir);
+    free(o), free(e), free(out), free(errp), free(cmd), free(dir);
+    return line;
+}
+
+Test(tp, cli_losses_match_one_process, .timeout = 60)
+{
+    char *one = final_line("--batch 4");
+    char *tp2 = final_line("--batch 4 --tp 2");
+    char *grid = final_line("--batch 2 --tp 2 --ranks 4 --parallel ddp");
+    cr_log_info("one process: %s | --tp 2: %s | --tp 2 x ddp 2: %s\n", one, tp2, grid);
+    cr_assert_str_eq(tp2, one);
+    cr_assert_str_eq(grid, one);
+    free(one), free(tp2), free(grid);
+}
