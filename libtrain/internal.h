@@ -179,6 +179,9 @@ void train_block_view(const train_model *m, float *base, int l, train_block *out
  * final LayerNorm. -1 when out of memory. */
 int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
                       size_t *act_bytes, size_t *unit_len);
+/* The same for rank 0 of a tensor-parallel group of tp (local shapes). */
+int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, size_t *nparams,
+                         size_t *act_bytes, size_t *unit_len);
 /* Block l's parameters, wherever they live (block_params[l] or params). */
 void train_block_params_view(const train_model *m, int l, train_block *out);
 float *train_tensor(const train_model *m, float *base, const char *name);

@@ -204,7 +204,7 @@ static void die_rank(train_backend *b, const char *msg)
 }
 
 /* --plan: the table for every strategy. */
-static int print_plan(const train_options *o, int N, int accum, double fixed)
+static int print_plan(const train_options *o, int N, int accum, int tp, double fixed)
 {
     char line[256], msg[TRAIN_ERRLEN];
     size_t np = 0;
@@ -223,6 +223,18 @@ static int print_plan(const train_options *o, int N, int accum, double fixed)
             die(msg);
         train_plan_format(&r, line, sizeof line);
         printf("%s\n", line);
+    }
+    /* tensor parallel: T = --tp alone, and T x D = --ranks */
+    for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 2 : 1); k++) {
+        train_plan_row r;
+        long nb;
+        double ab;
+        int dp = k ? N / tp : 1;
+        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, fixed, &r, &nb, &ab, msg) != 0)
+            die(msg);
+        train_plan_format(&r, line, sizeof line);
+        printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
+               "bytes, %.2f MiB)\n", line, tp, dp, nb, ab, nb * ab / 1048576.0);
     }
     return 0;
 }
@@ -383,8 +395,10 @@ static int run(const cli *c, train_backend *b)
     {
         train_plan_row pr;
         char line[256];
-        if (train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->fixed, &pr, NULL,
+                                 NULL, msg)
+                 : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
+                              run_strategy(c, b), c->fixed, &pr, msg)) == 0) {
             train_plan_header(line, sizeof line);
             printf("plan (MiB per rank): %s\n", line);
             train_plan_format(&pr, line, sizeof line);
@@ -558,8 +572,10 @@ train:;
     }
     {
         train_plan_row pr;
-        if (train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), c->fixed, &pr, msg) == 0) {
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->fixed, &pr, NULL,
+                                 NULL, msg)
+                 : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
+                              run_strategy(c, b), c->fixed, &pr, msg)) == 0) {
             printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
                    pr.total / 1048576.0, pr.name);
             double mx = peak_rss;
@@ -864,7 +880,7 @@ int main(int argc, char **argv)
         check_writable_dir_of("--plot", plot);
 
     if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
-        return print_plan(&o, cl.ranks, cl.accum, fixed);
+        return print_plan(&o, cl.ranks, cl.accum, cl.tp, fixed);
     if (cl.sp && cl.tp < 2)
         die("--sp needs --tp 2 or more: sequence parallelism shards the regions that tensor "
             "parallelism leaves replicated");

@@ -207,9 +207,17 @@ static size_t layout_scratch(train_model *m, float *mem)
 int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
                       size_t *act_bytes, size_t *unit_len)
 {
+    return train_model_sizes_tp(cfg, B, T, 1, nparams, act_bytes, unit_len);
+}
+
+int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, size_t *nparams,
+                         size_t *act_bytes, size_t *unit_len)
+{
     train_model m;
     memset(&m, 0, sizeof m);
     m.cfg = *cfg;
+    m.tp = tp > 1 ? tp : 1;
+    m.vocab_local = (cfg->vocab + m.tp - 1) / m.tp;
     m.maxB = B;
     m.maxT = T;
     build_layout(&m);

@@ -498,3 +498,39 @@ void train_tp_set_trace(train_session *s, train_trace *tr, int rank)
     c->trace = tr;
     c->trace_rank = rank;
 }
+
+/* ---- the planner's rows ---------------------------------------------------------------- */
+
+int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, double fixed,
+                  train_plan_row *r, long *inblock, double *inblock_bytes, char *err)
+{
+    if (train_tp_config_check(cfg, tp, TRAIN_DEVICE_CPU, err) != 0)
+        return -1;
+    if (dp < 1 || B < 1 || S < 1) {
+        train_errf(err, "impossible plan: %d data-parallel groups, batch %d, seq %d", dp, B,
+                   S);
+        return -1;
+    }
+    size_t P = 0, A = 0;
+    if (train_model_sizes_tp(cfg, B, S, tp, &P, &A, NULL) != 0) {
+        train_errf(err, "out of memory planning");
+        return -1;
+    }
+    double f = 4.0, act = (double)B * S * cfg->channels * f; /* one B·S·C activation */
+    double ring_t = 2.0 * (tp - 1) / tp, ring_d = 2.0 * (dp - 1) / dp;
+    long nblock = 4L * cfg->layers;
+    memset(r, 0, sizeof *r);
+    r->name = dp > 1 ? "TPxDDP" : "TP";
+    r->params = f * P;
+    r->grads = f * P;
+    r->optim = 2 * f * P;
+    r->acts = (double)A;
+    r->fixed = fixed;
+    r->sent = ring_t * ((double)(nblock + 2) * act + 3.0 * B * S * f) + ring_d * f * P;
+    r->total = r->params + r->grads + r->optim + r->acts + r->fixed;
+    if (inblock)
+        *inblock = nblock;
+    if (inblock_bytes)
+        *inblock_bytes = act;
+    return 0;
+}

@@ -80,6 +80,17 @@ TRAIN_API int train_tp_f_backward(train_backend *b, float *dx, size_t n);
 TRAIN_API int train_tp_g_forward(train_backend *b, float *x, size_t n);
 TRAIN_API int train_tp_g_backward(train_backend *b, float *dx, size_t n);
 
+/* --plan's row for T x D ranks (D = 1: TP alone, else TP x DDP) at per-rank batch B x seq
+ * S: parameters, gradients, AdamW and activations of one rank's slice, and the bytes a rank
+ * sends per step (ring: 2(n-1)/n of each all-reduce): the 4 in-block all-reduces per block
+ * per step of B·S·C floats, the embedding's and the LM head's (B·S·C each), the loss's
+ * (3·B·S), and with D > 1 DDP's gradient all-reduce of the slice. *inblock gets the
+ * in-block all-reduce count per step and *inblock_bytes the bytes of each (may be NULL). */
+#include "plan.h"
+TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp,
+                            double fixed, train_plan_row *out, long *inblock,
+                            double *inblock_bytes, char *err);
+
 /* Parameter conversion between the single-process layout (full: train_num_params of the
  * T = 1 model) and rank r's local layout: shard copies r's slice out of full; unshard
  * writes local into its place in full (the replicated tensors too). */
