@@ -271,6 +271,17 @@ static void split_grid(const cli *c, train_backend *b, train_backend **tpb,
         die_rank(b, b->err);
 }
 
+/* Leaves the tensor- and data-parallel groups (after DDP is done with them: free DDP after
+ * this only touches its own memory). */
+static void grid_free(train_session *s, train_backend *tpb, train_backend *dpb)
+{
+    train_tp_detach(s);
+    if (tpb) {
+        dpb->destroy(dpb);
+        tpb->destroy(tpb);
+    }
+}
+
 /* One process's run: the single-process trainer (b == NULL), one DDP/FSDP rank, or one
  * rank of a tensor-parallel grid. */
 static int run(const cli *c, train_backend *b)
@@ -534,11 +545,6 @@ train:;
     if (tpb && c->trace && train_trace_gather_write(b, &tptrace, c->trace, msg) != 0)
         die_rank(b, msg);
     train_trace_free(&tptrace);
-    train_tp_detach(s);
-    if (tpb) {
-        db->destroy(db);
-        tpb->destroy(tpb);
-    }
     if (fs && train_fsdp_check_identical(fs, msg) != 0)
         die_rank(b, msg);
     if (fs && c->trace && train_fsdp_write_trace(fs, c->trace, msg) != 0)
@@ -546,6 +552,7 @@ train:;
     if (d && c->trace && train_ddp_write_trace(d, c->trace, msg) != 0)
         die_rank(b, msg);
     if (!root) {
+        grid_free(s, tpb, db);
         free(peaks);
         train_fsdp_free(fs);
         train_ddp_free(d);
@@ -620,6 +627,7 @@ train:;
     free(vsteps);
     free(vloss);
     free(sample);
+    grid_free(s, tpb, db);
     train_fsdp_free(fs);
     train_ddp_free(d);
     train_session_free(s);
