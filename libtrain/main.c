@@ -602,7 +602,7 @@ train:;
     if (fs && n > 0)
         printf("fsdp: every rank gathers bitwise the same weights | sent per rank per step "
                "%.0f bytes (ring formulas over the calls made)\n", sent_total / (double)n);
-    if ((d || fs) && c->trace)
+    if ((d || fs || tpb) && c->trace)
         printf("trace %s\n", c->trace);
     printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
     if (nv)

@@ -11,6 +11,10 @@
  *  - parity: 20 steps at T = 2 and T = 4 (--parallel none), and T = 2 x D = 2 with DDP,
  *    give the single process's loss on the same global batch within 1e-5 relative.
  *    The vocabulary is not a multiple of T (257, 258), so the padded rows are exercised.
+ *  - a rank killed in a 2 x 2 grid (ranks started as a launcher would, each its own
+ *    process) makes every other rank exit non-zero with a sentence naming itself within
+ *    seconds (the libcoll timeout is set to 2 s; they go in ~0.2 s, told by libcoll's
+ *    watch links).
  *  - the CLI: --tp runs and prints the same losses as one process; heads not a multiple
  *    of --tp, --ranks not a multiple of --tp, --sp without --tp are refused with one line,
  *    exit status 1 and nothing written.
@@ -27,7 +31,12 @@
 
 #include <coll_launch.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
 
 #include "ddp.h"
 #include "helpers.h"
@@ -434,4 +443,133 @@ Test(tp, cli_losses_match_one_process, .timeout = 60)
     cr_assert_str_eq(tp2, one);
     cr_assert_str_eq(grid, one);
     free(one), free(tp2), free(grid);
+}
+
+/* ---- a killed rank ---------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+Test(tp, killed_rank_in_a_2x2_grid_fails_the_others, .timeout = 60)
+{
+    enum { N = 4, VICTIM = 3 };
+    const char *cli = cli_path();
+    char *dir = th_tmpdir();
+    int port = free_port(), out[N];
+    pid_t pid[N];
+    char *errp[N];
+    char *cmd = th_fmt("exec '%s' --layers 2 --channels 32 --heads 4 --max-seq 32 --seq 16 "
+                       "--batch 2 --threads 1 --eval-every 0 --steps 1000000 --tp 2 "
+                       "--ranks 4 --parallel ddp", cli);
+    for (int r = 0; r < N; r++) {
+        int p[2];
+        cr_assert_eq(pipe(p), 0);
+        errp[r] = th_fmt("%s/rank%d.err", dir, r);
+        pid[r] = fork();
+        cr_assert(pid[r] >= 0);
+        if (pid[r] == 0) {
+            char rank[16], addr[32];
+            snprintf(rank, sizeof rank, "%d", r);
+            snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+            setenv("COLL_RANK", rank, 1);
+            setenv("COLL_WORLD_SIZE", "4", 1);
+            setenv("COLL_ADDR", addr, 1);
+            setenv("COLL_TIMEOUT_MS", "2000", 1);
+            dup2(p[1], 1);
+            if (!freopen(errp[r], "w", stderr))
+                _exit(126);
+            close(p[0]);
+            close(p[1]);
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        close(p[1]);
+        out[r] = p[0];
+    }
+    /* training is under way once rank 0 printed step 3 (it flushes every step) */
+    char buf[8192];
+    size_t have = 0;
+    double t_end = now_s() + 20;
+    while (!memmem(buf, have, "step     3/", 11)) {
+        struct pollfd pf = {.fd = out[0], .events = POLLIN};
+        int left = (int)((t_end - now_s()) * 1000);
+        ssize_t k = left > 0 && poll(&pf, 1, left) > 0 ? read(out[0], buf + have, 256) : -1;
+        if (k <= 0 || have + (size_t)k > sizeof buf - 256) {
+            for (int r = 0; r < N; r++)
+                kill(pid[r], SIGKILL), waitpid(pid[r], NULL, 0);
+            cr_assert_fail("rank 0 never printed step 3: %s", th_read(errp[0], NULL));
+        }
+        have += (size_t)k;
+    }
+    kill(pid[VICTIM], SIGKILL);
+    double t_kill = now_s();
+    waitpid(pid[VICTIM], NULL, 0);
+    for (int r = 0; r < N; r++) {
+        if (r == VICTIM)
+            continue;
+        for (;;) { /* the survivor's stdout reaches EOF when it exits */
+            struct pollfd pf = {.fd = out[r], .events = POLLIN};
+            int left = (int)((t_kill + 10 - now_s()) * 1000);
+            if (left <= 0 || poll(&pf, 1, left) <= 0) {
+                for (int q = 0; q < N; q++)
+                    if (q != VICTIM)
+                        kill(pid[q], SIGKILL), waitpid(pid[q], NULL, 0);
+                cr_assert_fail("rank %d still running 10 s after rank %d was killed", r,
+                               VICTIM);
+            }
+            if (read(out[r], buf, sizeof buf) <= 0)
+                break;
+        }
+        int st = 0;
+        waitpid(pid[r], &st, 0);
+        char *e = th_read(errp[r], NULL), want[32];
+        snprintf(want, sizeof want, "coll-train: rank %d of 4:", r);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1,
+                  "rank %d did not exit with status 1 (status %d): %s", r, st, e);
+        cr_assert(e && strstr(e, want), "rank %d's error does not say who it is: %s", r, e);
+        cr_log_info("rank %d exited %.2f s after the kill: %s", r, now_s() - t_kill, e);
+        free(e);
+        close(out[r]);
+    }
+    close(out[VICTIM]);
+    for (int r = 0; r < N; r++)
+        free(errp[r]);
+    free(cmd);
+    th_rmrf(dir);
+    free(dir);
+}
+
+/* --trace with --tp: each rank's in-block all-reduces (g attn, g mlp, f attn, f mlp). */
+Test(tp, cli_trace_shows_the_in_block_all_reduces, .timeout = 60)
+{
+    char *dir = th_tmpdir();
+    char *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir),
+         *tr = th_fmt("%s/t.json", dir);
+    char *cmd = th_fmt("timeout 60 %s " SMALL " --steps 2 --quiet --tp 2 --trace %s",
+                       cli_path(), tr);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL), *t = th_read(tr, NULL);
+    cr_assert_eq(rc, 0, "exit status %d: %s", rc, e);
+    cr_assert(t, "no trace written");
+    const char *names[] = {"\"g attn\"", "\"g mlp\"", "\"f attn\"", "\"f mlp\"",
+                           "\"loss sums\"", "\"rank 1\""};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        cr_assert(strstr(t, names[i]), "the trace has no %s", names[i]);
+    th_rmrf(dir);
+    free(e), free(t), free(out), free(errp), free(tr), free(cmd), free(dir);
 }
