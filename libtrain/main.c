@@ -85,7 +85,8 @@ static void usage(FILE *f)
         "tensor parallel:\n"
         "  --tp T            split every block (heads, MLP rows) and the vocabulary over T\n"
         "                    ranks (Megatron layout); --ranks N = T x D, --parallel along D\n"
-        "  --sp              sequence parallelism inside the TP group (not built yet)\n"
+        "  --sp              with --tp: sequence parallelism (residual stream and\n"
+        "                    LayerNorms sharded along batch*seq over the TP group)\n"
         "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
 }
 
@@ -204,7 +205,7 @@ static void die_rank(train_backend *b, const char *msg)
 }
 
 /* --plan: the table for every strategy. */
-static int print_plan(const train_options *o, int N, int accum, int tp, double fixed)
+static int print_plan(const train_options *o, int N, int accum, int tp, int sp, double fixed)
 {
     char line[256], msg[TRAIN_ERRLEN];
     size_t np = 0;
@@ -230,7 +231,7 @@ static int print_plan(const train_options *o, int N, int accum, int tp, double f
         long nb;
         double ab;
         int dp = k ? N / tp : 1;
-        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, fixed, &r, &nb, &ab, msg) != 0)
+        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, fixed, &r, &nb, &ab, msg) != 0)
             die(msg);
         train_plan_format(&r, line, sizeof line);
         printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
@@ -293,6 +294,7 @@ static int run(const cli *c, train_backend *b)
         split_grid(c, b, &tpb, &db);
         o.tp = c->tp;
         o.tp_rank = tpb->rank;
+        o.sp = c->sp;
     }
     train_trace tptrace = {0};
     const char *ckpt_dir = c->ckpt_dir, *resume = c->resume, *plot = c->plot,
@@ -389,10 +391,11 @@ static int run(const cli *c, train_backend *b)
     if (tpb)
         printf("coll-train: tensor parallel: %d x %d grid (%s backend): T = %d ranks per "
                "tensor-parallel group (heads %d, MLP rows %d, vocabulary rows %d of %d per "
-               "rank), D = %d data-parallel groups (--parallel %s); %zu parameters per rank\n",
+               "rank), D = %d data-parallel groups (--parallel %s); %zu parameters per rank%s\n",
                c->tp, b->nranks / c->tp, b->name, c->tp, cfg->heads / c->tp,
                4 * cfg->channels / c->tp, (cfg->vocab + c->tp - 1) / c->tp, cfg->vocab,
-               b->nranks / c->tp, c->ddp ? "ddp" : "none", np);
+               b->nranks / c->tp, c->ddp ? "ddp" : "none", np,
+               c->sp ? "; sequence parallel (--sp)" : "");
     if (fs) {
         printf("coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s per step: "
                "global batch %d x seq %d; %d units:\n",
@@ -406,7 +409,7 @@ static int run(const cli *c, train_backend *b)
     {
         train_plan_row pr;
         char line[256];
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->fixed, &pr, NULL,
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, c->fixed, &pr, NULL,
                                  NULL, msg)
                  : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
                               run_strategy(c, b), c->fixed, &pr, msg)) == 0) {
@@ -579,7 +582,7 @@ train:;
     }
     {
         train_plan_row pr;
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->fixed, &pr, NULL,
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, c->fixed, &pr, NULL,
                                  NULL, msg)
                  : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
                               run_strategy(c, b), c->fixed, &pr, msg)) == 0) {
@@ -888,12 +891,16 @@ int main(int argc, char **argv)
         check_writable_dir_of("--plot", plot);
 
     if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
-        return print_plan(&o, cl.ranks, cl.accum, cl.tp, fixed);
+        return print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
     if (cl.sp && cl.tp < 2)
         die("--sp needs --tp 2 or more: sequence parallelism shards the regions that tensor "
             "parallelism leaves replicated");
-    if (cl.sp)
-        die("--sp: sequence parallelism is not built yet; run --tp without it");
+    if (cl.sp && ((long)o.batch * o.seq) % cl.tp != 0) {
+        snprintf(msg, sizeof msg, "--sp: batch x seq (%d x %d) is not a multiple of --tp %d: "
+                 "each rank holds batch*seq/T rows of the residual stream", o.batch, o.seq,
+                 cl.tp);
+        die(msg);
+    }
     if (cl.tp > 1) {
         if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0)
             die(msg);

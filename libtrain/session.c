@@ -39,7 +39,8 @@ train_session *train_session_create(const train_options *opt, char *err)
     if (!s->data)
         goto fail;
     s->model = train_model_create_tp(&opt->cfg, opt->batch, opt->seq, opt->device,
-                                     opt->threads, opt->seed, opt->tp, opt->tp_rank, err);
+                                     opt->threads, opt->seed, opt->tp, opt->tp_rank, opt->sp,
+                                     err);
     if (!s->model)
         goto fail;
     s->pos.seed = opt->seed;

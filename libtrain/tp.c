@@ -15,6 +15,7 @@
 #include "trace.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +28,41 @@ struct train_tp_ctx {
     size_t buf_n;
     train_trace *trace;
     int trace_rank;
+    /* sequence parallelism: staging for gathers and scatters, (N,C) each, and the
+     * LayerNorm partial gradients (2C) */
+    float *full, *stage, *part;
+    size_t full_n, stage_n, part_n;
 };
+
+void train_tp_fail(train_model *m, const char *fmt, ...)
+{
+    train_tp_ctx *c = m->tpc;
+    if (!c || c->failed)
+        return;
+    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[TRAIN_ERRLEN];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    train_errf(c->err, "%s", msg);
+}
+
+/* *p holds at least n floats (grown on demand); NULL (and the context failed) when out of
+ * memory. */
+static float *room(train_model *m, float **p, size_t *have, size_t n)
+{
+    if (*have < n) {
+        float *q = realloc(*p, n * sizeof(float));
+        if (!q) {
+            train_tp_fail(m, "out of memory for %zu floats of tensor-parallel staging", n);
+            return NULL;
+        }
+        *p = q;
+        *have = n;
+    }
+    return *p;
+}
 
 /* ---- the split of each tensor ------------------------------------------------------- */
 
@@ -127,8 +162,8 @@ static int layouts(const train_config *cfg, int tp, int rank, train_model **full
         return -1;
     }
     /* models of batch 1 x 1: the layouts without meaningful activation memory */
-    *full = train_model_create_tp(cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 0, 1, 0, err);
-    *loc = *full ? train_model_create_tp(cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 0, tp, rank, err)
+    *full = train_model_create_tp(cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 0, 1, 0, 0, err);
+    *loc = *full ? train_model_create_tp(cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 0, tp, rank, 0, err)
                  : NULL;
     if (!*loc) {
         train_model_free(*full);
@@ -224,14 +259,127 @@ static void all_reduce(train_model *m, float *buf, size_t n, const char *what, i
         train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, what, t0, t1);
 }
 
+/* Blocking reduce-scatter (sum) of send (T*recvcount) into this rank's block, written to
+ * the first recvcount floats of send itself (through the staging buffer: the backend's
+ * receive buffer must not overlap its send buffer). */
+static void reduce_scatter(train_model *m, float *buf, size_t recvcount, const char *what,
+                           int block)
+{
+    train_tp_ctx *c = m->tpc;
+    float *st = room(m, &c->stage, &c->stage_n, recvcount);
+    if (c->failed || !st)
+        return;
+    double t0 = train_now();
+    train_req req = TRAIN_REQ_DONE;
+    int rc = c->b->reduce_scatter(c->b, buf, st, recvcount, TRAIN_REDUCE_SUM, &req);
+    collective_done(c, rc, req, what);
+    memcpy(buf, st, recvcount * sizeof(float));
+    double t1 = train_now();
+    c->st.calls++;
+    if (block) {
+        c->st.block_calls++;
+        c->st.bytes += (double)recvcount * m->tp * sizeof(float);
+        c->st.ms += (t1 - t0) * 1e3;
+    } else {
+        c->st.other_ms += (t1 - t0) * 1e3;
+    }
+    if (c->trace)
+        train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, what, t0, t1);
+}
+
+/* Blocking all-gather of send (count floats) from every rank into recv (T*count). */
+static void all_gather(train_model *m, const float *send, float *recv, size_t count,
+                       const char *what, int block)
+{
+    train_tp_ctx *c = m->tpc;
+    if (c->failed)
+        return;
+    double t0 = train_now();
+    train_req req = TRAIN_REQ_DONE;
+    int rc = c->b->all_gather(c->b, send, recv, count * sizeof(float), &req);
+    collective_done(c, rc, req, what);
+    double t1 = train_now();
+    c->st.calls++;
+    if (block) {
+        c->st.block_calls++;
+        c->st.bytes += (double)count * m->tp * sizeof(float);
+        c->st.ms += (t1 - t0) * 1e3;
+    } else {
+        c->st.other_ms += (t1 - t0) * 1e3;
+    }
+    if (c->trace)
+        train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, what, t0, t1);
+}
+
+/* f backward: the column-parallel Linear's input gradient, summed over the group; under
+ * SP only this rank's rows of the sum are needed (the LayerNorm below holds only those). */
 void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what)
 {
-    all_reduce(m, buf, n, what, 1);
+    if (m->sp)
+        reduce_scatter(m, buf, n / m->tp, what, 1);
+    else
+        all_reduce(m, buf, n, what, 1);
 }
 
 void train_tp_head_reduce(train_model *m, float *buf, size_t n)
 {
-    all_reduce(m, buf, n, "f head", 0);
+    if (m->sp)
+        reduce_scatter(m, buf, n / m->tp, "f head", 0);
+    else
+        all_reduce(m, buf, n, "f head", 0);
+}
+
+/* f forward under SP: rows [r*Nr, r*Nr + Nr) of buf, from every rank r, into buf. */
+void train_tp_sp_gather(train_model *m, float *buf, int Nr, int C, const char *what)
+{
+    train_tp_ctx *c = m->tpc;
+    size_t n = (size_t)Nr * C;
+    float *st = room(m, &c->stage, &c->stage_n, n);
+    if (!st)
+        return;
+    memcpy(st, buf + (size_t)m->tp_rank * n, n * sizeof(float));
+    all_gather(m, st, buf, n, what, !!strncmp(what, "f head", 6));
+}
+
+/* g backward under SP: every rank's rows of the residual gradient, (N,C). */
+const float *train_tp_sp_gather_grad(train_model *m, const float *dres, int Nr, int C,
+                                     const char *what)
+{
+    train_tp_ctx *c = m->tpc;
+    size_t n = (size_t)Nr * C;
+    float *full = room(m, &c->full, &c->full_n, n * m->tp);
+    if (!full)
+        return dres; /* failed: the numbers no longer matter */
+    all_gather(m, dres, full, n, what, 1);
+    return full;
+}
+
+float *train_tp_ln_partial(train_model *m)
+{
+    train_tp_ctx *c = m->tpc;
+    size_t n = 2 * (size_t)m->cfg.channels;
+    if (!room(m, &c->part, &c->part_n, n)) {
+        static float sink[2 * 65536]; /* failed: somewhere harmless to write */
+        return sink;
+    }
+    memset(c->part, 0, n * sizeof(float));
+    return c->part;
+}
+
+/* Each rank's LayerNorm saw only its rows: dw = sum over ranks of the partial sums (the
+ * reduction Megatron-LM #1446 was about: without it the replicated weights drift apart). */
+void train_tp_ln_partial_done(train_model *m, float *dw, float *db, const char *what)
+{
+    train_tp_ctx *c = m->tpc;
+    int C = m->cfg.channels;
+    if (!c->part || c->part_n < 2 * (size_t)C)
+        return;
+    all_reduce(m, c->part, 2 * (size_t)C, what, 0);
+    for (int i = 0; i < C; i++) {
+        dw[i] += c->part[i];
+        db[i] += c->part[C + i];
+    }
+    memset(c->part, 0, 2 * (size_t)C * sizeof(float)); /* ready for the next LayerNorm */
 }
 
 /* out (N,C) holds this rank's partial product x_r W_r^T of a row-parallel Linear:
@@ -239,7 +387,12 @@ void train_tp_head_reduce(train_model *m, float *buf, size_t n)
 void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,
                          const char *what)
 {
-    all_reduce(m, out, (size_t)N * C, what, 1);
+    if (m->sp) { /* g under SP: only this rank's rows of the sum */
+        N /= m->tp;
+        reduce_scatter(m, out, (size_t)N * C, what, 1);
+    } else {
+        all_reduce(m, out, (size_t)N * C, what, 1);
+    }
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
         for (int i = 0; i < C; i++)
@@ -254,6 +407,28 @@ void train_tp_embed_forward(train_model *m, float *out, const int *inp, const fl
                             const float *wpe, int B, int T, int C)
 {
     int Vl = m->vocab_local, lo = m->tp_rank * Vl;
+    if (m->sp) { /* the sum reduce-scattered: this rank's N/T rows, then their positions */
+        train_tp_ctx *c = m->tpc;
+        int N = B * T, Nr = N / m->tp;
+        float *full = room(m, &c->full, &c->full_n, (size_t)N * C);
+        if (!full)
+            return;
+        for (int bt = 0; bt < N; bt++) {
+            int id = inp[bt] - lo;
+            if (id >= 0 && id < Vl)
+                memcpy(full + (size_t)bt * C, wte + (size_t)id * C, (size_t)C * sizeof(float));
+            else
+                memset(full + (size_t)bt * C, 0, (size_t)C * sizeof(float));
+        }
+        reduce_scatter(m, full, (size_t)Nr * C, "embedding", 0);
+        for (int i = 0; i < Nr; i++) {
+            const float *pe = wpe + (size_t)((m->tp_rank * Nr + i) % T) * C;
+            float *o = out + (size_t)i * C;
+            for (int k = 0; k < C; k++)
+                o[k] = full[(size_t)i * C + k] + pe[k];
+        }
+        return;
+    }
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
         int id = inp[bt] - lo;
@@ -278,6 +453,15 @@ void train_tp_embed_backward(train_model *m, float *dwte, float *dwpe, const flo
                              const int *inp, int B, int T, int C)
 {
     int Vl = m->vocab_local, lo = m->tp_rank * Vl;
+    if (m->sp) { /* all rows of the gradient (reduce-scatter's backward is an all-gather) */
+        train_tp_ctx *c = m->tpc;
+        size_t n = (size_t)B * T / m->tp * C;
+        float *full = room(m, &c->full, &c->full_n, n * m->tp);
+        if (!full)
+            return;
+        all_gather(m, dout, full, n, "embedding bwd", 0);
+        dout = full;
+    }
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float *d = dout + ((size_t)b * T + t) * C;
@@ -464,6 +648,9 @@ void train_tp_detach(train_session *s)
     if (!s || !s->model || !s->model->tpc)
         return;
     free(s->model->tpc->buf);
+    free(s->model->tpc->full);
+    free(s->model->tpc->stage);
+    free(s->model->tpc->part);
     free(s->model->tpc);
     s->model->tpc = NULL;
 }
@@ -501,8 +688,9 @@ void train_tp_set_trace(train_session *s, train_trace *tr, int rank)
 
 /* ---- the planner's rows ---------------------------------------------------------------- */
 
-int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, double fixed,
-                  train_plan_row *r, long *inblock, double *inblock_bytes, char *err)
+int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
+                  double fixed, train_plan_row *r, long *inblock, double *inblock_bytes,
+                  char *err)
 {
     if (train_tp_config_check(cfg, tp, TRAIN_DEVICE_CPU, err) != 0)
         return -1;
@@ -512,7 +700,7 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, double 
         return -1;
     }
     size_t P = 0, A = 0;
-    if (train_model_sizes_tp(cfg, B, S, tp, &P, &A, NULL) != 0) {
+    if (train_model_sizes_tp(cfg, B, S, tp, sp, &P, &A, NULL) != 0) {
         train_errf(err, "out of memory planning");
         return -1;
     }
@@ -520,7 +708,7 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, double 
     double ring_t = 2.0 * (tp - 1) / tp, ring_d = 2.0 * (dp - 1) / dp;
     long nblock = 4L * cfg->layers;
     memset(r, 0, sizeof *r);
-    r->name = dp > 1 ? "TPxDDP" : "TP";
+    r->name = dp > 1 ? (sp ? "SPxDDP" : "TPxDDP") : sp ? "TP+SP" : "TP";
     r->params = f * P;
     r->grads = f * P;
     r->optim = 2 * f * P;

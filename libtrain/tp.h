@@ -84,10 +84,12 @@ TRAIN_API int train_tp_g_backward(train_backend *b, float *dx, size_t n);
  * S: parameters, gradients, AdamW and activations of one rank's slice, and the bytes a rank
  * sends per step (ring: 2(n-1)/n of each all-reduce): the 4 in-block all-reduces per block
  * per step of B·S·C floats, the embedding's and the LM head's (B·S·C each), the loss's
- * (3·B·S), and with D > 1 DDP's gradient all-reduce of the slice. *inblock gets the
+ * (3·B·S), and with D > 1 DDP's gradient all-reduce of the slice. With sp the residual
+ * stream's activations are divided by T and every in-block all-reduce is an all-gather
+ * plus a reduce-scatter of the same bytes on the wire (ring: (n-1)/n each). *inblock gets the
  * in-block all-reduce count per step and *inblock_bytes the bytes of each (may be NULL). */
 #include "plan.h"
-TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp,
+TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
                             double fixed, train_plan_row *out, long *inblock,
                             double *inblock_bytes, char *err);
 

@@ -9,7 +9,9 @@
  *    by tensor, LayerNorms and embeddings included, and every rank holds the same
  *    gradients for the replicated tensors.
  *  - parity: 20 steps at T = 2 and T = 4 (--parallel none), and T = 2 x D = 2 with DDP,
- *    give the single process's loss on the same global batch within 1e-5 relative.
+ *    give the single process's loss on the same global batch within 1e-5 relative;
+ *    all of it again with sequence parallelism (--sp), gradients included — without the
+ *    LayerNorm gradients' all-reduce over the group (Megatron #1446) those fail.
  *    The vocabulary is not a multiple of T (257, 258), so the padded rows are exercised.
  *  - a rank killed in a 2 x 2 grid (ranks started as a launcher would, each its own
  *    process) makes every other rank exit non-zero with a sentence naming itself within
@@ -143,7 +145,7 @@ Test(tp, mappings_input_is_rank, .timeout = 30)
 /* ---- a T x D grid of ranks ------------------------------------------------------------ */
 
 typedef struct job {
-    int tp, dp, ddp, steps, vocab;
+    int tp, dp, ddp, steps, vocab, sp;
     int grads;        /* 1: one forward/backward, report the gradients */
     size_t np;        /* floats per rank slot (the full model's count: a slice is smaller) */
     float *loss;      /* [rank][step] */
@@ -170,6 +172,7 @@ static int grid_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     train_options o = options(j->vocab, B);
     o.tp = j->tp;
     o.tp_rank = tpb->rank;
+    o.sp = j->sp;
     s = train_session_create(&o, err);
     if (!s || train_tp_attach(s, tpb, err) != 0)
         goto out;
@@ -219,9 +222,10 @@ out:
     return rc;
 }
 
-static job *run_grid(int tp, int dp, int ddp, int grads, int vocab)
+static job *run_grid(int tp, int dp, int ddp, int grads, int vocab, int sp)
 {
     job *j = shared_alloc(sizeof *j);
+    j->sp = sp;
     j->tp = tp;
     j->dp = dp;
     j->ddp = ddp;
@@ -260,11 +264,11 @@ static void reference_losses(int vocab, int dp, float *out)
     train_session_free(s);
 }
 
-static void check_parity(int tp, int dp, int ddp, int vocab)
+static void check_parity(int tp, int dp, int ddp, int vocab, int sp)
 {
     float ref[STEPS];
     reference_losses(vocab, dp, ref);
-    job *j = run_grid(tp, dp, ddp, 0, vocab);
+    job *j = run_grid(tp, dp, ddp, 0, vocab, sp);
     double worst = 0.0;
     for (int r = 0; r < tp * dp; r++)
         for (int i = 0; i < STEPS; i++) {
@@ -272,21 +276,26 @@ static void check_parity(int tp, int dp, int ddp, int vocab)
             double rel = fabs((double)l - ref[i]) / fabs((double)ref[i]);
             worst = rel > worst ? rel : worst;
             cr_assert(rel <= LOSS_RELTOL,
-                      "T=%d D=%d%s rank %d step %d: loss %.7f, one process %.7f (relative "
+                      "T=%d D=%d%s%s rank %d step %d: loss %.7f, one process %.7f (relative "
                       "%.2e > %.0e)",
-                      tp, dp, ddp ? " DDP" : "", r, i + 1, l, ref[i], rel, LOSS_RELTOL);
+                      tp, dp, ddp ? " DDP" : "", sp ? " SP" : "", r, i + 1, l, ref[i], rel,
+                      LOSS_RELTOL);
         }
-    cr_log_info("T=%d D=%d%s: %d steps, worst relative loss difference %.2e (last loss "
-                "%.6f)\n", tp, dp, ddp ? " DDP" : "", STEPS, worst, ref[STEPS - 1]);
+    cr_log_info("T=%d D=%d%s%s: %d steps, worst relative loss difference %.2e (last loss "
+                "%.6f)\n", tp, dp, ddp ? " DDP" : "", sp ? " SP" : "", STEPS, worst,
+                ref[STEPS - 1]);
     free_grid(j);
 }
 
-Test(tp, parity_t2, .timeout = 60) { check_parity(2, 1, 0, 257); }
-Test(tp, parity_t4, .timeout = 60) { check_parity(4, 1, 0, 258); }
-Test(tp, parity_t2_ddp2, .timeout = 60) { check_parity(2, 2, 1, 256); }
+Test(tp, parity_t2, .timeout = 60) { check_parity(2, 1, 0, 257, 0); }
+Test(tp, parity_t4, .timeout = 60) { check_parity(4, 1, 0, 258, 0); }
+Test(tp, parity_t2_ddp2, .timeout = 60) { check_parity(2, 2, 1, 256, 0); }
+Test(tp, parity_t2_sp, .timeout = 60) { check_parity(2, 1, 0, 257, 1); }
+Test(tp, parity_t4_sp, .timeout = 60) { check_parity(4, 1, 0, 258, 1); }
+Test(tp, parity_t2_sp_ddp2, .timeout = 60) { check_parity(2, 2, 1, 256, 1); }
 
 /* One backward on T ranks, gathered, against one process: tensor by tensor. */
-static void check_grads(int tp, int vocab)
+static void check_grads(int tp, int vocab, int sp)
 {
     char err[TRAIN_ERRLEN];
     train_options o = options(vocab, B);
@@ -303,7 +312,7 @@ static void check_grads(int tp, int vocab)
     float *ref = malloc(np * sizeof(float));
     train_copy_grads_to_host(m, ref);
 
-    job *j = run_grid(tp, 1, 0, 1, vocab);
+    job *j = run_grid(tp, 1, 0, 1, vocab, sp);
     cr_assert_eq(j->np, np);
     /* gathered: every rank's slice in its place (the replicated tensors from rank 0, the
      * last written); then each rank's own unshard must not change it, i.e. every rank holds
@@ -327,16 +336,16 @@ static void check_grads(int tp, int vocab)
     for (int i = 0; i < train_num_tensors(m); i++) {
         const train_param *p = train_param_info(m, i);
         double rel = th_relerr(full + p->offset, ref + p->offset, p->numel);
-        cr_assert(rel <= GRAD_RELTOL, "T=%d: gradient of %s differs from one process's by "
+        cr_assert(rel <= GRAD_RELTOL, "T=%d%s: gradient of %s differs from one process's by "
                                       "%.2e relative (> %.0e)",
-                  tp, p->name, rel, GRAD_RELTOL);
+                  tp, sp ? " SP" : "", p->name, rel, GRAD_RELTOL);
         if (rel > worst) {
             worst = rel;
             worst_name = p->name;
         }
     }
-    cr_log_info("T=%d: %d gradient tensors within %.2e relative (worst %s)\n", tp,
-                train_num_tensors(m), worst, worst_name);
+    cr_log_info("T=%d%s: %d gradient tensors within %.2e relative (worst %s)\n", tp,
+                sp ? " SP" : "", train_num_tensors(m), worst, worst_name);
     free(full);
     free(mine);
     free(ref);
@@ -346,8 +355,10 @@ static void check_grads(int tp, int vocab)
     train_session_free(s);
 }
 
-Test(tp, gradients_t2, .timeout = 30) { check_grads(2, 257); }
-Test(tp, gradients_t4, .timeout = 30) { check_grads(4, 258); }
+Test(tp, gradients_t2, .timeout = 30) { check_grads(2, 257, 0); }
+Test(tp, gradients_t4, .timeout = 30) { check_grads(4, 258, 0); }
+Test(tp, gradients_t2_sp, .timeout = 30) { check_grads(2, 257, 1); }
+Test(tp, gradients_t4_sp, .timeout = 30) { check_grads(4, 258, 1); }
 
 /* shard then unshard is the identity on the single-process layout */
 Test(tp, shard_unshard_roundtrip, .timeout = 10)
@@ -415,6 +426,7 @@ Test(tp, cli_bad_input, .timeout = 60)
     refused("--tp 2 --ranks 3 --parallel ddp", "multiple of --tp");
     refused("--sp", "--sp needs --tp");
     refused("--tp 2 --ranks 4", "--parallel ddp");
+    refused("--tp 4 --sp --batch 1 --seq 3 --max-seq 8", "multiple of --tp");
 }
 
 /* coll-train --tp 2 and --tp 2 --ranks 4 --parallel ddp print one process's losses. */
@@ -439,10 +451,13 @@ Test(tp, cli_losses_match_one_process, .timeout = 60)
     char *one = final_line("--batch 4");
     char *tp2 = final_line("--batch 4 --tp 2");
     char *grid = final_line("--batch 2 --tp 2 --ranks 4 --parallel ddp");
-    cr_log_info("one process: %s | --tp 2: %s | --tp 2 x ddp 2: %s\n", one, tp2, grid);
+    char *sp = final_line("--batch 4 --tp 4 --sp");
+    cr_log_info("one process: %s | --tp 2: %s | --tp 2 x ddp 2: %s | --tp 4 --sp: %s\n", one,
+                tp2, grid, sp);
     cr_assert_str_eq(tp2, one);
     cr_assert_str_eq(grid, one);
-    free(one), free(tp2), free(grid);
+    cr_assert_str_eq(sp, one);
+    free(one), free(tp2), free(grid), free(sp);
 }
 
 /* ---- a killed rank ---------------------------------------------------------------------- */
