@@ -567,7 +567,8 @@ train:;
         return 0;
     }
     if (tpb && n > 1)
-        printf("tp: per step after the first: %.1f in-block all-reduces of %.0f bytes, "
+        printf("tp: per step after the first: %.1f in-block collectives (all-reduces; with "
+               "--sp all-gathers and reduce-scatters) over %.0f bytes, "
                "%.2f ms (%.1f%% of the step), %.2f ms in the embedding/loss/norm "
                "collectives\n",
                (double)tp_calls / (double)(n - 1), tp_calls ? tp_bytes / (double)tp_calls : 0.0,
