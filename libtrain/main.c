@@ -291,6 +291,12 @@ static int run(const cli *c, train_backend *b)
     /* db: the data-parallel group DDP runs over (the whole job without --tp) */
     train_backend *tpb = NULL, *db = b;
     if (b && c->tp > 1) {
+        if (b->nranks % c->tp != 0 || (!c->ddp && b->nranks != c->tp)) {
+            char why[TRAIN_ERRLEN];
+            snprintf(why, sizeof why, "%d ranks cannot form --tp %d groups%s", b->nranks,
+                     c->tp, c->ddp ? "" : " without --parallel ddp");
+            die_rank(b, why);
+        }
         split_grid(c, b, &tpb, &db);
         o.tp = c->tp;
         o.tp_rank = tpb->rank;
@@ -905,14 +911,16 @@ int main(int argc, char **argv)
     if (cl.tp > 1) {
         if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0)
             die(msg);
-        if (!cl.ranks_given && !launched_by_someone())
+        /* under a launcher (or mpirun re-running us) the world size is checked by run() */
+        int launched = launched_by_someone() && !cl.ranks_given;
+        if (!cl.ranks_given && !launched)
             cl.ranks = cl.tp;
-        if (cl.ranks % cl.tp != 0) {
+        if (!launched && cl.ranks % cl.tp != 0) {
             snprintf(msg, sizeof msg, "--ranks %d is not a multiple of --tp %d: the ranks "
                      "form a T x D grid", cl.ranks, cl.tp);
             die(msg);
         }
-        if (!cl.ddp && cl.ranks != cl.tp) {
+        if (!launched && !cl.ddp && cl.ranks != cl.tp) {
             snprintf(msg, sizeof msg, "--ranks %d with --tp %d makes %d data-parallel groups: "
                      "say --parallel ddp (or --ranks %d)", cl.ranks, cl.tp, cl.ranks / cl.tp,
                      cl.tp);
@@ -920,9 +928,9 @@ int main(int argc, char **argv)
         }
         if (cl.fsdp)
             die("--tp with --parallel fsdp is not built yet; use --parallel ddp or none");
-        if (cl.mpi || cl.nccl)
-            die("--tp runs over libcoll only for now (its groups are coll_comm_split "
-                "sub-communicators); use --backend coll");
+        if (cl.nccl)
+            die("--tp runs on the CPU model over libcoll or Open MPI; --backend nccl is for "
+                "--parallel ddp");
         if (ckpt_dir || resume)
             die("--tp does not write or resume checkpoints yet");
         if (cl.trace && cl.ddp)

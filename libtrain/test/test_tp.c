@@ -588,3 +588,17 @@ Test(tp, cli_trace_shows_the_in_block_all_reduces, .timeout = 60)
     th_rmrf(dir);
     free(e), free(t), free(out), free(errp), free(tr), free(cmd), free(dir);
 }
+
+/* The grid over Open MPI (MPI_Comm_split) prints the same final loss as one process. */
+Test(tp, cli_over_open_mpi, .timeout = 120)
+{
+    if (!train_backend_mpi_built())
+        cr_skip_test("this build has no Open MPI backend (install libopenmpi-dev)");
+    if (system("command -v mpirun.openmpi >/dev/null 2>&1") != 0)
+        cr_skip_test("mpirun.openmpi is not installed (Debian: openmpi-bin)");
+    char *one = final_line("--batch 4");
+    char *grid = final_line("--batch 2 --tp 2 --sp --ranks 4 --parallel ddp --backend mpi");
+    cr_log_info("one process: %s | --tp 2 --sp x ddp 2 over Open MPI: %s\n", one, grid);
+    cr_assert_str_eq(grid, one);
+    free(one), free(grid);
+}
