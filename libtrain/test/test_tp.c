@@ -485,51 +485,68 @@ Test(tp, killed_rank_in_a_2x2_grid_fails_the_others, .timeout = 60)
     enum { N = 4, VICTIM = 3 };
     const char *cli = cli_path();
     char *dir = th_tmpdir();
-    int port = free_port(), out[N];
+    int out[N];
     pid_t pid[N];
-    char *errp[N];
+    char *errp[N] = {0};
+    char buf[8192];
     char *cmd = th_fmt("exec '%s' --layers 2 --channels 32 --heads 4 --max-seq 32 --seq 16 "
                        "--batch 2 --threads 1 --eval-every 0 --steps 1000000 --tp 2 "
                        "--ranks 4 --parallel ddp", cli);
-    for (int r = 0; r < N; r++) {
-        int p[2];
-        cr_assert_eq(pipe(p), 0);
-        errp[r] = th_fmt("%s/rank%d.err", dir, r);
-        pid[r] = fork();
-        cr_assert(pid[r] >= 0);
-        if (pid[r] == 0) {
-            char rank[16], addr[32];
-            snprintf(rank, sizeof rank, "%d", r);
-            snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-            setenv("COLL_RANK", rank, 1);
-            setenv("COLL_WORLD_SIZE", "4", 1);
-            setenv("COLL_ADDR", addr, 1);
-            setenv("COLL_TIMEOUT_MS", "2000", 1);
-            dup2(p[1], 1);
-            if (!freopen(errp[r], "w", stderr))
-                _exit(126);
-            close(p[0]);
+    /* another process may take the free port before rank 0 listens on it: then try a new
+     * one (at most 3 times) */
+    for (int attempt = 0;; attempt++) {
+        int port = free_port();
+        for (int r = 0; r < N; r++) {
+            free(errp[r]);
+            int p[2];
+            cr_assert_eq(pipe(p), 0);
+            errp[r] = th_fmt("%s/rank%d.err", dir, r);
+            pid[r] = fork();
+            cr_assert(pid[r] >= 0);
+            if (pid[r] == 0) {
+                char rank[16], addr[32];
+                snprintf(rank, sizeof rank, "%d", r);
+                snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+                setenv("COLL_RANK", rank, 1);
+                setenv("COLL_WORLD_SIZE", "4", 1);
+                setenv("COLL_ADDR", addr, 1);
+                setenv("COLL_TIMEOUT_MS", "2000", 1);
+                dup2(p[1], 1);
+                if (!freopen(errp[r], "w", stderr))
+                    _exit(126);
+                close(p[0]);
+                close(p[1]);
+                execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+                _exit(127);
+            }
             close(p[1]);
-            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-            _exit(127);
+            out[r] = p[0];
         }
-        close(p[1]);
-        out[r] = p[0];
-    }
-    /* training is under way once rank 0 printed step 3 (it flushes every step) */
-    char buf[8192];
-    size_t have = 0;
-    double t_end = now_s() + 20;
-    while (!memmem(buf, have, "step     3/", 11)) {
-        struct pollfd pf = {.fd = out[0], .events = POLLIN};
-        int left = (int)((t_end - now_s()) * 1000);
-        ssize_t k = left > 0 && poll(&pf, 1, left) > 0 ? read(out[0], buf + have, 256) : -1;
-        if (k <= 0 || have + (size_t)k > sizeof buf - 256) {
-            for (int r = 0; r < N; r++)
-                kill(pid[r], SIGKILL), waitpid(pid[r], NULL, 0);
-            cr_assert_fail("rank 0 never printed step 3: %s", th_read(errp[0], NULL));
+        /* training is under way once rank 0 printed step 3 (it flushes every step) */
+        size_t have = 0;
+        double t_end = now_s() + 20;
+        int started = 1;
+        while (!memmem(buf, have, "step     3/", 11)) {
+            struct pollfd pf = {.fd = out[0], .events = POLLIN};
+            int left = (int)((t_end - now_s()) * 1000);
+            ssize_t k = left > 0 && poll(&pf, 1, left) > 0 ? read(out[0], buf + have, 256) : -1;
+            if (k <= 0 || have + (size_t)k > sizeof buf - 256) {
+                for (int r = 0; r < N; r++) {
+                    kill(pid[r], SIGKILL), waitpid(pid[r], NULL, 0);
+                    close(out[r]);
+                }
+                char *e0 = th_read(errp[0], NULL);
+                if (attempt < 2 && e0 && strstr(e0, "cannot listen")) {
+                    free(e0);
+                    started = 0;
+                    break;
+                }
+                cr_assert_fail("rank 0 never printed step 3: %s", e0);
+            }
+            have += (size_t)k;
         }
-        have += (size_t)k;
+        if (started)
+            break;
     }
     kill(pid[VICTIM], SIGKILL);
     double t_kill = now_s();
