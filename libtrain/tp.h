@@ -28,6 +28,9 @@
  * global gradient norm sums the split tensors over the group and counts the replicated
  * ones once. The CPU model only.
  *
+ * On a TP session train_copy_logits_to_host gives this rank's (B,T,V/T) columns,
+ * train_session_sample writes an empty string, and checkpoints are refused (not built).
+ *
  * Data parallelism composes along the other axis: DDP over the backend of the ranks with
  * the same TP rank (ddp.h) sees the local flat arrays and needs no change.
  */
