@@ -60,6 +60,11 @@ struct train_backend {
      * compute stream) before they read their buffers, without blocking the host.  NCCL:
      * cudaStreamWaitEvent on its communication stream. */
     int (*order_after)(train_backend *b, void *event);
+    /* Optional (NULL: the library cannot split, and 2-D parallelism is refused): collective
+     * over b, like MPI_Comm_split: ranks passing the same color >= 0 form a new group,
+     * ranked by (key, rank in b), handed back in *out as a backend of its own (destroy it
+     * before b). libcoll: coll_comm_split; Open MPI: MPI_Comm_split. */
+    int (*split)(train_backend *b, int color, int key, train_backend **out);
     /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
     int (*destroy)(train_backend *b);
     /* Fails pending work and leaves the group at once, from any state. */

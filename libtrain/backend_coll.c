@@ -150,6 +150,26 @@ static int cl_trace_read(train_backend *b, coll_trace_event *ev, size_t cap, siz
     return r == COLL_OK ? 0 : fail(b, "trace_read", r, coll_comm_last_error(c->comm));
 }
 
+static int cl_split(train_backend *b, int color, int key, train_backend **out)
+{
+    coll_impl *c = b->impl;
+    coll_comm_t child = NULL;
+    *out = NULL;
+    coll_result r = coll_comm_split(c->comm, color, key, &child);
+    if (r != COLL_OK)
+        return fail(b, "comm_split", r, coll_comm_last_error(c->comm));
+    if (!child)
+        return 0;
+    char err[TRAIN_ERRLEN];
+    *out = train_backend_coll(child, 1, err);
+    if (!*out) {
+        coll_comm_destroy(child);
+        train_errf(b->err, "rank %d: %s", b->rank, err);
+        return -1;
+    }
+    return 0;
+}
+
 static void release(train_backend *b)
 {
     coll_impl *c = b->impl;
@@ -216,6 +236,7 @@ train_backend *train_backend_coll(coll_comm_t comm, int own, char *err)
     b->all_gather = cl_all_gather;
     b->broadcast = cl_broadcast;
     b->barrier = cl_barrier;
+    b->split = cl_split;
     b->test = cl_test;
     b->wait = cl_wait;
     b->destroy = cl_destroy;

@@ -1,7 +1,8 @@
 /*
  * backend_mpi.c — the training backend over Open MPI's non-blocking collectives
  * (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast) on
- * MPI_COMM_WORLD, for comparing libcoll with an established library on the same run.
+ * MPI_COMM_WORLD, for comparing libcoll with an established library on the same run, or
+ * on a communicator split from it (MPI_Comm_split: tensor-parallel grids).
  *
  * MPI has no average: AVG is a SUM followed, when the request completes, by a division by
  * (float)nranks — the same final operation as libcoll's AVG, so the two agree bitwise
@@ -27,6 +28,7 @@ typedef struct mpi_slot {
 typedef struct mpi_impl {
     mpi_slot slot[TRAIN_BACKEND_MAX_REQS];
     int next;
+    MPI_Comm comm; /* MPI_COMM_WORLD, or a split of it (freed by destroy) */
 } mpi_impl;
 
 static int fail(train_backend *b, const char *what, int code)
@@ -120,7 +122,7 @@ static int mp_all_reduce(train_backend *b, float *buf, size_t count, train_reduc
         p->slot[s].avg_buf = buf;
         p->slot[s].avg_count = count;
     }
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, p->comm,
                             &p->slot[s].req);
     return started(b, "Iallreduce", s, rc, req);
 }
@@ -142,7 +144,7 @@ static int mp_reduce_scatter(train_backend *b, const float *send, float *recv,
         p->slot[s].avg_count = recvcount;
     }
     int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, MPI_FLOAT, MPI_SUM,
-                                       MPI_COMM_WORLD, &p->slot[s].req);
+                                       p->comm, &p->slot[s].req);
     return started(b, "Ireduce_scatter_block", s, rc, req);
 }
 
@@ -159,7 +161,7 @@ static int mp_all_gather(train_backend *b, const void *send, void *recv, size_t 
     if (take_slot(b, &s) != 0)
         return -1;
     int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE,
-                            MPI_COMM_WORLD, &p->slot[s].req);
+                            p->comm, &p->slot[s].req);
     return started(b, "Iallgather", s, rc, req);
 }
 
@@ -174,13 +176,14 @@ static int mp_broadcast(train_backend *b, void *buf, size_t bytes, int root, tra
     }
     if (take_slot(b, &s) != 0)
         return -1;
-    int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &p->slot[s].req);
+    int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, p->comm, &p->slot[s].req);
     return started(b, "Ibcast", s, rc, req);
 }
 
 static int mp_barrier(train_backend *b)
 {
-    int rc = MPI_Barrier(MPI_COMM_WORLD);
+    mpi_impl *p = b->impl;
+    int rc = MPI_Barrier(p->comm);
     return rc == MPI_SUCCESS ? 0 : fail(b, "barrier", rc);
 }
 
@@ -191,7 +194,10 @@ static int mp_destroy(train_backend *b)
     for (int i = 0; i < TRAIN_BACKEND_MAX_REQS; i++)
         if (p->slot[i].busy && mp_wait(b, i) != 0)
             rc = -1;
-    MPI_Finalize();
+    if (p->comm == MPI_COMM_WORLD)
+        MPI_Finalize();
+    else
+        MPI_Comm_free(&p->comm);
     free(p);
     free(b);
     return rc;
@@ -202,6 +208,57 @@ static void mp_abort(train_backend *b)
     MPI_Abort(MPI_COMM_WORLD, 1);
     free(b->impl);
     free(b);
+}
+
+static train_backend *wrap(MPI_Comm comm, char *err);
+
+static int mp_split(train_backend *b, int color, int key, train_backend **out)
+{
+    mpi_impl *p = b->impl;
+    MPI_Comm nc = MPI_COMM_NULL;
+    *out = NULL;
+    int rc = MPI_Comm_split(p->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+    if (rc != MPI_SUCCESS)
+        return fail(b, "Comm_split", rc);
+    if (nc == MPI_COMM_NULL)
+        return 0;
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    char err[TRAIN_ERRLEN];
+    *out = wrap(nc, err);
+    if (!*out) {
+        MPI_Comm_free(&nc);
+        train_errf(b->err, "rank %d: %s", b->rank, err);
+        return -1;
+    }
+    return 0;
+}
+
+static train_backend *wrap(MPI_Comm comm, char *err)
+{
+    train_backend *b = calloc(1, sizeof *b);
+    mpi_impl *p = calloc(1, sizeof *p);
+    if (!b || !p) {
+        free(b);
+        free(p);
+        train_errf(err, "out of memory for the MPI backend");
+        return NULL;
+    }
+    p->comm = comm;
+    b->impl = p;
+    b->name = "mpi";
+    MPI_Comm_rank(comm, &b->rank);
+    MPI_Comm_size(comm, &b->nranks);
+    b->all_reduce = mp_all_reduce;
+    b->reduce_scatter = mp_reduce_scatter;
+    b->all_gather = mp_all_gather;
+    b->broadcast = mp_broadcast;
+    b->barrier = mp_barrier;
+    b->test = mp_test;
+    b->wait = mp_wait;
+    b->split = mp_split;
+    b->destroy = mp_destroy;
+    b->abort = mp_abort;
+    return b;
 }
 
 int train_backend_mpi_built(void) { return 1; }
@@ -219,27 +276,8 @@ train_backend *train_backend_mpi(char *err)
         return NULL;
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    train_backend *b = calloc(1, sizeof *b);
-    mpi_impl *p = calloc(1, sizeof *p);
-    if (!b || !p) {
-        free(b);
-        free(p);
+    train_backend *b = wrap(MPI_COMM_WORLD, err);
+    if (!b)
         MPI_Finalize();
-        train_errf(err, "out of memory for the MPI backend");
-        return NULL;
-    }
-    b->impl = p;
-    b->name = "mpi";
-    MPI_Comm_rank(MPI_COMM_WORLD, &b->rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &b->nranks);
-    b->all_reduce = mp_all_reduce;
-    b->reduce_scatter = mp_reduce_scatter;
-    b->all_gather = mp_all_gather;
-    b->broadcast = mp_broadcast;
-    b->barrier = mp_barrier;
-    b->test = mp_test;
-    b->wait = mp_wait;
-    b->destroy = mp_destroy;
-    b->abort = mp_abort;
     return b;
 }

@@ -127,6 +127,11 @@ static void fill_header(const train_session *s, ckpt_header *h)
 
 int train_session_save(train_session *s, const char *path, char *err)
 {
+    if (s->model->tp > 1) { /* a slice is not a model: TP checkpoints are not written yet */
+        train_errf(err, "checkpoint %s: tensor-parallel checkpoints are not supported yet",
+                   path);
+        return -1;
+    }
     ckpt_header h;
     fill_header(s, &h);
     unsigned char hb[CKPT_HEADER];
@@ -428,6 +433,10 @@ void train_session_set_batch_mult(train_session *s, int rows_mult) { s->batch_mu
 
 int train_session_load(train_session *s, const char *path, char *err)
 {
+    if (s->model->tp > 1) {
+        train_errf(err, "checkpoint %s: tensor-parallel sessions cannot resume yet", path);
+        return -1;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         train_errf(err, "checkpoint %s: cannot open: %s", path, strerror(errno));

@@ -131,8 +131,18 @@ typedef struct train_block {
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } train_block;
 
+/* Tensor parallelism inside the model (tp.c, see tp.h). NULL in train_model.tpc on a
+ * single process (and at T = 1): the model then never calls into tp.c. */
+typedef struct train_tp_ctx train_tp_ctx;
+
 struct train_model {
     train_config cfg;
+    /* Tensor-parallel shape (1, 0 on a single process): this rank holds heads
+     * [tp_rank*NH/tp, +NH/tp), MLP rows [tp_rank*4C/tp, +4C/tp) and vocabulary rows
+     * [tp_rank*vocab_local, +vocab_local) of the vocabulary padded to tp*vocab_local. */
+    int tp, tp_rank, vocab_local;
+    int sp;                /* sequence parallelism inside the TP group (model.c's top) */
+    train_tp_ctx *tpc;     /* the TP group's communication; NULL while not attached */
     train_device dev;
     const train_ops *ops;
     int maxB, maxT;        /* batch shape the buffers were sized for */
@@ -170,9 +180,65 @@ void train_block_view(const train_model *m, float *base, int l, train_block *out
  * final LayerNorm. -1 when out of memory. */
 int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
                       size_t *act_bytes, size_t *unit_len);
+/* The same for rank 0 of a tensor-parallel group of tp (local shapes). */
+int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp,
+                         size_t *nparams, size_t *act_bytes, size_t *unit_len);
 /* Block l's parameters, wherever they live (block_params[l] or params). */
 void train_block_params_view(const train_model *m, int l, train_block *out);
 float *train_tensor(const train_model *m, float *base, const char *name);
+/* A model of the local shapes of tensor-parallel rank tp_rank of tp (tp = 1: the
+ * single-process model; train_model_create is this with 1, 0). Parameters are those of
+ * the single-process model from the same seed, sliced (so T ranks together hold it). */
+train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_device dev,
+                                   int threads, uint64_t seed, int tp, int tp_rank, int sp,
+                                   char *err);
+
+/* ---- tensor-parallel pieces the model calls (tp.c); only when m->tpc != NULL ----
+ * Each is collective over the TP group and blocking. A communication failure is kept in
+ * the context (the first sentence wins; later calls do nothing) and reported by
+ * train_tp_failed: forward and backward cannot return errors. */
+/* f backward / g forward: buf (n) = sum over the TP group of buf. Under SP (buf is
+ * (N,C)): reduce-scatter, this rank's N/T rows of the sum into buf's first N/T rows. */
+void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what);
+/* the same for the LM head's f (counted apart from the four per block) */
+void train_tp_head_reduce(train_model *m, float *buf, size_t n);
+/* row-parallel output (N,C): sum over the group, then + b (the bias, added once); under
+ * SP only this rank's N/T rows of the sum, into the first N/T rows (reduce-scatter) */
+void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,
+                         const char *what);
+/* vocabulary-parallel embedding: out (B,T,C) = wte[inp] (from the rank holding the row)
+ * + wpe[t]; and its backward into the local rows of dwte and into dwpe */
+void train_tp_embed_forward(train_model *m, float *out, const int *inp, const float *wte,
+                            const float *wpe, int B, int T, int C);
+void train_tp_embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
+                             const int *inp, int B, int T, int C);
+/* vocabulary-parallel cross-entropy over local logits (N,Vl): probs (N,Vl), losses (N) */
+void train_tp_xent_forward(train_model *m, float *losses, float *probs, const float *logits,
+                           const int *targets, int N);
+void train_tp_xent_backward(train_model *m, float *dlogits, const float *probs,
+                            const int *targets, float dloss, int N);
+/* Refuses shapes TP cannot split (heads or 4C not a multiple of tp, a device other than
+ * the CPU), with a sentence. */
+int train_tp_check(const train_config *cfg, int tp, train_device dev, char *err);
+/* Copies between a full tensor fp (at full) and this rank's slice lp (at local), to_local
+ * 1: full -> local, 0: local -> its place in full (see tp.c for the split of each). */
+void train_tp_copy_tensor(const train_param *fp, const train_param *lp, int tp, int rank,
+                          float *full, float *local, int to_local);
+/* Sequence parallelism: f forward = all-gather of the Nr rows at row tp_rank*Nr of buf
+ * (N = T*Nr rows of C) into all of buf; g backward = all-gather of dres (Nr,C) into a
+ * buffer of the context, which it returns (N,C). */
+void train_tp_sp_gather(train_model *m, float *buf, int Nr, int C, const char *what);
+const float *train_tp_sp_gather_grad(train_model *m, const float *dres, int Nr, int C,
+                                     const char *what);
+/* A zeroed (2C) buffer for a LayerNorm's partial weight/bias gradients (over this rank's
+ * rows), and: sum it over the group, add it to dw, db (C each). */
+float *train_tp_ln_partial(train_model *m);
+void train_tp_ln_partial_done(train_model *m, float *dw, float *db, const char *what);
+/* Records a failure (the first wins) for train_tp_status. */
+void train_tp_fail(train_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* squared global gradient norm: split tensors summed over the group, replicated ones
+ * counted once */
+double train_tp_grad_sumsq(train_model *m);
 
 /* ---- helpers (util.c) ---- */
 uint64_t train_splitmix64(uint64_t *state);

@@ -2,6 +2,9 @@
  * main.c — coll-train: trains the GPT-2-style model of libtrain on one process, or
  * data-parallel (--parallel ddp) on N ranks over libcoll, Open MPI or (GPU) NCCL.
  *
+ * With --tp T the N ranks form a T x D grid (tp.h): tensor-parallel groups of T
+ * consecutive ranks, each a sub-communicator split from the job's, and data-parallel
+ * groups across them on which --parallel ddp runs.
  * With no arguments it trains the default small model on the embedded corpus on the CPU.
  * With --parallel ddp it forks --ranks local ranks (libcoll), re-runs itself under
  * mpirun.openmpi (--backend mpi), or joins the job a launcher describes in the
@@ -13,6 +16,8 @@
 #include "ddp.h"
 #include "fsdp.h"
 #include "plan.h"
+#include "tp.h"
+#include "trace.h"
 #include "train.h"
 
 #include <coll_launch.h>
@@ -77,6 +82,11 @@ static void usage(FILE *f)
         "  --plan            print the memory/communication planner's table for this model,\n"
         "                    --batch and --ranks (none, DDP, ZeRO-1/2/3) and exit\n"
         "  --trace FILE.json timeline of compute and communication per rank (Perfetto)\n"
+        "tensor parallel:\n"
+        "  --tp T            split every block (heads, MLP rows) and the vocabulary over T\n"
+        "                    ranks (Megatron layout); --ranks N = T x D, --parallel along D\n"
+        "  --sp              with --tp: sequence parallelism (residual stream and\n"
+        "                    LayerNorms sharded along batch*seq over the TP group)\n"
         "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
 }
 
@@ -166,7 +176,7 @@ enum {
     O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
     O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
     O_QUIET, O_HELP, O_STOPAFTER, O_PARALLEL, O_RANKS, O_BACKEND, O_BUCKETMB, O_NOOVERLAP,
-    O_ACCUM, O_TRACE, O_ZERO, O_PLAN
+    O_ACCUM, O_TRACE, O_ZERO, O_PLAN, O_TP, O_SP
 };
 
 /* Everything parsed from the command line. */
@@ -176,6 +186,7 @@ typedef struct cli {
     long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
     int quiet;
     int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
+    int tp, sp; /* tensor-parallel size (1: none), sequence parallelism */
     double bucket_mb;
     double fixed; /* resident bytes at start, before any model: the planner's fixed part */
     char **argv;
@@ -194,7 +205,7 @@ static void die_rank(train_backend *b, const char *msg)
 }
 
 /* --plan: the table for every strategy. */
-static int print_plan(const train_options *o, int N, int accum, double fixed)
+static int print_plan(const train_options *o, int N, int accum, int tp, int sp, double fixed)
 {
     char line[256], msg[TRAIN_ERRLEN];
     size_t np = 0;
@@ -215,13 +226,25 @@ static int print_plan(const train_options *o, int N, int accum, double fixed)
         train_plan_format(&r, line, sizeof line);
         printf("%s\n", line);
     }
+    /* tensor parallel: T = --tp alone, and T x D = --ranks */
+    for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 2 : 1); k++) {
+        train_plan_row r;
+        long nb;
+        double ab;
+        int dp = k ? N / tp : 1;
+        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, fixed, &r, &nb, &ab, msg) != 0)
+            die(msg);
+        train_plan_format(&r, line, sizeof line);
+        printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
+               "bytes, %.2f MiB)\n", line, tp, dp, nb, ab, nb * ab / 1048576.0);
+    }
     return 0;
 }
 
 /* This run's planner row, and at the end each rank's measured peak beside it. */
 static train_strategy run_strategy(const cli *c, const train_backend *b)
 {
-    if (!b)
+    if (!b || !c->ddp)
         return TRAIN_PLAN_NONE;
     if (!c->fsdp)
         return TRAIN_PLAN_DDP;
@@ -234,10 +257,53 @@ static int env_int(const char *name, int dflt)
     return v && *v ? atoi(v) : dflt;
 }
 
-/* One process's run: the single-process trainer (b == NULL) or one DDP rank. */
+/* With --tp: this rank's tensor-parallel group and data-parallel group, split from the
+ * job's backend b (rank = d*T + t). */
+static void split_grid(const cli *c, train_backend *b, train_backend **tpb,
+                       train_backend **dpb)
+{
+    char msg[TRAIN_ERRLEN];
+    if (!b->split) {
+        snprintf(msg, sizeof msg, "--tp: the %s backend cannot split the job into "
+                 "tensor- and data-parallel groups; use --backend coll", b->name);
+        die_rank(b, msg);
+    }
+    if (b->split(b, train_dp_rank_of(b->rank, c->tp), b->rank, tpb) != 0 ||
+        b->split(b, train_tp_rank_of(b->rank, c->tp), b->rank, dpb) != 0 || !*tpb || !*dpb)
+        die_rank(b, b->err);
+}
+
+/* Leaves the tensor- and data-parallel groups (after DDP is done with them: free DDP after
+ * this only touches its own memory). */
+static void grid_free(train_session *s, train_backend *tpb, train_backend *dpb)
+{
+    train_tp_detach(s);
+    if (tpb) {
+        dpb->destroy(dpb);
+        tpb->destroy(tpb);
+    }
+}
+
+/* One process's run: the single-process trainer (b == NULL), one DDP/FSDP rank, or one
+ * rank of a tensor-parallel grid. */
 static int run(const cli *c, train_backend *b)
 {
     train_options o = c->o;
+    /* db: the data-parallel group DDP runs over (the whole job without --tp) */
+    train_backend *tpb = NULL, *db = b;
+    if (b && c->tp > 1) {
+        if (b->nranks % c->tp != 0 || (!c->ddp && b->nranks != c->tp)) {
+            char why[TRAIN_ERRLEN];
+            snprintf(why, sizeof why, "%d ranks cannot form --tp %d groups%s", b->nranks,
+                     c->tp, c->ddp ? "" : " without --parallel ddp");
+            die_rank(b, why);
+        }
+        split_grid(c, b, &tpb, &db);
+        o.tp = c->tp;
+        o.tp_rank = tpb->rank;
+        o.sp = c->sp;
+    }
+    train_trace tptrace = {0};
     const char *ckpt_dir = c->ckpt_dir, *resume = c->resume, *plot = c->plot,
                *prompt = c->prompt;
     long stop_after = c->stop_after, ckpt_every = c->ckpt_every, eval_every = c->eval_every,
@@ -258,6 +324,10 @@ static int run(const cli *c, train_backend *b)
         die_rank(b, msg);
     if (b && c->fsdp) /* fsdp checkpoints record the global batch: resumable at any N */
         train_session_set_batch_mult(s, b->nranks * c->accum);
+    if (tpb && train_tp_attach(s, tpb, msg) != 0)
+        die_rank(b, msg);
+    if (tpb && c->trace)
+        train_tp_set_trace(s, &tptrace, b->rank);
     if (resume && train_session_load(s, resume, msg) != 0) {
         train_session_free(s);
         die_rank(b, msg);
@@ -288,7 +358,7 @@ static int run(const cli *c, train_backend *b)
         fs = train_fsdp_create(s, b, &fo, msg);
         if (!fs)
             die_rank(b, msg);
-    } else if (b) {
+    } else if (b && c->ddp) {
         train_ddp_options dopt = train_ddp_options_default();
         dopt.bucket_bytes = (size_t)(c->bucket_mb * 1048576.0);
         if (dopt.bucket_bytes < sizeof(float))
@@ -296,7 +366,7 @@ static int run(const cli *c, train_backend *b)
         dopt.overlap = c->overlap;
         dopt.accum = c->accum;
         dopt.trace = c->trace != NULL;
-        d = train_ddp_create(s, b, &dopt, msg);
+        d = train_ddp_create(s, db, &dopt, msg);
         if (!d)
             die_rank(b, msg);
     }
@@ -330,6 +400,14 @@ static int run(const cli *c, train_backend *b)
     putchar('\n');
     if (resume)
         printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
+    if (tpb)
+        printf("coll-train: tensor parallel: %d x %d grid (%s backend): T = %d ranks per "
+               "tensor-parallel group (heads %d, MLP rows %d, vocabulary rows %d of %d per "
+               "rank), D = %d data-parallel groups (--parallel %s); %zu parameters per rank%s\n",
+               c->tp, b->nranks / c->tp, b->name, c->tp, cfg->heads / c->tp,
+               4 * cfg->channels / c->tp, (cfg->vocab + c->tp - 1) / c->tp, cfg->vocab,
+               b->nranks / c->tp, c->ddp ? "ddp" : "none", np,
+               c->sp ? "; sequence parallel (--sp)" : "");
     if (fs) {
         printf("coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s per step: "
                "global batch %d x seq %d; %d units:\n",
@@ -343,8 +421,10 @@ static int run(const cli *c, train_backend *b)
     {
         train_plan_row pr;
         char line[256];
-        if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), fixed, &pr, msg) == 0) {
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, fixed, &pr, NULL,
+                                 NULL, msg)
+                 : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
+                              run_strategy(c, b), fixed, &pr, msg)) == 0) {
             train_plan_header(line, sizeof line);
             printf("plan (MiB per rank): %s\n", line);
             train_plan_format(&pr, line, sizeof line);
@@ -354,8 +434,8 @@ static int run(const cli *c, train_backend *b)
     if (d) {
         printf("coll-train: DDP on %d ranks (%s backend), %d micro-step%s per step: global "
                "batch %d x seq %d; %s; %d gradient buckets:\n",
-               b->nranks, b->name, c->accum, c->accum > 1 ? "s" : "",
-               c->accum * b->nranks * o.batch, o.seq,
+               db->nranks, db->name, c->accum, c->accum > 1 ? "s" : "",
+               c->accum * db->nranks * o.batch, o.seq,
                c->overlap ? "all-reduce overlapped with backward"
                           : "all-reduce after backward (--no-overlap)",
                train_ddp_num_buckets(d));
@@ -382,7 +462,9 @@ train:;
     train_step_stats st = {0};
     char path[4200];
     double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0, measured_total = 0;
-    int nglobal = b ? c->accum * b->nranks : 1;
+    int nglobal = b ? c->accum * db->nranks : 1; /* sequences per step */
+    double tp_ms = 0, tp_other_ms = 0, tp_bytes = 0;
+    long tp_calls = 0;
 
     for (long i = 0; i < n; i++) {
         train_ddp_stats ds = {0};
@@ -402,6 +484,10 @@ train:;
         } else {
             st = train_session_step(s);
         }
+        if (tpb && train_tp_status(s, msg) != 0)
+            die_rank(b, msg);
+        train_tp_stats tps;
+        train_tp_stats_read(s, &tps, 1);
         losses[i] = st.loss;
         if (st.step > first) { /* the first step warms caches; keep it out of the mean */
             tok_total += (double)nglobal * o.batch * o.seq;
@@ -409,7 +495,14 @@ train:;
             bwd_total += ds.bwd_ms;
             wait_total += ds.wait_ms;
             comm_total += ds.comm_ms;
+            tp_ms += tps.ms;
+            tp_other_ms += tps.other_ms;
+            tp_bytes += tps.bytes;
+            tp_calls += tps.block_calls;
         }
+        if (tpb && c->trace)
+            train_trace_add(&tptrace, b->rank, TRAIN_TRACE_COMPUTE, "step",
+                            now_s() - st.ms * 1e-3, now_s());
         if (!quiet && root) {
             printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s",
                    st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
@@ -421,18 +514,24 @@ train:;
             if (d)
                 printf(" | bwd %6.1f ms | exposed comm %6.1f ms | hidden %3.0f%%", ds.bwd_ms,
                        ds.wait_ms, 100.0 * ds.hidden);
+            if (tpb)
+                printf(" | tp all-reduce %5.1f ms in blocks (%ld), %5.1f ms other", tps.ms,
+                       tps.block_calls, tps.other_ms);
             putchar('\n');
         }
         int last = st.step == last_step;
         int eval_now = (eval_every && st.step % eval_every == 0) || (last && eval_every);
         if (fs && eval_now && train_fsdp_materialize(fs, msg) != 0) /* collective */
             die_rank(b, msg);
-        if (root && ((eval_every && st.step % eval_every == 0) || (last && eval_every))) {
+        if ((root || tpb) && eval_now) { /* with --tp the forward is collective */
             float vl = train_session_val_loss(s, (int)eval_batches);
+            if (tpb && train_tp_status(s, msg) != 0)
+                die_rank(b, msg);
             vsteps[nv] = st.step;
             vloss[nv++] = vl;
-            printf("eval step %ld | val loss %.6f\n", st.step, vl);
-            if (sample_len > 0) {
+            if (root)
+                printf("eval step %ld | val loss %.6f\n", st.step, vl);
+            if (root && sample_len > 0 && !tpb) { /* a TP rank holds V/T logits: no sample */
                 train_session_sample(s, prompt, (int)sample_len, sample);
                 printf("sample: ");
                 print_escaped(sample, (int)sample_len);
@@ -466,6 +565,9 @@ train:;
     }
     if (d && train_ddp_check_identical(d, msg) != 0)
         die_rank(b, msg);
+    if (tpb && c->trace && train_trace_gather_write(b, &tptrace, c->trace, msg) != 0)
+        die_rank(b, msg);
+    train_trace_free(&tptrace);
     if (fs && train_fsdp_check_identical(fs, msg) != 0)
         die_rank(b, msg);
     if (fs && c->trace && train_fsdp_write_trace(fs, c->trace, msg) != 0)
@@ -473,6 +575,7 @@ train:;
     if (d && c->trace && train_ddp_write_trace(d, c->trace, msg) != 0)
         die_rank(b, msg);
     if (!root) {
+        grid_free(s, tpb, db);
         free(peaks);
         train_fsdp_free(fs);
         train_ddp_free(d);
@@ -487,6 +590,14 @@ train:;
         printf("fsdp: per step after the first: backward %.1f ms, exposed comm %.1f ms (blocked "
                "on gathers, reduce-scatters and the step's collectives)\n",
                bwd_total / (double)(n - 1), wait_total / (double)(n - 1));
+    if (tpb && n > 1)
+        printf("tp: per step after the first: %.1f in-block collectives (all-reduces; with "
+               "--sp all-gathers and reduce-scatters) over %.0f bytes, "
+               "%.2f ms (%.1f%% of the step), %.2f ms in the embedding/loss/norm "
+               "collectives\n",
+               (double)tp_calls / (double)(n - 1), tp_calls ? tp_bytes / (double)tp_calls : 0.0,
+               tp_ms / (double)(n - 1), time_total > 0 ? 100.0 * tp_ms * 1e-3 / time_total : 0.0,
+               tp_other_ms / (double)(n - 1));
     if (d && n > 1) {
         printf("ddp: weights bitwise identical on all %d ranks | per step after the first: "
                "backward %.1f ms, comm %.1f ms, exposed comm %.1f ms, hidden %.0f%%\n",
@@ -496,8 +607,10 @@ train:;
     }
     {
         train_plan_row pr;
-        if (train_plan(cfg, o.batch, o.seq, b ? b->nranks : 1, b ? c->accum : 1,
-                       run_strategy(c, b), fixed, &pr, msg) == 0) {
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, fixed, &pr, NULL,
+                                 NULL, msg)
+                 : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
+                              run_strategy(c, b), fixed, &pr, msg)) == 0) {
             printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
                    pr.total / 1048576.0, pr.name);
             double mx = peak_rss;
@@ -526,7 +639,7 @@ train:;
     if (fs && n > 0)
         printf("fsdp: every rank gathers bitwise the same weights | sent per rank per step "
                "%.0f bytes (ring formulas over the calls made)\n", sent_total / (double)n);
-    if ((d || fs) && c->trace)
+    if ((d || fs || tpb) && c->trace)
         printf("trace %s\n", c->trace);
     printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
     if (nv)
@@ -551,6 +664,7 @@ train:;
     free(vsteps);
     free(vloss);
     free(sample);
+    grid_free(s, tpb, db);
     train_fsdp_free(fs);
     train_ddp_free(d);
     train_session_free(s);
@@ -704,6 +818,8 @@ int main(int argc, char **argv)
         {"trace", required_argument, 0, O_TRACE},
         {"zero", required_argument, 0, O_ZERO},
         {"plan", no_argument, 0, O_PLAN},
+        {"tp", required_argument, 0, O_TP},
+        {"sp", no_argument, 0, O_SP},
         {0, 0, 0, 0},
     };
     train_options o = {
@@ -723,7 +839,7 @@ int main(int argc, char **argv)
     char msg[TRAIN_ERRLEN];
     int zero_given = 0, plan = 0;
     double fixed = train_rss_bytes();
-    cli cl = {.zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
+    cli cl = {.tp = 1, .zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
 
     opterr = 0;
     int c;
@@ -794,6 +910,8 @@ int main(int argc, char **argv)
         case O_ACCUM: cl.accum = (int)parse_int("--accum", a, 1, 1 << 20); break;
         case O_TRACE: cl.trace = a; break;
         case O_PLAN: plan = 1; break;
+        case O_TP: cl.tp = (int)parse_int("--tp", a, 1, 1024); break;
+        case O_SP: cl.sp = 1; break;
         case O_ZERO:
             cl.zero = (int)parse_int("--zero", a, 1, 3);
             zero_given = 1;
@@ -819,8 +937,48 @@ int main(int argc, char **argv)
         check_writable_dir_of("--plot", plot);
 
     if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
-        return print_plan(&o, cl.ranks, cl.accum, fixed);
-    if (!cl.ddp && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
+        return print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
+    if (cl.sp && cl.tp < 2)
+        die("--sp needs --tp 2 or more: sequence parallelism shards the regions that tensor "
+            "parallelism leaves replicated");
+    if (cl.sp && ((long)o.batch * o.seq) % cl.tp != 0) {
+        snprintf(msg, sizeof msg, "--sp: batch x seq (%d x %d) is not a multiple of --tp %d: "
+                 "each rank holds batch*seq/T rows of the residual stream", o.batch, o.seq,
+                 cl.tp);
+        die(msg);
+    }
+    if (cl.tp > 1) {
+        if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0)
+            die(msg);
+        /* under a launcher (or mpirun re-running us) the world size is checked by run() */
+        int launched = launched_by_someone() && !cl.ranks_given;
+        if (!cl.ranks_given && !launched)
+            cl.ranks = cl.tp;
+        if (!launched && cl.ranks % cl.tp != 0) {
+            snprintf(msg, sizeof msg, "--ranks %d is not a multiple of --tp %d: the ranks "
+                     "form a T x D grid", cl.ranks, cl.tp);
+            die(msg);
+        }
+        if (!launched && !cl.ddp && cl.ranks != cl.tp) {
+            snprintf(msg, sizeof msg, "--ranks %d with --tp %d makes %d data-parallel groups: "
+                     "say --parallel ddp (or --ranks %d)", cl.ranks, cl.tp, cl.ranks / cl.tp,
+                     cl.tp);
+            die(msg);
+        }
+        if (cl.fsdp)
+            die("--tp with --parallel fsdp is not built yet; use --parallel ddp or none");
+        if (cl.nccl)
+            die("--tp runs on the CPU model over libcoll or Open MPI; --backend nccl is for "
+                "--parallel ddp");
+        if (ckpt_dir || resume)
+            die("--tp does not write or resume checkpoints yet");
+        if (cl.trace && cl.ddp)
+            die("--trace with --tp records the tensor-parallel collectives with --parallel "
+                "none only for now");
+        if (cl.accum > 1 && !cl.ddp)
+            die("--accum with --tp needs --parallel ddp");
+    }
+    if (!cl.ddp && cl.tp < 2 && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
         die("--ranks, --accum and --trace need --parallel ddp or fsdp");
     if (zero_given && !cl.fsdp)
         die("--zero needs --parallel fsdp: it chooses what the fully sharded trainer shards");
@@ -851,7 +1009,7 @@ int main(int argc, char **argv)
     cl.eval_batches = eval_batches;
     cl.sample_len = sample_len;
     cl.quiet = quiet;
-    if (!cl.ddp)
+    if (!cl.ddp && cl.tp < 2)
         return run(&cl, NULL);
     return run_ddp(&cl);
 }

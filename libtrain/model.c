@@ -14,6 +14,22 @@
  *
  * All arithmetic goes through m->ops (layers_cpu.c or layers_cuda.cu); this file only
  * does pointer arithmetic, so the same code drives both devices.
+ *
+ * Tensor parallelism (tp.h) is the same layout at local widths: with T ranks a block
+ * holds NH/T heads (attn.qkv.w (3C/T,C), attn.proj.w (C,C/T)), 4C/T MLP rows (mlp.fc.w
+ * (4C/T,C), mlp.proj.w (C,4C/T)) and wte holds V/T vocabulary rows; the residual width C
+ * and the LayerNorms do not change. The passes below then call the TP group at four
+ * places per block (Megatron's f and g, in tp.c): the gradient entering each
+ * column-parallel Linear's input is summed over the group (f backward), and each
+ * row-parallel Linear's output is summed before its bias (g forward). With T = 1 none of
+ * those calls happen and the arithmetic is exactly the single-process one.
+ *
+ * Sequence parallelism (m->sp, under TP) shards the residual stream and the LayerNorms
+ * along the rows: of the N = B*T rows this rank holds Nr = N/T, rows [row0, row0 + Nr).
+ * Those buffers (encoded, residual2/3, the LayerNorm statistics) hold Nr rows; a
+ * LayerNorm writes its Nr rows at their place in its full (N,C) output, which f then
+ * all-gathers for the column-parallel Linear; g reduce-scatters the row-parallel output
+ * to Nr rows. At T = 1 or without SP, Nr = N and row0 = 0.
  */
 #include "internal.h"
 
@@ -68,13 +84,20 @@ static void add_tensor(train_model *m, const char *name, int layer, int rows, in
     m->nparams += p->numel;
 }
 
+/* Tensor-parallel degree (1 on a single process), local vocabulary rows. */
+static int tp_of(const train_model *m) { return m->tp > 1 ? m->tp : 1; }
+static int vocab_of(const train_model *m)
+{
+    return m->tp > 1 ? m->vocab_local : m->cfg.vocab;
+}
+
 static void build_layout(train_model *m)
 {
     const train_config *c = &m->cfg;
-    int C = c->channels;
+    int C = c->channels, Cl = C / tp_of(m); /* Cl: this rank's attention width */
     char nm[32];
     m->tensors = calloc((size_t)c->layers * BLOCK_TENSORS + 4, sizeof *m->tensors);
-    add_tensor(m, "wte", -1, c->vocab, C, 1);
+    add_tensor(m, "wte", -1, vocab_of(m), C, 1);
     add_tensor(m, "wpe", -1, c->max_seq, C, 1);
     for (int l = 0; l < c->layers; l++) {
 #define T_(suffix, rows, cols, decay)                                                      \
@@ -82,15 +105,15 @@ static void build_layout(train_model *m)
     add_tensor(m, nm, l, rows, cols, decay)
         T_("ln1.w", C, 0, 0);
         T_("ln1.b", C, 0, 0);
-        T_("attn.qkv.w", 3 * C, C, 1);
-        T_("attn.qkv.b", 3 * C, 0, 0);
-        T_("attn.proj.w", C, C, 1);
+        T_("attn.qkv.w", 3 * Cl, C, 1);
+        T_("attn.qkv.b", 3 * Cl, 0, 0);
+        T_("attn.proj.w", C, Cl, 1);
         T_("attn.proj.b", C, 0, 0);
         T_("ln2.w", C, 0, 0);
         T_("ln2.b", C, 0, 0);
-        T_("mlp.fc.w", 4 * C, C, 1);
-        T_("mlp.fc.b", 4 * C, 0, 0);
-        T_("mlp.proj.w", C, 4 * C, 1);
+        T_("mlp.fc.w", 4 * Cl, C, 1);
+        T_("mlp.fc.b", 4 * Cl, 0, 0);
+        T_("mlp.proj.w", C, 4 * Cl, 1);
         T_("mlp.proj.b", C, 0, 0);
 #undef T_
     }
@@ -135,30 +158,31 @@ float *train_tensor(const train_model *m, float *base, const char *name)
 static size_t layout_acts(train_model *m, float *mem)
 {
     const train_config *c = &m->cfg;
-    size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = c->vocab,
-           NH = c->heads, BT = B * T;
+    size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = vocab_of(m),
+           NH = c->heads / tp_of(m), Cl = C / tp_of(m), BT = B * T;
+    size_t BTr = m->sp ? BT / tp_of(m) : BT; /* rows of the residual stream held here */
     size_t off = 0;
     train_acts *a = &m->acts;
 #define A_(field, n)                                                                       \
     a->field = mem ? mem + off : NULL;                                                     \
     off += (n)
-    A_(encoded, BT * C);
+    A_(encoded, BTr * C);
     A_(ln1, L * BT * C);
-    A_(ln1_mean, L * BT);
-    A_(ln1_rstd, L * BT);
-    A_(qkv, L * BT * 3 * C);
-    A_(atty, L * BT * C);
+    A_(ln1_mean, L * BTr);
+    A_(ln1_rstd, L * BTr);
+    A_(qkv, L * BT * 3 * Cl);
+    A_(atty, L * BT * Cl);
     A_(att, L * B * NH * T * T);
-    A_(residual2, L * BT * C);
+    A_(residual2, L * BTr * C);
     A_(ln2, L * BT * C);
-    A_(ln2_mean, L * BT);
-    A_(ln2_rstd, L * BT);
-    A_(fch, L * BT * 4 * C);
-    A_(fch_gelu, L * BT * 4 * C);
-    A_(residual3, L * BT * C);
+    A_(ln2_mean, L * BTr);
+    A_(ln2_rstd, L * BTr);
+    A_(fch, L * BT * 4 * Cl);
+    A_(fch_gelu, L * BT * 4 * Cl);
+    A_(residual3, L * BTr * C);
     A_(lnf, BT * C);
-    A_(lnf_mean, BT);
-    A_(lnf_rstd, BT);
+    A_(lnf_mean, BTr);
+    A_(lnf_rstd, BTr);
     A_(logits, BT * V);
     A_(probs, BT * V);
     A_(losses, BT);
@@ -169,8 +193,8 @@ static size_t layout_acts(train_model *m, float *mem)
 
 static size_t layout_scratch(train_model *m, float *mem)
 {
-    size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = m->cfg.vocab,
-           NH = m->cfg.heads, BT = B * T;
+    size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = vocab_of(m),
+           NH = m->cfg.heads / tp_of(m), Cl = C / tp_of(m), BT = B * T;
     size_t off = 0;
     train_scratch *s = &m->scr;
 #define S_(field, n)                                                                       \
@@ -179,10 +203,10 @@ static size_t layout_scratch(train_model *m, float *mem)
     S_(dlogits, BT * V);
     S_(dres, BT * C);
     S_(dln, BT * C);
-    S_(datty, BT * C);
-    S_(dqkv, BT * 3 * C);
-    S_(dfch_gelu, BT * 4 * C);
-    S_(dfch, BT * 4 * C);
+    S_(datty, BT * Cl);
+    S_(dqkv, BT * 3 * Cl);
+    S_(dfch_gelu, BT * 4 * Cl);
+    S_(dfch, BT * 4 * Cl);
     S_(datt, B * NH * T * T);
 #undef S_
     return off;
@@ -191,9 +215,18 @@ static size_t layout_scratch(train_model *m, float *mem)
 int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
                       size_t *act_bytes, size_t *unit_len)
 {
+    return train_model_sizes_tp(cfg, B, T, 1, 0, nparams, act_bytes, unit_len);
+}
+
+int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp,
+                         size_t *nparams, size_t *act_bytes, size_t *unit_len)
+{
     train_model m;
     memset(&m, 0, sizeof m);
     m.cfg = *cfg;
+    m.tp = tp > 1 ? tp : 1;
+    m.sp = sp && m.tp > 1 && (B * T) % m.tp == 0;
+    m.vocab_local = (cfg->vocab + m.tp - 1) / m.tp;
     m.maxB = B;
     m.maxT = T;
     build_layout(&m);
@@ -213,35 +246,78 @@ int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
     return 0;
 }
 
-/* GPT-2 initialisation, drawn in layout order from one splitmix64 stream. */
-static void init_params(const train_model *m, float *host, uint64_t seed)
+/* GPT-2 initialisation of one tensor p into x, drawing from rng. */
+static void init_tensor(const train_param *p, float *x, uint64_t *rng, float resid_std)
+{
+    const char *dot = strrchr(p->name, '.');
+    int is_ln = strstr(p->name, "ln") != NULL;
+    if (p->ndim == 2) {
+        int resid = strstr(p->name, "attn.proj.w") || strstr(p->name, "mlp.proj.w");
+        float std = resid ? resid_std : 0.02f;
+        for (size_t k = 0; k < p->numel; k++)
+            x[k] = std * train_rand_normal(rng);
+    } else if (is_ln && dot && strcmp(dot, ".w") == 0) {
+        for (size_t k = 0; k < p->numel; k++)
+            x[k] = 1.0f;
+    } else {
+        memset(x, 0, p->numel * sizeof *x);
+    }
+}
+
+/* Drawn in layout order from one splitmix64 stream. A tensor-parallel rank draws every
+ * full-size tensor in the same order into `full` (room for the largest tensor) and keeps
+ * its slice, so T ranks hold exactly the single-process model of the same seed. */
+static int init_params(const train_model *m, float *host, uint64_t seed)
 {
     uint64_t rng = seed;
     float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
-    for (int i = 0; i < m->ntensors; i++) {
-        const train_param *p = &m->tensors[i];
-        float *x = host + p->offset;
-        const char *dot = strrchr(p->name, '.');
-        int is_ln = strstr(p->name, "ln") != NULL;
-        if (p->ndim == 2) {
-            int resid = strstr(p->name, "attn.proj.w") || strstr(p->name, "mlp.proj.w");
-            float std = resid ? resid_std : 0.02f;
-            for (size_t k = 0; k < p->numel; k++)
-                x[k] = std * train_rand_normal(&rng);
-        } else if (is_ln && dot && strcmp(dot, ".w") == 0) {
-            for (size_t k = 0; k < p->numel; k++)
-                x[k] = 1.0f;
-        } else {
-            memset(x, 0, p->numel * sizeof *x);
-        }
+    if (m->tp <= 1) {
+        for (int i = 0; i < m->ntensors; i++)
+            init_tensor(&m->tensors[i], host + m->tensors[i].offset, &rng, resid_std);
+        return 0;
     }
+    train_model full;
+    memset(&full, 0, sizeof full);
+    full.cfg = m->cfg;
+    build_layout(&full);
+    size_t big = 0;
+    for (int i = 0; full.tensors && i < full.ntensors; i++)
+        big = full.tensors[i].numel > big ? full.tensors[i].numel : big;
+    float *x = full.tensors ? malloc(big * sizeof *x) : NULL;
+    if (!x) {
+        free(full.tensors);
+        return -1;
+    }
+    for (int i = 0; i < m->ntensors; i++) {
+        init_tensor(&full.tensors[i], x, &rng, resid_std);
+        train_tp_copy_tensor(&full.tensors[i], &m->tensors[i], m->tp, m->tp_rank, x,
+                             host + m->tensors[i].offset, 1);
+    }
+    free(x);
+    free(full.tensors);
+    return 0;
 }
 
 train_model *train_model_create(const train_config *cfg, int B, int T, train_device dev,
                                 int threads, uint64_t seed, char *err)
 {
+    return train_model_create_tp(cfg, B, T, dev, threads, seed, 1, 0, 0, err);
+}
+
+train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_device dev,
+                                   int threads, uint64_t seed, int tp, int tp_rank, int sp,
+                                   char *err)
+{
     if (train_config_check(cfg, err) != 0)
         return NULL;
+    if (tp > 1 && train_tp_check(cfg, tp, dev, err) != 0)
+        return NULL;
+    if (sp && (tp < 2 || (B * T) % tp != 0)) {
+        train_errf(err, "--sp: sequence parallelism needs --tp 2 or more and batch x seq "
+                        "(%d x %d) a multiple of --tp %d: each rank holds B*T/T rows", B, T,
+                   tp);
+        return NULL;
+    }
     if (B < 1 || T < 1) {
         train_errf(err, "impossible config: batch %d and sequence length %d must be >= 1", B,
                    T);
@@ -264,6 +340,10 @@ train_model *train_model_create(const train_config *cfg, int B, int T, train_dev
     m->cfg = *cfg;
     m->dev = dev;
     m->ops = ops;
+    m->tp = tp > 1 ? tp : 1;
+    m->tp_rank = tp > 1 ? tp_rank : 0;
+    m->vocab_local = (cfg->vocab + m->tp - 1) / m->tp; /* V padded to a multiple of T */
+    m->sp = sp && m->tp > 1;
     m->maxB = B;
     m->maxT = T;
     ops->set_threads(threads > 0 ? threads : train_cpu_count());
@@ -292,7 +372,11 @@ train_model *train_model_create(const train_config *cfg, int B, int T, train_dev
     layout_scratch(m, m->scratchmem);
 
     if (dev == TRAIN_DEVICE_CPU) { /* no second copy: it would count in the peak memory */
-        init_params(m, m->params, seed);
+        if (init_params(m, m->params, seed) != 0) {
+            train_errf(err, "out of host memory initialising %zu parameters", m->nparams);
+            train_model_free(m);
+            return NULL;
+        }
         return m;
     }
     float *host = malloc(pbytes);
@@ -301,7 +385,12 @@ train_model *train_model_create(const train_config *cfg, int B, int T, train_dev
         train_model_free(m);
         return NULL;
     }
-    init_params(m, host, seed);
+    if (init_params(m, host, seed) != 0) {
+        train_errf(err, "out of host memory initialising %zu parameters", m->nparams);
+        free(host);
+        train_model_free(m);
+        return NULL;
+    }
     ops->to_device(m->params, host, pbytes);
     free(host);
     return m;
@@ -351,7 +440,7 @@ void train_copy_grads_to_host(const train_model *m, float *dst)
 void train_copy_logits_to_host(const train_model *m, float *dst)
 {
     m->ops->to_host(dst, m->acts.logits,
-                    (size_t)m->lastB * m->lastT * m->cfg.vocab * sizeof(float));
+                    (size_t)m->lastB * m->lastT * vocab_of(m) * sizeof(float));
 }
 
 double train_flops_per_token(const train_config *c, int T)
@@ -384,11 +473,22 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
 {
     const train_ops *o = m->ops;
     const train_config *c = &m->cfg;
-    int C = c->channels, L = c->layers, V = c->vocab, NH = c->heads;
+    /* Cl, NH: this rank's attention width and heads; V its vocabulary rows (all at T=1) */
+    int C = c->channels, L = c->layers, V = vocab_of(m), NH = c->heads / tp_of(m),
+        Cl = C / tp_of(m);
     int N = B * T;
     size_t bt = (size_t)m->maxB * m->maxT;           /* per-layer stride of (B,T) buffers */
     size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
     train_acts *a = &m->acts;
+    train_tp_ctx *tp = m->tpc; /* NULL: one process, no communication inside the model */
+    /* sequence parallel: this rank's Nr rows of the residual stream start at row0 */
+    int sp = tp && m->sp, Nr = sp ? N / m->tp : N;
+    size_t row0 = sp ? (size_t)m->tp_rank * Nr : 0, btr = sp ? bt / m->tp : bt;
+    if (sp && N % m->tp != 0) {
+        train_tp_fail(m, "sequence parallel forward of %d x %d rows: not a multiple of --tp",
+                      B, T);
+        return NAN;
+    }
 
     o->to_device(m->inputs, inputs, (size_t)N * sizeof(int));
     if (targets)
@@ -399,44 +499,64 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
 
     float *wte = m->params + m->tensors[0].offset;
     float *wpe = m->params + m->tensors[1].offset;
-    o->encoder_forward(a->encoded, m->inputs, wte, wpe, B, T, C);
+    if (tp) /* vocabulary-parallel: each id's row lives on one rank */
+        train_tp_embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
+    else
+        o->encoder_forward(a->encoded, m->inputs, wte, wpe, B, T, C);
     forward_stage_done(m, -1);
 
     float *x = a->encoded; /* (B,T,C) input of the current block */
     for (int l = 0; l < L; l++) {
         train_block w;
         train_block_params_view(m, l, &w);
-        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * bt,
-              *ln1_rstd = a->ln1_rstd + l * bt, *qkv = a->qkv + l * bt * 3 * C,
-              *atty = a->atty + l * bt * C, *att = a->att + l * batt,
-              *res2 = a->residual2 + l * bt * C,
-              *ln2 = a->ln2 + l * bt * C, *ln2_mean = a->ln2_mean + l * bt,
-              *ln2_rstd = a->ln2_rstd + l * bt, *fch = a->fch + l * bt * 4 * C,
-              *fch_gelu = a->fch_gelu + l * bt * 4 * C, *res3 = a->residual3 + l * bt * C;
+        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
+              *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
+              *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
+              *res2 = a->residual2 + l * btr * C,
+              *ln2 = a->ln2 + l * bt * C, *ln2_mean = a->ln2_mean + l * btr,
+              *ln2_rstd = a->ln2_rstd + l * btr, *fch = a->fch + l * bt * 4 * Cl,
+              *fch_gelu = a->fch_gelu + l * bt * 4 * Cl, *res3 = a->residual3 + l * btr * C;
 
-        o->layernorm_forward(ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, N, C);
-        o->matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * C);
-        o->attention_forward(atty, att, qkv, B, T, C, NH);
-        o->matmul_forward(a->branch, atty, w.projw, w.projb, N, C, C);
-        o->residual_forward(res2, x, a->branch, (size_t)N * C);
-        o->layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, N, C);
-        o->matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
-        o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
-        o->matmul_forward(a->branch, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
-        o->residual_forward(res3, res2, a->branch, (size_t)N * C);
+        /* (f: identity forward) qkv column-parallel, attention on the local heads, proj
+         * row-parallel: its partial products summed over the group (g), then its bias */
+        o->layernorm_forward(ln1 + row0 * C, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, Nr, C);
+        if (sp) /* f under SP: all-gather the rows of the LayerNorm output */
+            train_tp_sp_gather(m, ln1, Nr, C, "f attn");
+        o->matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
+        o->attention_forward(atty, att, qkv, B, T, Cl, NH);
+        o->matmul_forward(a->branch, atty, w.projw, tp ? NULL : w.projb, N, Cl, C);
+        if (tp)
+            train_tp_row_reduce(m, a->branch, w.projb, N, C, "g attn");
+        o->residual_forward(res2, x, a->branch, (size_t)Nr * C);
+        /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel + g */
+        o->layernorm_forward(ln2 + row0 * C, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, Nr, C);
+        if (sp)
+            train_tp_sp_gather(m, ln2, Nr, C, "f mlp");
+        o->matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * Cl);
+        o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cl);
+        o->matmul_forward(a->branch, fch_gelu, w.fcprojw, tp ? NULL : w.fcprojb, N, 4 * Cl,
+                          C);
+        if (tp)
+            train_tp_row_reduce(m, a->branch, w.fcprojb, N, C, "g mlp");
+        o->residual_forward(res3, res2, a->branch, (size_t)Nr * C);
         x = res3;
         forward_stage_done(m, l);
     }
     float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
     float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
-    o->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, N, C);
+    o->layernorm_forward(a->lnf + row0 * C, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nr, C);
+    if (sp)
+        train_tp_sp_gather(m, a->lnf, Nr, C, "f head");
     o->matmul_forward(a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
     if (!targets) {
         m->last_loss = 0.0f;
         forward_stage_done(m, L);
         return 0.0f;
     }
-    o->crossentropy_forward(a->losses, a->probs, a->logits, m->targets, N, V);
+    if (tp) /* never gathers the logits: max, sum of exponentials, target logit reduced */
+        train_tp_xent_forward(m, a->losses, a->probs, a->logits, m->targets, N);
+    else
+        o->crossentropy_forward(a->losses, a->probs, a->logits, m->targets, N, V);
     m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
     forward_stage_done(m, L);
     return m->last_loss;
@@ -476,10 +596,15 @@ void train_backward(train_model *m)
         return;
     const train_ops *o = m->ops;
     const train_config *c = &m->cfg;
-    int C = c->channels, L = c->layers, V = c->vocab, NH = c->heads;
+    int C = c->channels, L = c->layers, V = vocab_of(m), NH = c->heads / tp_of(m),
+        Cl = C / tp_of(m);
     int B = m->lastB, T = m->lastT, N = B * T;
-    size_t NC = (size_t)N * C;
-    size_t bt = (size_t)m->maxB * m->maxT;
+    size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
+    train_tp_ctx *tp = m->tpc;
+    /* sequence parallel: dres holds this rank's Nr rows; the LayerNorm weight gradients
+     * are partial sums over them, summed over the group before they are final */
+    int sp = tp && m->sp, Nr = sp ? N / m->tp : N;
+    size_t bt = (size_t)m->maxB * m->maxT, btr = sp ? bt / m->tp : bt;
     size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
     train_acts *a = &m->acts;
     train_scratch *s = &m->scr;
@@ -490,16 +615,25 @@ void train_backward(train_model *m)
     float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
     float *dlnfw = m->grads + m->tensors[m->ntensors - 2].offset;
     float *dlnfb = m->grads + m->tensors[m->ntensors - 1].offset;
-    float *xlast = L > 0 ? a->residual3 + (L - 1) * bt * C : a->encoded;
+    float *xlast = L > 0 ? a->residual3 + (L - 1) * btr * C : a->encoded;
 
     /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
     o->zero(s->dlogits, (size_t)N * V * sizeof(float));
-    o->crossentropy_backward(s->dlogits, a->probs, m->targets, m->loss_scale / N, N, V);
+    if (tp)
+        train_tp_xent_backward(m, s->dlogits, a->probs, m->targets, m->loss_scale / N, N);
+    else
+        o->crossentropy_backward(s->dlogits, a->probs, m->targets, m->loss_scale / N, N,
+                                 V);
     o->zero(s->dln, NC * sizeof(float));
     o->matmul_backward(s->dln, dwte, NULL, s->dlogits, a->lnf, wte, N, C, V);
+    if (tp) /* f backward: the LM head is column-parallel over the vocabulary */
+        train_tp_head_reduce(m, s->dln, NC);
     o->zero(s->dres, NC * sizeof(float));
-    o->layernorm_backward(s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean,
-                          a->lnf_rstd, N, C);
+    float *part = sp ? train_tp_ln_partial(m) : NULL; /* (2C) under SP */
+    o->layernorm_backward(s->dres, sp ? part : dlnfw, sp ? part + C : dlnfb, s->dln, xlast,
+                          lnfw, a->lnf_mean, a->lnf_rstd, Nr, C);
+    if (sp)
+        train_tp_ln_partial_done(m, dlnfw, dlnfb, "lnf grads");
     gradients_final(m, m->tensors[m->ntensors - 2].offset, L);
 
     /* s->dres now holds dloss/d(output of block L-1); walk the blocks top-down. The
@@ -508,36 +642,52 @@ void train_backward(train_model *m)
         train_block w, g;
         train_block_params_view(m, l, &w);
         train_block_view(m, m->grads, l, &g);
-        float *x = l == 0 ? a->encoded : a->residual3 + (l - 1) * bt * C;
-        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * bt,
-              *ln1_rstd = a->ln1_rstd + l * bt, *qkv = a->qkv + l * bt * 3 * C,
-              *atty = a->atty + l * bt * C, *att = a->att + l * batt,
-              *res2 = a->residual2 + l * bt * C, *ln2 = a->ln2 + l * bt * C,
-              *ln2_mean = a->ln2_mean + l * bt, *ln2_rstd = a->ln2_rstd + l * bt,
-              *fch = a->fch + l * bt * 4 * C, *fch_gelu = a->fch_gelu + l * bt * 4 * C;
+        float *x = l == 0 ? a->encoded : a->residual3 + (l - 1) * btr * C;
+        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
+              *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
+              *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
+              *res2 = a->residual2 + l * btr * C, *ln2 = a->ln2 + l * bt * C,
+              *ln2_mean = a->ln2_mean + l * btr, *ln2_rstd = a->ln2_rstd + l * btr,
+              *fch = a->fch + l * bt * 4 * Cl, *fch_gelu = a->fch_gelu + l * bt * 4 * Cl;
 
-        /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))) */
-        o->zero(s->dfch_gelu, NC * 4 * sizeof(float));
-        o->matmul_backward(s->dfch_gelu, g.fcprojw, g.fcprojb, s->dres, fch_gelu, w.fcprojw,
-                           N, 4 * C, C);
-        o->zero(s->dfch, NC * 4 * sizeof(float));
-        o->gelu_backward(s->dfch, fch, s->dfch_gelu, NC * 4);
+        /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))). Under TP dres is whole on
+         * every rank (g backward is the identity), so the replicated proj bias gets the
+         * same gradient everywhere; fc's input gradient is a partial sum (f backward). */
+        /* g backward under SP: the row-parallel output's gradient, all-gathered (N,C) */
+        const float *dout = sp ? train_tp_sp_gather_grad(m, s->dres, Nr, C, "g mlp") : s->dres;
+        o->zero(s->dfch_gelu, NCl * 4 * sizeof(float));
+        o->matmul_backward(s->dfch_gelu, g.fcprojw, g.fcprojb, dout, fch_gelu, w.fcprojw,
+                           N, 4 * Cl, C);
+        o->zero(s->dfch, NCl * 4 * sizeof(float));
+        o->gelu_backward(s->dfch, fch, s->dfch_gelu, NCl * 4);
         o->zero(s->dln, NC * sizeof(float));
-        o->matmul_backward(s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * C);
-        o->layernorm_backward(s->dres, g.ln2w, g.ln2b, s->dln, res2, w.ln2w, ln2_mean,
-                              ln2_rstd, N, C);
+        o->matmul_backward(s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * Cl);
+        if (tp)
+            train_tp_all_reduce(m, s->dln, NC, "f mlp");
+        o->layernorm_backward(s->dres, sp ? part : g.ln2w, sp ? part + C : g.ln2b, s->dln,
+                              res2, w.ln2w, ln2_mean, ln2_rstd, Nr, C);
+        if (sp)
+            train_tp_ln_partial_done(m, g.ln2w, g.ln2b, "ln2 grads");
 
         /* attention branch: res2 = x + proj(attention(qkv(ln1(x)))) */
-        o->zero(s->datty, NC * sizeof(float));
-        o->matmul_backward(s->datty, g.projw, g.projb, s->dres, atty, w.projw, N, C, C);
-        o->zero(s->dqkv, NC * 3 * sizeof(float));
-        o->attention_backward(s->dqkv, s->datt, s->datty, qkv, att, B, T, C, NH);
+        dout = sp ? train_tp_sp_gather_grad(m, s->dres, Nr, C, "g attn") : s->dres;
+        o->zero(s->datty, NCl * sizeof(float));
+        o->matmul_backward(s->datty, g.projw, g.projb, dout, atty, w.projw, N, Cl, C);
+        o->zero(s->dqkv, NCl * 3 * sizeof(float));
+        o->attention_backward(s->dqkv, s->datt, s->datty, qkv, att, B, T, Cl, NH);
         o->zero(s->dln, NC * sizeof(float));
-        o->matmul_backward(s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * C);
-        o->layernorm_backward(s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean,
-                              ln1_rstd, N, C);
+        o->matmul_backward(s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * Cl);
+        if (tp)
+            train_tp_all_reduce(m, s->dln, NC, "f attn");
+        o->layernorm_backward(s->dres, sp ? part : g.ln1w, sp ? part + C : g.ln1b, s->dln, x,
+                              w.ln1w, ln1_mean, ln1_rstd, Nr, C);
+        if (sp)
+            train_tp_ln_partial_done(m, g.ln1w, g.ln1b, "ln1 grads");
         gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
     }
-    o->encoder_backward(dwte, dwpe, s->dres, m->inputs, B, T, C);
+    if (tp)
+        train_tp_embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
+    else
+        o->encoder_backward(dwte, dwpe, s->dres, m->inputs, B, T, C);
     gradients_final(m, 0, -1);
 }

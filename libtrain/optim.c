@@ -40,7 +40,9 @@ float train_lr_at(const train_hparams *hp, long step)
 
 float train_clip_grads(train_model *m, const train_hparams *hp)
 {
-    float norm = (float)sqrt(m->ops->sumsq(m->grads, m->nparams));
+    /* tensor-parallel: the norm of the whole model, not of this rank's slice (tp.c) */
+    double sq = m->tpc ? train_tp_grad_sumsq(m) : m->ops->sumsq(m->grads, m->nparams);
+    float norm = (float)sqrt(sq);
     if (hp->grad_clip > 0.0f) {
         /* same rule as torch.nn.utils.clip_grad_norm_ */
         float coef = hp->grad_clip / (norm + 1e-6f);

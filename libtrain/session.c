@@ -38,8 +38,9 @@ train_session *train_session_create(const train_options *opt, char *err)
     s->data = train_data_open(opt->data_path, opt->cfg.vocab, opt->seq, err);
     if (!s->data)
         goto fail;
-    s->model = train_model_create(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
-                                  opt->seed, err);
+    s->model = train_model_create_tp(&opt->cfg, opt->batch, opt->seq, opt->device,
+                                     opt->threads, opt->seed, opt->tp, opt->tp_rank, opt->sp,
+                                     err);
     if (!s->model)
         goto fail;
     s->pos.seed = opt->seed;
@@ -108,6 +109,10 @@ float train_session_val_loss(train_session *s, int batches)
 void train_session_sample(train_session *s, const char *prompt, int n, char *out)
 {
     int T = s->opt.seq, V = s->opt.cfg.vocab;
+    if (s->model->tp > 1) { /* a tensor-parallel rank holds V/T logits: nothing to draw from */
+        memset(out, 0, (size_t)n + 1);
+        return;
+    }
     size_t plen = prompt ? strlen(prompt) : 0;
     int *ctx = malloc((plen + (size_t)n + 1) * sizeof(int));
     size_t len = 0;

@@ -198,6 +198,10 @@ typedef struct train_options {
     train_device device;
     int threads;
     const char *data_path; /* NULL: embedded corpus */
+    /* Tensor parallelism (tp.h): the model holds rank tp_rank's slice of a model split tp
+     * ways (0 or 1: the whole model). */
+    int tp, tp_rank;
+    int sp; /* with tp > 1: sequence parallelism (batch*seq a multiple of tp) */
 } train_options;
 
 typedef struct train_step_stats {
