@@ -1,19 +1,25 @@
 /*
  * helpers.h — small utilities shared by the libtrain tests: temporary directories,
- * running a command with its stdout/stderr captured in files, reading whole files and
- * comparing tensors by relative error.
+ * running a command with its stdout/stderr captured in files, reading whole files,
+ * comparing tensors by relative error, memory the forked ranks of a test share, and a
+ * model's parameter count.
  */
 #ifndef TRAIN_TEST_HELPERS_H
 #define TRAIN_TEST_HELPERS_H
 
+#include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "train.h"
 
 static inline char *th_tmpdir(void)
 {
@@ -115,6 +121,25 @@ static inline double th_relerr(const float *a, const float *b, size_t n)
         den += (double)b[i] * (double)b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Memory every forked rank of a test writes and the parent reads (MAP_SHARED). */
+static inline void *th_shared_alloc(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED, "mmap %zu bytes: %s", bytes, strerror(errno));
+    return p;
+}
+
+/* Parameters of a model of this config (built once, on the CPU, to count them). */
+static inline size_t th_num_params(const train_config *cfg)
+{
+    char err[TRAIN_ERRLEN];
+    train_model *m = train_model_create(cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 1, err);
+    cr_assert(m, "%s", err);
+    size_t np = train_num_params(m);
+    train_model_free(m);
+    return np;
 }
 
 #endif

@@ -63,35 +63,23 @@ typedef struct job {
     double measured, counted; /* rank 0: mean bytes sent per step (trace counters, formulas) */
 } job;
 
-static void *shared_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    cr_assert(p != MAP_FAILED, "mmap %zu bytes: %s", bytes, strerror(errno));
-    return p;
-}
-
 static size_t count_params(void)
 {
-    char err[TRAIN_ERRLEN];
     train_options o = small_options(B, 1);
-    train_model *m = train_model_create(&o.cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 1, err);
-    cr_assert(m, "%s", err);
-    size_t np = train_num_params(m);
-    train_model_free(m);
-    return np;
+    return th_num_params(&o.cfg);
 }
 
 static job *job_new(int nranks, int zero, int accum)
 {
-    job *j = shared_alloc(sizeof *j);
+    job *j = th_shared_alloc(sizeof *j);
     j->nranks = nranks;
     j->steps = STEPS;
     j->accum = accum;
     j->zero = zero;
     j->np = count_params();
-    j->params = shared_alloc((size_t)nranks * j->np * sizeof(float));
-    j->loss = shared_alloc((size_t)nranks * STEPS * sizeof(float));
-    j->norm = shared_alloc((size_t)nranks * STEPS * sizeof(float));
+    j->params = th_shared_alloc((size_t)nranks * j->np * sizeof(float));
+    j->loss = th_shared_alloc((size_t)nranks * STEPS * sizeof(float));
+    j->norm = th_shared_alloc((size_t)nranks * STEPS * sizeof(float));
     return j;
 }
 

@@ -70,34 +70,22 @@ typedef struct job {
     int state_after_load;
 } job;
 
-static void *shared_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    cr_assert(p != MAP_FAILED, "mmap %zu bytes: %s", bytes, strerror(errno));
-    return p;
-}
-
 static size_t count_params(void)
 {
-    char err[TRAIN_ERRLEN];
     train_options o = small_options(B);
-    train_model *m = train_model_create(&o.cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 1, err);
-    cr_assert(m, "%s", err);
-    size_t np = train_num_params(m);
-    train_model_free(m);
-    return np;
+    return th_num_params(&o.cfg);
 }
 
 static job *job_new(int nranks, int zero, int steps)
 {
-    job *j = shared_alloc(sizeof *j);
+    job *j = th_shared_alloc(sizeof *j);
     j->nranks = nranks;
     j->zero = zero;
     j->steps = steps;
     j->batch = B;
     j->np = count_params();
-    j->loss = shared_alloc(STEPS * sizeof(float));
-    j->state = shared_alloc(3 * j->np * sizeof(float));
+    j->loss = th_shared_alloc(STEPS * sizeof(float));
+    j->state = th_shared_alloc(3 * j->np * sizeof(float));
     return j;
 }
 
