@@ -626,10 +626,11 @@ train:;
                    fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
                    (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
             if (fs && n > 0)
-                printf("communication: bytes sent per rank per step: planned %.0f (ring "
-                       "formulas), measured %.0f (rank 0, libcoll's trace counters: bytes_out of the steps "
-                       "it ran; one-shot and direct copies, which peers load, send none%s), "
-                       "counted %.0f (ring formulas over the calls made)\n",
+                printf("communication: bytes per rank per step: planned %.0f (ring formulas: "
+                       "what each rank sends, and receives), measured %.0f (rank 0, libcoll's "
+                       "trace counters: what it received in every step it ran, the direct "
+                       "path's loads from peers included%s), counted %.0f (ring formulas over "
+                       "the calls made)\n",
                        pr.sent, measured_total / (double)n,
                        measured_total > 0 ? "" : ": not available with --trace or this backend",
                        sent_total / (double)n);
