@@ -322,8 +322,10 @@ static int run(const cli *c, train_backend *b)
     train_session *s = train_session_create(&o, msg);
     if (!s)
         die_rank(b, msg);
-    if (b && c->fsdp) /* fsdp checkpoints record the global batch: resumable at any N */
-        train_session_set_batch_mult(s, b->nranks * c->accum);
+    /* fsdp and tp checkpoints record the global batch (rows per optimizer step): FSDP's
+     * resume at any N, TP's at any grid and in one process */
+    if (b && (c->fsdp || tpb))
+        train_session_set_batch_mult(s, db->nranks * c->accum);
     if (tpb && train_tp_attach(s, tpb, msg) != 0)
         die_rank(b, msg);
     if (tpb && c->trace)
@@ -355,7 +357,7 @@ static int run(const cli *c, train_backend *b)
         fo.zero = c->zero;
         fo.accum = c->accum;
         fo.trace = c->trace != NULL;
-        fs = train_fsdp_create(s, b, &fo, msg);
+        fs = train_fsdp_create(s, db, &fo, msg);
         if (!fs)
             die_rank(b, msg);
     } else if (b && c->ddp) {
@@ -537,7 +539,15 @@ train:;
                 print_escaped(sample, (int)sample_len);
             }
         }
-        if (fs && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+        if (tpb && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
+            /* collective: DP rank 0 of each TP group writes its slice, rank 0 the manifest */
+            if (train_tp_save(s, b, tpb, NULL, NULL, NULL, path, msg) != 0)
+                die_rank(b, msg);
+            if (root)
+                printf("checkpoint %s (manifest; %d tensor-parallel shards %s.shard<t>of%d)\n",
+                       path, c->tp, path, c->tp);
+        } else if (fs && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
             if (train_fsdp_save(fs, path, msg) != 0) /* collective: shards, then manifest */
                 die_rank(b, msg);
@@ -763,8 +773,8 @@ static int run_ddp(cli *c)
         train_options o = c->o;
         o.threads = 1;
         train_session *s = train_session_create(&o, msg);
-        if (s && c->fsdp)
-            train_session_set_batch_mult(s, c->ranks * c->accum);
+        if (s && (c->fsdp || c->tp > 1))
+            train_session_set_batch_mult(s, c->ranks / c->tp * c->accum);
         if (!s || train_session_load(s, c->resume, msg) != 0) {
             train_session_free(s);
             die(msg);
@@ -970,8 +980,9 @@ int main(int argc, char **argv)
         if (cl.nccl)
             die("--tp runs on the CPU model over libcoll or Open MPI; --backend nccl is for "
                 "--parallel ddp");
-        if (ckpt_dir || resume)
-            die("--tp does not write or resume checkpoints yet");
+        if (cl.fsdp && (ckpt_dir || resume))
+            die("--tp with --parallel fsdp does not write or resume checkpoints yet; use "
+                "--parallel ddp or none for checkpoints");
         if (cl.trace && cl.ddp)
             die("--trace with --tp records the tensor-parallel collectives with --parallel "
                 "none only for now");
