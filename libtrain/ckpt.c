@@ -720,15 +720,8 @@ int train_session_load(train_session *s, const char *path, char *err)
     cursor c = {hb, 8};
     get(&c, &h.version, 4);
     get(&c, &h.header_bytes, 4);
-    if ((h.version == CKPT_VERSION_SHARDED || h.version == CKPT_VERSION_TP) &&
-        h.header_bytes == CKPT_HEADER && got == CKPT_HEADER) {
-        c.off = 8;
-        FIELDS(get, &c, &h);
-        fclose(f);
-        return h.version == CKPT_VERSION_TP ? load_tp(s, path, &h, fsize, err)
-                                            : load_sharded(s, path, &h, fsize, err);
-    }
-    if (h.version != CKPT_VERSION || h.header_bytes != CKPT_HEADER) {
+    if (h.version < CKPT_VERSION || h.version > CKPT_VERSION_TP ||
+        h.header_bytes != CKPT_HEADER) {
         train_errf(err, "checkpoint %s: unsupported version %u (this build reads versions %d "
                    "to %d)", path, h.version, CKPT_VERSION, CKPT_VERSION_TP);
         goto fail;
@@ -737,6 +730,13 @@ int train_session_load(train_session *s, const char *path, char *err)
         train_errf(err, "checkpoint %s: truncated (%zu bytes, header alone is %d)", path,
                    fsize, CKPT_HEADER);
         goto fail;
+    }
+    if (h.version != CKPT_VERSION) { /* a manifest: shards beside it */
+        c.off = 8;
+        FIELDS(get, &c, &h);
+        fclose(f);
+        return h.version == CKPT_VERSION_TP ? load_tp(s, path, &h, fsize, err)
+                                            : load_sharded(s, path, &h, fsize, err);
     }
     c.off = 8;
     FIELDS(get, &c, &h);
