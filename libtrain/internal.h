@@ -239,6 +239,10 @@ void train_tp_fail(train_model *m, const char *fmt, ...) __attribute__((format(p
 /* squared global gradient norm: split tensors summed over the group, replicated ones
  * counted once */
 double train_tp_grad_sumsq(train_model *m);
+/* 1 for the tensors a tensor-parallel group splits (tp.h's table), 0 for the replicated */
+int train_tp_is_split(const char *name);
+/* *x = its sum over the TP group (blocking); 0, or -1 with a sentence */
+int train_tp_group_sum(train_model *m, float *x, char *err);
 
 /* ---- helpers (util.c) ---- */
 uint64_t train_splitmix64(uint64_t *state);

@@ -408,13 +408,13 @@ static int run(const cli *c, train_backend *b)
                "rank), D = %d data-parallel groups (--parallel %s); %zu parameters per rank%s\n",
                c->tp, b->nranks / c->tp, b->name, c->tp, cfg->heads / c->tp,
                4 * cfg->channels / c->tp, (cfg->vocab + c->tp - 1) / c->tp, cfg->vocab,
-               b->nranks / c->tp, c->ddp ? "ddp" : "none", np,
+               b->nranks / c->tp, c->fsdp ? "fsdp" : c->ddp ? "ddp" : "none", np,
                c->sp ? "; sequence parallel (--sp)" : "");
     if (fs) {
         printf("coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s per step: "
                "global batch %d x seq %d; %d units:\n",
-               c->zero, b->nranks, b->name, c->accum, c->accum > 1 ? "s" : "",
-               c->accum * b->nranks * o.batch, o.seq, train_fsdp_num_units(fs));
+               c->zero, db->nranks, db->name, c->accum, c->accum > 1 ? "s" : "",
+               c->accum * db->nranks * o.batch, o.seq, train_fsdp_num_units(fs));
         for (int i = 0; i < train_fsdp_num_units(fs); i++) {
             train_fsdp_describe_unit(fs, i, msg, sizeof msg);
             printf("  %s\n", msg);
@@ -541,8 +541,18 @@ train:;
         }
         if (tpb && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
-            /* collective: DP rank 0 of each TP group writes its slice, rank 0 the manifest */
-            if (train_tp_save(s, b, tpb, NULL, NULL, NULL, path, msg) != 0)
+            /* collective: DP rank 0 of each TP group writes its slice, rank 0 the manifest;
+             * under FSDP the slice is first gathered from the DP group's shards */
+            float *sl = NULL;
+            size_t sn = train_num_params(m);
+            if (fs && !(sl = malloc(3 * sn * sizeof(float))))
+                die_rank(b, "out of memory gathering the checkpoint");
+            if (fs && train_fsdp_gather(fs, sl, sl + sn, sl + 2 * sn, NULL, msg) != 0)
+                die_rank(b, msg);
+            int rc = train_tp_save(s, b, tpb, sl, sl ? sl + sn : NULL, sl ? sl + 2 * sn : NULL,
+                                   path, msg);
+            free(sl);
+            if (rc != 0)
                 die_rank(b, msg);
             if (root)
                 printf("checkpoint %s (manifest; %d tensor-parallel shards %s.shard<t>of%d)\n",
@@ -975,14 +985,9 @@ int main(int argc, char **argv)
                      cl.tp);
             die(msg);
         }
-        if (cl.fsdp)
-            die("--tp with --parallel fsdp is not built yet; use --parallel ddp or none");
         if (cl.nccl)
             die("--tp runs on the CPU model over libcoll or Open MPI; --backend nccl is for "
                 "--parallel ddp");
-        if (cl.fsdp && (ckpt_dir || resume))
-            die("--tp with --parallel fsdp does not write or resume checkpoints yet; use "
-                "--parallel ddp or none for checkpoints");
         if (cl.trace && cl.ddp)
             die("--trace with --tp records the tensor-parallel collectives with --parallel "
                 "none only for now");

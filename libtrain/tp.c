@@ -67,7 +67,7 @@ static float *room(train_model *m, float **p, size_t *have, size_t n)
 /* ---- the split of each tensor ------------------------------------------------------- */
 
 /* Tensors split across the group (see the table in tp.h); the others are replicated. */
-static int is_split(const char *name)
+int train_tp_is_split(const char *name)
 {
     return strcmp(name, "wte") == 0 || strstr(name, "attn.qkv.") || strstr(name, "attn.proj.w") ||
            strstr(name, "mlp.fc.") || strstr(name, "mlp.proj.w");
@@ -82,7 +82,7 @@ void train_tp_copy_tensor(const train_param *fp, const train_param *lp, int tp, 
 {
     (void)tp;
     size_t K = (size_t)lp->shape[1];
-    if (!is_split(lp->name)) {
+    if (!train_tp_is_split(lp->name)) {
         if (to_local)
             memcpy(local, full, lp->numel * sizeof(float));
         else
@@ -582,7 +582,7 @@ double train_tp_grad_sumsq(train_model *m)
     for (int i = 0; i < m->ntensors; i++) {
         const train_param *p = &m->tensors[i];
         double s = m->ops->sumsq(m->grads + p->offset, p->numel);
-        if (is_split(p->name))
+        if (train_tp_is_split(p->name))
             split += s;
         else
             rep += s;
@@ -590,6 +590,17 @@ double train_tp_grad_sumsq(train_model *m)
     float part = (float)split;
     all_reduce(m, &part, 1, "grad norm", 0);
     return (double)part + rep;
+}
+
+int train_tp_group_sum(train_model *m, float *x, char *err)
+{
+    all_reduce(m, x, 1, "grad norm", 0);
+    const train_tp_ctx *c = m->tpc;
+    if (c && c->failed) {
+        train_errf(err, "%s", c->err);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- attaching a group -------------------------------------------------------------- */
@@ -614,7 +625,7 @@ int train_tp_attach(train_session *s, train_backend *b, char *err)
     /* every rank must hold the same replicated tensors: compare their hashes */
     uint64_t h = TRAIN_FNV_INIT;
     for (int i = 0; i < m->ntensors; i++)
-        if (!is_split(m->tensors[i].name))
+        if (!train_tp_is_split(m->tensors[i].name))
             h = train_fnv1a(h, m->params + m->tensors[i].offset,
                             m->tensors[i].numel * sizeof(float));
     uint64_t *all = calloc((size_t)b->nranks, sizeof *all);
