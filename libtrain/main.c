@@ -227,12 +227,13 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
         printf("%s\n", line);
     }
     /* tensor parallel: T = --tp alone, and T x D = --ranks */
-    for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 2 : 1); k++) {
+    for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 5 : 1); k++) {
         train_plan_row r;
         long nb;
         double ab;
-        int dp = k ? N / tp : 1;
-        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, fixed, &r, &nb, &ab, msg) != 0)
+        int dp = k ? N / tp : 1, zero = k > 1 ? k - 1 : 0; /* TP, TPxDDP, TPxZ1..3 */
+        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, fixed, &r, &nb, &ab,
+                          msg) != 0)
             die(msg);
         train_plan_format(&r, line, sizeof line);
         printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
@@ -423,8 +424,8 @@ static int run(const cli *c, train_backend *b)
     {
         train_plan_row pr;
         char line[256];
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, fixed, &pr, NULL,
-                                 NULL, msg)
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp,
+                                 c->fsdp ? c->zero : 0, fixed, &pr, NULL, NULL, msg)
                  : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
                               run_strategy(c, b), fixed, &pr, msg)) == 0) {
             train_plan_header(line, sizeof line);
@@ -627,8 +628,8 @@ train:;
     }
     {
         train_plan_row pr;
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, fixed, &pr, NULL,
-                                 NULL, msg)
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp,
+                                 c->fsdp ? c->zero : 0, fixed, &pr, NULL, NULL, msg)
                  : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
                               run_strategy(c, b), fixed, &pr, msg)) == 0) {
             printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",

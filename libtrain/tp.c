@@ -699,7 +699,7 @@ void train_tp_set_trace(train_session *s, train_trace *tr, int rank)
 
 /* ---- the planner's rows ---------------------------------------------------------------- */
 
-int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
+int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp, int zero,
                   double fixed, train_plan_row *r, long *inblock, double *inblock_bytes,
                   char *err)
 {
@@ -710,23 +710,42 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
                    S);
         return -1;
     }
-    size_t P = 0, A = 0;
-    if (train_model_sizes_tp(cfg, B, S, tp, sp, &P, &A, NULL) != 0) {
+    if (zero < 0 || zero > 3) {
+        train_errf(err, "impossible plan: ZeRO stage %d", zero);
+        return -1;
+    }
+    size_t P = 0, A = 0, *ul = calloc((size_t)cfg->layers + 2, sizeof *ul);
+    if (!ul || train_model_sizes_tp(cfg, B, S, tp, sp, &P, &A, ul) != 0) {
+        free(ul);
         train_errf(err, "out of memory planning");
         return -1;
     }
     double f = 4.0, act = (double)B * S * cfg->channels * f; /* one B·S·C activation */
     double ring_t = 2.0 * (tp - 1) / tp, ring_d = 2.0 * (dp - 1) / dp;
     long nblock = 4L * cfg->layers;
+    static const char *zn[2][4] = {{"", "TPxZ1", "TPxZ2", "TPxZ3"},
+                                   {"", "SPxZ1", "SPxZ2", "SPxZ3"}};
+    double tp_sent = ring_t * ((double)(nblock + 2) * act + 3.0 * B * S * f);
     memset(r, 0, sizeof *r);
+    if (zero > 0 && dp > 1) { /* FSDP along D over this TP rank's slice: the FSDP rows' sums
+                               * over the slice's units, plus TP's own traffic */
+        train_plan_fill(ul, cfg->layers, P, A, dp, 1, (train_strategy)(TRAIN_PLAN_ZERO1 + zero - 1),
+                        fixed, r);
+        r->name = zn[!!sp][zero];
+        r->sent += tp_sent;
+        free(ul);
+        goto out;
+    }
+    free(ul);
     r->name = dp > 1 ? (sp ? "SPxDDP" : "TPxDDP") : sp ? "TP+SP" : "TP";
     r->params = f * P;
     r->grads = f * P;
     r->optim = 2 * f * P;
     r->acts = (double)A;
     r->fixed = fixed;
-    r->sent = ring_t * ((double)(nblock + 2) * act + 3.0 * B * S * f) + ring_d * f * P;
+    r->sent = tp_sent + ring_d * f * P;
     r->total = r->params + r->grads + r->optim + r->acts + r->fixed;
+out:
     if (inblock)
         *inblock = nblock;
     if (inblock_bytes)

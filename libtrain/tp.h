@@ -92,10 +92,12 @@ TRAIN_API int train_tp_g_backward(train_backend *b, float *dx, size_t n);
  * (3·B·S), and with D > 1 DDP's gradient all-reduce of the slice. With sp the residual
  * stream's activations are divided by T and every in-block all-reduce is an all-gather
  * plus a reduce-scatter of the same bytes on the wire (ring: (n-1)/n each). *inblock gets the
- * in-block all-reduce count per step and *inblock_bytes the bytes of each (may be NULL). */
+ * in-block all-reduce count per step and *inblock_bytes the bytes of each (may be NULL).
+ * zero 1..3 (with dp > 1): TP x FSDP, ZeRO-`zero` along D over the rank's slice — the FSDP
+ * row of the slice's units (train_plan's formulas) plus TP's traffic; 0: DDP (or none). */
 #include "plan.h"
 TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
-                            double fixed, train_plan_row *out, long *inblock,
+                            int zero, double fixed, train_plan_row *out, long *inblock,
                             double *inblock_bytes, char *err);
 
 /* Parameter conversion between the single-process layout (full: train_num_params of the
