@@ -640,11 +640,11 @@ int train_tp_save(train_session *s, train_backend *world, train_backend *tp, con
     float *own = NULL;
     char why[TRAIN_ERRLEN] = "";
     int rc = 0;
-    if (!all) {
-        train_errf(why, "checkpoint %s: out of memory", path);
-        mine[2] = 1;
+    if (!all) { /* the peers learn of it from the failed collective (our abort, or timeout) */
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return -1;
     }
-    if (dp == 0 && !mine[2]) { /* DP rank 0 of each TP group: the others hold the same */
+    if (dp == 0) { /* DP rank 0 of each TP group: the others hold the same */
         if (!p) {
             own = malloc(3 * S * sizeof(float));
             if (own) {
@@ -662,9 +662,8 @@ int train_tp_save(train_session *s, train_backend *world, train_backend *tp, con
         }
     }
     free(own);
-    uint64_t dummy[3 * 64];
     train_req r;
-    if (tp->all_gather(tp, mine, all ? all : dummy, sizeof mine, &r) != 0 ||
+    if (tp->all_gather(tp, mine, all, sizeof mine, &r) != 0 ||
         tp->wait(tp, r) != 0) {
         train_errf(err, "checkpoint %s: gathering the shard checksums: %s", path, tp->err);
         free(all);
@@ -673,7 +672,7 @@ int train_tp_save(train_session *s, train_backend *world, train_backend *tp, con
     int32_t ok[2] = {1, -1}; /* manifest written; the rank that failed */
     if (world->rank == 0) {
         for (int q = 0; q < T && ok[0]; q++)
-            if (!all || all[3 * q + 2])
+            if (all[3 * q + 2])
                 ok[0] = 0, ok[1] = q;
         if (ok[0] && tp_manifest_write(s, path, T, D, S, all, why) != 0)
             ok[0] = 0, ok[1] = 0;

@@ -4,7 +4,8 @@
  *
  * With --tp T the N ranks form a T x D grid (tp.h): tensor-parallel groups of T
  * consecutive ranks, each a sub-communicator split from the job's, and data-parallel
- * groups across them on which --parallel ddp runs.
+ * groups across them on which --parallel ddp or fsdp runs; its checkpoints are sharded by
+ * TP rank (train_tp_save), and any checkpoint resumes at any grid that can hold it.
  * With no arguments it trains the default small model on the embedded corpus on the CPU.
  * With --parallel ddp it forks --ranks local ranks (libcoll), re-runs itself under
  * mpirun.openmpi (--backend mpi), or joins the job a launcher describes in the

@@ -13,6 +13,8 @@
  *    all of it again with sequence parallelism (--sp), gradients included — without the
  *    LayerNorm gradients' all-reduce over the group (Megatron #1446) those fail.
  *    The vocabulary is not a multiple of T (257, 258), so the padded rows are exercised.
+ *  - T = 2 x D = 2 with FSDP along D (ZeRO-1, 2, 3): losses and gradient norms within 1e-5
+ *    of one process's, with clipping active (the norm's TP combination matters).
  *  - a rank killed in a 2 x 2 grid (ranks started as a launcher would, each its own
  *    process) makes every other rank exit non-zero with a sentence naming itself within
  *    seconds (the libcoll timeout is set to 2 s; they go in ~0.2 s, told by libcoll's
