@@ -40,11 +40,33 @@
  * ranges back together: the session then holds the whole state, whatever N saved it, and
  * a parallel layer cuts it for its own N (resharding on load).
  *
+ * Tensor-parallel checkpoints (version 3, written by --tp: train_tp_save). The manifest at
+ * `path` is the 148-byte header with version 3, flags 2, `nparams` the single-process
+ * model's count and `batch` the global batch, then
+ *
+ *   u32 T, u32 D (the grid), u64 S (floats per array of one TP rank's slice),
+ *   T x (u64 shard file bytes, u64 FNV-1a of the shard file), u64 FNV-1a of all before.
+ *
+ * TP rank t's shard is `path.shard<t>of<T>`, the shard layout above with S = the local
+ * parameter count: that rank's slice (tp.h's table) of the parameters, AdamW m and AdamW
+ * v (the moments are split exactly as their parameters). Only data-parallel rank 0 of
+ * each TP group writes (DDP keeps every DP rank's state identical); the shards are written
+ * before the manifest, which rank 0 writes last.
+ *
+ * Every loader first assembles the single-process state (params, m, v in the layout of
+ * the T = 1 model: train_tp_unshard of each shard), then installs it: as is in one
+ * process, or this rank's slice of it (train_tp_shard) in a tensor-parallel session —
+ * so any checkpoint (plain, FSDP-sharded, tensor-parallel at any T) resumes at any grid
+ * whose T splits the model and whose global batch is the same. Slicing is copying, and
+ * the vocabulary padding rows (zero parameters, zero gradients, zero moments) are not
+ * stored, so a resume at the same grid is bitwise.
+ *
  * Writes go through train_atomic (temp file, fsync, rename, fsync dir). Loads validate
  * everything (magic, version, size, config, data identity, hash) before changing the
  * session, so a bad checkpoint leaves the run untouched.
  */
 #include "internal.h"
+#include "tp.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -54,6 +76,7 @@
 #define CKPT_MAGIC "COLLTRN"
 #define CKPT_VERSION 1
 #define CKPT_VERSION_SHARDED 2
+#define CKPT_VERSION_TP 3
 #define CKPT_HEADER 148
 #define SHARD_MAGIC "COLLSHD"
 #define SHARD_HEADER 32
@@ -93,6 +116,16 @@ static void get(cursor *c, void *v, size_t n)
     OP(c, &(h)->grad_clip, 4); OP(c, &(h)->warmup, 4); OP(c, &(h)->steps, 4);              \
     OP(c, &(h)->flags, 4)
 
+/* Parameters of the single-process model (what every checkpoint's arrays are counted in,
+ * whatever slice this session holds). */
+static size_t full_count(const train_session *s)
+{
+    size_t np = 0, act = 0;
+    if (train_model_sizes(&s->opt.cfg, 1, 1, &np, &act, NULL) != 0)
+        return 0;
+    return np;
+}
+
 static void fill_header(const train_session *s, ckpt_header *h)
 {
     const train_options *o = &s->opt;
@@ -108,7 +141,7 @@ static void fill_header(const train_session *s, ckpt_header *h)
     h->seq = (uint32_t)o->seq;
     h->seed = o->seed;
     h->step = (uint64_t)s->step;
-    h->nparams = s->model->nparams;
+    h->nparams = full_count(s);
     h->sample_rng = s->sample_rng;
     h->epoch = s->pos.epoch;
     h->index = s->pos.index;
@@ -127,9 +160,9 @@ static void fill_header(const train_session *s, ckpt_header *h)
 
 int train_session_save(train_session *s, const char *path, char *err)
 {
-    if (s->model->tp > 1) { /* a slice is not a model: TP checkpoints are not written yet */
-        train_errf(err, "checkpoint %s: tensor-parallel checkpoints are not supported yet",
-                   path);
+    if (s->model->tp > 1) { /* a slice is not a model: train_tp_save writes the T slices */
+        train_errf(err, "checkpoint %s: a tensor-parallel rank holds a slice of the model; "
+                   "its checkpoints are written by every rank together (train_tp_save)", path);
         return -1;
     }
     ckpt_header h;
@@ -194,9 +227,9 @@ static int mismatch(const char *path, const ckpt_header *h, const train_session 
                    train_data_tokens(s->data));
         return 1;
     }
-    if (h->nparams != s->model->nparams) {
+    if (h->nparams != full_count(s)) {
         train_errf(err, "checkpoint %s holds %llu parameters, the model has %zu", path,
-                   (unsigned long long)h->nparams, s->model->nparams);
+                   (unsigned long long)h->nparams, full_count(s));
         return 1;
     }
     return 0;
@@ -300,47 +333,151 @@ static void unshard(const float *sh, size_t S, int r, int N, int nu, const size_
     }
 }
 
-static int load_sharded(train_session *s, const char *path, const unsigned char *hb,
-                        const ckpt_header *h, size_t fsize, char *err)
+/* Puts the single-process state (params, m, v: n floats each, one after the other) into
+ * the session: as it is on one process; this rank's slice of each array (the moments are
+ * split as their parameters) in a tensor-parallel session. */
+static int install(train_session *s, const float *full, size_t n, char *err)
+{
+    train_model *m = s->model;
+    if (m->tp <= 1) {
+        train_copy_params_from_host(m, full);
+        train_copy_opt_from_host(m, full + n, full + 2 * n);
+        return 0;
+    }
+    size_t ln = m->nparams;
+    float *loc = malloc(3 * ln * sizeof(float));
+    if (!loc) {
+        train_errf(err, "out of memory for this rank's slice of the checkpoint");
+        return -1;
+    }
+    for (int k = 0; k < 3; k++)
+        if (train_tp_shard(&s->opt.cfg, m->tp, m->tp_rank, full + (size_t)k * n,
+                           loc + (size_t)k * ln, err) != 0) {
+            free(loc);
+            return -1;
+        }
+    train_copy_params_from_host(m, loc);
+    train_copy_opt_from_host(m, loc + ln, loc + 2 * ln);
+    free(loc);
+    return 0;
+}
+
+static void set_position(train_session *s, const ckpt_header *h)
+{
+    s->step = (long)h->step;
+    s->sample_rng = h->sample_rng;
+    s->pos.seed = h->seed;
+    s->pos.epoch = h->epoch;
+    s->pos.index = h->index;
+}
+
+/* Shard r of N of the checkpoint at `path` into sb (sbytes): it must exist, have the size
+ * and checksum the manifest gives, and name itself shard r of N of step `step`. */
+static int read_shard(const char *path, uint32_t r, uint32_t N, uint64_t step, uint64_t bytes,
+                      uint64_t hash, unsigned char *sb, size_t sbytes, char *err)
+{
+    char sp[4200];
+    train_shard_path(sp, sizeof sp, path, (int)r, (int)N);
+    FILE *f = fopen(sp, "rb");
+    if (!f) {
+        train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s): %s", path, r, N, sp,
+                   strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    fstat(fileno(f), &st);
+    if ((uint64_t)st.st_size != bytes || bytes != sbytes) {
+        train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s) has %lld bytes, "
+                   "the manifest says %llu", path, r, N, sp, (long long)st.st_size,
+                   (unsigned long long)bytes);
+        fclose(f);
+        return -1;
+    }
+    size_t got = fread(sb, 1, sbytes, f);
+    fclose(f);
+    if (got != sbytes) {
+        train_errf(err, "checkpoint %s: shard %s: read error", path, sp);
+        return -1;
+    }
+    if (train_fnv1a(TRAIN_FNV_INIT, sb, sbytes) != hash) {
+        train_errf(err, "checkpoint %s: shard %u of %u (%s) is corrupt (checksum mismatch)",
+                   path, r, N, sp);
+        return -1;
+    }
+    uint32_t sr, sn;
+    uint64_t sstep;
+    memcpy(&sr, sb + 12, 4);
+    memcpy(&sn, sb + 16, 4);
+    memcpy(&sstep, sb + 24, 8);
+    if (memcmp(sb, SHARD_MAGIC "", 8) != 0 || sr != r || sn != N || sstep != step) {
+        train_errf(err, "checkpoint %s: shard %s belongs to another checkpoint", path, sp);
+        return -1;
+    }
+    return 0;
+}
+
+/* The whole manifest (fsize bytes) in memory, its length and checksum checked against
+ * `want(fsize, manifest)`, which gives the size the manifest's own counts imply (0 when
+ * they are impossible). */
+static unsigned char *read_manifest(const char *path, size_t fsize,
+                                    size_t (*want)(const unsigned char *, size_t), char *err)
+{
+    unsigned char *mb = malloc(fsize > CKPT_HEADER + 32 ? fsize : CKPT_HEADER + 32);
+    FILE *f = fopen(path, "rb");
+    if (!mb || !f || fread(mb, 1, fsize, f) != fsize) {
+        train_errf(err, "checkpoint %s: %s", path, f ? "read error" : strerror(errno));
+        if (f)
+            fclose(f);
+        free(mb);
+        return NULL;
+    }
+    fclose(f);
+    size_t w = want(mb, fsize);
+    if (w == 0 || fsize != w) {
+        train_errf(err, "checkpoint %s: manifest %s (%zu bytes)", path,
+                   w && fsize < w ? "truncated" : "corrupt", fsize);
+        free(mb);
+        return NULL;
+    }
+    uint64_t stored;
+    memcpy(&stored, mb + w - 8, 8);
+    if (train_fnv1a(TRAIN_FNV_INIT, mb, w - 8) != stored) {
+        train_errf(err, "checkpoint %s: corrupt manifest (checksum mismatch)", path);
+        free(mb);
+        return NULL;
+    }
+    return mb;
+}
+
+static size_t fsdp_manifest_size(const unsigned char *mb, size_t fsize)
+{
+    uint32_t N, nu;
+    if (fsize < CKPT_HEADER + 8)
+        return CKPT_HEADER + 8 + 8;
+    memcpy(&N, mb + CKPT_HEADER, 4);
+    memcpy(&nu, mb + CKPT_HEADER + 4, 4);
+    if (N < 1 || N > 65536 || nu > 1u << 20)
+        return 0;
+    return CKPT_HEADER + 8 + 8 * (size_t)nu + 16 * (size_t)N + 8;
+}
+
+static int load_sharded(train_session *s, const char *path, const ckpt_header *h, size_t fsize,
+                        char *err)
 {
     unsigned char *mb = NULL, *sb = NULL;
     float *full = NULL;
     size_t *ulen = NULL;
     int rc = -1;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        train_errf(err, "checkpoint %s: cannot open: %s", path, strerror(errno));
+    mb = read_manifest(path, fsize, fsdp_manifest_size, err);
+    if (!mb)
         return -1;
-    }
-    mb = malloc(fsize > CKPT_HEADER + 16 ? fsize : CKPT_HEADER + 16);
-    if (!mb || fread(mb, 1, fsize, f) != fsize) {
-        train_errf(err, "checkpoint %s: read error", path);
-        goto out;
-    }
-    fclose(f);
-    f = NULL;
-    (void)hb;
     cursor c = {mb, CKPT_HEADER};
     uint32_t N = 0, nu = 0;
-    if (fsize >= CKPT_HEADER + 8) {
-        get(&c, &N, 4);
-        get(&c, &nu, 4);
-    }
-    size_t want = CKPT_HEADER + 8 + 8 * (size_t)nu + 16 * (size_t)N + 8;
-    if (fsize < CKPT_HEADER + 8 || N < 1 || N > 65536 || nu > 1u << 20 || fsize != want) {
-        train_errf(err, "checkpoint %s: manifest %s (%zu bytes)", path,
-                   fsize < want ? "truncated" : "corrupt", fsize);
-        goto out;
-    }
-    uint64_t stored;
-    memcpy(&stored, mb + want - 8, 8);
-    if (train_fnv1a(TRAIN_FNV_INIT, mb, want - 8) != stored) {
-        train_errf(err, "checkpoint %s: corrupt manifest (checksum mismatch)", path);
-        goto out;
-    }
+    get(&c, &N, 4);
+    get(&c, &nu, 4);
     if (mismatch(path, h, s, err))
         goto out;
-    size_t n = s->model->nparams;
+    size_t n = full_count(s);
     int L = s->opt.cfg.layers;
     size_t np_, act_;
     ulen = calloc((size_t)L + 2, sizeof *ulen);
@@ -373,55 +510,15 @@ static int load_sharded(train_session *s, const char *path, const unsigned char 
         uint64_t bytes, hash;
         get(&c, &bytes, 8);
         get(&c, &hash, 8);
-        char sp[4200];
-        train_shard_path(sp, sizeof sp, path, (int)r, (int)N);
-        f = fopen(sp, "rb");
-        if (!f) {
-            train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s): %s", path, r, N,
-                       sp, strerror(errno));
+        if (read_shard(path, r, N, h->step, bytes, hash, sb, sbytes, err) != 0)
             goto out;
-        }
-        struct stat st;
-        fstat(fileno(f), &st);
-        if ((uint64_t)st.st_size != bytes || bytes != sbytes) {
-            train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s) has %lld bytes, "
-                       "the manifest says %llu", path, r, N, sp, (long long)st.st_size,
-                       (unsigned long long)bytes);
-            goto out;
-        }
-        if (fread(sb, 1, sbytes, f) != sbytes) {
-            train_errf(err, "checkpoint %s: shard %s: read error", path, sp);
-            goto out;
-        }
-        fclose(f);
-        f = NULL;
-        if (train_fnv1a(TRAIN_FNV_INIT, sb, sbytes) != hash) {
-            train_errf(err, "checkpoint %s: shard %u of %u (%s) is corrupt (checksum "
-                       "mismatch)", path, r, N, sp);
-            goto out;
-        }
-        uint32_t sr, sn;
-        uint64_t sstep;
-        memcpy(&sr, sb + 12, 4);
-        memcpy(&sn, sb + 16, 4);
-        memcpy(&sstep, sb + 24, 8);
-        if (memcmp(sb, SHARD_MAGIC "", 8) != 0 || sr != r || sn != N || sstep != h->step) {
-            train_errf(err, "checkpoint %s: shard %s belongs to another checkpoint", path, sp);
-            goto out;
-        }
         unshard((const float *)(sb + SHARD_HEADER), S, (int)r, (int)N, L + 2, ulen, full, n);
     }
-    train_copy_params_from_host(s->model, full);
-    train_copy_opt_from_host(s->model, full + n, full + 2 * n);
-    s->step = (long)h->step;
-    s->sample_rng = h->sample_rng;
-    s->pos.seed = h->seed;
-    s->pos.epoch = h->epoch;
-    s->pos.index = h->index;
+    if (install(s, full, n, err) != 0)
+        goto out;
+    set_position(s, h);
     rc = 0;
 out:
-    if (f)
-        fclose(f);
     free(mb);
     free(sb);
     free(full);
@@ -429,14 +526,176 @@ out:
     return rc;
 }
 
+/* ---- tensor-parallel checkpoints ---------------------------------------------------- */
+
+static size_t tp_manifest_size(const unsigned char *mb, size_t fsize)
+{
+    uint32_t T;
+    if (fsize < CKPT_HEADER + 16)
+        return CKPT_HEADER + 16 + 8;
+    memcpy(&T, mb + CKPT_HEADER, 4);
+    if (T < 1 || T > 65536)
+        return 0;
+    return CKPT_HEADER + 16 + 16 * (size_t)T + 8;
+}
+
+static int load_tp(train_session *s, const char *path, const ckpt_header *h, size_t fsize,
+                   char *err)
+{
+    unsigned char *sb = NULL, *mb = read_manifest(path, fsize, tp_manifest_size, err);
+    float *full = NULL;
+    int rc = -1;
+    if (!mb)
+        return -1;
+    cursor c = {mb, CKPT_HEADER};
+    uint32_t T = 0, D = 0;
+    uint64_t S = 0;
+    get(&c, &T, 4);
+    get(&c, &D, 4);
+    get(&c, &S, 8);
+    if (mismatch(path, h, s, err))
+        goto out;
+    size_t n = full_count(s), ln = 0, act = 0;
+    char why[TRAIN_ERRLEN];
+    if (train_tp_config_check(&s->opt.cfg, (int)T, TRAIN_DEVICE_CPU, why) != 0 ||
+        train_model_sizes_tp(&s->opt.cfg, 1, 1, (int)T, 0, &ln, &act, NULL) != 0 || ln != S) {
+        train_errf(err, "checkpoint %s: its %u x %u grid's slices (%llu floats) are not this "
+                   "model's split %u ways", path, T, D, (unsigned long long)S, T);
+        goto out;
+    }
+    size_t sbytes = SHARD_HEADER + 3 * (size_t)S * sizeof(float);
+    full = calloc(3 * n, sizeof(float));
+    sb = malloc(sbytes);
+    if (!full || !sb) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    for (uint32_t r = 0; r < T; r++) {
+        uint64_t bytes, hash;
+        get(&c, &bytes, 8);
+        get(&c, &hash, 8);
+        if (read_shard(path, r, T, h->step, bytes, hash, sb, sbytes, err) != 0)
+            goto out;
+        const float *loc = (const float *)(sb + SHARD_HEADER);
+        for (int k = 0; k < 3; k++)
+            if (train_tp_unshard(&s->opt.cfg, (int)T, (int)r, loc + (size_t)k * S,
+                                 full + (size_t)k * n, err) != 0)
+                goto out;
+    }
+    if (install(s, full, n, err) != 0)
+        goto out;
+    set_position(s, h);
+    rc = 0;
+out:
+    free(mb);
+    free(sb);
+    free(full);
+    return rc;
+}
+
+static int tp_manifest_write(train_session *s, const char *path, int T, int D, size_t S,
+                             const uint64_t *all, char *err)
+{
+    ckpt_header h;
+    fill_header(s, &h);
+    h.version = CKPT_VERSION_TP;
+    h.flags = 2;
+    size_t total = CKPT_HEADER + 16 + 16 * (size_t)T;
+    unsigned char *buf = malloc(total + 8);
+    if (!buf) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return -1;
+    }
+    cursor c = {buf, 0};
+    put(&c, CKPT_MAGIC "", 8);
+    FIELDS(put, &c, &h);
+    uint32_t t = (uint32_t)T, d = (uint32_t)D;
+    uint64_t s64 = S;
+    put(&c, &t, 4);
+    put(&c, &d, 4);
+    put(&c, &s64, 8);
+    for (int r = 0; r < T; r++) {
+        put(&c, &all[3 * r], 8);
+        put(&c, &all[3 * r + 1], 8);
+    }
+    uint64_t fh = train_fnv1a(TRAIN_FNV_INIT, buf, total);
+    put(&c, &fh, 8);
+    train_atomic a;
+    if (train_atomic_open(&a, path, err) != 0) {
+        free(buf);
+        return -1;
+    }
+    fwrite(buf, 1, total + 8, a.f);
+    free(buf);
+    return train_atomic_commit(&a, err);
+}
+
+int train_tp_save(train_session *s, train_backend *world, train_backend *tp, const float *p,
+                  const float *am, const float *av, const char *path, char *err)
+{
+    int T = tp->nranks, D = world->nranks / T, dp = world->rank / T;
+    size_t S = s->model->nparams;
+    uint64_t mine[3] = {0, 0, 0}; /* bytes, hash, failed */
+    uint64_t *all = calloc((size_t)T * 3, sizeof *all);
+    float *own = NULL;
+    char why[TRAIN_ERRLEN] = "";
+    int rc = 0;
+    if (!all) { /* the peers learn of it from the failed collective (our abort, or timeout) */
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return -1;
+    }
+    if (dp == 0) { /* DP rank 0 of each TP group: the others hold the same */
+        if (!p) {
+            own = malloc(3 * S * sizeof(float));
+            if (own) {
+                train_copy_params_to_host(s->model, own);
+                train_copy_opt_to_host(s->model, own + S, own + 2 * S);
+                p = own, am = own + S, av = own + 2 * S;
+            }
+        }
+        if (!p) {
+            train_errf(why, "checkpoint %s: out of memory", path);
+            mine[2] = 1;
+        } else if (train_shard_write(s, path, tp->rank, T, p, am, av, S, &mine[0], &mine[1],
+                                     why) != 0) {
+            mine[2] = 1;
+        }
+    }
+    free(own);
+    train_req r;
+    if (tp->all_gather(tp, mine, all, sizeof mine, &r) != 0 ||
+        tp->wait(tp, r) != 0) {
+        train_errf(err, "checkpoint %s: gathering the shard checksums: %s", path, tp->err);
+        free(all);
+        return -1;
+    }
+    int32_t ok[2] = {1, -1}; /* manifest written; the rank that failed */
+    if (world->rank == 0) {
+        for (int q = 0; q < T && ok[0]; q++)
+            if (all[3 * q + 2])
+                ok[0] = 0, ok[1] = q;
+        if (ok[0] && tp_manifest_write(s, path, T, D, S, all, why) != 0)
+            ok[0] = 0, ok[1] = 0;
+    }
+    /* everyone learns whether the checkpoint exists */
+    if (world->broadcast(world, ok, sizeof ok, 0, &r) != 0 || world->wait(world, r) != 0) {
+        train_errf(err, "checkpoint %s: %s", path, world->err);
+        rc = -1;
+    } else if (!ok[0]) {
+        if (ok[1] == world->rank || (world->rank == 0 && why[0]))
+            train_errf(err, "%s", why);
+        else
+            train_errf(err, "checkpoint %s: rank %d could not write its part", path, ok[1]);
+        rc = -1;
+    }
+    free(all);
+    return rc;
+}
+
 void train_session_set_batch_mult(train_session *s, int rows_mult) { s->batch_mult = rows_mult; }
 
 int train_session_load(train_session *s, const char *path, char *err)
 {
-    if (s->model->tp > 1) {
-        train_errf(err, "checkpoint %s: tensor-parallel sessions cannot resume yet", path);
-        return -1;
-    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         train_errf(err, "checkpoint %s: cannot open: %s", path, strerror(errno));
@@ -460,15 +719,10 @@ int train_session_load(train_session *s, const char *path, char *err)
     cursor c = {hb, 8};
     get(&c, &h.version, 4);
     get(&c, &h.header_bytes, 4);
-    if (h.version == CKPT_VERSION_SHARDED && h.header_bytes == CKPT_HEADER && got == CKPT_HEADER) {
-        c.off = 8;
-        FIELDS(get, &c, &h);
-        fclose(f);
-        return load_sharded(s, path, hb, &h, fsize, err);
-    }
-    if (h.version != CKPT_VERSION || h.header_bytes != CKPT_HEADER) {
+    if (h.version < CKPT_VERSION || h.version > CKPT_VERSION_TP ||
+        h.header_bytes != CKPT_HEADER) {
         train_errf(err, "checkpoint %s: unsupported version %u (this build reads versions %d "
-                   "and %d)", path, h.version, CKPT_VERSION, CKPT_VERSION_SHARDED);
+                   "to %d)", path, h.version, CKPT_VERSION, CKPT_VERSION_TP);
         goto fail;
     }
     if (got < CKPT_HEADER) {
@@ -476,9 +730,16 @@ int train_session_load(train_session *s, const char *path, char *err)
                    fsize, CKPT_HEADER);
         goto fail;
     }
+    if (h.version != CKPT_VERSION) { /* a manifest: shards beside it */
+        c.off = 8;
+        FIELDS(get, &c, &h);
+        fclose(f);
+        return h.version == CKPT_VERSION_TP ? load_tp(s, path, &h, fsize, err)
+                                            : load_sharded(s, path, &h, fsize, err);
+    }
     c.off = 8;
     FIELDS(get, &c, &h);
-    size_t n = s->model->nparams;
+    size_t n = full_count(s);
     if (h.nparams == n) { /* check the size before the config: truncation is the problem */
         size_t want = CKPT_HEADER + n * 12 + 8;
         if (fsize != want) {
@@ -502,14 +763,12 @@ int train_session_load(train_session *s, const char *path, char *err)
         goto fail;
     }
     fclose(f);
-    train_copy_params_from_host(s->model, buf);
-    train_copy_opt_from_host(s->model, buf + n, buf + 2 * n);
+    if (install(s, buf, n, err) != 0) {
+        free(buf);
+        return -1;
+    }
     free(buf);
-    s->step = (long)h.step;
-    s->sample_rng = h.sample_rng;
-    s->pos.seed = h.seed;
-    s->pos.epoch = h.epoch;
-    s->pos.index = h.index;
+    set_position(s, &h);
     return 0;
 fail:
     free(buf);

@@ -651,20 +651,49 @@ void train_fsdp_free(train_fsdp *f)
 
 /* ---- the step ---------------------------------------------------------------------- */
 
-/* Global L2 norm over the shards (real elements only), clipping as train_clip_grads. */
+/* Squared norms of this rank's real shard elements: sq[0] over the tensors a tensor-parallel
+ * group splits, sq[1] over the ones it replicates (all of them in sq[1] without TP). */
+static void shard_sumsq(const train_fsdp *f, double sq[2])
+{
+    const train_model *m = f->s->model;
+    sq[0] = sq[1] = 0.0;
+    for (int u = 0; u < f->nu; u++) {
+        const fsdp_unit *x = &f->u[u];
+        if (!m->tpc) {
+            sq[1] += m->ops->sumsq(f->gshard + x->soff, x->own_n);
+            continue;
+        }
+        size_t lo = x->own_lo, hi = x->own_lo + x->own_n;
+        for (int i = 0; i < m->ntensors && lo < hi; i++) {
+            const train_param *p = &m->tensors[i];
+            size_t a = p->offset > lo ? p->offset : lo;
+            size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+            if (a < e)
+                sq[train_tp_is_split(p->name) ? 0 : 1] +=
+                    m->ops->sumsq(f->gshard + x->soff + (a - x->own_lo), e - a);
+        }
+    }
+}
+
+/* Global L2 norm over the shards (real elements only), clipping as train_clip_grads. With
+ * tensor parallelism (the shards are of this TP rank's slice) the split tensors' squares are
+ * also summed over the TP group, the replicated ones counted once (every TP rank holds the
+ * same): |g|^2 = sum_tp sum_dp split + sum_dp replicated. */
 static int clip_shards(train_fsdp *f, float *norm_out, char *err)
 {
     const train_ops *ops = f->s->model->ops;
-    double local = 0.0;
-    for (int u = 0; u < f->nu; u++)
-        local += ops->sumsq(f->gshard + f->u[u].soff, f->u[u].own_n);
-    float sq = (float)local;
+    double local[2];
+    shard_sumsq(f, local);
+    float sq2[2] = {(float)local[0], (float)local[1]};
     train_req r;
-    if (f->b->all_reduce(f->b, &sq, 1, TRAIN_REDUCE_SUM, &r) != 0 || wait_req(f, r) != 0) {
+    if (f->b->all_reduce(f->b, sq2, 2, TRAIN_REDUCE_SUM, &r) != 0 || wait_req(f, r) != 0) {
         train_errf(err, "all-reduce of the gradient norm: %s", f->b->err);
         return -1;
     }
-    f->sent += (uint64_t)2 * (f->N - 1) * sizeof(float) / (uint64_t)f->N;
+    f->sent += (uint64_t)2 * (f->N - 1) * 2 * sizeof(float) / (uint64_t)f->N;
+    if (f->s->model->tpc && train_tp_group_sum(f->s->model, &sq2[0], err) != 0)
+        return -1;
+    float sq = sq2[0] + sq2[1];
     float norm = sqrtf(sq);
     float clip = f->s->opt.hp.grad_clip;
     if (clip > 0.0f) {

@@ -24,6 +24,10 @@
  *           units (embeddings, final LayerNorm, small) stay gathered, as PyTorch FSDP's
  *           root unit does.
  *
+ * Under tensor parallelism (tp.h) the backend is the data-parallel group of one TP rank
+ * and the arrays are that rank's slice; only the clipping norm differs: split tensors'
+ * squares are summed over the TP group too, replicated ones counted once.
+ *
  * Errors: 0 / -1 with one line in err; after a failed collective the object is only good
  * for train_fsdp_free (and the backend for abort).
  */

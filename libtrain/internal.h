@@ -239,6 +239,17 @@ void train_tp_fail(train_model *m, const char *fmt, ...) __attribute__((format(p
 /* squared global gradient norm: split tensors summed over the group, replicated ones
  * counted once */
 double train_tp_grad_sumsq(train_model *m);
+/* 1 for the tensors a tensor-parallel group splits (tp.h's table), 0 for the replicated */
+int train_tp_is_split(const char *name);
+/* *x = its sum over the TP group (blocking); 0, or -1 with a sentence */
+int train_tp_group_sum(train_model *m, float *x, char *err);
+
+/* The planner's row (plan.c) from a layout: unit lengths ul (L+2: embeddings, blocks,
+ * final LayerNorm), P parameters and A activation bytes of one rank's model — the whole
+ * model, or a tensor-parallel slice (train_model_sizes_tp) for TP x FSDP. */
+#include "plan.h"
+void train_plan_fill(const size_t *ul, int L, size_t P, size_t A, int N, int accum,
+                     train_strategy st, double fixed, train_plan_row *r);
 
 /* ---- helpers (util.c) ---- */
 uint64_t train_splitmix64(uint64_t *state);

@@ -4,7 +4,8 @@
  *
  * With --tp T the N ranks form a T x D grid (tp.h): tensor-parallel groups of T
  * consecutive ranks, each a sub-communicator split from the job's, and data-parallel
- * groups across them on which --parallel ddp runs.
+ * groups across them on which --parallel ddp or fsdp runs; its checkpoints are sharded by
+ * TP rank (train_tp_save), and any checkpoint resumes at any grid that can hold it.
  * With no arguments it trains the default small model on the embedded corpus on the CPU.
  * With --parallel ddp it forks --ranks local ranks (libcoll), re-runs itself under
  * mpirun.openmpi (--backend mpi), or joins the job a launcher describes in the
@@ -227,12 +228,13 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
         printf("%s\n", line);
     }
     /* tensor parallel: T = --tp alone, and T x D = --ranks */
-    for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 2 : 1); k++) {
+    for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 5 : 1); k++) {
         train_plan_row r;
         long nb;
         double ab;
-        int dp = k ? N / tp : 1;
-        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, fixed, &r, &nb, &ab, msg) != 0)
+        int dp = k ? N / tp : 1, zero = k > 1 ? k - 1 : 0; /* TP, TPxDDP, TPxZ1..3 */
+        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, fixed, &r, &nb, &ab,
+                          msg) != 0)
             die(msg);
         train_plan_format(&r, line, sizeof line);
         printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
@@ -322,8 +324,10 @@ static int run(const cli *c, train_backend *b)
     train_session *s = train_session_create(&o, msg);
     if (!s)
         die_rank(b, msg);
-    if (b && c->fsdp) /* fsdp checkpoints record the global batch: resumable at any N */
-        train_session_set_batch_mult(s, b->nranks * c->accum);
+    /* fsdp and tp checkpoints record the global batch (rows per optimizer step): FSDP's
+     * resume at any N, TP's at any grid and in one process */
+    if (b && (c->fsdp || tpb))
+        train_session_set_batch_mult(s, db->nranks * c->accum);
     if (tpb && train_tp_attach(s, tpb, msg) != 0)
         die_rank(b, msg);
     if (tpb && c->trace)
@@ -355,7 +359,7 @@ static int run(const cli *c, train_backend *b)
         fo.zero = c->zero;
         fo.accum = c->accum;
         fo.trace = c->trace != NULL;
-        fs = train_fsdp_create(s, b, &fo, msg);
+        fs = train_fsdp_create(s, db, &fo, msg);
         if (!fs)
             die_rank(b, msg);
     } else if (b && c->ddp) {
@@ -406,13 +410,13 @@ static int run(const cli *c, train_backend *b)
                "rank), D = %d data-parallel groups (--parallel %s); %zu parameters per rank%s\n",
                c->tp, b->nranks / c->tp, b->name, c->tp, cfg->heads / c->tp,
                4 * cfg->channels / c->tp, (cfg->vocab + c->tp - 1) / c->tp, cfg->vocab,
-               b->nranks / c->tp, c->ddp ? "ddp" : "none", np,
+               b->nranks / c->tp, c->fsdp ? "fsdp" : c->ddp ? "ddp" : "none", np,
                c->sp ? "; sequence parallel (--sp)" : "");
     if (fs) {
         printf("coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s per step: "
                "global batch %d x seq %d; %d units:\n",
-               c->zero, b->nranks, b->name, c->accum, c->accum > 1 ? "s" : "",
-               c->accum * b->nranks * o.batch, o.seq, train_fsdp_num_units(fs));
+               c->zero, db->nranks, db->name, c->accum, c->accum > 1 ? "s" : "",
+               c->accum * db->nranks * o.batch, o.seq, train_fsdp_num_units(fs));
         for (int i = 0; i < train_fsdp_num_units(fs); i++) {
             train_fsdp_describe_unit(fs, i, msg, sizeof msg);
             printf("  %s\n", msg);
@@ -421,8 +425,8 @@ static int run(const cli *c, train_backend *b)
     {
         train_plan_row pr;
         char line[256];
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, fixed, &pr, NULL,
-                                 NULL, msg)
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp,
+                                 c->fsdp ? c->zero : 0, fixed, &pr, NULL, NULL, msg)
                  : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
                               run_strategy(c, b), fixed, &pr, msg)) == 0) {
             train_plan_header(line, sizeof line);
@@ -537,7 +541,25 @@ train:;
                 print_escaped(sample, (int)sample_len);
             }
         }
-        if (fs && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+        if (tpb && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
+            /* collective: DP rank 0 of each TP group writes its slice, rank 0 the manifest;
+             * under FSDP the slice is first gathered from the DP group's shards */
+            float *sl = NULL;
+            size_t sn = train_num_params(m);
+            if (fs && !(sl = malloc(3 * sn * sizeof(float))))
+                die_rank(b, "out of memory gathering the checkpoint");
+            if (fs && train_fsdp_gather(fs, sl, sl + sn, sl + 2 * sn, NULL, msg) != 0)
+                die_rank(b, msg);
+            int rc = train_tp_save(s, b, tpb, sl, sl ? sl + sn : NULL, sl ? sl + 2 * sn : NULL,
+                                   path, msg);
+            free(sl);
+            if (rc != 0)
+                die_rank(b, msg);
+            if (root)
+                printf("checkpoint %s (manifest; %d tensor-parallel shards %s.shard<t>of%d)\n",
+                       path, c->tp, path, c->tp);
+        } else if (fs && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
             if (train_fsdp_save(fs, path, msg) != 0) /* collective: shards, then manifest */
                 die_rank(b, msg);
@@ -607,8 +629,8 @@ train:;
     }
     {
         train_plan_row pr;
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp, fixed, &pr, NULL,
-                                 NULL, msg)
+        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp,
+                                 c->fsdp ? c->zero : 0, fixed, &pr, NULL, NULL, msg)
                  : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
                               run_strategy(c, b), fixed, &pr, msg)) == 0) {
             printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
@@ -764,8 +786,8 @@ static int run_ddp(cli *c)
         train_options o = c->o;
         o.threads = 1;
         train_session *s = train_session_create(&o, msg);
-        if (s && c->fsdp)
-            train_session_set_batch_mult(s, c->ranks * c->accum);
+        if (s && (c->fsdp || c->tp > 1))
+            train_session_set_batch_mult(s, c->ranks / c->tp * c->accum);
         if (!s || train_session_load(s, c->resume, msg) != 0) {
             train_session_free(s);
             die(msg);
@@ -966,13 +988,9 @@ int main(int argc, char **argv)
                      cl.tp);
             die(msg);
         }
-        if (cl.fsdp)
-            die("--tp with --parallel fsdp is not built yet; use --parallel ddp or none");
         if (cl.nccl)
             die("--tp runs on the CPU model over libcoll or Open MPI; --backend nccl is for "
                 "--parallel ddp");
-        if (ckpt_dir || resume)
-            die("--tp does not write or resume checkpoints yet");
         if (cl.trace && cl.ddp)
             die("--trace with --tp records the tensor-parallel collectives with --parallel "
                 "none only for now");

@@ -27,6 +27,14 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
         train_errf(err, "out of memory planning");
         return -1;
     }
+    train_plan_fill(ul, L, P, A, N, accum, st, fixed, r);
+    free(ul);
+    return 0;
+}
+
+void train_plan_fill(const size_t *ul, int L, size_t P, size_t A, int N, int accum,
+                     train_strategy st, double fixed, train_plan_row *r)
+{
     /* padded shard floats, the largest unit and block (padded), the root units */
     double Ps = 0, U = 0, Bk = 0, Bs = 0, maxblock = 0, root = (double)(ul[0] + ul[L + 1]);
     double rootshard = 0, rootU = 0;
@@ -43,7 +51,6 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
             rootU = plen > rootU ? plen : rootU;
         }
     }
-    free(ul);
     double f = 4.0, n1 = (double)(N - 1), K = accum;
     memset(r, 0, sizeof *r);
     r->name = names[st];
@@ -90,7 +97,6 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
         break;
     }
     r->total = r->params + r->grads + r->optim + r->acts + r->working + r->fixed;
-    return 0;
 }
 
 static double status_kb(const char *key)

@@ -67,7 +67,7 @@ static float *room(train_model *m, float **p, size_t *have, size_t n)
 /* ---- the split of each tensor ------------------------------------------------------- */
 
 /* Tensors split across the group (see the table in tp.h); the others are replicated. */
-static int is_split(const char *name)
+int train_tp_is_split(const char *name)
 {
     return strcmp(name, "wte") == 0 || strstr(name, "attn.qkv.") || strstr(name, "attn.proj.w") ||
            strstr(name, "mlp.fc.") || strstr(name, "mlp.proj.w");
@@ -82,7 +82,7 @@ void train_tp_copy_tensor(const train_param *fp, const train_param *lp, int tp, 
 {
     (void)tp;
     size_t K = (size_t)lp->shape[1];
-    if (!is_split(lp->name)) {
+    if (!train_tp_is_split(lp->name)) {
         if (to_local)
             memcpy(local, full, lp->numel * sizeof(float));
         else
@@ -582,7 +582,7 @@ double train_tp_grad_sumsq(train_model *m)
     for (int i = 0; i < m->ntensors; i++) {
         const train_param *p = &m->tensors[i];
         double s = m->ops->sumsq(m->grads + p->offset, p->numel);
-        if (is_split(p->name))
+        if (train_tp_is_split(p->name))
             split += s;
         else
             rep += s;
@@ -590,6 +590,17 @@ double train_tp_grad_sumsq(train_model *m)
     float part = (float)split;
     all_reduce(m, &part, 1, "grad norm", 0);
     return (double)part + rep;
+}
+
+int train_tp_group_sum(train_model *m, float *x, char *err)
+{
+    all_reduce(m, x, 1, "grad norm", 0);
+    const train_tp_ctx *c = m->tpc;
+    if (c && c->failed) {
+        train_errf(err, "%s", c->err);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- attaching a group -------------------------------------------------------------- */
@@ -614,7 +625,7 @@ int train_tp_attach(train_session *s, train_backend *b, char *err)
     /* every rank must hold the same replicated tensors: compare their hashes */
     uint64_t h = TRAIN_FNV_INIT;
     for (int i = 0; i < m->ntensors; i++)
-        if (!is_split(m->tensors[i].name))
+        if (!train_tp_is_split(m->tensors[i].name))
             h = train_fnv1a(h, m->params + m->tensors[i].offset,
                             m->tensors[i].numel * sizeof(float));
     uint64_t *all = calloc((size_t)b->nranks, sizeof *all);
@@ -688,7 +699,7 @@ void train_tp_set_trace(train_session *s, train_trace *tr, int rank)
 
 /* ---- the planner's rows ---------------------------------------------------------------- */
 
-int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
+int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp, int zero,
                   double fixed, train_plan_row *r, long *inblock, double *inblock_bytes,
                   char *err)
 {
@@ -699,23 +710,42 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
                    S);
         return -1;
     }
-    size_t P = 0, A = 0;
-    if (train_model_sizes_tp(cfg, B, S, tp, sp, &P, &A, NULL) != 0) {
+    if (zero < 0 || zero > 3) {
+        train_errf(err, "impossible plan: ZeRO stage %d", zero);
+        return -1;
+    }
+    size_t P = 0, A = 0, *ul = calloc((size_t)cfg->layers + 2, sizeof *ul);
+    if (!ul || train_model_sizes_tp(cfg, B, S, tp, sp, &P, &A, ul) != 0) {
+        free(ul);
         train_errf(err, "out of memory planning");
         return -1;
     }
     double f = 4.0, act = (double)B * S * cfg->channels * f; /* one B·S·C activation */
     double ring_t = 2.0 * (tp - 1) / tp, ring_d = 2.0 * (dp - 1) / dp;
     long nblock = 4L * cfg->layers;
+    static const char *zn[2][4] = {{"", "TPxZ1", "TPxZ2", "TPxZ3"},
+                                   {"", "SPxZ1", "SPxZ2", "SPxZ3"}};
+    double tp_sent = ring_t * ((double)(nblock + 2) * act + 3.0 * B * S * f);
     memset(r, 0, sizeof *r);
+    if (zero > 0 && dp > 1) { /* FSDP along D over this TP rank's slice: the FSDP rows' sums
+                               * over the slice's units, plus TP's own traffic */
+        train_plan_fill(ul, cfg->layers, P, A, dp, 1, (train_strategy)(TRAIN_PLAN_ZERO1 + zero - 1),
+                        fixed, r);
+        r->name = zn[!!sp][zero];
+        r->sent += tp_sent;
+        free(ul);
+        goto out;
+    }
+    free(ul);
     r->name = dp > 1 ? (sp ? "SPxDDP" : "TPxDDP") : sp ? "TP+SP" : "TP";
     r->params = f * P;
     r->grads = f * P;
     r->optim = 2 * f * P;
     r->acts = (double)A;
     r->fixed = fixed;
-    r->sent = ring_t * ((double)(nblock + 2) * act + 3.0 * B * S * f) + ring_d * f * P;
+    r->sent = tp_sent + ring_d * f * P;
     r->total = r->params + r->grads + r->optim + r->acts + r->fixed;
+out:
     if (inblock)
         *inblock = nblock;
     if (inblock_bytes)

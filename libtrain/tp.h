@@ -28,8 +28,10 @@
  * global gradient norm sums the split tensors over the group and counts the replicated
  * ones once. The CPU model only.
  *
- * On a TP session train_copy_logits_to_host gives this rank's (B,T,V/T) columns,
- * train_session_sample writes an empty string, and checkpoints are refused (not built).
+ * On a TP session train_copy_logits_to_host gives this rank's (B,T,V/T) columns and
+ * train_session_sample writes an empty string. Checkpoints are sharded by TP rank
+ * (train_tp_save; format in ckpt.c); train_session_load reads any checkpoint into a TP
+ * session (its slice of the single-process state) and a TP checkpoint into one process.
  *
  * Data parallelism composes along the other axis: DDP over the backend of the ranks with
  * the same TP rank (ddp.h) sees the local flat arrays and needs no change.
@@ -90,10 +92,12 @@ TRAIN_API int train_tp_g_backward(train_backend *b, float *dx, size_t n);
  * (3·B·S), and with D > 1 DDP's gradient all-reduce of the slice. With sp the residual
  * stream's activations are divided by T and every in-block all-reduce is an all-gather
  * plus a reduce-scatter of the same bytes on the wire (ring: (n-1)/n each). *inblock gets the
- * in-block all-reduce count per step and *inblock_bytes the bytes of each (may be NULL). */
+ * in-block all-reduce count per step and *inblock_bytes the bytes of each (may be NULL).
+ * zero 1..3 (with dp > 1): TP x FSDP, ZeRO-`zero` along D over the rank's slice — the FSDP
+ * row of the slice's units (train_plan's formulas) plus TP's traffic; 0: DDP (or none). */
 #include "plan.h"
 TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
-                            double fixed, train_plan_row *out, long *inblock,
+                            int zero, double fixed, train_plan_row *out, long *inblock,
                             double *inblock_bytes, char *err);
 
 /* Parameter conversion between the single-process layout (full: train_num_params of the
@@ -103,5 +107,18 @@ TRAIN_API int train_tp_shard(const train_config *cfg, int tp, int rank, const fl
                              float *local, char *err);
 TRAIN_API int train_tp_unshard(const train_config *cfg, int tp, int rank, const float *local,
                                float *full, char *err);
+
+/* Collective over the job `world` (T x D ranks, rank = d*T + t) and this rank's TP group
+ * `tp`: a tensor-parallel checkpoint (format in ckpt.c). Data-parallel rank 0 of each TP
+ * group writes its slice `path.shard<t>of<T>` (temp file, fsync, rename): parameters,
+ * AdamW m and v — p, m, v (this rank's local layout, train_num_params floats each), or the
+ * session's model's own when p is NULL; then rank 0 writes the manifest `path` (grid,
+ * config, step, data position, RNG, each shard's size and checksum) the same way, last.
+ * The other DP ranks write nothing: under DDP they hold the same state. The session's
+ * batch multiplier (train_session_set_batch_mult) should make its batch the global one.
+ * Every rank returns -1 with a sentence if any part failed (then there is no manifest). */
+TRAIN_API int train_tp_save(train_session *s, train_backend *world, train_backend *tp,
+                            const float *p, const float *m, const float *v, const char *path,
+                            char *err);
 
 #endif

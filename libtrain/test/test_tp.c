@@ -13,6 +13,8 @@
  *    all of it again with sequence parallelism (--sp), gradients included — without the
  *    LayerNorm gradients' all-reduce over the group (Megatron #1446) those fail.
  *    The vocabulary is not a multiple of T (257, 258), so the padded rows are exercised.
+ *  - T = 2 x D = 2 with FSDP along D (ZeRO-1, 2, 3): losses and gradient norms within 1e-5
+ *    of one process's, with clipping active (the norm's TP combination matters).
  *  - a rank killed in a 2 x 2 grid (ranks started as a launcher would, each its own
  *    process) makes every other rank exit non-zero with a sentence naming itself within
  *    seconds (the libcoll timeout is set to 2 s; they go in ~0.2 s, told by libcoll's
@@ -41,6 +43,7 @@
 #include <time.h>
 
 #include "ddp.h"
+#include "fsdp.h"
 #include "helpers.h"
 #include "tp.h"
 #include "train.h"
@@ -146,9 +149,11 @@ Test(tp, mappings_input_is_rank, .timeout = 30)
 
 typedef struct job {
     int tp, dp, ddp, steps, vocab, sp;
+    int zero;         /* > 0: FSDP at this ZeRO stage along D instead of DDP */
     int grads;        /* 1: one forward/backward, report the gradients */
     size_t np;        /* floats per rank slot (the full model's count: a slice is smaller) */
     float *loss;      /* [rank][step] */
+    float *norm;      /* [rank][step] gradient norm before clipping */
     float *g;         /* [rank][np] local gradients */
     char why[8][TRAIN_ERRLEN];
 } job;
@@ -161,6 +166,7 @@ static int grid_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     train_backend *w = train_backend_coll(comm, 0, err), *tpb = NULL, *dpb = NULL;
     train_session *s = NULL;
     train_ddp *d = NULL;
+    train_fsdp *f = NULL;
     if (!w)
         return 2;
     /* TP groups of consecutive ranks, DP groups across them (tp.h) */
@@ -176,7 +182,13 @@ static int grid_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     s = train_session_create(&o, err);
     if (!s || train_tp_attach(s, tpb, err) != 0)
         goto out;
-    if (j->ddp) {
+    if (j->zero) {
+        train_fsdp_options fo = train_fsdp_options_default();
+        fo.zero = j->zero;
+        f = train_fsdp_create(s, dpb, &fo, err);
+        if (!f)
+            goto out;
+    } else if (j->ddp) {
         train_ddp_options dopt = train_ddp_options_default();
         dopt.first_bucket_bytes = 16 << 10;
         dopt.bucket_bytes = 32 << 10;
@@ -197,19 +209,28 @@ static int grid_rank(coll_comm_t comm, int rank, int nranks, void *arg)
         free(tg);
     }
     for (int i = 0; !j->grads && i < j->steps; i++) {
-        if (d) {
+        train_step_stats ss;
+        if (f) {
+            train_fsdp_stats st;
+            if (train_fsdp_step(f, &st, err) != 0)
+                goto out;
+            ss = st.step;
+        } else if (d) {
             train_ddp_stats st;
             if (train_ddp_step(d, &st, err) != 0)
                 goto out;
-            j->loss[(size_t)rank * j->steps + i] = st.step.loss;
+            ss = st.step;
         } else {
-            j->loss[(size_t)rank * j->steps + i] = train_session_step(s).loss;
+            ss = train_session_step(s);
         }
+        j->loss[(size_t)rank * j->steps + i] = ss.loss;
+        j->norm[(size_t)rank * j->steps + i] = ss.grad_norm;
     }
     if (train_tp_status(s, err) != 0)
         goto out;
     rc = 0;
 out:
+    train_fsdp_free(f);
     train_ddp_free(d);
     train_tp_detach(s);
     train_session_free(s);
@@ -222,9 +243,10 @@ out:
     return rc;
 }
 
-static job *run_grid(int tp, int dp, int ddp, int grads, int vocab, int sp)
+static job *run_grid_z(int tp, int dp, int ddp, int grads, int vocab, int sp, int zero)
 {
     job *j = shared_alloc(sizeof *j);
+    j->zero = zero;
     j->sp = sp;
     j->tp = tp;
     j->dp = dp;
@@ -235,6 +257,7 @@ static job *run_grid(int tp, int dp, int ddp, int grads, int vocab, int sp)
     j->np = full_params(vocab);
     int n = tp * dp;
     j->loss = shared_alloc((size_t)n * j->steps * sizeof(float));
+    j->norm = shared_alloc((size_t)n * j->steps * sizeof(float));
     j->g = shared_alloc((size_t)n * j->np * sizeof(float));
     char why[256];
     int rc = coll_launch_local(n, grid_rank, j, 60000, why, sizeof why);
@@ -244,25 +267,37 @@ static job *run_grid(int tp, int dp, int ddp, int grads, int vocab, int sp)
     return j;
 }
 
+static job *run_grid(int tp, int dp, int ddp, int grads, int vocab, int sp)
+{
+    return run_grid_z(tp, dp, ddp, grads, vocab, sp, 0);
+}
+
 static void free_grid(job *j)
 {
     int n = j->tp * j->dp;
+    munmap(j->norm, (size_t)n * j->steps * sizeof(float));
     munmap(j->loss, (size_t)n * j->steps * sizeof(float));
     munmap(j->g, (size_t)n * j->np * sizeof(float));
     munmap(j, sizeof *j);
 }
 
 /* One process on the global batch (D*B rows): STEPS losses. */
-static void reference_losses(int vocab, int dp, float *out)
+static void reference_run(int vocab, int dp, float *out, float *norm)
 {
     char err[TRAIN_ERRLEN];
     train_options o = options(vocab, dp * B);
     train_session *s = train_session_create(&o, err);
     cr_assert(s, "%s", err);
-    for (int i = 0; i < STEPS; i++)
-        out[i] = train_session_step(s).loss;
+    for (int i = 0; i < STEPS; i++) {
+        train_step_stats st = train_session_step(s);
+        out[i] = st.loss;
+        if (norm)
+            norm[i] = st.grad_norm;
+    }
     train_session_free(s);
 }
+
+static void reference_losses(int vocab, int dp, float *out) { reference_run(vocab, dp, out, NULL); }
 
 static void check_parity(int tp, int dp, int ddp, int vocab, int sp)
 {
@@ -619,3 +654,42 @@ Test(tp, cli_over_open_mpi, .timeout = 120)
     cr_assert_str_eq(grid, one);
     free(one), free(grid);
 }
+
+/* ---- T x D with FSDP along D ----------------------------------------------------------- */
+
+/* T = 2 x D = 2, FSDP at each ZeRO stage over each TP rank's slice: the losses and the
+ * global gradient norms (before clipping; clipping at 1.0 is active in the first steps, so
+ * a norm counted wrongly — replicated tensors twice, split ones from one TP rank only —
+ * changes the update) follow one process on the same global batch within 1e-5. */
+static void check_fsdp_parity(int zero)
+{
+    float ref[STEPS], rnorm[STEPS];
+    reference_run(257, 2, ref, rnorm);
+    job *j = run_grid_z(2, 2, 1, 0, 257, 0, zero);
+    double worst = 0.0, worst_norm = 0.0;
+    int clipped = 0;
+    for (int i = 0; i < STEPS; i++)
+        clipped += rnorm[i] > 1.0f;
+    cr_assert(clipped > 0, "no step clipped: the test would not see the norm's combination");
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < STEPS; i++) {
+            float l = j->loss[(size_t)r * STEPS + i], nm = j->norm[(size_t)r * STEPS + i];
+            double rel = fabs((double)l - ref[i]) / fabs((double)ref[i]);
+            double reln = fabs((double)nm - rnorm[i]) / fabs((double)rnorm[i]);
+            worst = rel > worst ? rel : worst;
+            worst_norm = reln > worst_norm ? reln : worst_norm;
+            cr_assert(rel <= LOSS_RELTOL, "T=2 x FSDP ZeRO-%d D=2 rank %d step %d: loss %.7f, "
+                      "one process %.7f (relative %.2e)", zero, r, i + 1, l, ref[i], rel);
+            cr_assert(reln <= LOSS_RELTOL, "T=2 x FSDP ZeRO-%d D=2 rank %d step %d: gradient "
+                      "norm %.7f, one process %.7f (relative %.2e)", zero, r, i + 1, nm,
+                      rnorm[i], reln);
+        }
+    cr_log_info("T=2 x FSDP ZeRO-%d D=2: %d steps (%d clipped), worst relative loss "
+                "difference %.2e, gradient norm %.2e\n", zero, STEPS, clipped, worst,
+                worst_norm);
+    free_grid(j);
+}
+
+Test(tp, parity_t2_fsdp2_zero1, .timeout = 60) { check_fsdp_parity(1); }
+Test(tp, parity_t2_fsdp2_zero2, .timeout = 60) { check_fsdp_parity(2); }
+Test(tp, parity_t2_fsdp2_zero3, .timeout = 60) { check_fsdp_parity(3); }
