@@ -3,8 +3,11 @@
  * PYTHONPATH, and checks its exit status and what it printed.
  *
  *   ops   N = 2, 3, 4: every operation x dtype on the world and on a subgroup, against
- *         results the script computes itself from rank-dependent inputs
- *   async N = 2, 3: Work.wait / is_completed / futures with then()
+ *         results the script computes itself from rank-dependent inputs (all_reduce both
+ *         ways: blocking through the direct path, async through a Work; mixed-dtype
+ *         all_reduce_coalesced)
+ *   async N = 2, 3: Work.wait / is_completed / futures with then(); Work.wait(timeout)
+ *         on a receive not sent yet raises, then completes
  *   badop a bitwise ReduceOp, an unreducible dtype, bool AVG and a send libcoll refuses
  *         raise RuntimeError with the backend's or libcoll's sentence
  *   kill  N = 3: a rank SIGKILLs itself; the survivors raise within seconds
@@ -45,8 +48,14 @@ static void run_ok(const char *mode, const char *n) {
 Test(torch, ops_2, .timeout = 160) { run_ok("ops", "2"); }
 Test(torch, ops_3, .timeout = 160) { run_ok("ops", "3"); }
 Test(torch, ops_4, .timeout = 160) { run_ok("ops", "4"); }
-Test(torch, async_2, .timeout = 160) { run_ok("async", "2"); }
-Test(torch, async_3, .timeout = 160) { run_ok("async", "3"); }
+static void run_async(const char *n) {
+  t_run_result r = check("async", n);
+  cr_expect(strstr(r.out, "libcoll recv: did not finish within 100 ms (Work.wait timeout)"), "%s", r.out);
+  t_run_free(&r);
+}
+
+Test(torch, async_2, .timeout = 160) { run_async("2"); }
+Test(torch, async_3, .timeout = 160) { run_async("3"); }
 
 Test(torch, bad_op_raises, .timeout = 160) {
   t_run_result r = check("badop", "2");

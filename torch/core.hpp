@@ -97,6 +97,11 @@ class Core {
   WorkPtr recv_anysource(Tensors &tensors, int tag);
   WorkPtr barrier(const c10d::BarrierOptions &opts);
 
+  // dist.all_reduce(..., async_op=False) without a Work: libcoll's blocking call on the
+  // caller's thread (no stream, no hand-off to libcoll's progress thread nor to the
+  // completion thread).  Ordered after every operation launched before it.
+  void allreduce_now(Tensors &tensors, const c10d::AllreduceOptions &opts);
+
   int rank() const { return rank_; }
   int size() const { return size_; }
 
