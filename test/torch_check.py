@@ -356,6 +356,11 @@ def rank_main(rank, store_dir):
         print(f"rank {rank}: raised after {dt:.2f} s", flush=True)
         if dt > 10:
             fail(f"the dead rank was noticed after {dt:.1f} s")
+        # no survivor leaves before every survivor raised: one leaving early would be a
+        # second dead peer for the others (and their sentence would name it)
+        store = dist.FileStore(f"{store_dir}/kill", N - 1)
+        store.set(f"raised-{rank}", "1")
+        store.wait([f"raised-{i}" for i in range(N - 1)])
         os._exit(0)  # the group cannot be destroyed cleanly without the dead rank
     dist.destroy_process_group()
 
