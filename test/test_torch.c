@@ -11,6 +11,7 @@
  *   badop a bitwise ReduceOp, an unreducible dtype, bool AVG and a send libcoll refuses
  *         raise RuntimeError with the backend's or libcoll's sentence
  *   kill  N = 3: a rank SIGKILLs itself; the survivors raise within seconds
+ *   drop  N = 2: async Works dropped unwaited, then destroy_process_group returns
  *   pytorch_suite_part: PyTorch's own distributed_test (scripts/torch_dist_suite.py) at
  *         WORLD_SIZE 2, a representative part of what passes there (the whole run takes
  *         ~10 minutes per world size: docs/pytorch.md)
@@ -59,6 +60,9 @@ static void run_async(const char *n) {
 
 Test(torch, async_2, .timeout = 160) { run_async("2"); }
 Test(torch, async_3, .timeout = 160) { run_async("3"); }
+
+/* Dropped async Works, then destroy_process_group: returns (it deadlocked on the GIL once). */
+Test(torch, destroy_after_dropped_works, .timeout = 160) { run_ok("drop", "2"); }
 
 Test(torch, bad_op_raises, .timeout = 160) {
   t_run_result r = check("badop", "2");

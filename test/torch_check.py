@@ -7,6 +7,8 @@ MODE: ops    every operation x dtype on the world and on a subgroup (ranks 1..N-
       async  async_op=True: Work.wait / is_completed / futures (then) of several ops
       badop  a bitwise ReduceOp and a libcoll refusal raise RuntimeError with a sentence
       kill   the last rank SIGKILLs itself; the others must raise within seconds
+      drop   async all_reduces whose Work and tensor are dropped at once, then
+             destroy_process_group() must return
 Prints "torch_check MODE N: OK <checks> checks" and exits 0, or says what failed and
 exits 1.  The parent imports torch once and forks the ranks (FileStore rendezvous in a
 temporary directory); it kills and reaps every rank on a timeout and never leaves
@@ -344,6 +346,14 @@ def rank_main(rank, store_dir):
         t = torch.full((3,), float(rank))
         dist.all_reduce(t)  # the group still works after refusals
         same(t, torch.full((3,), float(sum(range(N)))), "all_reduce after refusals")
+    elif MODE == "drop":
+        # Works and tensors dropped by Python at once, then destroy_process_group() (which
+        # holds the GIL): the completion thread frees those tensors under the GIL, so the
+        # destroy must let go of it while it waits for that thread (this hung before).
+        for _ in range(20):
+            dist.all_reduce(torch.ones(1 << 16), async_op=True)
+        dist.destroy_process_group()
+        return
     elif MODE == "kill":
         t = torch.ones(1 << 16)
         dist.all_reduce(t)

@@ -311,7 +311,9 @@ Core::Core(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
   thread_ = std::thread([this] { completion_main(); });
 }
 
-Core::~Core() {
+Core::~Core() { shutdown(); }
+
+void Core::shutdown() {
   {
     std::lock_guard<std::mutex> g(qmu_);
     stop_ = true;
@@ -319,6 +321,7 @@ Core::~Core() {
   qcv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (comm_) coll_comm_destroy(comm_);
+  comm_ = nullptr;
 }
 
 // Settles the Works in the order they were enqueued (the order libcoll runs them), so

@@ -20,7 +20,16 @@ class ProcessGroupLibcoll : public c10d::ProcessGroup {
       : c10d::ProcessGroup(rank, size), core_(store, rank, size, timeout) {
     init();
   }
-  ~ProcessGroupLibcoll() override = default;
+  // destroy_process_group() drops the last reference with the GIL held; the core's
+  // completion thread may need it to free a tensor (see Core::shutdown).
+  ~ProcessGroupLibcoll() override {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release nogil;
+      core_.shutdown();
+    } else {
+      core_.shutdown();
+    }
+  }
 
   const std::string getBackendName() const override { return "libcoll"; }
 
