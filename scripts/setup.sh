@@ -11,6 +11,7 @@ PKGS=(
   mpich libmpich-dev                              # the MPICH peer (bench/peers)
   python3 python3-torch python3-numpy             # PyTorch reference for libtrain
   libtorch-dev pybind11-dev                       # the PyTorch binding (torch/)
+  python3-setuptools python3-pip                  # torch.utils.cpp_extension; pip for expecttest
   gnuplot-nox                                     # coll-bench --plot
   clang libclang-rt-14-dev                        # sanitizers' runtime, fuzzing
   iproute2 procps                                 # ip netns test bed, process tools

@@ -20,9 +20,11 @@ import tempfile
 os.environ.setdefault("BACKEND", "libcoll")
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("COLL_TIMEOUT_MS", "120000")
-own_temp = "TEMP_DIR" not in os.environ
+# Our own TEMP_DIR, removed at the end by this name: the harness's setUp points
+# os.environ["TEMP_DIR"] at a directory of its own per test.
+own_temp = tempfile.mkdtemp(prefix="coll-torch-suite-") if "TEMP_DIR" not in os.environ else None
 if own_temp:
-    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="coll-torch-suite-")
+    os.environ["TEMP_DIR"] = own_temp
 
 import libcoll_torch  # noqa: F401,E402  registers "libcoll"
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
@@ -53,4 +55,4 @@ if __name__ == "__main__":
         run_tests()
     finally:
         if own_temp:
-            shutil.rmtree(os.environ["TEMP_DIR"], ignore_errors=True)
+            shutil.rmtree(own_temp, ignore_errors=True)

@@ -7,6 +7,8 @@ MODE: ops    every operation x dtype on the world and on a subgroup (ranks 1..N-
       async  async_op=True: Work.wait / is_completed / futures (then) of several ops
       badop  a bitwise ReduceOp and a libcoll refusal raise RuntimeError with a sentence
       kill   the last rank SIGKILLs itself; the others must raise within seconds
+      drop   async all_reduces whose Work and tensor are dropped at once, then
+             destroy_process_group() must return
 Prints "torch_check MODE N: OK <checks> checks" and exits 0, or says what failed and
 exits 1.  The parent imports torch once and forks the ranks (FileStore rendezvous in a
 temporary directory); it kills and reaps every rank on a timeout and never leaves
@@ -123,11 +125,45 @@ def run_ops(group, ranks, tag):
     dist.all_reduce(view, group=group)
     same(view, reduce_expect([inp(i, 12, torch.float32) for i in range(n)], "sum").view(4, 3), f"{tag} non-contiguous")
     same(base[:, 1::2], torch.zeros(4, 3), f"{tag} non-contiguous: the rest untouched")
-    # all_reduce_coalesced
-    ts = [inp(r, 3, torch.float64), inp(r, 9, torch.float64, 1)]
-    dist.all_reduce_coalesced(ts, group=group)
-    same(ts[0], reduce_expect([inp(i, 3, torch.float64) for i in range(n)], "sum"), f"{tag} coalesced 0")
-    same(ts[1], reduce_expect([inp(i, 9, torch.float64, 1) for i in range(n)], "sum"), f"{tag} coalesced 1")
+    # the same through a Work (async_op=True, then wait): the blocking calls above take
+    # the binding's direct path, these the stream + Work path
+    for dt in ALL:
+        for op in ("sum", "max") if not dt.is_complex else ("sum",):
+            t = inp(r, 7, dt, 2)
+            dist.all_reduce(t, op=OPS[op], group=group, async_op=True).wait()
+            same(t, reduce_expect([inp(i, 7, dt, 2) for i in range(n)], op), f"{tag} async all_reduce {dt} {op}")
+    # all_reduce_coalesced: one flat all-reduce per dtype.  torch 1.13's
+    # dist.all_reduce_coalesced takes one dtype only, so the mixed lists (dtypes, shapes, a
+    # non-contiguous view, complex, empty) go to the process group's method itself; "dist"
+    # is torch's function on the float32 ones, async
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    base = torch.zeros(4, 6)
+    shapes = [(3, torch.float64), (12, torch.float32), (9, torch.float64), (5, torch.int32),
+              (4, torch.complex64), (0, torch.float32), (6, torch.float32)]
+    for op in ("sum", "max", "premul", "dist"):
+        base.zero_()
+        ts = [inp(r, k, dt, j) for j, (k, dt) in enumerate(shapes)]
+        ts[1] = base[:, ::2]
+        ts[1].copy_(inp(r, 12, torch.float32, 1).view(4, 3))
+        ts[2] = ts[2].view(3, 3)
+        # the dtypes each op takes
+        use = [j for j, (k, dt) in enumerate(shapes)
+               if not (op == "max" and dt.is_complex or op == "premul" and not dt.is_floating_point
+                       or op == "dist" and dt != torch.float32)]
+        rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "dist": dist.ReduceOp.SUM,
+               "premul": dist._make_nccl_premul_sum(2.0)}[op]
+        if op == "dist":
+            dist.all_reduce_coalesced([ts[j] for j in use], op=rop, group=group, async_op=True).wait()
+        else:
+            opts = dist.AllreduceCoalescedOptions()
+            opts.reduceOp = rop
+            pg.allreduce_coalesced([ts[j] for j in use], opts).wait()
+        for j in use:
+            k, dt = shapes[j]
+            want = reduce_expect([inp(i, k, dt, j) for i in range(n)], "max" if op == "max" else "sum")
+            same(ts[j].reshape(-1), want * (2 if op == "premul" else 1),
+                 f"{tag} all_reduce_coalesced {op} {j} ({dt}, {k})")
+        same(base[:, 1::2], torch.zeros(4, 3), f"{tag} all_reduce_coalesced {op}: the rest of the view's base untouched")
     # broadcast from every root, every dtype
     for root in range(n):
         for dt in ALL + MOVE_ONLY:
@@ -244,6 +280,26 @@ def run_async(group, ranks):
     b.wait()
 
 
+def run_wait_timeout(rank, store_dir):
+    """Work.wait(timeout): a receive whose message is not sent yet times out with the
+    backend's sentence and stays usable; rank 1 sends only once rank 0 said it timed out
+    (through a store, no sleep), and a second wait with a timeout then gets the data."""
+    from datetime import timedelta
+    store = dist.FileStore(f"{store_dir}/wait-timeout", N)
+    if rank == 0:
+        t = torch.zeros(4)
+        w = dist.irecv(t, src=1)
+        expect_raise(lambda: w.wait(timeout=timedelta(milliseconds=100)),
+                     ["libcoll recv", "did not finish within 100 ms"], "Work.wait(100 ms) on a receive not sent yet")
+        store.set("timed-out", "1")
+        w.wait(timeout=timedelta(seconds=30))
+        same(t, torch.arange(4.0), "the receive after its timed-out wait")
+    elif rank == 1:
+        store.wait(["timed-out"])
+        dist.send(torch.arange(4.0), dst=0)
+    dist.barrier()
+
+
 def expect_raise(fn, words, what):
     global checks
     try:
@@ -276,6 +332,7 @@ def rank_main(rank, store_dir):
         run_async(dist.group.WORLD, list(range(N)))
         if rank in sub_ranks:
             run_async(sub, sub_ranks)
+        run_wait_timeout(rank, store_dir)
     elif MODE == "badop":
         t = torch.ones(4, dtype=torch.int32)
         expect_raise(lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND),
@@ -289,6 +346,14 @@ def rank_main(rank, store_dir):
         t = torch.full((3,), float(rank))
         dist.all_reduce(t)  # the group still works after refusals
         same(t, torch.full((3,), float(sum(range(N)))), "all_reduce after refusals")
+    elif MODE == "drop":
+        # Works and tensors dropped by Python at once, then destroy_process_group() (which
+        # holds the GIL): the completion thread frees those tensors under the GIL, so the
+        # destroy must let go of it while it waits for that thread (this hung before).
+        for _ in range(20):
+            dist.all_reduce(torch.ones(1 << 16), async_op=True)
+        dist.destroy_process_group()
+        return
     elif MODE == "kill":
         t = torch.ones(1 << 16)
         dist.all_reduce(t)
@@ -301,6 +366,11 @@ def rank_main(rank, store_dir):
         print(f"rank {rank}: raised after {dt:.2f} s", flush=True)
         if dt > 10:
             fail(f"the dead rank was noticed after {dt:.1f} s")
+        # no survivor leaves before every survivor raised: one leaving early would be a
+        # second dead peer for the others (and their sentence would name it)
+        store = dist.FileStore(f"{store_dir}/kill", N - 1)
+        store.set(f"raised-{rank}", "1")
+        store.wait([f"raised-{i}" for i in range(N - 1)])
         os._exit(0)  # the group cannot be destroyed cleanly without the dead rank
     dist.destroy_process_group()
 

@@ -20,6 +20,17 @@ class BackendLibcoll : public c10d::Backend {
                  std::chrono::milliseconds timeout)
       : c10d::Backend(rank, size), core_(store, rank, size, timeout) {}
 
+  // destroy_process_group() drops the last reference with the GIL held; the core's
+  // completion thread may need it to free a tensor (see Core::shutdown).
+  ~BackendLibcoll() override {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release nogil;
+      core_.shutdown();
+    } else {
+      core_.shutdown();
+    }
+  }
+
   const std::string getBackendName() const override { return "libcoll"; }
 
   using WorkPtr = c10::intrusive_ptr<c10d::Work>;

@@ -260,15 +260,13 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   if (timeout == std::chrono::milliseconds(0)) {
     settle();
   } else {
-    // libcoll has no timed wait: poll until the deadline (the communicator's own timeout
-    // still bounds the operation itself).
-    auto end = std::chrono::steady_clock::now() + timeout;
-    while (!isCompleted()) {
-      if (std::chrono::steady_clock::now() >= end)
-        throw error(what_, "did not finish within " + std::to_string(timeout.count()) +
-                               " ms (Work.wait timeout)");
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    // The completion thread settles every Work (finish() then signals the base class's
+    // cv_): wait for that, up to the deadline, without polling.  The communicator's own
+    // timeout still bounds the operation itself.
+    std::unique_lock<std::mutex> g(mutex_);
+    if (!cv_.wait_for(g, timeout, [this] { return completed_; }))
+      throw error(what_, "did not finish within " + std::to_string(timeout.count()) +
+                             " ms (Work.wait timeout)");
   }
   std::exception_ptr e = exception();
   if (e) std::rethrow_exception(e);
@@ -313,7 +311,9 @@ Core::Core(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
   thread_ = std::thread([this] { completion_main(); });
 }
 
-Core::~Core() {
+Core::~Core() { shutdown(); }
+
+void Core::shutdown() {
   {
     std::lock_guard<std::mutex> g(qmu_);
     stop_ = true;
@@ -321,6 +321,7 @@ Core::~Core() {
   qcv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (comm_) coll_comm_destroy(comm_);
+  comm_ = nullptr;
 }
 
 // Settles the Works in the order they were enqueued (the order libcoll runs them), so
@@ -393,34 +394,76 @@ Core::WorkPtr Core::allreduce(Tensors &tensors, const c10d::AllreduceOptions &op
       [=] { copy_back(t, w); });
 }
 
+// One all-reduce per dtype over a flat buffer holding that dtype's tensors end to end
+// (scaled first for PREMUL_SUM), copied back into the tensors once it finished.  A dtype
+// with a single contiguous tensor goes on the wire as it is (nothing to copy back).
 Core::WorkPtr Core::allreduce_coalesced(Tensors &tensors,
                                         const c10d::AllreduceCoalescedOptions &opts) {
   const char *what = "all_reduce_coalesced";
-  std::vector<Reduction> reds;
-  Tensors wires;
-  for (auto &t : tensors) {
-    check_cpu(t, what);
-    Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
-    at::Tensor w = wire_of(t);
-    if (red.premul) w = wire_of(scaled(red, w));
-    reds.push_back(red);
-    wires.push_back(w);
+  struct Bucket {
+    Reduction red;
+    std::vector<size_t> members;  // indices into tensors
+    at::Tensor flat;
+  };
+  std::vector<Bucket> buckets;
+  for (size_t i = 0; i < tensors.size(); i++) {
+    check_cpu(tensors[i], what);
+    Bucket *b = nullptr;
+    for (auto &x : buckets)
+      if (tensors[x.members[0]].scalar_type() == tensors[i].scalar_type()) b = &x;
+    if (!b) {
+      buckets.push_back({reduction(opts.reduceOp, tensors[i].scalar_type(), what), {}, {}});
+      b = &buckets.back();
+    }
+    b->members.push_back(i);
   }
-  Tensors users = tensors;
+  Tensors users = tensors, keep;
+  for (auto &b : buckets) {
+    if (b.members.size() == 1) {
+      b.flat = wire_of(scaled(b.red, tensors[b.members[0]])).reshape({-1});
+    } else {
+      Tensors parts;
+      for (size_t i : b.members) parts.push_back(tensors[i].reshape({-1}));
+      b.flat = scaled(b.red, at::cat(parts));
+    }
+    keep.push_back(b.flat);
+  }
   return launch(
-      c10d::OpType::ALLREDUCE_COALESCED, what, users, wires,
+      c10d::OpType::ALLREDUCE_COALESCED, what, users, keep,
       [=](coll_stream_t s) {
-        for (size_t i = 0; i < wires.size(); i++) {
-          const at::Tensor &w = wires[i];
-          coll_result r = coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(reds[i], w),
-                                          reds[i].ty.dtype, reds[i].op, comm_, s);
+        for (auto &b : buckets) {
+          coll_result r = coll_all_reduce(b.flat.data_ptr(), b.flat.data_ptr(), count_of(b.red, b.flat),
+                                          b.red.ty.dtype, b.red.op, comm_, s);
           if (r != COLL_OK) return r;
         }
         return COLL_OK;
       },
       [=] {
-        for (size_t i = 0; i < wires.size(); i++) copy_back(users[i], wires[i]);
+        for (auto &b : buckets) {
+          int64_t off = 0;
+          for (size_t i : b.members) {
+            const at::Tensor &u = users[i];
+            at::Tensor part = b.flat.narrow(0, off, u.numel());
+            off += u.numel();
+            if (u.numel() && u.data_ptr() != part.data_ptr()) u.copy_(part.view(u.sizes()));
+          }
+        }
       });
+}
+
+void Core::allreduce_now(Tensors &tensors, const c10d::AllreduceOptions &opts) {
+  const char *what = "all_reduce";
+  check_one(tensors, what);
+  at::Tensor t = tensors[0];
+  Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
+  at::Tensor w = wire_of(scaled(red, wire_of(t)));
+  coll_result r = coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(red, w), red.ty.dtype,
+                                  red.op, comm_, nullptr);
+  if (r != COLL_OK) {
+    const char *s = coll_comm_last_error(comm_);
+    throw error("all_reduce failed", s && *s ? s : coll_result_string(r));
+  }
+  copy_back(t, w);
 }
 
 Core::WorkPtr Core::reduce(Tensors &tensors, const c10d::ReduceOptions &opts) {

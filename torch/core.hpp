@@ -97,6 +97,18 @@ class Core {
   WorkPtr recv_anysource(Tensors &tensors, int tag);
   WorkPtr barrier(const c10d::BarrierOptions &opts);
 
+  // dist.all_reduce(..., async_op=False) without a Work: libcoll's blocking call on the
+  // caller's thread (no stream, no hand-off to libcoll's progress thread nor to the
+  // completion thread).  Ordered after every operation launched before it.
+  void allreduce_now(Tensors &tensors, const c10d::AllreduceOptions &opts);
+
+  // Stops the completion thread and destroys the communicator; idempotent (the
+  // destructor calls it too).  The completion thread may need the GIL: dropping the last
+  // reference to a tensor whose Python object C++ owns decrefs it under the GIL.  So an
+  // adapter calls this with the GIL released, or a destroy_process_group() that holds it
+  // would wait for that thread forever.
+  void shutdown();
+
   int rank() const { return rank_; }
   int size() const { return size_; }
 

@@ -6,6 +6,7 @@
 // backend_2x.cpp, is the same file over c10d::Backend), and never block with the GIL held.
 #include <torch/extension.h>
 #include <pybind11/chrono.h>
+#include <pybind11/eval.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "core.hpp"
@@ -19,7 +20,16 @@ class ProcessGroupLibcoll : public c10d::ProcessGroup {
       : c10d::ProcessGroup(rank, size), core_(store, rank, size, timeout) {
     init();
   }
-  ~ProcessGroupLibcoll() override = default;
+  // destroy_process_group() drops the last reference with the GIL held; the core's
+  // completion thread may need it to free a tensor (see Core::shutdown).
+  ~ProcessGroupLibcoll() override {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release nogil;
+      core_.shutdown();
+    } else {
+      core_.shutdown();
+    }
+  }
 
   const std::string getBackendName() const override { return "libcoll"; }
 
@@ -67,6 +77,9 @@ class ProcessGroupLibcoll : public c10d::ProcessGroup {
   WorkPtr recvAnysource(Tensors &t, int tag) override { return core_.recv_anysource(t, tag); }
   WorkPtr barrier(const c10d::BarrierOptions &o) override { return core_.barrier(o); }
 
+  // The blocking all_reduce behind dist.all_reduce(async_op=False) (see below).
+  void allreduce_now(Tensors &t, const c10d::AllreduceOptions &o) { core_.allreduce_now(t, o); }
+
  private:
   Core core_;
 };
@@ -79,6 +92,33 @@ static c10::intrusive_ptr<ProcessGroupLibcoll> create(const c10::intrusive_ptr<c
   return c10::make_intrusive<ProcessGroupLibcoll>(store, rank, size, timeout);
 }
 
+// dist.all_reduce with async_op=False on a libcoll group calls the blocking path: no Work,
+// no stream, libcoll runs the call on the caller's thread.  Everything else (async_op,
+// complex tensors, another backend, a rank outside the group) goes to torch's own
+// function, which the wrapper keeps as `_torch_all_reduce`.  On 2 shared cores this is
+// what brings a small torch-level all_reduce near coll-bench's time (docs/perf.md).
+static const char *fast_path_py = R"(
+import torch
+import torch.distributed as _dist
+import torch.distributed.distributed_c10d as _c10d
+
+_torch_all_reduce = _c10d.all_reduce
+
+def all_reduce(tensor, op=_dist.ReduceOp.SUM, group=None, async_op=False):
+    pg = _c10d.GroupMember.WORLD if group is None else group
+    if (not async_op and isinstance(pg, ProcessGroupLibcoll)
+            and isinstance(tensor, torch.Tensor) and not tensor.is_complex()):
+        opts = _dist.AllreduceOptions()
+        opts.reduceOp = op
+        pg._all_reduce_now(tensor, opts)
+        return None
+    return _torch_all_reduce(tensor, op, group, async_op)
+
+all_reduce.__doc__ = _torch_all_reduce.__doc__
+if getattr(_c10d.all_reduce, "__module__", "") != __name__:
+    _c10d.all_reduce = _dist.all_reduce = all_reduce
+)";
+
 }  // namespace libcoll_torch
 
 PYBIND11_MODULE(libcoll_torch, m) {
@@ -88,11 +128,20 @@ PYBIND11_MODULE(libcoll_torch, m) {
   py::class_<libcoll_torch::ProcessGroupLibcoll, c10::intrusive_ptr<libcoll_torch::ProcessGroupLibcoll>,
              c10d::ProcessGroup>(m, "ProcessGroupLibcoll")
       .def(py::init(&libcoll_torch::create), py::arg("store"), py::arg("rank"), py::arg("size"),
-           py::arg("timeout"));
+           py::arg("timeout"))
+      .def(
+          "_all_reduce_now",
+          [](libcoll_torch::ProcessGroupLibcoll &pg, at::Tensor t, const c10d::AllreduceOptions &o) {
+            std::vector<at::Tensor> v{std::move(t)};
+            pg.allreduce_now(v, o);
+          },
+          py::arg("tensor"), py::arg("opts"), py::call_guard<py::gil_scoped_release>(),
+          "dist.all_reduce(async_op=False) on this group: libcoll's blocking call, no Work.");
   m.def("create_process_group", &libcoll_torch::create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"),
         "The creator registered with torch.distributed.Backend for \"libcoll\".");
   py::object backend = dist.attr("Backend");
   if (!backend.attr("_plugins").contains("LIBCOLL"))
     backend.attr("register_backend")("libcoll", m.attr("create_process_group"));
+  py::exec(libcoll_torch::fast_path_py, m.attr("__dict__"));
 }
