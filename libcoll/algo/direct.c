@@ -357,16 +357,19 @@ bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
 }
 
 /* All-to-all moves no byte twice here (pairwise copies each into a slot and out), and
- * measured faster that way while the buffers stay in cache with a core per rank
- * (2 ranks: 256 KiB 14 us vs pairwise 60-231, 1 MiB 170-205 vs 417-968, 4 MiB equal);
- * from 16 MiB pairwise's streamed stores win (6.8-8.2 ms vs 8.1-13.4), and with more
- * ranks than cores every barrier waits for a descheduled peer (4 ranks: pairwise ahead
- * at 256 KiB, 4 and 16 MiB).  So the tuner takes it for all-to-all only there, at the
- * formula's word (table.c: plain_colls). */
+ * measured faster that way while the buffers stay in cache (2 ranks on 2 cores: 256 KiB
+ * 14 us vs pairwise 60-231, 1 MiB 170-205 vs 417-968, 4 MiB equal); from 16 MiB
+ * pairwise's streamed stores win (6.8-8.2 ms vs 8.1-13.4).  With more ranks than cores
+ * too, on a quiet machine (4 ranks on 2 cores, 2026-11-24, medians of 3 interleaved
+ * runs: 256 KiB 58 us vs 163, 1 MiB 157 vs 483, 4 MiB 1290 vs 1579, 16 MiB 7098 vs
+ * 5545): a first measurement under load had pairwise ahead there, which kept direct
+ * away from oversubscribed jobs and cost them 3x at 1 MiB.  So the tuner takes it for
+ * all-to-all up to 4 MiB, at the formula's word (table.c: plain_colls). */
 #define A2A_DIRECT_MAX (4u << 20)
 bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n) {
+  (void)comm;
   if (c != COLL_COLL_ALL_TO_ALL) return true;
-  return !comm->oversubscribed && n <= A2A_DIRECT_MAX;
+  return n <= A2A_DIRECT_MAX;
 }
 
 /* The formulas at the top of this file, n = nccl-tests' size.  a: one one-shot exchange;
