@@ -103,14 +103,12 @@ import torch.distributed as _dist
 import torch.distributed.distributed_c10d as _c10d
 
 _torch_all_reduce = _c10d.all_reduce
+_Tensor = torch.Tensor
 
 def all_reduce(tensor, op=_dist.ReduceOp.SUM, group=None, async_op=False):
     pg = _c10d.GroupMember.WORLD if group is None else group
-    if (not async_op and isinstance(pg, ProcessGroupLibcoll)
-            and isinstance(tensor, torch.Tensor) and not tensor.is_complex()):
-        opts = _dist.AllreduceOptions()
-        opts.reduceOp = op
-        pg._all_reduce_now(tensor, opts)
+    if (not async_op and isinstance(pg, ProcessGroupLibcoll) and isinstance(tensor, _Tensor)
+            and pg._all_reduce_now(tensor, op)):
         return None
     return _torch_all_reduce(tensor, op, group, async_op)
 
@@ -131,12 +129,21 @@ PYBIND11_MODULE(libcoll_torch, m) {
            py::arg("timeout"))
       .def(
           "_all_reduce_now",
-          [](libcoll_torch::ProcessGroupLibcoll &pg, at::Tensor t, const c10d::AllreduceOptions &o) {
+          // Takes the op itself, not an AllreduceOptions: building that object from Python
+          // cost more than the rest of the wrapper (docs/perf.md, the overhead table).
+          // Returns false, having done nothing, for what the blocking path leaves to
+          // torch's function (complex tensors: torch views them as real pairs first).
+          [](libcoll_torch::ProcessGroupLibcoll &pg, at::Tensor t, const c10d::ReduceOp &op) {
+            if (t.is_complex()) return false;
+            c10d::AllreduceOptions o;
+            o.reduceOp = op;
             std::vector<at::Tensor> v{std::move(t)};
             pg.allreduce_now(v, o);
+            return true;
           },
-          py::arg("tensor"), py::arg("opts"), py::call_guard<py::gil_scoped_release>(),
-          "dist.all_reduce(async_op=False) on this group: libcoll's blocking call, no Work.");
+          py::arg("tensor"), py::arg("op"), py::call_guard<py::gil_scoped_release>(),
+          "dist.all_reduce(async_op=False) on this group: libcoll's blocking call, no Work; "
+          "False (nothing done) for complex tensors.");
   m.def("create_process_group", &libcoll_torch::create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"),
         "The creator registered with torch.distributed.Backend for \"libcoll\".");
