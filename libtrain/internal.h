@@ -80,6 +80,11 @@ typedef struct train_ops {
      * so serialise communication with backward).  0, or -1 with a sentence in err. */
     void *(*mark)(void);
     int (*wait_mark)(void *mark, char *err);
+    /* Device ops only (NULL on the CPU, whose calls cannot fail): 0, or -1 with the
+     * sentence of the first device call that failed.  Sticky: a device's results after a
+     * failure are not to be trusted, so the trainer checks it after every step
+     * (train_session_status) and stops with that sentence. */
+    int (*error)(char *err);
 } train_ops;
 
 const train_ops *train_cpu_ops(void);

@@ -28,24 +28,42 @@ static double *d_acc; /* one double for reductions */
 static char device_name[256];
 static double peak_flops;
 
+/* CUDA reports most errors late (a kernel's fault surfaces at a later call) and the layer
+ * table's calls return nothing, so a failed call is recorded, not acted on: the first
+ * failure's sentence is kept (later ones are usually its echo), and train_ops.error hands
+ * it to the trainer, which checks after every step and before it saves anything.  The
+ * library never prints or exits (style.md). */
+static char g_error[TRAIN_ERRLEN];
+static int g_failed;
+static void g_record(const char *what, const char *detail, const char *call, const char *file,
+                     int line)
+{
+    if (g_failed)
+        return;
+    g_failed = 1;
+    snprintf(g_error, sizeof g_error, "--device cuda: %s %s in %s (%s:%d)", what, detail, call,
+             file, line);
+}
 #define CK(call)                                                                           \
     do {                                                                                   \
         cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "coll-train: CUDA error %s at %s:%d: %s\n",                    \
-                    cudaGetErrorName(e_), __FILE__, __LINE__, cudaGetErrorString(e_));     \
-            exit(1);                                                                       \
-        }                                                                                  \
+        if (e_ != cudaSuccess)                                                             \
+            g_record("CUDA error", cudaGetErrorString(e_), #call, __FILE__, __LINE__);     \
     } while (0)
 #define CB(call)                                                                           \
     do {                                                                                   \
         cublasStatus_t s_ = (call);                                                        \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-            fprintf(stderr, "coll-train: cuBLAS error %d at %s:%d\n", (int)s_, __FILE__,   \
-                    __LINE__);                                                             \
-            exit(1);                                                                       \
-        }                                                                                  \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                   \
+            g_record("cuBLAS error", cublasGetStatusString(s_), #call, __FILE__, __LINE__); \
     } while (0)
+
+static int g_status(char *err)
+{
+    if (!g_failed)
+        return 0;
+    train_errf(err, "%s", g_error);
+    return -1;
+}
 
 static inline int blocks(size_t n, int threads) { return (int)((n + threads - 1) / threads); }
 
@@ -97,6 +115,8 @@ static void *g_mark(void)
 
 static int g_wait_mark(void *mark, char *err)
 {
+    if (g_status(err) != 0)
+        return -1;
     cudaError_t e = cudaEventSynchronize((cudaEvent_t)mark);
     if (e != cudaSuccess) {
         train_errf(err, "--device cuda: waiting for the compute stream: %s",
@@ -632,6 +652,13 @@ static int cuda_init(char *err)
     o.sync = g_sync;
     o.mark = g_mark;
     o.wait_mark = g_wait_mark;
+    o.error = g_status;
+    if (g_failed) { /* one of the CK/CB calls above */
+        snprintf(why, sizeof why, "%s", g_error);
+        state = -1;
+        train_errf(err, "%s", why);
+        return -1;
+    }
     cuda_ops = o;
     state = 1;
     return 0;

@@ -488,6 +488,8 @@ train:;
         } else {
             st = train_session_step(s);
         }
+        if (train_session_status(s, msg) != 0)
+            die_rank(b, msg);
         if (tpb && train_tp_status(s, msg) != 0)
             die_rank(b, msg);
         train_tp_stats tps;
@@ -541,6 +543,8 @@ train:;
                 print_escaped(sample, (int)sample_len);
             }
         }
+        if (train_session_status(s, msg) != 0) /* validation and sampling ran on it too */
+            die_rank(b, msg);
         if (tpb && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
             /* collective: DP rank 0 of each TP group writes its slice, rank 0 the manifest;

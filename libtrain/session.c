@@ -92,6 +92,12 @@ train_step_stats train_session_step(train_session *s)
     return st;
 }
 
+int train_session_status(train_session *s, char *err)
+{
+    const train_ops *ops = s->model->ops;
+    return ops->error ? ops->error(err) : 0;
+}
+
 float train_session_val_loss(train_session *s, int batches)
 {
     int B = s->opt.batch, T = s->opt.seq;

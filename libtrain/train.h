@@ -220,8 +220,12 @@ TRAIN_API void train_session_free(train_session *s);
 TRAIN_API train_model *train_session_model(train_session *s);
 TRAIN_API train_data *train_session_data(train_session *s);
 TRAIN_API long train_session_step_count(const train_session *s);
-/* One optimizer step: next batch, forward, backward, clip, AdamW. */
+/* One optimizer step: next batch, forward, backward, clip, AdamW.  On a GPU its work can
+ * fail after the calls that issued it returned: check train_session_status after it. */
 TRAIN_API train_step_stats train_session_step(train_session *s);
+/* 0, or -1 with a sentence in err when the device reported a failure (CUDA reports them
+ * late, so a step's results count only if this is 0 after it).  Always 0 on the CPU. */
+TRAIN_API int train_session_status(train_session *s, char *err);
 /* Mean validation loss over up to `batches` validation batches. */
 TRAIN_API float train_session_val_loss(train_session *s, int batches);
 /* Generates n bytes after `prompt` by sampling (temperature 1) from the model, using
