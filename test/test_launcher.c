@@ -4,7 +4,8 @@
  * with only the rendezvous address added, and under hand-made torchrun-, Slurm- and
  * PMI-style environments.  Each child must print "ok".  Skips, saying why, when mpirun
  * is not installed.  Also: the tests' leak check (helpers.c) counts only its own job's
- * segments, and still sees one leaked on purpose.
+ * segments, and still sees one leaked on purpose.  And "localhost" as the rendezvous host
+ * where the resolver does not know it (no /etc/hosts).
  */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
@@ -13,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -132,6 +136,24 @@ static void env_job(const char *rank_var, const char *size_var, int n, bool mast
 }
 
 Test(launcher, torchrun_style_env, .timeout = 90) { env_job("RANK", "WORLD_SIZE", 3, true); }
+
+/* COLL_ADDR=localhost:port where the resolver does not know "localhost" (a container or
+ * chroot without /etc/hosts, as a minimal debootstrap is): the ranks take the loopback
+ * address (RFC 6761).  The test hides /etc/hosts behind an empty file in a mount
+ * namespace of its own (Criterion runs each test in its own process), so it needs root. */
+Test(launcher, localhost_without_etc_hosts, .timeout = 90) {
+  if (geteuid() != 0) cr_skip_test("needs root for a private mount namespace");
+  cr_assert_eq(unshare(CLONE_NEWNS), 0, "unshare: %s", strerror(errno));
+  cr_assert_eq(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0, "%s", strerror(errno));
+  char empty[] = "/tmp/coll-empty-hosts-XXXXXX";
+  int fd = mkstemp(empty);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  int m = mount(empty, "/etc/hosts", NULL, MS_BIND, NULL);
+  unlink(empty); /* the mount keeps the inode; nothing is left behind */
+  cr_assert_eq(m, 0, "bind-mounting over /etc/hosts: %s", strerror(errno));
+  env_job_on("PMI_RANK", "PMI_SIZE", 3, false, t_free_port(), "localhost");
+}
 Test(launcher, slurm_style_env, .timeout = 90) { env_job("SLURM_PROCID", "SLURM_NTASKS", 2, false); }
 Test(launcher, pmi_style_env, .timeout = 90) { env_job("PMI_RANK", "PMI_SIZE", 4, false); }
 

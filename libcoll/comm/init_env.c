@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "internal.h"
@@ -40,6 +41,16 @@ static bool parse_int(const char *s, long *out) {
   if (*end) return false;
   *out = v;
   return true;
+}
+
+/* "localhost", or a name under ".localhost" (RFC 6761), in any case. */
+static bool is_localhost(const char *host) {
+  size_t n = strlen(host);
+  if (n && host[n - 1] == '.') n--; /* the absolute form, "localhost." */
+  static const char name[] = "localhost";
+  size_t k = sizeof name - 1;
+  return n >= k && strncasecmp(host + n - k, name, k) == 0 &&
+         (n == k || host[n - k - 1] == '.');
 }
 
 static uint64_t fnv(uint64_t h, const char *s) {
@@ -125,6 +136,13 @@ coll_result coll_comm_init_from_env(coll_comm_t *comm) {
 
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
   int e = getaddrinfo(host, NULL, &hints, &res);
+  if ((e != 0 || !res) && is_localhost(host)) {
+    /* "localhost" is the loopback address whatever the resolver says (RFC 6761 6.3): a
+     * container or chroot without /etc/hosts cannot resolve it, yet MASTER_ADDR=localhost
+     * is what torchrun-style launches on one machine set. */
+    hints.ai_flags = AI_NUMERICHOST;
+    e = getaddrinfo("127.0.0.1", NULL, &hints, &res);
+  }
   if (e != 0 || !res)
     return coll_fail(NULL, COLL_ERR_INVALID_ARG, "cannot resolve rendezvous host '%s': %s", host,
                      gai_strerror(e));
