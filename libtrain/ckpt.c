@@ -274,23 +274,52 @@ int train_shard_write(const train_session *s, const char *manifest, int rank, in
     return train_atomic_commit(&a, err);
 }
 
+/* A manifest of `total` bytes before its checksum, in memory: the session's header (of
+ * this version and flags) written, the cursor c after it. NULL when out of memory. */
+static unsigned char *manifest_start(const train_session *s, const char *path, uint32_t version,
+                                     uint32_t flags, size_t total, cursor *c, char *err)
+{
+    ckpt_header h;
+    fill_header(s, &h);
+    h.version = version;
+    h.flags = flags;
+    unsigned char *buf = malloc(total + 8);
+    if (!buf) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return NULL;
+    }
+    *c = (cursor){buf, 0};
+    put(c, CKPT_MAGIC "", 8);
+    FIELDS(put, c, &h);
+    return buf;
+}
+
+/* Appends the checksum of the manifest's `total` bytes and writes it to path atomically;
+ * frees buf. */
+static int manifest_finish(const char *path, unsigned char *buf, size_t total, cursor *c,
+                           char *err)
+{
+    uint64_t fh = train_fnv1a(TRAIN_FNV_INIT, buf, total);
+    put(c, &fh, 8);
+    train_atomic a;
+    if (train_atomic_open(&a, path, err) != 0) {
+        free(buf);
+        return -1;
+    }
+    fwrite(buf, 1, total + 8, a.f);
+    free(buf);
+    return train_atomic_commit(&a, err);
+}
+
 int train_manifest_write(train_session *s, const char *path, int nranks, int nunits,
                          const size_t *unit_len, const uint64_t *bytes, const uint64_t *hash,
                          char *err)
 {
-    ckpt_header h;
-    fill_header(s, &h);
-    h.version = CKPT_VERSION_SHARDED;
-    h.flags = 1;
     size_t total = CKPT_HEADER + 8 + 8 * (size_t)nunits + 16 * (size_t)nranks;
-    unsigned char *buf = malloc(total + 8);
-    if (!buf) {
-        train_errf(err, "checkpoint %s: out of memory", path);
+    cursor c;
+    unsigned char *buf = manifest_start(s, path, CKPT_VERSION_SHARDED, 1, total, &c, err);
+    if (!buf)
         return -1;
-    }
-    cursor c = {buf, 0};
-    put(&c, CKPT_MAGIC "", 8);
-    FIELDS(put, &c, &h);
     uint32_t nr = (uint32_t)nranks, nu = (uint32_t)nunits;
     put(&c, &nr, 4);
     put(&c, &nu, 4);
@@ -302,16 +331,7 @@ int train_manifest_write(train_session *s, const char *path, int nranks, int nun
         put(&c, &bytes[r], 8);
         put(&c, &hash[r], 8);
     }
-    uint64_t fh = train_fnv1a(TRAIN_FNV_INIT, buf, total);
-    put(&c, &fh, 8);
-    train_atomic a;
-    if (train_atomic_open(&a, path, err) != 0) {
-        free(buf);
-        return -1;
-    }
-    fwrite(buf, 1, total + 8, a.f);
-    free(buf);
-    return train_atomic_commit(&a, err);
+    return manifest_finish(path, buf, total, &c, err);
 }
 
 /* Reads shard r (already checked against the manifest's size and hash) into the full
@@ -416,6 +436,44 @@ static int read_shard(const char *path, uint32_t r, uint32_t N, uint64_t step, u
     return 0;
 }
 
+/* Puts shard r of N's params, m and v (S floats each, one after the other) in their
+ * places in the single-process state (n floats each); how depends on the layout. */
+typedef int (*place_fn)(const float *loc, size_t S, uint32_t r, uint32_t N, float *full,
+                        size_t n, const void *how, char *err);
+
+/* The N shards a manifest lists from cursor c on (size and checksum of each), each with S
+ * floats of params, m and v: read and checked, put together with place, installed in the
+ * session with the data position of h. The FSDP and TP loaders differ only in how a shard
+ * is placed (place, how). */
+static int load_shards(train_session *s, const char *path, const ckpt_header *h, cursor *c,
+                       uint32_t N, size_t S, place_fn place, const void *how, char *err)
+{
+    size_t n = full_count(s), sbytes = SHARD_HEADER + 3 * S * sizeof(float);
+    float *full = calloc(3 * n, sizeof(float));
+    unsigned char *sb = malloc(sbytes);
+    int rc = -1;
+    if (!full || !sb) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    for (uint32_t r = 0; r < N; r++) {
+        uint64_t bytes, hash;
+        get(c, &bytes, 8);
+        get(c, &hash, 8);
+        if (read_shard(path, r, N, h->step, bytes, hash, sb, sbytes, err) != 0 ||
+            place((const float *)(sb + SHARD_HEADER), S, r, N, full, n, how, err) != 0)
+            goto out;
+    }
+    if (install(s, full, n, err) != 0)
+        goto out;
+    set_position(s, h);
+    rc = 0;
+out:
+    free(sb);
+    free(full);
+    return rc;
+}
+
 /* The whole manifest (fsize bytes) in memory, its length and checksum checked against
  * `want(fsize, manifest)`, which gives the size the manifest's own counts imply (0 when
  * they are impossible). */
@@ -461,11 +519,25 @@ static size_t fsdp_manifest_size(const unsigned char *mb, size_t fsize)
     return CKPT_HEADER + 8 + 8 * (size_t)nu + 16 * (size_t)N + 8;
 }
 
+/* An FSDP shard holds piece r of every unit (unshard). */
+typedef struct fsdp_units {
+    int nu;
+    const size_t *ulen;
+} fsdp_units;
+
+static int place_fsdp(const float *loc, size_t S, uint32_t r, uint32_t N, float *full, size_t n,
+                      const void *how, char *err)
+{
+    const fsdp_units *u = how;
+    (void)err;
+    unshard(loc, S, (int)r, (int)N, u->nu, u->ulen, full, n);
+    return 0;
+}
+
 static int load_sharded(train_session *s, const char *path, const ckpt_header *h, size_t fsize,
                         char *err)
 {
-    unsigned char *mb = NULL, *sb = NULL;
-    float *full = NULL;
+    unsigned char *mb = NULL;
     size_t *ulen = NULL;
     int rc = -1;
     mb = read_manifest(path, fsize, fsdp_manifest_size, err);
@@ -477,7 +549,6 @@ static int load_sharded(train_session *s, const char *path, const ckpt_header *h
     get(&c, &nu, 4);
     if (mismatch(path, h, s, err))
         goto out;
-    size_t n = full_count(s);
     int L = s->opt.cfg.layers;
     size_t np_, act_;
     ulen = calloc((size_t)L + 2, sizeof *ulen);
@@ -499,29 +570,10 @@ static int load_sharded(train_session *s, const char *path, const ckpt_header *h
     size_t S = 0;
     for (int u = 0; u < L + 2; u++)
         S += (ulen[u] + N - 1) / N;
-    size_t sbytes = SHARD_HEADER + 3 * S * sizeof(float);
-    full = calloc(3 * n, sizeof(float));
-    sb = malloc(sbytes);
-    if (!full || !sb) {
-        train_errf(err, "checkpoint %s: out of memory", path);
-        goto out;
-    }
-    for (uint32_t r = 0; r < N; r++) {
-        uint64_t bytes, hash;
-        get(&c, &bytes, 8);
-        get(&c, &hash, 8);
-        if (read_shard(path, r, N, h->step, bytes, hash, sb, sbytes, err) != 0)
-            goto out;
-        unshard((const float *)(sb + SHARD_HEADER), S, (int)r, (int)N, L + 2, ulen, full, n);
-    }
-    if (install(s, full, n, err) != 0)
-        goto out;
-    set_position(s, h);
-    rc = 0;
+    fsdp_units units = {L + 2, ulen};
+    rc = load_shards(s, path, h, &c, N, S, place_fsdp, &units, err);
 out:
     free(mb);
-    free(sb);
-    free(full);
     free(ulen);
     return rc;
 }
@@ -539,11 +591,22 @@ static size_t tp_manifest_size(const unsigned char *mb, size_t fsize)
     return CKPT_HEADER + 16 + 16 * (size_t)T + 8;
 }
 
+/* A TP shard holds rank r's slice of each of params, m and v (train_tp_unshard); how is the
+ * model's config. */
+static int place_tp(const float *loc, size_t S, uint32_t r, uint32_t N, float *full, size_t n,
+                    const void *how, char *err)
+{
+    for (int k = 0; k < 3; k++)
+        if (train_tp_unshard(how, (int)N, (int)r, loc + (size_t)k * S, full + (size_t)k * n,
+                             err) != 0)
+            return -1;
+    return 0;
+}
+
 static int load_tp(train_session *s, const char *path, const ckpt_header *h, size_t fsize,
                    char *err)
 {
-    unsigned char *sb = NULL, *mb = read_manifest(path, fsize, tp_manifest_size, err);
-    float *full = NULL;
+    unsigned char *mb = read_manifest(path, fsize, tp_manifest_size, err);
     int rc = -1;
     if (!mb)
         return -1;
@@ -555,7 +618,7 @@ static int load_tp(train_session *s, const char *path, const ckpt_header *h, siz
     get(&c, &S, 8);
     if (mismatch(path, h, s, err))
         goto out;
-    size_t n = full_count(s), ln = 0, act = 0;
+    size_t ln = 0, act = 0;
     char why[TRAIN_ERRLEN];
     if (train_tp_config_check(&s->opt.cfg, (int)T, TRAIN_DEVICE_CPU, why) != 0 ||
         train_model_sizes_tp(&s->opt.cfg, 1, 1, (int)T, 0, &ln, &act, NULL) != 0 || ln != S) {
@@ -563,52 +626,20 @@ static int load_tp(train_session *s, const char *path, const ckpt_header *h, siz
                    "model's split %u ways", path, T, D, (unsigned long long)S, T);
         goto out;
     }
-    size_t sbytes = SHARD_HEADER + 3 * (size_t)S * sizeof(float);
-    full = calloc(3 * n, sizeof(float));
-    sb = malloc(sbytes);
-    if (!full || !sb) {
-        train_errf(err, "checkpoint %s: out of memory", path);
-        goto out;
-    }
-    for (uint32_t r = 0; r < T; r++) {
-        uint64_t bytes, hash;
-        get(&c, &bytes, 8);
-        get(&c, &hash, 8);
-        if (read_shard(path, r, T, h->step, bytes, hash, sb, sbytes, err) != 0)
-            goto out;
-        const float *loc = (const float *)(sb + SHARD_HEADER);
-        for (int k = 0; k < 3; k++)
-            if (train_tp_unshard(&s->opt.cfg, (int)T, (int)r, loc + (size_t)k * S,
-                                 full + (size_t)k * n, err) != 0)
-                goto out;
-    }
-    if (install(s, full, n, err) != 0)
-        goto out;
-    set_position(s, h);
-    rc = 0;
+    rc = load_shards(s, path, h, &c, T, (size_t)S, place_tp, &s->opt.cfg, err);
 out:
     free(mb);
-    free(sb);
-    free(full);
     return rc;
 }
 
 static int tp_manifest_write(train_session *s, const char *path, int T, int D, size_t S,
                              const uint64_t *all, char *err)
 {
-    ckpt_header h;
-    fill_header(s, &h);
-    h.version = CKPT_VERSION_TP;
-    h.flags = 2;
     size_t total = CKPT_HEADER + 16 + 16 * (size_t)T;
-    unsigned char *buf = malloc(total + 8);
-    if (!buf) {
-        train_errf(err, "checkpoint %s: out of memory", path);
+    cursor c;
+    unsigned char *buf = manifest_start(s, path, CKPT_VERSION_TP, 2, total, &c, err);
+    if (!buf)
         return -1;
-    }
-    cursor c = {buf, 0};
-    put(&c, CKPT_MAGIC "", 8);
-    FIELDS(put, &c, &h);
     uint32_t t = (uint32_t)T, d = (uint32_t)D;
     uint64_t s64 = S;
     put(&c, &t, 4);
@@ -618,16 +649,7 @@ static int tp_manifest_write(train_session *s, const char *path, int T, int D, s
         put(&c, &all[3 * r], 8);
         put(&c, &all[3 * r + 1], 8);
     }
-    uint64_t fh = train_fnv1a(TRAIN_FNV_INIT, buf, total);
-    put(&c, &fh, 8);
-    train_atomic a;
-    if (train_atomic_open(&a, path, err) != 0) {
-        free(buf);
-        return -1;
-    }
-    fwrite(buf, 1, total + 8, a.f);
-    free(buf);
-    return train_atomic_commit(&a, err);
+    return manifest_finish(path, buf, total, &c, err);
 }
 
 int train_tp_save(train_session *s, train_backend *world, train_backend *tp, const float *p,

@@ -9,13 +9,6 @@
 #include "helpers.h"
 #include "train.h"
 
-static const char *cli(void)
-{
-    const char *c = getenv("TRAIN_CLI");
-    cr_assert(c, "TRAIN_CLI is not set");
-    return c;
-}
-
 #define SMALL "--layers 1 --channels 32 --heads 2 --seq 16 --batch 2 --steps 2 " \
               "--eval-every 0 --threads 1"
 
@@ -27,18 +20,13 @@ static void expect_failure(const char *dir, const char *args, const char *want)
     int before = th_count_entries(dir);
     char *out = th_fmt("%s/../%s.out", dir, strrchr(dir, '/') + 1);
     char *err = th_fmt("%s/../%s.err", dir, strrchr(dir, '/') + 1);
-    char *cmd = th_fmt("cd '%s' && %s %s --ckpt-dir '%s/ck' --plot '%s/loss.svg'", dir, cli(),
-                       args, dir, dir);
+    char *cmd = th_fmt("cd '%s' && %s %s --ckpt-dir '%s/ck' --plot '%s/loss.svg'", dir,
+                       th_cli(), args, dir, dir);
     int rc = th_run(cmd, out, err);
     char *msg = th_read(err, NULL);
     cr_assert(msg);
     cr_expect(rc != 0 && rc != -1, "%s: exit status %d, expected a failure", args, rc);
-    size_t len = strlen(msg);
-    int lines = 0;
-    for (size_t i = 0; i < len; i++)
-        lines += msg[i] == '\n';
-    cr_expect(lines == 1 && len > 0 && msg[len - 1] == '\n',
-              "%s: stderr should be exactly one line, got: %s", args, msg);
+    cr_expect(th_one_line(msg), "%s: stderr should be exactly one line, got: %s", args, msg);
     cr_expect(strstr(msg, want) != NULL, "%s: message '%s' does not mention '%s'", args,
               msg, want);
     cr_expect(strncmp(msg, "coll-train: ", 12) == 0, "message not prefixed: %s", msg);
@@ -65,12 +53,18 @@ Test(badinput, missing_data_file)
     expect_failure(dir, SMALL " --data no-such-file.txt", "no-such-file.txt: cannot open");
 }
 
+/* Writes n bytes into dir/name, then expects a run on that data to fail saying want. */
+static void expect_bad_data(const char *name, const void *bytes, size_t n, const char *want)
+{
+    char *p = th_fmt("%s/%s", dir, name), *args = th_fmt(SMALL " --data %s", name);
+    cr_assert_eq(th_write(p, bytes, n), 0, "cannot write %s", p);
+    expect_failure(dir, args, want);
+    free(p), free(args);
+}
+
 Test(badinput, empty_data_file)
 {
-    char *p = th_fmt("%s/empty.txt", dir);
-    th_write(p, "", 0);
-    expect_failure(dir, SMALL " --data empty.txt", "empty.txt: empty");
-    free(p);
+    expect_bad_data("empty.txt", "", 0, "empty.txt: empty");
 }
 
 Test(badinput, corrupt_token_file_size)
@@ -80,10 +74,7 @@ Test(badinput, corrupt_token_file_size)
     f[8] = 1;                   /* version */
     f[12] = 0, f[13] = 1;       /* vocab 256 */
     f[16] = 1000 & 0xff, f[17] = 1000 >> 8;
-    char *p = th_fmt("%s/bad.tok", dir);
-    th_write(p, f, sizeof f);
-    expect_failure(dir, SMALL " --data bad.tok", "corrupt token file");
-    free(p);
+    expect_bad_data("bad.tok", f, sizeof f, "corrupt token file");
 }
 
 Test(badinput, corrupt_token_file_ids)
@@ -106,18 +97,12 @@ Test(badinput, token_file_bad_version)
 {
     unsigned char f[24] = "COLLTOK1";
     f[8] = 9;
-    char *p = th_fmt("%s/v9.tok", dir);
-    th_write(p, f, sizeof f);
-    expect_failure(dir, SMALL " --data v9.tok", "unsupported token file version 9");
-    free(p);
+    expect_bad_data("v9.tok", f, sizeof f, "unsupported token file version 9");
 }
 
 Test(badinput, data_too_small_for_seq)
 {
-    char *p = th_fmt("%s/tiny.txt", dir);
-    th_write(p, "just a few bytes of text", 24);
-    expect_failure(dir, SMALL " --data tiny.txt", "too small");
-    free(p);
+    expect_bad_data("tiny.txt", "just a few bytes of text", 24, "too small");
 }
 
 Test(badinput, channels_not_divisible_by_heads)
@@ -146,16 +131,20 @@ Test(badinput, cuda_without_gpu)
     expect_failure(dir, SMALL " --device cuda", "cuda");
 }
 
-/* Makes a real checkpoint of the SMALL model in dir/good/ckpt_00000002.bin. */
-static char *make_checkpoint(void)
+/* Makes a real checkpoint of the SMALL model (2 steps, `how`: its parallel flags) in
+ * dir/sub; returns its path, dir/sub/ckpt_00000002.bin. Its output goes beside dir. */
+static char *make_checkpoint_in(const char *sub, const char *how)
 {
-    char *out = th_fmt("%s.ck.out", dir), *err = th_fmt("%s.ck.err", dir);
-    char *cmd = th_fmt("%s " SMALL " --ckpt-dir '%s/good'", cli(), dir);
-    cr_assert_eq(th_run(cmd, out, err), 0, "could not make a checkpoint");
+    char *out = th_fmt("%s.%s.out", dir, sub), *err = th_fmt("%s.%s.err", dir, sub);
+    char *cmd = th_fmt("cd '%s' && %s " SMALL "%s --ckpt-dir %s", dir, th_cli(), how, sub);
+    cr_assert_eq(th_run(cmd, out, err), 0, "could not make a checkpoint (%s)", cmd);
     unlink(out), unlink(err);
     free(out), free(err), free(cmd);
-    return th_fmt("%s/good/ckpt_00000002.bin", dir);
+    return th_fmt("%s/%s/ckpt_00000002.bin", dir, sub);
 }
+
+/* A plain checkpoint in dir/good. */
+static char *make_checkpoint(void) { return make_checkpoint_in("good", ""); }
 
 Test(badinput, checkpoint_from_another_config)
 {
@@ -221,13 +210,7 @@ Test(badinput, fsdp_flags)
 /* A sharded checkpoint (2 ranks, ZeRO-3, 2 steps) in dir/fs; returns its manifest path. */
 static char *make_fsdp_checkpoint(void)
 {
-    char *cmd = th_fmt("cd '%s' && %s " SMALL " --parallel fsdp --ranks 2 --ckpt-dir fs",
-                       dir, cli());
-    char *o = th_fmt("%s.fs.out", dir), *e = th_fmt("%s.fs.err", dir);
-    cr_assert_eq(th_run(cmd, o, e), 0, "could not make an fsdp checkpoint");
-    unlink(o), unlink(e);
-    free(cmd), free(o), free(e);
-    return th_fmt("%s/fs/ckpt_00000002.bin", dir);
+    return make_checkpoint_in("fs", " --parallel fsdp --ranks 2");
 }
 
 /* A shard missing, short or corrupt, or a checkpoint of another model: refused before any

@@ -24,17 +24,8 @@ Test(cuda, matches_cpu, .timeout = 120)
         cr_skip_test("CUDA check skipped: %s", err);
     cr_log_info("device: %s", name);
 
-    train_options o = {
-        .cfg = {.vocab = 256, .max_seq = 64, .layers = 2, .channels = 64, .heads = 4},
-        .hp = train_hparams_default(),
-        .batch = B,
-        .seq = T,
-        .seed = 99,
-        .device = TRAIN_DEVICE_CPU,
-        .threads = 1,
-    };
-    o.hp.steps = 5;
-    o.hp.warmup = 2;
+    train_config cfg = {.vocab = 256, .max_seq = 64, .layers = 2, .channels = 64, .heads = 4};
+    train_options o = th_options(cfg, B, T, 99, 5, 2, train_hparams_default().lr);
     train_session *cpu = train_session_create(&o, err);
     cr_assert(cpu, "%s", err);
     o.device = TRAIN_DEVICE_CUDA;

@@ -39,15 +39,7 @@
 #include <criterion/criterion.h>
 
 #include <coll_launch.h>
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <time.h>
 
 #include "ddp.h"
 #include "env_job.h"
@@ -65,19 +57,8 @@
 
 static train_options small_options(int batch, uint64_t seed)
 {
-    train_options o = {
-        .cfg = {.vocab = 256, .max_seq = 32, .layers = 2, .channels = 64, .heads = 4},
-        .hp = train_hparams_default(),
-        .batch = batch,
-        .seq = T,
-        .seed = seed,
-        .device = TRAIN_DEVICE_CPU,
-        .threads = 1,
-    };
-    o.hp.steps = STEPS;
-    o.hp.warmup = 3;
-    o.hp.lr = 1e-2f;
-    return o;
+    train_config cfg = {.vocab = 256, .max_seq = 32, .layers = 2, .channels = 64, .heads = 4};
+    return th_options(cfg, batch, T, seed, STEPS, 3, 1e-2f);
 }
 
 /* What the ranks report back to the test process: parameters after every step and the
@@ -125,25 +106,19 @@ static int ddp_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     train_options o = small_options(B, 42 + 1000 * (uint64_t)rank);
     train_session *s = train_session_create(&o, err);
     train_backend *b = s ? train_backend_coll(comm, 0, err) : NULL;
-    if (!b) {
-        fprintf(stderr, "rank %d: %s\n", rank, err);
-        return 2;
-    }
+    if (!b)
+        return th_rank_fail(rank, "start", err, 2);
     train_ddp_options dopt = train_ddp_options_default();
     dopt.accum = j->accum;
     dopt.first_bucket_bytes = 64 << 10; /* several buckets even for this small model */
     dopt.bucket_bytes = 128 << 10;
     train_ddp *d = train_ddp_create(s, b, &dopt, err);
-    if (!d) {
-        fprintf(stderr, "rank %d: %s\n", rank, err);
-        return 3;
-    }
+    if (!d)
+        return th_rank_fail(rank, "create", err, 3);
     for (int i = 0; i < j->steps; i++) {
         train_ddp_stats st;
-        if (train_ddp_step(d, &st, err) != 0) {
-            fprintf(stderr, "rank %d: %s\n", rank, err);
-            return 4;
-        }
+        if (train_ddp_step(d, &st, err) != 0)
+            return th_rank_fail(rank, "step", err, 4);
         j->loss[(size_t)rank * j->steps + i] = st.step.loss;
         j->norm[(size_t)rank * j->steps + i] = st.step.grad_norm;
         train_copy_params_to_host(train_session_model(s),
@@ -155,19 +130,6 @@ static int ddp_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     train_session_free(s);
     (void)nranks;
     return rc;
-}
-
-static double max_abs_diff(const float *a, const float *b, size_t n, size_t *where)
-{
-    double mx = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double dd = fabs((double)a[i] - (double)b[i]);
-        if (dd > mx || dd != dd) {
-            mx = dd;
-            *where = i;
-        }
-    }
-    return mx;
 }
 
 /* Ranks bitwise equal to each other, rank 0 within PARAM_TOL of ref (steps x np). */
@@ -184,7 +146,7 @@ static void check_against(job *j, const float *ref, const float *refloss, const 
                       "%s N=%d: rank %d's parameters differ from rank 0's after step %d",
                       what, j->nranks, r, i + 1);
         size_t at = 0;
-        double dd = max_abs_diff(p0, ref + (size_t)i * np, np, &at);
+        double dd = th_max_abs_diff(p0, ref + (size_t)i * np, np, &at);
         cr_assert(dd <= PARAM_TOL,
                   "%s N=%d: after step %d parameter %zu differs from one process by %g "
                   "(tolerance %g)",
@@ -208,11 +170,10 @@ static void check_against(job *j, const float *ref, const float *refloss, const 
 
 Test(ddp, parity_with_one_process_n234, .timeout = 150)
 {
-    char err[TRAIN_ERRLEN], why[256];
+    char err[TRAIN_ERRLEN];
     for (int n = 2; n <= 4; n++) {
         job *j = job_new(n, STEPS, 1);
-        int rc = coll_launch_local(n, ddp_rank, j, 120000, why, sizeof why);
-        cr_assert_eq(rc, 0, "N=%d DDP job failed: %s", n, why);
+        th_launch(n, ddp_rank, j, 120000, NULL, "N=%d DDP job", n);
 
         /* the single process: batch N*B, the plain trainer, seed 42 */
         train_options o = small_options(n * B, 42);
@@ -236,10 +197,9 @@ Test(ddp, parity_with_one_process_n234, .timeout = 150)
 Test(ddp, accum_equals_one_process_with_kn_microbatches, .timeout = 120)
 {
     enum { N = 2, K = 3, S = 8 };
-    char err[TRAIN_ERRLEN], why[256];
+    char err[TRAIN_ERRLEN];
     job *j = job_new(N, S, K);
-    int rc = coll_launch_local(N, ddp_rank, j, 100000, why, sizeof why);
-    cr_assert_eq(rc, 0, "DDP job failed: %s", why);
+    th_launch(N, ddp_rank, j, 100000, NULL, "DDP job");
 
     /* one process: K*N micro-batches of B rows, each scaled 1/(K*N), one AdamW step */
     train_options o = small_options(B, 42);
@@ -273,33 +233,49 @@ Test(ddp, accum_equals_one_process_with_kn_microbatches, .timeout = 120)
     job_free(j);
 }
 
-/* A 1-rank backend in this process, for the tests that need no peers. */
-static train_backend *solo_backend(void)
+/* DDP in this process over a 1-rank libcoll backend, buckets of 20000 then 70000 bytes:
+ * for the tests that need no peers. */
+typedef struct solo {
+    train_options o;
+    train_session *s;
+    train_backend *b;
+    train_ddp_options dopt;
+    train_ddp *d;
+} solo;
+
+static void solo_start(solo *x)
 {
     coll_unique_id id;
     coll_comm_t comm;
     char err[TRAIN_ERRLEN];
+    x->o = small_options(B, 1);
+    x->s = train_session_create(&x->o, err);
+    cr_assert(x->s, "%s", err);
     cr_assert_eq(coll_get_unique_id(&id), COLL_OK, "%s", coll_comm_last_error(NULL));
     cr_assert_eq(coll_comm_init_rank(&comm, 1, id, 0), COLL_OK, "%s",
                  coll_comm_last_error(NULL));
-    train_backend *b = train_backend_coll(comm, 1, err);
-    cr_assert(b, "%s", err);
-    return b;
+    x->b = train_backend_coll(comm, 1, err);
+    cr_assert(x->b, "%s", err);
+    x->dopt = train_ddp_options_default();
+    x->dopt.first_bucket_bytes = 20000;
+    x->dopt.bucket_bytes = 70000;
+    x->d = train_ddp_create(x->s, x->b, &x->dopt, err);
+    cr_assert(x->d, "%s", err);
+}
+
+static void solo_end(solo *x)
+{
+    train_ddp_free(x->d);
+    cr_assert_eq(x->b->destroy(x->b), 0);
+    train_session_free(x->s);
 }
 
 Test(ddp, buckets_tile_the_gradients_in_reverse_order, .timeout = 30)
 {
-    char err[TRAIN_ERRLEN];
-    train_options o = small_options(B, 1);
-    train_session *s = train_session_create(&o, err);
-    cr_assert(s, "%s", err);
-    train_backend *b = solo_backend();
-    train_ddp_options dopt = train_ddp_options_default();
-    dopt.first_bucket_bytes = 20000;
-    dopt.bucket_bytes = 70000;
-    train_ddp *d = train_ddp_create(s, b, &dopt, err);
-    cr_assert(d, "%s", err);
-    train_model *m = train_session_model(s);
+    solo x;
+    solo_start(&x);
+    train_ddp *d = x.d;
+    train_model *m = train_session_model(x.s);
     size_t end = train_num_params(m);
     int nb = train_ddp_num_buckets(d);
     cr_assert(nb > 3, "only %d buckets", nb);
@@ -307,7 +283,7 @@ Test(ddp, buckets_tile_the_gradients_in_reverse_order, .timeout = 30)
         const train_ddp_bucket *k = train_ddp_bucket_info(d, i);
         cr_assert_eq(k->start + k->count, end, "bucket %d does not end where %d began", i,
                      i - 1);
-        size_t cap = i == 0 ? dopt.first_bucket_bytes : dopt.bucket_bytes;
+        size_t cap = i == 0 ? x.dopt.first_bucket_bytes : x.dopt.bucket_bytes;
         cr_assert(k->count * 4 <= cap || k->ntensors == 1,
                   "bucket %d: %zu bytes over the cap %zu with %d tensors", i, k->count * 4,
                   cap, k->ntensors);
@@ -322,24 +298,16 @@ Test(ddp, buckets_tile_the_gradients_in_reverse_order, .timeout = 30)
                   train_ddp_bucket_info(d, i - 1)->layer);
     cr_assert_eq(train_ddp_bucket_info(d, nb - 1)->layer, -1,
                  "the last bucket is not the embeddings'");
-    train_ddp_free(d);
-    cr_assert_eq(b->destroy(b), 0);
-    train_session_free(s);
+    solo_end(&x);
 }
 
 Test(ddp, bucket_never_launched_is_named_at_end_of_backward, .timeout = 30)
 {
     char err[TRAIN_ERRLEN];
-    train_options o = small_options(B, 1);
-    train_session *s = train_session_create(&o, err);
-    cr_assert(s, "%s", err);
-    train_backend *b = solo_backend();
-    train_ddp_options dopt = train_ddp_options_default();
-    dopt.first_bucket_bytes = 20000;
-    dopt.bucket_bytes = 70000;
-    train_ddp *d = train_ddp_create(s, b, &dopt, err);
-    cr_assert(d, "%s", err);
-    train_model *m = train_session_model(s);
+    solo x;
+    solo_start(&x);
+    train_ddp *d = x.d;
+    train_model *m = train_session_model(x.s);
     /* a backward that reports the final LayerNorm and block 1, then stops */
     train_ddp_begin_backward(d);
     size_t lnf = 0, h1 = 0;
@@ -350,7 +318,7 @@ Test(ddp, bucket_never_launched_is_named_at_end_of_backward, .timeout = 30)
         if (strcmp(p->name, "h.1.ln1.w") == 0)
             h1 = p->offset;
     }
-    train_ddp_grads_final(d, lnf, o.cfg.layers);
+    train_ddp_grads_final(d, lnf, x.o.cfg.layers);
     train_ddp_grads_final(d, h1, 1);
     cr_assert_eq(train_ddp_finish_backward(d, err), -1, "a missing layer went unnoticed");
     cr_assert(strstr(err, "never reported layer 0 finished") && strstr(err, "h.0."),
@@ -359,9 +327,7 @@ Test(ddp, bucket_never_launched_is_named_at_end_of_backward, .timeout = 30)
     /* and a complete backward passes */
     train_ddp_stats st;
     cr_assert_eq(train_ddp_step(d, &st, err), 0, "%s", err);
-    train_ddp_free(d);
-    cr_assert_eq(b->destroy(b), 0);
-    train_session_free(s);
+    solo_end(&x);
 }
 
 /* ---- ordering with a device's compute stream ------------------------------------ *
@@ -397,17 +363,11 @@ static void fake_sync(void) { dev.syncs++; }
 Test(ddp, device_ordering_uses_marks_not_a_device_sync, .timeout = 30)
 {
     char err[TRAIN_ERRLEN];
-    train_options o = small_options(B, 1);
-    train_session *s = train_session_create(&o, err);
-    cr_assert(s, "%s", err);
-    train_backend *b = solo_backend(); /* libcoll: no order_after, so the host waits */
-    cr_assert_null(b->order_after);
-    train_ddp_options dopt = train_ddp_options_default();
-    dopt.first_bucket_bytes = 20000;
-    dopt.bucket_bytes = 70000;
-    train_ddp *d = train_ddp_create(s, b, &dopt, err);
-    cr_assert(d, "%s", err);
-    train_model *m = train_session_model(s);
+    solo x;
+    solo_start(&x);
+    cr_assert_null(x.b->order_after); /* libcoll: no order_after, so the host waits */
+    train_ddp *d = x.d;
+    train_model *m = train_session_model(x.s);
     train_ops ops = *m->ops;
     ops.mark = fake_mark;
     ops.wait_mark = fake_wait_mark;
@@ -419,7 +379,7 @@ Test(ddp, device_ordering_uses_marks_not_a_device_sync, .timeout = 30)
     cr_assert_eq(train_ddp_step(d, &st, err), 0, "%s", err);
     /* one mark per "gradients final" notification (L blocks, the final LayerNorm, the
      * embeddings) plus the one that ends backward's compute */
-    int notes = o.cfg.layers + 2;
+    int notes = x.o.cfg.layers + 2;
     cr_assert_eq(dev.marks, notes + 1, "%d marks for %d notifications", dev.marks, notes);
     /* the host waited for a mark before the buckets it made final (the backend cannot
      * order on the device), and once at the end of backward: never on anything else */
@@ -429,44 +389,13 @@ Test(ddp, device_ordering_uses_marks_not_a_device_sync, .timeout = 30)
     cr_assert_eq(dev.syncs, 1, "%d device-wide syncs in one step (backward must have none)",
                  dev.syncs);
     m->ops = cpu;
-    train_ddp_free(d);
-    cr_assert_eq(b->destroy(b), 0);
-    train_session_free(s);
+    solo_end(&x);
 }
 
 /* ---- through coll-train --------------------------------------------------------- */
 
-static const char *cli(void)
-{
-    const char *c = getenv("TRAIN_CLI");
-    cr_assert(c, "TRAIN_CLI is not set");
-    return c;
-}
-
 #define CLI_MODEL "--layers 2 --channels 64 --heads 4 --max-seq 32 --seq 16 --batch 2 " \
                   "--lr 1e-2 --warmup 3 --eval-every 0 --threads 1"
-
-/* The losses printed by coll-train (rank 0's "step i/n | loss X" lines), from step
- * `first` on. */
-static int read_losses_from(const char *path, long first, float *loss, int max)
-{
-    char *txt = th_read(path, NULL);
-    cr_assert(txt, "no output %s", path);
-    int n = 0;
-    for (char *p = txt; (p = strstr(p, "step ")) && n < max; p++) {
-        long st, tot;
-        float l;
-        if (sscanf(p, "step %ld/%ld | loss %f", &st, &tot, &l) == 3 && st == first + n)
-            loss[n++] = l;
-    }
-    free(txt);
-    return n;
-}
-
-static int read_losses(const char *path, float *loss, int max)
-{
-    return read_losses_from(path, 1, loss, max);
-}
 
 Test(ddp, backend_swap_coll_vs_mpi_same_losses, .timeout = 120)
 {
@@ -480,20 +409,14 @@ Test(ddp, backend_swap_coll_vs_mpi_same_losses, .timeout = 120)
         const char *be[2] = {"coll", "mpi"};
         float *dst[2] = {lc, lm};
         for (int k = 0; k < 2; k++) {
-            char *out = th_fmt("%s/%s%d.out", dir, be[k], n),
-                 *errp = th_fmt("%s/%s%d.err", dir, be[k], n);
+            char *base = th_fmt("%s/%s%d", dir, be[k], n);
             char *cmd = th_fmt("%s " CLI_MODEL " --steps %d --parallel ddp --ranks %d "
                                "--backend %s --bucket-mb 0.1",
-                               cli(), STEPS, n, be[k]);
-            int rc = th_run(cmd, out, errp);
-            char *e = th_read(errp, NULL);
-            cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-            cr_assert_eq(read_losses(out, dst[k], STEPS), STEPS, "%s: fewer than %d steps",
-                         cmd, STEPS);
-            free(e);
+                               th_cli(), STEPS, n, be[k]);
+            cr_assert_eq(th_cli_losses(cmd, base, 1, dst[k], STEPS), STEPS,
+                         "%s: fewer than %d steps", cmd, STEPS);
             free(cmd);
-            free(out);
-            free(errp);
+            free(base);
         }
         for (int i = 0; i < STEPS; i++) {
             /* N = 2: both sum two numbers (commutative) and divide by 2: bitwise equal;
@@ -548,23 +471,20 @@ static const char trace_check_py[] =
 Test(ddp, trace_has_compute_and_comm_per_rank_in_libcoll_format, .timeout = 60)
 {
     enum { N = 2, S = 3 };
-    (void)cli();
+    (void)th_cli();
     char *dir = th_tmpdir();
     const char *py = getenv("TRAIN_PYTHON") ? getenv("TRAIN_PYTHON") : "python3";
     char *json = th_fmt("%s/t.json", dir), *script = th_fmt("%s/check.py", dir),
-         *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir);
+         *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir), *run = th_fmt("%s/run", dir);
     cr_assert_eq(th_write(script, trace_check_py, strlen(trace_check_py)), 0);
     char *cmd = th_fmt("%s " CLI_MODEL " --steps %d --parallel ddp --ranks %d --bucket-mb 0.1 "
                        "--trace %s",
-                       cli(), S, N, json);
-    int rc = th_run(cmd, out, errp);
-    char *e = th_read(errp, NULL);
-    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-    free(e);
+                       th_cli(), S, N, json);
+    free(th_run_ok(cmd, run));
     free(cmd);
     cmd = th_fmt("%s %s %s %d %d", py, script, json, N, S);
-    rc = th_run(cmd, out, errp);
-    e = th_read(errp, NULL);
+    int rc = th_run(cmd, out, errp);
+    char *e = th_read(errp, NULL);
     char *o = th_read(out, NULL);
     cr_assert_eq(rc, 0, "the trace does not check out: %s", e ? e : "");
     cr_log_info("%s", o ? o : "");
@@ -575,6 +495,7 @@ Test(ddp, trace_has_compute_and_comm_per_rank_in_libcoll_format, .timeout = 60)
     free(script);
     free(out);
     free(errp);
+    free(run);
     th_rmrf(dir);
     free(dir);
 }
@@ -599,16 +520,16 @@ static void expect_refusal(const char *dir, const char *cmd, const char **want, 
 
 Test(ddp, nccl_backend_refuses_clearly_without_the_gpu_path, .timeout = 60)
 {
-    (void)cli();
+    (void)th_cli();
     char *dir = th_tmpdir();
     char *cmd = th_fmt("%s " CLI_MODEL " --steps 2 --parallel ddp --ranks 2 --backend nccl",
-                       cli());
+                       th_cli());
     const char *cpu[] = {"--backend nccl needs --device cuda"};
     expect_refusal(dir, cmd, cpu, 1);
     free(cmd);
     cmd = th_fmt("%s " CLI_MODEL " --steps 2 --parallel ddp --ranks 2 --backend nccl "
                  "--device cuda",
-                 cli());
+                 th_cli());
     if (!train_backend_nccl_built()) {
         const char *w[] = {"has no NCCL backend"};
         expect_refusal(dir, cmd, w, 1);
@@ -644,21 +565,16 @@ Test(ddp, nccl_matches_one_gpu_process, .timeout = 120)
     const char *what[2] = {"nccl", "one"};
     float *dst[2] = {ln, l1};
     for (int k = 0; k < 2; k++) {
-        char *out = th_fmt("%s/%s.out", dir, what[k]), *errp = th_fmt("%s/%s.err", dir, what[k]);
+        char *base = th_fmt("%s/%s", dir, what[k]);
         char *cmd = k == 0 ? th_fmt("%s " CLI_MODEL " --device cuda --steps %d --parallel ddp "
                                     "--ranks %d --backend nccl --bucket-mb 0.1",
-                                    cli(), STEPS, n)
+                                    th_cli(), STEPS, n)
                            : th_fmt("%s " CLI_MODEL " --device cuda --steps %d --batch %d",
-                                    cli(), STEPS, n * B);
-        int rc = th_run(cmd, out, errp);
-        char *e = th_read(errp, NULL);
-        cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-        cr_assert_eq(read_losses(out, dst[k], STEPS), STEPS, "%s: fewer than %d steps", cmd,
-                     STEPS);
-        free(e);
+                                    th_cli(), STEPS, n * B);
+        cr_assert_eq(th_cli_losses(cmd, base, 1, dst[k], STEPS), STEPS,
+                     "%s: fewer than %d steps", cmd, STEPS);
         free(cmd);
-        free(out);
-        free(errp);
+        free(base);
     }
     for (int i = 0; i < STEPS; i++)
         cr_assert(fabsf(ln[i] - l1[i]) <= LOSS_TOL_GPU,
@@ -672,52 +588,10 @@ Test(ddp, nccl_matches_one_gpu_process, .timeout = 120)
 
 Test(ddp, killed_rank_makes_the_others_fail_within_the_timeout, .timeout = 60)
 {
-    enum { N = 3, VICTIM = 1 };
-    (void)cli(); /* before anything that needs cleaning up */
-    char *dir = th_tmpdir();
-    env_job j;
-    env_job_start(&j, N, dir, cli(),
-                  "--layers 2 --channels 64 --heads 4 --max-seq 32 --seq 16 --batch 2 "
-                  "--eval-every 0 --threads 1 --steps 1000000 --parallel ddp",
-                  0);
-    env_job_wait_for(&j, "step     3/", 20.0); /* training is under way */
-    env_job_kill_and_expect_failures(&j, VICTIM, 20.0);
-    env_job_end(&j);
-    th_rmrf(dir);
-    free(dir);
-}
-
-/* The highest step k of the dir's ckpt_<k>.bin files; fails on anything else in it (a
- * temp file left behind would mean a checkpoint was not written atomically). */
-static long last_checkpoint(const char *dir)
-{
-    DIR *d = opendir(dir);
-    cr_assert(d, "%s: %s", dir, strerror(errno));
-    long best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        long k;
-        char tail[8];
-        int ok = sscanf(e->d_name, "ckpt_%8ld.%7s", &k, tail) == 2 && !strcmp(tail, "bin") &&
-                 strlen(e->d_name) == strlen("ckpt_00000000.bin");
-        cr_assert(ok, "%s holds %s, which is not a complete checkpoint", dir, e->d_name);
-        best = k > best ? k : best;
-    }
-    closedir(d);
-    return best;
-}
-
-static void assert_same_file(const char *a, const char *b)
-{
-    size_t na = 0, nb = 0;
-    char *x = th_read(a, &na), *y = th_read(b, &nb);
-    cr_assert(x && y, "missing %s", x ? b : a);
-    cr_assert(na == nb && memcmp(x, y, na) == 0, "%s (%zu bytes) and %s (%zu bytes) differ", a,
-              na, b, nb);
-    free(x);
-    free(y);
+    env_job_kill_under_way(3, "--layers 2 --channels 64 --heads 4 --max-seq 32 --seq 16 "
+                              "--batch 2 --eval-every 0 --threads 1 --steps 1000000 "
+                              "--parallel ddp",
+                           1, 20.0, 0, "");
 }
 
 /* Train 2 ranks with checkpoints every EVERY steps; kill rank 1 mid-run (rank 0 must fail
@@ -727,84 +601,25 @@ static void assert_same_file(const char *a, const char *b)
  * Rank 0's output pipe is shrunk to 4 KiB and the test reads 256 bytes at a time, so once
  * the test has seen checkpoint KILL_AT rank 0 is at most ~4.3 KiB of output (~30 step
  * lines of ~150 bytes) further: the kill always lands mid-run, with no sleep and no race
- * with the end of training. */
+ * with the end of training. Only rank 0 writes a (plain) checkpoint, and it fails cleanly:
+ * nothing but complete checkpoints may be left in its directory. */
 Test(ddp, restart_after_a_kill_resumes_exactly, .timeout = 90)
 {
     enum { N = 2, VICTIM = 1, STEPS_R = 120, EVERY = 10, KILL_AT = 20 };
-    (void)cli(); /* before anything that needs cleaning up */
-    char *dir = th_tmpdir();
-    char *full = th_fmt("%s/full", dir), *cut = th_fmt("%s/cut", dir),
-         *again = th_fmt("%s/again", dir);
-    const char *model = "--layers 2 --channels 64 --heads 4 --max-seq 32 --seq 16 --batch 2 "
-                        "--lr 1e-2 --warmup 3 --eval-every 0 --threads 1";
-
-    /* 1. the uninterrupted run */
-    float lfull[STEPS_R], lagain[STEPS_R];
-    char *out = th_fmt("%s/full.out", dir), *errp = th_fmt("%s/full.err", dir);
-    char *cmd = th_fmt("%s %s --steps %d --parallel ddp --ranks %d --ckpt-dir %s "
-                       "--ckpt-every %d",
-                       cli(), model, STEPS_R, N, full, EVERY);
-    int rc = th_run(cmd, out, errp);
-    char *e = th_read(errp, NULL);
-    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-    cr_assert_eq(read_losses(out, lfull, STEPS_R), STEPS_R, "%s: fewer than %d steps", cmd,
-                 STEPS_R);
-    free(e);
-    free(cmd);
-    free(out);
-    free(errp);
-
-    /* 2. the same run, killed after checkpoint KILL_AT */
-    env_job j;
-    char *args = th_fmt("%s --steps %d --parallel ddp --ckpt-dir %s --ckpt-every %d", model,
-                        STEPS_R, cut, EVERY);
-    env_job_start(&j, N, dir, cli(), args, 4096);
-    char needle[64];
-    snprintf(needle, sizeof needle, "ckpt_%08d.bin", KILL_AT);
-    env_job_wait_for(&j, needle, 30.0);
-    env_job_kill_and_expect_failures(&j, VICTIM, 20.0);
-    env_job_end(&j);
-    free(args);
-
-    /* 3. the last checkpoint is complete and equal to the uninterrupted run's */
-    long k = last_checkpoint(cut);
-    cr_assert(k >= KILL_AT && k < STEPS_R, "last checkpoint at step %ld: the kill did not "
-              "land mid-run", k);
-    char *ck = th_fmt("%s/ckpt_%08ld.bin", cut, k), *ck_full = th_fmt("%s/ckpt_%08ld.bin", full, k);
-    assert_same_file(ck, ck_full);
-
-    /* 4. restart from it and run to the end */
-    out = th_fmt("%s/again.out", dir);
-    errp = th_fmt("%s/again.err", dir);
-    cmd = th_fmt("%s %s --steps %d --parallel ddp --ranks %d --ckpt-dir %s --ckpt-every %d "
-                 "--resume %s",
-                 cli(), model, STEPS_R, N, again, EVERY, ck);
-    rc = th_run(cmd, out, errp);
-    e = th_read(errp, NULL);
-    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-    int n = read_losses_from(out, k + 1, lagain, STEPS_R);
-    cr_assert_eq(n, STEPS_R - k, "the resumed run printed %d steps from step %ld, not %ld", n,
-                 k + 1, STEPS_R - k);
-    for (int i = 0; i < n; i++)
-        cr_assert(lagain[i] == lfull[k + i], "step %ld: resumed loss %.6f, uninterrupted %.6f",
-                  k + 1 + i, lagain[i], lfull[k + i]);
-    char *fin = th_fmt("%s/ckpt_%08d.bin", again, STEPS_R),
-         *fin_full = th_fmt("%s/ckpt_%08d.bin", full, STEPS_R);
-    assert_same_file(fin, fin_full);
-    cr_log_info("killed rank %d after checkpoint %d; resumed from step %ld; %d steps and the "
+    (void)th_cli(); /* before anything that needs cleaning up */
+    char *dir = th_tmpdir(), *needle = th_fmt("ckpt_%08d.bin", KILL_AT),
+         *run = th_fmt(CLI_MODEL " --parallel ddp --ranks %d", N);
+    th_kill_resume c = {
+        .wrap = "",
+        .run_args = run,
+        .job_args = CLI_MODEL " --parallel ddp",
+        .nranks = N, .victim = VICTIM, .steps = STEPS_R, .every = EVERY, .kill_at = KILL_AT,
+        .nshards = 0, .strict = 1, .needle = needle, .kill_limit_s = 20.0,
+    };
+    long k = th_kill_then_resume(dir, &c);
+    cr_log_info("killed rank %d after checkpoint %d; resumed from step %ld; %ld steps and the "
                 "final checkpoint bitwise equal to the uninterrupted run",
-                VICTIM, KILL_AT, k, n);
-    free(e);
-    free(cmd);
-    free(out);
-    free(errp);
-    free(ck);
-    free(ck_full);
-    free(fin);
-    free(fin_full);
+                VICTIM, KILL_AT, k, STEPS_R - k);
     th_rmrf(dir);
-    free(full);
-    free(cut);
-    free(again);
-    free(dir);
+    free(needle), free(run), free(dir);
 }

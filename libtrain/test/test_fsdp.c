@@ -39,19 +39,8 @@
 
 static train_options small_options(int batch, uint64_t seed)
 {
-    train_options o = {
-        .cfg = {.vocab = 256, .max_seq = 16, .layers = 2, .channels = 32, .heads = 2},
-        .hp = train_hparams_default(),
-        .batch = batch,
-        .seq = T,
-        .seed = seed,
-        .device = TRAIN_DEVICE_CPU,
-        .threads = 1,
-    };
-    o.hp.steps = STEPS;
-    o.hp.warmup = 3;
-    o.hp.lr = 3e-3f;
-    return o;
+    train_config cfg = {.vocab = 256, .max_seq = 16, .layers = 2, .channels = 32, .heads = 2};
+    return th_options(cfg, batch, T, seed, STEPS, 3, 3e-3f);
 }
 
 typedef struct job {
@@ -99,24 +88,18 @@ static int fsdp_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     train_options o = small_options(B, 42 + 1000 * (uint64_t)rank);
     train_session *s = train_session_create(&o, err);
     train_backend *b = s ? train_backend_coll(comm, 0, err) : NULL;
-    if (!b) {
-        fprintf(stderr, "rank %d: %s\n", rank, err);
-        return 2;
-    }
+    if (!b)
+        return th_rank_fail(rank, "start", err, 2);
     train_fsdp_options fo = train_fsdp_options_default();
     fo.zero = j->zero;
     fo.accum = j->accum;
     train_fsdp *f = train_fsdp_create(s, b, &fo, err);
-    if (!f) {
-        fprintf(stderr, "rank %d: %s\n", rank, err);
-        return 3;
-    }
+    if (!f)
+        return th_rank_fail(rank, "create", err, 3);
     for (int i = 0; i < j->steps; i++) {
         train_fsdp_stats st;
-        if (train_fsdp_step(f, &st, err) != 0) {
-            fprintf(stderr, "rank %d: %s\n", rank, err);
-            return 4;
-        }
+        if (train_fsdp_step(f, &st, err) != 0)
+            return th_rank_fail(rank, "step", err, 4);
         j->loss[(size_t)rank * j->steps + i] = st.step.loss;
         if (rank == 0) {
             j->measured += (double)st.measured_bytes / j->steps;
@@ -128,7 +111,7 @@ static int fsdp_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     if (rc == 0)
         rc = train_fsdp_check_identical(f, err);
     if (rc != 0)
-        fprintf(stderr, "rank %d: %s\n", rank, err);
+        th_rank_fail(rank, "gather or check", err, 5);
     train_fsdp_free(f);
     b->destroy(b);
     train_session_free(s);
@@ -153,9 +136,7 @@ static void reference(int batch, float *loss, float *norm, float *params)
 
 static void run_job(job *j)
 {
-    char why[256];
-    int rc = coll_launch_local(j->nranks, fsdp_rank, j, 60000, why, sizeof why);
-    cr_assert_eq(rc, 0, "N=%d ZeRO-%d job failed: %s", j->nranks, j->zero, why);
+    th_launch(j->nranks, fsdp_rank, j, 60000, NULL, "N=%d ZeRO-%d job", j->nranks, j->zero);
 }
 
 static void check(job *j, const float *loss, const float *norm, const float *params)
@@ -175,11 +156,7 @@ static void check(job *j, const float *loss, const float *norm, const float *par
                   j->zero, i + 1, j->norm[i], norm[i]);
         worst_loss = rel > worst_loss ? rel : worst_loss;
     }
-    double mx = 0.0;
-    for (size_t k = 0; k < np; k++) {
-        double d = fabs((double)j->params[k] - params[k]);
-        mx = d > mx || d != d ? d : mx;
-    }
+    double mx = th_max_abs_diff(j->params, params, np, NULL);
     double rel = th_relerr(j->params, params, np);
     cr_assert(rel <= PARAM_RELTOL && mx <= PARAM_TOL,
               "N=%d ZeRO-%d: final parameters differ: relative L2 %g (tolerance %g), max %g "

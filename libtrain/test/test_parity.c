@@ -51,18 +51,9 @@ Test(parity, pytorch_forward_backward_and_adamw, .timeout = 120)
     char *dir = th_tmpdir();
     cr_assert(dir);
     char err[TRAIN_ERRLEN];
-    train_options o = {
-        .cfg = {.vocab = 256, .max_seq = 32, .layers = 2, .channels = 64, .heads = 4},
-        .hp = train_hparams_default(),
-        .batch = B,
-        .seq = T,
-        .seed = 42,
-        .device = TRAIN_DEVICE_CPU,
-        .threads = 1,
-    };
-    o.hp.steps = STEPS;
-    o.hp.warmup = 3;
-    o.hp.lr = 1e-2f; /* large enough that ten steps move the loss a lot */
+    train_config cfg = {.vocab = 256, .max_seq = 32, .layers = 2, .channels = 64, .heads = 4};
+    /* lr 1e-2: large enough that ten steps move the loss a lot */
+    train_options o = th_options(cfg, B, T, 42, STEPS, 3, 1e-2f);
     train_session *s = train_session_create(&o, err);
     cr_assert(s, "%s", err);
     train_model *m = train_session_model(s);

@@ -34,15 +34,10 @@
 #include <criterion/criterion.h>
 
 #include <coll_launch.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <time.h>
 
 #include "ddp.h"
+#include "env_job.h"
 #include "fsdp.h"
 #include "helpers.h"
 #include "tp.h"
@@ -56,37 +51,14 @@
 
 static train_options options(int vocab, int batch)
 {
-    train_options o = {
-        .cfg = {.vocab = vocab, .max_seq = 32, .layers = 2, .channels = 32, .heads = 4},
-        .hp = train_hparams_default(),
-        .batch = batch,
-        .seq = T,
-        .seed = 7,
-        .device = TRAIN_DEVICE_CPU,
-        .threads = 1,
-    };
-    o.hp.steps = STEPS;
-    o.hp.warmup = 3;
-    o.hp.lr = 1e-2f;
-    return o;
-}
-
-static void *shared_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    cr_assert(p != MAP_FAILED, "mmap %zu bytes: %s", bytes, strerror(errno));
-    return p;
+    train_config cfg = {.vocab = vocab, .max_seq = 32, .layers = 2, .channels = 32, .heads = 4};
+    return th_options(cfg, batch, T, 7, STEPS, 3, 1e-2f);
 }
 
 static size_t full_params(int vocab)
 {
-    char err[TRAIN_ERRLEN];
     train_options o = options(vocab, 1);
-    train_model *m = train_model_create(&o.cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 1, err);
-    cr_assert(m, "%s", err);
-    size_t np = train_num_params(m);
-    train_model_free(m);
-    return np;
+    return th_num_params(&o.cfg);
 }
 
 /* ---- mappings ------------------------------------------------------------------------ */
@@ -134,7 +106,7 @@ static int mapping_rank(coll_comm_t comm, int rank, int nranks, void *arg)
 Test(tp, mappings_input_is_rank, .timeout = 30)
 {
     for (int t = 2; t <= 4; t += 2) {
-        mjob *j = shared_alloc(sizeof *j);
+        mjob *j = th_shared_alloc(sizeof *j);
         char why[256];
         int rc = coll_launch_local(t, mapping_rank, j, 20000, why, sizeof why);
         cr_assert_eq(rc, 0, "T=%d: %s", t, why);
@@ -245,7 +217,7 @@ out:
 
 static job *run_grid_z(int tp, int dp, int ddp, int grads, int vocab, int sp, int zero)
 {
-    job *j = shared_alloc(sizeof *j);
+    job *j = th_shared_alloc(sizeof *j);
     j->zero = zero;
     j->sp = sp;
     j->tp = tp;
@@ -256,14 +228,10 @@ static job *run_grid_z(int tp, int dp, int ddp, int grads, int vocab, int sp, in
     j->vocab = vocab;
     j->np = full_params(vocab);
     int n = tp * dp;
-    j->loss = shared_alloc((size_t)n * j->steps * sizeof(float));
-    j->norm = shared_alloc((size_t)n * j->steps * sizeof(float));
-    j->g = shared_alloc((size_t)n * j->np * sizeof(float));
-    char why[256];
-    int rc = coll_launch_local(n, grid_rank, j, 60000, why, sizeof why);
-    for (int r = 0; r < n; r++)
-        cr_assert(j->why[r][0] == 0, "T=%d D=%d rank %d: %s", tp, dp, r, j->why[r]);
-    cr_assert_eq(rc, 0, "T=%d D=%d: %s", tp, dp, why);
+    j->loss = th_shared_alloc((size_t)n * j->steps * sizeof(float));
+    j->norm = th_shared_alloc((size_t)n * j->steps * sizeof(float));
+    j->g = th_shared_alloc((size_t)n * j->np * sizeof(float));
+    th_launch(n, grid_rank, j, 60000, j->why, "T=%d D=%d", tp, dp);
     return j;
 }
 
@@ -419,13 +387,6 @@ Test(tp, shard_unshard_roundtrip, .timeout = 10)
 
 /* ---- the CLI ---------------------------------------------------------------------------- */
 
-static const char *cli_path(void)
-{
-    const char *p = getenv("TRAIN_CLI");
-    cr_assert(p, "TRAIN_CLI (path of coll-train) is not set");
-    return p;
-}
-
 #define SMALL "--layers 2 --channels 32 --heads 4 --seq 16 --batch 2 --threads 1 " \
               "--eval-every 0 --sample-len 0"
 
@@ -435,24 +396,13 @@ static void refused(const char *args, const char *needle)
 {
     char *dir = th_tmpdir();
     cr_assert(dir);
-    char *out = th_fmt("%s/../%s.out", dir, strrchr(dir, '/') + 1),
-         *errp = th_fmt("%s/../%s.err", dir, strrchr(dir, '/') + 1);
-    char *cmd = th_fmt("timeout 30 %s " SMALL " --steps 2 --plot %s/loss.svg %s", cli_path(),
+    char *base = th_fmt("%s/../%s", dir, strrchr(dir, '/') + 1); /* beside dir, not in it */
+    char *cmd = th_fmt("timeout 30 %s " SMALL " --steps 2 --plot %s/loss.svg %s", th_cli(),
                        dir, args);
-    int rc = th_run(cmd, out, errp);
-    size_t n = 0;
-    char *e = th_read(errp, &n), *o = th_read(out, NULL);
-    cr_assert_eq(rc, 1, "%s: exit status %d, stderr: %s", args, rc, e);
-    cr_assert(strncmp(e, "coll-train: ", 12) == 0, "%s: stderr does not start with "
-                                                  "'coll-train: ': %s", args, e);
-    cr_assert(strchr(e, '\n') == e + n - 1, "%s: more than one line: %s", args, e);
-    cr_assert(strstr(e, needle), "%s: the message does not mention '%s': %s", args, needle, e);
-    cr_assert(o[0] == 0, "%s: wrote to stdout: %s", args, o);
+    th_expect_refused(cmd, base, args, needle);
     cr_assert_eq(th_count_entries(dir), 0, "%s: wrote into %s", args, dir);
-    unlink(out);
-    unlink(errp);
     th_rmrf(dir);
-    free(e), free(o), free(out), free(errp), free(cmd), free(dir);
+    free(base), free(cmd), free(dir);
 }
 
 Test(tp, cli_bad_input, .timeout = 60)
@@ -467,17 +417,14 @@ Test(tp, cli_bad_input, .timeout = 60)
 /* coll-train --tp 2 and --tp 2 --ranks 4 --parallel ddp print one process's losses. */
 static char *final_line(const char *args)
 {
-    char *dir = th_tmpdir();
-    char *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir);
-    char *cmd = th_fmt("timeout 60 %s " SMALL " --steps 5 --quiet %s", cli_path(), args);
-    int rc = th_run(cmd, out, errp);
-    char *o = th_read(out, NULL), *e = th_read(errp, NULL);
-    cr_assert_eq(rc, 0, "%s: exit status %d: %s", args, rc, e);
+    char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
+    char *cmd = th_fmt("timeout 60 %s " SMALL " --steps 5 --quiet %s", th_cli(), args);
+    char *o = th_run_ok(cmd, base);
     char *d = strstr(o, "final loss");
     cr_assert(d, "%s: no final loss in %s", args, o);
     char *line = strndup(d, 11 + strcspn(d + 11, " |\n")); /* "final loss X" */
     th_rmrf(dir);
-    free(o), free(e), free(out), free(errp), free(cmd), free(dir);
+    free(o), free(base), free(cmd), free(dir);
     return line;
 }
 
@@ -497,148 +444,33 @@ Test(tp, cli_losses_match_one_process, .timeout = 60)
 
 /* ---- a killed rank ---------------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
+/* Ranks started as a launcher would (env_job.h); rank 3 is killed once training is under
+ * way; the others must exit with status 1 and a sentence naming themselves
+ * ("coll-train: rank r of 4:"), within 10 s. */
 Test(tp, killed_rank_in_a_2x2_grid_fails_the_others, .timeout = 60)
 {
-    enum { N = 4, VICTIM = 3 };
-    const char *cli = cli_path();
-    char *dir = th_tmpdir();
-    int out[N];
-    pid_t pid[N];
-    char *errp[N] = {0};
-    char buf[8192];
-    char *cmd = th_fmt("exec '%s' --layers 2 --channels 32 --heads 4 --max-seq 32 --seq 16 "
-                       "--batch 2 --threads 1 --eval-every 0 --steps 1000000 --tp 2 "
-                       "--ranks 4 --parallel ddp", cli);
-    /* another process may take the free port before rank 0 listens on it: then try a new
-     * one (at most 3 times) */
-    for (int attempt = 0;; attempt++) {
-        int port = free_port();
-        for (int r = 0; r < N; r++) {
-            free(errp[r]);
-            int p[2];
-            cr_assert_eq(pipe(p), 0);
-            errp[r] = th_fmt("%s/rank%d.err", dir, r);
-            pid[r] = fork();
-            cr_assert(pid[r] >= 0);
-            if (pid[r] == 0) {
-                char rank[16], addr[32];
-                snprintf(rank, sizeof rank, "%d", r);
-                snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-                setenv("COLL_RANK", rank, 1);
-                setenv("COLL_WORLD_SIZE", "4", 1);
-                setenv("COLL_ADDR", addr, 1);
-                setenv("COLL_TIMEOUT_MS", "2000", 1);
-                dup2(p[1], 1);
-                if (!freopen(errp[r], "w", stderr))
-                    _exit(126);
-                close(p[0]);
-                close(p[1]);
-                execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-                _exit(127);
-            }
-            close(p[1]);
-            out[r] = p[0];
-        }
-        /* training is under way once rank 0 printed step 3 (it flushes every step) */
-        size_t have = 0;
-        double t_end = now_s() + 20;
-        int started = 1;
-        while (!memmem(buf, have, "step     3/", 11)) {
-            struct pollfd pf = {.fd = out[0], .events = POLLIN};
-            int left = (int)((t_end - now_s()) * 1000);
-            ssize_t k = left > 0 && poll(&pf, 1, left) > 0 ? read(out[0], buf + have, 256) : -1;
-            if (k <= 0 || have + (size_t)k > sizeof buf - 256) {
-                for (int r = 0; r < N; r++) {
-                    kill(pid[r], SIGKILL), waitpid(pid[r], NULL, 0);
-                    close(out[r]);
-                }
-                char *e0 = th_read(errp[0], NULL);
-                if (attempt < 2 && e0 && strstr(e0, "cannot listen")) {
-                    free(e0);
-                    started = 0;
-                    break;
-                }
-                cr_assert_fail("rank 0 never printed step 3: %s", e0);
-            }
-            have += (size_t)k;
-        }
-        if (started)
-            break;
-    }
-    kill(pid[VICTIM], SIGKILL);
-    double t_kill = now_s();
-    waitpid(pid[VICTIM], NULL, 0);
-    for (int r = 0; r < N; r++) {
-        if (r == VICTIM)
-            continue;
-        for (;;) { /* the survivor's stdout reaches EOF when it exits */
-            struct pollfd pf = {.fd = out[r], .events = POLLIN};
-            int left = (int)((t_kill + 10 - now_s()) * 1000);
-            if (left <= 0 || poll(&pf, 1, left) <= 0) {
-                for (int q = 0; q < N; q++)
-                    if (q != VICTIM)
-                        kill(pid[q], SIGKILL), waitpid(pid[q], NULL, 0);
-                cr_assert_fail("rank %d still running 10 s after rank %d was killed", r,
-                               VICTIM);
-            }
-            if (read(out[r], buf, sizeof buf) <= 0)
-                break;
-        }
-        int st = 0;
-        waitpid(pid[r], &st, 0);
-        char *e = th_read(errp[r], NULL), want[32];
-        snprintf(want, sizeof want, "coll-train: rank %d of 4:", r);
-        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1,
-                  "rank %d did not exit with status 1 (status %d): %s", r, st, e);
-        cr_assert(e && strstr(e, want), "rank %d's error does not say who it is: %s", r, e);
-        cr_log_info("rank %d exited %.2f s after the kill: %s", r, now_s() - t_kill, e);
-        free(e);
-        close(out[r]);
-    }
-    close(out[VICTIM]);
-    for (int r = 0; r < N; r++)
-        free(errp[r]);
-    free(cmd);
-    th_rmrf(dir);
-    free(dir);
+    env_job_kill_under_way(4, "--layers 2 --channels 32 --heads 4 --max-seq 32 --seq 16 "
+                              "--batch 2 --threads 1 --eval-every 0 --steps 1000000 --tp 2 "
+                              "--ranks 4 --parallel ddp",
+                           3, 10.0, 1, "coll-train: ");
 }
 
 /* --trace with --tp: each rank's in-block all-reduces (g attn, g mlp, f attn, f mlp). */
 Test(tp, cli_trace_shows_the_in_block_all_reduces, .timeout = 60)
 {
     char *dir = th_tmpdir();
-    char *out = th_fmt("%s/out", dir), *errp = th_fmt("%s/err", dir),
-         *tr = th_fmt("%s/t.json", dir);
+    char *base = th_fmt("%s/run", dir), *tr = th_fmt("%s/t.json", dir);
     char *cmd = th_fmt("timeout 60 %s " SMALL " --steps 2 --quiet --tp 2 --trace %s",
-                       cli_path(), tr);
-    int rc = th_run(cmd, out, errp);
-    char *e = th_read(errp, NULL), *t = th_read(tr, NULL);
-    cr_assert_eq(rc, 0, "exit status %d: %s", rc, e);
+                       th_cli(), tr);
+    free(th_run_ok(cmd, base));
+    char *t = th_read(tr, NULL);
     cr_assert(t, "no trace written");
     const char *names[] = {"\"g attn\"", "\"g mlp\"", "\"f attn\"", "\"f mlp\"",
                            "\"loss sums\"", "\"rank 1\""};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         cr_assert(strstr(t, names[i]), "the trace has no %s", names[i]);
     th_rmrf(dir);
-    free(e), free(t), free(out), free(errp), free(tr), free(cmd), free(dir);
+    free(t), free(base), free(tr), free(cmd), free(dir);
 }
 
 /* The grid over Open MPI (MPI_Comm_split) prints the same final loss as one process. */

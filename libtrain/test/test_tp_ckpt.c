@@ -25,7 +25,6 @@
 #include <criterion/criterion.h>
 
 #include <coll_launch.h>
-#include <errno.h>
 #include <sys/mman.h>
 
 #include "env_job.h"
@@ -42,37 +41,14 @@
 
 static train_options options(int batch)
 {
-    train_options o = {
-        .cfg = {.vocab = 257, .max_seq = 16, .layers = 2, .channels = 32, .heads = 4},
-        .hp = train_hparams_default(),
-        .batch = batch,
-        .seq = T,
-        .seed = 11,
-        .device = TRAIN_DEVICE_CPU,
-        .threads = 1,
-    };
-    o.hp.steps = STEPS;
-    o.hp.warmup = 2;
-    o.hp.lr = 1e-2f;
-    return o;
-}
-
-static void *shared_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    cr_assert(p != MAP_FAILED, "mmap %zu bytes: %s", bytes, strerror(errno));
-    return p;
+    train_config cfg = {.vocab = 257, .max_seq = 16, .layers = 2, .channels = 32, .heads = 4};
+    return th_options(cfg, batch, T, 11, STEPS, 2, 1e-2f);
 }
 
 static size_t full_params(void)
 {
-    char err[TRAIN_ERRLEN];
     train_options o = options(1);
-    train_model *m = train_model_create(&o.cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 1, err);
-    cr_assert(m, "%s", err);
-    size_t np = train_num_params(m);
-    train_model_free(m);
-    return np;
+    return th_num_params(&o.cfg);
 }
 
 /* ---- the library: T ranks load (optionally), step, save (optionally) ----------------- */
@@ -107,22 +83,17 @@ static int tp_rank(coll_comm_t comm, int rank, int nranks, void *arg)
     if (j->load[0] && train_session_load(s, j->load, err) != 0)
         goto out;
     train_model *m = train_session_model(s);
-    size_t n = train_num_params(m);
     float *st = j->state + (size_t)rank * 3 * j->np;
-    if (j->after_load) {
-        train_copy_params_to_host(m, st);
-        train_copy_opt_to_host(m, st + n, st + 2 * n);
-    }
+    if (j->after_load)
+        th_state_to_host(m, st);
     for (int i = 0; i < j->steps; i++)
         j->loss[(size_t)rank * STEPS + i] = train_session_step(s).loss;
     if (train_tp_status(s, err) != 0)
         goto out;
     if (j->save[0] && train_tp_save(s, w, w, NULL, NULL, NULL, j->save, err) != 0)
         goto out;
-    if (!j->after_load) {
-        train_copy_params_to_host(m, st);
-        train_copy_opt_to_host(m, st + n, st + 2 * n);
-    }
+    if (!j->after_load)
+        th_state_to_host(m, st);
     rc = 0;
 out:
     train_tp_detach(s);
@@ -134,20 +105,16 @@ out:
 
 static job *run_tp(int tp, int steps, const char *load, const char *save, int after_load)
 {
-    job *j = shared_alloc(sizeof *j);
+    job *j = th_shared_alloc(sizeof *j);
     j->tp = tp;
     j->steps = steps;
     j->after_load = after_load;
     snprintf(j->load, sizeof j->load, "%s", load ? load : "");
     snprintf(j->save, sizeof j->save, "%s", save ? save : "");
     j->np = full_params();
-    j->loss = shared_alloc((size_t)tp * STEPS * sizeof(float));
-    j->state = shared_alloc((size_t)tp * 3 * j->np * sizeof(float));
-    char why[256];
-    int rc = coll_launch_local(tp, tp_rank, j, 20000, why, sizeof why);
-    for (int r = 0; r < tp; r++)
-        cr_assert(j->why[r][0] == 0, "T=%d rank %d: %s", tp, r, j->why[r]);
-    cr_assert_eq(rc, 0, "T=%d: %s", tp, why);
+    j->loss = th_shared_alloc((size_t)tp * STEPS * sizeof(float));
+    j->state = th_shared_alloc((size_t)tp * 3 * j->np * sizeof(float));
+    th_launch(tp, tp_rank, j, 20000, j->why, "T=%d", tp);
     return j;
 }
 
@@ -189,10 +156,8 @@ static float *one_process(const char *load, const char *save, int steps, float *
     if (load)
         cr_assert_eq(train_session_load(s, load, err), 0, "%s", err);
     train_model *m = train_session_model(s);
-    size_t np = train_num_params(m);
-    float *st = calloc(3 * np, sizeof(float));
-    train_copy_params_to_host(m, st);
-    train_copy_opt_to_host(m, st + np, st + 2 * np);
+    float *st = calloc(3 * train_num_params(m), sizeof(float));
+    th_state_to_host(m, st);
     for (int i = 0; i < steps; i++)
         loss[i] = train_session_step(s).loss;
     if (save)
@@ -250,69 +215,19 @@ Test(tp_ckpt, tp_checkpoint_to_one_process_and_back, .timeout = 30)
 
 /* ---- through coll-train ---------------------------------------------------------------- */
 
-static const char *cli(void)
-{
-    const char *c = getenv("TRAIN_CLI");
-    cr_assert(c, "TRAIN_CLI is not set");
-    return c;
-}
-
 #define MODEL "--layers 2 --channels 32 --heads 4 --max-seq 16 --seq 16 --vocab 257 " \
               "--lr 1e-2 --warmup 3 --eval-every 0 --threads 1"
-
-static int read_losses_from(const char *path, long first, float *loss, int max)
-{
-    char *txt = th_read(path, NULL);
-    cr_assert(txt, "no output %s", path);
-    int n = 0;
-    for (char *p = txt; (p = strstr(p, "step ")) && n < max; p++) {
-        long st, tot;
-        float l;
-        if (sscanf(p, "step %ld/%ld | loss %f", &st, &tot, &l) == 3 && st == first + n)
-            loss[n++] = l;
-    }
-    free(txt);
-    return n;
-}
-
-static void assert_same_file(const char *a, const char *b)
-{
-    size_t na = 0, nb = 0;
-    char *x = th_read(a, &na), *y = th_read(b, &nb);
-    cr_assert(x && y, "missing %s", x ? b : a);
-    cr_assert(na == nb && memcmp(x, y, na) == 0, "%s (%zu bytes) and %s (%zu bytes) differ", a,
-              na, b, nb);
-    free(x);
-    free(y);
-}
-
-/* ckpt_<step>.bin and its T shards in dirs a and b are byte for byte the same */
-static void assert_same_checkpoint(const char *a, const char *b, long step, int tp)
-{
-    for (int r = 0; r <= tp; r++) {
-        char *x = r < tp ? th_fmt("%s/ckpt_%08ld.bin.shard%dof%d", a, step, r, tp)
-                         : th_fmt("%s/ckpt_%08ld.bin", a, step);
-        char *y = r < tp ? th_fmt("%s/ckpt_%08ld.bin.shard%dof%d", b, step, r, tp)
-                         : th_fmt("%s/ckpt_%08ld.bin", b, step);
-        assert_same_file(x, y);
-        free(x), free(y);
-    }
-}
 
 /* `args` with --steps `steps` --ckpt-dir `ckdir` (and --resume `resume`): exit 0; its losses
  * from step `first` into loss. */
 static int run_cli(const char *args, int steps, const char *ckdir, const char *resume,
                    long first, float *loss)
 {
-    char *out = th_fmt("%s.out", ckdir), *errp = th_fmt("%s.err", ckdir);
     char *cmd = th_fmt("timeout 60 %s " MODEL " %s --steps %d --ckpt-dir %s --ckpt-every %d "
-                       "%s %s", cli(), args, steps, ckdir, HALF, resume ? "--resume" : "",
+                       "%s %s", th_cli(), args, steps, ckdir, HALF, resume ? "--resume" : "",
                        resume ? resume : "");
-    int rc = th_run(cmd, out, errp);
-    char *e = th_read(errp, NULL);
-    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-    int n = read_losses_from(out, first, loss, STEPS);
-    free(e), free(cmd), free(out), free(errp);
+    int n = th_cli_losses(cmd, ckdir, first, loss, STEPS);
+    free(cmd);
     return n;
 }
 
@@ -329,7 +244,7 @@ static void same_grid(const char *args, int tp)
     for (int i = 0; i < n; i++)
         cr_assert(lagain[i] == lfull[HALF + i], "%s step %d: resumed %.6f, uninterrupted %.6f",
                   args, HALF + 1 + i, lagain[i], lfull[HALF + i]);
-    assert_same_checkpoint(full, again, STEPS, tp);
+    th_assert_same_checkpoint(full, again, STEPS, tp);
     cr_log_info("%s: resumed at step %d, final manifest and %d shards byte-identical to the "
                 "uninterrupted run's", args, HALF, tp);
     th_rmrf(dir);
@@ -354,22 +269,12 @@ Test(tp_ckpt, same_grid_resume_is_bitwise_2x2_fsdp_zero3, .timeout = 30)
 /* exit status 1, one line "coll-train: ...needle...", nothing on stdout, no --ckpt-dir */
 static void refused(const char *dir, const char *args, const char *needle)
 {
-    char *out = th_fmt("%s/r.out", dir), *errp = th_fmt("%s/r.err", dir),
-         *ckd = th_fmt("%s/new", dir);
-    char *cmd = th_fmt("timeout 30 %s " MODEL " --steps %d --ckpt-dir %s %s", cli(), STEPS, ckd,
-                       args);
-    int rc = th_run(cmd, out, errp);
-    size_t n = 0;
-    char *e = th_read(errp, &n), *o = th_read(out, NULL);
-    cr_assert_eq(rc, 1, "%s: exit status %d, stderr: %s", args, rc, e);
-    cr_assert(strncmp(e, "coll-train: ", 12) == 0, "%s: stderr: %s", args, e);
-    cr_assert(strchr(e, '\n') == e + n - 1, "%s: more than one line: %s", args, e);
-    cr_assert(strstr(e, needle), "%s: the message does not mention '%s': %s", args, needle, e);
-    cr_assert(o[0] == 0, "%s: wrote to stdout: %s", args, o);
+    char *base = th_fmt("%s/r", dir), *ckd = th_fmt("%s/new", dir);
+    char *cmd = th_fmt("timeout 30 %s " MODEL " --steps %d --ckpt-dir %s %s", th_cli(), STEPS,
+                       ckd, args);
+    th_expect_refused(cmd, base, args, needle);
     cr_assert_eq(th_count_entries(ckd), -1, "%s: created %s", args, ckd);
-    cr_log_info("refused %s: %s", args, e);
-    unlink(out), unlink(errp);
-    free(e), free(o), free(out), free(errp), free(ckd), free(cmd);
+    free(base), free(ckd), free(cmd);
 }
 
 Test(tp_ckpt, refusals, .timeout = 30)
@@ -402,74 +307,27 @@ Test(tp_ckpt, refusals, .timeout = 30)
 
 /* ---- a rank of a 2 x 2 grid killed after checkpoint KILL_AT --------------------------- */
 
-/* The highest step k whose manifest ckpt_<k>.bin is in dir. */
-static long last_checkpoint(const char *dir)
-{
-    DIR *d = opendir(dir);
-    cr_assert(d, "%s: %s", dir, strerror(errno));
-    long best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long k;
-        if (strlen(e->d_name) == strlen("ckpt_00000000.bin") &&
-            sscanf(e->d_name, "ckpt_%8ld.bin", &k) == 1)
-            best = k > best ? k : best;
-    }
-    closedir(d);
-    return best;
-}
-
 /* Rank 0's pipe is shrunk to 4 KiB (test_fsdp_ckpt.c's reasoning): the kill lands at most
  * ~25 step lines after rank 0 reported checkpoint KILL_AT complete, mid-run, no sleep. */
 Test(tp_ckpt, killed_rank_in_2x2_after_checkpoint_then_resume, .timeout = 60)
 {
     enum { N = 4, VICTIM = 3, STEPS_R = 80, EVERY = 5, KILL_AT = 10 };
-    char *dir = th_tmpdir();
-    char *full = th_fmt("%s/full", dir), *cut = th_fmt("%s/cut", dir),
-         *again = th_fmt("%s/again", dir);
+    (void)th_cli();
+    char *dir = th_tmpdir(), *needle = th_fmt("ckpt_%08d.bin (manifest", KILL_AT);
+    /* the ranks of a launched job know they are 4 from the environment, and still get
+     * --ranks 4, as in a direct run */
     const char *grid = MODEL " --batch 2 --tp 2 --ranks 4 --parallel ddp";
-    float lfull[STEPS_R], lagain[STEPS_R];
-    char *out = th_fmt("%s/full.out", dir), *errp = th_fmt("%s/full.err", dir);
-    char *cmd = th_fmt("timeout 60 %s %s --steps %d --ckpt-dir %s --ckpt-every %d", cli(), grid,
-                       STEPS_R, full, EVERY);
-    int rc = th_run(cmd, out, errp);
-    char *e = th_read(errp, NULL);
-    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-    cr_assert_eq(read_losses_from(out, 1, lfull, STEPS_R), STEPS_R);
-    free(e), free(cmd), free(out), free(errp);
-
-    env_job j;
-    char *args = th_fmt("%s --steps %d --ckpt-dir %s --ckpt-every %d", grid, STEPS_R, cut, EVERY);
-    env_job_start(&j, N, dir, cli(), args, 4096);
-    char needle[64];
-    snprintf(needle, sizeof needle, "ckpt_%08d.bin (manifest", KILL_AT);
-    env_job_wait_for(&j, needle, 30.0);
-    env_job_kill_and_expect_failures(&j, VICTIM, KILL_LIMIT_S);
-    env_job_end(&j);
-    free(args);
-
-    long k = last_checkpoint(cut);
-    cr_assert(k >= KILL_AT && k < STEPS_R, "last checkpoint at step %ld: the kill did not "
-              "land mid-run", k);
-    assert_same_checkpoint(cut, full, k, 2);
-    char *ck = th_fmt("%s/ckpt_%08ld.bin", cut, k);
-    out = th_fmt("%s/again.out", dir);
-    errp = th_fmt("%s/again.err", dir);
-    cmd = th_fmt("timeout 60 %s %s --steps %d --ckpt-dir %s --ckpt-every %d --resume %s", cli(),
-                 grid, STEPS_R, again, EVERY, ck);
-    rc = th_run(cmd, out, errp);
-    e = th_read(errp, NULL);
-    cr_assert_eq(rc, 0, "%s failed (%d): %s", cmd, rc, e ? e : "");
-    int n = read_losses_from(out, k + 1, lagain, STEPS_R);
-    cr_assert_eq(n, STEPS_R - k, "the resumed run printed %d steps from step %ld", n, k + 1);
-    for (int i = 0; i < n; i++)
-        cr_assert(lagain[i] == lfull[k + i], "step %ld: resumed loss %.6f, uninterrupted %.6f",
-                  k + 1 + i, lagain[i], lfull[k + i]);
-    assert_same_checkpoint(again, full, STEPS_R, 2);
+    th_kill_resume c = {
+        .wrap = "timeout 60 ",
+        .run_args = grid,
+        .job_args = grid,
+        .nranks = N, .victim = VICTIM, .steps = STEPS_R, .every = EVERY, .kill_at = KILL_AT,
+        .nshards = 2, .strict = 0, .needle = needle, .kill_limit_s = KILL_LIMIT_S,
+    };
+    long k = th_kill_then_resume(dir, &c);
     cr_log_info("2x2 grid: killed rank %d after checkpoint %d; checkpoint %ld intact, resumed: "
-                "%d losses and the final checkpoint bitwise the uninterrupted run's", VICTIM,
-                KILL_AT, k, n);
-    free(e), free(cmd), free(out), free(errp), free(ck);
+                "%ld losses and the final checkpoint bitwise the uninterrupted run's", VICTIM,
+                KILL_AT, k, STEPS_R - k);
     th_rmrf(dir);
-    free(full), free(cut), free(again), free(dir);
+    free(needle), free(dir);
 }
