@@ -245,8 +245,9 @@ static coll_result cipc_connect(const coll_comm_view *view, void *vctx, int peer
   ctx->peer_size[peer] = b.seg_size;
   cipc_header *ph = p;
   if (ph->magic != CIPC_MAGIC || ph->nranks != (uint32_t)view->nranks || ph->owner_rank != peer)
-    return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: cuda_ipc: rank %d's segment %s is not a "
-                          "valid libcoll segment for this communicator", view->rank, peer, b.shm_name);
+    return coll_view_fail(view, COLL_ERR_INTERNAL,
+                          "rank %d: cuda_ipc: rank %d's segment %s is not a valid libcoll "
+                          "segment for this communicator", view->rank, peer, b.shm_name);
   cudaIpcMemHandle_t h;
   memcpy(&h, b.handle, sizeof h);
   cudaError_t e = cudaSetDevice(ctx->device);
@@ -337,6 +338,6 @@ static void none_close(const coll_comm_view *view, void *ctx, coll_comm_end how)
 }
 
 const coll_transport coll_transport_cuda_ipc = {
-    .name = "cuda_ipc", .slot_bytes = CIPC_SLOT_BYTES, .can_connect = none_can_connect, .setup = none_setup,
-    .close = none_close};
+    .name = "cuda_ipc", .slot_bytes = CIPC_SLOT_BYTES, .can_connect = none_can_connect,
+    .setup = none_setup, .close = none_close};
 #endif

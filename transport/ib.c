@@ -291,7 +291,8 @@ static coll_result pick_gid(const coll_comm_view *view, ib_ctx *ctx) {
   if (idx < 0)
     return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
                           "rank %d: %s port %d is RoCE but has no usable GID (is an IP address "
-                          "configured on its network interface?)", view->rank, ctx->devname, ctx->port);
+                          "configured on its network interface?)", view->rank, ctx->devname,
+                          ctx->port);
   if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, idx, &ctx->gid) != 0)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: reading GID %d of %s port %d failed: %s",
                           view->rank, idx, ctx->devname, ctx->port, strerror(errno));
@@ -357,7 +358,8 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
                           ctx->devname, ctx->port);
   ctx->pd = ibv_alloc_pd(ctx->dev);
   if (!ctx->pd)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_alloc_pd on %s failed: %s", view->rank,
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: ibv_alloc_pd on %s failed: %s", view->rank,
                           ctx->devname, strerror(errno));
   coll_result r = pick_gid(view, ctx);
   if (r != COLL_OK) return r;
@@ -388,8 +390,8 @@ static bool post_recv(ib_peer *p) {
   return ibv_post_recv(p->qp, &wr, &bad) == 0;
 }
 
-static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer, const void *peer_blob,
-                              coll_conn **send, coll_conn **recv) {
+static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
+                              const void *peer_blob, coll_conn **send, coll_conn **recv) {
   ib_ctx *ctx = vctx;
   char why[160];
   coll_ib_port_info rp;
@@ -399,7 +401,8 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer, 
   if (rp.link_layer != ctx->me.link_layer)
     return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
                           "rank %d: rank %d's port is %s but this rank's is %s: they cannot talk",
-                          view->rank, peer, rp.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
+                          view->rank, peer,
+                          rp.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
                           ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand");
   size_t psize = (sizeof(ib_peer) + 63) / 64 * 64;
   ib_peer *p = aligned_alloc(64, psize);
@@ -414,7 +417,8 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer, 
   size_t fifo = (size_t)IB_NSLOTS * IB_SLOT_BYTES;
   p->mem_bytes = 2 * fifo + IB_PAGE;
   p->mem = aligned_alloc(IB_PAGE, p->mem_bytes);
-  if (!p->mem) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  if (!p->mem) return coll_view_fail(view, COLL_ERR_SYSTEM,
+                                     "out of memory connecting to rank %d", peer);
   /* First touch now (~10 us a page here), never on the data path. */
   memset(p->mem, 0, p->mem_bytes);
   p->fifo = p->mem;
@@ -625,7 +629,8 @@ static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
     }
     p->sock = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (p->sock < 0 || !connect_until(p->sock, (struct sockaddr *)&ss, sl, deadline))
-      return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: cannot reach rank %d's ib sideband: %s",
+      return coll_view_fail(view, COLL_ERR_REMOTE,
+                            "rank %d: cannot reach rank %d's ib sideband: %s",
                             view->rank, p->rank, strerror(errno));
     my_pair_info(ctx, p, msg);
     if (!io_all(p->sock, msg, sizeof msg, true, deadline))
@@ -635,8 +640,9 @@ static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
   for (int got = 0; got < lower;) {
     uint64_t now = coll_now_ns();
     if (now >= deadline)
-      return coll_view_fail(view, COLL_ERR_TIMEOUT, "rank %d: only %d of %d lower ranks sent their "
-                            "queue pair info within %d ms", view->rank, got, lower, view->timeout_ms);
+      return coll_view_fail(view, COLL_ERR_TIMEOUT,
+                            "rank %d: only %d of %d lower ranks sent their queue pair info "
+                            "within %d ms", view->rank, got, lower, view->timeout_ms);
     struct pollfd pf = {.fd = ctx->listen_fd, .events = POLLIN};
     uint64_t left = (deadline - now) / 1000000u + 1;
     if (poll(&pf, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;

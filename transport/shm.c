@@ -185,8 +185,8 @@ static coll_result take_over(const coll_comm_view *view, const char *name) {
   if (!gone)
     return coll_view_fail(view, COLL_ERR_SYSTEM,
                           "rank %d: shared segment %s already exists and belongs to a running "
-                          "process (pid %d, rank %d of its job): two live jobs with the same secret "
-                          "on one host; give each its own COLL_SECRET (or rendezvous port)",
+                          "process (pid %d, rank %d of its job): two live jobs with the same "
+                          "secret on one host; give each its own COLL_SECRET (or rendezvous port)",
                           rank, name, (int)pid, (int)orank);
   COLL_INFO(rank, "removing shared segment %s left by a dead job: %s", name, gone);
   if (shm_unlink(name) != 0 && errno != ENOENT)

@@ -169,7 +169,8 @@ static bool tcp_can_connect(const coll_comm_view *view, int peer) {
 
 /* The address peers should connect to: COLL_SOCKET_IFNAME's, else the one this rank's
  * route to the rendezvous leaves from. */
-static coll_result pick_addr(const coll_comm_view *view, struct sockaddr_storage *ss, socklen_t *len) {
+static coll_result pick_addr(const coll_comm_view *view, struct sockaddr_storage *ss,
+                             socklen_t *len) {
   const char *want = getenv("COLL_SOCKET_IFNAME");
   memset(ss, 0, sizeof *ss);
   if (want && *want) {
@@ -193,7 +194,8 @@ static coll_result pick_addr(const coll_comm_view *view, struct sockaddr_storage
                             "IP address on this host", view->rank, want);
   } else {
     if (view->local_len == 0)
-      return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: no local address for TCP", view->rank);
+      return coll_view_fail(view, COLL_ERR_INTERNAL,
+                            "rank %d: no local address for TCP", view->rank);
     memcpy(ss, view->local, view->local_len);
     *len = view->local_len;
   }
@@ -346,7 +348,8 @@ static coll_result tcp_connect(const coll_comm_view *view, void *vctx, int peer,
       int e = 0;
       int fd = coll_sock_dial(&ss, sl, deadline, &e);
       if (fd < 0)
-        return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: cannot open a TCP connection to rank "
+        return coll_view_fail(view, COLL_ERR_REMOTE,
+                              "rank %d: cannot open a TCP connection to rank "
                               "%d at %s: %s (is that address reachable from this host? set "
                               "COLL_SOCKET_IFNAME to choose the interface)", view->rank, peer,
                               p->addr, strerror(e));
@@ -695,7 +698,8 @@ static coll_result tcp_ready(const coll_comm_view *view, void *vctx) {
   tcp_ctx *ctx = vctx;
   int e = pthread_create(&ctx->thread, NULL, proxy_main, ctx);
   if (e)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: starting the tcp proxy thread failed: %s",
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: starting the tcp proxy thread failed: %s",
                           view->rank, strerror(e));
   ctx->thread_started = true;
   return COLL_OK;
