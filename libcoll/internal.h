@@ -16,27 +16,17 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "base.h"
 #include "coll.h"
 #include "plan.h"
 #include "ring_link.h"
+#include "shm.h"
 #include "transport.h"
 
-#define COLL_SECRET_BYTES 16
 #define COLL_ERRBUF 512
 #define COLL_QUEUE_SLOTS 1024 /* asynchronous operations in flight per communicator */
 
-/* ---- logging and errors (debug.c) ------------------------------------------------ */
-
-enum { COLL_LOG_NONE = 0, COLL_LOG_WARN = 1, COLL_LOG_INFO = 2, COLL_LOG_TRACE = 3 };
-int coll_log_level(void);
-void coll_log(int level, int rank, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#define COLL_WARN(rank, ...) \
-  do { if (coll_log_level() >= COLL_LOG_WARN) coll_log(COLL_LOG_WARN, rank, __VA_ARGS__); } while (0)
-#define COLL_INFO(rank, ...) \
-  do { if (coll_log_level() >= COLL_LOG_INFO) coll_log(COLL_LOG_INFO, rank, __VA_ARGS__); } while (0)
-#define COLL_TRACE(rank, ...) \
-  do { if (coll_log_level() >= COLL_LOG_TRACE) coll_log(COLL_LOG_TRACE, rank, __VA_ARGS__); } while (0)
+/* ---- errors (debug.c) ------------------------------------------------------------ */
 
 struct coll_comm;
 /* Records `r` with a sentence on comm (or, comm == NULL, in this thread) and returns r.
@@ -44,23 +34,6 @@ struct coll_comm;
 coll_result coll_fail_at(struct coll_comm *comm, coll_result r, const char *file, int line,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 #define coll_fail(comm, r, ...) coll_fail_at(comm, r, __FILE__, __LINE__, __VA_ARGS__)
-
-/* One spin-wait iteration: tells the core (and a hyperthread sibling) we are polling. */
-static inline void coll_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-/* ---- environment (env.c) ----------------------------------------------------------- */
-
-/* Integer from the environment, `def` when unset; false (and *out = def) if malformed. */
-bool coll_env_int(const char *name, long def, long *out);
-/* COLL_TIMEOUT_MS, default 600000 (10 minutes; 0 = wait forever). */
-int coll_env_timeout_ms(void);
-uint64_t coll_now_ns(void);
 
 /* ---- bootstrap (bootstrap.c) ---------------------------------------------------------
  * Every rank registers with the rendezvous root, which tells it where its ring
@@ -232,6 +205,9 @@ struct coll_comm {
   int timeout_ms;
   pid_t *pids;        /* per rank, for liveness checks on this host */
   uint64_t *host_ids; /* per rank */
+  /* What the transports see of this communicator (transport.h): comm.c fills it, and
+   * every transport callback gets it instead of the communicator. */
+  coll_comm_view view;
 
   /* connectors: conn_send[p] moves data to p, conn_recv[p] from p (NULL for self, and
    * for a peer of a lazy transport until the executor first needs it) */
@@ -496,6 +472,9 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
  * not exist yet; the executor's thread calls it before a plan uses p. */
 coll_result coll_comm_connect_peer(struct coll_comm *comm, int p);
 void coll_comm_free(struct coll_comm *comm);
+/* How comm ends, for the transports' close(): aborted (or init failed), failed (a call
+ * failed: the sticky error), or clean.  Read at close time. */
+coll_comm_end coll_comm_ending(struct coll_comm *comm);
 /* Raises/lowers the count of API calls inside comm (abort waits for zero). */
 static inline void coll_comm_enter(struct coll_comm *c) { atomic_fetch_add(&c->users, 1); }
 static inline void coll_comm_leave(struct coll_comm *c) { atomic_fetch_sub(&c->users, 1); }

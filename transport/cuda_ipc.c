@@ -39,9 +39,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base.h"
 #include "coll_config.h"
-#include "cuda_internal.h"
+#include "cuda_ipc.h"
 #include "fifo.h"
+#include "shm.h"
 
 #define CIPC_MAGIC 0x43495043u /* "CPIC" */
 #define CIPC_BLOB_MAGIC 0x42495043u
@@ -112,9 +114,9 @@ typedef struct {
   cipc_conn *conns; /* [2p] send to p, [2p+1] recv from p */
 } cipc_ctx;
 
-#define CK_FAIL(comm, e, what, ...)                                                          \
-  coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: " what " failed: %s (%s)",            \
-            (comm)->rank, ##__VA_ARGS__, cudaGetErrorName(e), cudaGetErrorString(e))
+#define CK_FAIL(view, e, what, ...)                                                     \
+  coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: " what " failed: %s (%s)",   \
+                 (view)->rank, ##__VA_ARGS__, cudaGetErrorName(e), cudaGetErrorString(e))
 
 static size_t fifo_stride(void) { return (size_t)CIPC_NSLOTS * CIPC_SLOT_BYTES; }
 static size_t seg_size(int nranks) { return PAGE + (size_t)nranks * PAGE; }
@@ -122,9 +124,9 @@ static cipc_ctl *ctl_of(uint8_t *base, int from) {
   return (cipc_ctl *)(base + PAGE + (size_t)from * PAGE);
 }
 
-static bool cipc_can_connect(struct coll_comm *comm, int peer) {
-  return comm->host_ids[peer] == comm->host_ids[comm->rank] &&
-         comm->pids[peer] != comm->pids[comm->rank];
+static bool cipc_can_connect(const coll_comm_view *view, int peer) {
+  return view->host_ids[peer] == view->host_ids[view->rank] &&
+         view->pids[peer] != view->pids[view->rank];
 }
 
 static uint32_t pci_of(int dev, cudaError_t *err) {
@@ -136,30 +138,30 @@ static uint32_t pci_of(int dev, cudaError_t *err) {
   return ((uint32_t)dom << 16) | (((uint32_t)bus & 0xff) << 8) | ((uint32_t)slot & 0xff);
 }
 
-static coll_result cipc_setup(struct coll_comm *comm, void **ctxp, void *blob) {
-  int n = comm->nranks;
+static coll_result cipc_setup(const coll_comm_view *view, void **ctxp, void *blob) {
+  int n = view->nranks;
   cipc_ctx *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up cuda_ipc");
+  if (!ctx) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up cuda_ipc");
   *ctxp = ctx;
   ctx->peer_base = calloc((size_t)n, sizeof *ctx->peer_base);
   ctx->peer_size = calloc((size_t)n, sizeof *ctx->peer_size);
   ctx->peer_fifo = calloc((size_t)n, sizeof *ctx->peer_fifo);
   ctx->conns = calloc(2 * (size_t)n, sizeof *ctx->conns);
   if (!ctx->peer_base || !ctx->peer_size || !ctx->peer_fifo || !ctx->conns)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up cuda_ipc");
-  ctx->device = comm->cuda ? comm->cuda->device : 0;
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up cuda_ipc");
+  ctx->device = view->cuda_device >= 0 ? view->cuda_device : 0;
 
   cipc_blob b;
   memset(&b, 0, sizeof b);
   cudaError_t e = cudaSetDevice(ctx->device);
-  if (e != cudaSuccess) return CK_FAIL(comm, e, "cudaSetDevice(%d)", ctx->device);
+  if (e != cudaSuccess) return CK_FAIL(view, e, "cudaSetDevice(%d)", ctx->device);
   b.pci = pci_of(ctx->device, &e);
-  if (e != cudaSuccess) return CK_FAIL(comm, e, "reading the PCI address of GPU %d", ctx->device);
+  if (e != cudaSuccess) return CK_FAIL(view, e, "reading the PCI address of GPU %d", ctx->device);
   /* The GPUs this one can reach with peer access, by PCI address (device ordinals differ
    * between processes with different CUDA_VISIBLE_DEVICES). */
   int ndev = 0;
   if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess)
-    return CK_FAIL(comm, e, "cudaGetDeviceCount");
+    return CK_FAIL(view, e, "cudaGetDeviceCount");
   for (int d = 0; d < ndev && b.npeers < 16; d++) {
     int can = 0;
     if (d == ctx->device) continue;
@@ -177,21 +179,21 @@ static coll_result cipc_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   ctx->fifo_bytes = (size_t)n * fifo_stride();
   void *fifo = NULL;
   if ((e = cudaMalloc(&fifo, ctx->fifo_bytes)) != cudaSuccess)
-    return CK_FAIL(comm, e, "cudaMalloc of %zu bytes of FIFO on GPU %d", ctx->fifo_bytes,
+    return CK_FAIL(view, e, "cudaMalloc of %zu bytes of FIFO on GPU %d", ctx->fifo_bytes,
                    ctx->device);
   ctx->fifo = fifo;
   if ((e = cudaMemset(fifo, 0, ctx->fifo_bytes)) != cudaSuccess)
-    return CK_FAIL(comm, e, "clearing the FIFO");
+    return CK_FAIL(view, e, "clearing the FIFO");
   cudaIpcMemHandle_t h;
   if ((e = cudaIpcGetMemHandle(&h, fifo)) != cudaSuccess)
-    return CK_FAIL(comm, e, "cudaIpcGetMemHandle");
+    return CK_FAIL(view, e, "cudaIpcGetMemHandle");
   memcpy(b.handle, &h, sizeof h);
 
   /* The counters: a host segment, as shm.c's. */
-  coll_shm_segment_name(ctx->name, sizeof ctx->name, comm->secret, "cu", comm->rank);
+  coll_shm_segment_name(ctx->name, sizeof ctx->name, view->secret, "cu", view->rank);
   ctx->size = seg_size(n);
   void *p;
-  coll_result cr = coll_shm_create(comm, ctx->name, ctx->size, &p);
+  coll_result cr = coll_shm_create(view, ctx->name, ctx->size, &p);
   if (cr != COLL_OK) return cr;
   ctx->base = p;
   /* First touch now, not on the data path (the owner record stays as stamped). */
@@ -201,7 +203,7 @@ static coll_result cipc_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   hd->nslots = CIPC_NSLOTS;
   hd->slot_bytes = CIPC_SLOT_BYTES;
   hd->owner_pid = (int32_t)getpid();
-  hd->owner_rank = comm->rank;
+  hd->owner_rank = view->rank;
   atomic_store(&hd->closed, 0);
   hd->magic = CIPC_MAGIC;
 
@@ -217,49 +219,50 @@ static coll_result cipc_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   return COLL_OK;
 }
 
-static coll_result cipc_connect(struct coll_comm *comm, void *vctx, int peer,
+static coll_result cipc_connect(const coll_comm_view *view, void *vctx, int peer,
                                 const void *peer_blob, coll_conn **send, coll_conn **recv) {
   cipc_ctx *ctx = vctx;
   cipc_blob b;
   memcpy(&b, peer_blob, sizeof b);
   b.shm_name[sizeof b.shm_name - 1] = 0;
   if (b.magic != CIPC_BLOB_MAGIC || !b.ok || b.nslots != CIPC_NSLOTS ||
-      b.slot_bytes != CIPC_SLOT_BYTES || b.seg_size != seg_size(comm->nranks) ||
-      b.fifo_bytes != (uint64_t)comm->nranks * fifo_stride())
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: cuda_ipc: rank %d's connection info "
-                     "does not match this build (slots %u x %u bytes)", comm->rank, peer,
-                     b.nslots, b.slot_bytes);
+      b.slot_bytes != CIPC_SLOT_BYTES || b.seg_size != seg_size(view->nranks) ||
+      b.fifo_bytes != (uint64_t)view->nranks * fifo_stride())
+    return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: cuda_ipc: rank %d's connection info "
+                          "does not match this build (slots %u x %u bytes)", view->rank, peer,
+                          b.nslots, b.slot_bytes);
   int fd = shm_open(b.shm_name, O_RDWR, 0);
   if (fd < 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: opening rank %d's segment %s "
-                     "failed: %s", comm->rank, peer, b.shm_name, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: opening rank %d's segment %s "
+                          "failed: %s", view->rank, peer, b.shm_name, strerror(errno));
   void *p = mmap(NULL, b.seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   close(fd);
   if (p == MAP_FAILED)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: mapping rank %d's segment "
-                     "failed: %s", comm->rank, peer, strerror(err));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: mapping rank %d's segment "
+                          "failed: %s", view->rank, peer, strerror(err));
   ctx->peer_base[peer] = p;
   ctx->peer_size[peer] = b.seg_size;
   cipc_header *ph = p;
-  if (ph->magic != CIPC_MAGIC || ph->nranks != (uint32_t)comm->nranks || ph->owner_rank != peer)
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: cuda_ipc: rank %d's segment %s is not a "
-                     "valid libcoll segment for this communicator", comm->rank, peer, b.shm_name);
+  if (ph->magic != CIPC_MAGIC || ph->nranks != (uint32_t)view->nranks || ph->owner_rank != peer)
+    return coll_view_fail(view, COLL_ERR_INTERNAL,
+                          "rank %d: cuda_ipc: rank %d's segment %s is not a valid libcoll "
+                          "segment for this communicator", view->rank, peer, b.shm_name);
   cudaIpcMemHandle_t h;
   memcpy(&h, b.handle, sizeof h);
   cudaError_t e = cudaSetDevice(ctx->device);
-  if (e != cudaSuccess) return CK_FAIL(comm, e, "cudaSetDevice(%d)", ctx->device);
+  if (e != cudaSuccess) return CK_FAIL(view, e, "cudaSetDevice(%d)", ctx->device);
   void *pf = NULL;
   e = cudaIpcOpenMemHandle(&pf, h, cudaIpcMemLazyEnablePeerAccess);
   if (e != cudaSuccess)
-    return CK_FAIL(comm, e, "cudaIpcOpenMemHandle of rank %d's FIFO (pid %d)", peer, (int)b.pid);
+    return CK_FAIL(view, e, "cudaIpcOpenMemHandle of rank %d's FIFO (pid %d)", peer, (int)b.pid);
   ctx->peer_fifo[peer] = pf;
 
   cipc_conn *s = &ctx->conns[2 * peer], *r = &ctx->conns[2 * peer + 1];
   *s = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc, .peer = peer, .is_send = true,
                             .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
-                   .ctl = ctl_of(p, comm->rank),
-                   .slots = (uint8_t *)pf + (size_t)comm->rank * fifo_stride(),
+                   .ctl = ctl_of(p, view->rank),
+                   .slots = (uint8_t *)pf + (size_t)view->rank * fifo_stride(),
                    .stride = CIPC_SLOT_BYTES, .peer_closed = &ph->closed, .peer_pid = b.pid};
   *r = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc, .peer = peer, .is_send = false,
                             .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
@@ -271,31 +274,31 @@ static coll_result cipc_connect(struct coll_comm *comm, void *vctx, int peer,
   return COLL_OK;
 }
 
-static coll_result cipc_ready(struct coll_comm *comm, void *vctx) {
+static coll_result cipc_ready(const coll_comm_view *view, void *vctx) {
   cipc_ctx *ctx = vctx;
   if (!ctx->unlinked && ctx->base && shm_unlink(ctx->name) != 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: unlinking %s failed: %s",
-                     comm->rank, ctx->name, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: unlinking %s failed: %s",
+                          view->rank, ctx->name, strerror(errno));
   ctx->unlinked = true;
   return COLL_OK;
 }
 
-static void cipc_close(struct coll_comm *comm, void *vctx) {
+static void cipc_close(const coll_comm_view *view, void *vctx, coll_comm_end how) {
   cipc_ctx *ctx = vctx;
   if (!ctx) return;
   cudaSetDevice(ctx->device);
   if (ctx->peer_fifo)
-    for (int i = 0; i < comm->nranks; i++)
+    for (int i = 0; i < view->nranks; i++)
       if (ctx->peer_fifo[i]) cudaIpcCloseMemHandle(ctx->peer_fifo[i]);
   if (ctx->fifo) cudaFree(ctx->fifo);
   cudaGetLastError();
   if (ctx->base) {
-    if (atomic_load(&comm->aborted)) atomic_store(&((cipc_header *)ctx->base)->closed, 1);
+    if (how == COLL_END_ABORTED) atomic_store(&((cipc_header *)ctx->base)->closed, 1);
     if (!ctx->unlinked) shm_unlink(ctx->name);
     munmap(ctx->base, ctx->size);
   }
   if (ctx->peer_base)
-    for (int i = 0; i < comm->nranks; i++)
+    for (int i = 0; i < view->nranks; i++)
       if (ctx->peer_base[i]) munmap(ctx->peer_base[i], ctx->peer_size[i]);
   free(ctx->peer_base);
   free(ctx->peer_size);
@@ -306,6 +309,7 @@ static void cipc_close(struct coll_comm *comm, void *vctx) {
 
 const coll_transport coll_transport_cuda_ipc = {
     .name = "cuda_ipc",
+    .slot_bytes = CIPC_SLOT_BYTES,
     .can_connect = cipc_can_connect,
     .setup = cipc_setup,
     .connect = cipc_connect,
@@ -321,17 +325,19 @@ const coll_transport coll_transport_cuda_ipc = {
 
 #else /* no CUDA in this build: a transport that never connects */
 
-static bool none_can_connect(struct coll_comm *comm, int peer) {
-  (void)comm, (void)peer;
+static bool none_can_connect(const coll_comm_view *view, int peer) {
+  (void)view, (void)peer;
   return false;
 }
-static coll_result none_setup(struct coll_comm *comm, void **ctx, void *blob) {
+static coll_result none_setup(const coll_comm_view *view, void **ctx, void *blob) {
   (void)ctx, (void)blob;
-  return coll_fail(comm, COLL_ERR_UNSUPPORTED, "cuda_ipc: this build has no CUDA support");
+  return coll_view_fail(view, COLL_ERR_UNSUPPORTED, "cuda_ipc: this build has no CUDA support");
 }
-static void none_close(struct coll_comm *comm, void *ctx) { (void)comm, (void)ctx; }
+static void none_close(const coll_comm_view *view, void *ctx, coll_comm_end how) {
+  (void)view, (void)ctx, (void)how;
+}
 
 const coll_transport coll_transport_cuda_ipc = {
-    .name = "cuda_ipc", .can_connect = none_can_connect, .setup = none_setup,
-    .close = none_close};
+    .name = "cuda_ipc", .slot_bytes = CIPC_SLOT_BYTES, .can_connect = none_can_connect,
+    .setup = none_setup, .close = none_close};
 #endif

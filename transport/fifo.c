@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base.h"
 #include "proc.h"
 
 static inline uint32_t slot_of(const coll_fifo_conn *c, uint32_t pos) {
@@ -67,23 +67,23 @@ static bool can_go(coll_fifo_conn *c) {
   return atomic_load_explicit(&c->ctl->tail, memory_order_acquire) != c->pos;
 }
 
-coll_result coll_fifo_peer_gone(struct coll_comm *comm, _Atomic int32_t *closed, pid_t pid,
+coll_result coll_fifo_peer_gone(const coll_comm_view *view, _Atomic int32_t *closed, pid_t pid,
                                 int peer) {
   if (atomic_load(closed))
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
-                     comm->rank, peer);
+    return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: peer rank %d aborted its communicator",
+                          view->rank, peer);
   const char *how = coll_process_gone(pid);
   if (how)
-    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
-                     comm->rank, peer, (int)pid, how);
+    return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: peer rank %d (pid %d) has died%s",
+                          view->rank, peer, (int)pid, how);
   return COLL_OK;
 }
 
-coll_result coll_fifo_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
+coll_result coll_fifo_wait(const coll_comm_view *view, coll_conn *cc, int max_ms) {
   coll_fifo_conn *c = (coll_fifo_conn *)cc;
   /* When ranks outnumber cores the peer we wait for is likely not running: spinning
    * would only keep it off the core, so go straight to yielding. */
-  int spins = comm->oversubscribed ? 0 : 1000;
+  int spins = view->oversubscribed ? 0 : 1000;
   for (int i = 0; i < spins; i++) {
     if (can_go(c)) return COLL_OK;
     coll_cpu_relax();
@@ -98,12 +98,12 @@ coll_result coll_fifo_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
   atomic_store(flag, 1);
   atomic_thread_fence(memory_order_seq_cst);
   coll_result r = COLL_OK;
-  if (!can_go(c) && !atomic_load(&comm->aborted)) {
+  if (!can_go(c) && !atomic_load(view->aborted)) {
     int ms = max_ms < 1 ? 1 : max_ms;
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
     if (rc != 0 && errno == ETIMEDOUT && !can_go(c)) /* a long quiet spell */
-      r = coll_fifo_peer_gone(comm, c->peer_closed, c->peer_pid, c->base.peer);
+      r = coll_fifo_peer_gone(view, c->peer_closed, c->peer_pid, c->base.peer);
   }
   atomic_store(flag, 0);
   return r;

@@ -55,11 +55,11 @@ void *coll_fifo_send_slot(coll_conn *c);
 void coll_fifo_send_post(coll_conn *c, uint32_t bytes);
 const void *coll_fifo_recv_slot(coll_conn *c, uint32_t *bytes);
 void coll_fifo_recv_release(coll_conn *c);
-coll_result coll_fifo_wait(struct coll_comm *comm, coll_conn *c, int max_ms);
+coll_result coll_fifo_wait(const coll_comm_view *view, coll_conn *c, int max_ms);
 void coll_fifo_wake(coll_conn *c);
 /* COLL_ERR_REMOTE with a sentence when `peer` aborted (*closed) or its process is gone;
  * COLL_OK otherwise.  Reads /proc: only after a quiet spell. */
-coll_result coll_fifo_peer_gone(struct coll_comm *comm, _Atomic int32_t *closed, pid_t pid,
+coll_result coll_fifo_peer_gone(const coll_comm_view *view, _Atomic int32_t *closed, pid_t pid,
                                 int peer);
 
 #endif

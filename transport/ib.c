@@ -53,7 +53,7 @@
 #include "ib.h"
 #include "ib_regcache.h"
 #include "ib_wire.h"
-#include "internal.h"
+#include "base.h"
 
 #define IB_NSLOTS 8
 #define IB_SLOT_BYTES (128 * 1024)
@@ -105,7 +105,7 @@ typedef struct ib_peer {
 } ib_peer;
 
 typedef struct ib_ctx {
-  struct coll_comm *comm;
+  const coll_comm_view *view;
   struct ibv_context *dev;
   struct ibv_pd *pd;
   char devname[IBV_SYSFS_NAME_MAX + 1];
@@ -264,17 +264,17 @@ static void dereg_cb(void *arg, void *handle) {
   ibv_dereg_mr(handle);
 }
 
-static coll_result pick_gid(struct coll_comm *comm, ib_ctx *ctx) {
+static coll_result pick_gid(const coll_comm_view *view, ib_ctx *ctx) {
   long want;
   if (!coll_env_int("COLL_IB_GID_INDEX", -1, &want) || want < -1 ||
       (want >= 0 && want >= ctx->pattr.gid_tbl_len))
-    return coll_fail(comm, COLL_ERR_INVALID_ARG,
-                     "rank %d: COLL_IB_GID_INDEX=%s is not an index of %s port %d's GID table "
-                     "(0..%d)", comm->rank, getenv("COLL_IB_GID_INDEX"), ctx->devname,
-                     ctx->port, ctx->pattr.gid_tbl_len - 1);
+    return coll_view_fail(view, COLL_ERR_INVALID_ARG,
+                          "rank %d: COLL_IB_GID_INDEX=%s is not an index of %s port %d's GID table "
+                          "(0..%d)", view->rank, getenv("COLL_IB_GID_INDEX"), ctx->devname,
+                          ctx->port, ctx->pattr.gid_tbl_len - 1);
   int n = ctx->pattr.gid_tbl_len > 256 ? 256 : ctx->pattr.gid_tbl_len;
   coll_ib_gid_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
-  if (!e) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory reading the GID table");
+  if (!e) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory reading the GID table");
   for (int i = 0; i < n; i++) {
     struct ibv_gid_entry ge;
     if (ibv_query_gid_ex(ctx->dev, (uint32_t)ctx->port, (uint32_t)i, &ge, 0) != 0) continue;
@@ -289,31 +289,32 @@ static coll_result pick_gid(struct coll_comm *comm, ib_ctx *ctx) {
   int idx = want >= 0 ? (int)want : coll_ib_pick_gid(e, n, ll);
   free(e);
   if (idx < 0)
-    return coll_fail(comm, COLL_ERR_UNSUPPORTED,
-                     "rank %d: %s port %d is RoCE but has no usable GID (is an IP address "
-                     "configured on its network interface?)", comm->rank, ctx->devname, ctx->port);
+    return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
+                          "rank %d: %s port %d is RoCE but has no usable GID (is an IP address "
+                          "configured on its network interface?)", view->rank, ctx->devname,
+                          ctx->port);
   if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, idx, &ctx->gid) != 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: reading GID %d of %s port %d failed: %s",
-                     comm->rank, idx, ctx->devname, ctx->port, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: reading GID %d of %s port %d failed: %s",
+                          view->rank, idx, ctx->devname, ctx->port, strerror(errno));
   ctx->gid_index = idx;
   return COLL_OK;
 }
 
 /* The sideband listens on the address of the route to the rendezvous (as tcp does). */
-static coll_result sideband_listen(struct coll_comm *comm, ib_ctx *ctx) {
-  if (comm->boot_local_len == 0)
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no local address for the ib sideband",
-                     comm->rank);
+static coll_result sideband_listen(const coll_comm_view *view, ib_ctx *ctx) {
+  if (view->local_len == 0)
+    return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: no local address for the ib sideband",
+                          view->rank);
   struct sockaddr_storage ss;
-  memcpy(&ss, &comm->boot_local, comm->boot_local_len);
-  socklen_t sl = comm->boot_local_len;
+  memcpy(&ss, view->local, view->local_len);
+  socklen_t sl = view->local_len;
   if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
   else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
   ctx->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (ctx->listen_fd < 0 || bind(ctx->listen_fd, (struct sockaddr *)&ss, sl) != 0 ||
       listen(ctx->listen_fd, 1024) != 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cannot listen for the ib sideband: %s",
-                     comm->rank, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cannot listen for the ib sideband: %s",
+                          view->rank, strerror(errno));
   sl = sizeof ss;
   getsockname(ctx->listen_fd, (struct sockaddr *)&ss, &sl);
   ctx->me.tcp_family = ss.ss_family;
@@ -327,20 +328,20 @@ static coll_result sideband_listen(struct coll_comm *comm, ib_ctx *ctx) {
   return COLL_OK;
 }
 
-static coll_result ib_setup(struct coll_comm *comm, void **ctxp, void *blob) {
+static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob) {
   char why[256];
   if (!coll_ib_probe(why, sizeof why))
-    return coll_fail(comm, COLL_ERR_UNSUPPORTED, "rank %d: the ib transport cannot run: %s",
-                     comm->rank, why);
+    return coll_view_fail(view, COLL_ERR_UNSUPPORTED, "rank %d: the ib transport cannot run: %s",
+                          view->rank, why);
   ib_ctx *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up ib");
+  if (!ctx) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up ib");
   *ctxp = ctx;
-  ctx->comm = comm;
+  ctx->view = view;
   ctx->listen_fd = -1;
-  ctx->peers = calloc((size_t)comm->nranks, sizeof *ctx->peers);
-  ctx->order = calloc((size_t)comm->nranks, sizeof *ctx->order);
+  ctx->peers = calloc((size_t)view->nranks, sizeof *ctx->peers);
+  ctx->order = calloc((size_t)view->nranks, sizeof *ctx->order);
   if (!ctx->peers || !ctx->order)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up ib");
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up ib");
   snprintf(ctx->devname, sizeof ctx->devname, "%s", probe_dev);
   ctx->port = probe_port;
   int n = 0;
@@ -349,22 +350,23 @@ static coll_result ib_setup(struct coll_comm *comm, void **ctxp, void *blob) {
     if (strcmp(ibv_get_device_name(list[i]), ctx->devname) == 0) ctx->dev = ibv_open_device(list[i]);
   if (list) ibv_free_device_list(list);
   if (!ctx->dev)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: opening InfiniBand device %s failed: %s",
-                     comm->rank, ctx->devname, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: opening InfiniBand device %s failed: %s",
+                          view->rank, ctx->devname, strerror(errno));
   if (ibv_query_port(ctx->dev, (uint8_t)ctx->port, &ctx->pattr) != 0 ||
       ctx->pattr.state != IBV_PORT_ACTIVE)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: %s port %d is not active", comm->rank,
-                     ctx->devname, ctx->port);
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: %s port %d is not active", view->rank,
+                          ctx->devname, ctx->port);
   ctx->pd = ibv_alloc_pd(ctx->dev);
   if (!ctx->pd)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_alloc_pd on %s failed: %s", comm->rank,
-                     ctx->devname, strerror(errno));
-  coll_result r = pick_gid(comm, ctx);
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: ibv_alloc_pd on %s failed: %s", view->rank,
+                          ctx->devname, strerror(errno));
+  coll_result r = pick_gid(view, ctx);
   if (r != COLL_OK) return r;
-  if ((r = sideband_listen(comm, ctx)) != COLL_OK) return r;
+  if ((r = sideband_listen(view, ctx)) != COLL_OK) return r;
   coll_ib_reg_ops ops = {.reg = reg_cb, .dereg = dereg_cb, .arg = ctx};
   if (coll_ib_regcache_init(&ctx->rc, &ops, IB_PAGE, IB_REGCACHE_ENTRIES, 0) != 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory for the ib registration cache");
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory for the ib registration cache");
   ctx->rc_ready = true;
   ctx->me.lid = ctx->pattr.lid;
   ctx->me.port = (uint8_t)ctx->port;
@@ -375,10 +377,9 @@ static coll_result ib_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   memcpy(ctx->me.gid, ctx->gid.raw, 16);
   _Static_assert(COLL_IB_PORT_BYTES <= COLL_CONN_BLOB, "port info fits the blob");
   coll_ib_port_encode(&ctx->me, blob);
-  COLL_INFO(comm->rank, "ib: %s port %d, %s, LID %u, GID index %d, MTU %d", ctx->devname,
+  COLL_INFO(view->rank, "ib: %s port %d, %s, LID %u, GID index %d, MTU %d", ctx->devname,
             ctx->port, ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
             ctx->me.lid, ctx->gid_index, 128 << ctx->me.mtu);
-  comm->slot_bytes = IB_SLOT_BYTES;
   return COLL_OK;
 }
 
@@ -389,22 +390,23 @@ static bool post_recv(ib_peer *p) {
   return ibv_post_recv(p->qp, &wr, &bad) == 0;
 }
 
-static coll_result ib_connect(struct coll_comm *comm, void *vctx, int peer, const void *peer_blob,
-                              coll_conn **send, coll_conn **recv) {
+static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
+                              const void *peer_blob, coll_conn **send, coll_conn **recv) {
   ib_ctx *ctx = vctx;
   char why[160];
   coll_ib_port_info rp;
   if (!coll_ib_port_decode(peer_blob, COLL_CONN_BLOB, &rp, why, sizeof why))
-    return coll_fail(comm, COLL_ERR_UNSUPPORTED,
-                     "rank %d: rank %d cannot use InfiniBand: %s", comm->rank, peer, why);
+    return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
+                          "rank %d: rank %d cannot use InfiniBand: %s", view->rank, peer, why);
   if (rp.link_layer != ctx->me.link_layer)
-    return coll_fail(comm, COLL_ERR_UNSUPPORTED,
-                     "rank %d: rank %d's port is %s but this rank's is %s: they cannot talk",
-                     comm->rank, peer, rp.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
-                     ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand");
+    return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
+                          "rank %d: rank %d's port is %s but this rank's is %s: they cannot talk",
+                          view->rank, peer,
+                          rp.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
+                          ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand");
   size_t psize = (sizeof(ib_peer) + 63) / 64 * 64;
   ib_peer *p = aligned_alloc(64, psize);
-  if (!p) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  if (!p) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
   memset(p, 0, psize);
   p->rank = peer;
   p->ctx = ctx;
@@ -415,7 +417,8 @@ static coll_result ib_connect(struct coll_comm *comm, void *vctx, int peer, cons
   size_t fifo = (size_t)IB_NSLOTS * IB_SLOT_BYTES;
   p->mem_bytes = 2 * fifo + IB_PAGE;
   p->mem = aligned_alloc(IB_PAGE, p->mem_bytes);
-  if (!p->mem) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  if (!p->mem) return coll_view_fail(view, COLL_ERR_SYSTEM,
+                                     "out of memory connecting to rank %d", peer);
   /* First touch now (~10 us a page here), never on the data path. */
   memset(p->mem, 0, p->mem_bytes);
   p->fifo = p->mem;
@@ -424,31 +427,31 @@ static coll_result ib_connect(struct coll_comm *comm, void *vctx, int peer, cons
   p->credit_out = (volatile uint32_t *)(p->mem + 2 * fifo + 64);
   p->reg = coll_ib_regcache_get(&ctx->rc, (uintptr_t)p->mem, p->mem_bytes, why, sizeof why);
   if (!p->reg)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: registering the FIFO for rank %d: %s",
-                     comm->rank, peer, why);
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: registering the FIFO for rank %d: %s",
+                          view->rank, peer, why);
   p->cq = ibv_create_cq(ctx->dev, IB_CQ_DEPTH, NULL, NULL, 0);
   if (!p->cq)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_create_cq for rank %d failed: %s",
-                     comm->rank, peer, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_create_cq for rank %d failed: %s",
+                          view->rank, peer, strerror(errno));
   struct ibv_qp_init_attr qa = {
       .send_cq = p->cq, .recv_cq = p->cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
       .cap = {.max_send_wr = IB_SQ_DEPTH, .max_recv_wr = IB_RQ_DEPTH, .max_send_sge = 1,
               .max_recv_sge = 1}};
   p->qp = ibv_create_qp(ctx->pd, &qa);
   if (!p->qp)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_create_qp for rank %d failed: %s",
-                     comm->rank, peer, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_create_qp for rank %d failed: %s",
+                          view->rank, peer, strerror(errno));
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = (uint8_t)ctx->port,
                           .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
   int e = ibv_modify_qp(p->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   if (e)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: INIT failed: %s",
-                     comm->rank, peer, strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: INIT failed: %s",
+                          view->rank, peer, strerror(e));
   for (int i = 0; i < IB_NSLOTS; i++)
     if (!post_recv(p))
-      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ibv_post_recv for rank %d failed",
-                       comm->rank, peer);
-  uint64_t seed = coll_now_ns() ^ ((uint64_t)comm->rank << 32) ^ (uint64_t)peer;
+      return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_post_recv for rank %d failed",
+                            view->rank, peer);
+  uint64_t seed = coll_now_ns() ^ ((uint64_t)view->rank << 32) ^ (uint64_t)peer;
   p->psn = (uint32_t)(seed * 0x9e3779b97f4a7c15ull >> 40) & 0xffffff;
   p->send = (ib_conn){.base = {.t = &coll_transport_ib, .peer = peer, .is_send = true,
                                .slot_bytes = IB_SLOT_BYTES, .nslots = IB_NSLOTS}, .p = p};
@@ -508,35 +511,35 @@ static bool connect_until(int fd, const struct sockaddr *sa, socklen_t sl, uint6
 }
 
 static void my_pair_info(ib_ctx *ctx, ib_peer *p, uint8_t *out) {
-  struct coll_comm *comm = ctx->comm;
+  const coll_comm_view *view = ctx->view;
   coll_ib_pair_info pi = {
-      .from_rank = (uint32_t)comm->rank, .to_rank = (uint32_t)p->rank, .qpn = p->qp->qp_num,
+      .from_rank = (uint32_t)view->rank, .to_rank = (uint32_t)p->rank, .qpn = p->qp->qp_num,
       .psn = p->psn, .fifo_addr = (uint64_t)(uintptr_t)p->fifo, .fifo_rkey = p->reg->rkey,
       .credit_addr = (uint64_t)(uintptr_t)p->credit_in, .credit_rkey = p->reg->rkey,
       .nslots = IB_NSLOTS, .slot_bytes = IB_SLOT_BYTES};
-  memcpy(pi.secret, comm->secret, 16);
+  memcpy(pi.secret, view->secret, 16);
   coll_ib_pair_encode(&pi, out);
 }
 
 /* Checks a decoded pair message; on success stores it for p. */
 static bool accept_pair(ib_ctx *ctx, const uint8_t *msg, int expect_from, ib_peer **out) {
-  struct coll_comm *comm = ctx->comm;
+  const coll_comm_view *view = ctx->view;
   coll_ib_pair_info pi;
   char why[160];
   if (!coll_ib_pair_decode(msg, COLL_IB_PAIR_BYTES, &pi, why, sizeof why)) {
-    COLL_INFO(comm->rank, "ib: dropped a sideband message: %s", why);
+    COLL_INFO(view->rank, "ib: dropped a sideband message: %s", why);
     return false;
   }
   uint8_t diff = 0;
-  for (int i = 0; i < 16; i++) diff |= (uint8_t)(pi.secret[i] ^ comm->secret[i]);
-  if (diff || pi.to_rank != (uint32_t)comm->rank || pi.from_rank >= (uint32_t)comm->nranks ||
+  for (int i = 0; i < 16; i++) diff |= (uint8_t)(pi.secret[i] ^ view->secret[i]);
+  if (diff || pi.to_rank != (uint32_t)view->rank || pi.from_rank >= (uint32_t)view->nranks ||
       (expect_from >= 0 && pi.from_rank != (uint32_t)expect_from)) {
-    COLL_INFO(comm->rank, "ib: dropped a sideband message not meant for this rank");
+    COLL_INFO(view->rank, "ib: dropped a sideband message not meant for this rank");
     return false;
   }
   ib_peer *p = ctx->peers[pi.from_rank];
   if (!p || p->have_remote || pi.nslots != IB_NSLOTS || pi.slot_bytes != IB_SLOT_BYTES) {
-    COLL_INFO(comm->rank, "ib: dropped a sideband message from rank %u (unexpected, or a "
+    COLL_INFO(view->rank, "ib: dropped a sideband message from rank %u (unexpected, or a "
               "different FIFO shape)", pi.from_rank);
     return false;
   }
@@ -547,7 +550,7 @@ static bool accept_pair(ib_ctx *ctx, const uint8_t *msg, int expect_from, ib_pee
 }
 
 static coll_result to_rts(ib_ctx *ctx, ib_peer *p) {
-  struct coll_comm *comm = ctx->comm;
+  const coll_comm_view *view = ctx->view;
   long sl = 0, tc = 0, to = 14;
   coll_env_int("COLL_IB_SL", 0, &sl);
   coll_env_int("COLL_IB_TC", 0, &tc);
@@ -576,35 +579,35 @@ static coll_result to_rts(ib_ctx *ctx, ib_peer *p) {
                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
                                        IBV_QP_MIN_RNR_TIMER);
   if (e)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTR failed: %s "
-                     "(check COLL_IB_GID_INDEX and that both ports are on one fabric)",
-                     comm->rank, p->rank, strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTR failed: %s "
+                          "(check COLL_IB_GID_INDEX and that both ports are on one fabric)",
+                          view->rank, p->rank, strerror(e));
   struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS, .timeout = (uint8_t)to, .retry_cnt = 7,
                           .rnr_retry = 7, .sq_psn = p->psn, .max_rd_atomic = 1};
   e = ibv_modify_qp(p->qp, &b, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
   if (e)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTS failed: %s",
-                     comm->rank, p->rank, strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTS failed: %s",
+                          view->rank, p->rank, strerror(e));
   return COLL_OK;
 }
 
-static uint64_t setup_deadline(struct coll_comm *comm) {
-  int ms = comm->timeout_ms > 0 ? comm->timeout_ms : 600000;
+static uint64_t setup_deadline(const coll_comm_view *view) {
+  int ms = view->timeout_ms > 0 ? view->timeout_ms : 600000;
   return coll_now_ns() + (uint64_t)ms * 1000000u;
 }
 
 /* Deadlock-free order: (1) send our info to every higher peer (small, the kernel buffers
  * it even before the peer accepts), (2) accept every lower peer, read, reply, (3) read
  * the replies of the higher peers. */
-static coll_result ib_ready(struct coll_comm *comm, void *vctx) {
+static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
   ib_ctx *ctx = vctx;
-  uint64_t deadline = setup_deadline(comm);
+  uint64_t deadline = setup_deadline(view);
   uint8_t msg[COLL_IB_PAIR_BYTES];
   int lower = 0;
   for (int i = 0; i < ctx->npeers; i++) {
     ib_peer *p = ctx->peers[ctx->order[i]];
-    if (p->rank < comm->rank) {
+    if (p->rank < view->rank) {
       lower++;
       continue;
     }
@@ -626,18 +629,20 @@ static coll_result ib_ready(struct coll_comm *comm, void *vctx) {
     }
     p->sock = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (p->sock < 0 || !connect_until(p->sock, (struct sockaddr *)&ss, sl, deadline))
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: cannot reach rank %d's ib sideband: %s",
-                       comm->rank, p->rank, strerror(errno));
+      return coll_view_fail(view, COLL_ERR_REMOTE,
+                            "rank %d: cannot reach rank %d's ib sideband: %s",
+                            view->rank, p->rank, strerror(errno));
     my_pair_info(ctx, p, msg);
     if (!io_all(p->sock, msg, sizeof msg, true, deadline))
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: sending queue pair info to rank %d "
-                       "failed", comm->rank, p->rank);
+      return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: sending queue pair info to rank %d "
+                            "failed", view->rank, p->rank);
   }
   for (int got = 0; got < lower;) {
     uint64_t now = coll_now_ns();
     if (now >= deadline)
-      return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: only %d of %d lower ranks sent their "
-                       "queue pair info within %d ms", comm->rank, got, lower, comm->timeout_ms);
+      return coll_view_fail(view, COLL_ERR_TIMEOUT,
+                            "rank %d: only %d of %d lower ranks sent their queue pair info "
+                            "within %d ms", view->rank, got, lower, view->timeout_ms);
     struct pollfd pf = {.fd = ctx->listen_fd, .events = POLLIN};
     uint64_t left = (deadline - now) / 1000000u + 1;
     if (poll(&pf, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
@@ -646,7 +651,7 @@ static coll_result ib_ready(struct coll_comm *comm, void *vctx) {
     uint64_t hd = coll_now_ns() + 5000000000ull; /* a stranger gets 5 s */
     ib_peer *p = NULL;
     if (!io_all(fd, msg, sizeof msg, false, hd < deadline ? hd : deadline) ||
-        !accept_pair(ctx, msg, -1, &p) || p->rank >= comm->rank) {
+        !accept_pair(ctx, msg, -1, &p) || p->rank >= view->rank) {
       if (p) p->have_remote = false;
       close(fd);
       continue;
@@ -655,19 +660,19 @@ static coll_result ib_ready(struct coll_comm *comm, void *vctx) {
     bool ok = io_all(fd, msg, sizeof msg, true, deadline);
     close(fd);
     if (!ok)
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: replying to rank %d's queue pair info "
-                       "failed", comm->rank, p->rank);
+      return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: replying to rank %d's queue pair info "
+                            "failed", view->rank, p->rank);
     got++;
   }
   for (int i = 0; i < ctx->npeers; i++) {
     ib_peer *p = ctx->peers[ctx->order[i]], *q = NULL;
-    if (p->rank < comm->rank) continue;
+    if (p->rank < view->rank) continue;
     bool ok = io_all(p->sock, msg, sizeof msg, false, deadline) && accept_pair(ctx, msg, p->rank, &q);
     close(p->sock);
     p->sock = -1;
     if (!ok)
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: rank %d sent no valid queue pair info",
-                       comm->rank, p->rank);
+      return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: rank %d sent no valid queue pair info",
+                            view->rank, p->rank);
   }
   close(ctx->listen_fd);
   ctx->listen_fd = -1;
@@ -711,7 +716,7 @@ static bool post_write(ib_peer *p, uint64_t id, void *src, uint32_t len, uint64_
   wr.wr.rdma.rkey = rkey;
   int e = ibv_post_send(p->qp, &wr, &bad);
   if (e) {
-    lose(p, "rank %d: posting an %s to rank %d failed: %s", p->ctx->comm->rank, wr_name(id),
+    lose(p, "rank %d: posting an %s to rank %d failed: %s", p->ctx->view->rank, wr_name(id),
          p->rank, strerror(e));
     return false;
   }
@@ -738,14 +743,14 @@ static void poll_cq(ib_peer *p) {
     int n = ibv_poll_cq(p->cq, IB_POLL_BATCH, wc);
     if (n < 0) {
       lose(p, "rank %d: polling the completion queue of rank %d's queue pair failed",
-           p->ctx->comm->rank, p->rank);
+           p->ctx->view->rank, p->rank);
       return;
     }
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
         lose(p, "rank %d: InfiniBand %s with rank %d failed: %s (status %d, vendor error "
              "0x%x): the peer died, aborted, or the fabric dropped the link",
-             p->ctx->comm->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
+             p->ctx->view->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
              (int)wc[i].status, wc[i].vendor_err);
         if (wc[i].wr_id != WR_RECV && p->sq_out) p->sq_out--;
         continue;
@@ -757,13 +762,13 @@ static void poll_cq(ib_peer *p) {
       uint32_t bytes = ntohl(wc[i].imm_data);
       if (!coll_ib_imm_ok(bytes, IB_SLOT_BYTES)) {
         lose(p, "rank %d: rank %d wrote a %u-byte slice (slot %u bytes): not a libcoll peer "
-             "of this version", p->ctx->comm->rank, p->rank, bytes, (unsigned)IB_SLOT_BYTES);
+             "of this version", p->ctx->view->rank, p->rank, bytes, (unsigned)IB_SLOT_BYTES);
         continue;
       }
       p->recv_bytes[coll_ib_slot(p->rtail, IB_NSLOTS)] = bytes;
       p->rtail++;
       if (!post_recv(p))
-        lose(p, "rank %d: re-posting a receive for rank %d failed", p->ctx->comm->rank, p->rank);
+        lose(p, "rank %d: re-posting a receive for rank %d failed", p->ctx->view->rank, p->rank);
     }
     if (n < IB_POLL_BATCH) break;
   }
@@ -825,16 +830,16 @@ static bool can_go(ib_conn *c) {
  * nothing to block on; the naps bound the cost of a quiet wait.  A wait quiet for a
  * second probes the peer: a dead peer's HCA never acknowledges, and the retry timeout
  * turns into an error completion. */
-static coll_result ib_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
+static coll_result ib_wait(const coll_comm_view *view, coll_conn *cc, int max_ms) {
   ib_conn *c = (ib_conn *)cc;
   ib_peer *p = c->p;
   uint64_t start = coll_now_ns(), limit = (uint64_t)(max_ms < 1 ? 1 : max_ms) * 1000000u;
   long nap_ns = 50000;
-  int spins = comm->oversubscribed ? 0 : 4000;
+  int spins = view->oversubscribed ? 0 : 4000;
   for (int i = 0;; i++) {
     poll_cq(p);
-    if (atomic_load(&p->dead)) return coll_fail(comm, COLL_ERR_REMOTE, "%s", p->why);
-    if (can_go(c) || atomic_load(&comm->aborted)) return COLL_OK;
+    if (atomic_load(&p->dead)) return coll_view_fail(view, COLL_ERR_REMOTE, "%s", p->why);
+    if (can_go(c) || atomic_load(view->aborted)) return COLL_OK;
     uint64_t now = coll_now_ns();
     if (now - start >= limit) return COLL_OK;
     if (i < spins) {
@@ -858,8 +863,8 @@ static coll_result ib_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
 /* Waits nap at most 1 ms, so there is nothing to interrupt. */
 static void ib_wake(coll_conn *cc) { (void)cc; }
 
-static bool ib_can_connect(struct coll_comm *comm, int peer) {
-  (void)comm;
+static bool ib_can_connect(const coll_comm_view *view, int peer) {
+  (void)view;
   (void)peer;
   pthread_once(&probe_once, probe_run);
   return probe_ok;
@@ -892,19 +897,19 @@ static void drain_relax(void *arg) {
  * is found by the HCA's retry timeout (an error completion), not by waiting it out. */
 #define IB_DRAIN_MAX_MS 5000
 
-static void ib_close(struct coll_comm *comm, void *vctx) {
+static void ib_close(const coll_comm_view *view, void *vctx, coll_comm_end how) {
   ib_ctx *ctx = vctx;
   if (!ctx) return;
   /* Drain before destroying: a queue pair destroyed with writes still posted drops them,
    * and the peer, still inside its last collective, waits for a slice that never comes.
    * Not after an abort: nobody waits for those bytes, and the peer may be gone. */
-  if (ctx->peers && ctx->npeers > 0 && !atomic_load(&comm->aborted)) {
-    long ms = comm->timeout_ms > 0 && comm->timeout_ms < IB_DRAIN_MAX_MS ? comm->timeout_ms
+  if (ctx->peers && ctx->npeers > 0 && how != COLL_END_ABORTED) {
+    long ms = view->timeout_ms > 0 && view->timeout_ms < IB_DRAIN_MAX_MS ? view->timeout_ms
                                                                           : IB_DRAIN_MAX_MS;
     int left = coll_ib_drain(ctx->npeers, drain_outstanding, drain_poll, drain_now, drain_relax,
                              ctx, coll_now_ns() + (uint64_t)ms * 1000000u);
     if (left)
-      COLL_WARN(comm->rank, "ib: %d queue pair(s) still had writes in flight %ld ms into close; "
+      COLL_WARN(view->rank, "ib: %d queue pair(s) still had writes in flight %ld ms into close; "
                 "destroying them anyway (a peer may miss the last slice)", left, ms);
   }
   if (ctx->peers)
@@ -917,7 +922,7 @@ static void ib_close(struct coll_comm *comm, void *vctx) {
     }
   if (ctx->rc_ready) {
     int held = coll_ib_regcache_destroy(&ctx->rc);
-    if (held) COLL_WARN(comm->rank, "ib: %d registrations were still in use at close", held);
+    if (held) COLL_WARN(view->rank, "ib: %d registrations were still in use at close", held);
   }
   if (ctx->peers)
     for (int i = 0; i < ctx->npeers; i++) {
@@ -934,6 +939,7 @@ static void ib_close(struct coll_comm *comm, void *vctx) {
 
 const coll_transport coll_transport_ib = {
     .name = "ib",
+    .slot_bytes = IB_SLOT_BYTES,
     .can_connect = ib_can_connect,
     .setup = ib_setup,
     .connect = ib_connect,

@@ -38,8 +38,9 @@
 #include <unistd.h>
 
 #include "fifo.h"
-#include "internal.h"
+#include "base.h"
 #include "proc.h"
+#include "shm.h"
 
 #define SHM_MAGIC 0x434f4c53u /* "COLS" */
 #define PAGE 4096
@@ -100,8 +101,8 @@ static coll_mailbox *mailbox_at(uint8_t *base, unsigned parity) {
 }
 static uint8_t *fifo_slots(uint8_t *base, int from) { return (uint8_t *)fifo_ctl(base, from) + PAGE; }
 
-static bool shm_can_connect(struct coll_comm *comm, int peer) {
-  return comm->host_ids[peer] == comm->host_ids[comm->rank];
+static bool shm_can_connect(const coll_comm_view *view, int peer) {
+  return view->host_ids[peer] == view->host_ids[view->rank];
 }
 
 void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const char *what,
@@ -151,14 +152,14 @@ static const char *owner_gone(int32_t pid, uint64_t start, char *why, size_t len
  * itself), else a failure naming the live owner.  A creator stamps the owner record right
  * after mapping, so an unstamped segment is given up to a second to be stamped before it
  * is judged: its creator died half-way. */
-static coll_result take_over(struct coll_comm *comm, const char *name) {
-  int rank = comm ? comm->rank : -1;
+static coll_result take_over(const coll_comm_view *view, const char *name) {
+  int rank = view ? view->rank : -1;
   int fd = shm_open(name, O_RDONLY, 0);
   if (fd < 0) {
     if (errno == ENOENT) return COLL_OK; /* gone meanwhile */
-    return coll_fail(comm, COLL_ERR_SYSTEM,
-                     "rank %d: shared segment %s already exists and cannot be opened (%s): "
-                     "another user's job with the same secret?", rank, name, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: shared segment %s already exists and cannot be opened (%s): "
+                          "another user's job with the same secret?", rank, name, strerror(errno));
   }
   int32_t pid = 0, orank = -1;
   uint64_t start = 0, deadline = coll_now_ns() + 1000000000ull;
@@ -182,45 +183,45 @@ static coll_result take_over(struct coll_comm *comm, const char *name) {
   char why[160];
   const char *gone = owner_gone(pid, start, why, sizeof why);
   if (!gone)
-    return coll_fail(comm, COLL_ERR_SYSTEM,
-                     "rank %d: shared segment %s already exists and belongs to a running "
-                     "process (pid %d, rank %d of its job): two live jobs with the same secret "
-                     "on one host; give each its own COLL_SECRET (or rendezvous port)",
-                     rank, name, (int)pid, (int)orank);
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: shared segment %s already exists and belongs to a running "
+                          "process (pid %d, rank %d of its job): two live jobs with the same "
+                          "secret on one host; give each its own COLL_SECRET (or rendezvous port)",
+                          rank, name, (int)pid, (int)orank);
   COLL_INFO(rank, "removing shared segment %s left by a dead job: %s", name, gone);
   if (shm_unlink(name) != 0 && errno != ENOENT)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: removing the stale segment %s (%s) "
-                     "failed: %s", rank, name, gone, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: removing the stale segment %s (%s) "
+                          "failed: %s", rank, name, gone, strerror(errno));
   return COLL_OK;
 }
 
-coll_result coll_shm_create(struct coll_comm *comm, const char *name, size_t size,
+coll_result coll_shm_create(const coll_comm_view *view, const char *name, size_t size,
                             void **base) {
-  int rank = comm ? comm->rank : -1;
+  int rank = view ? view->rank : -1;
   *base = NULL;
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0 && errno == EEXIST) {
-    coll_result r = take_over(comm, name);
+    coll_result r = take_over(view, name);
     if (r != COLL_OK) return r;
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   }
   if (fd < 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: shm_open(%s) failed: %s", rank, name,
-                     strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: shm_open(%s) failed: %s", rank, name,
+                          strerror(errno));
   if (ftruncate(fd, (off_t)size) != 0) {
     int e = errno;
     close(fd);
     shm_unlink(name);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s",
-                     rank, name, size, strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s",
+                          rank, name, size, strerror(e));
   }
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: mmap of %s failed: %s", rank, name,
-                     strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: mmap of %s failed: %s", rank, name,
+                          strerror(e));
   }
   coll_seg_owner *o = p;
   char state;
@@ -231,26 +232,26 @@ coll_result coll_shm_create(struct coll_comm *comm, const char *name, size_t siz
   return COLL_OK;
 }
 
-static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
-  int n = comm->nranks;
+static coll_result shm_setup(const coll_comm_view *view, void **ctxp, void *blob) {
+  int n = view->nranks;
   shm_ctx *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up shm");
+  if (!ctx) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up shm");
   ctx->peer_base = calloc((size_t)n, sizeof *ctx->peer_base);
   ctx->peer_size = calloc((size_t)n, sizeof *ctx->peer_size);
   ctx->conns = calloc(2 * (size_t)n, sizeof *ctx->conns);
   *ctxp = ctx;
   if (!ctx->peer_base || !ctx->peer_size || !ctx->conns)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up shm");
-  coll_shm_segment_name(ctx->name, sizeof ctx->name, comm->secret, "", comm->rank);
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up shm");
+  coll_shm_segment_name(ctx->name, sizeof ctx->name, view->secret, "", view->rank);
   ctx->size = seg_size(n);
   void *p;
-  coll_result cr = coll_shm_create(comm, ctx->name, ctx->size, &p);
+  coll_result cr = coll_shm_create(view, ctx->name, ctx->size, &p);
   if (cr != COLL_OK) return cr;
   ctx->base = p;
   /* Touch every page we will use now (control pages and peers' slots), not later on the
    * data path; our own fifo is never used and stays untouched (sparse). */
   for (int i = 0; i < n; i++) {
-    if (i == comm->rank) continue;
+    if (i == view->rank) continue;
     memset(fifo_ctl(ctx->base, i), 0, PAGE); /* slots: in connect(), once sized */
   }
   memset(mailbox_at(ctx->base, 0), 0, 2 * MB_STRIDE);
@@ -259,7 +260,7 @@ static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   h->nslots = SHM_NSLOTS;
   h->slot_bytes = SHM_SLOT_STRIDE;
   h->owner_pid = (int32_t)getpid();
-  h->owner_rank = comm->rank;
+  h->owner_rank = view->rank;
   atomic_store(&h->closed, 0);
   h->magic = SHM_MAGIC;
 
@@ -270,40 +271,39 @@ static coll_result shm_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   b.pid = (int32_t)getpid();
   _Static_assert(sizeof b <= COLL_CONN_BLOB, "blob fits");
   memcpy(blob, &b, sizeof b);
-  comm->slot_bytes = SHM_SLOT_STRIDE; /* the most; connect() picks, comm.c takes the least */
   return COLL_OK;
 }
 
-static coll_result shm_connect(struct coll_comm *comm, void *vctx, int peer,
+static coll_result shm_connect(const coll_comm_view *view, void *vctx, int peer,
                                const void *peer_blob, coll_conn **send, coll_conn **recv) {
   shm_ctx *ctx = vctx;
   shm_blob b;
   memcpy(&b, peer_blob, sizeof b);
   b.name[sizeof b.name - 1] = 0;
-  if (b.size != seg_size(comm->nranks))
-    return coll_fail(comm, COLL_ERR_INTERNAL,
-                     "rank %d: rank %d's segment %s has size %llu, expected %zu", comm->rank,
-                     peer, b.name, (unsigned long long)b.size, seg_size(comm->nranks));
+  if (b.size != seg_size(view->nranks))
+    return coll_view_fail(view, COLL_ERR_INTERNAL,
+                          "rank %d: rank %d's segment %s has size %llu, expected %zu", view->rank,
+                          peer, b.name, (unsigned long long)b.size, seg_size(view->nranks));
   int fd = shm_open(b.name, O_RDWR, 0);
   if (fd < 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: opening rank %d's segment %s failed: %s",
-                     comm->rank, peer, b.name, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: opening rank %d's segment %s failed: %s",
+                          view->rank, peer, b.name, strerror(errno));
   void *p = mmap(NULL, b.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
   close(fd);
   if (p == MAP_FAILED)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: mapping rank %d's segment failed: %s",
-                     comm->rank, peer, strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: mapping rank %d's segment failed: %s",
+                          view->rank, peer, strerror(e));
   ctx->peer_base[peer] = p;
   ctx->peer_size[peer] = b.size;
   shm_header *ph = p;
-  if (ph->magic != SHM_MAGIC || ph->nranks != (uint32_t)comm->nranks ||
+  if (ph->magic != SHM_MAGIC || ph->nranks != (uint32_t)view->nranks ||
       ph->owner_rank != peer)
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's segment %s is not a valid "
-                     "libcoll segment for this communicator", comm->rank, peer, b.name);
+    return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: rank %d's segment %s is not a valid "
+                          "libcoll segment for this communicator", view->rank, peer, b.name);
 
   /* Both ends compute the same size: oversubscription is a fact of the host. */
-  size_t slot = comm->oversubscribed ? SHM_SLOT_STRIDE : SHM_SLOT_SMALL;
+  size_t slot = view->oversubscribed ? SHM_SLOT_STRIDE : SHM_SLOT_SMALL;
   /* Touch the part of each slot `peer` will write into, now rather than on the data
    * path (first touch costs ~10 us per page here). */
   for (int i = 0; i < SHM_NSLOTS; i++)
@@ -311,7 +311,7 @@ static coll_result shm_connect(struct coll_comm *comm, void *vctx, int peer,
   shm_conn *s = &ctx->conns[2 * peer], *r = &ctx->conns[2 * peer + 1];
   *s = (shm_conn){.base = {.t = &coll_transport_shm, .peer = peer, .is_send = true,
                            .slot_bytes = slot, .nslots = SHM_NSLOTS},
-                  .ctl = fifo_ctl(p, comm->rank), .slots = fifo_slots(p, comm->rank),
+                  .ctl = fifo_ctl(p, view->rank), .slots = fifo_slots(p, view->rank),
                   .stride = SHM_SLOT_STRIDE, .peer_closed = &ph->closed, .peer_pid = b.pid};
   *r = (shm_conn){.base = {.t = &coll_transport_shm, .peer = peer, .is_send = false,
                            .slot_bytes = slot, .nslots = SHM_NSLOTS},
@@ -322,25 +322,25 @@ static coll_result shm_connect(struct coll_comm *comm, void *vctx, int peer,
   return COLL_OK;
 }
 
-static coll_result shm_ready(struct coll_comm *comm, void *vctx) {
+static coll_result shm_ready(const coll_comm_view *view, void *vctx) {
   shm_ctx *ctx = vctx;
   if (!ctx->unlinked && shm_unlink(ctx->name) != 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: unlinking %s failed: %s", comm->rank,
-                     ctx->name, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: unlinking %s failed: %s", view->rank,
+                          ctx->name, strerror(errno));
   ctx->unlinked = true;
   return COLL_OK;
 }
 
-static void shm_close(struct coll_comm *comm, void *vctx) {
+static void shm_close(const coll_comm_view *view, void *vctx, coll_comm_end how) {
   shm_ctx *ctx = vctx;
   if (!ctx) return;
   if (ctx->base) {
-    if (atomic_load(&comm->aborted)) atomic_store(&((shm_header *)ctx->base)->closed, 1);
+    if (how == COLL_END_ABORTED) atomic_store(&((shm_header *)ctx->base)->closed, 1);
     if (!ctx->unlinked) shm_unlink(ctx->name);
     munmap(ctx->base, ctx->size);
   }
   if (ctx->peer_base)
-    for (int i = 0; i < comm->nranks; i++)
+    for (int i = 0; i < view->nranks; i++)
       if (ctx->peer_base[i]) munmap(ctx->peer_base[i], ctx->peer_size[i]);
   free(ctx->peer_base);
   free(ctx->peer_size);
@@ -350,35 +350,32 @@ static void shm_close(struct coll_comm *comm, void *vctx) {
 
 /* ---- one-shot mailboxes (used by oneshot.c) ----------------------------------------- */
 
-static shm_ctx *shm_ctx_of(struct coll_comm *comm) {
-  for (int t = 0; t < comm->ntransports; t++)
-    if (comm->transports[t] == &coll_transport_shm) return comm->transport_ctxs[t];
-  return NULL;
-}
-
-coll_mailbox *coll_shm_mailbox(struct coll_comm *comm, int rank, unsigned parity) {
-  shm_ctx *ctx = shm_ctx_of(comm);
-  if (!ctx || rank < 0 || rank >= comm->nranks) return NULL;
-  uint8_t *base = rank == comm->rank ? ctx->base : ctx->peer_base[rank];
+coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *vctx, int rank,
+                               unsigned parity) {
+  shm_ctx *ctx = vctx;
+  if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
+  uint8_t *base = rank == view->rank ? ctx->base : ctx->peer_base[rank];
   return base ? mailbox_at(base, parity) : NULL;
 }
 
-_Atomic uint32_t *coll_shm_mailbox_waiters(struct coll_comm *comm, int rank) {
-  shm_ctx *ctx = shm_ctx_of(comm);
-  if (!ctx || rank < 0 || rank >= comm->nranks) return NULL;
-  uint8_t *base = rank == comm->rank ? ctx->base : ctx->peer_base[rank];
+_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *vctx,
+                                           int rank) {
+  shm_ctx *ctx = vctx;
+  if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
+  uint8_t *base = rank == view->rank ? ctx->base : ctx->peer_base[rank];
   return base ? &((shm_header *)base)->mb_waiters : NULL;
 }
 
-coll_result coll_shm_peer_check(struct coll_comm *comm, int peer) {
-  shm_ctx *ctx = shm_ctx_of(comm);
+coll_result coll_shm_peer_check(const coll_comm_view *view, void *vctx, int peer) {
+  shm_ctx *ctx = vctx;
   if (!ctx || !ctx->peer_base[peer]) return COLL_OK;
-  return coll_fifo_peer_gone(comm, &((shm_header *)ctx->peer_base[peer])->closed,
+  return coll_fifo_peer_gone(view, &((shm_header *)ctx->peer_base[peer])->closed,
                              ctx->conns[2 * peer].peer_pid, peer);
 }
 
 const coll_transport coll_transport_shm = {
     .name = "shm",
+    .slot_bytes = SHM_SLOT_STRIDE, /* the most; connect() picks, comm.c takes the least */
     .can_connect = shm_can_connect,
     .setup = shm_setup,
     .connect = shm_connect,

@@ -41,6 +41,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,10 +53,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bootstrap_wire.h"
-#include "internal.h"
+#include "base.h"
 #include "sock.h"
-#include "watch.h"
+#include "transport.h"
 
 #define TCP_NSLOTS 4
 #define TCP_SLOT_BYTES (256 * 1024)
@@ -117,7 +117,7 @@ typedef struct tcp_peer {
 } tcp_peer;
 
 typedef struct tcp_ctx {
-  struct coll_comm *comm;
+  const coll_comm_view *view;
   int listen_fd, evfd;
   int nsocks;
   struct sockaddr_storage addr;
@@ -160,8 +160,8 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
 }
 
 
-static bool tcp_can_connect(struct coll_comm *comm, int peer) {
-  (void)comm;
+static bool tcp_can_connect(const coll_comm_view *view, int peer) {
+  (void)view;
   (void)peer;
   return true;
 }
@@ -169,14 +169,15 @@ static bool tcp_can_connect(struct coll_comm *comm, int peer) {
 
 /* The address peers should connect to: COLL_SOCKET_IFNAME's, else the one this rank's
  * route to the rendezvous leaves from. */
-static coll_result pick_addr(struct coll_comm *comm, struct sockaddr_storage *ss, socklen_t *len) {
+static coll_result pick_addr(const coll_comm_view *view, struct sockaddr_storage *ss,
+                             socklen_t *len) {
   const char *want = getenv("COLL_SOCKET_IFNAME");
   memset(ss, 0, sizeof *ss);
   if (want && *want) {
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) != 0)
-      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: listing interfaces failed: %s",
-                       comm->rank, strerror(errno));
+      return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: listing interfaces failed: %s",
+                            view->rank, strerror(errno));
     bool found = false;
     for (int fam = 0; fam < 2 && !found; fam++) /* IPv4 first, then IPv6 */
       for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
@@ -188,57 +189,58 @@ static coll_result pick_addr(struct coll_comm *comm, struct sockaddr_storage *ss
       }
     freeifaddrs(ifs);
     if (!found)
-      return coll_fail(comm, COLL_ERR_INVALID_ARG,
-                       "rank %d: COLL_SOCKET_IFNAME=%s names no interface that is up with an "
-                       "IP address on this host", comm->rank, want);
+      return coll_view_fail(view, COLL_ERR_INVALID_ARG,
+                            "rank %d: COLL_SOCKET_IFNAME=%s names no interface that is up with an "
+                            "IP address on this host", view->rank, want);
   } else {
-    if (comm->boot_local_len == 0)
-      return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no local address for TCP", comm->rank);
-    memcpy(ss, &comm->boot_local, comm->boot_local_len);
-    *len = comm->boot_local_len;
+    if (view->local_len == 0)
+      return coll_view_fail(view, COLL_ERR_INTERNAL,
+                            "rank %d: no local address for TCP", view->rank);
+    memcpy(ss, view->local, view->local_len);
+    *len = view->local_len;
   }
   if (ss->ss_family == AF_INET) ((struct sockaddr_in *)ss)->sin_port = 0;
   else ((struct sockaddr_in6 *)ss)->sin6_port = 0;
   return COLL_OK;
 }
 
-static coll_result tcp_setup(struct coll_comm *comm, void **ctxp, void *blob) {
+static coll_result tcp_setup(const coll_comm_view *view, void **ctxp, void *blob) {
   tcp_ctx *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up tcp");
+  if (!ctx) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up tcp");
   *ctxp = ctx;
-  ctx->comm = comm;
+  ctx->view = view;
   ctx->listen_fd = ctx->evfd = -1;
   pthread_mutex_init(&ctx->mu, NULL);
   atomic_store(&ctx->first_dead, -1);
-  ctx->peers = calloc((size_t)comm->nranks, sizeof *ctx->peers);
-  ctx->order = calloc((size_t)comm->nranks, sizeof *ctx->order);
+  ctx->peers = calloc((size_t)view->nranks, sizeof *ctx->peers);
+  ctx->order = calloc((size_t)view->nranks, sizeof *ctx->order);
   if (!ctx->peers || !ctx->order)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up tcp");
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory setting up tcp");
   long ns;
   coll_env_int("COLL_SOCKS_PER_PEER", 2, &ns);
   if (ns < 1 || ns > TCP_MAX_SOCKS)
-    return coll_fail(comm, COLL_ERR_INVALID_ARG, "COLL_SOCKS_PER_PEER=%ld must be 1..%d", ns,
-                     TCP_MAX_SOCKS);
+    return coll_view_fail(view, COLL_ERR_INVALID_ARG, "COLL_SOCKS_PER_PEER=%ld must be 1..%d", ns,
+                          TCP_MAX_SOCKS);
   ctx->nsocks = (int)ns;
-  coll_result r = pick_addr(comm, &ctx->addr, &ctx->addr_len);
+  coll_result r = pick_addr(view, &ctx->addr, &ctx->addr_len);
   if (r != COLL_OK) return r;
   ctx->listen_fd = socket(ctx->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (ctx->listen_fd < 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", comm->rank,
-                     strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", view->rank,
+                          strerror(errno));
   char a[80];
   coll_sock_text(&ctx->addr, a, sizeof a);
   if (bind(ctx->listen_fd, (struct sockaddr *)&ctx->addr, ctx->addr_len) != 0 ||
       listen(ctx->listen_fd, 1024) != 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cannot listen for TCP peers on %s: %s",
-                     comm->rank, a, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cannot listen for TCP peers on %s: %s",
+                          view->rank, a, strerror(errno));
   ctx->addr_len = sizeof ctx->addr;
   getsockname(ctx->listen_fd, (struct sockaddr *)&ctx->addr, &ctx->addr_len);
   coll_sock_set_nonblock(ctx->listen_fd);
   ctx->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (ctx->evfd < 0)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: eventfd failed: %s", comm->rank,
-                     strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: eventfd failed: %s", view->rank,
+                          strerror(errno));
 
   tcp_blob b;
   memset(&b, 0, sizeof b);
@@ -256,15 +258,14 @@ static coll_result tcp_setup(struct coll_comm *comm, void **ctxp, void *blob) {
   _Static_assert(sizeof b <= COLL_CONN_BLOB, "blob fits");
   memcpy(blob, &b, sizeof b);
   coll_sock_text(&ctx->addr, a, sizeof a);
-  COLL_INFO(comm->rank, "tcp: listening at %s, %d sockets per peer", a, ctx->nsocks);
-  comm->slot_bytes = TCP_SLOT_BYTES;
+  COLL_INFO(view->rank, "tcp: listening at %s, %d sockets per peer", a, ctx->nsocks);
   return COLL_OK;
 }
 
 
 
-static uint64_t setup_deadline(struct coll_comm *comm) {
-  int ms = comm->timeout_ms > 0 ? comm->timeout_ms : 600000;
+static uint64_t setup_deadline(const coll_comm_view *view) {
+  int ms = view->timeout_ms > 0 ? view->timeout_ms : 600000;
   return coll_now_ns() + (uint64_t)ms * 1000000u;
 }
 
@@ -316,22 +317,22 @@ static tcp_peer *peer_entry(tcp_ctx *ctx, int peer) {
 }
 
 /* Called when the executor first needs `peer` (comm.c's coll_comm_connect_peer). */
-static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
+static coll_result tcp_connect(const coll_comm_view *view, void *vctx, int peer,
                                const void *peer_blob, coll_conn **send, coll_conn **recv) {
   tcp_ctx *ctx = vctx;
   tcp_blob b;
   memcpy(&b, peer_blob, sizeof b);
   if ((b.family != AF_INET && b.family != AF_INET6) || b.port == 0 || b.nsocks < 1 ||
       b.nsocks > TCP_MAX_SOCKS)
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d sent no usable TCP address",
-                     comm->rank, peer);
+    return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: rank %d sent no usable TCP address",
+                          view->rank, peer);
   if ((int)b.nsocks != ctx->nsocks)
-    return coll_fail(comm, COLL_ERR_INVALID_ARG,
-                     "rank %d: rank %d uses %u sockets per peer but this rank uses %d: set "
-                     "COLL_SOCKS_PER_PEER alike on every rank", comm->rank, peer, b.nsocks,
-                     ctx->nsocks);
+    return coll_view_fail(view, COLL_ERR_INVALID_ARG,
+                          "rank %d: rank %d uses %u sockets per peer but this rank uses %d: set "
+                          "COLL_SOCKS_PER_PEER alike on every rank", view->rank, peer, b.nsocks,
+                          ctx->nsocks);
   tcp_peer *p = peer_entry(ctx, peer);
-  if (!p) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  if (!p) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
   coll_sockaddr_packed pk = {.family = b.family, .port = b.port};
   memcpy(pk.addr, b.addr, sizeof pk.addr);
   struct sockaddr_storage ss;
@@ -341,25 +342,26 @@ static coll_result tcp_connect(struct coll_comm *comm, void *vctx, int peer,
   /* Dial the peer for this rank's sends.  Nothing here waits for the peer's executor:
    * its proxy accepts whenever the sockets arrive, and its sends to this rank come on
    * sockets it dials itself. */
-  uint64_t deadline = setup_deadline(comm);
+  uint64_t deadline = setup_deadline(view);
   if (!atomic_load(&p->out_ready)) {
     for (int k = 0; k < p->nsocks; k++) {
       int e = 0;
       int fd = coll_sock_dial(&ss, sl, deadline, &e);
       if (fd < 0)
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: cannot open a TCP connection to rank "
-                         "%d at %s: %s (is that address reachable from this host? set "
-                         "COLL_SOCKET_IFNAME to choose the interface)", comm->rank, peer,
-                         p->addr, strerror(e));
+        return coll_view_fail(view, COLL_ERR_REMOTE,
+                              "rank %d: cannot open a TCP connection to rank "
+                              "%d at %s: %s (is that address reachable from this host? set "
+                              "COLL_SOCKET_IFNAME to choose the interface)", view->rank, peer,
+                              p->addr, strerror(e));
       p->out[k].fd = fd;
       uint8_t hello[TCP_HELLO_BYTES];
       put32(hello, TCP_HELLO_MAGIC);
-      memcpy(hello + 4, comm->secret, COLL_SECRET_BYTES);
-      put32(hello + 20, (uint32_t)comm->rank);
+      memcpy(hello + 4, view->secret, COLL_SECRET_BYTES);
+      put32(hello + 20, (uint32_t)view->rank);
       put32(hello + 24, (uint32_t)k);
       if (!coll_sock_write_all(fd, hello, sizeof hello, deadline))
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: sending the TCP hello to rank %d at "
-                         "%s failed", comm->rank, peer, p->addr);
+        return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: sending the TCP hello to rank %d at "
+                              "%s failed", view->rank, peer, p->addr);
     }
     atomic_store_explicit(&p->out_ready, 1, memory_order_release);
     kick_proxy(ctx);
@@ -378,17 +380,17 @@ static void wake_conn(tcp_conn *c) {
 
 static void lose_peer(tcp_ctx *ctx, tcp_peer *p, const char *fmt, int err) {
   if (atomic_load(&p->dead)) return;
-  struct coll_comm *comm = ctx->comm;
+  const coll_comm_view *view = ctx->view;
   if (err)
-    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s: %s", comm->rank,
+    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s: %s", view->rank,
              p->rank, p->addr, fmt, strerror(err));
   else
-    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s", comm->rank, p->rank,
+    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s", view->rank, p->rank,
              p->addr, fmt);
   atomic_store(&p->dead, 1);
   int none = -1;
   atomic_compare_exchange_strong(&ctx->first_dead, &none, p->rank);
-  COLL_WARN(comm->rank, "%s", p->why);
+  COLL_WARN(view->rank, "%s", p->why);
   int np = atomic_load_explicit(&ctx->npeers, memory_order_acquire);
   for (int i = 0; i < np; i++) {
     wake_conn(&ctx->peers[ctx->order[i]]->send);
@@ -575,7 +577,7 @@ static int build_poll(tcp_ctx *ctx) {
  * communicator makes its socket in socket k of that rank's entry; anything else, or
  * nothing within HELLO_MS, is dropped. */
 static void accept_peers(tcp_ctx *ctx) {
-  struct coll_comm *comm = ctx->comm;
+  const coll_comm_view *view = ctx->view;
   while (ctx->npend < PENDING) {
     int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) break;
@@ -601,16 +603,16 @@ static void accept_peers(tcp_ctx *ctx) {
     uint32_t from = 0, sk = 0;
     if (done) {
       uint8_t diff = 0;
-      for (int j = 0; j < COLL_SECRET_BYTES; j++) diff |= (uint8_t)(h->buf[4 + j] ^ comm->secret[j]);
+      for (int j = 0; j < COLL_SECRET_BYTES; j++) diff |= (uint8_t)(h->buf[4 + j] ^ view->secret[j]);
       from = coll_get32(h->buf + 20);
       sk = coll_get32(h->buf + 24);
-      if (!diff && coll_get32(h->buf) == TCP_HELLO_MAGIC && from < (uint32_t)comm->nranks &&
-          (int)from != comm->rank && sk < (uint32_t)ctx->nsocks)
+      if (!diff && coll_get32(h->buf) == TCP_HELLO_MAGIC && from < (uint32_t)view->nranks &&
+          (int)from != view->rank && sk < (uint32_t)ctx->nsocks)
         p = peer_entry(ctx, (int)from);
     }
     ctx->pend[i] = ctx->pend[--ctx->npend]; /* this slot is free either way */
     if (!p || p->in[sk].fd >= 0) {
-      COLL_INFO(comm->rank, "tcp: dropped a connection that did not present a valid hello");
+      COLL_INFO(view->rank, "tcp: dropped a connection that did not present a valid hello");
       close(fd);
       continue;
     }
@@ -692,12 +694,13 @@ static void kick_proxy(tcp_ctx *ctx) {
 }
 
 /* Starts the proxy: from now on it accepts lower ranks' connections as they come. */
-static coll_result tcp_ready(struct coll_comm *comm, void *vctx) {
+static coll_result tcp_ready(const coll_comm_view *view, void *vctx) {
   tcp_ctx *ctx = vctx;
   int e = pthread_create(&ctx->thread, NULL, proxy_main, ctx);
   if (e)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: starting the tcp proxy thread failed: %s",
-                     comm->rank, strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: starting the tcp proxy thread failed: %s",
+                          view->rank, strerror(e));
   ctx->thread_started = true;
   return COLL_OK;
 }
@@ -746,56 +749,56 @@ static bool can_go(tcp_conn *c) {
 }
 
 /* Why this connection can never go on, or NULL. */
-static coll_result peer_trouble(struct coll_comm *comm, tcp_conn *c) {
+static coll_result peer_trouble(const coll_comm_view *view, tcp_conn *c) {
   tcp_ctx *ctx = c->ctx;
   int lost = atomic_load(&ctx->first_dead);
   if (lost >= 0)
-    return coll_fail(comm, COLL_ERR_REMOTE, "%s", ctx->peers[lost]->why);
+    return coll_view_fail(view, COLL_ERR_REMOTE, "%s", ctx->peers[lost]->why);
   /* Gone, then the counter: the proxy publishes the last slices before `gone`, and a
    * caller that looked at the counter before `gone` was set may have missed them. */
   if (!c->base.is_send && atomic_load(&c->peer->gone) && !can_go(c))
-    return coll_fail(comm, COLL_ERR_REMOTE,
-                     "rank %d: rank %d destroyed its communicator while this rank still waits "
-                     "for its data (did the ranks call different collectives?)", comm->rank,
-                     c->peer->rank);
+    return coll_view_fail(view, COLL_ERR_REMOTE,
+                          "rank %d: rank %d destroyed its communicator while this rank still waits "
+                          "for its data (did the ranks call different collectives?)", view->rank,
+                          c->peer->rank);
   return COLL_OK;
 }
 
-static coll_result tcp_wait(struct coll_comm *comm, coll_conn *cc, int max_ms) {
+static coll_result tcp_wait(const coll_comm_view *view, coll_conn *cc, int max_ms) {
   tcp_conn *c = (tcp_conn *)cc;
-  int spins = comm->oversubscribed ? 0 : 2000;
+  int spins = view->oversubscribed ? 0 : 2000;
   for (int i = 0; i < spins; i++) {
     if (can_go(c)) return COLL_OK;
     coll_cpu_relax();
   }
-  coll_result r = peer_trouble(comm, c);
+  coll_result r = peer_trouble(view, c);
   if (r != COLL_OK) return r;
   _Atomic uint32_t *word = c->base.is_send ? &c->ctl.head : &c->ctl.tail;
   _Atomic uint32_t *flag = c->base.is_send ? &c->ctl.head_waiter : &c->ctl.tail_waiter;
   uint32_t seen = atomic_load(word);
   atomic_store(flag, 1);
   atomic_thread_fence(memory_order_seq_cst);
-  if (!can_go(c) && !atomic_load(&comm->aborted) && atomic_load(&c->ctx->first_dead) < 0 &&
+  if (!can_go(c) && !atomic_load(view->aborted) && atomic_load(&c->ctx->first_dead) < 0 &&
       !atomic_load(&c->peer->gone)) {
     int ms = max_ms < 1 ? 1 : max_ms;
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
   }
   atomic_store(flag, 0);
-  if (!can_go(c)) return peer_trouble(comm, c);
+  if (!can_go(c)) return peer_trouble(view, c);
   return COLL_OK;
 }
 
 static void tcp_wake(coll_conn *cc) { wake_conn((tcp_conn *)cc); }
 
-static void tcp_close(struct coll_comm *comm, void *vctx) {
+static void tcp_close(const coll_comm_view *view, void *vctx, coll_comm_end how) {
+  (void)view;
   tcp_ctx *ctx = vctx;
   if (!ctx) return;
   if (ctx->thread_started) {
     /* A healthy communicator flushes what it posted and says goodbye, so peers can tell
      * a normal end from a death; a failed or aborted one just leaves. */
-    bool healthy = !atomic_load(&comm->aborted) && comm->sticky == COLL_OK &&
-                   atomic_load(&ctx->first_dead) < 0;
+    bool healthy = how == COLL_END_CLEAN && atomic_load(&ctx->first_dead) < 0;
     atomic_store(&ctx->stop, healthy ? 1 : 2);
     uint64_t one = 1;
     if (write(ctx->evfd, &one, sizeof one) < 0) { /* the proxy polls with a bound anyway */ }
@@ -827,6 +830,7 @@ static void tcp_close(struct coll_comm *comm, void *vctx) {
 
 const coll_transport coll_transport_tcp = {
     .name = "tcp",
+    .slot_bytes = TCP_SLOT_BYTES,
     .lazy = true,
     .can_connect = tcp_can_connect,
     .setup = tcp_setup,

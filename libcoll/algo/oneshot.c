@@ -60,6 +60,12 @@
 #include "algo.h"
 #include "reduce.h"
 
+/* shm's context on comm, whose segments hold the mailboxes (NULL: shm is not in use). */
+static void *shm_ctx(struct coll_comm *comm) {
+  return comm->transports[COLL_T_SHM] == &coll_transport_shm ? comm->transport_ctxs[COLL_T_SHM]
+                                                             : NULL;
+}
+
 static bool reached(uint32_t v, uint32_t want) { return (int32_t)(v - want) >= 0; }
 
 bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count, size_t es) {
@@ -119,7 +125,7 @@ static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer
     atomic_fetch_sub(waiters, 1);
     seen = atomic_load_explicit(&mb->seq, memory_order_acquire);
     if (reached(seen, want)) return COLL_OK;
-    coll_result r = coll_shm_peer_check(comm, peer);
+    coll_result r = coll_shm_peer_check(&comm->view, shm_ctx(comm), peer);
     if (r != COLL_OK) return r;
     if ((r = coll_exec_watch(comm, w)) != COLL_OK) return r; /* a failure elsewhere */
     if (comm->timeout_ms && coll_now_ns() - start > (uint64_t)comm->timeout_ms * 1000000u)
@@ -332,10 +338,11 @@ coll_result coll_oneshot_setup(struct coll_comm *comm) {
   comm->mb_waiters = calloc((size_t)n, sizeof *comm->mb_waiters);
   if (!comm->mb || !comm->mb_waiters)
     return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up one-shot mailboxes");
+  void *shm = shm_ctx(comm);
   for (int p = 0; p < n; p++) {
-    comm->mb[2 * p] = coll_shm_mailbox(comm, p, 0);
-    comm->mb[2 * p + 1] = coll_shm_mailbox(comm, p, 1);
-    comm->mb_waiters[p] = coll_shm_mailbox_waiters(comm, p);
+    comm->mb[2 * p] = coll_shm_mailbox(&comm->view, shm, p, 0);
+    comm->mb[2 * p + 1] = coll_shm_mailbox(&comm->view, shm, p, 1);
+    comm->mb_waiters[p] = coll_shm_mailbox_waiters(&comm->view, shm, p);
     if (!comm->mb[2 * p] || !comm->mb[2 * p + 1] || !comm->mb_waiters[p])
       return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's mailboxes are not mapped",
                        comm->rank, p);

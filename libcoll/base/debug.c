@@ -74,6 +74,16 @@ coll_result coll_fail_at(struct coll_comm *comm, coll_result r, const char *file
   return r;
 }
 
+coll_result coll_view_fail_at(const coll_comm_view *view, coll_result r, const char *file,
+                              int line, const char *fmt, ...) {
+  char msg[COLL_ERRBUF];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return coll_fail_at(view ? view->owner : NULL, r, file, line, "%s", msg);
+}
+
 const char *coll_comm_last_error(coll_comm_t comm) {
   if (!comm) return thread_err;
   /* The buffer is stable after the failing call returned; copying it under the lock

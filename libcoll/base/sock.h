@@ -42,6 +42,14 @@ int coll_sock_dial(const struct sockaddr_storage *ss, socklen_t len, uint64_t de
 /* Writes/reads all of buf by the deadline.  False on error, end of stream or time up. */
 bool coll_sock_write_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
 bool coll_sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ns);
+/* Big-endian 32-bit words, as every length and field on our wires travels. */
+static inline void coll_put32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+static inline uint32_t coll_get32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 /* A deadline `ms` from now; ms <= 0 means none (UINT64_MAX). */
 uint64_t coll_deadline_ms(int ms);
 

@@ -12,18 +12,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sock.h"
+
 #define COLL_AUTH_MAGIC 0x434c4241u /* "CLBA" */
 #define COLL_AUTH_VERSION 1u
 #define COLL_AUTH_BYTES 32
 #define COLL_BOOT_MAX_LEN (64u * 1024u)   /* largest blob a rank may send in a round */
 #define COLL_MAX_RANKS (1u << 16)
 
-static inline void coll_put32(uint8_t *p, uint32_t v) {
-  p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-static inline uint32_t coll_get32(const uint8_t *p) {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
 
 typedef struct { uint32_t rank, nranks; } coll_auth;
 

@@ -80,15 +80,32 @@ static uint64_t host_id(void) {
   return h;
 }
 
+coll_comm_end coll_comm_ending(struct coll_comm *comm) {
+  if (atomic_load(&comm->aborted)) return COLL_END_ABORTED;
+  return comm->sticky == COLL_OK ? COLL_END_CLEAN : COLL_END_FAILED;
+}
+
+/* What the transports see of comm (transport.h): what is known at creation; the rest is
+ * filled in as it becomes known (local_len after the join, oversubscribed after the
+ * exchange, cuda_device by cuda.c). */
+static void view_init(struct coll_comm *comm) {
+  comm->view = (coll_comm_view){
+      .rank = comm->rank, .nranks = comm->nranks, .secret = comm->secret,
+      .host_ids = comm->host_ids, .pids = comm->pids, .timeout_ms = comm->timeout_ms,
+      .aborted = &comm->aborted, .local = &comm->boot_local, .cuda_device = -1,
+      .owner = comm};
+}
+
 void coll_comm_free(struct coll_comm *comm) {
   if (!comm) return;
   coll_exec_stop(comm);
   coll_watch_stop(comm, atomic_load(&comm->aborted) ? COLL_WATCH_ABORT : COLL_WATCH_BYE);
   coll_cuda_comm_free(comm);
   coll_trace_free(comm);
+  coll_comm_end how = coll_comm_ending(comm);
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
     if (comm->transports[t] && comm->transport_ctxs[t])
-      comm->transports[t]->close(comm, comm->transport_ctxs[t]);
+      comm->transports[t]->close(&comm->view, comm->transport_ctxs[t], how);
   free(comm->conn_send);
   free(comm->conn_recv);
   free(comm->peer_t);
@@ -144,6 +161,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   if (comm->peer_t) memset(comm->peer_t, -1, (size_t)nranks);
   comm->mb_seen = calloc((size_t)nranks, sizeof *comm->mb_seen);
   comm->windows = calloc(COLL_MAX_WINDOWS, sizeof *comm->windows);
+  view_init(comm);
   rank_info *all = calloc((size_t)nranks, sizeof *all);
   coll_result r = COLL_OK;
   bool left = false; /* rv->leave called */
@@ -157,6 +175,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   /* Joining sets boot_local: the route to the others tells TCP which local address
    * peers can reach. */
   if ((r = rv->join(rv, comm)) != COLL_OK) goto fail;
+  comm->view.local_len = comm->boot_local_len;
   coll_transport_mode mode;
   if ((r = read_transport_mode(comm, &mode)) != COLL_OK) goto fail;
   char ib_why[256] = "";
@@ -180,12 +199,12 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->host_ids[rank] = me.host_id; /* setup may ask can_connect before the round */
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++) {
     if (!comm->transports[t]) continue;
-    r = comm->transports[t]->setup(comm, &comm->transport_ctxs[t], me.blob[t]);
+    r = comm->transports[t]->setup(&comm->view, &comm->transport_ctxs[t], me.blob[t]);
     if (r != COLL_OK && t == COLL_T_IB && mode == COLL_MODE_AUTO) {
       /* A device that probed fine but cannot be set up: go on without it (peers see no
        * port in this rank's blob and pick tcp). */
       COLL_WARN(rank, "InfiniBand setup failed, going on over shm/tcp: %s", comm->errbuf);
-      comm->transports[t]->close(comm, comm->transport_ctxs[t]);
+      comm->transports[t]->close(&comm->view, comm->transport_ctxs[t], COLL_END_FAILED);
       comm->transport_ctxs[t] = NULL;
       comm->transports[t] = NULL;
       memset(me.blob[t], 0, sizeof me.blob[t]);
@@ -194,6 +213,12 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
     }
     if (r != COLL_OK) goto fail;
   }
+  /* The executor cuts every step into slices of one slot: start from the smallest
+   * largest-slot of the transports set up; eager connectors may lower it below. */
+  for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
+    if (comm->transports[t] &&
+        (comm->slot_bytes == 0 || comm->transports[t]->slot_bytes < comm->slot_bytes))
+      comm->slot_bytes = comm->transports[t]->slot_bytes;
   /* No CUDA call here: the device path is set up by the first call on device memory. */
   if ((r = coll_cuda_comm_setup(comm)) != COLL_OK) goto fail;
   if ((r = coll_watch_listen(comm, &me.watch)) != COLL_OK) goto fail;
@@ -208,6 +233,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     comm->oversubscribed = cores > 0 && comm->local_ranks > cores;
+    comm->view.oversubscribed = comm->oversubscribed;
   }
   int uses[COLL_MAX_TRANSPORTS] = {0};
   for (int p = 0; p < nranks; p++) {
@@ -235,8 +261,9 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
       memcpy(comm->peer_blob + (size_t)p * COLL_CONN_BLOB, all[p].blob[t], COLL_CONN_BLOB);
       continue;
     }
-    if ((r = comm->transports[t]->connect(comm, comm->transport_ctxs[t], p, all[p].blob[t],
-                                          &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
+    if ((r = comm->transports[t]->connect(&comm->view, comm->transport_ctxs[t], p,
+                                          all[p].blob[t], &comm->conn_send[p],
+                                          &comm->conn_recv[p])) != COLL_OK)
       goto fail;
   }
   /* The executor cuts every step into slices of one slot: the smallest slot in use. */
@@ -262,7 +289,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   }
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
     if (comm->transports[t] &&
-        (r = comm->transports[t]->ready(comm, comm->transport_ctxs[t])) != COLL_OK)
+        (r = comm->transports[t]->ready(&comm->view, comm->transport_ctxs[t])) != COLL_OK)
       goto fail;
   if ((r = coll_oneshot_setup(comm)) != COLL_OK) goto fail;
   rv->leave(rv);
@@ -298,7 +325,7 @@ coll_result coll_comm_connect_peer(struct coll_comm *comm, int p) {
   if (t < 0 || !comm->transports[t])
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no transport reaches rank %d", comm->rank, p);
   coll_conn *send = NULL, *recv = NULL;
-  coll_result r = comm->transports[t]->connect(comm, comm->transport_ctxs[t], p,
+  coll_result r = comm->transports[t]->connect(&comm->view, comm->transport_ctxs[t], p,
                                                comm->peer_blob + (size_t)p * COLL_CONN_BLOB,
                                                &send, &recv);
   if (r != COLL_OK) return r;

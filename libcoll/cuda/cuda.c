@@ -347,6 +347,7 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
   struct coll_cuda_comm *cc = comm->cuda;
   memset(blob, 0, COLL_CONN_BLOB);
   cc->device = dev;
+  comm->view.cuda_device = dev; /* what cuda_ipc's setup opens its FIFOs on */
   cudaError_t e = cudaSetDevice(dev);
   /* The kernels are built as sm_80 and sm_90 code plus compute_90 PTX (libcoll/meson.build):
    * every 8.x part runs the sm_80 code, 9.0 its own, newer ones JIT the PTX.  Older parts
@@ -372,7 +373,7 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
     return false;
   }
   if (comm->nranks == 1) return true;
-  if (coll_transport_cuda_ipc.setup(comm, &cc->ipc_ctx, blob) != COLL_OK) {
+  if (coll_transport_cuda_ipc.setup(&comm->view, &cc->ipc_ctx, blob) != COLL_OK) {
     snprintf(cc->reason, sizeof cc->reason, "%s", comm->errbuf);
     memset(blob, 0, COLL_CONN_BLOB);
     return false;
@@ -419,7 +420,7 @@ static coll_result lazy_setup(struct coll_comm *comm, int dev) {
     if (r == COLL_OK) agree(comm, tokens);
     free(tokens);
     if (r != COLL_OK) return r;
-    if (cc->ipc_ctx && (r = coll_transport_cuda_ipc.ready(comm, cc->ipc_ctx)) != COLL_OK)
+    if (cc->ipc_ctx && (r = coll_transport_cuda_ipc.ready(&comm->view, cc->ipc_ctx)) != COLL_OK)
       return r;
   } else {
     cc->ready = ok;
@@ -486,8 +487,8 @@ static coll_result connect_all(struct coll_comm *comm, const uint8_t *blobs, siz
   if (all) {
     for (int p = 0; p < n && r == COLL_OK; p++) {
       if (p == comm->rank) continue;
-      r = coll_transport_cuda_ipc.connect(comm, cc->ipc_ctx, p, blobs + (size_t)p * stride,
-                                          &cc->send[p], &cc->recv[p]);
+      r = coll_transport_cuda_ipc.connect(&comm->view, cc->ipc_ctx, p,
+                                          blobs + (size_t)p * stride, &cc->send[p], &cc->recv[p]);
     }
     for (int p = 0; p < n && r == COLL_OK; p++)
       if (cc->send[p] && (cc->slot_bytes == 0 || cc->send[p]->slot_bytes < cc->slot_bytes))
@@ -568,7 +569,7 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
     COLL_WARN(comm->rank, "CUDA: libcoll's stream on GPU %d did not drain within %d ms; "
               "leaving its FIFO memory allocated", cc->device, comm->timeout_ms);
   } else {
-    if (cc->ipc_ctx) coll_transport_cuda_ipc.close(comm, cc->ipc_ctx);
+    if (cc->ipc_ctx) coll_transport_cuda_ipc.close(&comm->view, cc->ipc_ctx, coll_comm_ending(comm));
     if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
   }
   cudaGetLastError();

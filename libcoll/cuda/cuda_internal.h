@@ -1,4 +1,5 @@
-/* cuda_internal.h — what the rest of libcoll sees of CUDA (cuda.c, transport/cuda_ipc.c).
+/* cuda_internal.h — what the rest of libcoll sees of CUDA (cuda.c; the transport's own
+ * part, transport/cuda_ipc.c, is declared in transport/cuda_ipc.h).
  *
  * No CUDA type appears here, so every file can include it in every build; without nvcc
  * (COLL_HAVE_CUDA == 0) cuda.c provides the same functions as stubs that say "no CUDA".
@@ -25,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cuda_ipc.h"
 #include "internal.h"
 
 /* ---- memory ops: the executor's only way to touch bytes ---------------------------- */
@@ -63,16 +65,7 @@ coll_mem_kind coll_cuda_classify(const void *p, int *device);
 
 /* ---- pure parts (no CUDA calls; tested without a GPU) ------------------------------- */
 
-/* What one rank says about itself in the init exchange, as the pair rule needs it. */
-typedef struct {
-  bool ok;          /* this rank set up cuda_ipc (a device, its FIFO, its handle) */
-  int32_t pid;
-  uint64_t host_id;
-  uint32_t pci;     /* domain << 16 | bus << 8 | device of this rank's GPU */
-  uint32_t npeers;  /* GPUs (by pci) this rank's GPU can reach with peer access */
-  uint32_t peers[16];
-} coll_cuda_view;
-
+/* coll_cuda_view, what one rank says about itself in the init exchange: cuda_ipc.h. */
 typedef enum { COLL_SEL_CUDA_IPC = 0, COLL_SEL_NONE = 1 } coll_cuda_selection;
 /* The transport for device buffers between a and b.  Symmetric by construction (both
  * ranks of a pair compute it from the same two views and must agree): cuda_ipc when
@@ -126,13 +119,6 @@ void coll_cuda_work_done(coll_work *w);
 void coll_cuda_ticket_done_locked(struct coll_stream *s, uint32_t t);
 /* stream.c: frees the CUDA part of a stream. */
 void coll_cuda_stream_free(struct coll_stream *s);
-
-/* ---- the cuda_ipc transport (transport/cuda_ipc.c) --------------------------------- */
-
-extern const coll_transport coll_transport_cuda_ipc;
-/* Reads the selection view out of a cuda_ipc blob (host_id is not in it); false when the
- * blob is not a valid one (then v->ok is false). */
-bool coll_cuda_ipc_blob_view(const void *blob, coll_cuda_view *v);
 
 /* The communicator's CUDA state (comm->cuda). */
 struct coll_cuda_comm {

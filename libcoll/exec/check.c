@@ -195,7 +195,7 @@ static coll_result wait_once(struct coll_comm *comm, const coll_work *w, coll_co
                      comm->rank, coll_coll_name(w->coll), (unsigned long long)w->seq);
   coll_result wr = coll_exec_watch(comm, w); /* a failure elsewhere dooms this call */
   if (wr != COLL_OK) return wr;
-  coll_result r = c->t->wait(comm, c, WAIT_SLICE_MS);
+  coll_result r = c->t->wait(&comm->view, c, WAIT_SLICE_MS);
   if (r != COLL_OK) return r;
   if (comm->timeout_ms && coll_now_ns() - start > (uint64_t)comm->timeout_ms * 1000000u)
     return too_long(comm, w, c->peer, what);

@@ -100,7 +100,7 @@ static coll_result get_send(wait_ctx *x, coll_conn *c, void **slot) {
   for (;;) {
     coll_result r = check_abort(x);
     if (r != COLL_OK) return r;
-    if ((r = t->wait(x->comm, c, WAIT_SLICE_MS)) != COLL_OK) return r;
+    if ((r = t->wait(&x->comm->view, c, WAIT_SLICE_MS)) != COLL_OK) return r;
     if ((*slot = t->send_slot(c))) return COLL_OK;
     if (x->comm->timeout_ms && coll_now_ns() - start > (uint64_t)x->comm->timeout_ms * 1000000u)
       return waited_too_long(x, c->peer, "for FIFO space from");
@@ -116,7 +116,7 @@ static coll_result get_recv(wait_ctx *x, coll_conn *c, size_t want, const void *
     for (;;) {
       coll_result r = check_abort(x);
       if (r != COLL_OK) return r;
-      if ((r = t->wait(x->comm, c, WAIT_SLICE_MS)) != COLL_OK) return r;
+      if ((r = t->wait(&x->comm->view, c, WAIT_SLICE_MS)) != COLL_OK) return r;
       if ((*slot = t->recv_slot(c, &bytes))) break;
       if (x->comm->timeout_ms &&
           coll_now_ns() - start > (uint64_t)x->comm->timeout_ms * 1000000u)

@@ -1,0 +1,43 @@
+/* base.h — what every layer uses, transports included: COLL_DEBUG logging, integers from
+ * the environment, the clock, and the spin-wait hint.  Knows no communicator.
+ *
+ * Must never: include internal.h or name struct coll_comm (transport/ includes this file
+ * and must see nothing of the communicator but its coll_comm_view).
+ */
+#ifndef COLL_BASE_H
+#define COLL_BASE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ---- logging (debug.c) --------------------------------------------------------- */
+
+enum { COLL_LOG_NONE = 0, COLL_LOG_WARN = 1, COLL_LOG_INFO = 2, COLL_LOG_TRACE = 3 };
+int coll_log_level(void);
+void coll_log(int level, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define COLL_WARN(rank, ...) \
+  do { if (coll_log_level() >= COLL_LOG_WARN) coll_log(COLL_LOG_WARN, rank, __VA_ARGS__); } while (0)
+#define COLL_INFO(rank, ...) \
+  do { if (coll_log_level() >= COLL_LOG_INFO) coll_log(COLL_LOG_INFO, rank, __VA_ARGS__); } while (0)
+#define COLL_TRACE(rank, ...) \
+  do { if (coll_log_level() >= COLL_LOG_TRACE) coll_log(COLL_LOG_TRACE, rank, __VA_ARGS__); } while (0)
+
+/* One spin-wait iteration: tells the core (and a hyperthread sibling) we are polling. */
+static inline void coll_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- environment (env.c) ----------------------------------------------------------- */
+
+/* Integer from the environment, `def` when unset; false (and *out = def) if malformed. */
+bool coll_env_int(const char *name, long def, long *out);
+/* COLL_TIMEOUT_MS, default 600000 (10 minutes; 0 = wait forever). */
+int coll_env_timeout_ms(void);
+uint64_t coll_now_ns(void);
+
+#endif

@@ -1,0 +1,69 @@
+/* shm.h — what shm.c offers beyond the connector contract: the one-shot mailboxes in
+ * every rank's segment (oneshot.c), and the shared-segment helpers that cuda_ipc.c, the
+ * launcher and the tests share (names, creation with take-over of a dead job's segment).
+ *
+ * Must never: take a struct coll_comm (callers on the libcoll side hand over the view
+ * and shm's context, the communicator's transport_ctxs[COLL_T_SHM]).
+ */
+#ifndef COLL_SHM_H
+#define COLL_SHM_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+/* ---- shm mailboxes: the one-shot path for small collectives (oneshot.c) ------------
+ * Every rank's segment holds two mailboxes (calls alternate between them).  `seq` is
+ * the one-shot call the mailbox speaks for; the data starts in the same cache line, so
+ * a reader that sees `seq` change has usually pulled the first 56 bytes with it. */
+#define COLL_MAILBOX_BYTES (64 * 1024)
+typedef struct {
+  _Alignas(64) _Atomic uint32_t seq;
+  uint32_t pad;
+  uint8_t data[];
+} coll_mailbox;
+/* `rank`'s mailbox `parity` (0/1), or NULL when rank is not reached through shm.
+ * `shm_ctx`: shm's context on this communicator (NULL: shm is not in use). */
+coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *shm_ctx, int rank,
+                               unsigned parity);
+/* The count of ranks sleeping (futex) on one of `rank`'s mailboxes. */
+_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *shm_ctx,
+                                           int rank);
+/* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */
+coll_result coll_shm_peer_check(const coll_comm_view *view, void *shm_ctx, int peer);
+
+/* ---- shared segments ------------------------------------------------------------------ */
+
+/* The name of a rank's shared segment: /coll-<job>-<comm>-<what><rank>, where <job> is
+ * the hex of the secret's first 8 bytes (every communicator split from one job keeps
+ * them, so the launcher's clean-up and the tests find all of a job's segments by that
+ * prefix) and <comm> of its last 8 (different for every communicator).  `what`: "" for
+ * shm's FIFOs, "cu" for cuda_ipc's counters. */
+void coll_shm_segment_name(char *out, size_t len, const uint8_t *secret, const char *what,
+                           int rank);
+/* The first bytes of every shared segment a rank creates (shm's FIFOs, cuda_ipc's
+ * counters): who made it, so that a rank that finds its segment's name taken can tell a
+ * segment left by a dead job (removed and made anew) from one of a live job (refused). */
+typedef struct {
+  _Alignas(64) _Atomic int32_t pid; /* stamped last: 0 while the creator is at it */
+  int32_t rank;
+  uint64_t start; /* the owner's start time (/proc/PID/stat field 22): pids get reused */
+} coll_seg_owner;
+/* Creates segment `name` (0600, O_EXCL) of `size` bytes, maps it and stamps its owner
+ * record with this process.  A segment of that name already there is first looked at:
+ * its owner dead (no such process, a zombie, or a pid now used by a process that started
+ * later) — it is removed and made anew, with an INFO line; alive — COLL_ERR_SYSTEM with a
+ * sentence naming the owner (two live jobs with the same secret on one host).  Memory
+ * beyond the owner record is zero (fresh).  view NULL: no communicator (rank -1, the
+ * sentence in this thread). */
+coll_result coll_shm_create(const coll_comm_view *view, const char *name, size_t size,
+                            void **base);
+
+/* "coll-<job>-": how the names of one job's segments begin in /dev/shm (no leading
+ * slash), from its secret; what the launcher's clean-up and the tests' leak checks match,
+ * so that they see only their own job's segments and never another job's. */
+void coll_job_prefix(char *out, size_t len, const uint8_t *secret);
+
+#endif
