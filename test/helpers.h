@@ -12,6 +12,19 @@
 #include "coll.h"
 #include "coll_launch.h"
 
+/* T_SANITIZED: 1 in the ASan+UBSan build (4-10x slower).  The few tests that run less
+ * there say what they leave to the plain build, which runs everything. */
+#if defined(__SANITIZE_ADDRESS__)
+#define T_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define T_SANITIZED 1
+#endif
+#endif
+#ifndef T_SANITIZED
+#define T_SANITIZED 0
+#endif
+
 /* Runs fn on n forked ranks (timeout in ms); returns the launcher's status and fills why. */
 int t_launch(int n, coll_rank_fn fn, void *arg, int timeout_ms, char *why, size_t why_len);
 /* Segments the last job launched from this process (t_launch, coll_launch_local(_raw))

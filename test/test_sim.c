@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "../bench/sim.h"
+#include "helpers.h"
 
 static void must_pass(coll_coll_kind c, coll_algo a, int n, int in_place, int root) {
   size_t count, slice;
@@ -60,13 +61,17 @@ Test(sim, every_plan_1024, .timeout = 120) {
 /* 4096 ranks: the ring's 33.5 million steps of all-reduce, its all-gather and
  * reduce-scatter, the trees and recursive doubling's all-reduce. */
 Test(sim, plans_at_4096, .timeout = 240) {
-  must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RING, 4096, 0, 0);
+  /* The ring's three (under ASan+UBSan 105 s of the test's 107; the rest 1.7 s) run at 4096
+   * in the plain build only; under the sanitizers every_plan_1024 holds them. */
+  if (!T_SANITIZED) {
+    must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RING, 4096, 0, 0);
+    must_pass(COLL_COLL_ALL_GATHER, COLL_ALGO_RING, 4096, 1, 0);
+    must_pass(COLL_COLL_REDUCE_SCATTER, COLL_ALGO_RING, 4096, 0, 0);
+  }
   must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_TREE, 4096, 1, 0);
   must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RD, 4096, 0, 0);
   must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RHD, 4096, 0, 0);
   must_pass(COLL_COLL_ALL_REDUCE, COLL_ALGO_RHD, 4095, 0, 0);
-  must_pass(COLL_COLL_ALL_GATHER, COLL_ALGO_RING, 4096, 1, 0);
-  must_pass(COLL_COLL_REDUCE_SCATTER, COLL_ALGO_RING, 4096, 0, 0);
   must_pass(COLL_COLL_BROADCAST, COLL_ALGO_TREE, 4096, 0, 4000);
   must_pass(COLL_COLL_REDUCE, COLL_ALGO_TREE, 4095, 0, 17);
   must_pass(COLL_COLL_GATHER, COLL_ALGO_LINEAR, 4096, 0, 5);
