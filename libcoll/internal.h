@@ -214,6 +214,10 @@ struct coll_comm {
   coll_conn **conn_send, **conn_recv;
   pthread_mutex_t connmu; /* a lazy connector being published vs coll_exec_wake_all */
   int8_t *peer_t;         /* per rank: its lazy transport (COLL_T_*), -1: none or eager */
+  /* [2p + dir]: the largest slice readied on the connection to (dir 0) / from (dir 1)
+   * rank p (connected, and that many bytes of each slot resident: coll_comm_use_peer);
+   * 0 before its first use.  Read and written by the executor's thread only. */
+  uint32_t *peer_warm;
   uint8_t *peer_blob;     /* per rank: COLL_CONN_BLOB bytes of that transport's info */
   /* Transports in use, indexed by COLL_T_*, chosen per peer pair by
    * coll_select_transport; each connector points at its own. */
@@ -468,9 +472,16 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
                                const uint8_t secret[COLL_SECRET_BYTES], coll_rendezvous *rv);
 /* The same through the TCP bootstrap of `f` (coll_comm_init_rank, init_from_env). */
 coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank);
-/* Makes conn_send[p]/conn_recv[p] when p's transport connects lazily (tcp) and they do
- * not exist yet; the executor's thread calls it before a plan uses p. */
-coll_result coll_comm_connect_peer(struct coll_comm *comm, int p);
+/* Readies one direction to p for slices of up to `bytes`: connects p the first time when
+ * its transport is lazy (tcp: makes conn_send[p]/conn_recv[p]), then lets the transport
+ * make that much of the connection's slots resident (shm: warm).  The executor's thread
+ * calls it before a plan uses p; when nothing grows it is one load (coll_comm_peer_ready). */
+enum { COLL_USE_SEND = 0, COLL_USE_RECV = 1 };
+coll_result coll_comm_use_peer(struct coll_comm *comm, int p, int dir, size_t bytes);
+static inline bool coll_comm_peer_ready(const struct coll_comm *comm, int p, int dir,
+                                        size_t bytes) {
+  return bytes && comm->peer_warm[2 * (size_t)p + (size_t)dir] >= bytes;
+}
 void coll_comm_free(struct coll_comm *comm);
 /* How comm ends, for the transports' close(): aborted (or init failed), failed (a call
  * failed: the sticky error), or clean.  Read at close time. */

@@ -15,9 +15,14 @@
  * counters, the waits, the liveness check — is fifo.c's, shared with cuda_ipc.c; this
  * file lays out the segments and connects.
  *
- * Segments are created 0600, touched once at creation (first touch costs ~10 us per
- * page here, which must never land on the hot path), and unlinked as soon as every rank
- * has mapped them (ready()), so a crash later leaves nothing in /dev/shm.  A crash during
+ * Segments are created 0600 and sparse: creation touches the header and mailboxes only,
+ * and each FIFO's pages become resident when a plan first uses it (warm(): the receiver
+ * for its own segment, the sender for the peer's, both with MADV_POPULATE_WRITE), so a
+ * rank holds the FIFOs of the peers its algorithms use — a ring's two — not N-1 of them
+ * (32 ranks touching every FIFO at creation took 2 GiB).  Populating there, not on the
+ * data path, keeps first-touch faults (~10 us a page here) out of the slices, and a full
+ * /dev/shm is a sentence then, not a SIGBUS mid-copy.  Segments are unlinked as soon as
+ * every rank has mapped them (ready()), so a crash later leaves nothing in /dev/shm.  A crash during
  * init can leave one, and env-based init without COLL_SECRET derives the same name again
  * next run: every segment starts with its owner (pid and start time), and a rank that
  * finds its name taken removes the segment if that owner is dead and refuses, naming
@@ -248,12 +253,9 @@ static coll_result shm_setup(const coll_comm_view *view, void **ctxp, void *blob
   coll_result cr = coll_shm_create(view, ctx->name, ctx->size, &p);
   if (cr != COLL_OK) return cr;
   ctx->base = p;
-  /* Touch every page we will use now (control pages and peers' slots), not later on the
-   * data path; our own fifo is never used and stays untouched (sparse). */
-  for (int i = 0; i < n; i++) {
-    if (i == view->rank) continue;
-    memset(fifo_ctl(ctx->base, i), 0, PAGE); /* slots: in connect(), once sized */
-  }
+  /* The mailboxes serve every call of the one-shot path with every peer: touched now.
+   * The FIFOs stay sparse until warm() (a fresh page reads as zero, their initial
+   * state). */
   memset(mailbox_at(ctx->base, 0), 0, 2 * MB_STRIDE);
   shm_header *h = (shm_header *)ctx->base;
   h->nranks = (uint32_t)n;
@@ -302,12 +304,9 @@ static coll_result shm_connect(const coll_comm_view *view, void *vctx, int peer,
     return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: rank %d's segment %s is not a valid "
                           "libcoll segment for this communicator", view->rank, peer, b.name);
 
-  /* Both ends compute the same size: oversubscription is a fact of the host. */
+  /* Both ends compute the same size: oversubscription is a fact of the host.  Nothing
+   * is touched here: warm() does it when a plan first uses the connection. */
   size_t slot = view->oversubscribed ? SHM_SLOT_STRIDE : SHM_SLOT_SMALL;
-  /* Touch the part of each slot `peer` will write into, now rather than on the data
-   * path (first touch costs ~10 us per page here). */
-  for (int i = 0; i < SHM_NSLOTS; i++)
-    memset(fifo_slots(ctx->base, peer) + (size_t)i * SHM_SLOT_STRIDE, 0, slot);
   shm_conn *s = &ctx->conns[2 * peer], *r = &ctx->conns[2 * peer + 1];
   *s = (shm_conn){.base = {.t = &coll_transport_shm, .peer = peer, .is_send = true,
                            .slot_bytes = slot, .nslots = SHM_NSLOTS},
@@ -320,6 +319,30 @@ static coll_result shm_connect(const coll_comm_view *view, void *vctx, int peer,
   *send = &s->base;
   *recv = &r->base;
   return COLL_OK;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
+#endif
+
+/* Makes one end's view of a FIFO resident: its control page the first time, and bytes
+ * [from, to) of each slot, whole pages.  MADV_POPULATE_WRITE faults the pages in as a
+ * write would, without writing, so it is safe while the peer already moves slices
+ * through them.  A kernel without it (EINVAL) leaves them to fault on first use. */
+static coll_result shm_warm(const coll_comm_view *view, coll_conn *cc, size_t from, size_t to) {
+  shm_conn *c = (shm_conn *)cc;
+  size_t lo = from / PAGE * PAGE, hi = (to + PAGE - 1) / PAGE * PAGE;
+  if (hi > c->stride) hi = c->stride;
+  int e = 0;
+  if (from == 0 && madvise(c->ctl, PAGE, MADV_POPULATE_WRITE) != 0) e = errno;
+  for (uint32_t i = 0; !e && hi > lo && i < c->base.nslots; i++)
+    if (madvise(c->slots + (size_t)i * c->stride + lo, hi - lo, MADV_POPULATE_WRITE) != 0)
+      e = errno;
+  if (e == 0 || e == EINVAL) return COLL_OK;
+  return coll_view_fail(view, COLL_ERR_SYSTEM,
+                        "rank %d: making %zu bytes of each slot of the FIFO %s rank %d resident "
+                        "failed: %s (is /dev/shm full?)", view->rank, hi,
+                        c->base.is_send ? "to" : "from", c->base.peer, strerror(e));
 }
 
 static coll_result shm_ready(const coll_comm_view *view, void *vctx) {
@@ -373,6 +396,22 @@ coll_result coll_shm_peer_check(const coll_comm_view *view, void *vctx, int peer
                              ctx->conns[2 * peer].peer_pid, peer);
 }
 
+long coll_shm_fifo_resident(const coll_comm_view *view, void *vctx, int from) {
+  shm_ctx *ctx = vctx;
+  if (!ctx || from < 0 || from >= view->nranks || from == view->rank || !ctx->peer_base[from])
+    return -1;
+  size_t pages = fifo_stride() / PAGE;
+  unsigned char *vec = malloc(pages);
+  if (!vec) return -1;
+  long bytes = -1;
+  if (mincore(fifo_ctl(ctx->base, from), fifo_stride(), vec) == 0) {
+    bytes = 0;
+    for (size_t i = 0; i < pages; i++) bytes += (vec[i] & 1) ? PAGE : 0;
+  }
+  free(vec);
+  return bytes;
+}
+
 const coll_transport coll_transport_shm = {
     .name = "shm",
     .slot_bytes = SHM_SLOT_STRIDE, /* the most; connect() picks, comm.c takes the least */
@@ -380,6 +419,7 @@ const coll_transport coll_transport_shm = {
     .setup = shm_setup,
     .connect = shm_connect,
     .ready = shm_ready,
+    .warm = shm_warm,
     .send_slot = coll_fifo_send_slot,
     .send_post = coll_fifo_send_post,
     .recv_slot = coll_fifo_recv_slot,

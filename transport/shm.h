@@ -33,6 +33,10 @@ _Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *shm
                                            int rank);
 /* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */
 coll_result coll_shm_peer_check(const coll_comm_view *view, void *shm_ctx, int peer);
+/* Bytes of the FIFO from rank `from` in this rank's segment that are resident (mincore:
+ * in memory, whoever touched them), control page included; 0 for a FIFO no plan used.
+ * -1 when shm does not reach `from`.  For tests and diagnostics. */
+long coll_shm_fifo_resident(const coll_comm_view *view, void *shm_ctx, int from);
 
 /* ---- shared segments ------------------------------------------------------------------ */
 

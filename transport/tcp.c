@@ -17,7 +17,7 @@
  * that ends (EOF, reset) without one means the peer died or aborted, and every wait of
  * this communicator then fails with COLL_ERR_REMOTE naming that rank.
  *
- * Sockets are made lazily, when the executor first needs a peer (coll_comm_connect_peer
+ * Sockets are made lazily, when the executor first needs a peer (coll_comm_use_peer
  * in comm.c calls connect()): a communicator holds sockets only to the peers its
  * algorithms use (a ring: two), not to all N-1.  The lower rank of a pair dials, sending
  * a hello (magic, the communicator's secret, its rank, the socket's index); the higher
@@ -316,7 +316,7 @@ static tcp_peer *peer_entry(tcp_ctx *ctx, int peer) {
   return p;
 }
 
-/* Called when the executor first needs `peer` (comm.c's coll_comm_connect_peer). */
+/* Called when the executor first needs `peer` (comm.c's coll_comm_use_peer). */
 static coll_result tcp_connect(const coll_comm_view *view, void *vctx, int peer,
                                const void *peer_blob, coll_conn **send, coll_conn **recv) {
   tcp_ctx *ctx = vctx;

@@ -97,6 +97,13 @@ struct coll_transport {
                          coll_conn **send, coll_conn **recv);
   /* Called once every rank has connected (shm unlinks its segment here). */
   coll_result (*ready)(const coll_comm_view *view, void *ctx);
+  /* Optional: called on this rank's executor thread before a slice of more than `from`
+   * bytes first moves on `c` from this side (comm.c's coll_comm_use_peer), to make bytes
+   * [from, to) of every slot resident (from = 0: the first use, control included), so
+   * that a transport that reserves its buffers sparsely holds memory only for the peers
+   * and slice sizes the algorithms use, and faults it in off the data path.  It must not
+   * change what the FIFO holds (the peer may already be using it). */
+  coll_result (*warm)(const coll_comm_view *view, coll_conn *c, size_t from, size_t to);
 
   /* Data path.  send_slot: the next free slot or NULL; send_post publishes it with
    * `bytes` valid bytes.  recv_slot: the next filled slot (its size in *bytes) or NULL;

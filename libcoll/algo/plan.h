@@ -64,7 +64,7 @@ typedef enum {
 typedef struct {
   coll_step_kind kind;
   int peer_in, peer_out;   /* -1 when unused */
-  int peer_in2;            /* RECV2_REDUCE_SEND's second input; -1 (or 0) otherwise */
+  int peer_in2;            /* RECV2_REDUCE_SEND's second input; -1 otherwise (read for that kind only) */
   coll_buf src_buf, dst_buf;
   size_t src_off, dst_off; /* elements */
   size_t count;            /* elements */

@@ -48,7 +48,7 @@ static void add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int ou
                 coll_buf sb, size_t so, coll_buf db, size_t doff, size_t count, int chunk,
                 int final) {
   if (count == 0) return;
-  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out,
+  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out, .peer_in2 = -1,
                               .src_buf = sb, .dst_buf = db, .src_off = so, .dst_off = doff,
                               .count = count, .chunk = chunk, .final = final};
 }

@@ -7,7 +7,8 @@
  * (same host: shm, else ib where both ends have a port, else tcp; COLL_TRANSPORT=
  * shm|tcp|ib forces one; the rule is coll_select_transport in select.c) and connect the
  * eager ones (shm, ib) now — a lazy one (tcp) keeps the peer's blob and is connected by
- * coll_comm_connect_peer when the executor first needs that peer — meet again so that
+ * coll_comm_use_peer when the executor first needs that peer, which is also when shm's
+ * FIFO pages for that peer become resident (warm) — meet again so that
  * every rank has mapped everything, let the transports finish (shm unlinks its segment, tcp starts its proxy),
  * start the progress thread, tune.  No CUDA call: a communicator's device path is set up
  * by its first call on device memory (cuda.c).  The rendezvous is the TCP bootstrap for a new job
@@ -109,6 +110,7 @@ void coll_comm_free(struct coll_comm *comm) {
   free(comm->conn_send);
   free(comm->conn_recv);
   free(comm->peer_t);
+  free(comm->peer_warm);
   free(comm->peer_blob);
   pthread_mutex_destroy(&comm->connmu);
   free(comm->pids);
@@ -157,6 +159,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->conn_send = calloc((size_t)nranks, sizeof *comm->conn_send);
   comm->conn_recv = calloc((size_t)nranks, sizeof *comm->conn_recv);
   comm->peer_t = malloc((size_t)nranks);
+  comm->peer_warm = calloc(2 * (size_t)nranks, sizeof *comm->peer_warm);
   comm->peer_blob = calloc((size_t)nranks, COLL_CONN_BLOB);
   if (comm->peer_t) memset(comm->peer_t, -1, (size_t)nranks);
   comm->mb_seen = calloc((size_t)nranks, sizeof *comm->mb_seen);
@@ -166,7 +169,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   coll_result r = COLL_OK;
   bool left = false; /* rv->leave called */
   if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv ||
-      !comm->peer_t || !comm->peer_blob ||
+      !comm->peer_t || !comm->peer_warm || !comm->peer_blob ||
       !comm->mb_seen || !comm->windows || !all) {
     r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating a communicator of %d ranks",
                   nranks);
@@ -256,7 +259,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
       goto fail;
     }
     uses[t]++;
-    if (comm->transports[t]->lazy) { /* connected when first needed (coll_comm_connect_peer) */
+    if (comm->transports[t]->lazy) { /* connected when first needed (coll_comm_use_peer) */
       comm->peer_t[p] = (int8_t)t;
       memcpy(comm->peer_blob + (size_t)p * COLL_CONN_BLOB, all[p].blob[t], COLL_CONN_BLOB);
       continue;
@@ -319,8 +322,8 @@ fail:
   return r;
 }
 
-coll_result coll_comm_connect_peer(struct coll_comm *comm, int p) {
-  if (p < 0 || p == comm->rank || comm->conn_send[p]) return COLL_OK;
+static coll_result connect_peer(struct coll_comm *comm, int p) {
+  if (comm->conn_send[p]) return COLL_OK;
   int t = comm->peer_t[p];
   if (t < 0 || !comm->transports[t])
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no transport reaches rank %d", comm->rank, p);
@@ -335,6 +338,20 @@ coll_result coll_comm_connect_peer(struct coll_comm *comm, int p) {
   comm->conn_send[p] = send;
   pthread_mutex_unlock(&comm->connmu);
   COLL_INFO(comm->rank, "connected to rank %d (%s) on first use", p, comm->transports[t]->name);
+  return COLL_OK;
+}
+
+coll_result coll_comm_use_peer(struct coll_comm *comm, int p, int dir, size_t bytes) {
+  if (p < 0 || p == comm->rank) return COLL_OK;
+  if (bytes == 0) bytes = 1;
+  uint32_t *have = &comm->peer_warm[2 * (size_t)p + (size_t)dir];
+  if (*have >= bytes) return COLL_OK;
+  coll_result r = connect_peer(comm, p);
+  if (r != COLL_OK) return r;
+  coll_conn *c = dir == COLL_USE_SEND ? comm->conn_send[p] : comm->conn_recv[p];
+  if (bytes > c->slot_bytes) bytes = c->slot_bytes;
+  if (c->t->warm && (r = c->t->warm(&comm->view, c, *have, bytes)) != COLL_OK) return r;
+  *have = (uint32_t)bytes;
   return COLL_OK;
 }
 

@@ -339,15 +339,19 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
                                                    coll_coll_name(w->coll),
                                                    (unsigned long long)w->seq));
   }
-  /* Peers of a lazy transport (tcp) are connected when a plan first uses them. */
+  /* Each direction a plan uses is readied the first time (a lazy transport's peer is
+   * connected, shm's FIFO pages are made resident), so a communicator holds the
+   * connections and memory of the peers its algorithms use, not of all N-1. */
   for (size_t i = 0; !cuda && i < nsteps; i++) {
     const coll_step *s = &steps[i];
-    if ((s->peer_in >= 0 && !comm->conn_recv[s->peer_in] &&
-         (r = coll_comm_connect_peer(comm, s->peer_in)) != COLL_OK) ||
-        (s->peer_out >= 0 && !comm->conn_send[s->peer_out] &&
-         (r = coll_comm_connect_peer(comm, s->peer_out)) != COLL_OK) ||
-        (s->peer_in2 >= 0 && !comm->conn_recv[s->peer_in2] &&
-         (r = coll_comm_connect_peer(comm, s->peer_in2)) != COLL_OK))
+    size_t b = (s->count < slot_bytes / es ? s->count : slot_bytes / es) * es; /* its slices */
+    if ((s->peer_in >= 0 && !coll_comm_peer_ready(comm, s->peer_in, COLL_USE_RECV, b) &&
+         (r = coll_comm_use_peer(comm, s->peer_in, COLL_USE_RECV, b)) != COLL_OK) ||
+        (s->peer_out >= 0 && !coll_comm_peer_ready(comm, s->peer_out, COLL_USE_SEND, b) &&
+         (r = coll_comm_use_peer(comm, s->peer_out, COLL_USE_SEND, b)) != COLL_OK) ||
+        (s->kind == COLL_STEP_RECV2_REDUCE_SEND && s->peer_in2 >= 0 && /* else unused */
+         !coll_comm_peer_ready(comm, s->peer_in2, COLL_USE_RECV, b) &&
+         (r = coll_comm_use_peer(comm, s->peer_in2, COLL_USE_RECV, b)) != COLL_OK))
       return r;
   }
   size_t slice = slot_bytes / es, rounds = 0;
