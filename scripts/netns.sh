@@ -10,10 +10,12 @@
 # and torn down on any exit (trap): processes left in the namespaces are killed, the
 # namespaces (and with them the veths, bridge and tc rules) deleted.
 #
-# usage: scripts/netns.sh [-k HOSTS] [-r RATE] [-m MTU] [-t SECONDS] [-p PORT] [-q]
-#                         -- PROGRAM [ARGS...]
+# usage: scripts/netns.sh [-k HOSTS] [-r RATE] [-b BURST] [-m MTU] [-t SECONDS] [-p PORT]
+#                         [-q] -- PROGRAM [ARGS...]
 #   -k HOSTS    number of hosts (default 2), addresses 10.77.0.1 .. 10.77.0.K
 #   -r RATE     cap each host's link at RATE (tc units: 1gbit, 500mbit) both ways
+#   -b BURST    tbf's bucket (tc units, default 256kb): a link idle for a while sends
+#               that much at veth speed; a small one (16kb) behaves like a real NIC
 #   -m MTU      link MTU (default 1500)
 #   -t SECONDS  kill every rank after SECONDS (default 300)
 #   -p PORT     rendezvous port on host 0 (default 29500)
@@ -22,16 +24,17 @@
 # kernel refuses network namespaces (tests read that as "skip").
 set -uo pipefail
 
-hosts=2 rate="" mtu=1500 limit=300 port=29500 quiet=0
-while getopts "k:r:m:t:p:qh" o; do
+hosts=2 rate="" burst=256kb mtu=1500 limit=300 port=29500 quiet=0
+while getopts "k:r:b:m:t:p:qh" o; do
   case $o in
     k) hosts=$OPTARG ;;
     r) rate=$OPTARG ;;
+    b) burst=$OPTARG ;;
     m) mtu=$OPTARG ;;
     t) limit=$OPTARG ;;
     p) port=$OPTARG ;;
     q) quiet=1 ;;
-    *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -70,8 +73,9 @@ mkns() {
 
 cap() { # namespace, device
   [ -n "$rate" ] || return 0
-  # burst: enough for one round of the kernel timer at this rate, at least 64 KiB.
-  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst 256kb latency 20ms ||
+  # burst (-b): the default 256kb is what every measurement before 2026-11-24 used; tbf
+  # times packets with high-resolution timers, so a bucket of a few frames keeps the rate.
+  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst "$burst" latency 20ms ||
     { echo "netns.sh: tc tbf rate $rate failed on $2" >&2; exit 1; }
 }
 
