@@ -35,7 +35,7 @@ while getopts "k:r:b:m:t:p:qh" o; do
     t) limit=$OPTARG ;;
     p) port=$OPTARG ;;
     q) quiet=1 ;;
-    *) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
