@@ -56,6 +56,14 @@ static void usage(void) {
       "      --bw-shm GBS      bytes per second of a copy into a peer's slot (default 5)\n"
       "      --alpha-net US    latency per message across hosts, us (default 10)\n"
       "      --bw-net GBS      one NIC direction, GB/s, shared by the host (default 12.5)\n"
+      "      --burst BYTES     a token bucket of BYTES on every NIC direction, refilled at\n"
+      "                        --bw-net (tc tbf, as scripts/netns.sh -r caps its links);\n"
+      "                        bytes it covers go at --bw-line (default 0: no bucket)\n"
+      "      --bw-line GBS     the unshaped link, GB/s (default 3: tcp over loopback, the\n"
+      "                        tuner's beta)\n"
+      "      --calls C         C calls back to back, NIC queues and buckets carried over;\n"
+      "                        print the mean of the last C - W (default 1: one call)\n"
+      "      --warmup W        calls not counted (default 0), as coll-bench's -w\n"
       "      --gamma-bw GBS    reduction speed, GB/s of input (default 10: tune.c)\n"
       "      --copy-bw GBS     local copies (COPY steps, kept slices); 0 = free (default)\n"
       "      --tune-cache[=F]  take alpha, beta, gamma for shm from the tuner's cache line\n"
@@ -91,6 +99,8 @@ typedef struct {
   double sizes[MAXSIZES];
   int nsizes;
   double alpha_shm, bw_shm, alpha_net, bw_net, gamma_bw, copy_bw;
+  double burst, bw_line;
+  int calls, warmup;
   const char *tune_cache;
   size_t slot;
   int depth, max_a2a;
@@ -172,6 +182,8 @@ static sim_model model_for(const opts *o, int n) {
                  .cores = o->cores, .slot = o->slot, .depth = o->depth};
   m.alpha[SIM_SHM] = o->alpha_shm * 1e-6, m.beta[SIM_SHM] = 1e-9 / o->bw_shm;
   m.alpha[SIM_NET] = o->alpha_net * 1e-6, m.beta[SIM_NET] = 1e-9 / o->bw_net;
+  m.burst = o->burst, m.beta_line = 1e-9 / o->bw_line;
+  m.calls = o->calls, m.warmup = o->warmup;
   m.gamma = o->gamma_bw > 0 ? 1e-9 / o->gamma_bw : 0;
   m.beta_copy = o->copy_bw > 0 ? 1e-9 / o->copy_bw : 0;
   m.cpu = o->cpu;
@@ -322,7 +334,7 @@ static int predict(const opts *o) {
 }
 
 int main(int argc, char **argv) {
-  opts o = {.per_host = 8, .alpha_shm = 1.0, .bw_shm = 5.0, .alpha_net = 10.0, .bw_net = 12.5,
+  opts o = {.per_host = 8, .alpha_shm = 1.0, .bw_shm = 5.0, .alpha_net = 10.0, .bw_net = 12.5, .bw_line = 3.0,
             .gamma_bw = 10.0, .slot = 65536, .depth = 8, .max_a2a = 1024, .table = true};
   parse_list_n("2,8,64,512,4096", &o);
   for (size_t i = 0; i < NCOLLS; i++) o.colls[i] = i < 6;
@@ -368,11 +380,16 @@ int main(int argc, char **argv) {
         }
         o.algos[al] = true;
       }
-    } else if (ARG("-b", "--minbytes") || ARG("-e", "--maxbytes") || LONG("--slot")) {
+    } else if (ARG("-b", "--minbytes") || ARG("-e", "--maxbytes") || LONG("--slot") ||
+               LONG("--burst")) {
       if (!bench_parse_size(v, &sz)) { fprintf(stderr, "coll-sim: bad size %s\n", v); return 2; }
       if (a[1] == 'b' || strcmp(a, "--minbytes") == 0) b = (double)sz;
       else if (a[1] == 'e' || strcmp(a, "--maxbytes") == 0) e = (double)sz;
+      else if (strcmp(a, "--burst") == 0) o.burst = (double)sz;
       else o.slot = sz, o.slot_given = true;
+    } else if (LONG("--bw-line")) { o.bw_line = atof(v);
+    } else if (LONG("--calls")) { o.calls = atoi(v);
+    } else if (LONG("--warmup")) { o.warmup = atoi(v);
     } else if (ARG("-f", "--stepfactor")) {
       f = atof(v);
     } else if (strcmp(a, "--cpu-model") == 0) {
@@ -410,9 +427,10 @@ int main(int argc, char **argv) {
     }
   }
   if (o.per_host < 1 || o.depth < 1 || o.slot < 4 || !(f > 1) || !(b >= 1) || e < b ||
-      !(o.bw_shm > 0) || !(o.bw_net > 0) || o.cores < 0) {
+      !(o.bw_shm > 0) || !(o.bw_net > 0) || !(o.bw_line > 0) || o.cores < 0 || o.calls < 0 ||
+      o.warmup < 0 || (o.warmup > 0 && o.warmup >= o.calls)) {
     fprintf(stderr, "coll-sim: need ranks per host >= 1, depth >= 1, slot >= 4, factor > 1, "
-            "sizes 1 <= -b <= -e and positive bandwidths\n");
+            "sizes 1 <= -b <= -e, positive bandwidths and --warmup below --calls\n");
     return 2;
   }
   for (double s = b; s <= e && o.nsizes < MAXSIZES; s *= f) o.sizes[o.nsizes++] = s;
@@ -432,6 +450,10 @@ int main(int argc, char **argv) {
          o.alpha_shm, o.bw_shm, o.alpha_net, o.bw_net, o.gamma_bw,
          o.copy_bw > 0 ? "counted" : "free", o.slot, o.depth,
          used_cache ? " (shm figures from the tuner's cache)" : "");
+  if (o.burst > 0 || o.calls > 1)
+    printf("# NIC bucket %.0f B (line %.2f GB/s); %d calls back to back, the last %d timed\n",
+           o.burst, o.bw_line, o.calls > 1 ? o.calls : 1,
+           (o.calls > 1 ? o.calls : 1) - o.warmup);
   if (o.cpu.on)
     printf("# CPU model: copy %.3f/%.3f, nt %.3f/%.3f, reduce %.3f/%.3f ns/B (cache/memory), "
            "cache %.0f MiB, op %.2f us, call %.2f us, switch %.2f us; alpha_shm %s\n",

@@ -66,6 +66,15 @@ typedef struct {
   size_t slot;        /* bytes per FIFO slot (the executor's slice) */
   int depth;          /* slots per connection */
   sim_cpu cpu;        /* the CPU model (off: the plain α-β-γ costs above) */
+  /* A token-bucket shaper on every NIC direction (tc tbf, as scripts/netns.sh caps its
+   * links): `burst` bytes of tokens, refilled at the NIC's rate (1/beta[SIM_NET]) while
+   * below it; bytes covered by tokens leave at beta_line s/byte (the unshaped link),
+   * the rest at the rate.  0: no shaper, every byte at the rate (a real NIC). */
+  double burst, beta_line;
+  /* Calls run back to back (a benchmark's warm-up and timed loop): `calls` of them, the
+   * NICs' queues and buckets carried from one to the next, the result the mean of the
+   * last calls - warmup.  0 or 1: one call from idle. */
+  int calls, warmup;
 } sim_model;
 
 /* One collective call, as coll_plan_args describes it (count in elements of es bytes). */

@@ -92,6 +92,8 @@ typedef struct {
   uint64_t seq;
   double *core_free;    /* per host, `cores` entries */
   double *nic_tx, *nic_rx, *nic_busy;
+  double *tok;          /* per host: tokens of the tx [2h] and rx [2h+1] shapers, */
+  double *tok_t;        /* as of this time */
   int cores, hosts;
   bool oversub;         /* a host's ranks outnumber its cores */
   sim_result res;
@@ -197,6 +199,29 @@ static double on_core(engine *e, int r, double ready, double work) {
   return start + work;
 }
 
+/* How long b bytes take through NIC direction k starting at t: all of them at the rate
+ * without a shaper; with one, the bucket first fills at the rate up to `burst` since its
+ * last use, the bytes its tokens cover leave at line speed and the rest at the rate
+ * (tokens then stay at zero: what arrives is spent at once). */
+static double nic_time(engine *e, int k, double t, double b) {
+  const sim_model *m = e->m;
+  double rate_s = m->beta[SIM_NET];
+  if (m->burst <= 0) return b * rate_s;
+  double tok = e->tok[k] + (t - e->tok_t[k]) / rate_s;
+  if (tok > m->burst) tok = m->burst;
+  double d;
+  if (tok >= b) {
+    d = b * m->beta_line;
+    tok -= b;
+  } else {
+    d = tok * m->beta_line + (b - tok) * rate_s;
+    tok = 0;
+  }
+  e->tok[k] = tok;
+  e->tok_t[k] = t + d;
+  return d;
+}
+
 /* When a slice of b bytes posted at t by `src` (after its CPU part) is visible at dst. */
 static double deliver(engine *e, int src, int dst, double t, double b) {
   int hs = host_of(e, src), hd = host_of(e, dst);
@@ -204,16 +229,17 @@ static double deliver(engine *e, int src, int dst, double t, double b) {
     e->res.shm_bytes += b;
     return t + e->m->alpha[SIM_SHM];
   }
-  double w = b * e->m->beta[SIM_NET];
-  double tx0 = e->nic_tx[hs] > t ? e->nic_tx[hs] : t, tx1 = tx0 + w;
+  double tx0 = e->nic_tx[hs] > t ? e->nic_tx[hs] : t;
+  double w = nic_time(e, 2 * hs, tx0, b), tx1 = tx0 + w;
   e->nic_tx[hs] = tx1;
   /* The receiving NIC takes the bytes as they come; it finishes no earlier than the
    * sender's NIC and no earlier than its own earlier slices plus this one. */
-  double rx1 = e->nic_rx[hd] + w > tx1 ? e->nic_rx[hd] + w : tx1;
-  if (rx1 < tx0 + w) rx1 = tx0 + w;
+  double rx0 = e->nic_rx[hd] > tx0 ? e->nic_rx[hd] : tx0;
+  double wr = nic_time(e, 2 * hd + 1, rx0, b);
+  double rx1 = rx0 + wr > tx1 ? rx0 + wr : tx1;
   e->nic_rx[hd] = rx1;
   e->nic_busy[2 * hs] += w;
-  e->nic_busy[2 * hd + 1] += w;
+  e->nic_busy[2 * hd + 1] += wr;
   e->res.net_bytes += b;
   return rx1 + e->m->alpha[SIM_NET];
 }
@@ -367,15 +393,66 @@ static coll_result step_rank(engine *e, int r, double now) {
   return COLL_OK;
 }
 
+/* One call: every rank starts at `start`; runs until no event is left, then says what
+ * went wrong if a rank could not finish or a message was never received.  The makespan
+ * goes into e->res.seconds. */
+static coll_result run_call(engine *e, double start) {
+  const sim_plans *p = e->p;
+  coll_result rc = COLL_OK;
+  for (int r = 0; r < e->n; r++) schedule(e, r, start);
+  while (e->nheap && rc == COLL_OK) {
+    event ev = pop(e);
+    rc = step_rank(e, ev.r, ev.t);
+    /* A rank has at most one pending event; the heap holds at most 2N (stale ones). */
+    if (e->nheap >= 2 * (size_t)e->n) {
+      /* cannot happen with one event per rank plus wake-ups; guard the array anyway */
+      event *h = realloc(e->heap, (e->nheap + 1) * 2 * sizeof *h);
+      if (!h) {
+        snprintf(e->why, e->why_len, "out of memory simulating %d ranks", e->n);
+        return COLL_ERR_SYSTEM;
+      }
+      e->heap = h;
+    }
+  }
+  if (rc != COLL_OK) return rc;
+  int stuck = -1, count = 0;
+  for (int r = 0; r < e->n; r++)
+    if (!e->rs[r].done) {
+      if (stuck < 0) stuck = r;
+      count++;
+    }
+  if (stuck >= 0) {
+    const rank_state *s = &e->rs[stuck];
+    const sim_step *st = sim_plans_step(p, stuck, s->idx);
+    snprintf(e->why, e->why_len, "deadlock with FIFOs of %d slots: %d ranks can never finish; "
+             "rank %d waits in round %llu at step %llu (%s, from %d to %d)", e->depth, count,
+             stuck, (unsigned long long)s->round, (unsigned long long)s->idx,
+             coll_step_name((coll_step_kind)st->kind), sim_peer(stuck, st->din, e->n),
+             sim_peer(stuck, st->dout, e->n));
+    return COLL_ERR_MISMATCH;
+  }
+  for (size_t i = 0; i < e->nconns; i++)
+    if (e->conns[i].head != e->conns[i].tail) {
+      snprintf(e->why, e->why_len, "rank %d sent %llu slices to rank %d that it never received",
+               e->conns[i].src, (unsigned long long)(e->conns[i].tail - e->conns[i].head),
+               e->conns[i].dst);
+      return COLL_ERR_MISMATCH;
+    }
+  return COLL_OK;
+}
+
 coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_checker *ck,
                     sim_result *res, char *why, size_t why_len) {
   engine e = {.p = p, .m = m, .es = es, .ck = ck, .n = p->nranks, .depth = m->depth,
               .why = why, .why_len = why_len};
   coll_result rc = COLL_OK;
   memset(res, 0, sizeof *res);
-  if (m->per_host < 1 || m->depth < 1 || m->slot < es || es == 0 || p->nranks != m->nranks) {
+  if (m->per_host < 1 || m->depth < 1 || m->slot < es || es == 0 || p->nranks != m->nranks ||
+      m->burst < 0 || (m->burst > 0 && (m->beta_line < 0 || m->beta[SIM_NET] <= 0)) ||
+      (ck && m->calls > 1)) {
     snprintf(why, why_len, "the model needs ranks per host >= 1, FIFO depth >= 1, a slot of "
-             "at least one element and the plans' number of ranks");
+             "at least one element, the plans' number of ranks, a shaper (if any) with a "
+             "rate and a line speed, and one call when its contents are checked");
     return COLL_ERR_INVALID_ARG;
   }
   e.hosts = (e.n + m->per_host - 1) / m->per_host;
@@ -387,7 +464,12 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.nic_tx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_rx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
-  if (!e.rs || !e.heap || !e.core_free || !e.nic_tx || !e.nic_rx || !e.nic_busy) goto oom;
+  e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
+  e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
+  if (!e.rs || !e.heap || !e.core_free || !e.nic_tx || !e.nic_rx || !e.nic_busy || !e.tok ||
+      !e.tok_t)
+    goto oom;
+  for (int k = 0; k < 2 * e.hosts; k++) e.tok[k] = m->burst; /* idle before: full */
   /* Every FIFO the plans use, from both ends' point of view (a send without its receive
    * still gets a FIFO: the message is then found unreceived). */
   for (int r = 0; r < e.n; r++)
@@ -399,48 +481,29 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
           (pout >= 0 && !add_conn(&e, r, pout)))
         goto oom;
     }
-  for (int r = 0; r < e.n; r++) schedule(&e, r, 0);
-  while (e.nheap && rc == COLL_OK) {
-    event ev = pop(&e);
-    rc = step_rank(&e, ev.r, ev.t);
-    /* A rank has at most one pending event; the heap holds at most 2N (stale ones). */
-    if (e.nheap >= 2 * (size_t)e.n) {
-      /* cannot happen with one event per rank plus wake-ups; guard the array anyway */
-      event *h = realloc(e.heap, (e.nheap + 1) * 2 * sizeof *h);
-      if (!h) goto oom;
-      e.heap = h;
+  /* The call's fixed cost outside its slices (CPU model only): every rank pays it once,
+   * before its first slice and after its last, so it adds to the makespan — and, with
+   * calls back to back, separates one call from the next. */
+  double call_cost = m->cpu.on ? m->cpu.call : 0;
+  int calls = m->calls > 1 ? m->calls : 1;
+  int warmup = m->warmup < 0 ? 0 : m->warmup >= calls ? calls - 1 : m->warmup;
+  double start = 0, timed_from = 0;
+  for (int call = 0; call < calls && rc == COLL_OK; call++) {
+    if (call > 0) { /* every rank and FIFO as new; the NICs' queues and buckets as they are */
+      memset(e.rs, 0, (size_t)e.n * sizeof *e.rs);
+      for (size_t i = 0; i < e.nconns; i++)
+        e.conns[i].head = e.conns[i].tail = e.conns[i].released = 0;
+      start = e.res.seconds + call_cost;
+      for (size_t c = 0; c < (size_t)e.hosts * (size_t)e.cores; c++)
+        if (e.core_free[c] < start) e.core_free[c] = start;
     }
+    if (call == warmup) timed_from = start;
+    rc = run_call(&e, start);
   }
-  if (rc == COLL_OK) {
-    int stuck = -1, count = 0;
-    for (int r = 0; r < e.n; r++)
-      if (!e.rs[r].done) {
-        if (stuck < 0) stuck = r;
-        count++;
-      }
-    if (stuck >= 0) {
-      const rank_state *s = &e.rs[stuck];
-      const sim_step *st = sim_plans_step(p, stuck, s->idx);
-      snprintf(why, why_len, "deadlock with FIFOs of %d slots: %d ranks can never finish; "
-               "rank %d waits in round %llu at step %llu (%s, from %d to %d)", e.depth, count,
-               stuck, (unsigned long long)s->round, (unsigned long long)s->idx,
-               coll_step_name((coll_step_kind)st->kind), sim_peer(stuck, st->din, e.n),
-               sim_peer(stuck, st->dout, e.n));
-      rc = COLL_ERR_MISMATCH;
-    }
-  }
-  for (size_t i = 0; rc == COLL_OK && i < e.nconns; i++)
-    if (e.conns[i].head != e.conns[i].tail) {
-      snprintf(why, why_len, "rank %d sent %llu slices to rank %d that it never received",
-               e.conns[i].src, (unsigned long long)(e.conns[i].tail - e.conns[i].head),
-               e.conns[i].dst);
-      rc = COLL_ERR_MISMATCH;
-    }
   for (int h = 0; h < 2 * e.hosts; h++)
     if (e.nic_busy[h] > e.res.busiest_nic) e.res.busiest_nic = e.nic_busy[h];
-  /* The call's fixed cost outside its slices (CPU model only): every rank pays it once,
-   * before its first slice and after its last, so it adds to the makespan. */
-  if (m->cpu.on && rc == COLL_OK) e.res.seconds += m->cpu.call;
+  if (rc == COLL_OK) /* one call: its makespan; several: the mean of the timed ones */
+    e.res.seconds = (e.res.seconds + call_cost - timed_from) / (calls - warmup);
   *res = e.res;
   goto out;
 oom:
@@ -461,6 +524,8 @@ out:
   free(e.nic_tx);
   free(e.nic_rx);
   free(e.nic_busy);
+  free(e.tok);
+  free(e.tok_t);
   return rc;
 }
 

@@ -3,6 +3,8 @@
 
   scripts/sim_agreement.py measure OUT.csv [REPS] [NS]   interleaved coll-bench runs
   scripts/sim_agreement.py compare OUT.csv [coll-sim flags...]
+  scripts/sim_agreement.py measure-netns OUT.csv [REPS] [HOSTS]   (root: netns.sh)
+  scripts/sim_agreement.py compare-netns OUT.csv [coll-sim flags...]
 
 measure: REPS rounds (default 3); in each round every case once (N in NS, default
 "2,3,4"; all_reduce ring/tree, all_gather ring, broadcast ring/tree; 64 KiB..16 MiB by
@@ -12,6 +14,13 @@ compare: the median of the out-of-place times per case, coll-sim's prediction fo
 (--cpu-model, cores per host 2, every rank on one host), and the error; cases named in
 FIT (the ones the model's free figures were fitted on) are marked, the rest are
 predictions.  Exit 1 if a predicted case of all_reduce ring/tree is off by more than 25 %.
+
+measure-netns: all-reduce ring and tree, 64 KiB..16 MiB, across HOSTS (default "2,4")
+network-namespace hosts of one rank each, every link capped at 1 Gbit/s by tbf with its
+256 KB bucket (scripts/netns.sh -r 1gbit); each case its own job (COLL_TUNE=0: no probe
+drains the bucket first), 2 warm-up and 10 timed calls back to back (-c 0), so every case
+starts with a full bucket.  compare-netns: coll-sim with that link (rate 119.55 MB/s of
+TCP payload, the bucket, 12 calls of which the last 10 are timed) against the medians.
 """
 import csv, os, statistics, subprocess, sys
 
@@ -76,7 +85,84 @@ def compare(path, flags):
     return 1 if bad else 0
 
 
+NETNS_SIZES = [65536 << (2 * i) for i in range(5)]
+# The link of measure-netns as coll-sim sees it: TCP payload of 1 Gbit/s in 1514-byte
+# frames (1448 bytes each), tbf's bucket, tcp's slots (256 KiB, 4 per FIFO), one rank and
+# core per host, coll-bench's 2 + 10; α_net from the same run's small calls (below).
+NETNS_SIM = ["--cpu-model", "--bw-net", "0.11955", "--slot", "256K",
+             "--depth", "4", "--burst", "256K", "--calls", "12", "--warmup", "2"]
+
+
+def measure_netns(out, reps, hosts):
+    env = dict(os.environ, COLL_TUNE="0", COLL_TUNE_FILE="none")
+    with open(out, "a") as f:
+        for rep in range(reps):
+            for k in hosts:
+                # α_net of this many hosts: ring calls of 8 B..4 KiB (2(K-1) hops each)
+                load = open("/proc/loadavg").read().split()[0]
+                p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k), "-r", "1gbit",
+                                    "-t", "120", "--", f"{ROOT}/build/bench/coll-bench",
+                                    "all_reduce", "-b", "8", "-e", "4K", "-f", "8", "-A", "ring",
+                                    "-n", "200", "-w", "20", "-c", "0", "--csv"],
+                                   env=env, capture_output=True, text=True, timeout=180)
+                for line in p.stdout.splitlines():
+                    if line.startswith("[h0] all_reduce,"):
+                        f.write(f"{rep},{load},{line[5:]}\n")
+                for algo in ("ring", "tree"):
+                    for size in NETNS_SIZES:
+                        load = open("/proc/loadavg").read().split()[0]
+                        p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k), "-r", "1gbit",
+                                            "-t", "120", "--", f"{ROOT}/build/bench/coll-bench",
+                                            "all_reduce", "-b", str(size), "-e", str(size), "-A", algo,
+                                            "-n", "10", "-w", "2", "-c", "0", "--csv"],
+                                           env=env, capture_output=True, text=True, timeout=180)
+                        for line in p.stdout.splitlines():
+                            if line.startswith("[h0] all_reduce,"):
+                                f.write(f"{rep},{load},{line[5:]}\n")
+                        f.flush()
+
+
+def compare_netns(path, flags):
+    runs, small = {}, {}
+    for r in csv.reader(open(path)):
+        algo, n, size = r[5], int(r[3]), int(r[9])
+        if size <= 4096:  # α_net's measurement, not a case
+            small.setdefault(n, []).append(float(r[11]))
+        else:
+            runs.setdefault((algo, n, size), []).append(float(r[11]))
+    # α_net per host count: the small calls' median, less the per-call cost (13 us, the
+    # CPU model's), over the ring's 2(K-1) hops.
+    alpha = {n: (statistics.median(v) - 13.0) / (2 * (n - 1)) for n, v in small.items()}
+    for n in sorted(alpha):
+        print(f"# {n} hosts: alpha_net {alpha[n]:.1f} us from {len(small[n])} small ring calls "
+              f"(median {statistics.median(small[n]):.1f} us)")
+    print("| case | hosts x ranks | size | measured us (runs) | predicted us | error |")
+    print("|---|---|---|---|---|---|")
+    worst = 0
+    for key in sorted(runs, key=lambda k: (k[1], k[0], k[2])):
+        algo, n, size = key
+        med = statistics.median(runs[key])
+        p = subprocess.run([f"{ROOT}/build/bench/coll-sim", "-N", str(n), "-H", "1", "--cores", "1",
+                            "-c", "all_reduce", "-A", algo, "-b", str(size), "-e", str(size), "-f", "2"]
+                           + NETNS_SIM + ["--alpha-net", f"{alpha.get(n, 92.0):.1f}"] + flags,
+                           capture_output=True, text=True, check=True)
+        pred = next(float(l.split()[3]) for l in p.stdout.splitlines()
+                    if not l.startswith("#") and len(l.split()) == 6)
+        err = (pred - med) / med * 100
+        worst = max(worst, abs(err))
+        print(f"| all_reduce {algo} | {n} x 1 | {size >> 10} KiB | {med:.0f} "
+              f"({', '.join(f'{v:.0f}' for v in runs[key])}) | {pred:.0f} | {err:+.0f} % |")
+    print(f"# largest |error| {worst:.0f} %")
+    return 1 if worst > 25 else 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "measure-netns":
+        measure_netns(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3,
+                      [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "2,4").split(",")])
+        sys.exit(0)
+    if len(sys.argv) >= 3 and sys.argv[1] == "compare-netns":
+        sys.exit(compare_netns(sys.argv[2], sys.argv[3:]))
     if len(sys.argv) >= 3 and sys.argv[1] == "measure":
         measure(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3,
                 [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "2,3,4").split(",")])

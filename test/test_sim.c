@@ -186,6 +186,45 @@ Test(sim, shared_resources) {
   cr_assert(r2.seconds > 2 * r1.seconds, "2 cores %.3g s, 8 cores %.3g s", r2.seconds, r1.seconds);
 }
 
+/* The NIC's token bucket (tc tbf) and calls back to back, on 2 hosts of one rank, a
+ * ring all-gather of one 64 KiB block each (one slice, one hop per direction), α = 0:
+ *   - no bucket: the block takes its bytes at the rate, 64 KiB x 1 ns;
+ *   - a bucket that covers it: at line speed, 64 KiB x 0.1 ns;
+ *   - half of it covered: 32 KiB at line speed, 32 KiB at the rate;
+ *   - 12 calls, 2 not timed, no bucket: every call as long as one alone;
+ *   - 12 calls with a 64 KiB bucket that refills only while the link idles (never, here:
+ *     calls follow at once): the first call drains it, so the mean of the last 10 is the
+ *     rate's time, and with 0 calls untimed the mean is 1/12 of the way to line speed. */
+Test(sim, nic_bucket_and_back_to_back_calls) {
+  sim_model m = {.nranks = 2, .per_host = 1, .slot = 65536, .depth = 8};
+  m.alpha[SIM_SHM] = 0, m.beta[SIM_SHM] = 0, m.alpha[SIM_NET] = 0, m.beta[SIM_NET] = 1e-9;
+  m.beta_line = 1e-10;
+  sim_call call = {.coll = COLL_COLL_ALL_GATHER, .algo = COLL_ALGO_RING, .count = 16384, .es = 4};
+  const double b = 65536.0, rate = b * 1e-9, line = b * 1e-10;
+  struct { double burst; int calls, warmup; double want; } cases[] = {
+      {0, 1, 0, rate},
+      {b, 1, 0, line},
+      {b / 2, 1, 0, (b / 2) * 1e-10 + (b / 2) * 1e-9},
+      {0, 12, 2, rate},
+      {b, 12, 2, rate},
+      {b, 12, 0, (line + 11 * rate) / 12},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    m.burst = cases[i].burst, m.calls = cases[i].calls, m.warmup = cases[i].warmup;
+    sim_result r;
+    char why[512];
+    cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r, why, sizeof why), COLL_OK, "%s", why);
+    cr_assert(fabs(r.seconds - cases[i].want) < 1e-12, "case %zu: %.9g s, want %.9g", i, r.seconds,
+              cases[i].want);
+  }
+  /* Contents cannot be checked across calls: refused with a sentence. */
+  m.calls = 2, m.warmup = 0;
+  sim_result r;
+  char why[512] = "";
+  cr_assert_eq(sim_call_run(&m, &call, true, NULL, NULL, &r, why, sizeof why), COLL_ERR_INVALID_ARG);
+  cr_assert(strstr(why, "one call"), "%s", why);
+}
+
 /* ---- broken plans are caught ------------------------------------------------------- */
 
 typedef struct {
