@@ -14,11 +14,19 @@
  *
  * The results of both calls are checked too.  Exact sizes need MADV_POPULATE_WRITE
  * (Linux 5.14); on an older kernel pages fault on first use and only the bounds hold.
+ *
+ * And a full /dev/shm (a 1 MiB tmpfs mounted over it in a private mount namespace) is a
+ * failed call with a sentence on the rank that could not get its FIFO's pages, and
+ * COLL_ERR_REMOTE on its peer — not a SIGBUS in the middle of a copy.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -111,3 +119,38 @@ static void run(int n) {
 
 Test(shm, fifos_resident_only_where_used_n3, .timeout = 120) { run(3); }
 Test(shm, fifos_resident_only_where_used_n8, .timeout = 120) { run(8); }
+
+/* 2 ranks, a ring all-reduce whose FIFOs need 8 slots x 64 KiB x 2 directions, on a
+ * /dev/shm of 1 MiB that the mailboxes already use 280 KiB of. */
+static int full_fn(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  size_t count = 2 * CHUNK; /* floats: 512 KiB per rank, 2 chunks of 256 KiB */
+  float *x = calloc(count, sizeof *x), *y = calloc(count, sizeof *y);
+  if (!x || !y) return t_failf("out of memory\n");
+  comm->forced = COLL_ALGO_RING;
+  coll_result r = coll_all_reduce(x, y, count, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  const char *why = coll_comm_last_error(comm);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, coll_result_string(r), why);
+  free(x), free(y);
+  if (r == COLL_OK) return t_failf("rank %d: the all-reduce succeeded on a full /dev/shm\n", rank);
+  if (r == COLL_ERR_SYSTEM && !strstr(why, "/dev/shm full"))
+    return t_failf("rank %d: the sentence does not say why\n", rank);
+  if (r != COLL_ERR_SYSTEM && r != COLL_ERR_REMOTE)
+    return t_failf("rank %d: %s, expected a system error or its peer's\n", rank,
+                   coll_result_string(r));
+  return r == COLL_ERR_SYSTEM ? 10 : 11; /* which end ran out, for the test to count */
+}
+
+Test(shm, full_dev_shm_is_a_sentence_not_a_crash, .timeout = 120) {
+  if (geteuid() != 0) cr_skip_test("needs root for a private mount namespace");
+  cr_assert_eq(unshare(CLONE_NEWNS), 0, "unshare: %s", strerror(errno));
+  cr_assert_eq(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0, "%s", strerror(errno));
+  cr_assert_eq(mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m,mode=1777"), 0,
+               "mounting a small tmpfs on /dev/shm: %s", strerror(errno));
+  setenv("COLL_TUNE", "0", 1);
+  char why[512] = "";
+  int rc = t_launch(2, full_fn, NULL, 60000, why, sizeof why);
+  /* The launcher reports the first rank's non-zero status: 10 or 11, never a signal. */
+  cr_assert(rc == 10 || rc == 11, "status %d: %s", rc, why);
+  cr_assert(!strstr(why, "signal"), "%s", why);
+}

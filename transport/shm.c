@@ -128,6 +128,19 @@ void coll_job_prefix(char *out, size_t len, const uint8_t *secret) {
   if (n > 0 && (size_t)n < len) snprintf(out + n, len - (size_t)n, "-");
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
+#endif
+
+/* Makes [p, p+len) of a shared mapping resident as a write would, without writing: 0, or
+ * the errno of a page that could not be had (EFAULT or ENOMEM: /dev/shm is full) — which
+ * a plain store would have turned into SIGBUS.  A kernel without MADV_POPULATE_WRITE
+ * (EINVAL) leaves the pages to fault on first use: 0.  len 0: nothing. */
+static int populate(void *p, size_t len) {
+  if (len == 0 || madvise(p, len, MADV_POPULATE_WRITE) == 0) return 0;
+  return errno == EINVAL ? 0 : errno;
+}
+
 /* ---- creating a segment, and taking over one a dead job left ----------------------- */
 
 /* NULL while the owner (pid, start) runs; else why it does not.  A pid that exists but
@@ -228,6 +241,14 @@ coll_result coll_shm_create(const coll_comm_view *view, const char *name, size_t
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: mmap of %s failed: %s", rank, name,
                           strerror(e));
   }
+  /* The owner record's page first: on a full /dev/shm the store below would be SIGBUS. */
+  int pe = populate(p, PAGE);
+  if (pe) {
+    munmap(p, size);
+    shm_unlink(name);
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: no memory for shared segment %s: "
+                          "%s (is /dev/shm full?)", rank, name, strerror(pe));
+  }
   coll_seg_owner *o = p;
   char state;
   o->rank = rank;
@@ -253,9 +274,14 @@ static coll_result shm_setup(const coll_comm_view *view, void **ctxp, void *blob
   coll_result cr = coll_shm_create(view, ctx->name, ctx->size, &p);
   if (cr != COLL_OK) return cr;
   ctx->base = p;
-  /* The mailboxes serve every call of the one-shot path with every peer: touched now.
+  /* The mailboxes serve every call of the one-shot path with every peer: resident now.
    * The FIFOs stay sparse until warm() (a fresh page reads as zero, their initial
    * state). */
+  int pe = populate(ctx->base, fifos_off());
+  if (pe)
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: no memory for the header and "
+                          "mailboxes of %s (%zu bytes): %s (is /dev/shm full?)", view->rank,
+                          ctx->name, fifos_off(), strerror(pe));
   memset(mailbox_at(ctx->base, 0), 0, 2 * MB_STRIDE);
   shm_header *h = (shm_header *)ctx->base;
   h->nranks = (uint32_t)n;
@@ -321,24 +347,17 @@ static coll_result shm_connect(const coll_comm_view *view, void *vctx, int peer,
   return COLL_OK;
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
-#endif
-
 /* Makes one end's view of a FIFO resident: its control page the first time, and bytes
- * [from, to) of each slot, whole pages.  MADV_POPULATE_WRITE faults the pages in as a
- * write would, without writing, so it is safe while the peer already moves slices
- * through them.  A kernel without it (EINVAL) leaves them to fault on first use. */
+ * [from, to) of each slot, whole pages (populate: safe while the peer already moves
+ * slices through them, since nothing is written). */
 static coll_result shm_warm(const coll_comm_view *view, coll_conn *cc, size_t from, size_t to) {
   shm_conn *c = (shm_conn *)cc;
   size_t lo = from / PAGE * PAGE, hi = (to + PAGE - 1) / PAGE * PAGE;
   if (hi > c->stride) hi = c->stride;
-  int e = 0;
-  if (from == 0 && madvise(c->ctl, PAGE, MADV_POPULATE_WRITE) != 0) e = errno;
+  int e = from == 0 ? populate(c->ctl, PAGE) : 0;
   for (uint32_t i = 0; !e && hi > lo && i < c->base.nslots; i++)
-    if (madvise(c->slots + (size_t)i * c->stride + lo, hi - lo, MADV_POPULATE_WRITE) != 0)
-      e = errno;
-  if (e == 0 || e == EINVAL) return COLL_OK;
+    e = populate(c->slots + (size_t)i * c->stride + lo, hi - lo);
+  if (!e) return COLL_OK;
   return coll_view_fail(view, COLL_ERR_SYSTEM,
                         "rank %d: making %zu bytes of each slot of the FIFO %s rank %d resident "
                         "failed: %s (is /dev/shm full?)", view->rank, hi,
