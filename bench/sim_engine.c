@@ -35,6 +35,12 @@
  * fits the cache, plus a fixed cost per operation and per call, and per operation a
  * core hand-over when ranks outnumber cores.
  *
+ * A NIC direction may sit behind a token bucket (m->burst: tc tbf, how scripts/netns.sh
+ * caps a link): bytes its tokens cover leave at line speed, the rest at the rate, and it
+ * refills at the rate while below `burst` (nic_time).  Calls can run back to back
+ * (m->calls, m->warmup: a benchmark's loop), the NICs' queues and buckets carried from
+ * one call to the next, every rank starting the next call when the last one ended.
+ *
  * What it leaves out: the scheduling noise of more ranks than cores beyond the core
  * pool and the hand-over cost, the proxy threads of tcp, and fair sharing (a NIC serves slices
  * in arrival order; for the whole of a collective the total is the same).
