@@ -480,7 +480,7 @@ enum { COLL_USE_SEND = 0, COLL_USE_RECV = 1 };
 coll_result coll_comm_use_peer(struct coll_comm *comm, int p, int dir, size_t bytes);
 static inline bool coll_comm_peer_ready(const struct coll_comm *comm, int p, int dir,
                                         size_t bytes) {
-  return bytes && comm->peer_warm[2 * (size_t)p + (size_t)dir] >= bytes;
+  return comm->peer_warm[2 * (size_t)p + (size_t)dir] >= (bytes ? bytes : 1);
 }
 void coll_comm_free(struct coll_comm *comm);
 /* How comm ends, for the transports' close(): aborted (or init failed), failed (a call

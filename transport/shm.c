@@ -275,14 +275,12 @@ static coll_result shm_setup(const coll_comm_view *view, void **ctxp, void *blob
   if (cr != COLL_OK) return cr;
   ctx->base = p;
   /* The mailboxes serve every call of the one-shot path with every peer: resident now.
-   * The FIFOs stay sparse until warm() (a fresh page reads as zero, their initial
-   * state). */
+   * The FIFOs stay sparse until warm().  Both start as zero, as a fresh page reads. */
   int pe = populate(ctx->base, fifos_off());
   if (pe)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: no memory for the header and "
                           "mailboxes of %s (%zu bytes): %s (is /dev/shm full?)", view->rank,
                           ctx->name, fifos_off(), strerror(pe));
-  memset(mailbox_at(ctx->base, 0), 0, 2 * MB_STRIDE);
   shm_header *h = (shm_header *)ctx->base;
   h->nranks = (uint32_t)n;
   h->nslots = SHM_NSLOTS;

@@ -342,10 +342,9 @@ static coll_result connect_peer(struct coll_comm *comm, int p) {
 }
 
 coll_result coll_comm_use_peer(struct coll_comm *comm, int p, int dir, size_t bytes) {
-  if (p < 0 || p == comm->rank) return COLL_OK;
-  if (bytes == 0) bytes = 1;
+  if (p < 0 || p == comm->rank || coll_comm_peer_ready(comm, p, dir, bytes)) return COLL_OK;
+  if (bytes == 0) bytes = 1; /* connected, nothing resident yet: 1 marks it */
   uint32_t *have = &comm->peer_warm[2 * (size_t)p + (size_t)dir];
-  if (*have >= bytes) return COLL_OK;
   coll_result r = connect_peer(comm, p);
   if (r != COLL_OK) return r;
   coll_conn *c = dir == COLL_USE_SEND ? comm->conn_send[p] : comm->conn_recv[p];

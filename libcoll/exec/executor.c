@@ -244,6 +244,12 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   return coll_fail(comm, COLL_ERR_INTERNAL, "unknown step kind %d", (int)s->kind);
 }
 
+/* A step's peer p (-1: none) readied for slices of `bytes`: one load once it is. */
+static inline coll_result use_peer(struct coll_comm *comm, int p, int dir, size_t bytes) {
+  return p < 0 || coll_comm_peer_ready(comm, p, dir, bytes) ? COLL_OK
+                                                            : coll_comm_use_peer(comm, p, dir, bytes);
+}
+
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   if (atomic_load(&comm->aborted))
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
@@ -345,13 +351,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   for (size_t i = 0; !cuda && i < nsteps; i++) {
     const coll_step *s = &steps[i];
     size_t b = (s->count < slot_bytes / es ? s->count : slot_bytes / es) * es; /* its slices */
-    if ((s->peer_in >= 0 && !coll_comm_peer_ready(comm, s->peer_in, COLL_USE_RECV, b) &&
-         (r = coll_comm_use_peer(comm, s->peer_in, COLL_USE_RECV, b)) != COLL_OK) ||
-        (s->peer_out >= 0 && !coll_comm_peer_ready(comm, s->peer_out, COLL_USE_SEND, b) &&
-         (r = coll_comm_use_peer(comm, s->peer_out, COLL_USE_SEND, b)) != COLL_OK) ||
-        (s->kind == COLL_STEP_RECV2_REDUCE_SEND && s->peer_in2 >= 0 && /* else unused */
-         !coll_comm_peer_ready(comm, s->peer_in2, COLL_USE_RECV, b) &&
-         (r = coll_comm_use_peer(comm, s->peer_in2, COLL_USE_RECV, b)) != COLL_OK))
+    int in2 = s->kind == COLL_STEP_RECV2_REDUCE_SEND ? s->peer_in2 : -1; /* else unused */
+    if ((r = use_peer(comm, s->peer_in, COLL_USE_RECV, b)) != COLL_OK ||
+        (r = use_peer(comm, s->peer_out, COLL_USE_SEND, b)) != COLL_OK ||
+        (r = use_peer(comm, in2, COLL_USE_RECV, b)) != COLL_OK)
       return r;
   }
   size_t slice = slot_bytes / es, rounds = 0;
