@@ -19,6 +19,11 @@
  *                             k, or a later one, validly fails it instead of waiting for
  *                             `origin`, and that failure POISONs the communicator;
  *   BYE                       a normal destroy: the link's end is not a death.
+ *                             Sent on both links even when a neighbour said its own
+ *                             first (two neighbours destroying at once must each hear
+ *                             the other), and once a rank has said it, links that end
+ *                             under it are not reported: it is leaving, and the rank
+ *                             on the link's other side sees a real death itself.
  *
  * A link that ends without a BYE means the neighbour died (SIGKILL, a crash): the rank
  * that sees it POISONs the communicator naming the neighbour.  A rank that is stopped
@@ -57,6 +62,8 @@ struct coll_watch {
   _Atomic int stop;
   pthread_mutex_t wmu; /* one writer at a time on the links */
   _Atomic bool ended[2]; /* PREV/NEXT: said goodbye, or ended (read by writers too) */
+  _Atomic bool leaving;  /* this rank is destroying the communicator: a link that ends
+                          * now is not news to spread (its other neighbour sees it too) */
   coll_frame_rx rx[2];
   _Atomic int attention; /* something below is set */
   _Atomic int poisoned;
@@ -86,7 +93,10 @@ static void send_note(coll_watch *w, int side, uint32_t kind, uint32_t origin, u
                       const char *text) {
   pthread_mutex_lock(&w->wmu);
   int fd = side_fd(w, side);
-  if (fd >= 0 && !w->ended[side]) {
+  /* A goodbye goes out even on a side that already said its own: when two neighbours
+   * destroy at once, each must still hear the other's, or the one whose watch runs on
+   * would take the closed link for a death. */
+  if (fd >= 0 && (!w->ended[side] || kind == NOTE_BYE)) {
     uint8_t data[8 + 600];
     size_t tl = text ? strlen(text) : 0;
     if (tl > 600) tl = 600;
@@ -171,6 +181,7 @@ static void on_lost(coll_watch *w, int side, int err) {
   snprintf(text, sizeof text, "rank %d died or was killed (its watch link to rank %d %s "
            "without a goodbye)", who, comm->rank, err ? strerror(err) : "closed");
   w->ended[side] = true;
+  if (atomic_load(&w->leaving)) return; /* a neighbour gone while we leave: nobody waits */
   if (poison(w, text, COLL_ERR_REMOTE, true))
     send_both(w, NOTE_POISON, (uint32_t)who, COLL_ERR_REMOTE, text);
 }
@@ -279,6 +290,7 @@ void coll_watch_stop(struct coll_comm *comm, int how) {
   coll_watch *w = comm->watch;
   if (!w) return;
   if (how == COLL_WATCH_BYE) {
+    atomic_store(&w->leaving, true);
     send_both(w, NOTE_BYE, (uint32_t)comm->rank, 0, NULL);
   } else if (!atomic_load(&w->poisoned)) {
     char text[COLL_ERRBUF + 64];
