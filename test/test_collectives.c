@@ -349,24 +349,18 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
       for (int op = 0; op < (reducing ? COLL_NUM_OPS : 1); op++) {
         size_t es = coll_dtype_size((coll_dtype)d);
         size_t counts[8], nc = 0;
-        /* A forced row under ASan+UBSan: one dtype per element size.  What a row adds is
-         * its schedule (peers, slicing, chunk edges), which depends on the element's
-         * size, not its kind; every dtype's kernels run under the sanitizers in the
-         * tuner's matrix (n*_small), and every row with every dtype in the plain build. */
-        if (T_SANITIZED && ma->forced != COLL_ALGO_AUTO && d != COLL_INT8 &&
-            d != COLL_FLOAT16 && d != COLL_FLOAT32 && d != COLL_FLOAT64)
+        /* Under ASan+UBSan (4-10x slower) one dtype per element size for a forced row
+         * and for the few-MiB part: what they add is schedules, slicing and pipelining,
+         * which depend on the element's size, not its kind.  Every dtype's kernels, with
+         * their tails, run under the sanitizers in the tuner's small-count matrix
+         * (n*_small); the plain build runs everything with every dtype. */
+        bool one_per_size = d == COLL_INT8 || d == COLL_FLOAT16 || d == COLL_FLOAT32 ||
+                            d == COLL_FLOAT64;
+        if (T_SANITIZED && (ma->forced != COLL_ALGO_AUTO || ma->big) && !one_per_size)
           continue;
         if (ma->big) {
           /* Big buffers: every dtype with sum and avg, every op on float32. */
           if (reducing && op != COLL_SUM && op != COLL_AVG && d != COLL_FLOAT32) continue;
-          /* Under ASan+UBSan (4-10x slower) one dtype per element size: what the
-           * few-MiB part adds over the small counts is slicing and pipelining, which
-           * depend on the element's size, not its kind; every dtype's kernels, with
-           * their tails, run under the sanitizers in the small-count part, and every
-           * dtype runs big in the plain build. */
-          if (T_SANITIZED && d != COLL_INT8 && d != COLL_FLOAT16 && d != COLL_FLOAT32 &&
-              d != COLL_FLOAT64)
-            continue;
           size_t c = big_bytes / es + 3;
           if (kind == 1 || kind == 2) c = c / (size_t)n + 1;
           counts[nc++] = c;

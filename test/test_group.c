@@ -4,9 +4,9 @@
  * The heart of it: every rank sends to and receives from every other rank inside one
  * group, in a call order shuffled per rank (seeded by rank and repetition), for N = 2..8
  * and 1,000 repetitions each (250 under ASan+UBSan: the plain build runs the 1,000,
- * the sanitizers need the paths, not the count); most messages are small (0..~600 bytes, mixed dtypes), one
- * repetition in 25 sends messages of one to three FIFO slots and a bit, so slicing and
- * the per-connection delays run.  Every received byte is checked against a value
+ * the sanitizers need the paths, not the count); most messages are small (0..~600
+ * bytes, mixed dtypes), one repetition in 25 sends messages of one to three FIFO slots
+ * and a bit, so slicing and the per-connection delays run.  Every received byte is checked against a value
  * computed from (source, destination, repetition, index), and the byte after each
  * message must still hold its sentinel.  Around it: several sends to one peer (they
  * meet the peer's receives in call order), nesting (nothing runs before the outermost
