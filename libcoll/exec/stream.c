@@ -70,6 +70,10 @@ void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg,
     s->err = r;
     snprintf(s->errmsg, sizeof s->errmsg, "%s", msg);
   }
-  pthread_cond_broadcast(&s->cv);
+  /* Waiters wait for everything enqueued (coll_stream_synchronize): wake them once, when
+   * that is done, not at every completion — a caller waiting on 20 calls woken 20 times
+   * takes a core from the ranks 20 times, which costs most when ranks outnumber cores.
+   * (A CUDA stream's ticket waiters were woken by the ticket above.) */
+  if (s->completed == s->enqueued) pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }
