@@ -79,7 +79,18 @@ static void usage(void) {
       "      --cache MIB       last-level cache per host, MiB (20)\n"
       "      --op-us US        CPU per slice operation (CPU model; default 0)\n"
       "      --call-us US      per call outside the slices (CPU model; 13, fitted)\n"
-      "      --switch-us US    CPU per operation when ranks outnumber cores (3.5, fitted)\n"
+      "      --switch-us US    CPU per operation when ranks outnumber cores, the fixed-\n"
+      "                        cost stand-in for the scheduler (--no-sched only; 3.5)\n"
+      "      --sched, --no-sched  when ranks outnumber cores, run the host's scheduler:\n"
+      "                        ranks queue for a core, yield while they wait, sleep after\n"
+      "                        --spin-yields and are woken by the post (default on)\n"
+      "      --yield-us S,A    a yield that hands the core over, one with nobody to run\n"
+      "                        (1.6,0.5: measured)\n"
+      "      --wake-us US      futex wake to running on an idle core (23: measured)\n"
+      "      --spin-yields K   yields before a waiting rank sleeps (64: fifo.c)\n"
+      "      --membw FILE      copy, nt copy and reduce priced from sim-membw's table in\n"
+      "                        FILE (its W times its threads = the host's W; several runs:\n"
+      "                        the smallest per W) instead of the two-point mixture\n"
       "      --slot BYTES      FIFO slot = slice (default 64K, 256K when --cores is less\n"
       "                        than the ranks per host: shm.c's rule)\n"
       "      --depth D         slots per FIFO (default 8, shm's)\n"
@@ -119,7 +130,9 @@ static const sim_cpu host_cpu = {
     .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
     .slot_out = {0.047e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
-    .call = 13e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024};
+    .call = 13e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
+    .sched = true, .yield_switch = 1.6e-6, .yield_alone = 0.5e-6, .wake_idle = 23e-6,
+    .spin_yields = 64};
 /* α of a hop on this host, the tuner's ring-lap figure: 0.2 us with a core per rank
  * (it spins), 1.6 us when ranks outnumber cores (they yield and sleep). */
 #define HOST_ALPHA_US 0.2
@@ -177,6 +190,43 @@ static bool read_tune_cache(const char *path, int n, opts *o) {
   return found;
 }
 
+/* sim-membw's output (one run or several appended): per W the smallest cost over the
+ * runs, W times the run's threads (the model's W is the host's total), in W order. */
+static bool read_membw(const char *path, sim_cpu *c) {
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  char line[512];
+  int threads = 0;
+  c->ncurve = 0;
+  while (fgets(line, sizeof line, f)) {
+    const char *t = strstr(line, "ns per byte of output, ");
+    if (line[0] == '#') {
+      if (t) threads = atoi(t + strlen("ns per byte of output, "));
+      continue;
+    }
+    double w, x[3];
+    if (threads < 1 || sscanf(line, "%lg %lg %lg %lg", &w, &x[0], &x[1], &x[2]) != 4) continue;
+    w *= threads;
+    int i = 0;
+    while (i < c->ncurve && c->curve_ws[i] < w) i++;
+    if (i < c->ncurve && c->curve_ws[i] == w) {
+      for (int k = 0; k < 3; k++)
+        if (x[k] * 1e-9 < c->curve[k][i]) c->curve[k][i] = x[k] * 1e-9;
+      continue;
+    }
+    if (c->ncurve == 32) break;
+    for (int j = c->ncurve; j > i; j--) {
+      c->curve_ws[j] = c->curve_ws[j - 1];
+      for (int k = 0; k < 3; k++) c->curve[k][j] = c->curve[k][j - 1];
+    }
+    c->curve_ws[i] = w;
+    for (int k = 0; k < 3; k++) c->curve[k][i] = x[k] * 1e-9;
+    c->ncurve++;
+  }
+  fclose(f);
+  return c->ncurve >= 2;
+}
+
 static sim_model model_for(const opts *o, int n) {
   sim_model m = {.nranks = n, .per_host = o->per_host < n ? o->per_host : n,
                  .cores = o->cores, .slot = o->slot, .depth = o->depth};
@@ -190,8 +240,9 @@ static sim_model model_for(const opts *o, int n) {
   int cores = o->cores > 0 ? o->cores : m.per_host;
   /* shm.c: when a host's ranks outnumber its cores the slots are 256 KiB */
   if (!o->slot_given && m.per_host > cores) m.slot = 256 * 1024;
-  if (m.cpu.on && !o->alpha_given)
-    m.alpha[SIM_SHM] = (m.per_host > cores ? HOST_ALPHA_OVERSUB_US : HOST_ALPHA_US) * 1e-6;
+  if (m.cpu.on && !o->alpha_given) /* the scheduler model prices the yields itself */
+    m.alpha[SIM_SHM] =
+        (m.per_host > cores && !m.cpu.sched ? HOST_ALPHA_OVERSUB_US : HOST_ALPHA_US) * 1e-6;
   return m;
 }
 
@@ -407,6 +458,19 @@ int main(int argc, char **argv) {
     } else if (LONG("--op-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.op = atof(v) * 1e-6;
     } else if (LONG("--call-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.call = atof(v) * 1e-6;
     } else if (LONG("--switch-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.switch_cost = atof(v) * 1e-6;
+    } else if (strcmp(a, "--sched") == 0 || strcmp(a, "--no-sched") == 0) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      o.cpu.sched = a[2] == 's';
+    } else if (LONG("--yield-us")) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      double y1, y2;
+      if (sscanf(v, "%lg,%lg", &y1, &y2) != 2 || y1 < 0 || y2 < 0) { fprintf(stderr, "coll-sim: --yield-us takes SWITCH,ALONE\n"); return 2; }
+      o.cpu.yield_switch = y1 * 1e-6, o.cpu.yield_alone = y2 * 1e-6;
+    } else if (LONG("--membw")) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      if (!read_membw(v, &o.cpu)) { fprintf(stderr, "coll-sim: --membw %s: no sim-membw table in it\n", v); return 2; }
+    } else if (LONG("--wake-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.wake_idle = atof(v) * 1e-6;
+    } else if (LONG("--spin-yields")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.spin_yields = atoi(v);
     } else if (LONG("--alpha-shm")) { o.alpha_shm = atof(v), o.alpha_given = true;
     } else if (LONG("--bw-shm")) { o.bw_shm = atof(v);
     } else if (LONG("--alpha-net")) { o.alpha_net = atof(v);

@@ -41,10 +41,22 @@ typedef struct {
   double slot_in[2], slot_out[2]; /* a copy out of a slot the peer just wrote, into a slot
                                      the peer last read (sim-membw handover); 0: as copy */
   double cache_bytes;  /* the host's last-level cache (C) */
+  /* Optional: the kernels' measured cost against W itself (sim-membw's table, W the
+   * host's total), used instead of the two-point mixture for copy, nt copy and reduce. */
+  int ncurve;
+  double curve_ws[32], curve[3][32]; /* [0] copy, [1] nt copy, [2] reduce; s per byte */
   double op;           /* s of CPU per slice operation, whatever its bytes */
   double call;         /* s per call outside the slices (enqueue, plan, completion) */
   double switch_cost;  /* s of CPU per operation when the host's ranks outnumber its
-                          cores: the ranks hand the cores to each other (yield, futex) */
+                          cores: the ranks hand the cores to each other (yield, futex);
+                          the fixed-cost stand-in for `sched` below (0 when it is on) */
+  /* The scheduler of a host whose ranks outnumber its cores (sim_engine.c, "the
+   * scheduler"): off, the cores are a pool any ready rank takes at once. */
+  bool sched;
+  double yield_switch; /* s a sched_yield takes that hands the core to another rank */
+  double yield_alone;  /* s a sched_yield takes with no other rank to run */
+  double wake_idle;    /* s from a futex wake to the sleeper running on an idle core */
+  int spin_yields;     /* yields a waiting rank makes before it sleeps (fifo.c: 64) */
   double nt_bytes;     /* the executor's non-temporal threshold (COLL_NT_BYTES) */
   /* per call (sim_call_run fills them in): */
   double ws;           /* W: bytes the host's ranks touch in the call */

@@ -50,7 +50,22 @@
  *
  * Must never: depend on anything but its arguments.
  */
+#include <math.h>
+
 #include "sim.h"
+
+/* Kernel k's cost at the call's W from a measured curve: linear in log W between the
+ * two measured points around it, flat beyond the ends. */
+static double curve_at(const sim_cpu *c, int k, double ws) {
+  const double *w = c->curve_ws, *y = c->curve[k];
+  if (ws <= w[0]) return y[0];
+  for (int i = 1; i < c->ncurve; i++)
+    if (ws <= w[i]) {
+      double t = log(ws / w[i - 1]) / log(w[i] / w[i - 1]);
+      return y[i - 1] + t * (y[i] - y[i - 1]);
+    }
+  return y[c->ncurve - 1];
+}
 
 double sim_cpu_per_byte(const sim_cpu *c, const double x[2]) {
   double f = c->ws <= c->cache_bytes || c->ws <= 0 ? 1.0 : c->cache_bytes / c->ws;
@@ -58,10 +73,16 @@ double sim_cpu_per_byte(const sim_cpu *c, const double x[2]) {
 }
 
 double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b) {
-  double copy = sim_cpu_per_byte(c, c->copy), red = sim_cpu_per_byte(c, c->reduce);
-  double put = c->nt ? sim_cpu_per_byte(c, c->nt_copy) : copy;
-  double t_in = c->slot_in[0] > 0 ? sim_cpu_per_byte(c, c->slot_in) - copy : 0;
-  double t_out = c->slot_out[0] > 0 ? sim_cpu_per_byte(c, c->slot_out) - copy : 0;
+  double mix_copy = sim_cpu_per_byte(c, c->copy);
+  double copy = mix_copy, red = sim_cpu_per_byte(c, c->reduce), nt = sim_cpu_per_byte(c, c->nt_copy);
+  if (c->ncurve >= 2) /* the measured curve instead of the mixture */
+    copy = curve_at(c, 0, c->ws), nt = curve_at(c, 1, c->ws), red = curve_at(c, 2, c->ws);
+  double put = c->nt ? nt : copy;
+  /* The hand-over terms stay the mixture's differences (slot_in/out were measured as two
+   * points, like the mixture's copy they are set against).  t_in is negative from
+   * memory: a slot the peer just wrote is read from its cache, not from memory. */
+  double t_in = c->slot_in[0] > 0 ? sim_cpu_per_byte(c, c->slot_in) - mix_copy : 0;
+  double t_out = c->slot_out[0] > 0 ? sim_cpu_per_byte(c, c->slot_out) - mix_copy : 0;
   double passes = 0;
   switch (k) {
   case COLL_STEP_COPY: passes = put; break;

@@ -68,11 +68,16 @@ typedef struct {
   int wait_recv, wait_send;      /* a rank blocked on this FIFO (empty / full), or -1 */
 } conn;
 
+/* Where a rank is, for the scheduler (sched mode only). */
+enum { ON_CORE = 0, QUEUED, ASLEEP, WAKING };
+
 typedef struct {
   uint64_t round, idx;  /* the executor's position: round j, step i */
   bool done, busy;
   double busy_until;
   uint32_t held[2];     /* FIFOs whose slots the running operation holds (conn index + 1) */
+  uint8_t where;        /* sched: ON_CORE, QUEUED, ASLEEP, or WAKING (a wake event due) */
+  int yields;           /* sched: yields since it last ran an operation */
 } rank_state;
 
 typedef struct {
@@ -102,6 +107,9 @@ typedef struct {
   double *tok_t;        /* as of this time */
   int cores, hosts;
   bool oversub;         /* a host's ranks outnumber its cores */
+  bool sched;           /* ... and the scheduler is modelled (m->cpu.sched) */
+  int *rq;              /* sched: per host a ring of per_host ranks waiting for a core */
+  int *rq_head, *rq_len, *idle; /* per host: the ring's front and length, idle cores */
   sim_result res;
   char *why;
   size_t why_len;
@@ -205,6 +213,104 @@ static double on_core(engine *e, int r, double ready, double work) {
   return start + work;
 }
 
+/* ---- the scheduler (sched mode) -----------------------------------------------------
+ *
+ * When a host's ranks outnumber its cores, a rank whose next operation can run does not
+ * run at once: it needs a core, and the cores are held by other ranks, each either
+ * running an operation or waiting for one in fifo.c's loop — sched_yield up to 64 times
+ * (no spinning when oversubscribed), then sleep on a futex until the peer's post or
+ * release wakes it.  Modelled as the kernel runs it:
+ *   - per host, `cores` cores and a queue of ranks ready to take one;
+ *   - a rank on a core runs operations back to back while it can; when it cannot, it
+ *     yields: with a rank queued, that rank gets the core after yield_switch and the
+ *     yielder goes to the back of the queue; with none, it keeps the core and looks again
+ *     after yield_alone;
+ *   - after spin_yields fruitless yields it sleeps (leaves the queue and the core); a
+ *     core handed over by a sleep or by a rank that finished costs yield_switch too;
+ *   - the post or release it waits for wakes it: onto an idle core after wake_idle (a
+ *     halted core comes back: measured ~23 us on this VM), else at the front of the
+ *     queue (the kernel places a woken sleeper ahead of tasks that have been running);
+ *   - an operation is not preempted (they last microseconds, a time slice milliseconds).
+ * Every figure is measured, none fitted (docs/bandwidth-math.md section 8). */
+
+static int rq_at(const engine *e, int h, int i) {
+  int ph = e->m->per_host;
+  return e->rq[(size_t)h * (size_t)ph + (size_t)((e->rq_head[h] + i) % ph)];
+}
+static void rq_push(engine *e, int r, bool front) {
+  int h = host_of(e, r), ph = e->m->per_host;
+  int i = front ? (e->rq_head[h] = (e->rq_head[h] + ph - 1) % ph)
+                : (e->rq_head[h] + e->rq_len[h]) % ph;
+  e->rq[(size_t)h * (size_t)ph + (size_t)i] = r;
+  e->rq_len[h]++;
+  e->rs[r].where = QUEUED;
+}
+static int rq_pop(engine *e, int h) {
+  int r = rq_at(e, h, 0);
+  e->rq_head[h] = (e->rq_head[h] + 1) % e->m->per_host;
+  e->rq_len[h]--;
+  return r;
+}
+
+/* A core of host h is free at t: the queue's front rank takes it, or it idles. */
+static void core_free_at(engine *e, int h, double t) {
+  if (e->rq_len[h] == 0) {
+    e->idle[h]++;
+    return;
+  }
+  int q = rq_pop(e, h);
+  e->rs[q].where = ON_CORE;
+  schedule(e, q, t);
+}
+
+/* Rank r, on a core at `now`, cannot run its next operation: it yields, or sleeps. */
+static void sched_wait(engine *e, int r, double now) {
+  rank_state *s = &e->rs[r];
+  int h = host_of(e, r);
+  const sim_cpu *c = &e->m->cpu;
+  if (s->yields >= c->spin_yields) { /* futex sleep: a post or release wakes it */
+    s->where = ASLEEP;
+    core_free_at(e, h, now + c->yield_switch); /* the sleep hands the core over too */
+    return;
+  }
+  s->yields++;
+  if (e->rq_len[h] == 0) { /* nobody to hand the core to: look again after the yield */
+    schedule(e, r, now + c->yield_alone);
+    return;
+  }
+  int q = rq_pop(e, h);
+  e->rs[q].where = ON_CORE;
+  schedule(e, q, now + c->yield_switch);
+  rq_push(e, r, false);
+}
+
+/* The futex wake reaches sleeping rank r at t (its wake event): it runs. */
+static void sched_woken(engine *e, int r, double t) {
+  rank_state *s = &e->rs[r];
+  int h = host_of(e, r);
+  if (e->idle[h] > 0) {
+    e->idle[h]--;
+    s->where = ON_CORE;
+    schedule(e, r, t + e->m->cpu.wake_idle);
+  } else {
+    rq_push(e, r, true);
+  }
+}
+
+/* The rank blocked on a FIFO is told that what it waits for is there at t: an event at
+ * t; with the scheduler, a rank on a core or queued sees it when it next looks, and a
+ * sleeping one gets a wake event at t (an event of rank -1 - r). */
+static void notify(engine *e, int r, double t) {
+  if (!e->sched) {
+    schedule(e, r, t);
+    return;
+  }
+  rank_state *s = &e->rs[r];
+  if (s->where != ASLEEP || s->done) return;
+  s->where = WAKING;
+  schedule(e, -1 - r, t);
+}
+
 /* How long b bytes take through NIC direction k starting at t: all of them at the rate
  * without a shaper; with one, the bucket first fills at the rate up to `burst` since its
  * last use, the bytes its tokens cover leave at line speed and the rest at the rate
@@ -269,7 +375,7 @@ static void release(engine *e, int r, double now) {
     c->released++;
     s->held[i] = 0;
     if (c->wait_send >= 0) {
-      schedule(e, c->wait_send, now);
+      notify(e, c->wait_send, now);
       c->wait_send = -1;
     }
   }
@@ -296,6 +402,8 @@ static coll_result step_rank(engine *e, int r, double now) {
     if (s->round >= p->rounds[r]) {
       s->done = true;
       if (now > e->res.seconds) e->res.seconds = now;
+      if (e->sched) /* its thread sleeps till the next call: the core goes to another */
+        core_free_at(e, host_of(e, r), now + e->m->cpu.yield_switch);
       return COLL_OK;
     }
     const sim_step *st = sim_plans_step(p, r, s->idx);
@@ -315,6 +423,7 @@ static coll_result step_rank(engine *e, int r, double now) {
       if (!c) continue;
       if (c->head == c->tail) { /* nothing posted yet: the post wakes us */
         c->wait_recv = r;
+        if (e->sched) sched_wait(e, r, now);
         return COLL_OK;
       }
       slot *sl = &c->q[c->head % (uint64_t)e->depth];
@@ -334,6 +443,7 @@ static coll_result step_rank(engine *e, int r, double now) {
     }
     if (out && out->tail - out->released >= (uint64_t)e->depth) { /* full: a release wakes us */
       out->wait_send = r;
+      if (e->sched) sched_wait(e, r, now);
       return COLL_OK;
     }
     /* Run it. */
@@ -351,14 +461,16 @@ static coll_result step_rank(engine *e, int r, double now) {
        * whatever link it goes out on (the executor copies into a tcp slot too); the
        * network's β is the NIC's, in deliver().  When the host's ranks outnumber its
        * cores, each operation also pays for handing the core over. */
-      work = sim_cpu_work(&e->m->cpu, k, b) + (e->oversub ? e->m->cpu.switch_cost : 0);
+      work = sim_cpu_work(&e->m->cpu, k, b) +
+             (e->oversub && !e->sched ? e->m->cpu.switch_cost : 0);
     } else {
       work = (reduces(k) ? (k == COLL_STEP_RECV2_REDUCE_SEND ? 2 : 1) * b * e->m->gamma : 0) +
              (keeps(k) ? b * e->m->beta_copy : 0);
       bool shm_out = out && host_of(e, r) == host_of(e, pout);
       if (shm_out) work += b * e->m->beta[SIM_SHM];
     }
-    double end = on_core(e, r, now, work);
+    double end = e->sched ? now + work : on_core(e, r, now, work); /* sched: r holds a core */
+    s->yields = 0;
     for (int q = 0; q < 2; q++) {
       if (!in[q]) continue;
       slot *sl = &in[q]->q[in[q]->head % (uint64_t)e->depth];
@@ -380,7 +492,7 @@ static coll_result step_rank(engine *e, int r, double now) {
       out->tail++;
       e->res.messages++;
       if (out->wait_recv >= 0) {
-        schedule(e, out->wait_recv, sl->t > now ? sl->t : now);
+        notify(e, out->wait_recv, sl->t > now ? sl->t : now);
         out->wait_recv = -1;
       }
     } else if (sent) {
@@ -405,9 +517,31 @@ static coll_result step_rank(engine *e, int r, double now) {
 static coll_result run_call(engine *e, double start) {
   const sim_plans *p = e->p;
   coll_result rc = COLL_OK;
-  for (int r = 0; r < e->n; r++) schedule(e, r, start);
+  if (e->sched) { /* each host's first `cores` ranks start on its cores, the rest queue */
+    for (int h = 0; h < e->hosts; h++) e->rq_head[h] = e->rq_len[h] = 0, e->idle[h] = 0;
+    for (int r = 0; r < e->n; r++) {
+      int h = host_of(e, r), local = r - h * e->m->per_host;
+      if (local < e->cores) {
+        e->rs[r].where = ON_CORE;
+        schedule(e, r, start);
+      } else {
+        rq_push(e, r, false);
+      }
+    }
+    for (int h = 0; h < e->hosts; h++) {
+      int nl = e->n - h * e->m->per_host < e->m->per_host ? e->n - h * e->m->per_host
+                                                             : e->m->per_host;
+      e->idle[h] = e->cores > nl ? e->cores - nl : 0;
+    }
+  } else {
+    for (int r = 0; r < e->n; r++) schedule(e, r, start);
+  }
   while (e->nheap && rc == COLL_OK) {
     event ev = pop(e);
+    if (ev.r < 0) { /* a sleeping rank's wake */
+      sched_woken(e, -1 - ev.r, ev.t);
+      continue;
+    }
     rc = step_rank(e, ev.r, ev.t);
     /* A rank has at most one pending event; the heap holds at most 2N (stale ones). */
     if (e->nheap >= 2 * (size_t)e->n) {
@@ -464,6 +598,14 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.hosts = (e.n + m->per_host - 1) / m->per_host;
   e.cores = m->cores > 0 ? m->cores : m->per_host;
   e.oversub = (m->per_host < e.n ? m->per_host : e.n) > e.cores;
+  e.sched = e.oversub && m->cpu.on && m->cpu.sched;
+  if (e.sched) {
+    e.rq = malloc((size_t)e.hosts * (size_t)m->per_host * sizeof *e.rq);
+    e.rq_head = calloc((size_t)e.hosts, sizeof *e.rq_head);
+    e.rq_len = calloc((size_t)e.hosts, sizeof *e.rq_len);
+    e.idle = calloc((size_t)e.hosts, sizeof *e.idle);
+    if (!e.rq || !e.rq_head || !e.rq_len || !e.idle) goto oom;
+  }
   e.rs = calloc((size_t)e.n, sizeof *e.rs);
   e.heap = malloc(((size_t)e.n + 1) * 2 * sizeof *e.heap);
   e.core_free = calloc((size_t)e.hosts * (size_t)e.cores, sizeof *e.core_free);
@@ -532,6 +674,10 @@ out:
   free(e.nic_busy);
   free(e.tok);
   free(e.tok_t);
+  free(e.rq);
+  free(e.rq_head);
+  free(e.rq_len);
+  free(e.idle);
   return rc;
 }
 

@@ -34,8 +34,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def measure(out, reps, ns):
     env = dict(os.environ, COLL_TUNE_FILE="none")
-    with open(out, "a") as f:
+    with open(out, "a") as f, open(out + ".membw", "a") as mf:
         for rep in range(reps):
+            # The kernels' speeds in the same run: this VM's memory moves with its host's
+            # load by tens of percent from one hour to the next.
+            p = subprocess.run([f"{ROOT}/build/bench/sim-membw", "2"], capture_output=True,
+                               text=True, timeout=600)
+            mf.write(f"# round {rep}\n{p.stdout}")
+            mf.flush()
             for n in ns:
                 for coll, algo in CASES:
                     load = open("/proc/loadavg").read().split()[0]
@@ -59,7 +65,52 @@ def predict(coll, algo, n, size, flags):
     raise RuntimeError(p.stdout)
 
 
+def membw_flags(path, flags):
+    """The kernels' speeds recorded beside the measurements (measure writes PATH.membw):
+    with --membw-curve, coll-sim --membw PATH.membw (the measured curve against W);
+    else --copy-ns, --nt-ns, --reduce-ns as the built-in figures were taken: per run the
+    mean over W of 0.4-3 MiB (cache) and W >= 96 MiB (memory), then the smallest of the
+    runs.  Flags given on the command line win."""
+    if "--membw-curve" in flags:
+        flags.remove("--membw-curve")
+        if os.path.exists(path + ".membw"):
+            print(f"# kernels: coll-sim --membw {path}.membw")
+            return ["--membw", path + ".membw"]
+        return []
+    try:
+        text = open(path + ".membw").read()
+    except OSError:
+        return []
+    runs, cur = [], None
+    for line in text.splitlines():
+        if line.startswith("# round"):
+            cur = {"c": [], "m": []}
+            runs.append(cur)
+            continue
+        w = line.split()
+        if cur is None or line.startswith("#") or len(w) != 4:
+            continue
+        ws, vals = int(w[0]), [float(x) for x in w[1:]]
+        if 393216 <= ws <= 3145728:
+            cur["c"].append(vals)
+        elif ws >= 100663296:
+            cur["m"].append(vals)
+    runs = [r for r in runs if r["c"] and r["m"]]
+    if not runs:
+        return []
+    out = []
+    for i, name in enumerate(["--copy-ns", "--nt-ns", "--reduce-ns"]):
+        if name in flags:
+            continue
+        c = min(statistics.mean(v[i] for v in r["c"]) for r in runs)
+        m = min(statistics.mean(v[i] for v in r["m"]) for r in runs)
+        out += [name, f"{c:.4f},{m:.4f}"]
+    print(f"# kernels from {path}.membw ({len(runs)} runs): {' '.join(out)}")
+    return out
+
+
 def compare(path, flags):
+    flags = membw_flags(path, flags) + flags
     runs = {}
     for r in csv.reader(open(path)):
         coll, n, algo, size = r[2], int(r[3]), r[5], int(r[9])

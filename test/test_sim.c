@@ -225,6 +225,74 @@ Test(sim, nic_bucket_and_back_to_back_calls) {
   cr_assert(strstr(why, "one call"), "%s", why);
 }
 
+/* The scheduler of a host whose ranks outnumber its cores (sim_engine.c, sched):
+ *   - with a core per rank it is never used: the same time as without it;
+ *   - 2 ranks on 1 core, a broadcast from rank 1 of one slice of b bytes (rank 1 SEND,
+ *     rank 0 RECV), copies x per byte, α < yield_switch.  The pool of cores (sched off)
+ *     runs rank 1 at once and rank 0 after it: 2bx + α.  With the scheduler rank 0 starts
+ *     on the core, cannot run, yields: rank 1 gets the core after yield_switch, and when it
+ *     is done hands it back after another (the slice is visible by then): 2bx + 2·ys.
+ *     With spin_yields = 0 rank 0 sleeps at once instead (the core handed over after ys),
+ *     rank 1's post wakes it, and it runs on the core rank 1 left idle after wake_idle:
+ *     ys + 2bx + α + wake_idle;
+ *   - every plan of the tuner's collectives finishes on 8 ranks sharing 2 cores, also
+ *     when every wait sleeps (no deadlock from a wake that never comes), and the same
+ *     call gives the same time twice. */
+static double sched_run(sim_model *m, const sim_call *call) {
+  sim_result r;
+  char why[512];
+  cr_assert_eq(sim_call_run(m, call, false, NULL, NULL, &r, why, sizeof why), COLL_OK, "%s", why);
+  return r.seconds;
+}
+
+Test(sim, scheduler) {
+  const double x = 0.1e-9, alpha = 0.2e-6, ys = 1.6e-6, ya = 0.5e-6, wake = 23e-6;
+  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
+                 .cache_bytes = 1e12, .nt_bytes = 1e12, .yield_switch = ys,
+                 .yield_alone = ya, .wake_idle = wake, .spin_yields = 64};
+  sim_model m = {.nranks = 4, .per_host = 4, .cores = 4, .slot = 65536, .depth = 8, .cpu = cpu};
+  m.alpha[SIM_SHM] = alpha;
+  sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = 1 << 18, .es = 4};
+  double off = sched_run(&m, &call);
+  m.cpu.sched = true;
+  cr_assert_eq(sched_run(&m, &call), off, "a core per rank: the scheduler changed the time");
+
+  sim_model two = {.nranks = 2, .per_host = 2, .cores = 1, .slot = 65536, .depth = 8, .cpu = cpu};
+  two.alpha[SIM_SHM] = alpha;
+  sim_call bc = {.coll = COLL_COLL_BROADCAST, .algo = COLL_ALGO_RING, .count = 4096, .es = 4,
+                 .root = 1, .in_place = 1}; /* in place: the root has no copy of its own */
+  double b = 4096 * 4, pool = 2 * b * x + alpha;
+  cr_assert(fabs(sched_run(&two, &bc) - pool) < 1e-12, "pool of cores: %.9g s, want %.9g",
+            sched_run(&two, &bc), pool);
+  two.cpu.sched = true;
+  double t = sched_run(&two, &bc), want = 2 * b * x + 2 * ys;
+  cr_assert(fabs(t - want) < 1e-12, "yield: %.9g s, want %.9g", t, want);
+  two.cpu.spin_yields = 0;
+  t = sched_run(&two, &bc), want = ys + 2 * b * x + alpha + wake;
+  cr_assert(fabs(t - want) < 1e-12, "sleep: %.9g s, want %.9g", t, want);
+
+  sim_model eight = {.nranks = 8, .per_host = 8, .cores = 2, .slot = 262144, .depth = 8,
+                     .cpu = cpu};
+  eight.alpha[SIM_SHM] = alpha;
+  eight.cpu.sched = true;
+  const coll_coll_kind cs[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_BROADCAST, COLL_COLL_ALL_GATHER,
+                               COLL_COLL_REDUCE_SCATTER, COLL_COLL_REDUCE};
+  int ran = 0;
+  for (int spin = 0; spin <= 64; spin += 64)
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
+      for (int a = COLL_ALGO_RING; a <= COLL_ALGO_LINEAR; a++) {
+        if (!coll_algo_has_plan((coll_algo)a) || !coll_algo_serves((coll_algo)a, cs[i], 8))
+          continue;
+        eight.cpu.spin_yields = spin;
+        sim_call c = {.coll = cs[i], .algo = (coll_algo)a, .count = 3 << 18, .es = 4};
+        double t1 = sched_run(&eight, &c), t2 = sched_run(&eight, &c);
+        cr_assert(t1 > 0 && t1 == t2, "%s %s: %.9g then %.9g s", coll_coll_name(cs[i]),
+                  coll_algo_name((coll_algo)a), t1, t2);
+        ran++;
+      }
+  cr_assert(ran >= 2 * 10, "only %d plans ran", ran);
+}
+
 /* ---- broken plans are caught ------------------------------------------------------- */
 
 typedef struct {
