@@ -86,7 +86,8 @@ static void usage(void) {
       "                        --spin-yields and are woken by the post (default on)\n"
       "      --yield-us S,A    a yield that hands the core over, one with nobody to run\n"
       "                        (1.6,0.5: measured)\n"
-      "      --wake-us US      futex wake to running on an idle core (23: measured)\n"
+      "      --wake-us I,C     a futex wake: to the sleeper running on an idle core, and\n"
+      "                        the waker's CPU for it (23,2.3: measured)\n"
       "      --spin-yields K   yields before a waiting rank sleeps (64: fifo.c)\n"
       "      --membw FILE      copy, nt copy and reduce priced from sim-membw's table in\n"
       "                        FILE (its W times its threads = the host's W; several runs:\n"
@@ -132,6 +133,7 @@ static const sim_cpu host_cpu = {
     .slot_out = {0.047e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
     .call = 13e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
     .sched = true, .yield_switch = 1.6e-6, .yield_alone = 0.5e-6, .wake_idle = 23e-6,
+    .wake_cost = 2.3e-6,
     .spin_yields = 64};
 /* α of a hop on this host, the tuner's ring-lap figure: 0.2 us with a core per rank
  * (it spins), 1.6 us when ranks outnumber cores (they yield and sleep). */
@@ -469,7 +471,11 @@ int main(int argc, char **argv) {
     } else if (LONG("--membw")) {
       if (!o.cpu.on) o.cpu = host_cpu;
       if (!read_membw(v, &o.cpu)) { fprintf(stderr, "coll-sim: --membw %s: no sim-membw table in it\n", v); return 2; }
-    } else if (LONG("--wake-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.wake_idle = atof(v) * 1e-6;
+    } else if (LONG("--wake-us")) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      double w1, w2 = o.cpu.wake_cost * 1e6;
+      if (sscanf(v, "%lg,%lg", &w1, &w2) < 1 || w1 < 0 || w2 < 0) { fprintf(stderr, "coll-sim: --wake-us takes IDLE[,COST]\n"); return 2; }
+      o.cpu.wake_idle = w1 * 1e-6, o.cpu.wake_cost = w2 * 1e-6;
     } else if (LONG("--spin-yields")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.spin_yields = atoi(v);
     } else if (LONG("--alpha-shm")) { o.alpha_shm = atof(v), o.alpha_given = true;
     } else if (LONG("--bw-shm")) { o.bw_shm = atof(v);

@@ -56,6 +56,7 @@ typedef struct {
   double yield_switch; /* s a sched_yield takes that hands the core to another rank */
   double yield_alone;  /* s a sched_yield takes with no other rank to run */
   double wake_idle;    /* s from a futex wake to the sleeper running on an idle core */
+  double wake_cost;    /* s of the waker's CPU for a FUTEX_WAKE that wakes a sleeper */
   int spin_yields;     /* yields a waiting rank makes before it sleeps (fifo.c: 64) */
   double nt_bytes;     /* the executor's non-temporal threshold (COLL_NT_BYTES) */
   /* per call (sim_call_run fills them in): */

@@ -299,16 +299,18 @@ static void sched_woken(engine *e, int r, double t) {
 
 /* The rank blocked on a FIFO is told that what it waits for is there at t: an event at
  * t; with the scheduler, a rank on a core or queued sees it when it next looks, and a
- * sleeping one gets a wake event at t (an event of rank -1 - r). */
-static void notify(engine *e, int r, double t) {
+ * sleeping one gets a wake event at t (an event of rank -1 - r).  Returns what the wake
+ * costs the rank that does it: the FUTEX_WAKE of a sleeper (fifo.c wakes only those). */
+static double notify(engine *e, int r, double t) {
   if (!e->sched) {
     schedule(e, r, t);
-    return;
+    return 0;
   }
   rank_state *s = &e->rs[r];
-  if (s->where != ASLEEP || s->done) return;
+  if (s->where != ASLEEP || s->done) return 0;
   s->where = WAKING;
   schedule(e, -1 - r, t);
+  return e->m->cpu.wake_cost;
 }
 
 /* How long b bytes take through NIC direction k starting at t: all of them at the rate
@@ -367,7 +369,9 @@ static int keeps(coll_step_kind k) {
 
 /* ---- running ------------------------------------------------------------------------ */
 
-static void release(engine *e, int r, double now) {
+/* Gives back the slots rank r's operation read; returns the CPU its wakes cost it. */
+static double release(engine *e, int r, double now) {
+  double cost = 0;
   rank_state *s = &e->rs[r];
   for (int i = 0; i < 2; i++) {
     if (!s->held[i]) continue;
@@ -375,10 +379,11 @@ static void release(engine *e, int r, double now) {
     c->released++;
     s->held[i] = 0;
     if (c->wait_send >= 0) {
-      notify(e, c->wait_send, now);
+      cost += notify(e, c->wait_send, now);
       c->wait_send = -1;
     }
   }
+  return cost;
 }
 
 static coll_result fail(engine *e, const char *msg) {
@@ -396,7 +401,7 @@ static coll_result step_rank(engine *e, int r, double now) {
   if (s->busy) {
     if (now < s->busy_until) return COLL_OK; /* a stale wake-up; its own event comes */
     s->busy = false;
-    release(e, r, now);
+    now += release(e, r, now); /* a wake it does keeps it on its core a little longer */
   }
   while (!s->done) {
     if (s->round >= p->rounds[r]) {
@@ -492,7 +497,7 @@ static coll_result step_rank(engine *e, int r, double now) {
       out->tail++;
       e->res.messages++;
       if (out->wait_recv >= 0) {
-        notify(e, out->wait_recv, sl->t > now ? sl->t : now);
+        end += notify(e, out->wait_recv, sl->t > now ? sl->t : now); /* after the post */
         out->wait_recv = -1;
       }
     } else if (sent) {
@@ -506,7 +511,7 @@ static coll_result step_rank(engine *e, int r, double now) {
       schedule(e, r, end);
       return COLL_OK;
     }
-    release(e, r, now);
+    now += release(e, r, now);
   }
   return COLL_OK;
 }

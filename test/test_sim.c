@@ -234,7 +234,9 @@ Test(sim, nic_bucket_and_back_to_back_calls) {
  *     is done hands it back after another (the slice is visible by then): 2bx + 2·ys.
  *     With spin_yields = 0 rank 0 sleeps at once instead (the core handed over after ys),
  *     rank 1's post wakes it, and it runs on the core rank 1 left idle after wake_idle:
- *     ys + 2bx + α + wake_idle;
+ *     ys + 2bx + α + wake_idle.  When the wake costs rank 1 wake_cost (wc > α) of its
+ *     core, the core is still rank 1's when the wake arrives: rank 0 queues and takes it
+ *     when rank 1 is done, 2·ys + 2bx + wc;
  *   - every plan of the tuner's collectives finishes on 8 ranks sharing 2 cores, also
  *     when every wait sleeps (no deadlock from a wake that never comes), and the same
  *     call gives the same time twice. */
@@ -270,6 +272,9 @@ Test(sim, scheduler) {
   two.cpu.spin_yields = 0;
   t = sched_run(&two, &bc), want = ys + 2 * b * x + alpha + wake;
   cr_assert(fabs(t - want) < 1e-12, "sleep: %.9g s, want %.9g", t, want);
+  two.cpu.wake_cost = 2.3e-6;
+  t = sched_run(&two, &bc), want = 2 * ys + 2 * b * x + 2.3e-6;
+  cr_assert(fabs(t - want) < 1e-12, "sleep, a wake that costs: %.9g s, want %.9g", t, want);
 
   sim_model eight = {.nranks = 8, .per_host = 8, .cores = 2, .slot = 262144, .depth = 8,
                      .cpu = cpu};
