@@ -20,6 +20,7 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,10 +125,12 @@ static double wake_cost(shared *s, int n) {
 }
 
 int main(int argc, char **argv) {
-  (void)argv;
   if (argc > 1) {
-    fprintf(stderr, "usage: sim-sched   (measures; no arguments)\n");
-    return 2;
+    bool help = strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0;
+    fprintf(help ? stdout : stderr,
+            "usage: sim-sched\nMeasures the yield and futex figures of coll-sim's scheduler "
+            "model (about 3 s)\nand prints them, with the coll-sim flags that take them.\n");
+    return help ? 0 : 2;
   }
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int cores = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
