@@ -41,9 +41,14 @@
  * (m->calls, m->warmup: a benchmark's loop), the NICs' queues and buckets carried from
  * one call to the next, every rank starting the next call when the last one ended.
  *
- * What it leaves out: the scheduling noise of more ranks than cores beyond the core
- * pool and the hand-over cost, the proxy threads of tcp, and fair sharing (a NIC serves slices
- * in arrival order; for the whole of a collective the total is the same).
+ * When a host's ranks outnumber its cores and m->cpu.sched is on, the cores are not a
+ * pool: ranks queue for them, yield, sleep and are woken as fifo.c and the kernel do it
+ * ("the scheduler" below); off, a ready rank takes the earliest free core at once and
+ * pays a fixed hand-over per operation.
+ *
+ * What it leaves out: the kernel preempting a rank mid-operation, cache lost when a core
+ * changes hands, the proxy threads of tcp, and fair sharing (a NIC serves slices in
+ * arrival order; for the whole of a collective the total is the same).
  *
  * Must never: depend on wall-clock time or on anything but its arguments (the same call
  * gives the same prediction), or change the plans it runs.
@@ -228,10 +233,12 @@ static double on_core(engine *e, int r, double ready, double work) {
  *   - after spin_yields fruitless yields it sleeps (leaves the queue and the core); a
  *     core handed over by a sleep or by a rank that finished costs yield_switch too;
  *   - the post or release it waits for wakes it: onto an idle core after wake_idle (a
- *     halted core comes back: measured ~23 us on this VM), else at the front of the
- *     queue (the kernel places a woken sleeper ahead of tasks that have been running);
+ *     halted core comes back: ~22 us on this VM), else at the front of the queue (the
+ *     kernel places a woken sleeper ahead of tasks that have been running); the waker
+ *     spends wake_cost of its core on the FUTEX_WAKE;
  *   - an operation is not preempted (they last microseconds, a time slice milliseconds).
- * Every figure is measured, none fitted (docs/bandwidth-math.md section 8). */
+ * Every figure is measured (bench/sim_sched.c), none fitted (docs/bandwidth-math.md,
+ * section 8). */
 
 static int rq_at(const engine *e, int h, int i) {
   int ph = e->m->per_host;
