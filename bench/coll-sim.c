@@ -64,6 +64,9 @@ static void usage(void) {
       "      --calls C         C calls back to back, NIC queues and buckets carried over;\n"
       "                        print the mean of the last C - W (default 1: one call)\n"
       "      --warmup W        calls not counted (default 0), as coll-bench's -w\n"
+      "      --loop L          L calls as coll-bench's timed loop runs them: each rank\n"
+      "                        starts its next call when it finished its last, no barrier\n"
+      "                        between; prints the makespan / L (not with --calls)\n"
       "      --gamma-bw GBS    reduction speed, GB/s of input (default 10: tune.c)\n"
       "      --copy-bw GBS     local copies (COPY steps, kept slices); 0 = free (default)\n"
       "      --tune-cache[=F]  take alpha, beta, gamma for shm from the tuner's cache line\n"
@@ -112,7 +115,7 @@ typedef struct {
   int nsizes;
   double alpha_shm, bw_shm, alpha_net, bw_net, gamma_bw, copy_bw;
   double burst, bw_line;
-  int calls, warmup;
+  int calls, warmup, loop;
   const char *tune_cache;
   size_t slot;
   int depth, max_a2a;
@@ -235,7 +238,7 @@ static sim_model model_for(const opts *o, int n) {
   m.alpha[SIM_SHM] = o->alpha_shm * 1e-6, m.beta[SIM_SHM] = 1e-9 / o->bw_shm;
   m.alpha[SIM_NET] = o->alpha_net * 1e-6, m.beta[SIM_NET] = 1e-9 / o->bw_net;
   m.burst = o->burst, m.beta_line = 1e-9 / o->bw_line;
-  m.calls = o->calls, m.warmup = o->warmup;
+  m.calls = o->calls, m.warmup = o->warmup, m.loop = o->loop;
   m.gamma = o->gamma_bw > 0 ? 1e-9 / o->gamma_bw : 0;
   m.beta_copy = o->copy_bw > 0 ? 1e-9 / o->copy_bw : 0;
   m.cpu = o->cpu;
@@ -443,6 +446,7 @@ int main(int argc, char **argv) {
     } else if (LONG("--bw-line")) { o.bw_line = atof(v);
     } else if (LONG("--calls")) { o.calls = atoi(v);
     } else if (LONG("--warmup")) { o.warmup = atoi(v);
+    } else if (LONG("--loop")) { o.loop = atoi(v);
     } else if (ARG("-f", "--stepfactor")) {
       f = atof(v);
     } else if (strcmp(a, "--cpu-model") == 0) {
@@ -498,9 +502,11 @@ int main(int argc, char **argv) {
   }
   if (o.per_host < 1 || o.depth < 1 || o.slot < 4 || !(f > 1) || !(b >= 1) || e < b ||
       !(o.bw_shm > 0) || !(o.bw_net > 0) || !(o.bw_line > 0) || o.cores < 0 || o.calls < 0 ||
-      o.warmup < 0 || (o.warmup > 0 && o.warmup >= o.calls)) {
+      o.warmup < 0 || (o.warmup > 0 && o.warmup >= o.calls) || o.loop < 0 ||
+      (o.loop > 1 && o.calls > 1)) {
     fprintf(stderr, "coll-sim: need ranks per host >= 1, depth >= 1, slot >= 4, factor > 1, "
-            "sizes 1 <= -b <= -e, positive bandwidths and --warmup below --calls\n");
+            "sizes 1 <= -b <= -e, positive bandwidths, --warmup below --calls, and "
+            "--calls or --loop, not both\n");
     return 2;
   }
   for (double s = b; s <= e && o.nsizes < MAXSIZES; s *= f) o.sizes[o.nsizes++] = s;
@@ -524,6 +530,9 @@ int main(int argc, char **argv) {
     printf("# NIC bucket %.0f B (line %.2f GB/s); %d calls back to back, the last %d timed\n",
            o.burst, o.bw_line, o.calls > 1 ? o.calls : 1,
            (o.calls > 1 ? o.calls : 1) - o.warmup);
+  if (o.loop > 1)
+    printf("# a loop of %d calls, each rank starting its next when it finished its last; "
+           "the time per call is the makespan / %d\n", o.loop, o.loop);
   if (o.cpu.on)
     printf("# CPU model: copy %.3f/%.3f, nt %.3f/%.3f, reduce %.3f/%.3f ns/B (cache/memory), "
            "cache %.0f MiB, op %.2f us, call %.2f us, switch %.2f us; alpha_shm %s\n",

@@ -88,6 +88,10 @@ typedef struct {
    * NICs' queues and buckets carried from one to the next, the result the mean of the
    * last calls - warmup.  0 or 1: one call from idle. */
   int calls, warmup;
+  /* A loop of `loop` calls as coll-bench times them (-n after a barrier): every rank
+   * starts its next call as soon as it finished its last, without waiting for the
+   * others; the result is the makespan over `loop`.  0 or 1: one call. */
+  int loop;
 } sim_model;
 
 /* One collective call, as coll_plan_args describes it (count in elements of es bytes). */

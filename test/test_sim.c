@@ -217,6 +217,19 @@ Test(sim, nic_bucket_and_back_to_back_calls) {
     cr_assert(fabs(r.seconds - cases[i].want) < 1e-12, "case %zu: %.9g s, want %.9g", i, r.seconds,
               cases[i].want);
   }
+  /* coll-bench's loop (--loop): each rank starts its next call when it finished its last.
+   * Here both ranks finish every call together, so the loop's time per call is one
+   * call's.  Barriers between calls and a loop at once are refused. */
+  m.burst = 0, m.calls = 0, m.warmup = 0;
+  sim_result one, loop;
+  char lwhy[512] = "";
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &one, lwhy, sizeof lwhy), COLL_OK, "%s", lwhy);
+  m.loop = 7;
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &loop, lwhy, sizeof lwhy), COLL_OK, "%s", lwhy);
+  cr_assert(fabs(loop.seconds - one.seconds) < 1e-12, "loop %.9g s per call, one call %.9g", loop.seconds, one.seconds);
+  m.calls = 2;
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &loop, lwhy, sizeof lwhy), COLL_ERR_INVALID_ARG);
+  m.loop = 0;
   /* Contents cannot be checked across calls: refused with a sentence. */
   m.calls = 2, m.warmup = 0;
   sim_result r;
