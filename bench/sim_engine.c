@@ -241,10 +241,6 @@ static double on_core(engine *e, int r, double ready, double work) {
  * Every figure is measured (bench/sim_sched.c), none fitted (docs/bandwidth-math.md,
  * section 8). */
 
-static int rq_at(const engine *e, int h, int i) {
-  int ph = e->m->per_host;
-  return e->rq[(size_t)h * (size_t)ph + (size_t)((e->rq_head[h] + i) % ph)];
-}
 static void rq_push(engine *e, int r, bool front) {
   int h = host_of(e, r), ph = e->m->per_host;
   int i = front ? (e->rq_head[h] = (e->rq_head[h] + ph - 1) % ph)
@@ -254,7 +250,7 @@ static void rq_push(engine *e, int r, bool front) {
   e->rs[r].where = QUEUED;
 }
 static int rq_pop(engine *e, int h) {
-  int r = rq_at(e, h, 0);
+  int r = e->rq[(size_t)h * (size_t)e->m->per_host + (size_t)e->rq_head[h]];
   e->rq_head[h] = (e->rq_head[h] + 1) % e->m->per_host;
   e->rq_len[h]--;
   return r;
@@ -286,9 +282,7 @@ static void sched_wait(engine *e, int r, double now) {
     schedule(e, r, now + c->yield_alone);
     return;
   }
-  int q = rq_pop(e, h);
-  e->rs[q].where = ON_CORE;
-  schedule(e, q, now + c->yield_switch);
+  core_free_at(e, h, now + c->yield_switch); /* the queue's front takes it */
   rq_push(e, r, false);
 }
 
@@ -479,7 +473,7 @@ static coll_result step_rank(engine *e, int r, double now) {
       /* The CPU model (sim_cpu.c): the slice's passes over memory and its fixed cost,
        * whatever link it goes out on (the executor copies into a tcp slot too); the
        * network's β is the NIC's, in deliver().  When the host's ranks outnumber its
-       * cores, each operation also pays for handing the core over. */
+       * cores and the scheduler is off, each operation also pays a fixed hand-over. */
       work = sim_cpu_work(&e->m->cpu, k, b) +
              (e->oversub && !e->sched ? e->m->cpu.switch_cost : 0);
     } else {
@@ -537,20 +531,16 @@ static coll_result run_call(engine *e, double start) {
   const sim_plans *p = e->p;
   coll_result rc = COLL_OK;
   if (e->sched) { /* each host's first `cores` ranks start on its cores, the rest queue */
-    for (int h = 0; h < e->hosts; h++) e->rq_head[h] = e->rq_len[h] = 0, e->idle[h] = 0;
+    for (int h = 0; h < e->hosts; h++) e->rq_head[h] = e->rq_len[h] = 0, e->idle[h] = e->cores;
     for (int r = 0; r < e->n; r++) {
-      int h = host_of(e, r), local = r - h * e->m->per_host;
-      if (local < e->cores) {
+      int h = host_of(e, r);
+      if (e->idle[h] > 0) {
+        e->idle[h]--;
         e->rs[r].where = ON_CORE;
         schedule(e, r, start);
       } else {
         rq_push(e, r, false);
       }
-    }
-    for (int h = 0; h < e->hosts; h++) {
-      int nl = e->n - h * e->m->per_host < e->m->per_host ? e->n - h * e->m->per_host
-                                                             : e->m->per_host;
-      e->idle[h] = e->cores > nl ? e->cores - nl : 0;
     }
   } else {
     for (int r = 0; r < e->n; r++) schedule(e, r, start);
