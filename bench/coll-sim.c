@@ -92,6 +92,9 @@ static void usage(void) {
       "      --wake-us I,C     a futex wake: to the sleeper running on an idle core, and\n"
       "                        the waker's CPU for it (21.6,1.86: sim-sched)\n"
       "      --spin-yields K   yields before a waiting rank sleeps (64: fifo.c)\n"
+      "      --footprint-ns X  what a slot byte costs more when a host's FIFOs (depth x\n"
+      "                        slot each) exceed the cache, times 1 - C/F (0.035,\n"
+      "                        fitted; 0: off)\n"
       "      --membw FILE      copy, nt copy and reduce priced from sim-membw's table in\n"
       "                        FILE (its W times its threads = the host's W; several runs:\n"
       "                        the smallest per W) instead of the two-point mixture\n"
@@ -128,8 +131,9 @@ typedef struct {
  * each figure was obtained): the kernels' speeds, slot_in and C measured with
  * build/bench/sim-membw (two threads: both cores busy); fitted: call on ring all-reduce
  * N=2 64 KiB, slot_out in cache on ring N=2 1 MiB, the core hand-over on ring N=3
- * 1 MiB; op is 0 (a slice's fixed cost is not separable from α and call on this data).
- * Everything else the model is compared with is predicted. */
+ * 1 MiB, the FIFOs' footprint on tree N=8 16 MiB (docs/sim/runs_sched_c.csv); op is 0
+ * (a slice's fixed cost is not separable from α and call on this data).  Everything else
+ * the model is compared with is predicted. */
 static const sim_cpu host_cpu = {
     .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
@@ -137,7 +141,7 @@ static const sim_cpu host_cpu = {
     .call = 13e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
     .sched = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6, .wake_idle = 21.6e-6,
     .wake_cost = 1.86e-6,
-    .spin_yields = 64};
+    .spin_yields = 64, .footprint = 0.035e-9};
 /* α of a hop on this host, the tuner's ring-lap figure: 0.2 us with a core per rank
  * (it spins), 1.6 us when ranks outnumber cores (they yield and sleep). */
 #define HOST_ALPHA_US 0.2
@@ -480,6 +484,7 @@ int main(int argc, char **argv) {
       double w1, w2 = o.cpu.wake_cost * 1e6;
       if (sscanf(v, "%lg,%lg", &w1, &w2) < 1 || w1 < 0 || w2 < 0) { fprintf(stderr, "coll-sim: --wake-us takes IDLE[,COST]\n"); return 2; }
       o.cpu.wake_idle = w1 * 1e-6, o.cpu.wake_cost = w2 * 1e-6;
+    } else if (LONG("--footprint-ns")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.footprint = atof(v) * 1e-9;
     } else if (LONG("--spin-yields")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.spin_yields = atoi(v);
     } else if (LONG("--alpha-shm")) { o.alpha_shm = atof(v), o.alpha_given = true;
     } else if (LONG("--bw-shm")) { o.bw_shm = atof(v);
@@ -535,11 +540,12 @@ int main(int argc, char **argv) {
            "the time per call is the makespan / %d\n", o.loop, o.loop);
   if (o.cpu.on)
     printf("# CPU model: copy %.3f/%.3f, nt %.3f/%.3f, reduce %.3f/%.3f ns/B (cache/memory), "
-           "cache %.0f MiB, op %.2f us, call %.2f us, switch %.2f us; alpha_shm %s\n",
+           "cache %.0f MiB, op %.2f us, call %.2f us, switch %.2f us, footprint %.3f ns/B; "
+           "alpha_shm %s\n",
            o.cpu.copy[0] * 1e9, o.cpu.copy[1] * 1e9, o.cpu.nt_copy[0] * 1e9,
            o.cpu.nt_copy[1] * 1e9, o.cpu.reduce[0] * 1e9, o.cpu.reduce[1] * 1e9,
            o.cpu.cache_bytes / 1048576.0, o.cpu.op * 1e6, o.cpu.call * 1e6,
-           o.cpu.switch_cost * 1e6, o.alpha_given ? "as given"
+           o.cpu.switch_cost * 1e6, o.cpu.footprint * 1e9, o.alpha_given ? "as given"
                                     : o.cpu.sched ? "0.2 us" : "0.2 us (1.6 us oversubscribed)");
   if (o.cpu.on && o.cpu.sched)
     printf("# scheduler (where ranks outnumber cores): yield %.2f us handing over, %.2f us "

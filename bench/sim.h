@@ -58,6 +58,8 @@ typedef struct {
   double wake_idle;    /* s from a futex wake to the sleeper running on an idle core */
   double wake_cost;    /* s of the waker's CPU for a FUTEX_WAKE that wakes a sleeper */
   int spin_yields;     /* yields a waiting rank makes before it sleeps (fifo.c: 64) */
+  double footprint;    /* s per byte a slot access costs more when the host's FIFOs
+                          (depth x slot each) exceed the cache: times max(0, 1 - C/F) */
   double nt_bytes;     /* the executor's non-temporal threshold (COLL_NT_BYTES) */
   /* per call (sim_call_run fills them in): */
   double ws;           /* W: bytes the host's ranks touch in the call */
@@ -165,6 +167,8 @@ bool sim_check_final(sim_checker *ck, char *why, size_t why_len);
 double sim_cpu_per_byte(const sim_cpu *c, const double x[2]);
 /* CPU seconds of one slice operation of kind k moving b bytes (its passes + op). */
 double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b);
+/* Bytes of FIFO slots the operation reads and writes. */
+double sim_cpu_slot_bytes(coll_step_kind k, double b);
 /* W of a call on model m, and the executor's nt rule for it. */
 double sim_cpu_working_set(const sim_model *m, const sim_call *call);
 bool sim_cpu_nt(const sim_call *call, int nranks, double nt_bytes);

@@ -48,6 +48,10 @@
  * counters' atomics and cache-line transfers, the loop's bookkeeping): at 64 KiB slices
  * it is what separates a slice's cost from its bytes.
  *
+ * The engine adds the FIFOs' footprint (sim_engine.c): per slot byte an operation reads
+ * or writes (sim_cpu_slot_bytes), cpu.footprint·(1 - C/F) when the host's FIFOs cycle
+ * through F > C bytes of slots.
+ *
  * Must never: depend on anything but its arguments.
  */
 #include <math.h>
@@ -97,6 +101,20 @@ double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b) {
   case COLL_STEP_RECV2_REDUCE_SEND: passes = 2 * red + 2 * t_in + t_out; break;
   }
   return c->op + b * passes;
+}
+
+double sim_cpu_slot_bytes(coll_step_kind k, double b) {
+  switch (k) {
+  case COLL_STEP_COPY: return 0;
+  case COLL_STEP_SEND:
+  case COLL_STEP_RECV:
+  case COLL_STEP_RECV_REDUCE_COPY: return b;
+  case COLL_STEP_RECV_COPY_SEND:
+  case COLL_STEP_RECV_REDUCE_SEND:
+  case COLL_STEP_RECV_REDUCE_COPY_SEND: return 2 * b;
+  case COLL_STEP_RECV2_REDUCE_SEND: return 3 * b;
+  }
+  return 0;
 }
 
 /* W for one call on this model: per rank its send and receive buffers as coll-bench

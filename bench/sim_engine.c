@@ -33,7 +33,13 @@
  * With the CPU model on (m->cpu, sim_cpu.c) the CPU costs above are replaced by the
  * passes over memory run_slice really makes, priced by whether the call's working set
  * fits the cache, plus a fixed cost per operation and per call, and per operation a
- * core hand-over when ranks outnumber cores.
+ * core hand-over when ranks outnumber cores.  And the FIFOs' footprint: when the FIFOs
+ * between a host's ranks cycle through more slot bytes F (depth slots of what each
+ * FIFO's largest slice fills) than its cache C, every slot byte an operation reads or
+ * writes costs cpu.footprint·(1 - C/F) more — the 8-rank tree ran 1.4-1.6x faster with
+ * 2 slots per FIFO than with 8, and no faster with 8 slots of which a sender may fill 2
+ * ahead, so it is the bytes cycled through, not how long a slice waits
+ * (docs/bandwidth-math.md, section 8).
  *
  * A NIC direction may sit behind a token bucket (m->burst: tc tbf, how scripts/netns.sh
  * caps a link): bytes its tokens cover leave at line speed, the rest at the rate, and it
@@ -70,6 +76,7 @@ typedef struct {
   int src, dst;
   uint64_t tail, head, released; /* posted, taken by the receiver, slots given back */
   slot *q;                       /* depth slots, allocated at the first post */
+  double used;                   /* bytes of a slot its largest slice fills */
   int wait_recv, wait_send;      /* a rank blocked on this FIFO (empty / full), or -1 */
 } conn;
 
@@ -108,6 +115,7 @@ typedef struct {
   size_t nheap;
   uint64_t seq;
   double *core_free;    /* per host, `cores` entries */
+  double *fp;           /* per host: max(0, 1 - C/F), F its FIFOs' slot bytes */
   double *nic_tx, *nic_rx, *nic_busy;
   double *tok;          /* per host: tokens of the tx [2h] and rx [2h+1] shapers, */
   double *tok_t;        /* as of this time */
@@ -475,7 +483,8 @@ static coll_result step_rank(engine *e, int r, double now) {
        * network's β is the NIC's, in deliver().  When the host's ranks outnumber its
        * cores and the scheduler is off, each operation also pays a fixed hand-over. */
       work = sim_cpu_work(&e->m->cpu, k, b) +
-             (e->oversub && !e->sched ? e->m->cpu.switch_cost : 0);
+             (e->oversub && !e->sched ? e->m->cpu.switch_cost : 0) +
+             e->m->cpu.footprint * e->fp[host_of(e, r)] * sim_cpu_slot_bytes(k, b);
     } else {
       work = (reduces(k) ? (k == COLL_STEP_RECV2_REDUCE_SEND ? 2 : 1) * b * e->m->gamma : 0) +
              (keeps(k) ? b * e->m->beta_copy : 0);
@@ -619,12 +628,13 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.rs = calloc((size_t)e.n, sizeof *e.rs);
   e.heap = malloc(((size_t)e.n + 1) * 2 * sizeof *e.heap);
   e.core_free = calloc((size_t)e.hosts * (size_t)e.cores, sizeof *e.core_free);
+  e.fp = calloc((size_t)e.hosts, sizeof *e.fp);
   e.nic_tx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_rx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
-  if (!e.rs || !e.heap || !e.core_free || !e.nic_tx || !e.nic_rx || !e.nic_busy || !e.tok ||
+  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.nic_tx || !e.nic_rx || !e.nic_busy || !e.tok ||
       !e.tok_t)
     goto oom;
   for (int k = 0; k < 2 * e.hosts; k++) e.tok[k] = m->burst; /* idle before: full */
@@ -638,7 +648,21 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
       if ((pin >= 0 && !add_conn(&e, pin, r)) || (pin2 >= 0 && !add_conn(&e, pin2, r)) ||
           (pout >= 0 && !add_conn(&e, r, pout)))
         goto oom;
+      if (pout >= 0) { /* what of its slots the FIFO fills */
+        conn *c = get_conn(&e, r, pout);
+        double b = (double)(st->count < m->slot / es ? st->count : m->slot / es) * (double)es;
+        if (b > c->used) c->used = b;
+      }
     }
+  /* The FIFOs' footprint per host (CPU model): every FIFO between two of its ranks cycles
+   * through depth slots of what its largest slice fills. */
+  if (m->cpu.on && m->cpu.footprint > 0 && m->cpu.cache_bytes > 0) {
+    for (size_t i = 0; i < e.nconns; i++)
+      if (host_of(&e, e.conns[i].src) == host_of(&e, e.conns[i].dst))
+        e.fp[host_of(&e, e.conns[i].src)] += (double)m->depth * e.conns[i].used;
+    for (int h = 0; h < e.hosts; h++)
+      e.fp[h] = e.fp[h] > m->cpu.cache_bytes ? 1 - m->cpu.cache_bytes / e.fp[h] : 0;
+  }
   /* The call's fixed cost outside its slices (CPU model only): every rank pays it once,
    * before its first slice and after its last, so it adds to the makespan — and, with
    * calls back to back, separates one call from the next. */
@@ -680,6 +704,7 @@ out:
   free(e.rs);
   free(e.heap);
   free(e.core_free);
+  free(e.fp);
   free(e.nic_tx);
   free(e.nic_rx);
   free(e.nic_busy);

@@ -311,6 +311,30 @@ Test(sim, scheduler) {
   cr_assert(ran >= 2 * 10, "only %d plans ran", ran);
 }
 
+/* The FIFOs' footprint (sim_engine.c, cpu.footprint): 2 ranks with a core each, a
+ * broadcast from rank 1 of one slice of b bytes (rank 1 SEND, rank 0 RECV), copies x per
+ * byte in cache and memory alike: 2bx + α.  The one FIFO cycles through depth slots of b
+ * bytes, F = 8b; with a cache C < F every slot byte costs x_fp·(1 - C/F) more, and SEND
+ * writes b of them, RECV reads b: 2bx + α + 2b·x_fp·(1 - C/F).  With C >= F nothing
+ * changes. */
+Test(sim, footprint) {
+  const double x = 0.1e-9, alpha = 0.2e-6, xfp = 0.035e-9, b = 4096 * 4;
+  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
+                 .cache_bytes = 8 * b, .nt_bytes = 1e12, .footprint = xfp};
+  sim_model m = {.nranks = 2, .per_host = 2, .slot = 65536, .depth = 8, .cpu = cpu};
+  m.alpha[SIM_SHM] = alpha;
+  sim_call bc = {.coll = COLL_COLL_BROADCAST, .algo = COLL_ALGO_RING, .count = 4096, .es = 4,
+                 .root = 1, .in_place = 1};
+  double t = sched_run(&m, &bc), want = 2 * b * x + alpha;
+  cr_assert(fabs(t - want) < 1e-12, "F = C: %.9g s, want %.9g", t, want);
+  const double cs[] = {4 * b, 2 * b};
+  for (int i = 0; i < 2; i++) {
+    m.cpu.cache_bytes = cs[i];
+    t = sched_run(&m, &bc), want = 2 * b * x + alpha + 2 * b * xfp * (1 - cs[i] / (8 * b));
+    cr_assert(fabs(t - want) < 1e-12, "C = %.0f: %.9g s, want %.9g", cs[i], t, want);
+  }
+}
+
 /* ---- broken plans are caught ------------------------------------------------------- */
 
 typedef struct {
