@@ -634,8 +634,8 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
-  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.nic_tx || !e.nic_rx || !e.nic_busy || !e.tok ||
-      !e.tok_t)
+  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
+      !e.tok || !e.tok_t)
     goto oom;
   for (int k = 0; k < 2 * e.hosts; k++) e.tok[k] = m->burst; /* idle before: full */
   /* Every FIFO the plans use, from both ends' point of view (a send without its receive

@@ -7,9 +7,9 @@
   scripts/sim_agreement.py compare-netns OUT.csv [coll-sim flags...]
 
 measure: REPS rounds (default 9: with 5, two sets minutes apart differed by more than
-25 % in 11 of the 40 all-reduce medians, with 9 in 4); in each round every case once (N in NS, default
-"2,3,4"; all_reduce ring/tree, all_gather ring, broadcast ring/tree; 64 KiB..16 MiB by
-4), so that a disturbance of the machine hits one run of many cases rather than every
+25 % in 11 of the 40 all-reduce medians, with 9 in 4); in each round every case once
+(N in NS, default "2,3,4"; all_reduce ring/tree, all_gather ring, broadcast ring/tree;
+64 KiB..16 MiB by 4), so that a disturbance of the machine hits one run of many cases rather than every
 run of one case.  Each row gets the round and the load average when it started.
 compare: the median of the out-of-place times per case, coll-sim's prediction for it
 (--cpu-model, cores per host 2, every rank on one host), and the error; cases named in
