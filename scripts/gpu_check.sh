@@ -27,6 +27,11 @@
 #          off, interleaved twice; DDP over libcoll with 2 and 4 ranks on the GPU(s), the
 #          first with --trace (ddp2.json); NCCL with 2 ranks (on one GPU it refuses: its
 #          answer is recorded).
+#   torch  the PyTorch binding's torch 2.x adapter (torch/backend_2x.cpp) built against the
+#          machine's python3 and its torch in build-torch (-Dtorch_python), then its suite
+#          case (test_torch: ops, async, bad ops, a killed rank, dropped Works, a part of
+#          PyTorch's own distributed_test) and what it answers for a CUDA tensor
+#          (torch/tools/cuda_probe.py) -> torch.txt.
 # Every stage prints what it runs; summary.txt gets one line per stage with its status.
 # Must never: download anything, install into / (the prefix is under /tmp), or stop at
 # the first failure (each stage runs whatever it can and says what failed).
@@ -42,8 +47,8 @@ STAGES=()
 for a in "$@"; do
   case $a in
   --rehearse) REHEARSE=1 ;;
-  build | test | bench | train) STAGES+=("$a") ;;
-  *) echo "gpu_check: unknown argument '$a' (stages: build test bench train; --rehearse)" >&2; exit 2 ;;
+  build | test | bench | train | torch) STAGES+=("$a") ;;
+  *) echo "gpu_check: unknown argument '$a' (stages: build test bench train torch; --rehearse)" >&2; exit 2 ;;
   esac
 done
 ((${#STAGES[@]})) || STAGES=(build test bench train)
@@ -169,6 +174,30 @@ stage_train() {
   run "$ct" --device cuda --parallel ddp --ranks 4 --backend coll "${small[@]}"
   run "$ct" --device cuda --parallel ddp --ranks 2 --backend nccl "${small[@]}"
   summary "train: $([ $rc = 0 ] && echo ok || echo 'some runs failed (NCCL on one GPU is expected to), see train.txt')"
+}
+
+stage_torch() {
+  prefix || { summary "torch: not run (no carried prefix)"; return 1; }
+  local f="$OUT/torch.txt" py T=$ROOT/build-torch
+  py=$(command -v python3)
+  : >"$f"
+  {
+    echo "== $py: $("$py" -c 'import torch,sys; print(sys.version.split()[0], "torch", torch.__version__)' 2>&1)"
+    if [ ! -f "$T/build.ninja" ]; then
+      meson setup "$T" -Dwerror=true -Dcuda=auto -Dtrain=disabled -Dpeers=disabled \
+        -Dbuildtype=release -Dtorch_python="$py"
+    fi
+    grep -E "libcoll_torch:" "$T/meson-logs/meson-log.txt" | tail -1
+    ninja -C "$T" && echo "== built"
+  } >>"$f" 2>&1
+  if ! grep -q "^== built" "$f"; then summary "torch: build FAILED (see torch.txt)"; return 1; fi
+  if ! grep -q "libcoll_torch: built" "$f"; then summary "torch: module not built: $(grep -o 'not built.*' "$f" | head -1)"; return 1; fi
+  timeout 420 meson test -C "$T" --no-rebuild --print-errorlogs torch >>"$f" 2>&1
+  python3 scripts/summary.py "$T/meson-logs/testlog.json" | tail -1 | sed 's/^/torch: suite /' | tee -a "$OUT/summary.txt"
+  grep -E '^\[(PASS|FAIL|SKIP|ERR )' "$T/meson-logs/testlog.txt" >>"$f"
+  echo "== cuda_probe" >>"$f"
+  PYTHONPATH=$T/torch timeout 120 "$py" torch/tools/cuda_probe.py >>"$f" 2>&1
+  summary "torch: cuda_probe exit $? ($(grep -m1 '^rank 0' "$f" | cut -c1-160))"
 }
 
 : >"$OUT/summary.txt"

@@ -1,5 +1,6 @@
 /* test_torch.c — the PyTorch backend (torch/, docs/pytorch.md) in the suite: each case runs
- * test/torch_check.py with /usr/bin/python3 on N forked ranks, the built libcoll_torch on
+ * test/torch_check.py with /usr/bin/python3 (or meson's -Dtorch_python, which the build
+ * sets in COLL_TORCH_PYTHON) on N forked ranks, the built libcoll_torch on
  * PYTHONPATH, and checks its exit status and what it printed.
  *
  *   ops   N = 2, 3, 4: every operation x dtype on the world and on a subgroup, against
@@ -26,13 +27,19 @@
 
 #include "run_prog.h"
 
+// The Python the module was built for.
+static const char *python(void) {
+  const char *p = getenv("COLL_TORCH_PYTHON");
+  return p && *p ? p : "/usr/bin/python3";
+}
+
 static t_run_result check(const char *mode, const char *n) {
   const char *dir = getenv("COLL_TORCH_MODULE_DIR"), *src = getenv("COLL_TEST_SOURCE_DIR");
   cr_assert(dir && src, "COLL_TORCH_MODULE_DIR and COLL_TEST_SOURCE_DIR must be set (meson test)");
   char script[4096], pp[4096];
   snprintf(script, sizeof script, "%s/test/torch_check.py", src);
   snprintf(pp, sizeof pp, "PYTHONPATH=%s", dir);
-  const char *argv[] = {"/usr/bin/python3", script, mode, n, NULL};
+  const char *argv[] = {python(), script, mode, n, NULL};
   const char *env[] = {pp, "OMP_NUM_THREADS=1", NULL};
   t_run_result r = t_run(argv, env, 150);
   cr_assert_neq(r.status, -2, "%s", r.err);
@@ -103,7 +110,7 @@ Test(torch, pytorch_suite_part, .timeout = 160) {
   char script[4096], pp[4096];
   snprintf(script, sizeof script, "%s/scripts/torch_dist_suite.py", src);
   snprintf(pp, sizeof pp, "PYTHONPATH=%s", dir);
-  const char *argv[3 + 2 * N_PART + 1] = {"/usr/bin/python3", script, "-v"};
+  const char *argv[3 + 2 * N_PART + 1] = {python(), script, "-v"};
   for (int i = 0; i < N_PART; i++) {
     argv[3 + 2 * i] = "-k";
     argv[4 + 2 * i] = suite_part[i];

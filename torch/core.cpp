@@ -98,6 +98,18 @@ Typed typed(at::ScalarType t, const char *what) {
   }
 }
 
+// PREMUL_SUM's factor as a tensor, or an undefined tensor when it is a double.  torch 1.x
+// keeps a vector `tensor_factors`, torch 2.x one `tensor_factor`: the first overload
+// exists only where the member does, and an exact match on 0 prefers it.
+template <class S>
+auto premul_factor_tensor(const S &s, int) -> decltype(s.tensor_factor) {
+  return s.tensor_factor;
+}
+template <class S>
+at::Tensor premul_factor_tensor(const S &s, long) {
+  return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors[0];
+}
+
 const char *op_name(c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM: return "SUM";
@@ -153,10 +165,8 @@ Reduction reduction(const c10d::ReduceOp &rop, at::ScalarType t, const char *wha
       if (!s) return refuse(" without its factor");
       r.premul = true;
       r.op = COLL_SUM;
-      if (!s->tensor_factors.empty())
-        r.factor_tensor = s->tensor_factors[0];
-      else
-        r.factor = s->double_factor;
+      r.factor_tensor = premul_factor_tensor(*s, 0);
+      if (!r.factor_tensor.defined()) r.factor = s->double_factor;
       break;
     }
     default:
