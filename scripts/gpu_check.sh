@@ -11,7 +11,9 @@
 # Stages (any order, each appends to its own file under $OUT, default ./gpu-results):
 #   build  unpacks .gpu/debs into /tmp/gpu-prefix (Criterion, OpenBLAS, pkgconf; a
 #          fallback library only where the machine lacks it), configures build-gpu with
-#          CUDA required, builds everything (build.log), and writes env.txt (GPU, driver,
+#          CUDA required and the CUDA tests on test/shim's runner (-Dcriterion_shim: on the
+#          GPU machine Criterion's workers did not start, 2026-11-24), builds everything
+#          (build.log), and writes env.txt (GPU, driver,
 #          nvcc, torch).  A later stage builds first if build-gpu is missing.
 #   test   the CUDA tests, none skipped when a GPU is there: test_cuda (kernels against
 #          reduce.c, the device matrix at 2, 4 and 8 ranks, through a cudaStream_t too, a
@@ -98,6 +100,7 @@ stage_build() {
     meson --version 2>&1 | sed 's/^/meson /'
     ninja --version 2>&1 | sed 's/^/ninja /'
     nproc
+    ls -ld /dev/shm && df -h /dev/shm
   } >"$OUT/env.txt" 2>&1
   prefix || { summary "build: FAILED (no carried prefix)"; return 1; }
   local cuda=enabled
@@ -106,7 +109,7 @@ stage_build() {
     echo "== meson setup (PKG_CONFIG_PATH=$PKG_CONFIG_PATH)"
     if [ ! -f "$B/build.ninja" ]; then
       meson setup "$B" -Dwerror=true -Dcuda=$cuda -Dtrain=enabled -Dpeers=disabled \
-        -Dbuildtype=release || exit 1
+        -Dbuildtype=release -Dcriterion_shim=true || exit 1
     fi
     grep -E "Run-time dependency (criterion|openblas)|Program nvcc" "$B/meson-logs/meson-log.txt" | tail -4
     echo "== ninja"
@@ -127,7 +130,7 @@ stage_test() {
     echo "== $(date -u +%T) meson test cuda train_cuda"
     # The whole coll suite is CI's; here only what needs the GPU.  COLL_CUDA is left to
     # test_cuda's own environment (meson sets it per test).
-    meson test -C "$B" --no-rebuild --print-errorlogs --timeout-multiplier 2 cuda train_cuda
+    meson test -C "$B" --no-rebuild --verbose --timeout-multiplier 2 cuda train_cuda
     echo "== $(date -u +%T) done"
   } >"$OUT/tests.log" 2>&1
   python3 scripts/summary.py "$B/meson-logs/testlog.json" | tail -3 | sed 's/^/test: /' | tee -a "$OUT/summary.txt"
@@ -200,10 +203,11 @@ stage_torch() {
   grep -E '^\[(PASS|FAIL|SKIP|ERR )' "$T/meson-logs/testlog.txt" >>"$f"
   echo "== cuda_probe" >>"$f"
   PYTHONPATH=$T/torch timeout 120 "$py" torch/tools/cuda_probe.py >>"$f" 2>&1
-  summary "torch: cuda_probe exit $? ($(grep -m1 '^rank 0' "$f" | cut -c1-160))"
+  local st=$? said
+  said=$(grep -m1 '^rank 0' "$f" | cut -c1-160)
+  summary "torch: cuda_probe exit $st: $said"
 }
 
-: >"$OUT/summary.txt"
 summary "gpu_check $(git rev-parse --short HEAD 2>/dev/null) on $(hostname): stages ${STAGES[*]}$([ $REHEARSE = 1 ] && echo ' (rehearsal)')"
 for s in "${STAGES[@]}"; do "stage_$s"; done
 exit 0
