@@ -148,16 +148,17 @@ stage_bench() {
   run() { echo "\$ $*" >>"$f"; timeout 300 "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }; }
   local big=1G
   have_gpu || big=1K
+  # the small-message latency first (blocking, then stream-ordered), and one checked
+  # pass: short runs that a cut-off sweep must not lose
+  run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 1 --stats
+  run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 0
+  run "$cb" all_reduce --device cuda --ranks 2 -b 1K -e 64M -f 16 -n 5 -w 1 -c 1 -z 1
   for n in 2 4 8; do
     for c in all_reduce all_gather reduce_scatter broadcast; do
       run "$cb" $c --device cuda --ranks $n -b 1K -e $big -f 4 -n 10 -w 2 -c 0 -z 1
       have_gpu || break 2
     done
   done
-  # one checked pass, and the small-message latency: blocking, then stream-ordered
-  run "$cb" all_reduce --device cuda --ranks 2 -b 1K -e 64M -f 16 -n 5 -w 1 -c 1 -z 1
-  run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 1 --stats
-  run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 0
   summary "bench: $([ $rc = 0 ] && echo ok || echo 'some runs failed, see bench.txt')"
 }
 

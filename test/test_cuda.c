@@ -424,8 +424,12 @@ static void gen(void *dst, size_t n, coll_dtype d, coll_op op, int rank, uint64_
   size_t es = coll_dtype_size(d);
   for (size_t i = 0; i < n; i++) {
     uint64_t h = mixh(seed ^ mixh((uint64_t)rank * 0x9e37u + i));
+    // bfloat16 keeps 8 significant bits: 8 ranks' sums of values in [-8, 8) on the 1/8
+    // grid need 10 (seen on the GPU: 8-rank bfloat16 sums rounded in another order), so
+    // its values are in [-2, 2), whose sums over 8 ranks need 8.
+    double span = d == COLL_BFLOAT16 ? 32 : 128;
     double v = op == COLL_PROD ? ((h % 2) ? 1.0 + (double)(h >> 8 & 3) / 8 : 1.0 - (double)(h >> 8 & 3) / 16)
-                               : ((double)(h % 128) - 64) / 8;
+                               : ((double)(h % (uint64_t)span) - span / 2) / 8;
     uint8_t *p = (uint8_t *)dst + i * es;
     switch (d) {
     case COLL_FLOAT32: { float f = (float)v; memcpy(p, &f, 4); break; }
@@ -515,10 +519,19 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
   bool rounds = op == COLL_PROD && (d == COLL_FLOAT16 || d == COLL_BFLOAT16) &&
                 (c == C_ALL_REDUCE || c == C_REDUCE || c == C_REDUCE_SCATTER);
   size_t i = rounds ? first_far(m->hr, m->back, cmpn, d, n) : first_diff(m->hr, m->back, cmpn, d, false);
-  if (i != cmpn)
+  if (i != cmpn) {
+    size_t ndiff = 0, last = i;
+    for (size_t k = i; k < cmpn; k++)
+      if (memcmp(m->hr + k * es, m->back + k * es, es) != 0) ndiff++, last = k;
+    uint64_t hv = 0, dv = 0;
+    memcpy(&hv, m->hr + i * es, es < 8 ? es : 8);
+    memcpy(&dv, m->back + i * es, es < 8 ? es : 8);
     return t_failf("rank %d/%d: %s %s %s count %zu %s root %d: device element %zu differs from "
-                   "host", r, n, mname[c], coll_dtype_name(d), coll_op_name(op), count,
-                   in_place ? "in-place" : "out-of-place", root, i);
+                   "host (bits 0x%llx, host 0x%llx; %zu elements differ, the last %zu)", r, n,
+                   mname[c], coll_dtype_name(d), coll_op_name(op), count,
+                   in_place ? "in-place" : "out-of-place", root, i, (unsigned long long)dv,
+                   (unsigned long long)hv, ndiff, last);
+  }
   /* an independent check of the host result for int32 sum all-reduce */
   if (c == C_ALL_REDUCE && d == COLL_INT32 && op == COLL_SUM) {
     int32_t *tmp = malloc(count * 4 + 4);

@@ -86,7 +86,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.lnf(x) @ self.wte.weight.t()  # LM head tied to the token embedding
