@@ -11,9 +11,10 @@
  * independently.  The two need not run the same algorithm: a small host call takes the
  * one-shot path (reduced in rank order), a device call a ring, tree or recursive
  * doubling (another order).  The inputs are chosen so that order cannot matter — values
- * on a 1/8 grid, whose sums are exact in every float type — except float16 and
- * bfloat16 products, which round differently in another order: those are compared
- * within the rounding of n-1 products (n ulps), everything else bit for bit.
+ * on a 1/8 grid, whose sums are exact in every float type (bfloat16's on a narrower
+ * range) — except products of float16 and bfloat16, and of float32 from 7 ranks, which
+ * round differently in another order: those are compared within the rounding of n-1
+ * products (n ulps), everything else bit for bit.
  *
  * CUDA must never be initialised in a process that later forks ranks (the children
  * would inherit a driver they cannot use), so the multi-rank tests probe for a GPU in
@@ -327,18 +328,30 @@ static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n, coll_dtyp
   return n;
 }
 
-/* For half-precision products, whose rounding depends on the order of the n-1
- * multiplications: equal bits, or within n units in the last place (2^-10 relative for
- * float16, 2^-7 for bfloat16) of the host result. */
+/* For products, whose rounding depends on the order of the n-1 multiplications once
+ * they need more bits than the type keeps: the inputs near 1 carry up to 4 significant
+ * bits each, so n of them need up to 4n, more than float16 (11), bfloat16 (8) and, from 7
+ * ranks, float32 (24; seen on the GPU at 8 ranks: 1 ulp apart) keep.  Equal bits, or
+ * within n units in the last place (2^-10 relative for float16, 2^-7 for bfloat16, 2^-23
+ * for float32) of the host result. */
 static size_t first_far(const uint8_t *a, const uint8_t *b, size_t n, coll_dtype d, int nranks) {
-  double ulp = d == COLL_FLOAT16 ? 1.0 / 1024 : 1.0 / 128;
+  double ulp = d == COLL_FLOAT16 ? 1.0 / 1024 : d == COLL_BFLOAT16 ? 1.0 / 128 : 1.0 / 8388608;
+  size_t es = coll_dtype_size(d);
   for (size_t i = 0; i < n; i++) {
-    uint16_t x, y;
-    memcpy(&x, a + 2 * i, 2);
-    memcpy(&y, b + 2 * i, 2);
-    if (x == y) continue;
-    double fx = d == COLL_FLOAT16 ? coll_half_to_float(x) : coll_bf16_to_float(x);
-    double fy = d == COLL_FLOAT16 ? coll_half_to_float(y) : coll_bf16_to_float(y);
+    if (memcmp(a + es * i, b + es * i, es) == 0) continue;
+    double fx, fy;
+    if (d == COLL_FLOAT32) {
+      float x, y;
+      memcpy(&x, a + 4 * i, 4);
+      memcpy(&y, b + 4 * i, 4);
+      fx = x, fy = y;
+    } else {
+      uint16_t x, y;
+      memcpy(&x, a + 2 * i, 2);
+      memcpy(&y, b + 2 * i, 2);
+      fx = d == COLL_FLOAT16 ? coll_half_to_float(x) : coll_bf16_to_float(x);
+      fy = d == COLL_FLOAT16 ? coll_half_to_float(y) : coll_bf16_to_float(y);
+    }
     if (!(fabs(fx - fy) <= nranks * ulp * fabs(fx))) return i;
   }
   return n;
@@ -516,7 +529,8 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
   }
   /* compare the whole receive buffer: results and the bytes that must stay untouched */
   size_t cmpn = big / es;
-  bool rounds = op == COLL_PROD && (d == COLL_FLOAT16 || d == COLL_BFLOAT16) &&
+  bool rounds = op == COLL_PROD &&
+                (d == COLL_FLOAT16 || d == COLL_BFLOAT16 || (d == COLL_FLOAT32 && n > 6)) &&
                 (c == C_ALL_REDUCE || c == C_REDUCE || c == C_REDUCE_SCATTER);
   size_t i = rounds ? first_far(m->hr, m->back, cmpn, d, n) : first_diff(m->hr, m->back, cmpn, d, false);
   if (i != cmpn) {

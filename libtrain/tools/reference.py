@@ -65,7 +65,7 @@ class Block(nn.Module):
         k = k.view(B, T, self.NH, hs).transpose(1, 2)
         v = v.view(B, T, self.NH, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.proj(y)
