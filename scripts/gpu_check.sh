@@ -145,7 +145,9 @@ stage_bench() {
     summary "bench: no GPU on this machine; running one size to rehearse the command lines"
   fi
   : >"$f"
-  run() { echo "\$ $*" >>"$f"; timeout 300 "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }; }
+  # a run that hangs (the stream-ordered one did, 2026-11-24) must not take the stage
+  local tmo=60
+  run() { echo "\$ $*" >>"$f"; timeout $tmo "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }; }
   local big=1G
   have_gpu || big=1K
   # the small-message latency first (blocking, then stream-ordered), and one checked
@@ -153,6 +155,7 @@ stage_bench() {
   run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 1 --stats
   run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 0
   run "$cb" all_reduce --device cuda --ranks 2 -b 1K -e 64M -f 16 -n 5 -w 1 -c 1 -z 1
+  tmo=300
   for n in 2 4 8; do
     for c in all_reduce all_gather reduce_scatter broadcast; do
       run "$cb" $c --device cuda --ranks $n -b 1K -e $big -f 4 -n 10 -w 2 -c 0 -z 1
@@ -199,6 +202,11 @@ stage_torch() {
   } >>"$f" 2>&1
   if ! grep -q "^== built" "$f"; then summary "torch: build FAILED (see torch.txt)"; return 1; fi
   if ! grep -q "libcoll_torch: built" "$f"; then summary "torch: module not built: $(grep -o 'not built.*' "$f" | head -1)"; return 1; fi
+  # PyTorch's distributed_test needs expecttest, which that machine's Python lacks.
+  if ! "$py" -c 'import expecttest' 2>/dev/null && ls .gpu/wheels/expecttest-*.whl >/dev/null 2>&1; then
+    "$py" -m pip install -q --no-index --no-deps --target /tmp/gpu-site .gpu/wheels/expecttest-*.whl >>"$f" 2>&1
+    export PYTHONPATH=/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
   timeout 420 meson test -C "$T" --no-rebuild --print-errorlogs torch >>"$f" 2>&1
   python3 scripts/summary.py "$T/meson-logs/testlog.json" | tail -1 | sed 's/^/torch: suite /' | tee -a "$OUT/summary.txt"
   grep -E '^\[(PASS|FAIL|SKIP|ERR )' "$T/meson-logs/testlog.txt" >>"$f"

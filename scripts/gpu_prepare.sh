@@ -3,7 +3,7 @@
 # fetches, as .deb files into .gpu/debs/, what scripts/gpu_check.sh needs on the GPU
 # machine and that machine lacks (it has nvcc, python3 with torch, meson and ninja, but
 # no package registry and no network): Criterion and its libraries for the tests,
-# OpenBLAS for libtrain, pkgconf for meson to find them.  .gpu/ is ignored by git; the
+# OpenBLAS for libtrain, pkgconf for meson to find them; and the expecttest wheel.  .gpu/ is ignored by git; the
 # device tool carries it (`carry: [".gpu"]`).  Idempotent; never installs anything here.
 #
 # The second group are ordinary system libraries that libgit2 (Criterion's) needs; the
@@ -32,4 +32,9 @@ fetch() { # dir, packages...
 }
 fetch .gpu/debs "${NEEDED[@]}"
 fetch .gpu/fallback "${FALLBACK[@]}"
+# expecttest (pure Python, PyPI) for PyTorch's own distributed_test in the torch stage:
+# the GPU machine's Python has torch but not it.
+mkdir -p .gpu/wheels
+ls .gpu/wheels/expecttest-*.whl >/dev/null 2>&1 ||
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu/wheels expecttest
 du -sh .gpu | sed 's/^/gpu_prepare: /'

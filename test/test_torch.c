@@ -27,6 +27,13 @@
 
 #include "run_prog.h"
 
+// PYTHONPATH=<the built module>, then whatever the caller's PYTHONPATH holds (the GPU
+// machine's torch stage puts expecttest there).
+static void module_path(char *pp, size_t len, const char *dir) {
+  const char *old = getenv("PYTHONPATH");
+  snprintf(pp, len, "PYTHONPATH=%s%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
+}
+
 // The Python the module was built for.
 static const char *python(void) {
   const char *p = getenv("COLL_TORCH_PYTHON");
@@ -38,7 +45,7 @@ static t_run_result check(const char *mode, const char *n) {
   cr_assert(dir && src, "COLL_TORCH_MODULE_DIR and COLL_TEST_SOURCE_DIR must be set (meson test)");
   char script[4096], pp[4096];
   snprintf(script, sizeof script, "%s/test/torch_check.py", src);
-  snprintf(pp, sizeof pp, "PYTHONPATH=%s", dir);
+  module_path(pp, sizeof pp, dir);
   const char *argv[] = {python(), script, mode, n, NULL};
   const char *env[] = {pp, "OMP_NUM_THREADS=1", NULL};
   t_run_result r = t_run(argv, env, 150);
@@ -109,7 +116,7 @@ Test(torch, pytorch_suite_part, .timeout = 160) {
   enum { N_PART = sizeof suite_part / sizeof suite_part[0] };
   char script[4096], pp[4096];
   snprintf(script, sizeof script, "%s/scripts/torch_dist_suite.py", src);
-  snprintf(pp, sizeof pp, "PYTHONPATH=%s", dir);
+  module_path(pp, sizeof pp, dir);
   const char *argv[3 + 2 * N_PART + 1] = {python(), script, "-v"};
   for (int i = 0; i < N_PART; i++) {
     argv[3 + 2 * i] = "-k";
