@@ -366,9 +366,21 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
     e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (e == cudaSuccess) cc->stream = s;
   }
+  if (e == cudaSuccess) {
+    cudaEvent_t ev;
+    e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) cc->order_event = ev;
+  }
   if (e != cudaSuccess) {
     snprintf(cc->reason, sizeof cc->reason, "rank %d: creating a CUDA stream on GPU %d failed: "
              "%s (%s)", comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
+    cudaGetLastError();
+    return false;
+  }
+  e = (cudaError_t)coll_cuda_preload_kernels();
+  if (e != cudaSuccess) {
+    snprintf(cc->reason, sizeof cc->reason, "rank %d: loading libcoll's kernels on GPU %d "
+             "failed: %s (%s)", comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
     cudaGetLastError();
     return false;
   }
@@ -559,8 +571,9 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
   bool drained = true;
   if (cc->stream) {
     cudaSetDevice(cc->device);
-    /* libcoll's stream only runs copies and reductions of slices: it never waits for
-     * another stream, so this ends in microseconds unless the GPU itself is stuck. */
+    /* libcoll's stream only runs copies and reductions of slices, after at most the
+     * legacy default stream's work of the last blocking call (exec_begin), so this ends
+     * in microseconds unless the GPU itself is stuck. */
     drained = drain((cudaStream_t)cc->stream, comm->timeout_ms);
   }
   if (!drained) {
@@ -571,6 +584,7 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
   } else {
     if (cc->ipc_ctx) coll_transport_cuda_ipc.close(&comm->view, cc->ipc_ctx, coll_comm_ending(comm));
     if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
+    if (cc->order_event) cudaEventDestroy((cudaEvent_t)cc->order_event);
   }
   cudaGetLastError();
   free(cc->send);
@@ -839,6 +853,20 @@ coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: %s #%llu on device memory reached the "
                      "executor without a device path", comm->rank, coll_coll_name(w->coll),
                      (unsigned long long)w->seq);
+  /* A call without a cudaStream_t starts after what was enqueued before it on the legacy
+   * default stream, as NCCL's calls on stream 0 do: a cudaMemcpy from pageable memory may
+   * return before its DMA lands, and libcoll's stream, non-blocking, would not wait for
+   * it.  (The likely cause of the first GPU run's in-place reduce_scatter results made
+   * of bytes from before the upload; not yet confirmed on a GPU.)  The wait is the GPU's:
+   * no host synchronisation. */
+  if (!(w->stream && w->stream->cuda)) {
+    cudaError_t e = cudaEventRecord((cudaEvent_t)cc->order_event, cudaStreamLegacy);
+    if (e == cudaSuccess)
+      e = cudaStreamWaitEvent(comm_stream(comm), (cudaEvent_t)cc->order_event, 0);
+    if (e != cudaSuccess)
+      return CUDA_FAIL(comm, COLL_ERR_SYSTEM, e, "ordering %s #%llu after the default stream",
+                       coll_coll_name(w->coll), (unsigned long long)w->seq);
+  }
   *ops = &coll_mem_device;
   if (comm->nranks > 1) {
     *send = cc->send;

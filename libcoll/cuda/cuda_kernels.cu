@@ -198,6 +198,10 @@ typedef cudaError_t (*avg_launcher)(void *, size_t, int, cudaStream_t);
 template <typename T, typename Op>
 static cudaError_t launch_reduce(void *dst, const void *a, const void *b, size_t n,
                                  cudaStream_t s) {
+  if (n == 0) {  // coll_cuda_preload_kernels: load the kernel, launch nothing
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, reduce_kernel<T, Op>);
+  }
   reduce_kernel<T, Op><<<blocks_for(n), kThreads, 0, s>>>((T *)dst, (const T *)a,
                                                           (const T *)b, n);
   return cudaGetLastError();
@@ -205,6 +209,10 @@ static cudaError_t launch_reduce(void *dst, const void *a, const void *b, size_t
 
 template <typename T, typename Op>
 static cudaError_t launch_avg(void *buf, size_t n, int nranks, cudaStream_t s) {
+  if (n == 0) {  // coll_cuda_preload_kernels
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, avg_kernel<T, Op>);
+  }
   avg_kernel<T, Op><<<blocks_for(n), kThreads, 0, s>>>((T *)buf, n, nranks);
   return cudaGetLastError();
 }
@@ -268,4 +276,21 @@ extern "C" int coll_cuda_kernel_present(int dtype, int op) {
   if (op == -1) return avg_table[dtype] != nullptr;
   if (op < 0 || op >= K_NUM_OPS) return 0;
   return reduce_table[dtype][op] != nullptr;
+}
+
+/* Loads every kernel now.  CUDA 12.2+ loads kernels lazily, at their first launch, and a
+ * load may synchronise the context: if that first launch comes while a user's stream
+ * waits (cuStreamWaitValue32) for this very call, the two wait for each other — the likely
+ * cause of the stream-ordered hang of the first GPU run (not yet confirmed on a GPU).
+ * Called once, when a communicator's device path is set up. */
+extern "C" int coll_cuda_preload_kernels(void) {
+  for (int d = 0; d < K_NUM_DTYPES; d++) {
+    for (int op = 0; op < K_NUM_OPS; op++) {
+      cudaError_t e = reduce_table[d][op](nullptr, nullptr, nullptr, 0, nullptr);
+      if (e != cudaSuccess) return (int)e;
+    }
+    cudaError_t e = avg_table[d](nullptr, 0, 2, nullptr);
+    if (e != cudaSuccess) return (int)e;
+  }
+  return (int)cudaSuccess;
 }

@@ -26,6 +26,8 @@ __attribute__((visibility("hidden"))) int coll_cuda_launch_avg(void *buf, size_t
                                                                void *stream);
 /* 1 when the dispatch table has a kernel for (dtype, op) (op == -1: the avg kernel). */
 __attribute__((visibility("hidden"))) int coll_cuda_kernel_present(int dtype, int op);
+/* Loads every kernel (no launch); a cudaError_t. */
+__attribute__((visibility("hidden"))) int coll_cuda_preload_kernels(void);
 
 #ifdef __cplusplus
 }

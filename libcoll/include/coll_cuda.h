@@ -3,8 +3,10 @@
  * Every collective of coll.h accepts device buffers (memory from cudaMalloc on the GPU
  * that was current when the communicator was built) when libcoll finds a CUDA runtime
  * and a GPU at run time; both buffers of a call must be on that GPU.  With a NULL
- * stream such a call blocks until the result is in place, and does not wait for any
- * other GPU work: synchronise the producer of the data first.
+ * stream such a call blocks until the result is in place, and starts after the work
+ * enqueued before it on the legacy default stream (stream 0: cudaMemcpy, and kernels
+ * launched without a stream), as NCCL's calls on stream 0 do; work on other streams
+ * must be synchronised first.
  *
  * To order collectives with GPU work, wrap the cudaStream_t in a coll_stream_t and pass
  * it to the collective, like NCCL's stream argument:
