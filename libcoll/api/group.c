@@ -88,6 +88,7 @@ coll_result coll_group_record(struct coll_comm *comm, const char *fn, const coll
     coll_work probe = *w; /* no stream: only tells host from device memory */
     probe.stream = NULL;
     coll_result r = coll_cuda_prepare(comm, fn, &probe);
+    coll_cuda_work_done(&probe); /* the event a device call gets: the probe runs nothing */
     if (r != COLL_OK) return r;
     if (probe.device)
       return coll_fail(comm, COLL_ERR_UNSUPPORTED,

@@ -366,11 +366,6 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
     e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (e == cudaSuccess) cc->stream = s;
   }
-  if (e == cudaSuccess) {
-    cudaEvent_t ev;
-    e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e == cudaSuccess) cc->order_event = ev;
-  }
   if (e != cudaSuccess) {
     snprintf(cc->reason, sizeof cc->reason, "rank %d: creating a CUDA stream on GPU %d failed: "
              "%s (%s)", comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -571,9 +566,8 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
   bool drained = true;
   if (cc->stream) {
     cudaSetDevice(cc->device);
-    /* libcoll's stream only runs copies and reductions of slices, after at most the
-     * legacy default stream's work of the last blocking call (exec_begin), so this ends
-     * in microseconds unless the GPU itself is stuck. */
+    /* libcoll's stream only runs copies and reductions of slices: it never waits for
+     * another stream, so this ends in microseconds unless the GPU itself is stuck. */
     drained = drain((cudaStream_t)cc->stream, comm->timeout_ms);
   }
   if (!drained) {
@@ -584,7 +578,6 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
   } else {
     if (cc->ipc_ctx) coll_transport_cuda_ipc.close(&comm->view, cc->ipc_ctx, coll_comm_ending(comm));
     if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
-    if (cc->order_event) cudaEventDestroy((cudaEvent_t)cc->order_event);
   }
   cudaGetLastError();
   free(cc->send);
@@ -764,6 +757,29 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
     w->device = sk == COLL_MEM_DEVICE || rk == COLL_MEM_DEVICE;
     if (w->device) w->cuda_dev = dev;
   }
+  if (!x && w->device) {
+    /* A call without a cudaStream_t starts after what the caller enqueued before it on
+     * the legacy default stream, as NCCL's calls on stream 0 do: a cudaMemcpy from
+     * pageable memory may return before its DMA lands, and libcoll's stream, being
+     * non-blocking, would not wait for it.  (The likely cause of the first GPU run's
+     * in-place reduce_scatter results made of bytes from before the upload; not yet
+     * confirmed on a GPU.)  Recorded here, in the caller's thread, so that work enqueued
+     * after the call is not waited for; exec_begin waits for the event. */
+    int old = -1;
+    cudaError_t e = cudaGetDevice(&old);
+    if (e == cudaSuccess && old != w->cuda_dev) e = cudaSetDevice(w->cuda_dev);
+    cudaEvent_t ev = NULL;
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      e = cudaEventRecord(ev, cudaStreamLegacy);
+      if (e != cudaSuccess) cudaEventDestroy(ev);
+    }
+    if (old >= 0 && old != w->cuda_dev) cudaSetDevice(old);
+    if (e != cudaSuccess)
+      return CUDA_FAIL(comm, COLL_ERR_SYSTEM, e, "%s: recording an event on the default stream", fn);
+    w->cuda_event = ev;
+    return COLL_OK;
+  }
   if (!x) return COLL_OK;
   /* The event must belong to the stream's device; the caller's current device is put
    * back afterwards. */
@@ -791,7 +807,13 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
 
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r) {
   struct coll_cuda_stream *x = w->stream ? w->stream->cuda : NULL;
-  if (!x) return r; /* prepare gave every work on a cudaStream_t a ticket (0 after a wrap) */
+  if (!x) { /* prepare gave every work on a cudaStream_t a ticket (0 after a wrap) */
+    if (r != COLL_OK && w->cuda_event) { /* a blocking device call's event, not enqueued */
+      cudaEventDestroy((cudaEvent_t)w->cuda_event);
+      w->cuda_event = NULL;
+    }
+    return r;
+  }
   if (r != COLL_OK) {
     /* Not enqueued: nothing will finish it. */
     ticket_done(w->stream, w->cuda_ticket);
@@ -843,8 +865,9 @@ coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
   }
   if (w->cuda_event) {
     char what[96];
-    snprintf(what, sizeof what, "the work before %s #%llu on its cudaStream_t",
-             coll_coll_name(w->coll), (unsigned long long)w->seq);
+    snprintf(what, sizeof what, "the work before %s #%llu on %s", coll_coll_name(w->coll),
+             (unsigned long long)w->seq,
+             w->stream && w->stream->cuda ? "its cudaStream_t" : "the default stream");
     coll_result r = poll_done(comm, event_query, w->cuda_event, what);
     if (r != COLL_OK) return r;
   }
@@ -853,20 +876,6 @@ coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: %s #%llu on device memory reached the "
                      "executor without a device path", comm->rank, coll_coll_name(w->coll),
                      (unsigned long long)w->seq);
-  /* A call without a cudaStream_t starts after what was enqueued before it on the legacy
-   * default stream, as NCCL's calls on stream 0 do: a cudaMemcpy from pageable memory may
-   * return before its DMA lands, and libcoll's stream, non-blocking, would not wait for
-   * it.  (The likely cause of the first GPU run's in-place reduce_scatter results made
-   * of bytes from before the upload; not yet confirmed on a GPU.)  The wait is the GPU's:
-   * no host synchronisation. */
-  if (!(w->stream && w->stream->cuda)) {
-    cudaError_t e = cudaEventRecord((cudaEvent_t)cc->order_event, cudaStreamLegacy);
-    if (e == cudaSuccess)
-      e = cudaStreamWaitEvent(comm_stream(comm), (cudaEvent_t)cc->order_event, 0);
-    if (e != cudaSuccess)
-      return CUDA_FAIL(comm, COLL_ERR_SYSTEM, e, "ordering %s #%llu after the default stream",
-                       coll_coll_name(w->coll), (unsigned long long)w->seq);
-  }
   *ops = &coll_mem_device;
   if (comm->nranks > 1) {
     *send = cc->send;

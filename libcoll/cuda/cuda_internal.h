@@ -126,8 +126,6 @@ struct coll_cuda_comm {
                             the fields below are final once this reads true */
   int device;            /* the GPU of the first call on device memory */
   void *stream;          /* cudaStream_t: libcoll's own, non-blocking */
-  void *order_event;     /* cudaEvent_t: where a blocking call found the legacy default
-                            stream; libcoll's stream waits for it (exec_begin) */
   void *ipc_ctx;         /* cuda_ipc transport context */
   coll_conn **send, **recv; /* per peer, for device buffers */
   size_t slot_bytes;
