@@ -2,9 +2,11 @@
 # gpu_check.sh — the GPU run of issues 18 and 19, on a machine with a GPU and no network.
 #
 #   scripts/gpu_prepare.sh                       # HERE, once: fetches .gpu/debs
-#   # on the GPU machine (device tool: carry [".gpu"]), two calls of < 10 min each:
+#   # on the GPU machine (device tool: carry [".gpu"]), calls of < 10 min each; a call
+#   # that finds the machine warm reuses build-gpu, else it builds again (15 s):
 #   scripts/gpu_check.sh build test              # env, build, CUDA tests -> $OUT
-#   scripts/gpu_check.sh bench train             # coll-bench --device cuda, coll-train -> $OUT
+#   scripts/gpu_check.sh bench train torch       # coll-bench --device cuda, coll-train,
+#                                                # the torch 2.x binding -> $OUT
 #   scripts/gpu_check.sh --rehearse build test bench   # here, without a GPU: every step
 #                                                # up to the first one that needs a GPU
 #
@@ -20,7 +22,8 @@
 #          killed and an aborted rank) and libtrain's train_cuda (tests.log); then the
 #          closing line of scripts/summary.py over them.
 #   bench  coll-bench --device cuda: all_reduce, all_gather, reduce_scatter and broadcast
-#          at N = 2, 4, 8 ranks on the machine's GPUs, 1 KiB to 1 GiB, each table headed
+#          at N = 2, 4, 8 ranks on the machine's GPUs, 1 KiB to 1 GiB (256 MiB at 4 and 8
+#          ranks while the device path is slow), each table headed
 #          by the device-to-device copy rate coll-bench measures in the same run; the
 #          8-byte all-reduce latency at N = 2, blocking and stream-ordered (bench.txt).
 #   train  libtrain on the GPU (train.txt): GPT-2 small's shape (12 layers, 768 channels,
@@ -127,7 +130,8 @@ stage_test() {
   ensure_built || { summary "test: not run (no build)"; return 1; }
   if ! have_gpu && [ $REHEARSE = 0 ]; then summary "test: no GPU on this machine (nvidia-smi -L failed)"; fi
   # The whole coll suite is CI's; here only what needs the GPU, in bounded groups so that
-  # a hang (the stream matrices hung on 2026-11-24) costs its group only.  Each group
+  # a hang (the stream matrices hung on 2026-11-24) costs its group only (at most 480 s in
+  # all, inside a 600 s device call with the build).  Each group
   # keeps its own log (meson-logs/<name>.json) for summary.py.
   local plain="cuda::classify_host_pointers cuda::kernel_table_complete cuda::device_buffer_sentences
     cuda::select_per_pair cuda::host_path_with_cuda_off cuda::host_path_with_cuda_auto
@@ -143,12 +147,12 @@ stage_test() {
     pkill -9 -x test_cuda; pkill -9 -x test_train_cuda
   }
   {
-    group train_cuda 200 train_cuda
-    group cuda_plain 300 cuda $plain
-    for n in 2 4 8; do group cuda_stream_$n 90 cuda cuda::matrix_${n}_ranks_stream; done
+    group train_cuda 100 train_cuda
+    group cuda_plain 200 cuda $plain
+    for n in 2 4 8; do group cuda_stream_$n 45 cuda cuda::matrix_${n}_ranks_stream; done
     # Which CUDA call the stream matrices block in: with every kernel loaded at start
     # (CUDA_MODULE_LOADING=EAGER) a hang that remains is in the device path's setup.
-    CUDA_MODULE_LOADING=EAGER group cuda_stream_2_eager 90 cuda cuda::matrix_2_ranks_stream
+    CUDA_MODULE_LOADING=EAGER group cuda_stream_2_eager 45 cuda cuda::matrix_2_ranks_stream
   } >"$OUT/tests.log" 2>&1
   for l in train_cuda cuda_plain cuda_stream_2 cuda_stream_4 cuda_stream_8 cuda_stream_2_eager; do
     [ -f "$B/meson-logs/$l.json" ] || { summary "test: $l: no log (cut off before it ran)"; continue; }
@@ -175,8 +179,11 @@ stage_bench() {
   run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 1 --stats
   run "$cb" all_reduce --device cuda --ranks 2 -b 8 -e 8 -n 2000 -w 200 -c 0 -z 0
   run "$cb" all_reduce --device cuda --ranks 2 -b 1K -e 64M -f 16 -n 5 -w 1 -c 1 -z 1
-  tmo=300
+  # At the first run's speed (a few GB/s, 2026-11-24) a 1 GiB sweep at 4 and 8 ranks
+  # would not fit a device call: those stop at 256 MiB until the device path is faster.
+  tmo=120
   for n in 2 4 8; do
+    [ $n -gt 2 ] && have_gpu && big=256M
     for c in all_reduce all_gather reduce_scatter broadcast; do
       run "$cb" $c --device cuda --ranks $n -b 1K -e $big -f 4 -n 10 -w 2 -c 0 -z 1
       have_gpu || break 2
