@@ -733,6 +733,23 @@ static void host_wait(void *p) {
 
 /* ---- per collective ---------------------------------------------------------------------- */
 
+/* A new event recorded on stream `s` of GPU `dev` (the event must belong to the stream's
+ * device); the caller's current device is put back afterwards. */
+static cudaError_t record_event(int dev, cudaStream_t s, cudaEvent_t *out) {
+  int old = -1;
+  cudaError_t e = cudaGetDevice(&old);
+  if (e == cudaSuccess && old != dev) e = cudaSetDevice(dev);
+  cudaEvent_t ev = NULL;
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) {
+    e = cudaEventRecord(ev, s);
+    if (e != cudaSuccess) cudaEventDestroy(ev);
+  }
+  if (old >= 0 && old != dev) cudaSetDevice(old);
+  if (e == cudaSuccess) *out = ev;
+  return e;
+}
+
 coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work *w) {
   w->device = false;
   w->cuda_event = NULL;
@@ -765,34 +782,16 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
      * in-place reduce_scatter results made of bytes from before the upload; not yet
      * confirmed on a GPU.)  Recorded here, in the caller's thread, so that work enqueued
      * after the call is not waited for; exec_begin waits for the event. */
-    int old = -1;
-    cudaError_t e = cudaGetDevice(&old);
-    if (e == cudaSuccess && old != w->cuda_dev) e = cudaSetDevice(w->cuda_dev);
     cudaEvent_t ev = NULL;
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e == cudaSuccess) {
-      e = cudaEventRecord(ev, cudaStreamLegacy);
-      if (e != cudaSuccess) cudaEventDestroy(ev);
-    }
-    if (old >= 0 && old != w->cuda_dev) cudaSetDevice(old);
+    cudaError_t e = record_event(w->cuda_dev, cudaStreamLegacy, &ev);
     if (e != cudaSuccess)
       return CUDA_FAIL(comm, COLL_ERR_SYSTEM, e, "%s: recording an event on the default stream", fn);
     w->cuda_event = ev;
     return COLL_OK;
   }
   if (!x) return COLL_OK;
-  /* The event must belong to the stream's device; the caller's current device is put
-   * back afterwards. */
-  int old = -1;
-  cudaError_t e = cudaGetDevice(&old);
-  if (e == cudaSuccess && old != x->device) e = cudaSetDevice(x->device);
   cudaEvent_t ev = NULL;
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e == cudaSuccess) {
-    e = cudaEventRecord(ev, x->user);
-    if (e != cudaSuccess) cudaEventDestroy(ev);
-  }
-  if (old >= 0 && old != x->device) cudaSetDevice(old);
+  cudaError_t e = record_event(x->device, x->user, &ev);
   if (e != cudaSuccess)
     return CUDA_FAIL(comm, COLL_ERR_SYSTEM, e, "%s: recording an event on the cudaStream_t", fn);
   w->cuda_event = ev;
