@@ -35,7 +35,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def measure(out, reps, ns):
-    env = dict(os.environ, COLL_TUNE_FILE="none")
+    # COLL_LAUNCH_BIND: coll-sim's scheduler model was fitted on ranks the kernel places
+    # (sets A-D); coll_launch_local now binds oversubscribed ranks round-robin, which the
+    # model does not describe yet (set E, docs/bandwidth-math.md 8).  "0" keeps the sets
+    # comparable; BIND=1 in the environment measures the default placement.
+    bind = "1" if os.environ.get("BIND") == "1" else "0"
+    env = dict(os.environ, COLL_TUNE_FILE="none", COLL_LAUNCH_BIND=bind)
     with open(out, "a") as f, open(out + ".membw", "a") as mf:
         for rep in range(reps):
             # The kernels' speeds in the same run: this VM's memory moves with its host's

@@ -76,17 +76,22 @@ int coll_launch_leftovers(char *names, size_t len) {
   return leftover_count;
 }
 
-/* Rank r on the r-th CPU this process may use, when there are enough for every rank (as
- * mpirun binds to cores by default; COLL_LAUNCH_BIND=0 leaves placement to the kernel).
- * Unbound, the scheduler often kept both ranks of a 2-rank job on one core of this busy
- * 2-vCPU VM, and every wait then spun out its budget before the peer could run: a 1 KiB
- * all-to-all took ~30 us in 4 runs of 6, against 0.2-1.7 us bound (Open MPI 0.4-2.2). */
-static void bind_rank(int r, int nranks) {
+/* Rank r on the (r mod C)-th of the C CPUs this process may use (as mpirun binds to
+ * cores by default; COLL_LAUNCH_BIND=0 leaves placement to the kernel).  Unbound, the
+ * scheduler often kept both ranks of a 2-rank job on one core of this busy 2-vCPU VM, and
+ * every wait then spun out its budget before the peer could run: a 1 KiB all-to-all took
+ * ~30 us in 4 runs of 6, against 0.2-1.7 us bound (Open MPI 0.4-2.2).  With more ranks
+ * than CPUs (mpirun binds none then) round-robin still pays: ring neighbours land on
+ * different cores every run.  Unbound, the 4- and 8-rank rings on 2 CPUs had two modes,
+ * 1.5-4x apart, from run to run; bound, medians of 9 alternated runs went 333 -> 198 us
+ * (4 ranks, 1 MiB), 110 -> 85 us and 789 -> 591 us (8 ranks, 64 KiB and 1 MiB), and the
+ * slowest run from 1.8-4.1x the fastest to 1.2-1.5x (docs/perf.md, "Placement"). */
+static void bind_rank(int r) {
   const char *e = getenv("COLL_LAUNCH_BIND");
   if (e && strcmp(e, "0") == 0) return;
   cpu_set_t allowed, one;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || nranks > CPU_COUNT(&allowed))
-    return;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 1) return;
+  r %= CPU_COUNT(&allowed);
   for (int c = 0, k = 0; c < CPU_SETSIZE; c++) {
     if (!CPU_ISSET(c, &allowed) || k++ != r) continue;
     CPU_ZERO(&one);
@@ -132,7 +137,7 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
        * with a thousand ranks they would be most of its descriptors. */
       for (int o = 0; o < r; o++)
         if (pfs[o].fd >= 0) close(pfs[o].fd);
-      bind_rank(r, nranks);
+      bind_rank(r);
       char buf[16];
       snprintf(buf, sizeof buf, "%d", r);
       setenv("COLL_LAUNCH_RANK", buf, 1);

@@ -24,8 +24,9 @@ typedef int (*coll_rank_fn)(coll_comm_t comm, int rank, int nranks, void *arg);
  * segment of the job is left in /dev/shm.  Returns 0 when every rank returned 0, else
  * the first non-zero status seen (128+signal for a rank killed by a signal, 124 for a
  * timeout); `why` (if not NULL, `why_len` bytes) gets a sentence about the failure.
- * When nranks is at most the number of CPUs the caller may run on, rank r is bound to
- * the r-th of them, as mpirun binds ranks to cores (COLL_LAUNCH_BIND=0: not bound). */
+ * Rank r is bound to the (r mod C)-th of the C CPUs the caller may run on, as mpirun
+ * binds ranks to cores, and round-robin when ranks outnumber CPUs (COLL_LAUNCH_BIND=0:
+ * not bound). */
 COLL_API int coll_launch_local(int nranks, coll_rank_fn fn, void *arg, int timeout_ms,
                                char *why, size_t why_len);
 
