@@ -82,10 +82,9 @@ int coll_launch_leftovers(char *names, size_t len) {
  * every wait then spun out its budget before the peer could run: a 1 KiB all-to-all took
  * ~30 us in 4 runs of 6, against 0.2-1.7 us bound (Open MPI 0.4-2.2).  With more ranks
  * than CPUs (mpirun binds none then) round-robin still pays: ring neighbours land on
- * different cores every run.  Unbound, the 4- and 8-rank rings on 2 CPUs had two modes,
- * 1.5-4x apart, from run to run; bound, medians of 9 alternated runs went 333 -> 198 us
- * (4 ranks, 1 MiB), 110 -> 85 us and 789 -> 591 us (8 ranks, 64 KiB and 1 MiB), and the
- * slowest run from 1.8-4.1x the fastest to 1.2-1.5x (docs/perf.md, "Placement"). */
+ * different cores every run.  On 2 CPUs, 4- and 8-rank rings alternated 9 times each way:
+ * bound, every median was lower (1-35 %) and the slowest run 1.5-2.0x the fastest,
+ * against 1.3-4.2x unbound (docs/perf.md, "Placement"). */
 static void bind_rank(int r) {
   const char *e = getenv("COLL_LAUNCH_BIND");
   if (e && strcmp(e, "0") == 0) return;
