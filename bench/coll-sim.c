@@ -81,12 +81,15 @@ static void usage(void) {
       "      --slot-out-ns C,M a copy into a slot the peer last read (0.047,0.088)\n"
       "      --cache MIB       last-level cache per host, MiB (20)\n"
       "      --op-us US        CPU per slice operation (CPU model; default 0)\n"
-      "      --call-us US      per call outside the slices (CPU model; 13, fitted)\n"
+      "      --call-us US      per call outside the slices (CPU model; 1, measured)\n"
       "      --switch-us US    CPU per operation when ranks outnumber cores, the fixed-\n"
       "                        cost stand-in for the scheduler (--no-sched only; 3.5)\n"
       "      --sched, --no-sched  when ranks outnumber cores, run the host's scheduler:\n"
       "                        ranks queue for a core, yield while they wait, sleep after\n"
       "                        --spin-yields and are woken by the post (default on)\n"
+      "      --bind, --no-bind  with --sched: a host's rank i runs only on core i mod C,\n"
+      "                        as coll_launch_local binds them (default), or anywhere the\n"
+      "                        kernel puts it (COLL_LAUNCH_BIND=0)\n"
       "      --yield-us S,A    a yield that hands the core over, one with nobody to run\n"
       "                        (1.33,0.5: measured, sim-sched)\n"
       "      --wake-us I,C     a futex wake: to the sleeper running on an idle core, and\n"
@@ -95,6 +98,12 @@ static void usage(void) {
       "      --footprint-ns X  what a slot byte costs more when a host's FIFOs (depth x\n"
       "                        slot each) exceed the cache, times 1 - C/F (0.035,\n"
       "                        fitted; 0: off)\n"
+      "      --rfo-ns X        what a byte written into a slot costs more while the\n"
+      "                        receiver's core still holds it (0.09: sim-membw pingpong)\n"
+      "      --l2 MIB          a core's private cache for --rfo-ns (1)\n"
+      "      --mem-alone A     a byte from memory costs an operation running alone on its\n"
+      "                        host A times what it costs with every core running one\n"
+      "                        (0.64: sim-membw 1 against 2 threads; 1: off)\n"
       "      --membw FILE      copy, nt copy and reduce priced from sim-membw's table in\n"
       "                        FILE (its W times its threads = the host's W; several runs:\n"
       "                        the smallest per W) instead of the two-point mixture\n"
@@ -129,19 +138,22 @@ typedef struct {
 
 /* This host's CPU model (2-core AMD EPYC VM; docs/bandwidth-math.md section 8 says how
  * each figure was obtained): the kernels' speeds, slot_in and C measured with
- * build/bench/sim-membw (two threads: both cores busy); fitted: call on ring all-reduce
- * N=2 64 KiB, slot_out in cache on ring N=2 1 MiB, the core hand-over on ring N=3
- * 1 MiB, the FIFOs' footprint on tree N=8 16 MiB (docs/sim/runs_sched_c.csv); op is 0
- * (a slice's fixed cost is not separable from α and call on this data).  Everything else
- * the model is compared with is predicted. */
+ * build/bench/sim-membw (two threads: both cores busy), mem_alone with one thread against
+ * two, rfo with `sim-membw pingpong`; call from coll-bench's 64-512 B all-reduce at N=2
+ * (1 us); l2_bytes from lscpu; fitted: slot_out in cache on ring all-reduce N=2 1 MiB,
+ * the core hand-over on ring N=3 1 MiB (--no-sched only), the FIFOs' footprint on tree
+ * N=8 16 MiB (docs/sim/runs_sched_c.csv); op is 0 (a slice's fixed cost is not separable
+ * from α and call on this data).  Everything else the model is compared with is
+ * predicted. */
 static const sim_cpu host_cpu = {
     .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
     .slot_out = {0.047e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
-    .call = 13e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
-    .sched = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6, .wake_idle = 21.6e-6,
+    .call = 1e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
+    .sched = true, .bound = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6, .wake_idle = 21.6e-6,
     .wake_cost = 1.86e-6,
-    .spin_yields = 64, .footprint = 0.035e-9};
+    .spin_yields = 64, .footprint = 0.035e-9, .mem_alone = 0.64, .rfo = 0.09e-9,
+    .l2_bytes = 1024.0 * 1024};
 /* α of a hop on this host, the tuner's ring-lap figure: 0.2 us with a core per rank
  * (it spins), 1.6 us when ranks outnumber cores (they yield and sleep). */
 #define HOST_ALPHA_US 0.2
@@ -471,6 +483,18 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--sched") == 0 || strcmp(a, "--no-sched") == 0) {
       if (!o.cpu.on) o.cpu = host_cpu;
       o.cpu.sched = a[2] == 's';
+    } else if (strcmp(a, "--bind") == 0 || strcmp(a, "--no-bind") == 0) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      o.cpu.bound = a[2] == 'b';
+    } else if (LONG("--rfo-ns")) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      o.cpu.rfo = atof(v) * 1e-9;
+    } else if (LONG("--l2")) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      o.cpu.l2_bytes = atof(v) * 1048576.0;
+    } else if (LONG("--mem-alone")) {
+      if (!o.cpu.on) o.cpu = host_cpu;
+      o.cpu.mem_alone = atof(v);
     } else if (LONG("--yield-us")) {
       if (!o.cpu.on) o.cpu = host_cpu;
       double y1, y2;
@@ -540,17 +564,19 @@ int main(int argc, char **argv) {
            "the time per call is the makespan / %d\n", o.loop, o.loop);
   if (o.cpu.on)
     printf("# CPU model: copy %.3f/%.3f, nt %.3f/%.3f, reduce %.3f/%.3f ns/B (cache/memory), "
-           "cache %.0f MiB, op %.2f us, call %.2f us, switch %.2f us, footprint %.3f ns/B; "
-           "alpha_shm %s\n",
+           "cache %.0f MiB, memory alone %.2fx, op %.2f us, call %.2f us, switch %.2f us, "
+           "footprint %.3f ns/B; alpha_shm %s\n",
            o.cpu.copy[0] * 1e9, o.cpu.copy[1] * 1e9, o.cpu.nt_copy[0] * 1e9,
            o.cpu.nt_copy[1] * 1e9, o.cpu.reduce[0] * 1e9, o.cpu.reduce[1] * 1e9,
-           o.cpu.cache_bytes / 1048576.0, o.cpu.op * 1e6, o.cpu.call * 1e6,
-           o.cpu.switch_cost * 1e6, o.cpu.footprint * 1e9, o.alpha_given ? "as given"
+           o.cpu.cache_bytes / 1048576.0,
+           o.cpu.mem_alone > 0 && o.cpu.mem_alone < 1 ? o.cpu.mem_alone : 1.0, o.cpu.op * 1e6,
+           o.cpu.call * 1e6, o.cpu.switch_cost * 1e6, o.cpu.footprint * 1e9, o.alpha_given ? "as given"
                                     : o.cpu.sched ? "0.2 us" : "0.2 us (1.6 us oversubscribed)");
   if (o.cpu.on && o.cpu.sched)
-    printf("# scheduler (where ranks outnumber cores): yield %.2f us handing over, %.2f us "
-           "alone; sleep after %d yields; futex wake %.1f us to an idle core, %.2f us of the "
-           "waker's CPU; the switch figure is not used\n",
+    printf("# scheduler (where ranks outnumber cores): %s; yield %.2f us handing over, "
+           "%.2f us alone; sleep after %d yields; futex wake %.1f us to an idle core, %.2f us "
+           "of the waker's CPU; the switch figure is not used\n",
+           o.cpu.bound ? "ranks bound round-robin to cores" : "ranks placed by the kernel",
            o.cpu.yield_switch * 1e6, o.cpu.yield_alone * 1e6, o.cpu.spin_yields,
            o.cpu.wake_idle * 1e6, o.cpu.wake_cost * 1e6);
   int failures = 0;

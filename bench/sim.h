@@ -53,6 +53,9 @@ typedef struct {
   /* The scheduler of a host whose ranks outnumber its cores (sim_engine.c, "the
    * scheduler"): off, the cores are a pool any ready rank takes at once. */
   bool sched;
+  bool bound;          /* sched: a host's rank i runs only on core i mod cores, as
+                          coll_launch_local binds them (a queue per core); false: the
+                          kernel places them (one queue per host, any core) */
   double yield_switch; /* s a sched_yield takes that hands the core to another rank */
   double yield_alone;  /* s a sched_yield takes with no other rank to run */
   double wake_idle;    /* s from a futex wake to the sleeper running on an idle core */
@@ -60,9 +63,19 @@ typedef struct {
   int spin_yields;     /* yields a waiting rank makes before it sleeps (fifo.c: 64) */
   double footprint;    /* s per byte a slot access costs more when the host's FIFOs
                           (depth x slot each) exceed the cache: times max(0, 1 - C/F) */
+  double mem_alone;    /* what a byte from memory costs an operation whose core is the
+                          only one of its host running one, against all `cores` running
+                          (sim-membw 1 against 2 threads: 0.64); between, linear in the
+                          cores running; 0 or 1: memory always at the all-cores price */
+  double rfo;          /* s per byte more to write into a slot the receiver's core read
+                          last and still holds (a read-for-ownership across cores;
+                          sim-membw pingpong), times the share it still holds: */
+  double l2_bytes;     /* a core's private cache: 1 - bytes it streamed since / this */
   double nt_bytes;     /* the executor's non-temporal threshold (COLL_NT_BYTES) */
   /* per call (sim_call_run fills them in): */
-  double ws;           /* W: bytes the host's ranks touch in the call */
+  double ws;           /* the host's ranks' user buffers in the call (sim_call_run); the
+                          engine adds the slots of the host's FIFOs, from the plans, to
+                          make W, the bytes the host's ranks touch in the call */
   bool nt;             /* the call's final copies are non-temporal */
 } sim_cpu;
 
@@ -163,14 +176,19 @@ bool sim_check_final(sim_checker *ck, char *why, size_t why_len);
 
 /* ---- sim_cpu.c -------------------------------------------------------------------- */
 
-/* cost(W) = f·x[0] + (1-f)·x[1], f = min(1, C/W): s per byte of a pass. */
-double sim_cpu_per_byte(const sim_cpu *c, const double x[2]);
-/* CPU seconds of one slice operation of kind k moving b bytes (its passes + op). */
-double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b);
+/* cost(W) = f·x[0] + (1-f)·x[1]·mem, f = min(1, C/W): s per byte of a pass, W = ws, mem
+ * the memory price's share factor (1: every core streaming). */
+double sim_cpu_per_byte(const sim_cpu *c, const double x[2], double ws, double mem);
+/* CPU seconds of one slice operation of kind k moving b bytes (its passes + op), on a
+ * host whose ranks touch ws bytes in the call, `running` of its cores (this one included)
+ * running an operation as it starts. */
+double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b, double ws, int running,
+                    int cores);
 /* Bytes of FIFO slots the operation reads and writes. */
 double sim_cpu_slot_bytes(coll_step_kind k, double b);
-/* W of a call on model m, and the executor's nt rule for it. */
-double sim_cpu_working_set(const sim_model *m, const sim_call *call);
+/* The user buffers a host's ranks touch in a call on model m (W less the FIFOs' slots,
+ * which the engine counts from the plans), and the executor's nt rule for it. */
+double sim_cpu_buffers(const sim_model *m, const sim_call *call);
 bool sim_cpu_nt(const sim_call *call, int nranks, double nt_bytes);
 
 /* ---- sim_engine.c ----------------------------------------------------------------- */

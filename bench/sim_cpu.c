@@ -22,8 +22,11 @@
  * COLL_NT_BYTES (16 MiB), and put is a non-temporal copy then, else a memcpy.
  *
  * A pass's cost per byte depends on where its operands are.  Let W be every byte the
- * host's ranks touch in one call (each rank's send and receive buffers, and the slots
- * of its FIFOs).  A benchmark repeats the call, so when W fits the last-level cache of
+ * host's ranks touch in one call: each rank's send and receive buffers
+ * (sim_cpu_buffers), and the slots of every FIFO with an end on the host, depth slots of
+ * what its largest slice fills (the engine counts them from the plans: a FIFO between
+ * two of the host's ranks once, one to another host on each side, whose transport keeps
+ * its own slots).  A benchmark repeats the call, so when W fits the last-level cache of
  * C bytes everything is found in cache; when W is larger, an LRU-like cache keeps about
  * C of the W bytes between two touches, so a fraction f = C/W of the accesses hit and
  * the rest go to memory:
@@ -31,7 +34,11 @@
  *     cost(W) = f·x_cache + (1 - f)·x_mem,   f = min(1, C/W)          (per byte)
  *
  * with x_cache and x_mem the kernel's speed in cache and from memory, measured apart
- * (bench/sim_membw.c, with as many threads as ranks can run at once on the host).
+ * (bench/sim_membw.c, with as many threads as ranks can run at once on the host).  The
+ * host's cores share its memory bandwidth: an operation that starts while only k of the
+ * C cores run one pays x_mem·(a + (1 - a)(k - 1)/(C - 1)), a = cpu.mem_alone (0.64 here:
+ * sim-membw with 1 thread against 2) — it matters where ranks leave a core idle part of
+ * the time, as 3 ranks bound to 2 cores do.
  *
  * A slot is shared by two cores: the sender's writes must first take its lines from the
  * receiver's cache (which read them last), the receiver's reads fetch what the sender
@@ -71,22 +78,35 @@ static double curve_at(const sim_cpu *c, int k, double ws) {
   return y[c->ncurve - 1];
 }
 
-double sim_cpu_per_byte(const sim_cpu *c, const double x[2]) {
-  double f = c->ws <= c->cache_bytes || c->ws <= 0 ? 1.0 : c->cache_bytes / c->ws;
-  return f * x[0] + (1 - f) * x[1];
+double sim_cpu_per_byte(const sim_cpu *c, const double x[2], double ws, double mem) {
+  double f = ws <= c->cache_bytes || ws <= 0 ? 1.0 : c->cache_bytes / ws;
+  return f * x[0] + (1 - f) * x[1] * mem;
 }
 
-double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b) {
-  double mix_copy = sim_cpu_per_byte(c, c->copy);
-  double copy = mix_copy, red = sim_cpu_per_byte(c, c->reduce), nt = sim_cpu_per_byte(c, c->nt_copy);
-  if (c->ncurve >= 2) /* the measured curve instead of the mixture */
-    copy = curve_at(c, 0, c->ws), nt = curve_at(c, 1, c->ws), red = curve_at(c, 2, c->ws);
+/* The memory price's factor with `running` of `cores` cores streaming: the host's memory
+ * bandwidth is shared (sim-membw: a thread alone moves a byte in 0.64 of the time it
+ * takes with both cores streaming), linear between one core and all. */
+static double mem_share(const sim_cpu *c, int running, int cores) {
+  if (c->mem_alone <= 0 || c->mem_alone >= 1 || cores < 2) return 1.0;
+  if (running < 1) running = 1;
+  if (running > cores) running = cores;
+  return c->mem_alone + (1 - c->mem_alone) * (double)(running - 1) / (double)(cores - 1);
+}
+
+double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b, double ws, int running,
+                    int cores) {
+  double mem = mem_share(c, running, cores);
+  double mix_copy = sim_cpu_per_byte(c, c->copy, ws, mem);
+  double copy = mix_copy, red = sim_cpu_per_byte(c, c->reduce, ws, mem);
+  double nt = sim_cpu_per_byte(c, c->nt_copy, ws, mem);
+  if (c->ncurve >= 2) /* the measured curve instead of the mixture (taken at all cores) */
+    copy = curve_at(c, 0, ws), nt = curve_at(c, 1, ws), red = curve_at(c, 2, ws);
   double put = c->nt ? nt : copy;
   /* The hand-over terms stay the mixture's differences (slot_in/out were measured as two
    * points, like the mixture's copy they are set against).  t_in is negative from
    * memory: a slot the peer just wrote is read from its cache, not from memory. */
-  double t_in = c->slot_in[0] > 0 ? sim_cpu_per_byte(c, c->slot_in) - mix_copy : 0;
-  double t_out = c->slot_out[0] > 0 ? sim_cpu_per_byte(c, c->slot_out) - mix_copy : 0;
+  double t_in = c->slot_in[0] > 0 ? sim_cpu_per_byte(c, c->slot_in, ws, mem) - mix_copy : 0;
+  double t_out = c->slot_out[0] > 0 ? sim_cpu_per_byte(c, c->slot_out, ws, mem) - mix_copy : 0;
   double passes = 0;
   switch (k) {
   case COLL_STEP_COPY: passes = put; break;
@@ -117,12 +137,11 @@ double sim_cpu_slot_bytes(coll_step_kind k, double b) {
   return 0;
 }
 
-/* W for one call on this model: per rank its send and receive buffers as coll-bench
- * allocates them out of place (all-gather: count in, count·N out; reduce-scatter the
- * reverse; all-reduce, broadcast, reduce: count each) plus its FIFOs' slots
- * (depth × slot per connection, one connection per peer the plan uses — a ring's or a
- * tree's 2-3 — counted as 2 here), times the ranks of the host. */
-double sim_cpu_working_set(const sim_model *m, const sim_call *call) {
+/* The user buffers of one call on this model: per rank its send and receive buffers as
+ * coll-bench allocates them out of place (all-gather: count in, count·N out;
+ * reduce-scatter the reverse; all-reduce, broadcast, reduce: count each), times the ranks
+ * of the host.  W adds the FIFOs' slots, which only the plans know (the engine). */
+double sim_cpu_buffers(const sim_model *m, const sim_call *call) {
   double e = (double)call->count * (double)call->es, n = m->nranks, in = e, out = e;
   switch (call->coll) {
   case COLL_COLL_ALL_GATHER:
@@ -133,9 +152,8 @@ double sim_cpu_working_set(const sim_model *m, const sim_call *call) {
   default: break;
   }
   if (call->in_place) in = 0;
-  double slots = 2.0 * m->depth * (double)m->slot;
   int local = m->per_host < m->nranks ? m->per_host : m->nranks;
-  return local * (in + out + slots);
+  return local * (in + out);
 }
 
 /* The executor's nt rule (executor.c: x.nt), for one call. */

@@ -70,6 +70,8 @@ typedef struct {
   double t;             /* when the slice is visible to the receiver */
   uint64_t n;           /* elements */
   sim_payload *pl;
+  bool read;            /* the receiver has read this slot (CPU model: its core's cache */
+  double mark;          /* may still hold it): that core's bytes touched then */
 } slot;
 
 typedef struct {
@@ -116,14 +118,21 @@ typedef struct {
   uint64_t seq;
   double *core_free;    /* per host, `cores` entries */
   double *fp;           /* per host: max(0, 1 - C/F), F its FIFOs' slot bytes */
+  double *ws;           /* per host: W, its ranks' buffers and its FIFOs' slots */
+  int *running;         /* per host: its ranks running an operation now */
+  double *touched;      /* per private cache (a core's, bound or a core per rank; else a
+                           rank's): the bytes its operations have streamed so far, */
+  double *wcore;        /* and its working set: its ranks' buffers, their FIFOs' slots */
   double *nic_tx, *nic_rx, *nic_busy;
   double *tok;          /* per host: tokens of the tx [2h] and rx [2h+1] shapers, */
   double *tok_t;        /* as of this time */
   int cores, hosts;
   bool oversub;         /* a host's ranks outnumber its cores */
   bool sched;           /* ... and the scheduler is modelled (m->cpu.sched) */
-  int *rq;              /* sched: per host a ring of per_host ranks waiting for a core */
-  int *rq_head, *rq_len, *idle; /* per host: the ring's front and length, idle cores */
+  /* sched: a run queue per host (unbound) or per core (bound): a ring of per_host ranks
+   * waiting for one of its cores, the ring's front and length, and its idle cores */
+  int *rq, *rq_head, *rq_len, *idle;
+  int nq, qcores;       /* queues, and cores per queue */
   sim_result res;
   char *why;
   size_t why_len;
@@ -227,6 +236,30 @@ static double on_core(engine *e, int r, double ready, double work) {
   return start + work;
 }
 
+/* Whose private cache rank r's operations fill: its core's when ranks are bound or have
+ * a core each (coll_launch_local binds rank i to core i mod C), else its own (the kernel
+ * moves it; its own bytes are the best guess of what displaced its lines). */
+static size_t cache_of(const engine *e, int r) {
+  int local = r % e->m->per_host;
+  if (!e->oversub || e->m->cpu.bound)
+    return (size_t)host_of(e, r) * (size_t)e->cores + (size_t)(local % e->cores);
+  return (size_t)e->hosts * (size_t)e->cores + (size_t)r;
+}
+
+/* The extra cost of rank src writing b bytes into slot sl of its FIFO to rank dst.  The
+ * receiver's core read the slot last; when that is another core than the writer's, what
+ * of those lines its private cache still holds the writer must first take from it (a read-for-ownership across cores: cpu.rfo per byte more).
+ * When that core's working set W fits its cache L2, nothing evicts them: all of them;
+ * else 1 - X/L2 of them, at least 0, X the bytes its operations streamed since it read
+ * the slot (an LRU cache cycling through more than it holds). */
+static double rfo_cost(const engine *e, const slot *sl, int src, int dst, double b) {
+  const sim_cpu *c = &e->m->cpu;
+  size_t k = cache_of(e, dst);
+  if (c->rfo <= 0 || c->l2_bytes <= 0 || !sl->read || k == cache_of(e, src)) return 0;
+  double left = e->wcore[k] <= c->l2_bytes ? 1 : 1 - (e->touched[k] - sl->mark) / c->l2_bytes;
+  return left > 0 ? c->rfo * b * left : 0;
+}
+
 /* ---- the scheduler (sched mode) -----------------------------------------------------
  *
  * When a host's ranks outnumber its cores, a rank whose next operation can run does not
@@ -245,12 +278,22 @@ static double on_core(engine *e, int r, double ready, double work) {
  *     halted core comes back: ~22 us on this VM), else at the front of the queue (the
  *     kernel places a woken sleeper ahead of tasks that have been running); the waker
  *     spends wake_cost of its core on the FUTEX_WAKE;
- *   - an operation is not preempted (they last microseconds, a time slice milliseconds).
+ *   - an operation is not preempted (they last microseconds, a time slice milliseconds);
+ *   - bound (m->cpu.bound, coll_launch_local's default): a host's rank i runs only on
+ *     core i mod cores, so each core has its own queue and a rank queued on a busy core
+ *     waits even while another core idles; unbound, a host has one queue and a ready rank
+ *     takes any free core.
  * Every figure is measured (bench/sim_sched.c), none fitted (docs/bandwidth-math.md,
  * section 8). */
 
+/* The run queue rank r waits in: its host's, or when bound its core's. */
+static int queue_of(const engine *e, int r) {
+  if (!e->m->cpu.bound) return host_of(e, r);
+  return host_of(e, r) * e->cores + (r % e->m->per_host) % e->cores;
+}
+
 static void rq_push(engine *e, int r, bool front) {
-  int h = host_of(e, r), ph = e->m->per_host;
+  int h = queue_of(e, r), ph = e->m->per_host;
   int i = front ? (e->rq_head[h] = (e->rq_head[h] + ph - 1) % ph)
                 : (e->rq_head[h] + e->rq_len[h]) % ph;
   e->rq[(size_t)h * (size_t)ph + (size_t)i] = r;
@@ -264,7 +307,7 @@ static int rq_pop(engine *e, int h) {
   return r;
 }
 
-/* A core of host h is free at t: the queue's front rank takes it, or it idles. */
+/* A core of queue h is free at t: the queue's front rank takes it, or it idles. */
 static void core_free_at(engine *e, int h, double t) {
   if (e->rq_len[h] == 0) {
     e->idle[h]++;
@@ -278,7 +321,7 @@ static void core_free_at(engine *e, int h, double t) {
 /* Rank r, on a core at `now`, cannot run its next operation: it yields, or sleeps. */
 static void sched_wait(engine *e, int r, double now) {
   rank_state *s = &e->rs[r];
-  int h = host_of(e, r);
+  int h = queue_of(e, r);
   const sim_cpu *c = &e->m->cpu;
   if (s->yields >= c->spin_yields) { /* futex sleep: a post or release wakes it */
     s->where = ASLEEP;
@@ -297,7 +340,7 @@ static void sched_wait(engine *e, int r, double now) {
 /* The futex wake reaches sleeping rank r at t (its wake event): it runs. */
 static void sched_woken(engine *e, int r, double t) {
   rank_state *s = &e->rs[r];
-  int h = host_of(e, r);
+  int h = queue_of(e, r);
   if (e->idle[h] > 0) {
     e->idle[h]--;
     s->where = ON_CORE;
@@ -411,6 +454,7 @@ static coll_result step_rank(engine *e, int r, double now) {
   if (s->busy) {
     if (now < s->busy_until) return COLL_OK; /* a stale wake-up; its own event comes */
     s->busy = false;
+    e->running[host_of(e, r)]--;
     now += release(e, r, now); /* a wake it does keeps it on its core a little longer */
   }
   while (!s->done) {
@@ -424,7 +468,7 @@ static coll_result step_rank(engine *e, int r, double now) {
       s->done = true;
       if (now > e->res.seconds) e->res.seconds = now;
       if (e->sched) /* its thread sleeps till the next call: the core goes to another */
-        core_free_at(e, host_of(e, r), now + e->m->cpu.yield_switch);
+        core_free_at(e, queue_of(e, r), now + e->m->cpu.yield_switch);
       return COLL_OK;
     }
     const sim_step *st = sim_plans_step(p, r, s->idx);
@@ -482,9 +526,16 @@ static coll_result step_rank(engine *e, int r, double now) {
        * whatever link it goes out on (the executor copies into a tcp slot too); the
        * network's β is the NIC's, in deliver().  When the host's ranks outnumber its
        * cores and the scheduler is off, each operation also pays a fixed hand-over. */
-      work = sim_cpu_work(&e->m->cpu, k, b) +
+      int h = host_of(e, r);
+      work = sim_cpu_work(&e->m->cpu, k, b, e->ws[h], e->running[h] + 1, e->cores) +
              (e->oversub && !e->sched ? e->m->cpu.switch_cost : 0) +
-             e->m->cpu.footprint * e->fp[host_of(e, r)] * sim_cpu_slot_bytes(k, b);
+             e->m->cpu.footprint * e->fp[h] * sim_cpu_slot_bytes(k, b) +
+             (out && out->q && host_of(e, pout) == h
+                  ? rfo_cost(e, &out->q[out->tail % (uint64_t)e->depth], r, pout, b)
+                  : 0);
+      /* what the operation streams through its core's cache: the slice in the user's
+       * buffer and every slot it reads or writes */
+      e->touched[cache_of(e, r)] += b + sim_cpu_slot_bytes(k, b);
     } else {
       work = (reduces(k) ? (k == COLL_STEP_RECV2_REDUCE_SEND ? 2 : 1) * b * e->m->gamma : 0) +
              (keeps(k) ? b * e->m->beta_copy : 0);
@@ -498,6 +549,8 @@ static coll_result step_rank(engine *e, int r, double now) {
       slot *sl = &in[q]->q[in[q]->head % (uint64_t)e->depth];
       if (e->ck) sim_payload_free(sl->pl);
       sl->pl = NULL;
+      sl->read = true;
+      sl->mark = e->touched[cache_of(e, r)];
       in[q]->head++;
       s->held[q] = (uint32_t)(in[q] - e->conns) + 1;
     }
@@ -525,6 +578,7 @@ static coll_result step_rank(engine *e, int r, double now) {
     if (end > now) {
       s->busy = true;
       s->busy_until = end;
+      e->running[host_of(e, r)]++;
       schedule(e, r, end);
       return COLL_OK;
     }
@@ -539,10 +593,10 @@ static coll_result step_rank(engine *e, int r, double now) {
 static coll_result run_call(engine *e, double start) {
   const sim_plans *p = e->p;
   coll_result rc = COLL_OK;
-  if (e->sched) { /* each host's first `cores` ranks start on its cores, the rest queue */
-    for (int h = 0; h < e->hosts; h++) e->rq_head[h] = e->rq_len[h] = 0, e->idle[h] = e->cores;
+  if (e->sched) { /* each queue's first ranks start on its cores, the rest queue */
+    for (int h = 0; h < e->nq; h++) e->rq_head[h] = e->rq_len[h] = 0, e->idle[h] = e->qcores;
     for (int r = 0; r < e->n; r++) {
-      int h = host_of(e, r);
+      int h = queue_of(e, r);
       if (e->idle[h] > 0) {
         e->idle[h]--;
         e->rs[r].where = ON_CORE;
@@ -619,22 +673,28 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.oversub = (m->per_host < e.n ? m->per_host : e.n) > e.cores;
   e.sched = e.oversub && m->cpu.on && m->cpu.sched;
   if (e.sched) {
-    e.rq = malloc((size_t)e.hosts * (size_t)m->per_host * sizeof *e.rq);
-    e.rq_head = calloc((size_t)e.hosts, sizeof *e.rq_head);
-    e.rq_len = calloc((size_t)e.hosts, sizeof *e.rq_len);
-    e.idle = calloc((size_t)e.hosts, sizeof *e.idle);
+    e.nq = m->cpu.bound ? e.hosts * e.cores : e.hosts;
+    e.qcores = m->cpu.bound ? 1 : e.cores;
+    e.rq = malloc((size_t)e.nq * (size_t)m->per_host * sizeof *e.rq);
+    e.rq_head = calloc((size_t)e.nq, sizeof *e.rq_head);
+    e.rq_len = calloc((size_t)e.nq, sizeof *e.rq_len);
+    e.idle = calloc((size_t)e.nq, sizeof *e.idle);
     if (!e.rq || !e.rq_head || !e.rq_len || !e.idle) goto oom;
   }
   e.rs = calloc((size_t)e.n, sizeof *e.rs);
   e.heap = malloc(((size_t)e.n + 1) * 2 * sizeof *e.heap);
   e.core_free = calloc((size_t)e.hosts * (size_t)e.cores, sizeof *e.core_free);
   e.fp = calloc((size_t)e.hosts, sizeof *e.fp);
+  e.ws = calloc((size_t)e.hosts, sizeof *e.ws);
+  e.running = calloc((size_t)e.hosts, sizeof *e.running);
+  e.touched = calloc((size_t)e.hosts * (size_t)e.cores + (size_t)e.n, sizeof *e.touched);
+  e.wcore = calloc((size_t)e.hosts * (size_t)e.cores + (size_t)e.n, sizeof *e.wcore);
   e.nic_tx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_rx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
-  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
+  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.ws || !e.running || !e.touched || !e.wcore || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
       !e.tok || !e.tok_t)
     goto oom;
   for (int k = 0; k < 2 * e.hosts; k++) e.tok[k] = m->burst; /* idle before: full */
@@ -654,6 +714,28 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
         if (b > c->used) c->used = b;
       }
     }
+  /* W per host (CPU model): its ranks' buffers, and depth slots of what its largest slice
+   * fills for every FIFO with an end on the host — one between two of its ranks once, one
+   * to another host on both sides (each end's transport has its own slots). */
+  for (int h = 0; h < e.hosts; h++) e.ws[h] = m->cpu.ws;
+  for (size_t i = 0; i < e.nconns; i++) {
+    int hs = host_of(&e, e.conns[i].src), hd = host_of(&e, e.conns[i].dst);
+    e.ws[hs] += (double)m->depth * e.conns[i].used;
+    if (hd != hs) e.ws[hd] += (double)m->depth * e.conns[i].used;
+  }
+  /* Per private cache, its working set (rfo_cost): the buffers of the ranks it serves
+   * and the slots of every FIFO on the host those ranks read or write. */
+  if (m->cpu.on && m->cpu.rfo > 0) {
+    int local = m->per_host < e.n ? m->per_host : e.n;
+    for (int r = 0; r < e.n; r++) e.wcore[cache_of(&e, r)] += m->cpu.ws / local;
+    for (size_t i = 0; i < e.nconns; i++) {
+      const conn *c = &e.conns[i];
+      if (host_of(&e, c->src) != host_of(&e, c->dst)) continue;
+      size_t a = cache_of(&e, c->src), b = cache_of(&e, c->dst);
+      e.wcore[a] += (double)m->depth * c->used;
+      if (b != a) e.wcore[b] += (double)m->depth * c->used;
+    }
+  }
   /* The FIFOs' footprint per host (CPU model): every FIFO between two of its ranks cycles
    * through depth slots of what its largest slice fills. */
   if (m->cpu.on && m->cpu.footprint > 0 && m->cpu.cache_bytes > 0) {
@@ -671,10 +753,11 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   int warmup = m->warmup < 0 ? 0 : m->warmup >= calls ? calls - 1 : m->warmup;
   double start = 0, timed_from = 0;
   for (int call = 0; call < calls && rc == COLL_OK; call++) {
-    if (call > 0) { /* every rank and FIFO as new; the NICs' queues and buckets as they are */
+    if (call > 0) { /* every rank as new; the FIFOs go on from where they were (empty:
+                     * the last call received all), and the NICs' queues and buckets and
+                     * the caches are as the last call left them */
       memset(e.rs, 0, (size_t)e.n * sizeof *e.rs);
-      for (size_t i = 0; i < e.nconns; i++)
-        e.conns[i].head = e.conns[i].tail = e.conns[i].released = 0;
+      memset(e.running, 0, (size_t)e.hosts * sizeof *e.running);
       start = e.res.seconds + call_cost;
       for (size_t c = 0; c < (size_t)e.hosts * (size_t)e.cores; c++)
         if (e.core_free[c] < start) e.core_free[c] = start;
@@ -705,6 +788,10 @@ out:
   free(e.heap);
   free(e.core_free);
   free(e.fp);
+  free(e.ws);
+  free(e.running);
+  free(e.touched);
+  free(e.wcore);
   free(e.nic_tx);
   free(e.nic_rx);
   free(e.nic_busy);
@@ -784,7 +871,7 @@ coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check, s
   }
   sim_model mc = *m; /* the CPU model's per-call figures: W and the nt rule */
   if (mc.cpu.on) {
-    mc.cpu.ws = sim_cpu_working_set(&mc, call);
+    mc.cpu.ws = sim_cpu_buffers(&mc, call);
     mc.cpu.nt = sim_cpu_nt(call, mc.nranks, mc.cpu.nt_bytes);
   }
   rc = sim_run(&p, &mc, call->es, ck, res, why, why_len);

@@ -11,10 +11,15 @@
  * W.  coll-sim takes two points of each curve (W well inside the cache, W far outside)
  * and the cache size; bench/sim_cpu.c explains how it interpolates between them.
  *
+ * `sim-membw pingpong` measures what writing into a slot costs more when the other core
+ * has just read it (coll-sim --rfo-ns).
+ *
  * Must never: be part of a prediction — it measures; coll-sim only takes its numbers as
  * flags.
  */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,14 +158,96 @@ static void handover(void) {
   }
 }
 
+/* ---- pingpong: writing a slot the other core has just read ---------------------------
+ *
+ * Two threads on two different CPUs pass one slot of b bytes back and forth: the first
+ * copies b bytes into it and raises a flag, the second copies them out and answers, and
+ * again.  So every write finds the slot's lines in the other core's private cache (it
+ * read them last) and must take them back first.  The writer's copy is timed alone and
+ * set against the same copy with both ends on one thread: the difference per byte is
+ * coll-sim's --rfo-ns (the read-for-ownership across cores). */
+typedef struct {
+  char *slot, *src, *dst;
+  size_t b;
+  int iters, cpu;
+  _Atomic long flag;
+} pingpong_t;
+
+static void pin_to(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  pthread_setaffinity_np(pthread_self(), sizeof one, &one); /* best effort */
+}
+
+static void *pong(void *arg) {
+  pingpong_t *p = arg;
+  pin_to(p->cpu);
+  for (long i = 0; i < p->iters; i++) {
+    while (atomic_load_explicit(&p->flag, memory_order_acquire) != 2 * i + 1) {}
+    memcpy(p->dst, p->slot, p->b);
+    atomic_store_explicit(&p->flag, 2 * i + 2, memory_order_release);
+  }
+  return NULL;
+}
+
+static void pingpong(void) {
+  cpu_set_t allowed;
+  int cpus[2] = {-1, -1};
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+      if (CPU_ISSET(c, &allowed)) cpus[k++] = c;
+  if (cpus[1] < 0) {
+    fprintf(stderr, "sim-membw pingpong: needs two CPUs\n");
+    return;
+  }
+  printf("# pingpong: a slot written on CPU %d and read on CPU %d in turn; ns per byte of the "
+         "writer's copy, of the same copy with both ends on one CPU, and the difference\n"
+         "#%10s %10s %10s %10s\n", cpus[0], cpus[1], "slot", "write", "local", "rfo");
+  for (size_t b = 16 * 1024; b <= 256 * 1024; b *= 2) {
+    pingpong_t p = {.b = b, .iters = 2000, .cpu = cpus[1]};
+    p.slot = aligned_alloc(4096, b), p.src = aligned_alloc(4096, b), p.dst = aligned_alloc(4096, b);
+    if (!p.slot || !p.src || !p.dst) abort();
+    memset(p.slot, 1, b), memset(p.src, 2, b), memset(p.dst, 3, b);
+    pin_to(cpus[0]);
+    pthread_t t;
+    pthread_create(&t, NULL, pong, &p);
+    uint64_t write = 0;
+    for (long i = 0; i < p.iters; i++) {
+      uint64_t t0 = coll_now_ns();
+      memcpy(p.slot, p.src, b);
+      write += coll_now_ns() - t0;
+      atomic_store_explicit(&p.flag, 2 * i + 1, memory_order_release);
+      while (atomic_load_explicit(&p.flag, memory_order_acquire) != 2 * i + 2) {}
+    }
+    pthread_join(t, NULL);
+    uint64_t local = 0; /* the same copy, the slot's lines in this core's cache */
+    for (long i = 0; i < p.iters; i++) {
+      uint64_t t0 = coll_now_ns();
+      memcpy(p.slot, p.src, b);
+      local += coll_now_ns() - t0;
+      memcpy(p.dst, p.slot, b);
+    }
+    double w = (double)write / (double)p.iters / (double)b;
+    double l = (double)local / (double)p.iters / (double)b;
+    printf("%11zu %10.4f %10.4f %10.4f\n", b, w, l, w - l);
+    fflush(stdout);
+    free(p.slot), free(p.src), free(p.dst);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "handover") == 0) {
     handover();
     return 0;
   }
+  if (argc > 1 && strcmp(argv[1], "pingpong") == 0) {
+    pingpong();
+    return 0;
+  }
   int threads = argc > 1 ? atoi(argv[1]) : 1;
   if (threads < 1 || threads > 64) {
-    fprintf(stderr, "usage: sim-membw [THREADS | handover]\n");
+    fprintf(stderr, "usage: sim-membw [THREADS | handover | pingpong]\n");
     return 2;
   }
   printf("# sim-membw: ns per byte of output, %d thread(s) at once, slices of 64 KiB; "

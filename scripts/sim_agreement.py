@@ -27,21 +27,28 @@ import csv, os, statistics, subprocess, sys
 
 CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("all_gather", "ring"),
          ("broadcast", "ring"), ("broadcast", "tree")]
-# The cases the CPU model's free figures were fitted on (docs/bandwidth-math.md, 8): call,
-# slot_out, the fixed hand-over (--no-sched only), the FIFOs' footprint (on set C).
-FIT = {("all_reduce", "ring", 2, 65536), ("all_reduce", "ring", 2, 1048576),
-       ("all_reduce", "ring", 3, 1048576), ("all_reduce", "tree", 8, 16777216)}
+# The cases the CPU model's free figures were fitted on (docs/bandwidth-math.md, 8):
+# slot_out, the fixed hand-over (--no-sched only), the FIFOs' footprint (on set C).  The
+# per-call cost, once fitted on ring N=2 64 KiB, is now measured (64-512 B calls).
+FIT = {("all_reduce", "ring", 2, 1048576), ("all_reduce", "ring", 3, 1048576),
+       ("all_reduce", "tree", 8, 16777216)}
+# coll-bench repeats the call: slots the receiver read in earlier calls are written again
+# (coll-sim --rfo-ns), so the prediction is a call in steady state, the 6th of 10.
+STEADY = ["--calls", "10", "--warmup", "5"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def measure(out, reps, ns):
-    # COLL_LAUNCH_BIND: coll-sim's scheduler model was fitted on ranks the kernel places
-    # (sets A-D); coll_launch_local now binds oversubscribed ranks round-robin, which the
-    # model does not describe yet (set E, docs/bandwidth-math.md 8).  "0" keeps the sets
-    # comparable; BIND=1 in the environment measures the default placement.
+    # COLL_LAUNCH_BIND: coll_launch_local binds rank i to core i mod C (sets E, F: BIND=1,
+    # coll-sim --bind); sets A-D were measured with the kernel placing the ranks (BIND
+    # unset: COLL_LAUNCH_BIND=0, coll-sim --no-bind).  The .membw file's first line says
+    # which, for compare.
     bind = "1" if os.environ.get("BIND") == "1" else "0"
     env = dict(os.environ, COLL_TUNE_FILE="none", COLL_LAUNCH_BIND=bind)
+    fresh = not os.path.exists(out + ".membw")
     with open(out, "a") as f, open(out + ".membw", "a") as mf:
+        if fresh:  # compare reads it: coll-sim --bind or --no-bind
+            mf.write(f"# placement: {'bound' if bind == '1' else 'kernel'}\n")
         for rep in range(reps):
             # The kernels' speeds in the same run: this VM's memory moves with its host's
             # load by tens of percent from one hour to the next.
@@ -64,7 +71,8 @@ def measure(out, reps, ns):
 def predict(coll, algo, n, size, flags):
     p = subprocess.run([f"{ROOT}/build/bench/coll-sim", "-N", str(n), "-H", str(n), "--cores", "2",
                         "-c", coll, "-A", algo, "-b", str(size), "-e", str(size), "-f", "2",
-                        "--cpu-model"] + flags, capture_output=True, text=True, check=True)
+                        "--cpu-model"] + STEADY + flags, capture_output=True, text=True,
+                       check=True)
     for line in p.stdout.splitlines():
         w = line.split()
         if len(w) == 6 and w[2] == algo and not line.startswith("#"):
@@ -122,8 +130,22 @@ def membw_flags(path, flags):
     return out
 
 
+def placement_flags(path, flags):
+    """coll-sim --bind for a set measured with ranks bound round-robin (measure writes
+    "# placement: bound" atop PATH.membw; sets A-D, from before, were the kernel's)."""
+    if "--bind" in flags or "--no-bind" in flags:
+        return []
+    try:
+        first = open(path + ".membw").readline()
+    except OSError:
+        first = ""
+    bound = first.strip() == "# placement: bound"
+    print(f"# placement: {'bound round-robin (--bind)' if bound else 'the kernel (--no-bind)'}")
+    return ["--bind" if bound else "--no-bind"]
+
+
 def compare(path, flags):
-    flags = membw_flags(path, flags) + flags
+    flags = placement_flags(path, flags) + membw_flags(path, flags) + flags
     runs = {}
     for r in csv.reader(open(path)):
         coll, n, algo, size = r[2], int(r[3]), r[5], int(r[9])
@@ -194,9 +216,9 @@ def compare_netns(path, flags):
             small.setdefault(n, []).append(float(r[11]))
         else:
             runs.setdefault((algo, n, size), []).append(float(r[11]))
-    # α_net per host count: the small calls' median, less the per-call cost (13 us, the
+    # α_net per host count: the small calls' median, less the per-call cost (1 us, the
     # CPU model's), over the ring's 2(K-1) hops.
-    alpha = {n: (statistics.median(v) - 13.0) / (2 * (n - 1)) for n, v in small.items()}
+    alpha = {n: (statistics.median(v) - 1.0) / (2 * (n - 1)) for n, v in small.items()}
     for n in sorted(alpha):
         print(f"# {n} hosts: alpha_net {alpha[n]:.1f} us from {len(small[n])} small ring calls "
               f"(median {statistics.median(small[n]):.1f} us)")

@@ -145,8 +145,8 @@ Test(sim, cpu_model_closed_form) {
     double want = call + (2 * n - 1) * op + b * (x + (n - 2) * y + (y + x) + (n - 2) * 2 * x + x);
     cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d: simulated %.6g s, closed form %.6g s", n, t,
               want);
-    /* the mixture: W = N ranks x (in + out + 2 FIFOs of 8 slots) */
-    double w = n * (2.0 * 4 * (double)count + 2.0 * 8 * 65536);
+    /* the mixture: W = N ranks x (in + out) + the ring's N FIFOs x 8 slots of a chunk */
+    double w = n * (2.0 * 4 * (double)count) + n * 8.0 * 16000;
     sim_cpu half = cpu, mean = cpu;
     half.cache_bytes = w / 2;
     mean.copy[0] = mean.nt_copy[0] = (x + 1e-9) / 2, mean.reduce[0] = (y + 2e-9) / 2;
@@ -333,6 +333,61 @@ Test(sim, footprint) {
     t = sched_run(&m, &bc), want = 2 * b * x + alpha + 2 * b * xfp * (1 - cs[i] / (8 * b));
     cr_assert(fabs(t - want) < 1e-12, "C = %.0f: %.9g s, want %.9g", cs[i], t, want);
   }
+}
+
+/* Placement, memory bandwidth and the receiver's cache (sim_engine.c, sim_cpu.c):
+ *   - 3 ranks bound to 2 cores (rank i on core i mod 2): ranks 0 and 2 share core 0, so a
+ *     ring all-reduce, where every rank works every step, is slower than with the kernel
+ *     free to put any rank on any core; the same run twice gives the same time;
+ *   - memory shared by the cores: 2 ranks with a core each, a broadcast of one slice of b
+ *     bytes from rank 1 (SEND, then rank 0's RECV after α), every byte from memory at x:
+ *     each operation runs alone, so 2bx·a + α with a = mem_alone, 2bx + α with it off;
+ *   - a read-for-ownership: the same broadcast with one slot per FIFO, the 2nd of 2 calls
+ *     timed: rank 1 writes the slot rank 0 read in the 1st call, still in rank 0's cache
+ *     (its working set, b of buffer and b of slot, fits L2), so the SEND costs rfo·b more;
+ *     one call alone writes a slot nobody read, and costs nothing more. */
+Test(sim, placement_memory_and_rfo) {
+  const double x = 0.1e-9, alpha = 0.2e-6, b = 4096 * 4;
+  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
+                 .cache_bytes = 1e12, .nt_bytes = 1e12, .yield_switch = 1.3e-6,
+                 .yield_alone = 0.5e-6, .wake_idle = 20e-6, .wake_cost = 1.8e-6,
+                 .spin_yields = 64, .sched = true};
+  sim_model three = {.nranks = 3, .per_host = 3, .cores = 2, .slot = 65536, .depth = 8,
+                     .cpu = cpu};
+  three.alpha[SIM_SHM] = alpha;
+  sim_call ar = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = 3 << 16, .es = 4};
+  double kernel = sched_run(&three, &ar);
+  three.cpu.bound = true;
+  double bound = sched_run(&three, &ar);
+  cr_assert(bound > 1.2 * kernel, "3 ranks on 2 cores: bound %.9g s, placed freely %.9g s",
+            bound, kernel);
+  cr_assert_eq(sched_run(&three, &ar), bound, "the same run twice differs");
+
+  sim_cpu mem = {.on = true, .copy = {0, x}, .nt_copy = {0, x}, .reduce = {0, x},
+                 .cache_bytes = 0, .nt_bytes = 1e12, .mem_alone = 0.64};
+  sim_model two = {.nranks = 2, .per_host = 2, .slot = 65536, .depth = 8, .cpu = mem};
+  two.alpha[SIM_SHM] = alpha;
+  sim_call bc = {.coll = COLL_COLL_BROADCAST, .algo = COLL_ALGO_RING, .count = 4096, .es = 4,
+                 .root = 1, .in_place = 1};
+  double t = sched_run(&two, &bc), want = 2 * b * x * 0.64 + alpha;
+  cr_assert(fabs(t - want) < 1e-12, "memory alone: %.9g s, want %.9g", t, want);
+  two.cpu.mem_alone = 1;
+  t = sched_run(&two, &bc), want = 2 * b * x + alpha;
+  cr_assert(fabs(t - want) < 1e-12, "memory shared: %.9g s, want %.9g", t, want);
+
+  const double rfo = 0.09e-9;
+  sim_cpu warm = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
+                  .cache_bytes = 1e12, .nt_bytes = 1e12, .rfo = rfo, .l2_bytes = 1 << 20};
+  sim_model one = {.nranks = 2, .per_host = 2, .slot = 65536, .depth = 1, .cpu = warm};
+  one.alpha[SIM_SHM] = alpha;
+  t = sched_run(&one, &bc), want = 2 * b * x + alpha;
+  cr_assert(fabs(t - want) < 1e-12, "one call: %.9g s, want %.9g", t, want);
+  one.calls = 2, one.warmup = 1;
+  t = sched_run(&one, &bc), want = 2 * b * x + alpha + rfo * b;
+  cr_assert(fabs(t - want) < 1e-12, "the slot read before: %.9g s, want %.9g", t, want);
+  one.cpu.rfo = 0;
+  t = sched_run(&one, &bc), want = 2 * b * x + alpha;
+  cr_assert(fabs(t - want) < 1e-12, "rfo off: %.9g s, want %.9g", t, want);
 }
 
 /* ---- broken plans are caught ------------------------------------------------------- */
