@@ -39,7 +39,9 @@
  * writes costs cpu.footprint·(1 - C/F) more — the 8-rank tree ran 1.4-1.6x faster with
  * 2 slots per FIFO than with 8, and no faster with 8 slots of which a sender may fill 2
  * ahead, so it is the bytes cycled through, not how long a slice waits
- * (docs/bandwidth-math.md, section 8).
+ * (docs/bandwidth-math.md, section 8).  Two more terms per operation: the memory price
+ * by how many of the host's cores are running one (they share its bandwidth), and the
+ * read-for-ownership of a slot the receiver's core still holds (rfo_cost).
  *
  * A NIC direction may sit behind a token bucket (m->burst: tc tbf, how scripts/netns.sh
  * caps a link): bytes its tokens cover leave at line speed, the rest at the rate, and it
