@@ -150,7 +150,8 @@ static const sim_cpu host_cpu = {
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
     .slot_out = {0.047e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
     .call = 1e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
-    .sched = true, .bound = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6, .wake_idle = 21.6e-6,
+    .sched = true, .bound = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6,
+    .wake_idle = 21.6e-6,
     .wake_cost = 1.86e-6,
     .spin_yields = 64, .footprint = 0.035e-9, .mem_alone = 0.64, .rfo = 0.09e-9,
     .l2_bytes = 1024.0 * 1024};

@@ -250,7 +250,8 @@ static size_t cache_of(const engine *e, int r) {
 
 /* The extra cost of rank src writing b bytes into slot sl of its FIFO to rank dst.  The
  * receiver's core read the slot last; when that is another core than the writer's, what
- * of those lines its private cache still holds the writer must first take from it (a read-for-ownership across cores: cpu.rfo per byte more).
+ * of those lines its private cache still holds the writer must first take from it (a
+ * read-for-ownership across cores: cpu.rfo per byte more).
  * When that core's working set W fits its cache L2, nothing evicts them: all of them;
  * else 1 - X/L2 of them, at least 0, X the bytes its operations streamed since it read
  * the slot (an LRU cache cycling through more than it holds). */
@@ -290,8 +291,7 @@ static double rfo_cost(const engine *e, const slot *sl, int src, int dst, double
 
 /* The run queue rank r waits in: its host's, or when bound its core's. */
 static int queue_of(const engine *e, int r) {
-  if (!e->m->cpu.bound) return host_of(e, r);
-  return host_of(e, r) * e->cores + (r % e->m->per_host) % e->cores;
+  return e->m->cpu.bound ? (int)cache_of(e, r) : host_of(e, r);
 }
 
 static void rq_push(engine *e, int r, bool front) {
@@ -696,7 +696,8 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
-  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.ws || !e.running || !e.touched || !e.wcore || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
+  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.ws || !e.running || !e.touched ||
+      !e.wcore || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
       !e.tok || !e.tok_t)
     goto oom;
   for (int k = 0; k < 2 * e.hosts; k++) e.tok[k] = m->burst; /* idle before: full */
