@@ -28,8 +28,9 @@ import csv, os, statistics, subprocess, sys
 CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("all_gather", "ring"),
          ("broadcast", "ring"), ("broadcast", "tree")]
 # The cases the CPU model's free figures were fitted on (docs/bandwidth-math.md, 8):
-# slot_out, the fixed hand-over (--no-sched only), the FIFOs' footprint (on set C).  The
-# per-call cost, once fitted on ring N=2 64 KiB, is now measured (64-512 B calls).
+# slot_out (ring N=2 and N=3 at 1 MiB of set G), the fixed hand-over (--no-sched only),
+# the FIFOs' footprint (on set C).  The per-call cost, once fitted on ring N=2 64 KiB, is
+# now measured (64-512 B calls).
 FIT = {("all_reduce", "ring", 2, 1048576), ("all_reduce", "ring", 3, 1048576),
        ("all_reduce", "tree", 8, 16777216)}
 # coll-bench repeats the call: slots the receiver read in earlier calls are written again

@@ -388,6 +388,19 @@ Test(sim, placement_memory_and_rfo) {
   one.cpu.rfo = 0;
   t = sched_run(&one, &bc), want = 2 * b * x + alpha;
   cr_assert(fabs(t - want) < 1e-12, "rfo off: %.9g s, want %.9g", t, want);
+
+  /* Lines the reader's core may have lost: two slices of b through two slots, the
+   * reader's core cycling through more than its L2 (W: 32 KiB of buffer and 32 KiB of
+   * slots, L2 32 KiB).  In the second call slot A, read two slices of streaming (X = 2b:
+   * its put and slot, b each) before, keeps exp(-2b/L2) = exp(-1) of its lines; slot B,
+   * read last, all of them (X = 0).  The writer's two slices, the post, the reader's
+   * two: 3bx + α + rfo·b·(exp(-1) + 1).  (An exact LRU would keep none of A's.) */
+  sim_model evict = one;
+  evict.cpu.rfo = rfo, evict.cpu.l2_bytes = 32768, evict.slot = (size_t)b, evict.depth = 2;
+  sim_call bc2 = bc;
+  bc2.count = 2 * bc.count;
+  t = sched_run(&evict, &bc2), want = 3 * b * x + alpha + rfo * b * (exp(-1.0) + 1);
+  cr_assert(fabs(t - want) < 1e-12, "part of the slot evicted: %.9g s, want %.9g", t, want);
 }
 
 /* ---- broken plans are caught ------------------------------------------------------- */
