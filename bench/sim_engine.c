@@ -255,9 +255,10 @@ static size_t cache_of(const engine *e, int r) {
  * When that core's working set W fits its cache L2, nothing evicts them: all of them;
  * else exp(-X/L2) of them, X the bytes its operations streamed since it read the slot:
  * a line survives X/64 insertions into L2/64 lines each evicting one at random with
- * probability (1 - 64/L2)^(X/64).  (An exact LRU keeps 1 - X/L2, none once X >= L2; the
- * 2-rank ring at 256 KiB, whose core cycles through 1.5 MiB, said otherwise: -20 to -35 %
- * with LRU.  A pseudo-LRU cache, as this one, lies between, nearer random.) */
+ * probability (1 - 64/L2)^(X/64).  (An exact LRU keeps 1 - X/L2, none once X >= L2;
+ * with it the 2-rank ring at 256 KiB, whose core cycles through 1.5 MiB, was predicted
+ * 20-41 % too fast in every set.  This host's L2 is a pseudo-LRU; which of the two it is
+ * nearer was not measured, only that this rule agrees better: docs/bandwidth-math.md 8.) */
 static double rfo_cost(const engine *e, const slot *sl, int src, int dst, double b) {
   const sim_cpu *c = &e->m->cpu;
   size_t k = cache_of(e, dst);

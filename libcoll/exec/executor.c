@@ -466,7 +466,7 @@ static void number(struct coll_comm *comm, coll_work *w) {
 
 static void *progress_main(void *arg) {
   struct coll_comm *comm = arg;
-  int idle_spins = EXEC_IDLE_YIELDS; /* asleep until the first work */
+  int idle_yields = EXEC_IDLE_YIELDS; /* asleep until the first work */
   pthread_mutex_lock(&comm->qmu);
   for (;;) {
     for (;;) {
@@ -474,16 +474,16 @@ static void *progress_main(void *arg) {
         if (claim(comm)) break;
       } else if (comm->shutdown && !atomic_load(&comm->running)) {
         goto out; /* shutdown with nothing left */
-      } else if (idle_spins < EXEC_IDLE_YIELDS) {
+      } else if (idle_yields < EXEC_IDLE_YIELDS) {
         pthread_mutex_unlock(&comm->qmu);
         sched_yield();
-        idle_spins++;
+        idle_yields++;
         pthread_mutex_lock(&comm->qmu);
         continue;
       }
       pthread_cond_wait(&comm->qcv, &comm->qmu);
     }
-    idle_spins = 0;
+    idle_yields = 0;
     queued item = *qslot(comm, comm->qhead);
     number(comm, &item.w);
     pthread_mutex_unlock(&comm->qmu);
