@@ -78,7 +78,7 @@ static void usage(void) {
       "      --nt-ns C,M       non-temporal copy, the same (0.035,0.080)\n"
       "      --reduce-ns C,M   reduction kernel, the same (0.029,0.165)\n"
       "      --slot-in-ns C,M  a copy out of a slot the peer wrote (0.0226,0.053)\n"
-      "      --slot-out-ns C,M a copy into a slot the peer last read (0.027,0.088)\n"
+      "      --slot-out-ns C,M a copy into a slot the peer last read (0.026,0.088)\n"
       "      --cache MIB       last-level cache per host, MiB (20)\n"
       "      --op-us US        CPU per slice operation (CPU model; default 0)\n"
       "      --call-us US      per call outside the slices (CPU model; 1, measured)\n"
@@ -115,6 +115,10 @@ static void usage(void) {
       "      --no-table        skip the per-size tables\n"
       "      --crossover       print the crossover tables (which algorithm wins)\n"
       "      --validate        check every plan's invariants at each N\n"
+      "      --trace FILE      write the predicted timeline as a Perfetto/Chrome trace\n"
+      "                        (ui.perfetto.dev), in COLL_TRACE's format: each case's ranks\n"
+      "                        as processes, their calls, operations and (scheduler) time\n"
+      "                        on a core; meant for one case (-N, -c, -A, -b = -e)\n"
       "  -h, --help            this text\n");
 }
 
@@ -134,6 +138,8 @@ typedef struct {
   bool table, crossover, validate;
   bool slot_given, alpha_given;
   sim_cpu cpu;          /* --cpu-model and its figures */
+  const char *trace_path;
+  sim_trace *trace;     /* --trace: open while predict runs */
 } opts;
 
 /* This host's CPU model (2-core AMD EPYC VM; docs/bandwidth-math.md section 8 says how
@@ -149,7 +155,7 @@ typedef struct {
 static const sim_cpu host_cpu = {
     .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
-    .slot_out = {0.027e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
+    .slot_out = {0.026e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
     .call = 1e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
     .sched = true, .bound = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6,
     .wake_idle = 21.6e-6,
@@ -362,6 +368,13 @@ static int predict(const opts *o) {
           sim_call call = {.coll = c, .algo = (coll_algo)a, .count = count, .es = es};
           sim_result res;
           char why[512];
+          if (o->trace) {
+            char sz[32];
+            print_size(sim_call_bytes(&call, n), sz, sizeof sz);
+            snprintf(o->trace->label, sizeof o->trace->label, "%s %s N=%d %s",
+                     coll_coll_name(c), coll_algo_name((coll_algo)a), n, sz);
+            m.trace = o->trace;
+          }
           coll_result rc = sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why);
           if (rc != COLL_OK) {
             printf("# %s/%s N=%d: %s\n", coll_algo_name((coll_algo)a), coll_coll_name(c), n, why);
@@ -526,6 +539,7 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--no-table") == 0) { o.table = false;
     } else if (strcmp(a, "--crossover") == 0) { o.crossover = true;
     } else if (strcmp(a, "--validate") == 0) { o.validate = true;
+    } else if (LONG("--trace")) { o.trace_path = v;
     } else {
       fprintf(stderr, "coll-sim: unknown or incomplete option %s (see --help)\n", a);
       return 2;
@@ -583,6 +597,18 @@ int main(int argc, char **argv) {
            o.cpu.wake_idle * 1e6, o.cpu.wake_cost * 1e6);
   int failures = 0;
   if (o.validate) failures += validate(&o);
+  sim_trace trace;
+  if (o.trace_path) {
+    if (!sim_trace_open(&trace, o.trace_path)) {
+      fprintf(stderr, "coll-sim: cannot write the trace %s\n", o.trace_path);
+      return 2;
+    }
+    o.trace = &trace;
+  }
   if (o.table || o.crossover) failures += predict(&o);
+  if (o.trace && !sim_trace_close(&trace)) {
+    fprintf(stderr, "coll-sim: writing the trace %s failed\n", o.trace_path);
+    return 2;
+  }
   return failures ? 1 : 0;
 }

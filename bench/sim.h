@@ -25,6 +25,7 @@
 #define COLL_SIM_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -107,7 +108,23 @@ typedef struct {
    * starts its next call as soon as it finished its last, without waiting for the
    * others; the result is the makespan over `loop`.  0 or 1: one call. */
   int loop;
+  /* The timeline, as a Perfetto/Chrome trace (coll-sim --trace): NULL for none. */
+  struct sim_trace *trace;
 } sim_model;
+
+/* Where a run writes its timeline: every rank a process (pid `pid` + rank, named
+ * "`label`: rank r"), its operations on one track and, with the scheduler, its time on a
+ * core on another, in the format of COLL_TRACE's JSON so the two open side by side.  The
+ * caller writes the file's head and tail (sim_trace_open, sim_trace_close); each run
+ * advances pid by its ranks. */
+typedef struct sim_trace {
+  FILE *f;
+  int pid;
+  bool any;          /* an event is written: the next needs a comma */
+  char label[96];
+} sim_trace;
+bool sim_trace_open(sim_trace *t, const char *path);
+bool sim_trace_close(sim_trace *t);
 
 /* One collective call, as coll_plan_args describes it (count in elements of es bytes). */
 typedef struct {

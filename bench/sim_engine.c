@@ -95,6 +95,7 @@ typedef struct {
   uint32_t held[2];     /* FIFOs whose slots the running operation holds (conn index + 1) */
   uint8_t where;        /* sched: ON_CORE, QUEUED, ASLEEP, or WAKING (a wake event due) */
   int yields;           /* sched: yields since it last ran an operation */
+  double call_t0, core_t0; /* trace: when its call began, when it last took a core */
 } rank_state;
 
 typedef struct {
@@ -124,7 +125,8 @@ typedef struct {
   int *running;         /* per host: its ranks running an operation now */
   double *touched;      /* per private cache (a core's, bound or a core per rank; else a
                            rank's): the bytes its operations have streamed so far, */
-  double *wcore;        /* and its working set: its ranks' buffers, their FIFOs' slots */
+  double *wcore;        /* and its working set: its ranks' buffers, their FIFOs' slots; */
+  double *miss;         /* and what share of what it streams misses its cache (rfo_cost) */
   double *nic_tx, *nic_rx, *nic_busy;
   double *tok;          /* per host: tokens of the tx [2h] and rx [2h+1] shapers, */
   double *tok_t;        /* as of this time */
@@ -226,6 +228,38 @@ static event pop(engine *e) {
 
 static int host_of(const engine *e, int r) { return r / e->m->per_host; }
 
+/* ---- the timeline (m->trace) ---------------------------------------------------------
+ * Track 0 of a rank: its calls; 1: its operations; 2 (scheduler only): its time on a
+ * core, from taking one to yielding it, sleeping or finishing. */
+static void trace_span(engine *e, int r, int tid, double t0, double t1, const char *name,
+                       const char *cat, const char *args) {
+  sim_trace *t = e->m->trace;
+  if (!t || t1 < t0) return;
+  fprintf(t->f, "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
+          "\"name\":\"%s\",\"cat\":\"%s\"%s%s%s}", t->any ? ",\n" : "", t->pid + r, tid,
+          t0 * 1e6, (t1 - t0) * 1e6, name, cat, args ? ",\"args\":{" : "", args ? args : "",
+          args ? "}" : "");
+  t->any = true;
+}
+
+static void trace_names(engine *e) {
+  sim_trace *t = e->m->trace;
+  static const char *tracks[] = {"calls", "operations", "on a core"};
+  for (int r = 0; r < e->n; r++) {
+    fprintf(t->f, "%s{\"ph\":\"M\",\"pid\":%d,\"name\":\"process_name\",\"args\":"
+            "{\"name\":\"%s: rank %d\"}}", t->any ? ",\n" : "", t->pid + r, t->label, r);
+    t->any = true;
+    for (int k = 0; k < (e->sched ? 3 : 2); k++)
+      fprintf(t->f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\","
+              "\"args\":{\"name\":\"%s\"}}", t->pid + r, k, tracks[k]);
+  }
+}
+
+/* Rank r leaves its core at t (scheduler): its span on the core track. */
+static void trace_core_end(engine *e, int r, double t) {
+  if (e->m->trace) trace_span(e, r, 2, e->rs[r].core_t0, t, "on core", "sched", NULL);
+}
+
 /* Takes the host's earliest free core for `work` seconds from `ready`; returns the end. */
 static double on_core(engine *e, int r, double ready, double work) {
   if (work <= 0) return ready;
@@ -263,8 +297,25 @@ static double rfo_cost(const engine *e, const slot *sl, int src, int dst, double
   const sim_cpu *c = &e->m->cpu;
   size_t k = cache_of(e, dst);
   if (c->rfo <= 0 || c->l2_bytes <= 0 || !sl->read || k == cache_of(e, src)) return 0;
-  double left = e->wcore[k] <= c->l2_bytes ? 1 : exp(-(e->touched[k] - sl->mark) / c->l2_bytes);
+  double left = exp(-(e->touched[k] - sl->mark) * e->miss[k] / c->l2_bytes);
   return c->rfo * b * left;
+}
+
+/* The share of accesses that miss a cache of L2 bytes with random replacement, in steady
+ * state, when a working set of r·L2 bytes is swept again and again: a line survives the
+ * M bytes inserted (missed) between two of its uses with probability exp(-M/L2), and M is
+ * the r·L2 bytes swept in between times the miss ratio, so the hit ratio p solves
+ * p = exp(-r·(1 - p)).  r <= 1: p = 1, nothing misses; r large: p -> 0.  (The smallest
+ * root: p = 1 solves it too, but for r > 1 any line's chance of surviving is below 1.) */
+static double steady_miss(double r) {
+  if (!(r > 1)) return 0;
+  double lo = 0, hi = 1 - 1e-12; /* p - exp(-r(1-p)): below zero at 0, above just below 1 */
+  for (int i = 0; i < 80; i++) {
+    double p = 0.5 * (lo + hi);
+    if (p - exp(-r * (1 - p)) < 0) lo = p;
+    else hi = p;
+  }
+  return 1 - 0.5 * (lo + hi);
 }
 
 /* ---- the scheduler (sched mode) -----------------------------------------------------
@@ -321,6 +372,7 @@ static void core_free_at(engine *e, int h, double t) {
   }
   int q = rq_pop(e, h);
   e->rs[q].where = ON_CORE;
+  e->rs[q].core_t0 = t;
   schedule(e, q, t);
 }
 
@@ -331,6 +383,7 @@ static void sched_wait(engine *e, int r, double now) {
   const sim_cpu *c = &e->m->cpu;
   if (s->yields >= c->spin_yields) { /* futex sleep: a post or release wakes it */
     s->where = ASLEEP;
+    trace_core_end(e, r, now);
     core_free_at(e, h, now + c->yield_switch); /* the sleep hands the core over too */
     return;
   }
@@ -339,6 +392,7 @@ static void sched_wait(engine *e, int r, double now) {
     schedule(e, r, now + c->yield_alone);
     return;
   }
+  trace_core_end(e, r, now);
   core_free_at(e, h, now + c->yield_switch); /* the queue's front takes it */
   rq_push(e, r, false);
 }
@@ -350,6 +404,7 @@ static void sched_woken(engine *e, int r, double t) {
   if (e->idle[h] > 0) {
     e->idle[h]--;
     s->where = ON_CORE;
+    s->core_t0 = t + e->m->cpu.wake_idle;
     schedule(e, r, t + e->m->cpu.wake_idle);
   } else {
     rq_push(e, r, true);
@@ -466,15 +521,20 @@ static coll_result step_rank(engine *e, int r, double now) {
   while (!s->done) {
     if (s->round >= p->rounds[r]) {
       if (s->call + 1 < e->m->loop) { /* the benchmark's loop: its next call at once */
+        if (e->m->trace) trace_span(e, r, 0, s->call_t0, now, "call", "call", NULL);
         s->call++;
         s->round = s->idx = 0;
         now += e->m->cpu.on ? e->m->cpu.call : 0;
+        s->call_t0 = now;
         continue;
       }
       s->done = true;
       if (now > e->res.seconds) e->res.seconds = now;
-      if (e->sched) /* its thread sleeps till the next call: the core goes to another */
+      if (e->m->trace) trace_span(e, r, 0, s->call_t0, now, "call", "call", NULL);
+      if (e->sched) { /* its thread sleeps till the next call: the core goes to another */
+        trace_core_end(e, r, now);
         core_free_at(e, queue_of(e, r), now + e->m->cpu.yield_switch);
+      }
       return COLL_OK;
     }
     const sim_step *st = sim_plans_step(p, r, s->idx);
@@ -580,6 +640,13 @@ static coll_result step_rank(engine *e, int r, double now) {
       sim_payload_free(sent);
     }
     e->res.ops++;
+    if (e->m->trace) {
+      char args[160];
+      snprintf(args, sizeof args, "\"step\":%llu,\"slice\":%llu,\"bytes\":%.0f,"
+               "\"peer_in\":%d,\"peer_out\":%d", (unsigned long long)s->idx,
+               (unsigned long long)(s->round - st->delay), b, pin, pout);
+      trace_span(e, r, 1, now, end, coll_step_name(k), "step", args);
+    }
     if (++s->idx == ns) s->idx = 0, s->round++;
     if (end > now) {
       s->busy = true;
@@ -599,6 +666,7 @@ static coll_result step_rank(engine *e, int r, double now) {
 static coll_result run_call(engine *e, double start) {
   const sim_plans *p = e->p;
   coll_result rc = COLL_OK;
+  for (int r = 0; r < e->n; r++) e->rs[r].call_t0 = e->rs[r].core_t0 = start;
   if (e->sched) { /* each queue's first ranks start on its cores, the rest queue */
     for (int h = 0; h < e->nq; h++) e->rq_head[h] = e->rq_len[h] = 0, e->idle[h] = e->qcores;
     for (int r = 0; r < e->n; r++) {
@@ -695,16 +763,18 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.running = calloc((size_t)e.hosts, sizeof *e.running);
   e.touched = calloc((size_t)e.hosts * (size_t)e.cores + (size_t)e.n, sizeof *e.touched);
   e.wcore = calloc((size_t)e.hosts * (size_t)e.cores + (size_t)e.n, sizeof *e.wcore);
+  e.miss = calloc((size_t)e.hosts * (size_t)e.cores + (size_t)e.n, sizeof *e.miss);
   e.nic_tx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_rx = calloc((size_t)e.hosts, sizeof(double));
   e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
   if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.ws || !e.running || !e.touched ||
-      !e.wcore || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
+      !e.wcore || !e.miss || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
       !e.tok || !e.tok_t)
     goto oom;
   for (int k = 0; k < 2 * e.hosts; k++) e.tok[k] = m->burst; /* idle before: full */
+  if (m->trace) trace_names(&e);
   /* Every FIFO the plans use, from both ends' point of view (a send without its receive
    * still gets a FIFO: the message is then found unreceived). */
   for (int r = 0; r < e.n; r++)
@@ -742,6 +812,8 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
       e.wcore[a] += (double)m->depth * c->used;
       if (b != a) e.wcore[b] += (double)m->depth * c->used;
     }
+    for (size_t k = 0; k < (size_t)e.hosts * (size_t)e.cores + (size_t)e.n; k++)
+      e.miss[k] = steady_miss(e.wcore[k] / m->cpu.l2_bytes);
   }
   /* The FIFOs' footprint per host (CPU model): every FIFO between two of its ranks cycles
    * through depth slots of what its largest slice fills. */
@@ -778,6 +850,7 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
     e.res.seconds = (e.res.seconds + call_cost - timed_from) / (calls - warmup);
   if (rc == COLL_OK && m->loop > 1) e.res.seconds /= m->loop; /* the loop's calls */
   *res = e.res;
+  if (m->trace) m->trace->pid += e.n;
   goto out;
 oom:
   snprintf(why, why_len, "out of memory simulating %d ranks", e.n);
@@ -799,6 +872,7 @@ out:
   free(e.running);
   free(e.touched);
   free(e.wcore);
+  free(e.miss);
   free(e.nic_tx);
   free(e.nic_rx);
   free(e.nic_busy);
@@ -886,4 +960,20 @@ coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check, s
   sim_check_free(ck);
   sim_plans_free(&p);
   return rc;
+}
+
+/* ---- the trace file ----------------------------------------------------------------- */
+
+bool sim_trace_open(sim_trace *t, const char *path) {
+  memset(t, 0, sizeof *t);
+  if (!(t->f = fopen(path, "w"))) return false;
+  fprintf(t->f, "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":\"coll-sim\"},"
+          "\"traceEvents\":[\n");
+  return true;
+}
+
+bool sim_trace_close(sim_trace *t) {
+  fprintf(t->f, "\n]}\n");
+  bool ok = !ferror(t->f);
+  return fclose(t->f) == 0 && ok;
 }
