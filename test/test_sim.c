@@ -409,6 +409,74 @@ Test(sim, placement_memory_and_rfo) {
   cr_assert(fabs(t - want) < 1e-12, "part of the slot evicted: %.9g s, want %.9g", t, want);
 }
 
+/* The timeline (coll-sim --trace): 3 ranks bound to 2 cores (0 and 2 share core 0), the
+ * 2-tree all-reduce of 64 KiB, the scheduler on.  One event per operation; a rank runs
+ * one operation at a time, each inside one of its spans on a core; the two ranks of core
+ * 0 never hold it at once; the last call ends at the makespan. */
+Test(sim, trace) {
+  const double x = 0.1e-9;
+  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
+                 .cache_bytes = 1e12, .nt_bytes = 1e12, .yield_switch = 1.3e-6,
+                 .yield_alone = 0.5e-6, .wake_idle = 20e-6, .wake_cost = 1.8e-6,
+                 .spin_yields = 64, .sched = true, .bound = true};
+  sim_model m = {.nranks = 3, .per_host = 3, .cores = 2, .slot = 262144, .depth = 8, .cpu = cpu};
+  m.alpha[SIM_SHM] = 0.2e-6;
+  sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_TREE, .count = 16384, .es = 4};
+  sim_trace tr = {.f = tmpfile()};
+  cr_assert(tr.f, "tmpfile");
+  snprintf(tr.label, sizeof tr.label, "test");
+  m.trace = &tr;
+  sim_result r;
+  char why[512];
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert_eq(tr.pid, 3, "the next run's first pid: %d", tr.pid);
+  rewind(tr.f);
+  enum { MAXEV = 256 };
+  struct { int pid, tid; double t0, t1; } ev[MAXEV];
+  int nev = 0, ops = 0, names = 0;
+  char line[512];
+  while (fgets(line, sizeof line, tr.f)) {
+    const char *l = line[0] == ',' ? line + 1 : line;
+    int pid, tid;
+    double ts, dur;
+    if (strstr(l, "\"process_name\"")) names++;
+    if (sscanf(l, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%lf,\"dur\":%lf", &pid, &tid,
+               &ts, &dur) != 4)
+      continue;
+    cr_assert(nev < MAXEV && dur >= 0 && pid >= 0 && pid < 3, "event %d: %s", nev, l);
+    ev[nev].pid = pid, ev[nev].tid = tid, ev[nev].t0 = ts, ev[nev].t1 = ts + dur;
+    if (tid == 1) ops++;
+    nev++;
+  }
+  fclose(tr.f);
+  cr_assert_eq(names, 3, "%d ranks named", names);
+  cr_assert_eq((uint64_t)ops, r.ops, "%d operations traced, %llu run", ops,
+               (unsigned long long)r.ops);
+  double last = 0;
+  for (int i = 0; i < nev; i++) {
+    if (ev[i].tid == 0 && ev[i].t1 > last) last = ev[i].t1;
+    for (int j = 0; j < nev; j++) {
+      if (i == j) continue;
+      /* the file has ns (3 decimals of us): a span may end 1 ns past the next one's start */
+      bool overlap = ev[i].t0 < ev[j].t1 - 2e-3 && ev[j].t0 < ev[i].t1 - 2e-3;
+      if (ev[i].tid == 1 && ev[j].tid == 1 && ev[i].pid == ev[j].pid)
+        cr_assert(!overlap, "rank %d runs two operations at once: %.3f-%.3f, %.3f-%.3f",
+                  ev[i].pid, ev[i].t0, ev[i].t1, ev[j].t0, ev[j].t1);
+      if (ev[i].tid == 2 && ev[j].tid == 2 && ev[i].pid != ev[j].pid && ev[i].pid % 2 == 0 &&
+          ev[j].pid % 2 == 0)
+        cr_assert(!overlap, "ranks %d and %d hold core 0 at once", ev[i].pid, ev[j].pid);
+    }
+    if (ev[i].tid != 1) continue;
+    bool inside = false;
+    for (int j = 0; j < nev && !inside; j++)
+      inside = ev[j].tid == 2 && ev[j].pid == ev[i].pid && ev[j].t0 <= ev[i].t0 + 2e-3 &&
+               ev[i].t1 <= ev[j].t1 + 2e-3;
+    cr_assert(inside, "rank %d ran an operation at %.3f us off its core", ev[i].pid, ev[i].t0);
+  }
+  cr_assert(fabs(last - r.seconds * 1e6) < 1e-3, "the last call ends at %.3f us, the run at %.3f",
+            last, r.seconds * 1e6);
+}
+
 /* ---- broken plans are caught ------------------------------------------------------- */
 
 typedef struct {
