@@ -230,7 +230,7 @@ static int host_of(const engine *e, int r) { return r / e->m->per_host; }
 
 /* ---- the timeline (m->trace) ---------------------------------------------------------
  * Track 0 of a rank: its calls; 1: its operations; 2 (scheduler only): its time on a
- * core, from taking one to yielding it, sleeping or finishing. */
+ * core, from taking one to yielding it, sleeping or finishing.  Nothing without a trace. */
 static void trace_span(engine *e, int r, int tid, double t0, double t1, const char *name,
                        const char *cat, const char *args) {
   sim_trace *t = e->m->trace;
@@ -257,7 +257,7 @@ static void trace_names(engine *e) {
 
 /* Rank r leaves its core at t (scheduler): its span on the core track. */
 static void trace_core_end(engine *e, int r, double t) {
-  if (e->m->trace) trace_span(e, r, 2, e->rs[r].core_t0, t, "on core", "sched", NULL);
+  trace_span(e, r, 2, e->rs[r].core_t0, t, "on core", "sched", NULL);
 }
 
 /* Takes the host's earliest free core for `work` seconds from `ready`; returns the end. */
@@ -521,7 +521,7 @@ static coll_result step_rank(engine *e, int r, double now) {
   while (!s->done) {
     if (s->round >= p->rounds[r]) {
       if (s->call + 1 < e->m->loop) { /* the benchmark's loop: its next call at once */
-        if (e->m->trace) trace_span(e, r, 0, s->call_t0, now, "call", "call", NULL);
+        trace_span(e, r, 0, s->call_t0, now, "call", "call", NULL);
         s->call++;
         s->round = s->idx = 0;
         now += e->m->cpu.on ? e->m->cpu.call : 0;
@@ -530,7 +530,7 @@ static coll_result step_rank(engine *e, int r, double now) {
       }
       s->done = true;
       if (now > e->res.seconds) e->res.seconds = now;
-      if (e->m->trace) trace_span(e, r, 0, s->call_t0, now, "call", "call", NULL);
+      trace_span(e, r, 0, s->call_t0, now, "call", "call", NULL);
       if (e->sched) { /* its thread sleeps till the next call: the core goes to another */
         trace_core_end(e, r, now);
         core_free_at(e, queue_of(e, r), now + e->m->cpu.yield_switch);
