@@ -5,20 +5,21 @@
 
 REAL.json: COLL_TRACE's file from a coll-bench run of one case (one collective, one size:
 -b = -e); SIM.json: `coll-sim --trace` of the same case.  For every rank and every step
-of its plan (in the order the executor runs them) it prints the median span of the last
-K calls (default 20) in both: from the end of the rank's previous step (or the start of
-its call) to the end of this one, so a span is the step's wait plus its work, as the
-executor's trace records it.  The simulated work alone is printed beside it.
---calls A:B takes each rank's calls A to B-1 of that case in time order (default: the
-last 20); coll-bench runs its out-of-place calls first, then as many in place, so with
-`-w 3 -n 20` the timed out-of-place ones are --calls 4:24 (its first call is a check),
-what coll-sim predicts.  From SIM.json the last B-A calls of each rank are taken
-(`coll-sim --loop 20`, or `--calls C --warmup W`).  A step
+of its plan (in the order the executor runs them) it prints the median span over the
+chosen calls in both: from the end of the rank's previous step (or the start of its
+call) to the end of this one, so a span is the step's wait plus its work, as the
+executor's trace records it.  The simulated work alone is printed beside it.  A step
 whose measured span is longer than the simulated one while its input was there when it
 started (a first send, say) is an operation the model prices too low.
 
-The calls of the largest element count are taken, and no point-to-point call or barrier, so coll-bench's
-own calls (its barriers, the all-reduce of its timings, the size check) drop out.
+--calls A:B takes each rank's calls A to B-1 of the case, in time order (default: the
+last 20).  coll-bench runs, per placement, -w warm-up calls, -n timed ones and (-c 1)
+one check, out of place first: with `-w 3 -n 20` the timed out-of-place calls are
+--calls 3:23 (what coll-sim predicts), the in-place ones --calls 27:47.  From SIM.json
+the last B-A calls of each rank are taken (`coll-sim --loop 20`, or `--calls C
+--warmup W`).  Only the calls of the largest element count are read, and no
+point-to-point call or barrier, so coll-bench's own calls (its barriers, the all-reduce
+of its timings, the size check) drop out.
 
 Must never: run anything; it reads two files.
 """
