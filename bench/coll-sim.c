@@ -80,6 +80,9 @@ static void usage(void) {
       "      --slot-in-ns C,M  a copy out of a slot the peer wrote (0.0226,0.053)\n"
       "      --slot-out-ns C,M a copy into a slot the peer last read (0.026,0.088)\n"
       "      --cache MIB       last-level cache per host, MiB (20)\n"
+      "      --cache-ways A    its associativity: lines fall on its sets at random and a\n"
+      "                        set given more than A keeps a random share (16: lscpu;\n"
+      "                        0: the cache keeps any C of the W bytes, f = min(1, C/W))\n"
       "      --op-us US        CPU per slice operation (CPU model; default 0)\n"
       "      --call-us US      per call outside the slices (CPU model; 1, measured)\n"
       "      --switch-us US    CPU per operation when ranks outnumber cores, the fixed-\n"
@@ -155,7 +158,7 @@ typedef struct {
 static const sim_cpu host_cpu = {
     .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
-    .slot_out = {0.026e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .op = 0.0,
+    .slot_out = {0.026e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .cache_ways = 16, .op = 0.0,
     .call = 1e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
     .sched = true, .bound = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6,
     .wake_idle = 21.6e-6,
@@ -492,6 +495,7 @@ int main(int argc, char **argv) {
                 : a[2] == 'r' ? o.cpu.reduce : a[7] == 'i' ? o.cpu.slot_in : o.cpu.slot_out;
       if (!parse_pair(v, x)) { fprintf(stderr, "coll-sim: %s takes C,M (ns per byte)\n", a); return 2; }
     } else if (LONG("--cache")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.cache_bytes = atof(v) * 1048576.0;
+    } else if (LONG("--cache-ways")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.cache_ways = atoi(v);
     } else if (LONG("--op-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.op = atof(v) * 1e-6;
     } else if (LONG("--call-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.call = atof(v) * 1e-6;
     } else if (LONG("--switch-us")) { if (!o.cpu.on) o.cpu = host_cpu; o.cpu.switch_cost = atof(v) * 1e-6;
@@ -580,11 +584,11 @@ int main(int argc, char **argv) {
            "the time per call is the makespan / %d\n", o.loop, o.loop);
   if (o.cpu.on)
     printf("# CPU model: copy %.3f/%.3f, nt %.3f/%.3f, reduce %.3f/%.3f ns/B (cache/memory), "
-           "cache %.0f MiB, memory alone %.2fx, op %.2f us, call %.2f us, switch %.2f us, "
+           "cache %.0f MiB %d-way, memory alone %.2fx, op %.2f us, call %.2f us, switch %.2f us, "
            "footprint %.3f ns/B; alpha_shm %s\n",
            o.cpu.copy[0] * 1e9, o.cpu.copy[1] * 1e9, o.cpu.nt_copy[0] * 1e9,
            o.cpu.nt_copy[1] * 1e9, o.cpu.reduce[0] * 1e9, o.cpu.reduce[1] * 1e9,
-           o.cpu.cache_bytes / 1048576.0,
+           o.cpu.cache_bytes / 1048576.0, o.cpu.cache_ways,
            o.cpu.mem_alone > 0 && o.cpu.mem_alone < 1 ? o.cpu.mem_alone : 1.0, o.cpu.op * 1e6,
            o.cpu.call * 1e6, o.cpu.switch_cost * 1e6, o.cpu.footprint * 1e9, o.alpha_given ? "as given"
                                     : o.cpu.sched ? "0.2 us" : "0.2 us (1.6 us oversubscribed)");

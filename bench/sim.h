@@ -42,6 +42,9 @@ typedef struct {
   double slot_in[2], slot_out[2]; /* a copy out of a slot the peer just wrote, into a slot
                                      the peer last read (sim-membw handover); 0: as copy */
   double cache_bytes;  /* the host's last-level cache (C) */
+  int cache_ways;      /* its associativity A: lines fall on its sets at random, and a set
+                          given more than A of them keeps a random share (sim_cpu_hit);
+                          0: f = min(1, C/W), a cache that keeps any C of the W bytes */
   /* Optional: the kernels' measured cost against W itself (sim-membw's table, W the
    * host's total), used instead of the two-point mixture for copy, nt copy and reduce. */
   int ncurve;
@@ -193,14 +196,20 @@ bool sim_check_final(sim_checker *ck, char *why, size_t why_len);
 
 /* ---- sim_cpu.c -------------------------------------------------------------------- */
 
-/* cost(W) = f·x[0] + (1-f)·x[1]·mem, f = min(1, C/W): s per byte of a pass, W = ws, mem
- * the memory price's share factor (1: every core streaming). */
-double sim_cpu_per_byte(const sim_cpu *c, const double x[2], double ws, double mem);
+/* The hit ratio p of a cache of L bytes with random replacement swept again and again
+ * over r·L bytes, in steady state: the root of p = exp(-r(1 - p)) below 1 (1 for r <= 1). */
+double sim_cache_hit(double r);
+/* f, the share of a call's accesses that hit the host's last-level cache when its ranks
+ * touch ws bytes (sim_cpu.c: the sets' occupancy with cache_ways, min(1, C/W) without). */
+double sim_cpu_hit(const sim_cpu *c, double ws);
+/* cost = f·x[0] + (1-f)·x[1]·mem, f = hit (sim_cpu_hit): s per byte of a pass, mem the
+ * memory price's share factor (1: every core streaming). */
+double sim_cpu_per_byte(const double x[2], double hit, double mem);
 /* CPU seconds of one slice operation of kind k moving b bytes (its passes + op), on a
- * host whose ranks touch ws bytes in the call, `running` of its cores (this one included)
- * running an operation as it starts. */
-double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b, double ws, int running,
-                    int cores);
+ * host whose ranks touch ws bytes in the call (hit: sim_cpu_hit of it), `running` of its
+ * cores (this one included) running an operation as it starts. */
+double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b, double ws, double hit,
+                    int running, int cores);
 /* Bytes of FIFO slots the operation reads and writes. */
 double sim_cpu_slot_bytes(coll_step_kind k, double b);
 /* The user buffers a host's ranks touch in a call on model m (W less the FIFOs' slots,

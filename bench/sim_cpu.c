@@ -27,11 +27,19 @@
  * what its largest slice fills (the engine counts them from the plans: a FIFO between
  * two of the host's ranks once, one to another host on each side, whose transport keeps
  * its own slots).  A benchmark repeats the call, so when W fits the last-level cache of
- * C bytes everything is found in cache; when W is larger, an LRU-like cache keeps about
- * C of the W bytes between two touches, so a fraction f = C/W of the accesses hit and
- * the rest go to memory:
+ * C bytes everything is found in cache; when W is larger, a cache that resists thrashing
+ * keeps about C of the W bytes between two touches, so a fraction C/W of the accesses hit
+ * and the rest go to memory.  But the cache is A-way set-associative, and W's lines fall
+ * on its sets at random (a page's frame decides its lines' sets, and a VM's frames are
+ * scattered), so a set gets k ~ Poisson(λ) of them, λ = A·W/C, not exactly its share: a
+ * set given k <= A holds all k, one given more keeps A.  The share of lines that hit:
  *
- *     cost(W) = f·x_cache + (1 - f)·x_mem,   f = min(1, C/W)          (per byte)
+ *     cost(W) = f·x_cache + (1 - f)·x_mem,   f = sum over k of P(k)·min(k, A) / λ
+ *
+ * (sim_cpu_hit; cache_ways = 0 keeps the old f = min(1, C/W)).  It softens the knee at C
+ * and changes nothing far from it: with C = 20 MiB and A = 16, f = 0.97 at W = 16 MiB,
+ * 0.92 at 19, 0.80 at 24, 0.42 at 48, where min(1, C/W) gives 1, 1, 0.83, 0.42.
+ * sim-membw itself (knee) finds 0.96 and 0.87 at 16 and 19 MiB (docs/bandwidth-math.md 8).
  *
  * with x_cache and x_mem the kernel's speed in cache and from memory, measured apart
  * (bench/sim_membw.c, with as many threads as ranks can run at once on the host).  The
@@ -78,9 +86,38 @@ static double curve_at(const sim_cpu *c, int k, double ws) {
   return y[c->ncurve - 1];
 }
 
-double sim_cpu_per_byte(const sim_cpu *c, const double x[2], double ws, double mem) {
-  double f = ws <= c->cache_bytes || ws <= 0 ? 1.0 : c->cache_bytes / ws;
-  return f * x[0] + (1 - f) * x[1] * mem;
+double sim_cache_hit(double r) {
+  if (!(r > 1)) return 1;
+  double lo = 0, hi = 1 - 1e-12; /* p - exp(-r(1-p)): below zero at 0, above just below 1 */
+  for (int i = 0; i < 80; i++) {
+    double p = 0.5 * (lo + hi);
+    if (p - exp(-r * (1 - p)) < 0) lo = p;
+    else hi = p;
+  }
+  return 0.5 * (lo + hi);
+}
+
+/* The sets' occupancy (see the top of the file): k ~ Poisson(λ) lines per set, λ = A·W/C;
+ * a set holds min(k, A) of its k lines, so f = sum over k of P(k)·min(k, A) / λ.  The sum
+ * runs over λ ± (12·sqrt(λ) + 40), where all but a negligible share of P lies, each term
+ * from its log (P(k) underflows for large λ). */
+double sim_cpu_hit(const sim_cpu *c, double ws) {
+  if (ws <= 0) return 1;
+  if (c->cache_bytes <= 0) return 0; /* no cache: everything from memory */
+  if (c->cache_ways <= 0) return ws <= c->cache_bytes ? 1.0 : c->cache_bytes / ws;
+  double a = c->cache_ways, lam = a * ws / c->cache_bytes, sum = 0;
+  double spread = 12 * sqrt(lam) + 40;
+  long lo = lam - spread > 0 ? (long)(lam - spread) : 0, hi = (long)(lam + spread);
+  for (long k = lo > 1 ? lo : 1; k <= hi; k++) {
+    double pk = exp((double)k * log(lam) - lam - lgamma((double)k + 1));
+    sum += pk * (k <= (long)a ? (double)k : a);
+  }
+  double f = sum / lam;
+  return f > 1 ? 1 : f;
+}
+
+double sim_cpu_per_byte(const double x[2], double hit, double mem) {
+  return hit * x[0] + (1 - hit) * x[1] * mem;
 }
 
 /* The memory price's factor with `running` of `cores` cores streaming: the host's memory
@@ -93,20 +130,20 @@ static double mem_share(const sim_cpu *c, int running, int cores) {
   return c->mem_alone + (1 - c->mem_alone) * (double)(running - 1) / (double)(cores - 1);
 }
 
-double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b, double ws, int running,
-                    int cores) {
+double sim_cpu_work(const sim_cpu *c, coll_step_kind k, double b, double ws, double hit,
+                    int running, int cores) {
   double mem = mem_share(c, running, cores);
-  double mix_copy = sim_cpu_per_byte(c, c->copy, ws, mem);
-  double copy = mix_copy, red = sim_cpu_per_byte(c, c->reduce, ws, mem);
-  double nt = sim_cpu_per_byte(c, c->nt_copy, ws, mem);
+  double mix_copy = sim_cpu_per_byte(c->copy, hit, mem);
+  double copy = mix_copy, red = sim_cpu_per_byte(c->reduce, hit, mem);
+  double nt = sim_cpu_per_byte(c->nt_copy, hit, mem);
   if (c->ncurve >= 2) /* the measured curve instead of the mixture (taken at all cores) */
     copy = curve_at(c, 0, ws), nt = curve_at(c, 1, ws), red = curve_at(c, 2, ws);
   double put = c->nt ? nt : copy;
   /* The hand-over terms stay the mixture's differences (slot_in/out were measured as two
    * points, like the mixture's copy they are set against).  t_in is negative from
    * memory: a slot the peer just wrote is read from its cache, not from memory. */
-  double t_in = c->slot_in[0] > 0 ? sim_cpu_per_byte(c, c->slot_in, ws, mem) - mix_copy : 0;
-  double t_out = c->slot_out[0] > 0 ? sim_cpu_per_byte(c, c->slot_out, ws, mem) - mix_copy : 0;
+  double t_in = c->slot_in[0] > 0 ? sim_cpu_per_byte(c->slot_in, hit, mem) - mix_copy : 0;
+  double t_out = c->slot_out[0] > 0 ? sim_cpu_per_byte(c->slot_out, hit, mem) - mix_copy : 0;
   double passes = 0;
   switch (k) {
   case COLL_STEP_COPY: passes = put; break;

@@ -122,6 +122,7 @@ typedef struct {
   double *core_free;    /* per host, `cores` entries */
   double *fp;           /* per host: max(0, 1 - C/F), F its FIFOs' slot bytes */
   double *ws;           /* per host: W, its ranks' buffers and its FIFOs' slots */
+  double *hit;          /* per host: the share of its accesses the last-level cache holds */
   int *running;         /* per host: its ranks running an operation now */
   double *touched;      /* per private cache (a core's, bound or a core per rank; else a
                            rank's): the bytes its operations have streamed so far, */
@@ -287,9 +288,11 @@ static size_t cache_of(const engine *e, int r) {
  * of those lines its private cache still holds the writer must first take from it (a
  * read-for-ownership across cores: cpu.rfo per byte more).
  * When that core's working set W fits its cache L2, nothing evicts them: all of them;
- * else exp(-X/L2) of them, X the bytes its operations streamed since it read the slot:
- * a line survives X/64 insertions into L2/64 lines each evicting one at random with
- * probability (1 - 64/L2)^(X/64).  (An exact LRU keeps 1 - X/L2, none once X >= L2;
+ * else exp(-m·X/L2) of them, X the bytes its operations streamed since it read the slot
+ * and m the share of them that missed (only a miss inserts a line; m = 1 -
+ * sim_cache_hit(W/L2), the steady state of sweeping W): a line survives m·X/64
+ * insertions into L2/64 lines each evicting one at random with probability
+ * (1 - 64/L2)^(m·X/64).  (An exact LRU keeps 1 - X/L2, none once X >= L2;
  * with it the 2-rank ring at 256 KiB, whose core cycles through 1.5 MiB, was predicted
  * 20-41 % too fast in every set.  This host's L2 is a pseudo-LRU; which of the two it is
  * nearer was not measured, only that this rule agrees better: docs/bandwidth-math.md 8.) */
@@ -299,23 +302,6 @@ static double rfo_cost(const engine *e, const slot *sl, int src, int dst, double
   if (c->rfo <= 0 || c->l2_bytes <= 0 || !sl->read || k == cache_of(e, src)) return 0;
   double left = exp(-(e->touched[k] - sl->mark) * e->miss[k] / c->l2_bytes);
   return c->rfo * b * left;
-}
-
-/* The share of accesses that miss a cache of L2 bytes with random replacement, in steady
- * state, when a working set of r·L2 bytes is swept again and again: a line survives the
- * M bytes inserted (missed) between two of its uses with probability exp(-M/L2), and M is
- * the r·L2 bytes swept in between times the miss ratio, so the hit ratio p solves
- * p = exp(-r·(1 - p)).  r <= 1: p = 1, nothing misses; r large: p -> 0.  (The smallest
- * root: p = 1 solves it too, but for r > 1 any line's chance of surviving is below 1.) */
-static double steady_miss(double r) {
-  if (!(r > 1)) return 0;
-  double lo = 0, hi = 1 - 1e-12; /* p - exp(-r(1-p)): below zero at 0, above just below 1 */
-  for (int i = 0; i < 80; i++) {
-    double p = 0.5 * (lo + hi);
-    if (p - exp(-r * (1 - p)) < 0) lo = p;
-    else hi = p;
-  }
-  return 1 - 0.5 * (lo + hi);
 }
 
 /* ---- the scheduler (sched mode) -----------------------------------------------------
@@ -593,7 +579,7 @@ static coll_result step_rank(engine *e, int r, double now) {
        * network's β is the NIC's, in deliver().  When the host's ranks outnumber its
        * cores and the scheduler is off, each operation also pays a fixed hand-over. */
       int h = host_of(e, r);
-      work = sim_cpu_work(&e->m->cpu, k, b, e->ws[h], e->running[h] + 1, e->cores) +
+      work = sim_cpu_work(&e->m->cpu, k, b, e->ws[h], e->hit[h], e->running[h] + 1, e->cores) +
              (e->oversub && !e->sched ? e->m->cpu.switch_cost : 0) +
              e->m->cpu.footprint * e->fp[h] * sim_cpu_slot_bytes(k, b) +
              (out && out->q && host_of(e, pout) == h
@@ -760,6 +746,7 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.core_free = calloc((size_t)e.hosts * (size_t)e.cores, sizeof *e.core_free);
   e.fp = calloc((size_t)e.hosts, sizeof *e.fp);
   e.ws = calloc((size_t)e.hosts, sizeof *e.ws);
+  e.hit = calloc((size_t)e.hosts, sizeof *e.hit);
   e.running = calloc((size_t)e.hosts, sizeof *e.running);
   e.touched = calloc((size_t)e.hosts * (size_t)e.cores + (size_t)e.n, sizeof *e.touched);
   e.wcore = calloc((size_t)e.hosts * (size_t)e.cores + (size_t)e.n, sizeof *e.wcore);
@@ -769,7 +756,7 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.nic_busy = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
-  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.ws || !e.running || !e.touched ||
+  if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.ws || !e.hit || !e.running || !e.touched ||
       !e.wcore || !e.miss || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
       !e.tok || !e.tok_t)
     goto oom;
@@ -800,6 +787,9 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
     e.ws[hs] += (double)m->depth * e.conns[i].used;
     if (hd != hs) e.ws[hd] += (double)m->depth * e.conns[i].used;
   }
+  if (m->cpu.on) /* its share of hits in the last-level cache, once per distinct W */
+    for (int h = 0; h < e.hosts; h++)
+      e.hit[h] = h > 0 && e.ws[h] == e.ws[h - 1] ? e.hit[h - 1] : sim_cpu_hit(&m->cpu, e.ws[h]);
   /* Per private cache, its working set (rfo_cost): the buffers of the ranks it serves
    * and the slots of every FIFO on the host those ranks read or write. */
   if (m->cpu.on && m->cpu.rfo > 0) {
@@ -813,7 +803,7 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
       if (b != a) e.wcore[b] += (double)m->depth * c->used;
     }
     for (size_t k = 0; k < (size_t)e.hosts * (size_t)e.cores + (size_t)e.n; k++)
-      e.miss[k] = steady_miss(e.wcore[k] / m->cpu.l2_bytes);
+      e.miss[k] = 1 - sim_cache_hit(e.wcore[k] / m->cpu.l2_bytes);
   }
   /* The FIFOs' footprint per host (CPU model): every FIFO between two of its ranks cycles
    * through depth slots of what its largest slice fills. */
@@ -869,6 +859,7 @@ out:
   free(e.core_free);
   free(e.fp);
   free(e.ws);
+  free(e.hit);
   free(e.running);
   free(e.touched);
   free(e.wcore);

@@ -17,8 +17,10 @@
  * Must never: be part of a prediction — it measures; coll-sim only takes its numbers as
  * flags.
  */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -246,14 +248,19 @@ int main(int argc, char **argv) {
     return 0;
   }
   int threads = argc > 1 ? atoi(argv[1]) : 1;
-  if (threads < 1 || threads > 64) {
-    fprintf(stderr, "usage: sim-membw [THREADS | handover | pingpong]\n");
+  bool knee = argc > 2 && strcmp(argv[2], "knee") == 0;
+  if (threads < 1 || threads > 64 || (argc > 2 && !knee)) {
+    fprintf(stderr, "usage: sim-membw [THREADS [knee] | handover | pingpong]\n");
     return 2;
   }
+  /* The whole curve in steps of 2; knee: W per thread 4-32 MiB in steps of 2^(1/4), where
+   * the host's W (threads x W) crosses the last-level cache (coll-sim --cache-ways). */
+  size_t from = knee ? (size_t)4 << 20 : 192 * 1024, to = knee ? (size_t)32 << 20 : (size_t)768 << 20;
   printf("# sim-membw: ns per byte of output, %d thread(s) at once, slices of 64 KiB; "
          "W = bytes touched per thread\n#%10s %10s %10s %10s\n", threads, "W", "copy",
          "nt-copy", "reduce");
-  for (size_t ws = 192 * 1024; ws <= (size_t)768 << 20; ws *= 2) {
+  int step = 0;
+  for (size_t ws = from; ws <= to; ws = knee ? (size_t)((double)from * pow(2, ++step / 4.0)) / 4096 * 4096 : ws * 2) {
     printf("%11zu", ws);
     for (int k = 0; k < 3; k++) {
       pthread_barrier_t bar;

@@ -157,6 +157,43 @@ Test(sim, cpu_model_closed_form) {
   }
 }
 
+/* The last-level cache's sets (sim_cpu_hit): drop W/64 lines on the C/(64·A) sets of an
+ * A-way cache at random, let each set keep min(k, A) of the k it got, and count the share
+ * kept.  The engine's Poisson sum must give that share within 0.003 (20480 sets: the
+ * binomial of the draw is the Poisson to well within that); far above C it is C/W, far
+ * below 1, and cache_ways = 0 is the old min(1, C/W) exactly. */
+Test(sim, llc_sets) {
+  const double c = 20.0 * 1024 * 1024;
+  sim_cpu cpu = {.on = true, .cache_bytes = c, .cache_ways = 16};
+  const size_t sets = (size_t)(c / 64 / 16);
+  unsigned *load = calloc(sets, sizeof *load);
+  cr_assert_not_null(load);
+  uint64_t x = 88172645463325252ull; /* xorshift64, fixed seed */
+  const double mib[] = {12, 16, 18, 20, 24, 32, 48};
+  for (size_t i = 0; i < sizeof mib / sizeof *mib; i++) {
+    double w = mib[i] * 1024 * 1024;
+    size_t lines = (size_t)(w / 64);
+    memset(load, 0, sets * sizeof *load);
+    for (size_t l = 0; l < lines; l++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      load[x % sets]++;
+    }
+    double kept = 0;
+    for (size_t s = 0; s < sets; s++) kept += load[s] < 16 ? load[s] : 16;
+    double drawn = kept / (double)lines, f = sim_cpu_hit(&cpu, w);
+    cr_assert(fabs(f - drawn) <= 0.003, "W = %.0f MiB: f = %.4f, the draw kept %.4f", mib[i], f,
+              drawn);
+    if (i > 0) cr_assert(f < sim_cpu_hit(&cpu, mib[i - 1] * 1024 * 1024));
+  }
+  free(load);
+  cr_assert(sim_cpu_hit(&cpu, c / 4) > 0.9999);
+  cr_assert(fabs(sim_cpu_hit(&cpu, 40 * c) - 1.0 / 40) < 1e-4);
+  sim_cpu old = cpu;
+  old.cache_ways = 0;
+  cr_assert_eq(sim_cpu_hit(&old, c / 2), 1.0);
+  cr_assert_eq(sim_cpu_hit(&old, 3 * c), 1.0 / 3);
+}
+
 /* Two ranks per host behind one NIC: the inter-host ring flows share it, so the ring
  * that crosses hosts at every hop (per_host = 1) and the one that crosses at every
  * second hop take the same bandwidth time per round: the NIC is not the bottleneck
