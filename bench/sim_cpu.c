@@ -39,7 +39,7 @@
  * (sim_cpu_hit; cache_ways = 0 keeps the old f = min(1, C/W)).  It softens the knee at C
  * and changes nothing far from it: with C = 20 MiB and A = 16, f = 0.97 at W = 16 MiB,
  * 0.92 at 19, 0.80 at 24, 0.42 at 48, where min(1, C/W) gives 1, 1, 0.83, 0.42.
- * sim-membw itself (knee) finds 0.96 and 0.87 at 16 and 19 MiB (docs/bandwidth-math.md 8).
+ * sim-membw itself (knee) finds 0.93-0.98 at 16 MiB and 0.89 at 19 (docs/bandwidth-math.md 8).
  *
  * with x_cache and x_mem the kernel's speed in cache and from memory, measured apart
  * (bench/sim_membw.c, with as many threads as ranks can run at once on the host).  The
