@@ -67,6 +67,8 @@ static void usage(void) {
       "      --loop L          L calls as coll-bench's timed loop runs them: each rank\n"
       "                        starts its next call when it finished its last, no barrier\n"
       "                        between; prints the makespan / L (not with --calls)\n"
+      "      --in-place        the calls in place, as coll-bench's in-place columns (the\n"
+      "                        CPU model's W then counts one buffer per rank, not two)\n"
       "      --gamma-bw GBS    reduction speed, GB/s of input (default 10: tune.c)\n"
       "      --copy-bw GBS     local copies (COPY steps, kept slices); 0 = free (default)\n"
       "      --tune-cache[=F]  take alpha, beta, gamma for shm from the tuner's cache line\n"
@@ -139,6 +141,7 @@ typedef struct {
   size_t slot;
   int depth, max_a2a;
   bool table, crossover, validate;
+  bool in_place;        /* --in-place: the calls in place (sendbuf == recvbuf) */
   bool slot_given, alpha_given;
   sim_cpu cpu;          /* --cpu-model and its figures */
   const char *trace_path;
@@ -368,7 +371,8 @@ static int predict(const opts *o) {
         double best = INFINITY;
         for (int a = 1; a < COLL_NUM_ALGOS; a++) {
           if (!algo_serves(o, (coll_algo)a, c, n)) continue;
-          sim_call call = {.coll = c, .algo = (coll_algo)a, .count = count, .es = es};
+          sim_call call = {.coll = c, .algo = (coll_algo)a, .count = count, .es = es,
+                           .in_place = o->in_place};
           sim_result res;
           char why[512];
           if (o->trace) {
@@ -481,6 +485,7 @@ int main(int argc, char **argv) {
     } else if (LONG("--calls")) { o.calls = atoi(v);
     } else if (LONG("--warmup")) { o.warmup = atoi(v);
     } else if (LONG("--loop")) { o.loop = atoi(v);
+    } else if (strcmp(a, "--in-place") == 0) { o.in_place = true;
     } else if (ARG("-f", "--stepfactor")) {
       f = atof(v);
     } else if (strcmp(a, "--cpu-model") == 0) {
