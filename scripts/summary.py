@@ -6,7 +6,8 @@ Reads meson's testlog.json files; for each test program takes Criterion's
 counts its "[SKIP] suite::case: reason" lines (printed because every Criterion program runs
 with --verbose).  Criterion leaves skipped cases out of "Tested", so they are neither passed
 nor failed here: a skip is not a pass.  A program without a synthesis line counts as one
-test: passed if meson says OK, skipped if meson says SKIP, else failed.  Prints one line per
+test: passed if meson says OK, or EXPECTEDFAIL (a should_fail test that failed, as a
+usage error must), skipped if meson says SKIP, else failed.  Prints one line per
 program, then "N passed, N failed, N skipped" last.
 """
 import json, re, sys
@@ -37,9 +38,9 @@ for path in sys.argv[1:]:
             skipped += s
             print(f"{where} {p} passed, {f + c + extra} failed, {s} skipped")
         else:
-            passed += res == "OK"
+            passed += res in ("OK", "EXPECTEDFAIL")
             skipped += res == "SKIP"
-            failed += res not in ("OK", "SKIP")
+            failed += res not in ("OK", "EXPECTEDFAIL", "SKIP")
             print(f"{where} (no Criterion summary)")
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)
