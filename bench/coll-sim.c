@@ -83,8 +83,8 @@ static void usage(void) {
       "      --slot-out-ns C,M a copy into a slot the peer last read (0.026,0.088)\n"
       "      --cache MIB       last-level cache per host, MiB (20)\n"
       "      --cache-ways A    its associativity: lines fall on its sets at random and a\n"
-      "                        set given more than A keeps a random share (16: lscpu;\n"
-      "                        0: the cache keeps any C of the W bytes, f = min(1, C/W))\n"
+      "                        set given more than A keeps A of them (16: sysfs; 0: the\n"
+      "                        cache keeps any C of the W bytes, f = min(1, C/W))\n"
       "      --op-us US        CPU per slice operation (CPU model; default 0)\n"
       "      --call-us US      per call outside the slices (CPU model; 1, measured)\n"
       "      --switch-us US    CPU per operation when ranks outnumber cores, the fixed-\n"
@@ -161,7 +161,8 @@ typedef struct {
 static const sim_cpu host_cpu = {
     .on = true, .copy = {0.020e-9, 0.11e-9}, .nt_copy = {0.035e-9, 0.080e-9},
     .reduce = {0.029e-9, 0.165e-9}, .slot_in = {0.0226e-9, 0.053e-9},
-    .slot_out = {0.026e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .cache_ways = 16, .op = 0.0,
+    .slot_out = {0.026e-9, 0.088e-9}, .cache_bytes = 20.0 * 1024 * 1024, .cache_ways = 16,
+    .op = 0.0,
     .call = 1e-6, .switch_cost = 3.5e-6, .nt_bytes = 16.0 * 1024 * 1024,
     .sched = true, .bound = true, .yield_switch = 1.33e-6, .yield_alone = 0.5e-6,
     .wake_idle = 21.6e-6,

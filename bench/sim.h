@@ -43,8 +43,8 @@ typedef struct {
                                      the peer last read (sim-membw handover); 0: as copy */
   double cache_bytes;  /* the host's last-level cache (C) */
   int cache_ways;      /* its associativity A: lines fall on its sets at random, and a set
-                          given more than A of them keeps a random share (sim_cpu_hit);
-                          0: f = min(1, C/W), a cache that keeps any C of the W bytes */
+                          given more than A of them keeps A (sim_cpu_hit); 0: f =
+                          min(1, C/W), a cache that keeps any C of the W bytes */
   /* Optional: the kernels' measured cost against W itself (sim-membw's table, W the
    * host's total), used instead of the two-point mixture for copy, nt copy and reduce. */
   int ncurve;

@@ -86,6 +86,11 @@ static double curve_at(const sim_cpu *c, int k, double ws) {
   return y[c->ncurve - 1];
 }
 
+/* Random replacement in steady state: a line survives the M bytes inserted (missed)
+ * between two of its uses with probability exp(-M/L), and M is the r·L bytes swept in
+ * between times the miss ratio, so the hit ratio p solves p = exp(-r·(1 - p)).  r <= 1:
+ * p = 1; r large: p -> 0.  (p = 1 solves it for every r; for r > 1 the root that holds is
+ * the smaller one, found by bisection on [0, 1).)  The engine prices a core's L2 by it. */
 double sim_cache_hit(double r) {
   if (!(r > 1)) return 1;
   double lo = 0, hi = 1 - 1e-12; /* p - exp(-r(1-p)): below zero at 0, above just below 1 */

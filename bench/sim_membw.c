@@ -259,8 +259,9 @@ int main(int argc, char **argv) {
   printf("# sim-membw: ns per byte of output, %d thread(s) at once, slices of 64 KiB; "
          "W = bytes touched per thread\n#%10s %10s %10s %10s\n", threads, "W", "copy",
          "nt-copy", "reduce");
-  int step = 0;
-  for (size_t ws = from; ws <= to; ws = knee ? (size_t)((double)from * pow(2, ++step / 4.0)) / 4096 * 4096 : ws * 2) {
+  for (int i = 0;; i++) {
+    size_t ws = (size_t)((double)from * pow(2, knee ? i / 4.0 : i)) / 4096 * 4096;
+    if (ws > to) break;
     printf("%11zu", ws);
     for (int k = 0; k < 3; k++) {
       pthread_barrier_t bar;
