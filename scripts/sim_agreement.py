@@ -4,7 +4,7 @@
   scripts/sim_agreement.py measure OUT.csv [REPS] [NS]   interleaved coll-bench runs
   scripts/sim_agreement.py compare OUT.csv [coll-sim flags...]
   scripts/sim_agreement.py measure-netns OUT.csv [REPS] [HOSTS]   (root: netns.sh)
-  scripts/sim_agreement.py compare-netns OUT.csv [coll-sim flags...]
+  scripts/sim_agreement.py compare-netns OUT.csv [--line-measured] [coll-sim flags...]
 
 measure: REPS rounds (default 9: with 5, two sets minutes apart differed by more than
 25 % in 11 of the 40 all-reduce medians, with 9 in 4); in each round every case once
@@ -20,8 +20,12 @@ measure-netns: all-reduce ring and tree, 64 KiB..16 MiB, across HOSTS (default "
 network-namespace hosts of one rank each, every link capped at 1 Gbit/s by tbf with its
 256 KB bucket (scripts/netns.sh -r 1gbit); each case its own job (COLL_TUNE=0: no probe
 drains the bucket first), 2 warm-up and 10 timed calls back to back (-c 0), so every case
-starts with a full bucket.  compare-netns: coll-sim with that link (rate 119.55 MB/s of
-TCP payload, the bucket, 12 calls of which the last 10 are timed) against the medians.
+starts with a full bucket; per round and host count also the same hosts uncapped (ring
+4 KiB and 256 KiB, into OUT.line: the unshaped link).  compare-netns: coll-sim with that
+link (rate 119.55 MB/s of TCP payload, the bucket, bytes it covers at line speed: 3 GB/s,
+or with --line-measured OUT.line's per host count; 12 calls of which the last 10 are
+timed) against the medians.  α_net: the small calls' median over 2(K-1) hops, from
+calls of at least K elements (fewer leave chunks empty, and the ring skips their hops).
 """
 import csv, os, statistics, subprocess, sys
 
@@ -180,11 +184,31 @@ NETNS_SIM = ["--cpu-model", "--bw-net", "0.11955", "--slot", "256K",
              "--depth", "4", "--burst", "256K", "--calls", "12", "--warmup", "2"]
 
 
+# The unshaped link, what tbf's bucket-covered bytes leave at: the same hosts without the
+# cap, ring calls of 4 KiB and 256 KiB (one slice per hop at 2 and 4 hosts: a chunk of
+# 256K/K fits tcp's 256 KiB slot), written to OUT.line.  Per hop the larger call carries
+# (256K - 4K)/K bytes more, over 2(K-1) hops; what it takes longer is the packet path of
+# those bytes: both ends' system calls, TCP, the veths and the bridge, on this machine's
+# cores, which all hosts share (line_speed below).
+LINE_SIZES = (4096, 262144)
+
+
 def measure_netns(out, reps, hosts):
     env = dict(os.environ, COLL_TUNE="0", COLL_TUNE_FILE="none")
-    with open(out, "a") as f:
+    with open(out, "a") as f, open(out + ".line", "a") as lf:
         for rep in range(reps):
             for k in hosts:
+                load = open("/proc/loadavg").read().split()[0]
+                p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k), "-t", "120",
+                                    "--", f"{ROOT}/build/bench/coll-bench", "all_reduce",
+                                    "-b", str(LINE_SIZES[0]), "-e", str(LINE_SIZES[1]),
+                                    "-f", str(LINE_SIZES[1] // LINE_SIZES[0]), "-A", "ring",
+                                    "-n", "50", "-w", "5", "-c", "0", "--csv"],
+                                   env=env, capture_output=True, text=True, timeout=180)
+                for line in p.stdout.splitlines():
+                    if line.startswith("[h0] all_reduce,"):
+                        lf.write(f"{rep},{load},{line[5:]}\n")
+                lf.flush()
                 # α_net of this many hosts: ring calls of 8 B..4 KiB (2(K-1) hops each)
                 load = open("/proc/loadavg").read().split()[0]
                 p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k), "-r", "1gbit",
@@ -209,12 +233,33 @@ def measure_netns(out, reps, hosts):
                         f.flush()
 
 
+def line_speed(path):
+    """Per host count, the unshaped link's GB/s from PATH.line (measure-netns): per round,
+    the extra bytes per hop of the 256 KiB call over the 4 KiB one, over its extra time per
+    hop; the median of the rounds.  {} when there is no such file (the sets before it)."""
+    if not os.path.exists(path + ".line"):
+        return {}
+    t = {}
+    for r in csv.reader(open(path + ".line")):
+        t.setdefault((r[0], int(r[3])), {})[int(r[9])] = float(r[11])
+    per = {}
+    for (rep, n), v in t.items():
+        if all(s in v for s in LINE_SIZES) and v[LINE_SIZES[1]] > v[LINE_SIZES[0]]:
+            hop_bytes = (LINE_SIZES[1] - LINE_SIZES[0]) / n
+            hop_us = (v[LINE_SIZES[1]] - v[LINE_SIZES[0]]) / (2 * (n - 1))
+            per.setdefault(n, []).append(hop_bytes / hop_us / 1000)
+    return {n: statistics.median(v) for n, v in per.items()}
+
+
 def compare_netns(path, flags):
     runs, small = {}, {}
     for r in csv.reader(open(path)):
-        algo, n, size = r[5], int(r[3]), int(r[9])
+        algo, n, size, count = r[5], int(r[3]), int(r[9]), int(r[10])
         if size <= 4096:  # α_net's measurement, not a case
-            small.setdefault(n, []).append(float(r[11]))
+            # A call of fewer elements than ranks leaves chunks empty, and the ring skips
+            # their hops (8 B over 4 ranks: 4 hops, not 6): not 2(K-1) hops of α.
+            if count >= n:
+                small.setdefault(n, []).append(float(r[11]))
         else:
             runs.setdefault((algo, n, size), []).append(float(r[11]))
     # α_net per host count: the small calls' median, less the per-call cost (1 us, the
@@ -223,6 +268,19 @@ def compare_netns(path, flags):
     for n in sorted(alpha):
         print(f"# {n} hosts: alpha_net {alpha[n]:.1f} us from {len(small[n])} small ring calls "
               f"(median {statistics.median(small[n]):.1f} us)")
+    # The unshaped link measured beside the cases (PATH.line) is printed; coll-sim takes it
+    # only with --line-measured (otherwise --bw-line's default, 3 GB/s).  Per host count it
+    # is not the model's line: it halves from 2 hosts to 4 on 2 cores, where the ring has
+    # every host on the wire at once and the tree fewer (docs/bandwidth-math.md, 8).
+    use_line = "--line-measured" in flags
+    if use_line:
+        flags = [f for f in flags if f != "--line-measured"]
+    line = line_speed(path)
+    for n in sorted(line):
+        print(f"# {n} hosts: unshaped link {line[n]:.3f} GB/s per hop ({path}.line)"
+              + ("" if use_line else ", not used (--line-measured)"))
+    if not use_line:
+        line = {}
     print("| case | hosts x ranks | size | measured us (runs) | predicted us | error |")
     print("|---|---|---|---|---|---|")
     worst = 0
@@ -231,7 +289,8 @@ def compare_netns(path, flags):
         med = statistics.median(runs[key])
         p = subprocess.run([f"{ROOT}/build/bench/coll-sim", "-N", str(n), "-H", "1", "--cores", "1",
                             "-c", "all_reduce", "-A", algo, "-b", str(size), "-e", str(size), "-f", "2"]
-                           + NETNS_SIM + ["--alpha-net", f"{alpha.get(n, 92.0):.1f}"] + flags,
+                           + NETNS_SIM + ["--alpha-net", f"{alpha.get(n, 92.0):.1f}"]
+                           + (["--bw-line", f"{line[n]:.3f}"] if n in line else []) + flags,
                            capture_output=True, text=True, check=True)
         pred = next(float(l.split()[3]) for l in p.stdout.splitlines()
                     if not l.startswith("#") and len(l.split()) == 6)
