@@ -193,44 +193,36 @@ NETNS_SIM = ["--cpu-model", "--bw-net", "0.11955", "--slot", "256K",
 LINE_SIZES = (4096, 262144)
 
 
-def measure_netns(out, reps, hosts):
+def netns_job(dest, rep, k, rate, bench):
+    """One job of coll-bench BENCH on k netns hosts (capped at RATE if given): rank 0's
+    csv rows to DEST, each after the round and the load average when it started."""
+    load = open("/proc/loadavg").read().split()[0]
     env = dict(os.environ, COLL_TUNE="0", COLL_TUNE_FILE="none")
+    p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k)]
+                       + (["-r", rate] if rate else []) + ["-t", "120", "--",
+                       f"{ROOT}/build/bench/coll-bench", "all_reduce"] + bench
+                       + ["-c", "0", "--csv"],
+                       env=env, capture_output=True, text=True, timeout=180)
+    for line in p.stdout.splitlines():
+        if line.startswith("[h0] all_reduce,"):
+            dest.write(f"{rep},{load},{line[5:]}\n")
+    dest.flush()
+
+
+def measure_netns(out, reps, hosts):
     with open(out, "a") as f, open(out + ".line", "a") as lf:
         for rep in range(reps):
             for k in hosts:
-                load = open("/proc/loadavg").read().split()[0]
-                p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k), "-t", "120",
-                                    "--", f"{ROOT}/build/bench/coll-bench", "all_reduce",
-                                    "-b", str(LINE_SIZES[0]), "-e", str(LINE_SIZES[1]),
-                                    "-f", str(LINE_SIZES[1] // LINE_SIZES[0]), "-A", "ring",
-                                    "-n", "50", "-w", "5", "-c", "0", "--csv"],
-                                   env=env, capture_output=True, text=True, timeout=180)
-                for line in p.stdout.splitlines():
-                    if line.startswith("[h0] all_reduce,"):
-                        lf.write(f"{rep},{load},{line[5:]}\n")
-                lf.flush()
+                netns_job(lf, rep, k, None, ["-b", str(LINE_SIZES[0]), "-e", str(LINE_SIZES[1]),
+                                             "-f", str(LINE_SIZES[1] // LINE_SIZES[0]),
+                                             "-A", "ring", "-n", "50", "-w", "5"])
                 # α_net of this many hosts: ring calls of 8 B..4 KiB (2(K-1) hops each)
-                load = open("/proc/loadavg").read().split()[0]
-                p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k), "-r", "1gbit",
-                                    "-t", "120", "--", f"{ROOT}/build/bench/coll-bench",
-                                    "all_reduce", "-b", "8", "-e", "4K", "-f", "8", "-A", "ring",
-                                    "-n", "200", "-w", "20", "-c", "0", "--csv"],
-                                   env=env, capture_output=True, text=True, timeout=180)
-                for line in p.stdout.splitlines():
-                    if line.startswith("[h0] all_reduce,"):
-                        f.write(f"{rep},{load},{line[5:]}\n")
+                netns_job(f, rep, k, "1gbit", ["-b", "8", "-e", "4K", "-f", "8", "-A", "ring",
+                                               "-n", "200", "-w", "20"])
                 for algo in ("ring", "tree"):
                     for size in NETNS_SIZES:
-                        load = open("/proc/loadavg").read().split()[0]
-                        p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k), "-r", "1gbit",
-                                            "-t", "120", "--", f"{ROOT}/build/bench/coll-bench",
-                                            "all_reduce", "-b", str(size), "-e", str(size), "-A", algo,
-                                            "-n", "10", "-w", "2", "-c", "0", "--csv"],
-                                           env=env, capture_output=True, text=True, timeout=180)
-                        for line in p.stdout.splitlines():
-                            if line.startswith("[h0] all_reduce,"):
-                                f.write(f"{rep},{load},{line[5:]}\n")
-                        f.flush()
+                        netns_job(f, rep, k, "1gbit", ["-b", str(size), "-e", str(size),
+                                                       "-A", algo, "-n", "10", "-w", "2"])
 
 
 def line_speed(path):
