@@ -262,7 +262,7 @@ def compare_netns(path, flags):
               f"(median {statistics.median(small[n]):.1f} us)")
     # The unshaped link measured beside the cases (PATH.line) is printed; coll-sim takes it
     # only with --line-measured (otherwise --bw-line's default, 3 GB/s).  Per host count it
-    # is not the model's line: it halves from 2 hosts to 4 on 2 cores, where the ring has
+    # is not the model's line: it about halves from 2 hosts to 4 on 2 cores, where the ring has
     # every host on the wire at once and the tree fewer (docs/bandwidth-math.md, 8).
     use_line = "--line-measured" in flags
     if use_line:
@@ -270,7 +270,7 @@ def compare_netns(path, flags):
     line = line_speed(path)
     for n in sorted(line):
         print(f"# {n} hosts: unshaped link {line[n]:.3f} GB/s per hop ({path}.line)"
-              + ("" if use_line else ", not used (--line-measured)"))
+              + ("" if use_line else ", not used without --line-measured"))
     if not use_line:
         line = {}
     print("| case | hosts x ranks | size | measured us (runs) | predicted us | error |")
