@@ -108,6 +108,10 @@ void coll_bootstrap_fail(struct coll_comm *comm, coll_bootstrap *b);
 /* The job's secret when the launcher cannot carry one: from COLL_SECRET when set, else a
  * hash of the rendezvous "host:port", the size and the launcher's job id variables. */
 void coll_env_secret(uint8_t out[COLL_SECRET_BYTES], const char *addr, long size);
+/* The job the launcher's variables describe: the rendezvous and secret, this rank and the
+ * size (coll_comm_init_from_env's first half; the fault tests join a job by it and leave
+ * mid-init).  Starts nothing; the error's sentence is in coll_comm_last_error(NULL). */
+coll_result coll_env_job(coll_id_fields *f, int *rank, int *size);
 
 /* ---- the local launcher (launch.c) -------------------------------------------------- */
 

@@ -6,6 +6,8 @@
  * run backwards), checks each child's ranks, an all-reduce and the matrix on it, and
  * that the parent still works after the child is gone. */
 #include <dirent.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,8 +16,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "coll.h"
+#include "internal.h"
 #include "tcp_matrix.h"
+
+#define SLOW_MS 20000 /* COLL_TIMEOUT_MS for the fail-fast faults (test_netns.c sets it) */
+#define STOP_MS 2000  /* ... and for stop */
 
 static int shm_leftovers(void) {
   DIR *d = opendir("/dev/shm");
@@ -67,14 +72,80 @@ static int split_halves(coll_comm_t comm, int rank, int n) {
   return fails;
 }
 
-/* NET_RANK_FAULT=kill|abort|invalid: the fault matrix across hosts.  After one good
- * all-reduce, rank 1 fails that way while the others enter an all-reduce that cannot
- * finish without it; each survivor must return COLL_ERR_REMOTE naming rank 1 within
- * 3 s (COLL_TIMEOUT_MS is 30 s) and prints "ok" with what it saw.  The victim, where it
- * does not die, stays until alarm() ends it 8 s later: long after the survivors have
- * had to notice its fault, not its exit.  Every process of a fault run ends by its
- * alarm (or the kill): the test reads the survivors' lines, not exit statuses. */
-static int fault(coll_comm_t comm, int rank, int n, const char *host, const char *how) {
+/* NET_RANK_FAULT=invalid|abort|kill|init|stop: the fault matrix across hosts (issue 14,
+ * as test_failfast.c within one).  Rank 1, the victim, fails that way while the others
+ * are in, or entering, calls that cannot finish without it:
+ *   invalid, abort, kill   after one good all-reduce and a barrier (the victim leaves it
+ *                          only once every rank has entered), it makes an invalid call
+ *                          where the others all-reduce, calls coll_comm_abort, or
+ *                          SIGKILLs itself;
+ *   init                   it joins the rendezvous and the bootstrap ring, then exits;
+ *   stop                   it is SIGSTOPped after the barrier: nothing tells that apart
+ *                          from a slow rank.
+ * A survivor must return COLL_ERR_REMOTE within 2 s (COLL_TIMEOUT_MS is 20 s) with a
+ * sentence naming rank 1, and print "ok" with what it saw; for stop, COLL_ERR_TIMEOUT at
+ * the configured time (COLL_TIMEOUT_MS 2 s; a survivor may instead hear of another's
+ * timeout, COLL_ERR_REMOTE, and test_netns.c wants at least one timeout).  Every process
+ * ends by alarm() (or the kill): the victim 3 s after the barrier (the stopped one is
+ * killed by a watchdog it forked, as a stopped process keeps its alarm pending), a
+ * survivor 3 s after its report, so no survivor leaves while another may still be waiting
+ * (a second failure it could hear of first).  The test reads the survivors' lines, not
+ * exit statuses. */
+static void alarm_exit(int sig) {
+  (void)sig;
+  _exit(0); /* the planned end of a fault run, not a failure to report */
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void report(int rank, int n, const char *host, const char *how, coll_result r, int ms,
+                   const char *msg) {
+  bool named = strstr(msg, "rank 1 ") || strstr(msg, "rank 1:") || strstr(msg, "rank 1)");
+  bool good = strcmp(how, "stop") == 0
+                  ? (r == COLL_ERR_TIMEOUT || r == COLL_ERR_REMOTE) && ms >= STOP_MS - 100 &&
+                        ms < STOP_MS + 2000
+                  : r == COLL_ERR_REMOTE && ms < 2000 && named;
+  printf("rank %d of %d on %s: %s (%s after %s in %d ms: %s)\n", rank, n, host,
+         good ? "ok" : "WRONG", coll_result_string(r), how, ms, msg);
+  fflush(stdout);
+  alarm(3);
+  for (;;) pause();
+}
+
+/* The victim of init: joins the job as coll_comm_init_from_env does, up to the bootstrap
+ * ring, then leaves without a word, as a crash would. */
+static int leave_in_init(void) {
+  coll_id_fields f;
+  int rank, n;
+  if (coll_env_job(&f, &rank, &n) != COLL_OK) return 6;
+  struct coll_comm *c = calloc(1, sizeof *c);
+  pthread_mutex_init(&c->errmu, NULL);
+  c->rank = rank;
+  c->timeout_ms = SLOW_MS;
+  coll_bootstrap b;
+  if (coll_bootstrap_connect(c, &b, &f, rank, n) != COLL_OK) return 7;
+  _exit(0); /* its sockets close with the process */
+}
+
+static int fault(int rank_env, const char *host, const char *how) {
+  signal(SIGALRM, alarm_exit);
+  if (rank_env == 1 && strcmp(how, "init") == 0) return leave_in_init();
+  double t0 = now_ms();
+  coll_comm_t comm;
+  coll_result r = coll_comm_init_from_env(&comm);
+  if (r != COLL_OK) { /* init: the survivors' init is what fails */
+    const char *ws = getenv("WORLD_SIZE");
+    report(rank_env, ws ? atoi(ws) : -1, host, how, r, (int)(now_ms() - t0),
+           coll_comm_last_error(NULL));
+    return 1;
+  }
+  int rank, n;
+  coll_comm_rank(comm, &rank);
+  coll_comm_size(comm, &n);
   enum { COUNT = 1 << 16 };
   static float x[COUNT];
   for (int i = 0; i < COUNT; i++) x[i] = 1;
@@ -82,14 +153,12 @@ static int fault(coll_comm_t comm, int rank, int n, const char *host, const char
     fprintf(stderr, "rank %d: the first all-reduce: %s\n", rank, coll_comm_last_error(comm));
     return 1;
   }
-  /* Everyone past the first all-reduce before the fault: the victim leaves this barrier
-   * only once every rank has entered it.  A survivor may still be inside the barrier
-   * when the fault comes, so its measured span is the barrier and the all-reduce. */
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  coll_result r = coll_barrier(comm, NULL);
+  /* A survivor may still be inside the barrier when the fault comes, so its measured
+   * span is the barrier and the all-reduce. */
+  t0 = now_ms();
+  r = coll_barrier(comm, NULL);
   if (rank == 1) {
-    alarm(8);
+    alarm(3);
     if (r != COLL_OK) {
       fprintf(stderr, "rank 1: the barrier before the fault: %s\n", coll_comm_last_error(comm));
       return 1;
@@ -98,27 +167,31 @@ static int fault(coll_comm_t comm, int rank, int n, const char *host, const char
     if (strcmp(how, "abort") == 0) coll_comm_abort(comm);
     if (strcmp(how, "invalid") == 0)
       coll_all_reduce(x, x, COUNT, (coll_dtype)99, COLL_SUM, comm, NULL);
+    if (strcmp(how, "stop") == 0) {
+      pid_t me = getpid();
+      if (fork() == 0) { /* the watchdog: stop the victim, kill it once the others are done */
+        kill(me, SIGSTOP);
+        struct timespec d = {.tv_sec = STOP_MS / 1000 + 2};
+        nanosleep(&d, NULL);
+        kill(me, SIGKILL);
+        _exit(0);
+      }
+    }
     for (;;) pause();
   }
   if (r == COLL_OK) r = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  int ms = (int)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
-  const char *msg = coll_comm_last_error(comm);
-  int good = r == COLL_ERR_REMOTE && ms < 3000 &&
-             (strstr(msg, "rank 1 ") || strstr(msg, "rank 1:") || strstr(msg, "rank 1)"));
-  printf("rank %d of %d on %s: %s (%s after %s in %d ms: %s)\n", rank, n, host,
-         good ? "ok" : "WRONG", coll_result_string(r), how, ms, msg);
-  fflush(stdout);
-  /* Stay, holding the communicator, until the victim's alarm has ended it: a survivor
-   * that left at once would be a second failure, and a slower survivor could hear of
-   * that one first ("lost rank 0") instead of rank 1's. */
-  alarm(9);
-  for (;;) pause();
+  report(rank, n, host, how, r, (int)(now_ms() - t0), coll_comm_last_error(comm));
+  return 1;
 }
 
 int main(void) {
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
+  const char *how = getenv("NET_RANK_FAULT");
+  if (how && *how) {
+    const char *re = getenv("RANK");
+    return fault(re ? atoi(re) : -1, host, how);
+  }
   coll_comm_t comm;
   coll_result r = coll_comm_init_from_env(&comm);
   if (r != COLL_OK) {
@@ -129,8 +202,6 @@ int main(void) {
   int rank, n;
   coll_comm_rank(comm, &rank);
   coll_comm_size(comm, &n);
-  const char *how = getenv("NET_RANK_FAULT");
-  if (how && *how) return fault(comm, rank, n, host, how);
   const char *small = getenv("NET_RANK_SMALL");
   const char *split = getenv("NET_RANK_SPLIT");
   int fails = tm_run(comm, rank, n, !(small && *small == '1'));

@@ -81,9 +81,7 @@ void coll_env_secret(uint8_t out[COLL_SECRET_BYTES], const char *addr, long size
   memcpy(out + 8, &h2, 8);
 }
 
-coll_result coll_comm_init_from_env(coll_comm_t *comm) {
-  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_init_from_env: comm is NULL");
-  *comm = NULL;
+coll_result coll_env_job(coll_id_fields *fp, int *rankp, int *sizep) {
   long rank = -1, size = -1;
   const char *from = NULL;
   for (size_t i = 0; i < sizeof rank_vars / sizeof *rank_vars; i++) {
@@ -160,10 +158,23 @@ coll_result coll_comm_init_from_env(coll_comm_t *comm) {
 
   COLL_INFO((int)rank, "init from env (%s): rank %ld of %ld, rendezvous %s", from, rank, size,
             addrdesc);
+  *fp = f;
+  *rankp = (int)rank;
+  *sizep = (int)size;
+  return COLL_OK;
+}
+
+coll_result coll_comm_init_from_env(coll_comm_t *comm) {
+  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_init_from_env: comm is NULL");
+  *comm = NULL;
+  coll_id_fields f;
+  int rank, size;
+  coll_result r = coll_env_job(&f, &rank, &size);
+  if (r != COLL_OK) return r;
   if (rank == 0) {
     char why[256];
-    coll_result r = coll_bootstrap_root_start(&f, false, coll_env_timeout_ms(), why, sizeof why);
+    r = coll_bootstrap_root_start(&f, false, coll_env_timeout_ms(), why, sizeof why);
     if (r != COLL_OK) return coll_fail(NULL, r, "%s", why);
   }
-  return coll_comm_build(comm, (int)size, &f, (int)rank);
+  return coll_comm_build(comm, size, &f, rank);
 }
