@@ -212,10 +212,10 @@ def netns_job(dest, rep, k, rate, bench):
 
 
 # α_net as a case's job sees it: small ring calls in jobs of the cases' shape (a fresh
-# job, 2 warm-up and 10 timed calls), one job per size, written to OUT.alpha.  A fresh
-# job's first calls are slower than its later ones (a 4 KiB ring on 4 hosts: calls 0-11
-# took 1000-1200 us, from call 20 on 750-850), so the long job's α (200 calls after 20)
-# is below what the cases' 12 calls see (docs/bandwidth-math.md, 8).
+# job, 2 warm-up and 10 timed calls), one job per size, written to OUT.alpha.  The long
+# job's α (200 calls of each size after 20, 4 KiB last) is below what such jobs measure
+# (a 4 KiB ring on 4 hosts, five interleaved pairs: 792 against 579 us a call, medians);
+# why is not separated (docs/bandwidth-math.md, 8), but the cases pay it.
 ALPHA_SIZES = (1024, 2048, 4096)
 
 
