@@ -6,8 +6,8 @@ and printed exactly as coll-bench prints libcoll, so a row here and a row there 
   COLLECTIVE: all_reduce all_gather reduce_scatter broadcast reduce all_to_all gather
               scatter (aliases allreduce allgather reducescatter bcast alltoall)
 
---ranks N starts N processes on this machine (multiprocessing, spawn; MASTER_ADDR
-127.0.0.1, a free port, GLOO_SOCKET_IFNAME=lo unless set); without it the process joins
+--ranks N starts N processes on this machine (multiprocessing, spawn; they meet through
+a FileStore in a temporary directory, GLOO_SOCKET_IFNAME=lo unless set); without it the process joins
 the job torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).  Flags are
 coll-bench's and mpi_coll_bench's: -b -e -f -i sizes, -s LIST, -n iters, -w warmup,
 -c check, -d dtype, -o op, -r root, -t SECONDS (see mpi_coll_bench.c; the same
@@ -47,11 +47,14 @@ import argparse
 import datetime
 import math
 import os
+import shutil
 import socket
+import tempfile
 import sys
 import time
 
 import multiprocessing
+import multiprocessing.connection
 
 # torch is imported by the ranks only (load_torch): the launching process needs none of it,
 # and an import of torch costs more than a second here.
@@ -362,8 +365,12 @@ def print_table_header(c, n):
 def worker(rank, n, a):
     load_torch()
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=n,
-                            timeout=datetime.timedelta(seconds=a.timeout))
+    timeout = datetime.timedelta(seconds=a.timeout)
+    if a.store:  # --ranks: the launcher's file, no port to race for
+        dist.init_process_group("gloo", store=dist.FileStore(a.store, n), rank=rank,
+                                world_size=n, timeout=timeout)
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=n, timeout=timeout)
     # one group of this rank alone, to find out what gloo refuses without the others
     alone = None
     for r in range(n):
@@ -527,33 +534,45 @@ def parse(argv):
     return a
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+def launch(n, a):
+    """Runs N ranks here and exits with the job's status.  They meet through a FileStore
+    in a directory of their own: a port picked free and handed over can be taken in
+    between by any other job's connection (it happened beside a loop of coll-bench jobs).
+    A rank that fails (status other than 0 or 1) ends the others, which would otherwise
+    wait for it until gloo's timeout."""
+    d = tempfile.mkdtemp(prefix="gloo_bench.")
+    a.store = os.path.join(d, "store")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=spawned, args=(r, n, a)) for r in range(n)]
+    try:
+        for p in procs:
+            p.start()
+        live = list(procs)
+        while live:
+            multiprocessing.connection.wait([p.sentinel for p in live])
+            live = [p for p in live if p.exitcode is None]
+            if any(p.exitcode not in (None, 0, 1) for p in procs):
+                for p in live:
+                    p.kill()
+                for p in live:
+                    p.join()
+                break
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    codes = [p.exitcode for p in procs]
+    if any(c not in (0, 1) for c in codes):
+        print(f"gloo_bench.py: a rank failed (exit codes {codes})", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(max(codes))
 
 
 def main():
     a = parse(sys.argv[1:])
+    a.store = None
     if a.ranks:
-        n = a.ranks
-        root_fits(a, n)
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(free_port())
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=spawned, args=(r, n, a)) for r in range(n)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        codes = [p.exitcode for p in procs]
-        if any(c not in (0, 1) for c in codes):
-            print(f"gloo_bench.py: a rank failed (exit codes {codes})", file=sys.stderr)
-            sys.exit(3)
-        sys.exit(max(codes))
+        root_fits(a, a.ranks)
+        launch(a.ranks, a)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         n = int(os.environ["WORLD_SIZE"])
         root_fits(a, n)
