@@ -257,28 +257,32 @@ def line_speed(path):
     return {n: statistics.median(v) for n, v in per.items()}
 
 
+def small_ring_calls(rows):
+    """{hosts: [us]} of the small ring calls among csv ROWS (size <= 4 KiB), counting only
+    calls of at least K elements: fewer leave chunks empty, and the ring skips their hops
+    (8 B over 4 ranks: 4 hops, not 6), so they are not 2(K-1) hops of α."""
+    calls = {}
+    for r in rows:
+        if int(r[9]) <= 4096 and int(r[10]) >= int(r[3]):
+            calls.setdefault(int(r[3]), []).append(float(r[11]))
+    return calls
+
+
 def compare_netns(path, flags):
-    runs, small = {}, {}
-    for r in csv.reader(open(path)):
-        algo, n, size, count = r[5], int(r[3]), int(r[9]), int(r[10])
-        if size <= 4096:  # α_net's measurement, not a case
-            # A call of fewer elements than ranks leaves chunks empty, and the ring skips
-            # their hops (8 B over 4 ranks: 4 hops, not 6): not 2(K-1) hops of α.
-            if count >= n:
-                small.setdefault(n, []).append(float(r[11]))
-        else:
-            runs.setdefault((algo, n, size), []).append(float(r[11]))
+    rows = list(csv.reader(open(path)))
+    runs = {}
+    for r in rows:
+        if int(r[9]) > 4096:  # the smaller ones are α_net's measurement, not cases
+            runs.setdefault((r[5], int(r[3]), int(r[9])), []).append(float(r[11]))
+    small = small_ring_calls(rows)
+    short = small_ring_calls(csv.reader(open(path + ".alpha"))) if os.path.exists(
+        path + ".alpha") else {}
     # α_net per host count: the small calls' median, less the per-call cost (1 us, the
     # CPU model's), over the ring's 2(K-1) hops.  From the jobs of the cases' shape
     # (PATH.alpha) where the set has them; the long job's is printed beside.
     def per_hop(v, n):
         return (statistics.median(v) - 1.0) / (2 * (n - 1))
     alpha = {n: per_hop(v, n) for n, v in small.items()}
-    short = {}
-    if os.path.exists(path + ".alpha"):
-        for r in csv.reader(open(path + ".alpha")):
-            if int(r[10]) >= int(r[3]):
-                short.setdefault(int(r[3]), []).append(float(r[11]))
     for n in sorted(alpha):
         print(f"# {n} hosts: alpha_net {alpha[n]:.1f} us from {len(small[n])} small ring calls "
               f"of a long job (median {statistics.median(small[n]):.1f} us)"
