@@ -10,9 +10,13 @@ measure: REPS rounds (default 9: with 5, two sets minutes apart differed by more
 25 % in 11 of the 40 all-reduce medians, with 9 in 4); in each round every case once
 (N in NS, default "2,3,4"; all_reduce ring/tree, all_gather ring, broadcast ring/tree;
 64 KiB..16 MiB by 4), so that a disturbance of the machine hits one run of many cases rather than every
-run of one case.  Each row gets the round and the load average when it started.
+run of one case.  Each row gets the round and the load average when it started.  Each
+round first runs the probes of the machine's figures: sim-membw 2 (the kernels, into
+OUT.membw), sim-membw handover and pingpong and sim-sched (a copy out of a peer's slot,
+the read-for-ownership, yield and wake: into OUT.fixed).
 compare: the median of the out-of-place times per case, coll-sim's prediction for it
-(--cpu-model, cores per host 2, every rank on one host), and the error; cases named in
+(--cpu-model, cores per host 2, every rank on one host, the kernels of OUT.membw,
+with --fixed-measured the figures of OUT.fixed), and the error; cases named in
 FIT (the ones the model's free figures were fitted on) are marked, the rest are
 predictions.  Exit 1 if a predicted case of all_reduce ring/tree is off by more than 25 %.
 
@@ -63,6 +67,13 @@ def measure(out, reps, ns):
                                text=True, timeout=600)
             mf.write(f"# round {rep}\n{p.stdout}")
             mf.flush()
+            # The cross-core and scheduler figures in the same run (fixed_flags below).
+            with open(out + ".fixed", "a") as xf:
+                xf.write(f"# round {rep}\n")
+                for probe in (["sim-membw", "handover"], ["sim-membw", "pingpong"], ["sim-sched"]):
+                    p = subprocess.run([f"{ROOT}/build/bench/{probe[0]}"] + probe[1:],
+                                       capture_output=True, text=True, timeout=600)
+                    xf.write(p.stdout)
             for n in ns:
                 for coll, algo in CASES:
                     load = open("/proc/loadavg").read().split()[0]
@@ -137,6 +148,70 @@ def membw_flags(path, flags):
     return out
 
 
+def fixed_flags(path, flags):
+    """With --fixed-measured: the figures the kernels' probe does not cover, measured
+    beside the set (measure writes PATH.fixed, from set L on): per round sim-membw
+    handover (slot_in: the consumer's copy out of a slot, the mean over W of 0.4-3 MiB
+    and of W >= 48 MiB), sim-membw pingpong (rfo: the mean over slots of 32-256 KiB) and
+    sim-sched (yield and wake), then the median of the rounds.  Not the default: slot_out
+    was fitted (set G) with the built-in slot_in and rfo beside it, so measured ones
+    without a refit price the same bytes twice (set L: 36 of 40 with them, 38 without;
+    docs/bandwidth-math.md, "Set L").  Flags given on the command line win."""
+    if "--fixed-measured" not in flags:
+        return []
+    flags.remove("--fixed-measured")
+    try:
+        text = open(path + ".fixed").read()
+    except OSError:
+        return []
+    runs, cur, mode = [], None, None
+    for line in text.splitlines():
+        w = line.split()
+        if line.startswith("# round"):
+            cur = {"in_c": [], "in_m": [], "rfo": [], "sched": None}
+            runs.append(cur)
+        elif cur is None:
+            continue
+        elif line.startswith("# hand-over"):
+            mode = "handover"
+        elif line.startswith("# pingpong"):
+            mode = "pingpong"
+        elif line.startswith("# sim-sched"):
+            mode = "sched"
+        elif line.startswith("# coll-sim --yield-us"):
+            cur["sched"] = (w[3], w[5])
+        elif line.startswith("#") or not w:
+            continue
+        elif mode == "handover" and len(w) == 3:
+            ws = int(w[0])
+            if 393216 <= ws <= 3145728:
+                cur["in_c"].append(float(w[2]))
+            elif ws >= 50331648:
+                cur["in_m"].append(float(w[2]))
+        elif mode == "pingpong" and len(w) == 4 and 32768 <= int(w[0]) <= 262144:
+            cur["rfo"].append(float(w[3]))
+    runs = [r for r in runs if r["in_c"] and r["in_m"] and r["rfo"] and r["sched"]]
+    if not runs:
+        return []
+    med = statistics.median
+    vals = {
+        "--slot-in-ns": f"{med(statistics.mean(r['in_c']) for r in runs):.4f},"
+                        f"{med(statistics.mean(r['in_m']) for r in runs):.4f}",
+        "--rfo-ns": f"{med(statistics.mean(r['rfo']) for r in runs):.4f}",
+        "--yield-us": ",".join(f"{med(float(r['sched'][0].split(',')[i]) for r in runs):.2f}"
+                               for i in range(2)),
+        "--wake-us": ",".join(f"{med(float(r['sched'][1].split(',')[i]) for r in runs):.2f}"
+                              for i in range(2)),
+    }
+    out = []
+    for name, v in vals.items():
+        if name not in flags:
+            out += [name, v]
+    print(f"# cross-core and scheduler figures from {path}.fixed ({len(runs)} runs, the median): "
+          f"{' '.join(out)}")
+    return out
+
+
 def placement_flags(path, flags):
     """coll-sim --bind for a set measured with ranks bound round-robin (measure writes
     "# placement: bound" atop PATH.membw; sets A-D, from before, were the kernel's)."""
@@ -152,7 +227,7 @@ def placement_flags(path, flags):
 
 
 def compare(path, flags):
-    flags = placement_flags(path, flags) + membw_flags(path, flags) + flags
+    flags = placement_flags(path, flags) + membw_flags(path, flags) + fixed_flags(path, flags) + flags
     runs = {}
     for r in csv.reader(open(path)):
         coll, n, algo, size = r[2], int(r[3]), r[5], int(r[9])
