@@ -33,7 +33,7 @@ calls of at least K elements (fewer leave chunks empty, and the ring skips their
 taken in jobs of the cases' shape (OUT.alpha: ring 1-4 KiB, 2 + 10 calls per job) where
 the set has them, else from the long job of 8 B..4 KiB.
 """
-import csv, os, statistics, subprocess, sys
+import csv, math, os, statistics, subprocess, sys
 
 CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("all_gather", "ring"),
          ("broadcast", "ring"), ("broadcast", "tree")]
@@ -148,6 +148,58 @@ def membw_flags(path, flags):
     return out
 
 
+def llc_hit(ws, cache, ways=16):
+    """coll-sim's share of hits for a working set of WS bytes in a last-level cache of
+    CACHE bytes and WAYS ways (bench/sim_cpu.c, sim_cpu_hit: lines fall on the sets as
+    Poisson(λ), λ = ways·WS/CACHE, a set keeps at most WAYS of them)."""
+    lam = ways * ws / cache
+    spread = 12 * math.sqrt(lam) + 40
+    total = sum(math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) * min(k, ways)
+                for k in range(max(1, int(lam - spread)), int(lam + spread) + 1))
+    return min(1.0, total / lam)
+
+
+def cache_flags(path, flags):
+    """With --cache-measured: the last-level cache this set's machine had, from its own
+    kernels' probe (PATH.membw): per round the C (0.5 MiB steps, 4-40 MiB) for which
+    coll-sim's mixture, f·x_cache + (1-f)·x_mem with that round's x_cache and x_mem,
+    best fits the copy and reduce points of W = 6-48 MiB per thread (the host's W twice
+    that: two threads), least squares of the relative errors; then the median of the
+    rounds.  Not the default: the built-in 20 MiB was read off the same kind of probe."""
+    if "--cache-measured" not in flags:
+        return []
+    flags.remove("--cache-measured")
+    runs, cur = [], None
+    for line in open(path + ".membw"):
+        w = line.split()
+        if line.startswith("# round"):
+            cur = {}
+            runs.append(cur)
+        elif cur is not None and not line.startswith("#") and len(w) == 4:
+            cur[int(w[0])] = [float(x) for x in w[1:]]
+    fits = []
+    for r in runs:
+        cached = [statistics.mean(v[i] for ws, v in r.items() if 393216 <= ws <= 3145728)
+                  for i in range(3)]
+        mem = [statistics.mean(v[i] for ws, v in r.items() if ws >= 100663296) for i in range(3)]
+        best = None
+        for half in range(8, 81):
+            c = half * 0.5 * 1048576
+            err = 0.0
+            for ws, v in r.items():
+                if 6291456 <= ws <= 50331648:
+                    f = llc_hit(2 * ws, c)
+                    err += sum(((f * cached[i] + (1 - f) * mem[i]) - v[i]) ** 2 / v[i] ** 2
+                               for i in (0, 2))
+            if best is None or err < best[0]:
+                best = (err, half * 0.5)
+        fits.append(best[1])
+    med = statistics.median(fits)
+    print(f"# cache from {path}.membw: {', '.join(f'{c:g}' for c in fits)} MiB per round, "
+          f"the median: --cache {med:g}")
+    return ["--cache", f"{med:g}"]
+
+
 def fixed_flags(path, flags):
     """With --fixed-measured: the figures the kernels' probe does not cover, measured
     beside the set (measure writes PATH.fixed, from set L on): per round sim-membw
@@ -227,7 +279,8 @@ def placement_flags(path, flags):
 
 
 def compare(path, flags):
-    flags = placement_flags(path, flags) + membw_flags(path, flags) + fixed_flags(path, flags) + flags
+    flags = (placement_flags(path, flags) + membw_flags(path, flags) + fixed_flags(path, flags)
+             + cache_flags(path, flags) + flags)
     runs = {}
     for r in csv.reader(open(path)):
         coll, n, algo, size = r[2], int(r[3]), r[5], int(r[9])
