@@ -98,6 +98,31 @@ def predict(coll, algo, n, size, flags):
     raise RuntimeError(p.stdout)
 
 
+def membw_rounds(path):
+    """PATH.membw (sim-membw 2 once per round, measure) as one dict per round: "w", W ->
+    the copy, nt-copy and reduce ns/B; "c" and "m", each kernel's mean over W of 0.4-3
+    MiB (in cache) and of W >= 96 MiB (memory), [] where the round lacks them.  [] if
+    there is no file."""
+    try:
+        text = open(path + ".membw").read()
+    except OSError:
+        return []
+    runs, cur = [], None
+    for line in text.splitlines():
+        w = line.split()
+        if line.startswith("# round"):
+            cur = {"w": {}}
+            runs.append(cur)
+        elif cur is not None and not line.startswith("#") and len(w) == 4:
+            cur["w"][int(w[0])] = [float(x) for x in w[1:]]
+    for r in runs:
+        cached = [v for ws, v in r["w"].items() if 393216 <= ws <= 3145728]
+        mem = [v for ws, v in r["w"].items() if ws >= 100663296]
+        r["c"] = [statistics.mean(v[i] for v in cached) for i in range(3)] if cached else []
+        r["m"] = [statistics.mean(v[i] for v in mem) for i in range(3)] if mem else []
+    return runs
+
+
 def membw_flags(path, flags):
     """The kernels' speeds recorded beside the measurements (measure writes PATH.membw):
     with --membw-curve, coll-sim --membw PATH.membw (the measured curve against W);
@@ -112,25 +137,7 @@ def membw_flags(path, flags):
             print(f"# kernels: coll-sim --membw {path}.membw")
             return ["--membw", path + ".membw"]
         return []
-    try:
-        text = open(path + ".membw").read()
-    except OSError:
-        return []
-    runs, cur = [], None
-    for line in text.splitlines():
-        if line.startswith("# round"):
-            cur = {"c": [], "m": []}
-            runs.append(cur)
-            continue
-        w = line.split()
-        if cur is None or line.startswith("#") or len(w) != 4:
-            continue
-        ws, vals = int(w[0]), [float(x) for x in w[1:]]
-        if 393216 <= ws <= 3145728:
-            cur["c"].append(vals)
-        elif ws >= 100663296:
-            cur["m"].append(vals)
-    runs = [r for r in runs if r["c"] and r["m"]]
+    runs = [r for r in membw_rounds(path) if r["c"] and r["m"]]
     if not runs:
         return []
     pick, how = statistics.median, "median"
@@ -141,8 +148,8 @@ def membw_flags(path, flags):
     for i, name in enumerate(["--copy-ns", "--nt-ns", "--reduce-ns"]):
         if name in flags:
             continue
-        c = pick([statistics.mean(v[i] for v in r["c"]) for r in runs])
-        m = pick([statistics.mean(v[i] for v in r["m"]) for r in runs])
+        c = pick([r["c"][i] for r in runs])
+        m = pick([r["m"][i] for r in runs])
         out += [name, f"{c:.4f},{m:.4f}"]
     print(f"# kernels from {path}.membw ({len(runs)} runs, the {how}): {' '.join(out)}")
     return out
@@ -169,24 +176,17 @@ def cache_flags(path, flags):
     if "--cache-measured" not in flags:
         return []
     flags.remove("--cache-measured")
-    runs, cur = [], None
-    for line in open(path + ".membw"):
-        w = line.split()
-        if line.startswith("# round"):
-            cur = {}
-            runs.append(cur)
-        elif cur is not None and not line.startswith("#") and len(w) == 4:
-            cur[int(w[0])] = [float(x) for x in w[1:]]
+    runs = [r for r in membw_rounds(path) if r["c"] and r["m"]]
+    if not runs:
+        return []
     fits = []
     for r in runs:
-        cached = [statistics.mean(v[i] for ws, v in r.items() if 393216 <= ws <= 3145728)
-                  for i in range(3)]
-        mem = [statistics.mean(v[i] for ws, v in r.items() if ws >= 100663296) for i in range(3)]
+        cached, mem = r["c"], r["m"]
         best = None
         for half in range(8, 81):
             c = half * 0.5 * 1048576
             err = 0.0
-            for ws, v in r.items():
+            for ws, v in r["w"].items():
                 if 6291456 <= ws <= 50331648:
                     f = llc_hit(2 * ws, c)
                     err += sum(((f * cached[i] + (1 - f) * mem[i]) - v[i]) ** 2 / v[i] ** 2
