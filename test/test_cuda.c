@@ -21,7 +21,13 @@
  * a throw-away child first and only the ranks touch CUDA.
  */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +65,106 @@ Test(cuda, classify_host_pointers) {
   free(heap);
   if (!coll_cuda_available())
     cr_assert_neq(coll_cuda_unavailable_reason()[0], 0, "no CUDA must come with a reason");
+}
+
+/* ---- is the driver loaded (driver.c): checked against the loader's own list ------------ */
+
+static int find_driver(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size, (void)arg;
+  const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+  const char *base = slash ? slash + 1 : info->dlpi_name;
+  return base && strncmp(base, "libcuda.so", 10) == 0;
+}
+static bool driver_in_list(void) { return dl_iterate_phdr(find_driver, NULL) != 0; }
+
+/* test/libcoll_fake_object.so, copied to `to` (a new file: the loader maps it as a new
+ * object, whatever its name). */
+static void copy_fake_object(const char *to) {
+  const char *dir = getenv("COLL_TEST_BUILD_DIR");
+  cr_assert(dir && *dir, "COLL_TEST_BUILD_DIR is not set (run through meson test)");
+  char from[PATH_MAX];
+  snprintf(from, sizeof from, "%s/test/libcoll_fake_object.so", dir);
+  FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+  cr_assert(in && out, "copying %s to %s", from, to);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
+  fclose(in);
+  cr_assert_eq(fclose(out), 0);
+}
+
+Test(cuda, driver_seen_when_loaded) {
+  char dir[] = "/tmp/coll_driver_XXXXXX", lib[PATH_MAX + 32], drv[PATH_MAX + 32];
+  cr_assert(mkdtemp(dir) != NULL);
+  snprintf(lib, sizeof lib, "%s/libplugin.so", dir);
+  snprintf(drv, sizeof drv, "%s/libcuda.so.1", dir);
+  copy_fake_object(lib);
+  copy_fake_object(drv);
+  bool before = driver_in_list(); /* true only where something loaded the real one */
+  cr_assert_eq(coll_cuda_driver_loaded(), before);
+  cr_assert_eq(coll_cuda_driver_loaded(), before, "asked again, nothing loaded between");
+  /* Ordinary objects loaded and closed (the one libcoll pinned as the list's last stays
+   * mapped after dlclose, the others go): the answer does not move. */
+  for (int i = 0; i < 3; i++) {
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    cr_assert(h != NULL, "%s", dlerror());
+    cr_assert_eq(coll_cuda_driver_loaded(), before);
+    dlclose(h);
+    cr_assert_eq(coll_cuda_driver_loaded(), before);
+  }
+  /* The driver, loaded after libcoll first looked: seen at the next question, and from
+   * then on. */
+  void *d = dlopen(drv, RTLD_NOW | RTLD_LOCAL);
+  cr_assert(d != NULL, "%s", dlerror());
+  cr_assert(driver_in_list());
+  cr_assert(coll_cuda_driver_loaded(), "a driver loaded after the first question is seen");
+  cr_assert(coll_cuda_driver_loaded(), "and stays seen");
+  unlink(lib), unlink(drv), rmdir(dir); /* the mappings outlive the files */
+}
+
+/* Threads asking all the time while the main thread loads and closes objects, then the
+ * driver: every answer before the driver is "no", and every question asked after the
+ * driver's dlopen returned (published to the threads by an atomic flag) is "yes". */
+static _Atomic int loader_phase; /* 0 ordinary objects, 1 the driver is loaded */
+static bool before_driver;
+static void *ask_loop(void *arg) {
+  long *wrong = arg;
+  for (long after = 0; after < 100000;) {
+    int phase = atomic_load(&loader_phase);
+    bool got = coll_cuda_driver_loaded();
+    /* Before the flag a "yes" may be right (the dlopen may have just finished); a "no"
+     * is wrong once the flag is up, or where the driver was there all along. */
+    if ((phase == 1 || before_driver) && !got) (*wrong)++;
+    after += phase == 1;
+  }
+  return NULL;
+}
+
+Test(cuda, driver_check_while_loading, .timeout = 120) {
+  char dir[] = "/tmp/coll_driver_XXXXXX", path[PATH_MAX + 32];
+  cr_assert(mkdtemp(dir) != NULL);
+  before_driver = driver_in_list();
+  atomic_store(&loader_phase, 0);
+  pthread_t t[2];
+  long wrong[2] = {0, 0};
+  for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&t[i], NULL, ask_loop, &wrong[i]), 0);
+  for (int i = 0; i < 40; i++) { /* 40 new objects, each a new last object in the list */
+    snprintf(path, sizeof path, "%s/libplugin%d.so", dir, i);
+    copy_fake_object(path);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    cr_assert(h != NULL, "%s", dlerror());
+    if (i % 2) dlclose(h);
+    unlink(path);
+  }
+  snprintf(path, sizeof path, "%s/libcuda.so.1", dir);
+  copy_fake_object(path);
+  cr_assert(dlopen(path, RTLD_NOW | RTLD_LOCAL) != NULL, "%s", dlerror());
+  unlink(path);
+  atomic_store(&loader_phase, 1);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  rmdir(dir);
+  cr_assert_eq(wrong[0] + wrong[1], 0, "%ld answers were wrong", wrong[0] + wrong[1]);
+  cr_assert(coll_cuda_driver_loaded());
 }
 
 Test(cuda, kernel_table_complete) {

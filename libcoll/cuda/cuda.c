@@ -38,7 +38,6 @@
  * let a CUDA error pass without a coll_fail sentence naming the call.
  */
 #include <errno.h>
-#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -196,41 +195,10 @@ const char *coll_cuda_unavailable_reason(void) {
   return probe_ok ? "" : probe_why;
 }
 
-/* Is the CUDA driver (libcuda.so) loaded in this process?  Nothing can have allocated
- * device memory before it was: a job that never touched CUDA (ours is linked statically
- * and loads the driver only when called) pays for no probe, no context and no pointer
- * query per call.  Asked per call, so cheap: dl_iterate_phdr's first callback gives the
- * count of objects ever loaded, and the list is searched again only when it moved
- * (about 20 ns otherwise).  Once seen, the driver stays: nothing unloads it. */
-static _Atomic unsigned long long dl_adds_seen;
-static _Atomic bool driver_seen;
-
-static int first_object(struct dl_phdr_info *info, size_t size, void *adds) {
-  (void)size;
-  *(unsigned long long *)adds = info->dlpi_adds;
-  return 1;
-}
-static int is_driver(struct dl_phdr_info *info, size_t size, void *arg) {
-  (void)size, (void)arg;
-  const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
-  const char *base = slash ? slash + 1 : info->dlpi_name;
-  return base && strncmp(base, "libcuda.so", 10) == 0;
-}
-static bool driver_loaded(void) {
-  if (atomic_load_explicit(&driver_seen, memory_order_relaxed)) return true;
-  unsigned long long adds = 0;
-  dl_iterate_phdr(first_object, &adds);
-  if (adds == atomic_load_explicit(&dl_adds_seen, memory_order_relaxed)) return false;
-  bool found = dl_iterate_phdr(is_driver, NULL) != 0;
-  if (found) atomic_store(&driver_seen, true);
-  atomic_store(&dl_adds_seen, adds);
-  return found;
-}
-
 coll_mem_kind coll_cuda_classify(const void *p, int *device) {
   *device = -1;
   if (!p) return COLL_MEM_NONE;
-  if (!driver_loaded() || !coll_cuda_available()) return COLL_MEM_HOST;
+  if (!coll_cuda_driver_loaded() || !coll_cuda_available()) return COLL_MEM_HOST;
   struct cudaPointerAttributes a;
   memset(&a, 0, sizeof a);
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -758,7 +726,7 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
   bool moves = w->count > 0 || (w->coll == COLL_COLL_SENDRECV && w->recv_count > 0);
   w->cuda_dev = -1;
   /* A process that never loaded the CUDA driver has no device memory: no query at all. */
-  if (moves && w->coll != COLL_COLL_BARRIER && driver_loaded()) {
+  if (moves && w->coll != COLL_COLL_BARRIER && coll_cuda_driver_loaded()) {
     int sd, rd;
     coll_mem_kind sk = coll_cuda_classify(w->sendbuf, &sd);
     coll_mem_kind rk = sk;

@@ -57,6 +57,11 @@ const char *coll_cuda_unavailable_reason(void);
 /* Has this process run the probe (for tests: a host-only job must not)? */
 bool coll_cuda_probed(void);
 
+/* Is the CUDA driver (libcuda.so) loaded in this process?  Asked before every call that
+ * moves data (a process that never loaded it has no device memory); one load per call
+ * while nothing new is loaded (driver.c). */
+bool coll_cuda_driver_loaded(void);
+
 typedef enum { COLL_MEM_HOST = 0, COLL_MEM_DEVICE = 1, COLL_MEM_NONE = 2 } coll_mem_kind;
 /* NONE for NULL; host when CUDA is unavailable or was never used in this process, for
  * host (pinned or not) and managed memory; device (and its ordinal in *device) for
