@@ -459,9 +459,13 @@ static bool claim(struct coll_comm *comm) {
  * at submission instead, a fast-path call that claimed the executor and a queued call
  * that got its number under the lock could run in the opposite order to their numbers,
  * and COLL_CHECK reported a mismatch between ranks that ran the same calls.  Internal
- * work (split.c) takes none. */
+ * work (split.c) takes none.  Only the holder of `running` writes the counter (its claim
+ * and release order one holder after the next), so a load and a store do: no locked
+ * read-modify-write on the path of every call.  Others only read it (api.c). */
 static void number(struct coll_comm *comm, coll_work *w) {
-  w->seq = w->internal ? atomic_load(&comm->next_seq) : atomic_fetch_add(&comm->next_seq, 1);
+  uint64_t s = atomic_load_explicit(&comm->next_seq, memory_order_relaxed);
+  w->seq = s;
+  if (!w->internal) atomic_store_explicit(&comm->next_seq, s + 1, memory_order_relaxed);
 }
 
 static void *progress_main(void *arg) {
@@ -574,7 +578,8 @@ static coll_result refuse(struct coll_comm *comm, coll_work *w) {
 
 coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
   coll_work w = *wk;
-  atomic_store(&w.done, 0);
+  /* Nobody sees w yet: the queue's lock publishes it if it is queued. */
+  atomic_store_explicit(&w.done, 0, memory_order_relaxed);
   /* Fast path: a blocking call that finds nothing queued and nobody executing runs
    * right here without touching the lock (two lock/unlock pairs were a fifth of an
    * 8-byte all-reduce).  The queue is checked again after the claim: work queued by
