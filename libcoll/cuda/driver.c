@@ -22,10 +22,11 @@
  * was last in the list when libcoll looked stays mapped after the program's dlclose
  * (POSIX lets dlclose keep an object), one such object per search, and searches happen
  * only after the program loaded something new.  Where a tail cannot be pinned the check
- * falls back to the loader's count of objects ever added (dl_iterate_phdr's dlpi_adds):
- * correct, 12 ns.  Once seen, the driver stays seen: nothing unloads it.
+ * falls back to the loader's count of objects ever added (dl_iterate_phdr's dlpi_adds,
+ * under the loader's lock): correct, and as slow as before.  Once seen, the driver stays
+ * seen: nothing unloads it.
  *
- * A program that reads l_next while the loader writes it: the loader's store happens
+ * Reading l_next while the loader may be writing it: the loader's store happens
  * before anything the program can do with the object it loaded (allocate device memory,
  * hand a pointer to another thread through its own synchronisation), so a call that
  * could be given a device pointer sees the store.  A load that races a dlopen running in
