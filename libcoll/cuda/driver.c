@@ -70,17 +70,19 @@ static int is_driver(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 /* The list's last object, with a reference held on it; NULL if it could not be had (it
- * was unloaded in between, or its name does not open it again). */
-static struct link_map *pin_tail(void) {
+ * was unloaded in between, or its name does not open it again).  One reference per
+ * object: when the last object is still `now` (what was loaded after it is gone again),
+ * the one it already holds is enough. */
+static struct link_map *pin_tail(struct link_map *now) {
   char name[PATH_MAX];
   name[0] = '\0';
   dl_iterate_phdr(last_name, name);
   void *h = dlopen(name[0] ? name : NULL, RTLD_NOLOAD | RTLD_LAZY);
   if (!h) return NULL;
   struct link_map *lm = NULL;
-  if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm) {
+  if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm || lm == now) {
     dlclose(h);
-    return NULL;
+    return lm == now ? now : NULL;
   }
   return lm; /* the reference is never dropped: see the top of the file */
 }
@@ -94,7 +96,7 @@ __attribute__((noinline)) static bool search(void) { /* off the fast path */
   if (!found && adds != atomic_load_explicit(&adds_seen, memory_order_relaxed)) {
     /* Pin first, then search: whatever is loaded after the pin moves its l_next, and
      * everything up to it is in the search. */
-    struct link_map *t = pin_tail();
+    struct link_map *t = pin_tail(atomic_load_explicit(&tail, memory_order_relaxed));
     found = dl_iterate_phdr(is_driver, NULL) != 0;
     if (found) atomic_store(&driver_seen, true);
     atomic_store_explicit(&adds_seen, adds, memory_order_relaxed);
