@@ -5,6 +5,8 @@
   scripts/sim_agreement.py compare OUT.csv [coll-sim flags...]
   scripts/sim_agreement.py measure-netns OUT.csv [REPS] [HOSTS]   (root: netns.sh)
   scripts/sim_agreement.py compare-netns OUT.csv [--line-measured] [coll-sim flags...]
+  scripts/sim_agreement.py sweep OUT.csv [REPS] [NS]     all-reduce 1..16 MiB by 2
+  scripts/sim_agreement.py compare-inplace OUT.csv [coll-sim flags...]
 
 measure: REPS rounds (default 9: with 5, two sets minutes apart differed by more than
 25 % in 11 of the 40 all-reduce medians, with 9 in 4); in each round every case once
@@ -16,7 +18,8 @@ OUT.membw), sim-membw handover and pingpong and sim-sched (a copy out of a peer'
 the read-for-ownership, yield and wake: into OUT.fixed).
 compare: the median of the out-of-place times per case, coll-sim's prediction for it
 (--cpu-model, cores per host 2, every rank on one host, the kernels of OUT.membw,
-with --fixed-measured the figures of OUT.fixed), and the error; cases named in
+with --fixed-measured the figures of OUT.fixed, with --fit-slot-out slot_out in cache
+fitted to OUT's own FIT cases of the ring), and the error; cases named in
 FIT (the ones the model's free figures were fitted on) are marked, the rest are
 predictions.  Exit 1 if a predicted case of all_reduce ring/tree is off by more than 25 %.
 
@@ -32,6 +35,14 @@ timed) against the medians.  α_net: the small calls' median over 2(K-1) hops, f
 calls of at least K elements (fewer leave chunks empty, and the ring skips their hops),
 taken in jobs of the cases' shape (OUT.alpha: ring 1-4 KiB, 2 + 10 calls per job) where
 the set has them, else from the long job of 8 B..4 KiB.
+
+sweep: all-reduce ring and tree only, 1..16 MiB by 2 (the sizes around the last-level
+cache that measure's factor of 4 steps over), N in NS (default "3"), ranks bound
+round-robin, REPS rounds (default 5), each after sim-membw 2 (into OUT.membw).
+compare-inplace: per case both columns, out of place and in place (coll-sim --in-place),
+the errors, and what out of place costs more than in place, measured and predicted:
+the two differ only in the buffers a call touches (W), so that difference is where the
+cache model's knee shows.  It only reports; it exits 0.
 """
 import csv, math, os, statistics, subprocess, sys
 
@@ -278,9 +289,41 @@ def placement_flags(path, flags):
     return ["--bind" if bound else "--no-bind"]
 
 
+# coll-sim's slot_out from memory (bench/coll-sim.c), kept when --fit-slot-out refits
+# the in-cache figure.
+SLOT_OUT_MEM = 0.088
+
+
+def slot_out_flags(path, flags):
+    """With --fit-slot-out: slot_out in cache fitted to this set's own ring N=2 and N=3 at
+    1 MiB (the FIT cases it was fitted on, in set G, for the built-in 0.026), as then:
+    least squares of the two relative errors over 0.018-0.050 ns/B in steps of 0.001.
+    FLAGS are the set's other flags (its kernels), which the fit predicts with."""
+    if "--fit-slot-out" not in flags:
+        return []
+    flags.remove("--fit-slot-out")
+    meas = {}
+    for r in csv.reader(open(path)):
+        if r[2] == "all_reduce" and r[5] == "ring" and int(r[9]) == 1048576 and r[3] in ("2", "3"):
+            meas.setdefault(int(r[3]), []).append(float(r[11]))
+    if len(meas) < 2:
+        return []
+    best = None
+    for i in range(18, 51):
+        v = [f"--slot-out-ns", f"{i / 1000:g},{SLOT_OUT_MEM:g}"]
+        err = sum(((predict("all_reduce", "ring", n, 1048576, flags + v) - statistics.median(t))
+                   / statistics.median(t)) ** 2 for n, t in meas.items())
+        if best is None or err < best[0]:
+            best = (err, v)
+    print(f"# slot_out fitted on {path}'s ring N=2 and N=3 at 1 MiB: {best[1][1]} "
+          f"(built in: 0.026, set G)")
+    return best[1]
+
+
 def compare(path, flags):
     flags = (placement_flags(path, flags) + membw_flags(path, flags) + fixed_flags(path, flags)
              + cache_flags(path, flags) + flags)
+    flags = flags + slot_out_flags(path, flags)
     runs = {}
     for r in csv.reader(open(path)):
         coll, n, algo, size = r[2], int(r[3]), r[5], int(r[9])
@@ -304,6 +347,51 @@ def compare(path, flags):
         print(f"# {k[0]} {k[1]} {k[2]}: {len(v)} cases, median |error| {statistics.median(v):.0f} %, "
               f"within 25 %: {sum(e <= 25 for e in v)}")
     return 1 if bad else 0
+
+
+def sweep(out, reps, ns):
+    env = dict(os.environ, COLL_TUNE_FILE="none", COLL_LAUNCH_BIND="1")
+    fresh = not os.path.exists(out + ".membw")
+    with open(out, "a") as f, open(out + ".membw", "a") as mf:
+        if fresh:
+            mf.write("# placement: bound\n")
+        for rep in range(reps):
+            p = subprocess.run([f"{ROOT}/build/bench/sim-membw", "2"], capture_output=True,
+                               text=True, timeout=600)
+            mf.write(f"# round {rep}\n{p.stdout}")
+            mf.flush()
+            for n in ns:
+                for algo in ("ring", "tree"):
+                    load = open("/proc/loadavg").read().split()[0]
+                    p = subprocess.run([f"{ROOT}/build/bench/coll-bench", "all_reduce", "--ranks",
+                                        str(n), "-b", "1M", "-e", "16M", "-f", "2", "-A", algo,
+                                        "-n", "20", "-w", "3", "--csv"], env=env,
+                                       capture_output=True, text=True, timeout=600)
+                    for line in p.stdout.splitlines()[1:]:
+                        f.write(f"{rep},{load},{line}\n")
+                    f.flush()
+
+
+def compare_inplace(path, flags):
+    flags = (placement_flags(path, flags) + membw_flags(path, flags) + cache_flags(path, flags)
+             + flags)
+    runs = {}
+    for r in csv.reader(open(path)):
+        key = (r[2], r[5], int(r[3]), int(r[9]))
+        runs.setdefault(key, []).append((float(r[11]), float(r[15])))
+    print("| case | N | size | out of place: measured, predicted | in place: measured, "
+          "predicted | out - in: measured, predicted |")
+    print("|---|---|---|---|---|---|")
+    for key in sorted(runs, key=lambda k: (k[1], k[2], k[3])):
+        coll, algo, n, size = key
+        oop = statistics.median(v[0] for v in runs[key])
+        ip = statistics.median(v[1] for v in runs[key])
+        po = predict(coll, algo, n, size, flags)
+        pi = predict(coll, algo, n, size, flags + ["--in-place"])
+        print(f"| {coll} {algo} | {n} | {size >> 10} KiB | {oop:.0f}, {po:.0f} "
+              f"({(po - oop) / oop * 100:+.0f} %) | {ip:.0f}, {pi:.0f} ({(pi - ip) / ip * 100:+.0f} %) "
+              f"| {oop - ip:.0f}, {po - pi:.0f} |")
+    return 0
 
 
 NETNS_SIZES = [65536 << (2 * i) for i in range(5)]
@@ -466,6 +554,11 @@ if __name__ == "__main__":
                 [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "2,3,4").split(",")])
     elif len(sys.argv) >= 3 and sys.argv[1] == "compare":
         sys.exit(compare(sys.argv[2], sys.argv[3:]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "sweep":
+        sweep(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 5,
+              [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "3").split(",")])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "compare-inplace":
+        sys.exit(compare_inplace(sys.argv[2], sys.argv[3:]))
     else:
         print(__doc__)
         sys.exit(2)
