@@ -87,14 +87,20 @@ def measure(out, reps, ns):
                     xf.write(p.stdout)
             for n in ns:
                 for coll, algo in CASES:
-                    load = open("/proc/loadavg").read().split()[0]
-                    p = subprocess.run([f"{ROOT}/build/bench/coll-bench", coll, "--ranks", str(n),
-                                        "-b", "64K", "-e", "16M", "-f", "4", "-A", algo, "-n", "20",
-                                        "-w", "3", "--csv"], env=env, capture_output=True,
-                                       text=True, timeout=600)
-                    for line in p.stdout.splitlines()[1:]:
-                        f.write(f"{rep},{load},{line}\n")
-                    f.flush()
+                    bench_rows(f, rep, env, coll, n, algo, "64K", "16M", "4")
+
+
+def bench_rows(f, rep, env, coll, n, algo, lo, hi, factor):
+    """One coll-bench job (20 timed calls after 3) of COLL by ALGO on N ranks, sizes LO to
+    HI by FACTOR: its csv rows to F, each after the round and the load average when it
+    started."""
+    load = open("/proc/loadavg").read().split()[0]
+    p = subprocess.run([f"{ROOT}/build/bench/coll-bench", coll, "--ranks", str(n), "-b", lo,
+                        "-e", hi, "-f", factor, "-A", algo, "-n", "20", "-w", "3", "--csv"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    for line in p.stdout.splitlines()[1:]:
+        f.write(f"{rep},{load},{line}\n")
+    f.flush()
 
 
 def predict(coll, algo, n, size, flags):
@@ -362,14 +368,7 @@ def sweep(out, reps, ns):
             mf.flush()
             for n in ns:
                 for algo in ("ring", "tree"):
-                    load = open("/proc/loadavg").read().split()[0]
-                    p = subprocess.run([f"{ROOT}/build/bench/coll-bench", "all_reduce", "--ranks",
-                                        str(n), "-b", "1M", "-e", "16M", "-f", "2", "-A", algo,
-                                        "-n", "20", "-w", "3", "--csv"], env=env,
-                                       capture_output=True, text=True, timeout=600)
-                    for line in p.stdout.splitlines()[1:]:
-                        f.write(f"{rep},{load},{line}\n")
-                    f.flush()
+                    bench_rows(f, rep, env, "all_reduce", n, algo, "1M", "16M", "2")
 
 
 def compare_inplace(path, flags):
