@@ -253,7 +253,7 @@ struct coll_comm {
   _Atomic int last_algo;       /* coll_algo + 1 of the last call run (0: none yet) */
   void *mapped_where;          /* [nranks] coll_mapped_where of the running call */
   int local_ranks;      /* ranks on this host */
-  bool oversubscribed;  /* more local ranks than online cores: spinning only hurts */
+  bool oversubscribed;  /* more local ranks than the CPUs they may run on: spinning only hurts */
 
   /* executor */
   pthread_mutex_t qmu;

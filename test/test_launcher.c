@@ -308,3 +308,55 @@ Test(launcher, segment_of_a_live_owner_is_refused) {
   cr_assert_eq(r2, COLL_OK, "a reused pid's segment was not replaced: %s",
                coll_comm_last_error(NULL));
 }
+
+/* ---- oversubscription is counted on the CPUs the ranks may use --------------------- */
+
+/* Each rank writes what its communicator concluded: [2r] oversubscribed, [2r+1] the
+ * local ranks it counted. */
+static int report_placement(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)n;
+  int *out = arg;
+  out[2 * rank] = comm->oversubscribed;
+  out[2 * rank + 1] = comm->local_ranks;
+  return 0;
+}
+
+/* N ranks launched from this process as it is placed now: every one must agree that the
+ * job is oversubscribed exactly when N exceeds the CPUs it may use. */
+static void expect_placement(int n, int cpus, const char *how) {
+  int *out = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(out, MAP_FAILED);
+  for (int i = 0; i < 2 * n; i++) out[i] = -1;
+  char why[256] = "";
+  int rc = t_launch(n, report_placement, out, 30000, why, sizeof why);
+  int got[16];
+  memcpy(got, out, sizeof(int) * (size_t)(2 * n));
+  munmap(out, 4096);
+  cr_assert_eq(rc, 0, "%s: %s", how, why);
+  for (int r = 0; r < n; r++) {
+    cr_assert_eq(got[2 * r + 1], n, "%s: rank %d counted %d local ranks", how, r, got[2 * r + 1]);
+    cr_assert_eq(got[2 * r], n > cpus, "%s: rank %d of %d on %d CPU(s) says oversubscribed=%d",
+                 how, r, n, cpus, got[2 * r]);
+  }
+}
+
+/* `taskset -c 0` (or a container's cpuset) around a job: its ranks share one CPU however
+ * many the machine has online, and must not spin while the peer they wait for needs that
+ * CPU.  Then the same job placed on every CPU it may use, bound (the launcher's default)
+ * and unbound. */
+Test(launcher, oversubscription_counts_the_cpus_ranks_may_use, .timeout = 90) {
+  cpu_set_t all, one;
+  cr_assert_eq(sched_getaffinity(0, sizeof all, &all), 0);
+  int cpus = CPU_COUNT(&all);
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &all)) { CPU_SET(c, &one); break; }
+  cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0);
+  expect_placement(2, 1, "2 ranks under a 1-CPU affinity");
+  cr_assert_eq(sched_setaffinity(0, sizeof all, &all), 0);
+  expect_placement(2, cpus, "2 ranks bound");
+  expect_placement(3, cpus, "3 ranks bound");
+  setenv("COLL_LAUNCH_BIND", "0", 1);
+  expect_placement(3, cpus, "3 ranks unbound");
+  unsetenv("COLL_LAUNCH_BIND");
+}
