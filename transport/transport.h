@@ -45,7 +45,8 @@ typedef struct coll_comm_view {
   const uint64_t *host_ids; /* [nranks]: equal ids, same host */
   const pid_t *pids;        /* [nranks]: for liveness checks on this host */
   int timeout_ms;           /* COLL_TIMEOUT_MS (0: no limit) bounds setup's waits */
-  /* More ranks on this host than online cores: a wait yields at once, never spins. */
+  /* More ranks on this host than the CPUs they may run on (the union of their
+   * affinities, comm.c): a wait yields at once, never spins. */
   bool oversubscribed;
   const _Atomic int *aborted; /* coll_comm_abort ran: waits return, closes skip draining */
   /* This rank's address on the route to the rendezvous: TCP and IB listen there. */
