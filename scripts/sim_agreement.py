@@ -7,6 +7,7 @@
   scripts/sim_agreement.py compare-netns OUT.csv [--line-measured] [coll-sim flags...]
   scripts/sim_agreement.py sweep OUT.csv [REPS] [NS]     all-reduce 1..16 MiB by 2
   scripts/sim_agreement.py compare-inplace OUT.csv [coll-sim flags...]
+  scripts/sim_agreement.py matrix SET.csv... [coll-sim flags...]
 
 measure: REPS rounds (default 9: with 5, two sets minutes apart differed by more than
 25 % in 11 of the 40 all-reduce medians, with 9 in 4); in each round every case once
@@ -38,11 +39,16 @@ the set has them, else from the long job of 8 B..4 KiB.
 
 sweep: all-reduce ring and tree only, 1..16 MiB by 2 (the sizes around the last-level
 cache that measure's factor of 4 steps over), N in NS (default "3"), ranks bound
-round-robin, REPS rounds (default 5), each after sim-membw 2 (into OUT.membw).
+round-robin, REPS rounds (default 5), each after sim-membw 2 (into OUT.membw).  With
+ONE_CPU=1 every rank and the probe run on one CPU (taskset; the probe with 1 thread),
+and compare-inplace predicts with --cores 1.
 compare-inplace: per case both columns, out of place and in place (coll-sim --in-place),
 the errors, and what out of place costs more than in place, measured and predicted:
 the two differ only in the buffers a call touches (W), so that difference is where the
 cache model's knee shows.  It only reports; it exits 0.
+matrix: compare's all-reduce errors for several sets side by side, with each case's mean
+and spread over them (a case off by about the same everywhere is the model's; one off in
+a set or two, the machine's period).  It only reports; it exits 0.
 """
 import csv, math, os, statistics, subprocess, sys
 
@@ -90,12 +96,12 @@ def measure(out, reps, ns):
                     bench_rows(f, rep, env, coll, n, algo, "64K", "16M", "4")
 
 
-def bench_rows(f, rep, env, coll, n, algo, lo, hi, factor):
+def bench_rows(f, rep, env, coll, n, algo, lo, hi, factor, prefix=()):
     """One coll-bench job (20 timed calls after 3) of COLL by ALGO on N ranks, sizes LO to
-    HI by FACTOR: its csv rows to F, each after the round and the load average when it
-    started."""
+    HI by FACTOR, run under PREFIX (taskset): its csv rows to F, each after the round and
+    the load average when it started."""
     load = open("/proc/loadavg").read().split()[0]
-    p = subprocess.run([f"{ROOT}/build/bench/coll-bench", coll, "--ranks", str(n), "-b", lo,
+    p = subprocess.run(list(prefix) + [f"{ROOT}/build/bench/coll-bench", coll, "--ranks", str(n), "-b", lo,
                         "-e", hi, "-f", factor, "-A", algo, "-n", "20", "-w", "3", "--csv"],
                        env=env, capture_output=True, text=True, timeout=600)
     for line in p.stdout.splitlines()[1:]:
@@ -290,6 +296,9 @@ def placement_flags(path, flags):
         first = open(path + ".membw").readline()
     except OSError:
         first = ""
+    if first.strip() == "# placement: one cpu":
+        print("# placement: every rank on one CPU (--bind --cores 1)")
+        return ["--bind", "--cores", "1"]
     bound = first.strip() == "# placement: bound"
     print(f"# placement: {'bound round-robin (--bind)' if bound else 'the kernel (--no-bind)'}")
     return ["--bind" if bound else "--no-bind"]
@@ -326,49 +335,96 @@ def slot_out_flags(path, flags):
     return best[1]
 
 
-def compare(path, flags):
+def set_flags(path, flags):
+    """coll-sim's flags for set PATH: its placement, the kernels (and with the options,
+    the fixed figures, cache, slot_out) measured beside it, then FLAGS."""
+    flags = list(flags)
     flags = (placement_flags(path, flags) + membw_flags(path, flags) + fixed_flags(path, flags)
              + cache_flags(path, flags) + flags)
-    flags = flags + slot_out_flags(path, flags)
+    return flags + slot_out_flags(path, flags)
+
+
+def case_errors(path, flags):
+    """Per case of set PATH (coll, algo, n, size), in CASES' order: the measured times,
+    their median, coll-sim's prediction with FLAGS (set_flags's) and the error in %."""
     runs = {}
     for r in csv.reader(open(path)):
         coll, n, algo, size = r[2], int(r[3]), r[5], int(r[9])
         runs.setdefault((coll, algo, n, size), []).append(float(r[11]))
-    bad = 0
-    print("| case | N | size | measured us (median of runs) | predicted us | error | role |")
-    print("|---|---|---|---|---|---|---|")
-    errs = {}
+    out = {}
     for key in sorted(runs, key=lambda k: (CASES.index((k[0], k[1])), k[2], k[3])):
         coll, algo, n, size = key
         med = statistics.median(runs[key])
         pred = predict(coll, algo, n, size, flags)
-        err = (pred - med) / med * 100
+        out[key] = (runs[key], med, pred, (pred - med) / med * 100)
+    return out
+
+
+def compare(path, flags):
+    flags = set_flags(path, flags)
+    bad = 0
+    print("| case | N | size | measured us (median of runs) | predicted us | error | role |")
+    print("|---|---|---|---|---|---|---|")
+    errs = {}
+    for key, (times, med, pred, err) in case_errors(path, flags).items():
+        coll, algo, n, size = key
         role = "fitted" if key in FIT else "predicted"
         errs.setdefault((coll, algo, role), []).append(abs(err))
         if role == "predicted" and coll == "all_reduce" and abs(err) > 25:
             bad += 1
         print(f"| {coll} {algo} | {n} | {size >> 10} KiB | {med:.1f} "
-              f"({', '.join(f'{v:.0f}' for v in runs[key])}) | {pred:.1f} | {err:+.0f} % | {role} |")
+              f"({', '.join(f'{v:.0f}' for v in times)}) | {pred:.1f} | {err:+.0f} % | {role} |")
     for k, v in sorted(errs.items()):
         print(f"# {k[0]} {k[1]} {k[2]}: {len(v)} cases, median |error| {statistics.median(v):.0f} %, "
               f"within 25 %: {sum(e <= 25 for e in v)}")
     return 1 if bad else 0
 
 
+def matrix(args):
+    """All-reduce ring and tree: each case's error in every set named, side by side, then
+    per case the mean and the spread over the sets.  A case wrong by about the same in
+    every set is the model's; one that misses in a set or two, the machine's period.
+    ARGS: set files, then coll-sim flags (the first argument starting with -)."""
+    paths = [a for a in args if not a.startswith("-")]
+    flags = args[len(paths):]
+    cols, table = [], {}
+    for path in paths:
+        name = os.path.basename(path).rsplit(".", 1)[0]
+        cols.append(name)
+        for key, (_, _, _, err) in case_errors(path, set_flags(path, flags)).items():
+            if key[0] == "all_reduce":
+                table.setdefault(key, {})[name] = err
+    print("| case | N | size | " + " | ".join(cols) + " | mean | sd | out of 25 % |")
+    print("|---|---|---|" + "---|" * (len(cols) + 3))
+    for key in sorted(table, key=lambda k: (k[1], k[2], k[3])):
+        v = [table[key][c] for c in cols if c in table[key]]
+        miss = sum(abs(e) > 25 for e in v)
+        sd = statistics.stdev(v) if len(v) > 1 else 0.0
+        tag = " (fitted)" if key in FIT else ""
+        print(f"| {key[1]}{tag} | {key[2]} | {key[3] >> 10} KiB | "
+              + " | ".join(f"{table[key][c]:+.0f}" if c in table[key] else "" for c in cols)
+              + f" | {statistics.mean(v):+.0f} | {sd:.0f} | {miss} |")
+    return 0
+
+
 def sweep(out, reps, ns):
     env = dict(os.environ, COLL_TUNE_FILE="none", COLL_LAUNCH_BIND="1")
+    # ONE_CPU=1: every rank and the kernels' probe confined to one CPU (taskset), so the
+    # ranks only take turns; the probe then runs one thread (the other core idles).
+    one = os.environ.get("ONE_CPU") == "1"
+    prefix = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if one else []
     fresh = not os.path.exists(out + ".membw")
     with open(out, "a") as f, open(out + ".membw", "a") as mf:
         if fresh:
-            mf.write("# placement: bound\n")
+            mf.write("# placement: one cpu\n" if one else "# placement: bound\n")
         for rep in range(reps):
-            p = subprocess.run([f"{ROOT}/build/bench/sim-membw", "2"], capture_output=True,
-                               text=True, timeout=600)
+            p = subprocess.run(prefix + [f"{ROOT}/build/bench/sim-membw", "1" if one else "2"],
+                               capture_output=True, text=True, timeout=600)
             mf.write(f"# round {rep}\n{p.stdout}")
             mf.flush()
             for n in ns:
                 for algo in ("ring", "tree"):
-                    bench_rows(f, rep, env, "all_reduce", n, algo, "1M", "16M", "2")
+                    bench_rows(f, rep, env, "all_reduce", n, algo, "1M", "16M", "2", prefix)
 
 
 def compare_inplace(path, flags):
@@ -556,6 +612,8 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 3 and sys.argv[1] == "sweep":
         sweep(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 5,
               [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "3").split(",")])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "matrix":
+        sys.exit(matrix(sys.argv[2:]))
     elif len(sys.argv) >= 3 and sys.argv[1] == "compare-inplace":
         sys.exit(compare_inplace(sys.argv[2], sys.argv[3:]))
     else:
