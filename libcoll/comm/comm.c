@@ -41,38 +41,31 @@ typedef struct {
   uint64_t host_id;
   uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, by COLL_T_* */
   coll_sockaddr_packed watch;        /* where the watch link listens (watch.c) */
-  uint8_t cpus[CPU_SETSIZE / 8];     /* the CPUs this rank may run on, a bit each */
+  cpu_set_t cpus;                    /* the CPUs this rank may run on */
 } rank_info;
 _Static_assert(sizeof(rank_info) <= COLL_RV_MAX_BYTES, "a rendezvous round carries a rank_info");
 
 /* The CPUs this rank may run on (its affinity: taskset, a cgroup's cpuset, the
- * launcher's binding), as a bitmap; every online CPU when the kernel will not say. */
-static void my_cpus(uint8_t bits[CPU_SETSIZE / 8]) {
-  cpu_set_t set;
-  memset(bits, 0, CPU_SETSIZE / 8);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
-    for (int c = 0; c < CPU_SETSIZE; c++)
-      if (CPU_ISSET(c, &set)) bits[c / 8] |= (uint8_t)(1u << (c % 8));
-    return;
-  }
+ * launcher's binding); every online CPU when the kernel will not say. */
+static void my_cpus(cpu_set_t *set) {
+  if (sched_getaffinity(0, sizeof *set, set) == 0 && CPU_COUNT(set) > 0) return;
+  CPU_ZERO(set);
   long n = sysconf(_SC_NPROCESSORS_ONLN);
-  for (long c = 0; c < n && c < CPU_SETSIZE; c++) bits[c / 8] |= (uint8_t)(1u << (c % 8));
+  for (long c = 0; c < n && c < CPU_SETSIZE; c++) CPU_SET((int)c, set);
 }
 
 /* How many cores this host's ranks have among them: the CPUs in the union of their
  * affinities.  Not the machine's online CPUs: 4 ranks under `taskset -c 0,1` or in a
  * container given 2 CPUs of 64 share 2 cores, and a wait that spins there burns the
  * time slice the peer it waits for needs (2 ranks on one CPU of this VM: a 1 MiB ring
- * all-reduce took 549 us spinning, against 83 us on two).  Every rank of the host
+ * all-reduce took 561 us spinning, 136 us yielding: docs/perf.md).  Every rank of the host
  * computes it from the same exchange, so they agree (shm sizes its slots by it). */
 static int host_cores(const rank_info *all, int nranks, uint64_t host) {
-  uint8_t u[CPU_SETSIZE / 8] = {0};
+  cpu_set_t u;
+  CPU_ZERO(&u);
   for (int p = 0; p < nranks; p++)
-    if (all[p].host_id == host)
-      for (size_t i = 0; i < sizeof u; i++) u[i] |= all[p].cpus[i];
-  int cores = 0;
-  for (size_t i = 0; i < sizeof u; i++) cores += __builtin_popcount(u[i]);
-  return cores;
+    if (all[p].host_id == host) CPU_OR(&u, &u, &all[p].cpus);
+  return CPU_COUNT(&u);
 }
 
 /* COLL_TRANSPORT=auto|shm|tcp|ib: auto (the default) is shm within a host, ib across
@@ -231,7 +224,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->transports[COLL_T_IB] = ib_here ? &coll_transport_ib : NULL;
 #endif
   rank_info me = {.pid = (int32_t)getpid(), .host_id = host_id()};
-  my_cpus(me.cpus);
+  my_cpus(&me.cpus);
   comm->host_ids[rank] = me.host_id; /* setup may ask can_connect before the round */
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++) {
     if (!comm->transports[t]) continue;
