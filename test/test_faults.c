@@ -265,16 +265,24 @@ Test(faults, sigkill_zombie_is_dead_shm, .timeout = 40) {
 Test(faults, sigstop_times_out_tcp, .timeout = 40) {
   outcome o;
   scenario(3, 1, SIGSTOP, "tcp", &o);
-  int named = 0;
+  /* Every survivor waits until COLL_TIMEOUT_MS.  The first to time out POISONs the rest
+   * (architecture.md), so a survivor whose own deadline had not quite fired returns
+   * COLL_ERR_REMOTE relaying that timeout; which one is first is a race at equal deadlines.
+   * At least one must time out itself, and every sentence must still say where it hung. */
+  int named = 0, timeouts = 0;
   for (int k = 0; k < o.nrep; k++) {
     report *r = &o.rep[k];
-    cr_expect_eq(r->pending, COLL_ERR_TIMEOUT, "rank %d: stalled peer gave %s: %s", r->rank,
-                 coll_result_string((coll_result)r->pending), r->msg);
+    timeouts += r->pending == COLL_ERR_TIMEOUT;
+    cr_expect(r->pending == COLL_ERR_TIMEOUT ||
+                  (r->pending == COLL_ERR_REMOTE && strstr(r->msg, "timed out after")),
+              "rank %d: stalled peer gave %s: %s", r->rank,
+              coll_result_string((coll_result)r->pending), r->msg);
     cr_expect(strstr(r->msg, "all_reduce") && strstr(r->msg, "step") && strstr(r->msg, "bytes"),
               "rank %d: sentence lacks collective/step/bytes: %s", r->rank, r->msg);
     cr_expect(r->ms >= 1900 && r->ms < 2000 + 1500, "rank %d: timed out after %d ms", r->rank, r->ms);
     named += strstr(r->msg, "rank 1 in step") != NULL;
   }
+  cr_expect(timeouts >= 1, "no survivor timed out waiting for the stalled rank");
   cr_expect(named >= 1, "no survivor's sentence names the stalled rank 1");
 }
 
