@@ -50,7 +50,7 @@ matrix: compare's all-reduce errors for several sets side by side, with each cas
 and spread over them (a case off by about the same everywhere is the model's; one off in
 a set or two, the machine's period).  It only reports; it exits 0.
 """
-import csv, math, os, statistics, subprocess, sys
+import csv, math, os, statistics, subprocess, sys, tempfile
 
 CASES = [("all_reduce", "ring"), ("all_reduce", "tree"), ("all_gather", "ring"),
          ("broadcast", "ring"), ("broadcast", "tree")]
@@ -64,6 +64,8 @@ FIT = {("all_reduce", "ring", 2, 1048576), ("all_reduce", "ring", 3, 1048576),
 # (coll-sim --rfo-ns), so the prediction is a call in steady state, the 6th of 10.
 STEADY = ["--calls", "10", "--warmup", "5"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The build whose tools run (coll-bench, coll-sim, sim-membw): COLL_BUILD_DIR, else ROOT/build.
+BUILD = os.environ.get("COLL_BUILD_DIR", f"{ROOT}/build")
 
 
 def measure(out, reps, ns):
@@ -80,7 +82,7 @@ def measure(out, reps, ns):
         for rep in range(reps):
             # The kernels' speeds in the same run: this VM's memory moves with its host's
             # load by tens of percent from one hour to the next.
-            p = subprocess.run([f"{ROOT}/build/bench/sim-membw", "2"], capture_output=True,
+            p = subprocess.run([f"{BUILD}/bench/sim-membw", "2"], capture_output=True,
                                text=True, timeout=600)
             mf.write(f"# round {rep}\n{p.stdout}")
             mf.flush()
@@ -88,7 +90,7 @@ def measure(out, reps, ns):
             with open(out + ".fixed", "a") as xf:
                 xf.write(f"# round {rep}\n")
                 for probe in (["sim-membw", "handover"], ["sim-membw", "pingpong"], ["sim-sched"]):
-                    p = subprocess.run([f"{ROOT}/build/bench/{probe[0]}"] + probe[1:],
+                    p = subprocess.run([f"{BUILD}/bench/{probe[0]}"] + probe[1:],
                                        capture_output=True, text=True, timeout=600)
                     xf.write(p.stdout)
             for n in ns:
@@ -101,7 +103,7 @@ def bench_rows(f, rep, env, coll, n, algo, lo, hi, factor, prefix=()):
     HI by FACTOR, run under PREFIX (taskset): its csv rows to F, each after the round and
     the load average when it started."""
     load = open("/proc/loadavg").read().split()[0]
-    p = subprocess.run(list(prefix) + [f"{ROOT}/build/bench/coll-bench", coll, "--ranks", str(n), "-b", lo,
+    p = subprocess.run(list(prefix) + [f"{BUILD}/bench/coll-bench", coll, "--ranks", str(n), "-b", lo,
                         "-e", hi, "-f", factor, "-A", algo, "-n", "20", "-w", "3", "--csv"],
                        env=env, capture_output=True, text=True, timeout=600)
     for line in p.stdout.splitlines()[1:]:
@@ -110,7 +112,7 @@ def bench_rows(f, rep, env, coll, n, algo, lo, hi, factor, prefix=()):
 
 
 def predict(coll, algo, n, size, flags):
-    p = subprocess.run([f"{ROOT}/build/bench/coll-sim", "-N", str(n), "-H", str(n), "--cores", "2",
+    p = subprocess.run([f"{BUILD}/bench/coll-sim", "-N", str(n), "-H", str(n), "--cores", "2",
                         "-c", coll, "-A", algo, "-b", str(size), "-e", str(size), "-f", "2",
                         "--cpu-model"] + STEADY + flags, capture_output=True, text=True,
                        check=True)
@@ -380,31 +382,79 @@ def compare(path, flags):
     return 1 if bad else 0
 
 
+def pool_sets(paths, tmp):
+    """The sets PATHS as one: their rows in one CSV under TMP, and beside it every round of
+    their probes (.membw, and .fixed where every set has one), so that set_flags and
+    case_errors take the median of all their runs.  The sets must share a placement."""
+    heads = set()
+    for path in paths:
+        try:
+            heads.add(open(path + ".membw").readline().strip())
+        except OSError:
+            heads.add("")
+    if len(heads) != 1:
+        raise SystemExit(f"matrix: the sets were measured with different placements: {heads}")
+    out = os.path.join(tmp, "pooled.csv")
+    with open(out, "w") as f:
+        for path in paths:
+            f.write(open(path).read())
+    for ext in (".membw", ".fixed"):
+        if all(os.path.exists(p + ext) for p in paths):
+            with open(out + ext, "w") as f:
+                for k, path in enumerate(paths):
+                    for line in open(path + ext):
+                        if k and line.startswith("# placement"):
+                            continue
+                        f.write(line)
+    return out
+
+
 def matrix(args):
     """All-reduce ring and tree: each case's error in every set named, side by side, then
-    per case the mean and the spread over the sets.  A case wrong by about the same in
-    every set is the model's; one that misses in a set or two, the machine's period.
+    per case the mean and the spread over the sets, and the error against the sets pooled
+    (the median of all their runs, predicted with the median of all their probes).  A case
+    wrong by about the same in every set is the model's; one that misses in a set or two,
+    the machine's period.  Below the table, per set: how many of its cases the model
+    misses, and how many of its own medians are more than 25 % from the pooled ones -- a
+    second measurement of the same case, which no model can agree with better than the
+    measurements agree with each other.  Exit 1 if a case misses against the pool.
     ARGS: set files, then coll-sim flags (the first argument starting with -)."""
-    paths = [a for a in args if not a.startswith("-")]
-    flags = args[len(paths):]
-    cols, table = [], {}
+    first = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
+    paths, flags = args[:first], args[first:]
+    cols, table, meds = [], {}, {}
     for path in paths:
         name = os.path.basename(path).rsplit(".", 1)[0]
         cols.append(name)
-        for key, (_, _, _, err) in case_errors(path, set_flags(path, flags)).items():
+        for key, (_, med, _, err) in case_errors(path, set_flags(path, flags)).items():
             if key[0] == "all_reduce":
                 table.setdefault(key, {})[name] = err
-    print("| case | N | size | " + " | ".join(cols) + " | mean | sd | out of 25 % |")
-    print("|---|---|---|" + "---|" * (len(cols) + 3))
+                meds.setdefault(key, {})[name] = med
+    with tempfile.TemporaryDirectory() as tmp:
+        pooled = pool_sets(paths, tmp)
+        print(f"# pooled: the {len(paths)} sets' runs together")
+        pool = {key: (med, err) for key, (_, med, _, err)
+                in case_errors(pooled, set_flags(pooled, flags)).items() if key[0] == "all_reduce"}
+    print("| case | N | size | " + " | ".join(cols) + " | mean | sd | out of 25 % | pooled |")
+    print("|---|---|---|" + "---|" * (len(cols) + 4))
+    bad = 0
     for key in sorted(table, key=lambda k: (k[1], k[2], k[3])):
         v = [table[key][c] for c in cols if c in table[key]]
         miss = sum(abs(e) > 25 for e in v)
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         tag = " (fitted)" if key in FIT else ""
+        bad += key not in FIT and abs(pool[key][1]) > 25
         print(f"| {key[1]}{tag} | {key[2]} | {key[3] >> 10} KiB | "
               + " | ".join(f"{table[key][c]:+.0f}" if c in table[key] else "" for c in cols)
-              + f" | {statistics.mean(v):+.0f} | {sd:.0f} | {miss} |")
-    return 0
+              + f" | {statistics.mean(v):+.0f} | {sd:.0f} | {miss} | {pool[key][1]:+.0f} |")
+    print()
+    print("| set | the model misses | its medians > 25 % from the pooled | both |")
+    print("|---|---|---|---|")
+    for c in cols:
+        keys = [k for k in table if c in table[k] and k not in FIT]
+        model = {k for k in keys if abs(table[k][c]) > 25}
+        own = {k for k in keys if abs(meds[k][c] / pool[k][0] - 1) > 0.25}
+        print(f"| {c} | {len(model)} | {len(own)} | {len(model & own)} |")
+    return 1 if bad else 0
 
 
 def sweep(out, reps, ns):
@@ -418,7 +468,7 @@ def sweep(out, reps, ns):
         if fresh:
             mf.write("# placement: one cpu\n" if one else "# placement: bound\n")
         for rep in range(reps):
-            p = subprocess.run(prefix + [f"{ROOT}/build/bench/sim-membw", "1" if one else "2"],
+            p = subprocess.run(prefix + [f"{BUILD}/bench/sim-membw", "1" if one else "2"],
                                capture_output=True, text=True, timeout=600)
             mf.write(f"# round {rep}\n{p.stdout}")
             mf.flush()
@@ -473,7 +523,7 @@ def netns_job(dest, rep, k, rate, bench):
     env = dict(os.environ, COLL_TUNE="0", COLL_TUNE_FILE="none")
     p = subprocess.run([f"{ROOT}/scripts/netns.sh", "-q", "-k", str(k)]
                        + (["-r", rate] if rate else []) + ["-t", "120", "--",
-                       f"{ROOT}/build/bench/coll-bench", "all_reduce"] + bench
+                       f"{BUILD}/bench/coll-bench", "all_reduce"] + bench
                        + ["-c", "0", "--csv"],
                        env=env, capture_output=True, text=True, timeout=180)
     for line in p.stdout.splitlines():
@@ -582,7 +632,7 @@ def compare_netns(path, flags):
     for key in sorted(runs, key=lambda k: (k[1], k[0], k[2])):
         algo, n, size = key
         med = statistics.median(runs[key])
-        p = subprocess.run([f"{ROOT}/build/bench/coll-sim", "-N", str(n), "-H", "1", "--cores", "1",
+        p = subprocess.run([f"{BUILD}/bench/coll-sim", "-N", str(n), "-H", "1", "--cores", "1",
                             "-c", "all_reduce", "-A", algo, "-b", str(size), "-e", str(size), "-f", "2"]
                            + NETNS_SIM + ["--alpha-net", f"{alpha.get(n, 92.0):.1f}"]
                            + (["--bw-line", f"{line[n]:.3f}"] if n in line else []) + flags,

@@ -7,8 +7,11 @@
  *     kind of link, no contention, γ = 0, is 2(N-1)·(k·α + n/N·β) with k slices per
  *     chunk (ring.c's 2(N-1)·α + 2(N-1)/N·n·β when k = 1);
  *   - that it catches broken plans: a send dropped, a receive dropped, a chunk taken
- *     from the wrong offset, a division done twice.
- * Deterministic (no clock, no randomness beyond fixed seeds), bounded, no processes.
+ *     from the wrong offset, a division done twice;
+ *   - the model against this host's committed measurements (scripts/sim_agreement.py
+ *     matrix on docs/sim's shm sets, pooled): within 25 %, and a wrong model caught.
+ * Deterministic (no clock, no randomness beyond fixed seeds), bounded; no processes but
+ * the last part's python3 and coll-sim.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -16,6 +19,7 @@
 
 #include "../bench/sim.h"
 #include "helpers.h"
+#include "run_prog.h"
 
 static void must_pass(coll_coll_kind c, coll_algo a, int n, int in_place, int root) {
   size_t count, slice;
@@ -567,4 +571,51 @@ Test(sim, broken_plans_are_caught, .timeout = 120) {
     cr_assert_eq(run_broken(n, COLL_ALGO_TREE, (breakage){1, 0}, why, sizeof why), COLL_ERR_MISMATCH,
                  "N=%d: a tree leaf without its first send went unnoticed", n);
   }
+}
+
+/* ---- the model against the host's committed measurements ---------------------------- *
+ * scripts/sim_agreement.py matrix, run on the shm sets committed under docs/sim (ranks
+ * bound round-robin, G on: the executor as it is since), with coll-sim as built: the
+ * model must stay within 25 % of every pooled all-reduce median (issue 14's acceptance 5,
+ * docs/bandwidth-math.md "Pooled").  A change to the model or to its built-in figures that
+ * breaks the agreement fails here.  Then the same with kernels ten times too fast, which
+ * must fail: the check can tell a wrong model.  No process but python3 and coll-sim. */
+static const char *const pooled_sets[] = {"g", "h", "i", "j", "k", "l", "m"};
+
+static t_run_result run_matrix(const char *extra1, const char *extra2) {
+  const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
+  cr_assert(src && build, "run through meson test (COLL_TEST_SOURCE_DIR, COLL_TEST_BUILD_DIR)");
+  enum { NSETS = sizeof pooled_sets / sizeof *pooled_sets };
+  static char script[1024], paths[NSETS][1024], env_build[1100];
+  snprintf(script, sizeof script, "%s/scripts/sim_agreement.py", src);
+  snprintf(env_build, sizeof env_build, "COLL_BUILD_DIR=%s", build);
+  const char *argv[NSETS + 8] = {"/usr/bin/python3", script, "matrix"};
+  int k = 3;
+  for (int i = 0; i < NSETS; i++) {
+    snprintf(paths[i], sizeof paths[i], "%s/docs/sim/runs_bound_%s.csv", src, pooled_sets[i]);
+    argv[k++] = paths[i];
+  }
+  if (extra1) argv[k++] = extra1;
+  if (extra2) argv[k++] = extra2;
+  argv[k] = NULL;
+  const char *env[] = {env_build, NULL};
+  return t_run(argv, env, 240);
+}
+
+Test(sim_agreement, pooled_shm_sets_within_25_percent, .timeout = 300) {
+  t_run_result r = run_matrix(NULL, NULL);
+  int status = r.status;
+  bool table = r.out && strstr(r.out, "| pooled |") && strstr(r.out, "| tree | 8 | 64 KiB |");
+  if (status != 0 || !table) fprintf(stderr, "status %d\n%s\n%s\n", status, r.out, r.err);
+  t_run_free(&r);
+  cr_assert(table, "matrix printed no pooled table");
+  cr_assert_eq(status, 0, "coll-sim misses a pooled all-reduce median by more than 25 %% (above)");
+}
+
+Test(sim_agreement, a_wrong_model_fails, .timeout = 300) {
+  t_run_result r = run_matrix("--copy-ns", "0.002,0.011");
+  int status = r.status;
+  t_run_free(&r);
+  cr_assert_eq(status, 1, "kernels ten times too fast passed the agreement check (status %d)",
+               status);
 }
