@@ -575,12 +575,12 @@ Test(sim, broken_plans_are_caught, .timeout = 120) {
 
 /* ---- the model against the host's committed measurements ---------------------------- *
  * scripts/sim_agreement.py matrix, run on the shm sets committed under docs/sim (ranks
- * bound round-robin, G on: the executor as it is since), with coll-sim as built: the
+ * bound round-robin, G-O: the executor as it is since G), with coll-sim as built: the
  * model must stay within 25 % of every pooled all-reduce median (issue 14's acceptance 5,
  * docs/bandwidth-math.md "Pooled").  A change to the model or to its built-in figures that
  * breaks the agreement fails here.  Then the same with kernels ten times too fast, which
  * must fail: the check can tell a wrong model.  No process but python3 and coll-sim. */
-static const char *const pooled_sets[] = {"g", "h", "i", "j", "k", "l", "m"};
+static const char *const pooled_sets[] = {"g", "h", "i", "j", "k", "l", "m", "n", "o"};
 
 static t_run_result run_matrix(const char *extra1, const char *extra2) {
   const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
