@@ -173,6 +173,11 @@ typedef struct {
   int cuda_dev; /* the buffers' GPU when device */
   void *cuda_event;
   uint32_t cuda_ticket;
+  /* The device data path (cuda/peer.c, algo/device.c): a call it may serve; its
+   * exchange of buffers (an all-gather numbered as the user's call, not COLL_CHECKed);
+   * every rank's buffers mapped (peer_ok) and where (dev). */
+  bool peer_candidate, peer_exchange, peer_ok;
+  struct coll_dev_call *dev;
   /* A step of another path (mapped.c's and direct.c's exchanges and barriers through
    * the one-shot mailboxes): not traced as a call of its own. */
   bool inner;
@@ -309,6 +314,9 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *w);
  * coll_work with .internal set instead: the user's numbering must not move.) */
 coll_result coll_exec_bytes(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
                             void *recvbuf, size_t bytes, coll_op op, int root);
+/* A call failed outside the executor (the device path, cuda/peer.c): sticky for this
+ * rank, and every peer hears of it, as a failure inside the executor does. */
+void coll_exec_failed(struct coll_comm *comm, coll_result r);
 /* Runs one piece of work to completion on the calling thread. */
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w);
 /* Wakes every thread of this process blocked on one of comm's connectors. */

@@ -46,6 +46,7 @@
 #include <cuda_runtime_api.h>
 
 #include "coll_cuda.h"
+#include "coll_trace.h"
 #include "cuda_kernels.h"
 #endif
 
@@ -633,6 +634,15 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
     e = cudaMemcpy(m->back, m->dr, big, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) return t_failf("copy back: %s", cudaGetErrorString(e));
   }
+  /* which path ran it: the device data path's rows unless COLL_ALGO named a host-driven
+   * schedule (sendrecv always takes the host-driven path) */
+  if (count > 0 && c != C_SENDRECV) {
+    const char *want = getenv("COLL_ALGO") && strcmp(getenv("COLL_ALGO"), "ring") == 0 ? "ring" : "dev_";
+    const char *ran = coll_comm_last_algo(m->comm);
+    if (!ran || strncmp(ran, want, strlen(want)) != 0)
+      return t_failf("rank %d/%d: %s %s count %zu ran on %s, expected %s...", r, n, mname[c],
+                     coll_dtype_name(d), count, ran ? ran : "(none)", want);
+  }
   /* compare the whole receive buffer: results and the bytes that must stay untouched */
   size_t cmpn = big / es;
   bool rounds = op == COLL_PROD &&
@@ -744,16 +754,21 @@ static int matrix_rank(coll_comm_t unused, int rank, int n, void *varg) {
   return fails ? 1 : 0;
 }
 
-static void run_matrix(int n, bool stream) {
+static void run_matrix_algo(int n, bool stream, const char *algo) {
   char why[256];
   if (!gpu_in_child(why, sizeof why)) cr_skip_test("%s", why);
   setenv("COLL_TIMEOUT_MS", "60000", 1);
   unsetenv("COLL_CUDA");
+  if (algo) setenv("COLL_ALGO", algo, 1);
+  else unsetenv("COLL_ALGO");
   marg a = {.use_stream = stream};
   int rc = coll_launch_local_raw(n, matrix_rank, &a, 900000, why, sizeof why);
-  cr_assert_eq(rc, 0, "device matrix on %d ranks%s: %s", n, stream ? " (cudaStream_t)" : "", why);
+  unsetenv("COLL_ALGO");
+  cr_assert_eq(rc, 0, "device matrix on %d ranks%s%s%s: %s", n, stream ? " (cudaStream_t)" : "",
+               algo ? ", COLL_ALGO=" : "", algo ? algo : "", why);
   T_ASSERT_NO_LEFTOVERS("after the job");
 }
+static void run_matrix(int n, bool stream) { run_matrix_algo(n, stream, NULL); }
 
 Test(cuda, matrix_2_ranks, .timeout = 900) { run_matrix(2, false); }
 Test(cuda, matrix_4_ranks, .timeout = 900) { run_matrix(4, false); }
@@ -761,6 +776,16 @@ Test(cuda, matrix_8_ranks, .timeout = 900) { run_matrix(8, false); }
 Test(cuda, matrix_2_ranks_stream, .timeout = 900) { run_matrix(2, true); }
 Test(cuda, matrix_4_ranks_stream, .timeout = 900) { run_matrix(4, true); }
 Test(cuda, matrix_8_ranks_stream, .timeout = 900) { run_matrix(8, true); }
+/* Each row of the device data path forced (the others' collectives take the tuner's
+ * choice, with a warning): the one-shot on every collective, the two-shot on
+ * all-reduce, blocking and on a stream; and the host-driven path (ring) for device
+ * buffers, which the tuner no longer picks where the device path is up. */
+Test(cuda, matrix_4_ranks_dev_oneshot, .timeout = 900) { run_matrix_algo(4, false, "dev_oneshot"); }
+Test(cuda, matrix_4_ranks_dev_twoshot, .timeout = 900) { run_matrix_algo(4, false, "dev_twoshot"); }
+Test(cuda, matrix_3_ranks_dev_twoshot_stream, .timeout = 900) {
+  run_matrix_algo(3, true, "dev_twoshot");
+}
+Test(cuda, matrix_2_ranks_ring, .timeout = 900) { run_matrix_algo(2, false, "ring"); }
 
 /* ---- a rank that dies or aborts during device collectives ---------------------------------
  *

@@ -615,7 +615,7 @@ Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
 
 Test(plan, algo_names_and_table) {
   const char *names[] = {"auto", "ring", "tree", "rd", "rhd", "oneshot", "direct", "mapped",
-                         "pairwise", "linear"};
+                         "pairwise", "linear", "dev_oneshot", "dev_twoshot"};
   for (int a = 0; a < COLL_NUM_ALGOS; a++) {
     bool ok = false;
     cr_assert_str_eq(coll_algo_name((coll_algo)a), names[a]);

@@ -49,6 +49,8 @@ typedef struct coll_algo_entry {
   /* --- what it serves --- */
   uint32_t colls;    /* COLL_BIT(kind) of every collective it serves */
   bool host_only;    /* loads, stores or system calls on host memory: no device buffers */
+  bool device_only;  /* GPU kernels on every rank's mapped buffers (device.c): only for
+                        device buffers that cuda/peer.c mapped for the call (w->peer_ok) */
   /* Per communicator and call, beyond `colls`: NULL when nothing more is needed (a FIFO
    * schedule runs over every transport).  count in elements of es bytes, as the call's. */
   bool (*usable)(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
@@ -109,6 +111,10 @@ coll_result coll_pairwise_cost(coll_coll_kind c, double n, const coll_cost_model
                                double *seconds, char *formula, size_t formula_len);
 coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                              double *seconds, char *formula, size_t formula_len);
+coll_result coll_dev_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                                  double *seconds, char *formula, size_t formula_len);
+coll_result coll_dev_twoshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                                  double *seconds, char *formula, size_t formula_len);
 
 /* The rows' `usable` and `run` (each in its file). */
 bool coll_oneshot_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
@@ -116,5 +122,8 @@ bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
 bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
 coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
+bool coll_dev_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+coll_result coll_dev_oneshot_run(struct coll_comm *comm, const coll_work *w, bool *ran);
+coll_result coll_dev_twoshot_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 
 #endif

@@ -10,6 +10,8 @@
  *                  overlap; halving phases and tree levels wait for each other): a near
  *                  tie at 64 MiB on 4 ranks went to Rabenseifner at 3.5 GB/s busbw
  *                  against the ring's 5.4.
+ *   dev_oneshot,   1: device.c's defaults, until a GPU run measures them.
+ *   dev_twoshot
  *   direct         2: its model (per-call and per-byte costs of process_vm_readv on
  *                  1 MiB) was 2x optimistic at 256 KiB - 4 MiB on 2 ranks (a 4 MiB
  *                  all-reduce: 425 us against the ring's 190 us); all-to-all is taken at
@@ -82,6 +84,18 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .colls = B(GATHER) | B(SCATTER),
         .cost = coll_linear_cost, .handicap = 1.0,
         .plan = coll_linear_plan},
+    [COLL_ALGO_DEV_ONESHOT] = {
+        .id = COLL_ALGO_DEV_ONESHOT, .name = "dev_oneshot",
+        .colls = FIVE,
+        .device_only = true, .usable = coll_dev_usable,
+        .cost = coll_dev_oneshot_cost, .handicap = 1.0,
+        .run = coll_dev_oneshot_run},
+    [COLL_ALGO_DEV_TWOSHOT] = {
+        .id = COLL_ALGO_DEV_TWOSHOT, .name = "dev_twoshot",
+        .colls = B(ALL_REDUCE),
+        .device_only = true, .usable = coll_dev_usable,
+        .cost = coll_dev_twoshot_cost, .handicap = 1.0,
+        .run = coll_dev_twoshot_run},
 };
 
 static bool no_algorithm_needed(coll_coll_kind c, int nranks) {
@@ -114,6 +128,7 @@ bool coll_algo_usable(const coll_algo_entry *e, struct coll_comm *comm, const co
                       size_t es) {
   if (!e || !coll_algo_serves(e->id, w->coll, comm->nranks)) return false;
   if (e->host_only && (w->device || w->cuda_event)) return false;
+  if (e->device_only && !(w->device && w->peer_ok)) return false;
   return !e->usable || e->usable(comm, w->coll, w->count, es);
 }
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algo.h"
 #include "cuda_internal.h"
 #include "internal.h"
 #include "watch.h"
@@ -120,12 +121,42 @@ static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_
                              : "the stream wraps a cudaStream_t");
 }
 
+/* The device data path (cuda/peer.c maps every rank's buffers; the tuner picks one of
+ * the table's device rows, algo/device.c, which enqueues the call on the caller's
+ * stream).  *served false: the host-driven path takes the call, on every rank alike. */
+static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work *w,
+                               bool *served) {
+  *served = false;
+  coll_result r = coll_cuda_peer_prepare(comm, fn, w);
+  if (r != COLL_OK || !w->peer_ok) return r;
+  coll_algo a = coll_tune_choose(comm, w, coll_dtype_size(w->dtype));
+  const coll_algo_entry *e = coll_algo_get(a);
+  if (!e || !e->device_only) return COLL_OK; /* COLL_ALGO named a host-driven schedule */
+  bool ran = true;
+  *served = true;
+  atomic_store_explicit(&comm->last_algo, (int)a + 1, memory_order_relaxed);
+  return coll_cuda_peer_finish(comm, w, e->run(comm, w, &ran));
+}
+
 coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
   coll_comm_enter(comm);
   /* cuda.c: device buffers are recognised (and refused when they cannot run) here; a
    * cudaStream_t gets its event before and its wait after the enqueue. */
   coll_result r = coll_cuda_prepare(comm, fn, w);
   bool enqueued = false;
+  if (r == COLL_OK && w->peer_candidate) {
+    bool served = false;
+    r = device_path(comm, fn, w, &served);
+    if (r != COLL_OK || served) {
+      coll_comm_leave(comm);
+      return r;
+    }
+    r = coll_cuda_prepare_stream(comm, fn, w);
+    if (r != COLL_OK) {
+      coll_comm_leave(comm);
+      return r;
+    }
+  }
   if (r == COLL_OK) {
     r = host_only(comm, fn, w);
     if (r == COLL_OK) r = coll_exec_submit(comm, w), enqueued = true;

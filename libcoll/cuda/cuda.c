@@ -277,6 +277,10 @@ static coll_result poll_done(struct coll_comm *c, query_fn q, void *arg, const c
 static cudaError_t stream_query(void *s) { return cudaStreamQuery((cudaStream_t)s); }
 static cudaError_t event_query(void *ev) { return cudaEventQuery((cudaEvent_t)ev); }
 
+coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what) {
+  return poll_done(comm, event_query, event, what);
+}
+
 static coll_result dev_fence(struct coll_comm *c) {
   return poll_done(c, stream_query, c->cuda->stream, "libcoll's CUDA stream");
 }
@@ -357,8 +361,8 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
 }
 
 /* One all-gather of `len` bytes per rank over the host path, as the library's own call. */
-static coll_result host_allgather(struct coll_comm *comm, const void *mine, void *all,
-                                  size_t len) {
+coll_result coll_cuda_host_allgather(struct coll_comm *comm, const void *mine, void *all,
+                                     size_t len) {
   coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all, .count = len,
                  .dtype = COLL_UINT8, .internal = true};
   coll_result r = coll_exec_run(comm, &x);
@@ -385,18 +389,20 @@ static coll_result lazy_setup(struct coll_comm *comm, int dev) {
   if (n > 1) {
     uint8_t *all = malloc((size_t)n * COLL_CONN_BLOB);
     if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
-    coll_result r = host_allgather(comm, blob, all, COLL_CONN_BLOB);
+    coll_result r = coll_cuda_host_allgather(comm, blob, all, COLL_CONN_BLOB);
     if (r == COLL_OK) r = connect_all(comm, all, COLL_CONN_BLOB);
     free(all);
     if (r != COLL_OK) return r;
     uint8_t token = cc->ready ? 1 : 0, *tokens = calloc((size_t)n, 1);
     if (!tokens) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
-    r = host_allgather(comm, &token, tokens, 1);
+    r = coll_cuda_host_allgather(comm, &token, tokens, 1);
     if (r == COLL_OK) agree(comm, tokens);
     free(tokens);
     if (r != COLL_OK) return r;
     if (cc->ipc_ctx && (r = coll_transport_cuda_ipc.ready(&comm->view, cc->ipc_ctx)) != COLL_OK)
       return r;
+    /* The device data path on top (peer.c): every rank reaches this alike. */
+    if (cc->ready && (r = coll_cuda_peer_setup(comm)) != COLL_OK) return r;
   } else {
     cc->ready = ok;
   }
@@ -421,6 +427,7 @@ coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, cons
     atomic_store_explicit(&cc->tried, true, memory_order_release);
     if (r != COLL_OK) return r;
   }
+  if (w->peer_exchange) return COLL_OK; /* peer.c decides what the call takes */
   if (!cc->ready)
     return coll_fail(comm, COLL_ERR_UNSUPPORTED, "%s on rank %d: the buffers are CUDA device "
                      "memory (GPU %d), but this communicator cannot run a collective on device "
@@ -505,6 +512,7 @@ static void agree(struct coll_comm *comm, const uint8_t *flags) {
 void coll_cuda_comm_wake(struct coll_comm *comm) {
   struct coll_cuda_comm *cc = comm->cuda;
   if (!cc) return;
+  coll_cuda_peer_poison(comm); /* streams waiting on the device path's flags */
   for (int p = 0; p < comm->nranks; p++) {
     if (cc->send && cc->send[p]) cc->send[p]->t->wake(cc->send[p]);
     if (cc->recv && cc->recv[p]) cc->recv[p]->t->wake(cc->recv[p]);
@@ -548,6 +556,7 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
     if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
   }
   cudaGetLastError();
+  coll_cuda_peer_free(comm);
   free(cc->send);
   free(cc->recv);
   free(cc);
@@ -621,6 +630,23 @@ coll_result coll_stream_create_cuda(coll_stream_t *out, cudaStream_t cs) {
   }
   (*out)->cuda = x;
   return COLL_OK;
+}
+
+static bool drain(cudaStream_t s, int timeout_ms);
+void *coll_cuda_stream_user(struct coll_stream *s) { return (void *)s->cuda->user; }
+
+coll_result coll_cuda_stream_sync(struct coll_stream *s) {
+  struct coll_cuda_stream *x = s->cuda;
+  int timeout = coll_env_timeout_ms();
+  if (drain(x->user, timeout)) return COLL_OK;
+  return coll_fail(NULL, COLL_ERR_TIMEOUT, "coll_stream_synchronize: the cudaStream_t did not "
+                   "finish within %d ms (COLL_TIMEOUT_MS)", timeout);
+}
+
+bool coll_cuda_stream_idle(struct coll_stream *s) {
+  cudaError_t e = cudaStreamQuery(s->cuda->user);
+  cudaGetLastError();
+  return e != cudaErrorNotReady;
 }
 
 coll_result coll_stream_get_cuda(coll_stream_t s, cudaStream_t *cs) {
@@ -742,6 +768,19 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
     w->device = sk == COLL_MEM_DEVICE || rk == COLL_MEM_DEVICE;
     if (w->device) w->cuda_dev = dev;
   }
+  /* The device data path (peer.c) may serve the five collectives on device buffers of
+   * a communicator of several ranks, blocking or on a cudaStream_t: api.c asks it first,
+   * and comes back to coll_cuda_prepare_stream where it does not. */
+  w->peer_candidate = w->device && comm->nranks > 1 && (!w->stream || x) &&
+                      (w->coll == COLL_COLL_ALL_REDUCE || w->coll == COLL_COLL_BROADCAST ||
+                       w->coll == COLL_COLL_REDUCE || w->coll == COLL_COLL_REDUCE_SCATTER ||
+                       w->coll == COLL_COLL_ALL_GATHER);
+  if (w->peer_candidate) return COLL_OK;
+  return coll_cuda_prepare_stream(comm, fn, w);
+}
+
+coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, coll_work *w) {
+  struct coll_cuda_stream *x = w->stream ? w->stream->cuda : NULL;
   if (!x && w->device) {
     /* A call without a cudaStream_t starts after what the caller enqueued before it on
      * the legacy default stream, as NCCL's calls on stream 0 do: a cudaMemcpy from
@@ -906,11 +945,17 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
   comm->cuda = NULL;
 }
 void coll_cuda_stream_free(struct coll_stream *s) { (void)s; }
+coll_result coll_cuda_stream_sync(struct coll_stream *s) { (void)s; return COLL_OK; }
+bool coll_cuda_stream_idle(struct coll_stream *s) { (void)s; return true; }
 coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work *w) {
   (void)comm, (void)fn;
   w->device = false;
   w->cuda_event = NULL;
   w->cuda_ticket = 0;
+  return COLL_OK;
+}
+coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, coll_work *w) {
+  (void)comm, (void)fn, (void)w;
   return COLL_OK;
 }
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r) {

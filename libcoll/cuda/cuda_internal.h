@@ -28,6 +28,7 @@
 
 #include "cuda_ipc.h"
 #include "internal.h"
+#include "peer_kernels.h"
 
 /* ---- memory ops: the executor's only way to touch bytes ---------------------------- */
 
@@ -104,8 +105,13 @@ void coll_cuda_comm_wake(struct coll_comm *comm);
 /* ---- per collective (api.c, executor.c) --------------------------------------------- */
 
 /* api.c, before enqueueing: classifies the buffers of `w` (sets w->device), refuses
- * what cannot run, and for a CUDA stream records the event the collective waits for. */
+ * what cannot run, and sets w->peer_candidate for a call the device data path (peer.c)
+ * may serve; for any other call on a CUDA stream (or device buffers) it goes on with
+ * coll_cuda_prepare_stream. */
 coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work *w);
+/* For the host-driven path: records the event the collective waits for (the caller's
+ * cudaStream_t, or the legacy default stream for a blocking call) and its ticket. */
+coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, coll_work *w);
 /* api.c, after enqueueing on a CUDA stream: makes the cudaStream_t wait for the
  * collective.  On a failed enqueue (r != COLL_OK) only cleans up. */
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r);
@@ -122,8 +128,62 @@ void coll_cuda_work_done(coll_work *w);
 /* stream.c, under the stream's mutex: ticket t is done; publishes every ticket up to the
  * first one not done, which releases the cudaStream_t waiting for them. */
 void coll_cuda_ticket_done_locked(struct coll_stream *s, uint32_t t);
+/* stream.c: waits (bounded by COLL_TIMEOUT_MS) until the wrapped cudaStream_t has run
+ * everything enqueued on it; whether it has. */
+coll_result coll_cuda_stream_sync(struct coll_stream *s);
+bool coll_cuda_stream_idle(struct coll_stream *s);
 /* stream.c: frees the CUDA part of a stream. */
 void coll_cuda_stream_free(struct coll_stream *s);
+
+/* ---- the device data path (peer.c) ------------------------------------------------------ */
+
+/* The flags of the device path's barriers: one row of this many 32-bit words per rank. */
+#define COLL_PEER_FLAG_STRIDE 16
+/* Per communicator: device memory for what an in-place one-shot must not write over
+ * while peers still read it (algo/device.c). */
+#define COLL_DEV_SCRATCH (4u << 20)
+
+/* One call on the device path: where it is enqueued and every rank's buffers, mapped
+ * into this process (this rank's own at its index). */
+typedef struct coll_dev_call {
+  void *stream; /* cudaStream_t: the caller's, or the legacy default stream */
+  const void *send[COLL_PEER_MAX];
+  void *recv[COLL_PEER_MAX];
+} coll_dev_call;
+
+/* cuda.c's lazy set-up, once cuda_ipc is up on every rank: the barrier flags (a page of
+ * host shared memory every GPU can reach), scratch, a trial.  Sets cc->peer_ok on every
+ * rank alike; COLL_OK with peer_ok false (and the reason) where the path cannot run. */
+coll_result coll_cuda_peer_setup(struct coll_comm *comm);
+void coll_cuda_peer_free(struct coll_comm *comm);
+/* Ends every wait of the device path (abort, a poisoned communicator). */
+void coll_cuda_peer_poison(struct coll_comm *comm);
+/* api.c, for a w->peer_candidate: the exchange of buffers with every rank (the first
+ * call's sets the device path up), then the peers' buffers mapped here.  On return
+ * w->peer_ok says whether the device rows may serve it (w->dev holds the buffers);
+ * false with COLL_OK: the host-driven path serves it, the same on every rank. */
+coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_work *w);
+/* api.c, after a device row enqueued w: a blocking call waits (bounded) for it; a
+ * failure poisons the flags and the communicator. */
+coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_result r);
+
+/* The primitives algo/device.c schedules with, all enqueued on d->stream. */
+coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d);
+coll_result coll_dev_reduce(struct coll_comm *comm, const coll_dev_call *d, void *dst,
+                            const void *const *src, int nsrc, size_t count, coll_dtype dtype,
+                            coll_op op);
+coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
+                          const void *const *src, const size_t *bytes, int nseg);
+/* COLL_DEV_SCRATCH bytes of device memory of this communicator. */
+void *coll_dev_scratch(struct coll_comm *comm);
+
+/* cuda.c's helpers, shared with peer.c: an all-gather of `len` bytes per rank over the
+ * host path (on the executor's thread, during set-up); a bounded wait for a cudaEvent_t. */
+coll_result coll_cuda_host_allgather(struct coll_comm *comm, const void *mine, void *all,
+                                     size_t len);
+coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what);
+/* The cudaStream_t (as void *) a stream of coll_stream_create_cuda wraps. */
+void *coll_cuda_stream_user(struct coll_stream *s);
 
 /* The communicator's CUDA state (comm->cuda). */
 struct coll_cuda_comm {
@@ -136,6 +196,21 @@ struct coll_cuda_comm {
   size_t slot_bytes;
   bool ready;            /* every pair of ranks has cuda_ipc: device buffers can run */
   char reason[COLL_ERRBUF]; /* why not, when !ready */
+  /* the device data path (peer.c) */
+  bool peer_ok;          /* set up on every rank: the device rows may run */
+  char peer_why[192];    /* why not */
+  bool warned;           /* said once that a buffer could not be shared */
+  void *flag_base;       /* the flag page (host shared memory), its size, its name */
+  size_t flag_size;      /*   while rank 0 has not yet unlinked it */
+  char flag_name[64];
+  bool flag_registered;
+  _Atomic uint32_t *flags; /* [dst * COLL_PEER_FLAG_STRIDE + src], host view */
+  uint64_t flags_dev;    /* the same, as the GPU addresses it */
+  uint32_t epoch;        /* the last barrier's */
+  void *scratch;         /* COLL_DEV_SCRATCH bytes of device memory */
+  void *done_ev;         /* cudaEvent_t: a blocking call waits for it */
+  unsigned max_blocks;   /* per kernel: 4 per multiprocessor */
+  coll_dev_call call;    /* the running call's buffers */
 };
 
 #endif

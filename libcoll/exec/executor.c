@@ -93,6 +93,7 @@ static void failed(struct coll_comm *comm, coll_result r) {
   if (comm->sticky == COLL_OK) comm->sticky = r;
   coll_watch_failed(comm);
 }
+void coll_exec_failed(struct coll_comm *comm, coll_result r) { failed(comm, r); }
 
 /* Has this wait for a slot run past COLL_TIMEOUT_MS?  Asked after each wait slice that
  * came back empty-handed.  The clock starts there, not before the first slice: most
@@ -270,10 +271,12 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   coll_result wr = coll_exec_watch(comm, w);
   if (wr != COLL_OK) return wr;
   /* COLL_CHECK, on the user's calls only */
-  coll_result cr = comm->check && !w->internal ? coll_check_call(comm, w) : COLL_OK;
+  coll_result cr = comm->check && !w->internal && !w->peer_exchange ? coll_check_call(comm, w)
+                                                                   : COLL_OK;
   if (cr != COLL_OK) return cr;
-  /* The communicator's first call on device memory sets its device path up (cuda.c). */
-  if (w->device && (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll))) != COLL_OK)
+  /* The communicator's first call on device memory sets its device path up (cuda.c); a
+   * device-path exchange (cuda/peer.c) is such a call. */
+  if ((w->device || w->peer_exchange) && (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll))) != COLL_OK)
     return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);

@@ -30,6 +30,9 @@ coll_result coll_stream_synchronize(coll_stream_t s) {
   if (r != COLL_OK) coll_fail(NULL, r, "%s", s->errmsg);
   s->err = COLL_OK;
   pthread_mutex_unlock(&s->mu);
+  /* A cudaStream_t's: the device data path's calls were enqueued on it directly, so the
+   * stream itself is what to wait for (bounded, cuda.c). */
+  if (r == COLL_OK && s->cuda) r = coll_cuda_stream_sync(s);
   return r;
 }
 
@@ -37,6 +40,7 @@ coll_result coll_stream_query(coll_stream_t s) {
   if (!s) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_query: stream is NULL");
   pthread_mutex_lock(&s->mu);
   coll_result r = s->completed < s->enqueued ? COLL_IN_PROGRESS : s->err;
+  if (r == COLL_OK && s->cuda && !coll_cuda_stream_idle(s)) r = COLL_IN_PROGRESS;
   if (r != COLL_OK && r != COLL_IN_PROGRESS) {
     coll_fail(NULL, r, "%s", s->errmsg);
     s->err = COLL_OK;

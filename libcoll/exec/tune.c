@@ -153,6 +153,19 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
                 f == COLL_ALGO_ONESHOT && !comm->mailboxes ? ", not all on one host" : "");
     }
   }
+  /* Device buffers that the device path mapped for this call (w->peer_ok): its rows, by
+   * their own formulas, which do not depend on the host links measured below. */
+  if (w->device && w->peer_ok) {
+    double best = INFINITY, s;
+    coll_algo pick = COLL_ALGO_AUTO;
+    for (int k = 0; k < COLL_NUM_ALGOS; k++) {
+      const coll_algo_entry *e = coll_algo_get((coll_algo)k);
+      if (!e || !e->device_only || (declined & (1u << k)) || !coll_algo_usable(e, comm, w, es))
+        continue;
+      if (price(comm, e, c, (double)bytes, &s, NULL, 0) && s < best) best = s, pick = (coll_algo)k;
+    }
+    if (pick != COLL_ALGO_AUTO) return pick;
+  }
   if (!comm->tuned) /* measuring: the probe runs on rings, or on what it is timing */
     return comm->probe_algo != COLL_ALGO_AUTO ? comm->probe_algo : coll_algo_default(c);
   /* All-to-allv: the ranks' sizes differ and none knows the others', so there is no size
