@@ -402,9 +402,12 @@ coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_
   mine.pid = (int32_t)getpid();
   mine.count = w->count;
   char why[160] = "";
+  int old = -1; /* the driver queries need the buffers' GPU current */
+  if (cudaGetDevice(&old) == cudaSuccess && old != w->cuda_dev) cudaSetDevice(w->cuda_dev);
   mine.ok = ptr_attrs && describe(w->sendbuf, &mine.buf[0], why, sizeof why) &&
             (w->recvbuf == w->sendbuf ? (mine.buf[1] = mine.buf[0], true)
                                       : describe(w->recvbuf, &mine.buf[1], why, sizeof why));
+  if (old >= 0 && old != w->cuda_dev) cudaSetDevice(old);
   if (!mine.ok && !cc->warned) {
     cc->warned = true;
     COLL_INFO(comm->rank, "CUDA: %s #%llu takes the host-driven path: %s", fn,
