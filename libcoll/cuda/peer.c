@@ -459,6 +459,8 @@ coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_
   }
   coll_dev_call *dc = &cc->call;
   memset(dc, 0, sizeof *dc);
+  if (cudaGetDevice(&old) == cudaSuccess && old != cc->device) cudaSetDevice(cc->device);
+  else old = -1;
   for (int p = 0; p < n && r == COLL_OK; p++) {
     if (p == comm->rank) {
       dc->send[p] = w->sendbuf;
@@ -472,6 +474,7 @@ coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_
     dc->recv[p] = v;
   }
   free(all);
+  if (old >= 0) cudaSetDevice(old);
   if (r != COLL_OK) {
     coll_exec_failed(comm, r); /* the peers are past the exchange: they hear it */
     return r;
