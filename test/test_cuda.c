@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "coll_config.h"
+#include "algo.h"
 #include "cuda_internal.h"
 #include "helpers.h"
 #include "internal.h"
@@ -326,6 +327,67 @@ Test(cuda, host_path_with_cuda_auto, .timeout = 60) {
   int rc = t_launch(2, host_rank_auto, NULL, 50000, why, sizeof why);
   cr_assert_eq(rc, 0, "%s", why);
   T_ASSERT_NO_LEFTOVERS("after the job");
+}
+
+/* The device data path's rows (algo/device.c) as the table and the tuner see them, with
+ * no GPU: they serve only device buffers that the path mapped for the call (w->peer_ok);
+ * the tuner prices them by their own formulas — one-shot for small all-reduces, two-shot
+ * from the crossover on, which comes sooner the more ranks read N inputs each; a
+ * communicator whose path is not up (peer_ok false) never gets them. */
+static coll_algo device_choice(struct coll_comm *c, coll_coll_kind k, size_t count, bool peer_ok) {
+  coll_work w = {.coll = k, .count = count, .dtype = COLL_FLOAT32, .device = true,
+                 .peer_ok = peer_ok};
+  return coll_tune_choose(c, &w, 4);
+}
+
+Test(cuda, device_rows_priced_and_chosen) {
+  struct coll_comm *c = calloc(1, sizeof *c);
+  struct coll_cuda_comm *cc = calloc(1, sizeof *cc);
+  cr_assert(c && cc);
+  c->cuda = cc;
+  cc->peer_ok = true;
+  const coll_algo_entry *one = coll_algo_get(COLL_ALGO_DEV_ONESHOT);
+  const coll_algo_entry *two = coll_algo_get(COLL_ALGO_DEV_TWOSHOT);
+  cr_assert(one->device_only && two->device_only && one->run && two->run && !one->plan);
+  cr_assert(coll_algo_serves(COLL_ALGO_DEV_ONESHOT, COLL_COLL_ALL_GATHER, 4));
+  cr_assert(!coll_algo_serves(COLL_ALGO_DEV_TWOSHOT, COLL_COLL_ALL_GATHER, 4));
+  cr_assert(!coll_algo_serves(COLL_ALGO_DEV_ONESHOT, COLL_COLL_ALL_TO_ALL, 4));
+  /* host buffers, or device buffers the path did not map: not usable */
+  c->nranks = 2;
+  coll_work host = {.coll = COLL_COLL_ALL_REDUCE, .count = 8, .dtype = COLL_FLOAT32};
+  coll_work unmapped = host, mapped = host;
+  unmapped.device = true;
+  mapped.device = mapped.peer_ok = true;
+  cr_assert(!coll_algo_usable(one, c, &host, 4));
+  cr_assert(!coll_algo_usable(one, c, &unmapped, 4));
+  cr_assert(coll_algo_usable(one, c, &mapped, 4));
+  /* the choice by size and ranks */
+  cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, 2, true), COLL_ALGO_DEV_ONESHOT);
+  cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, (256u << 20) / 4, true), COLL_ALGO_DEV_TWOSHOT);
+  cr_assert_eq(device_choice(c, COLL_COLL_ALL_GATHER, (64u << 20) / 4, true), COLL_ALGO_DEV_ONESHOT);
+  double s1, s2, s8a, s8b;
+  char f[160];
+  cr_assert_eq(coll_dev_oneshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 2}, &s1, f, sizeof f), COLL_OK);
+  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 2}, &s2, f, sizeof f), COLL_OK);
+  cr_assert(s1 < s2, "2 ranks, 16 MB: one-shot %g s should beat two-shot %g s", s1, s2);
+  cr_assert_eq(coll_dev_oneshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 8}, &s8a, f, sizeof f), COLL_OK);
+  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 8}, &s8b, f, sizeof f), COLL_OK);
+  cr_assert(s8b < s8a, "8 ranks, 16 MB: two-shot %g s should beat one-shot %g s", s8b, s8a);
+  cr_assert(strstr(f, "barriers"), "the formula names its parts: %s", f);
+  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_BROADCAST, 1e6, &(coll_cost_model){.p = 2}, &s1, f, sizeof f),
+               COLL_ERR_INVALID_ARG);
+  c->nranks = 8;
+  cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, (16u << 20) / 4, true), COLL_ALGO_DEV_TWOSHOT);
+  /* more ranks than one kernel reads, or a path that is not up: the host-driven rows */
+  c->nranks = COLL_PEER_MAX + 1;
+  cr_assert(!coll_algo_usable(one, c, &mapped, 4));
+  c->nranks = 2;
+  cc->peer_ok = false;
+  cr_assert(!coll_algo_usable(one, c, &mapped, 4));
+  coll_algo a = device_choice(c, COLL_COLL_ALL_REDUCE, 2, true);
+  cr_assert(!coll_algo_get(a) || !coll_algo_get(a)->device_only, "chose %s", coll_algo_name(a));
+  free(cc);
+  free(c);
 }
 
 #if COLL_HAVE_CUDA
