@@ -208,7 +208,9 @@ struct coll_cuda_comm {
   uint64_t flags_dev;    /* the same, as the GPU addresses it */
   uint32_t epoch;        /* the last barrier's */
   void *scratch;         /* COLL_DEV_SCRATCH bytes of device memory */
-  void *done_ev;         /* cudaEvent_t: a blocking call waits for it */
+  void *done_ev;         /* cudaEvent_t recorded after every call: a blocking call waits
+                            for it, the next call on another stream starts after it */
+  void *last_stream;     /* the stream of the last call */
   unsigned max_blocks;   /* per kernel: 4 per multiprocessor */
   coll_dev_call call;    /* the running call's buffers */
 };

@@ -480,6 +480,24 @@ coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_
     return r;
   }
   dc->stream = w->stream ? coll_cuda_stream_user(w->stream) : (void *)cudaStreamLegacy;
+  /* A communicator's device calls run in call order, whatever streams they are on (as
+   * NCCL's do): the scratch of an in-place one-shot, and the barriers' epochs, assume
+   * it.  On a stream other than the last call's, wait for the last call's end first. */
+  if (cc->epoch && cc->last_stream != dc->stream) {
+    int o2 = -1;
+    if (cudaGetDevice(&o2) == cudaSuccess && o2 != cc->device) cudaSetDevice(cc->device);
+    else o2 = -1;
+    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)dc->stream, (cudaEvent_t)cc->done_ev, 0);
+    if (o2 >= 0) cudaSetDevice(o2);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      r = coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ordering %s after the previous device "
+                    "call (cudaStreamWaitEvent) failed: %s", comm->rank, fn, cudaGetErrorName(e));
+      coll_exec_failed(comm, r);
+      return r;
+    }
+  }
+  cc->last_stream = dc->stream;
   w->dev = dc;
   w->peer_ok = true;
   return COLL_OK;
