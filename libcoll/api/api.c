@@ -121,21 +121,42 @@ static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_
                              : "the stream wraps a cudaStream_t");
 }
 
-/* The device data path (cuda/peer.c maps every rank's buffers; the tuner picks one of
- * the table's device rows, algo/device.c, which enqueues the call on the caller's
- * stream).  *served false: the host-driven path takes the call, on every rank alike. */
+/* The device data path: every rank describes its buffers (cuda/peer.c), one all-gather
+ * of the descriptions over the host path (numbered as the user's call, not COLL_CHECKed:
+ * peer.c compares the calls itself; the first one sets the device path up), peer.c maps
+ * every rank's buffers, the tuner picks one of the table's device rows (algo/device.c),
+ * which enqueues the call on the caller's stream.  *served false: the host-driven path
+ * takes the call, on every rank alike. */
 static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work *w,
                                bool *served) {
   *served = false;
-  coll_result r = coll_cuda_peer_prepare(comm, fn, w);
-  if (r != COLL_OK || !w->peer_ok) return r;
-  coll_algo a = coll_tune_choose(comm, w, coll_dtype_size(w->dtype));
-  const coll_algo_entry *e = coll_algo_get(a);
-  if (!e || !e->device_only) return COLL_OK; /* COLL_ALGO named a host-driven schedule */
-  bool ran = true;
-  *served = true;
-  atomic_store_explicit(&comm->last_algo, (int)a + 1, memory_order_relaxed);
-  return coll_cuda_peer_finish(comm, w, e->run(comm, w, &ran));
+  w->peer_ok = false;
+  if (!coll_cuda_peer_wanted(comm)) return COLL_OK;
+  size_t n = (size_t)comm->nranks;
+  uint8_t mine[COLL_PEER_DESC_BYTES], *all = malloc(n * COLL_PEER_DESC_BYTES);
+  if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "%s on rank %d: out of memory", fn, comm->rank);
+  memset(mine, 0, sizeof mine);
+  coll_cuda_peer_describe(comm, fn, w, mine);
+  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all,
+                 .count = COLL_PEER_DESC_BYTES, .dtype = COLL_UINT8, .peer_exchange = true,
+                 .cuda_dev = w->cuda_dev, .inner = true};
+  coll_result r = coll_exec_submit(comm, &x);
+  bool exchanged = r == COLL_OK; /* a failed exchange has told the peers itself */
+  if (r == COLL_OK) r = coll_cuda_peer_map(comm, fn, w, all);
+  free(all);
+  if (r == COLL_OK && w->peer_ok) {
+    coll_algo a = coll_tune_choose(comm, w, coll_dtype_size(w->dtype));
+    const coll_algo_entry *e = coll_algo_get(a);
+    if (e && e->device_only) { /* else COLL_ALGO named a host-driven schedule */
+      bool ran = true;
+      *served = true;
+      atomic_store_explicit(&comm->last_algo, (int)a + 1, memory_order_relaxed);
+      r = coll_cuda_peer_finish(comm, w, e->run(comm, w, &ran));
+    }
+  }
+  /* Past the exchange every peer is in this call: a failure here must reach them. */
+  if (r != COLL_OK && exchanged) coll_exec_failed(comm, r);
+  return r;
 }
 
 coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {

@@ -158,13 +158,22 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm);
 void coll_cuda_peer_free(struct coll_comm *comm);
 /* Ends every wait of the device path (abort, a poisoned communicator). */
 void coll_cuda_peer_poison(struct coll_comm *comm);
-/* api.c, for a w->peer_candidate: the exchange of buffers with every rank (the first
- * call's sets the device path up), then the peers' buffers mapped here.  On return
- * w->peer_ok says whether the device rows may serve it (w->dev holds the buffers);
- * false with COLL_OK: the host-driven path serves it, the same on every rank. */
-coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_work *w);
+/* api.c, for a w->peer_candidate.  Whether to try the device path at all (false once
+ * the communicator is known not to have it: every rank knows the same). */
+bool coll_cuda_peer_wanted(struct coll_comm *comm);
+/* What this rank says about the call, COLL_PEER_DESC_BYTES into `out`: its shape and
+ * its buffers (allocation, offset, IPC handle) — or that they cannot be shared. */
+#define COLL_PEER_DESC_BYTES 192
+void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
+                             void *out);
+/* After api.c's all-gather of every rank's description (whose first instance set the
+ * path up): compares the calls (COLL_ERR_MISMATCH), then maps every peer's buffers.
+ * w->peer_ok says whether the device rows may serve the call (w->dev holds the
+ * buffers); false with COLL_OK: the host-driven path serves it, on every rank alike. */
+coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
+                               const void *descs);
 /* api.c, after a device row enqueued w: a blocking call waits (bounded) for it; a
- * failure poisons the flags and the communicator. */
+ * failure ends every wait on the flags (api.c then fails the communicator). */
 coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_result r);
 
 /* The primitives algo/device.c schedules with, all enqueued on d->stream. */

@@ -1,7 +1,8 @@
 /* peer.c — the device data path: collectives whose bytes move in GPU kernels that read
  * the other ranks' buffers directly (CUDA IPC), ordered on the caller's cudaStream_t.
  *
- * The path of one call (api.c drives it; algo/device.c holds the schedules):
+ * The path of one call (api.c drives it and does step 2; algo/device.c holds the
+ * schedules):
  *   1. describe: each rank names its send and receive buffers as (allocation id, offset,
  *      IPC handle) — cuPointerGetAttributes and cudaIpcGetMemHandle, cached per
  *      allocation;
@@ -67,6 +68,7 @@ typedef struct {
   uint64_t count;
   peer_buf buf[2]; /* send, recv (id 0: NULL) */
 } peer_desc;
+_Static_assert(sizeof(peer_desc) <= COLL_PEER_DESC_BYTES, "a descriptor fits its slot");
 
 #if COLL_HAVE_CUDA
 #include <cuda.h> /* driver API types only: libcoll never links libcuda */
@@ -384,15 +386,17 @@ static bool path_ready(struct coll_comm *comm) {
   return cc && atomic_load_explicit(&cc->tried, memory_order_acquire) && cc->ready && cc->peer_ok;
 }
 
-coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_work *w) {
+bool coll_cuda_peer_wanted(struct coll_comm *comm) {
   struct coll_cuda_comm *cc = comm->cuda;
-  int n = comm->nranks;
-  w->peer_ok = false;
-  /* Known not to serve this communicator: no exchange (every rank knows the same). */
-  if (atomic_load_explicit(&cc->tried, memory_order_acquire) && !(cc->ready && cc->peer_ok))
-    return COLL_OK;
+  /* Not known yet (the first call sets the path up), or known to be up. */
+  return cc && (!atomic_load_explicit(&cc->tried, memory_order_acquire) || (cc->ready && cc->peer_ok));
+}
+
+void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
+                             void *out) {
+  struct coll_cuda_comm *cc = comm->cuda;
   pthread_once(&entry_once, load_entries);
-  peer_desc mine, *all = NULL;
+  peer_desc mine;
   memset(&mine, 0, sizeof mine);
   mine.magic = DESC_MAGIC;
   mine.coll = (uint8_t)w->coll;
@@ -401,66 +405,58 @@ coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_
   mine.root = w->root;
   mine.pid = (int32_t)getpid();
   mine.count = w->count;
-  char why[160] = "";
+  char why[160] = "no cuPointerGetAttributes in this driver";
   int old = -1; /* the driver queries need the buffers' GPU current */
   if (cudaGetDevice(&old) == cudaSuccess && old != w->cuda_dev) cudaSetDevice(w->cuda_dev);
+  else old = -1;
   mine.ok = ptr_attrs && describe(w->sendbuf, &mine.buf[0], why, sizeof why) &&
             (w->recvbuf == w->sendbuf ? (mine.buf[1] = mine.buf[0], true)
                                       : describe(w->recvbuf, &mine.buf[1], why, sizeof why));
-  if (old >= 0 && old != w->cuda_dev) cudaSetDevice(old);
+  if (old >= 0) cudaSetDevice(old);
   if (!mine.ok && !cc->warned) {
     cc->warned = true;
     COLL_INFO(comm->rank, "CUDA: %s #%llu takes the host-driven path: %s", fn,
               (unsigned long long)atomic_load(&comm->next_seq), why);
   }
-  if (!(all = malloc((size_t)n * sizeof *all)))
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: out of memory for the device path", comm->rank);
-  /* The exchange: numbered as the user's call, not COLL_CHECKed (the descriptors carry
-   * what the check would compare), and the first one sets the device path up. */
-  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = all,
-                 .count = sizeof mine, .dtype = COLL_UINT8, .peer_exchange = true,
-                 .cuda_dev = w->cuda_dev, .inner = true};
-  coll_result r = coll_exec_submit(comm, &x);
-  if (r != COLL_OK || !path_ready(comm) || w->cuda_dev != cc->device) {
-    free(all);
-    return r; /* not ready: the host-driven path says why (or serves, as it can) */
-  }
+  memcpy(out, &mine, sizeof mine);
+}
+
+coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
+                               const void *descs) {
+  struct coll_cuda_comm *cc = comm->cuda;
+  int n = comm->nranks;
+  w->peer_ok = false;
+  if (!path_ready(comm) || w->cuda_dev != cc->device)
+    return COLL_OK; /* not ready: the host-driven path says why (or serves, as it can) */
+  const peer_desc *all = descs, *mine = &all[comm->rank];
   bool ok = true;
   for (int p = 0; p < n; p++) {
     const peer_desc *d = &all[p];
-    if (d->magic != DESC_MAGIC) {
-      free(all);
-      r = coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's device-path descriptor is "
-                    "corrupt", comm->rank, p);
-      coll_exec_failed(comm, r);
-      return r;
-    }
-    if (d->coll != mine.coll || d->dtype != mine.dtype || d->count != mine.count ||
-        ((w->coll == COLL_COLL_BROADCAST || w->coll == COLL_COLL_REDUCE) && d->root != mine.root) ||
-        (w->coll != COLL_COLL_BROADCAST && w->coll != COLL_COLL_ALL_GATHER && d->op != mine.op)) {
+    if (d->magic != DESC_MAGIC)
+      return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's device-path descriptor is "
+                       "corrupt", comm->rank, p);
+    if (d->coll != mine->coll || d->dtype != mine->dtype || d->count != mine->count ||
+        ((w->coll == COLL_COLL_BROADCAST || w->coll == COLL_COLL_REDUCE) && d->root != mine->root) ||
+        (w->coll != COLL_COLL_BROADCAST && w->coll != COLL_COLL_ALL_GATHER && d->op != mine->op)) {
       char a[96], b[96];
-      snprintf(a, sizeof a, "%s count %llu %s %s root %d", coll_coll_name((coll_coll_kind)mine.coll),
-               (unsigned long long)mine.count, coll_dtype_name((coll_dtype)mine.dtype),
-               coll_op_name((coll_op)mine.op), mine.root);
+      snprintf(a, sizeof a, "%s count %llu %s %s root %d", coll_coll_name((coll_coll_kind)mine->coll),
+               (unsigned long long)mine->count, coll_dtype_name((coll_dtype)mine->dtype),
+               coll_op_name((coll_op)mine->op), mine->root);
       snprintf(b, sizeof b, "%s count %llu %s %s root %d", coll_coll_name((coll_coll_kind)d->coll),
                (unsigned long long)d->count, coll_dtype_name((coll_dtype)d->dtype),
                coll_op_name((coll_op)d->op), d->root);
-      free(all);
-      r = coll_fail(comm, COLL_ERR_MISMATCH, "%s: rank %d called %s, but rank %d called %s",
-                    fn, comm->rank, a, p, b);
-      coll_exec_failed(comm, r);
-      return r;
+      return coll_fail(comm, COLL_ERR_MISMATCH, "%s: rank %d called %s, but rank %d called %s",
+                       fn, comm->rank, a, p, b);
     }
     ok &= d->ok;
   }
-  if (!ok) {
-    free(all);
-    return COLL_OK; /* some rank's buffer cannot be shared: every rank takes the host path */
-  }
+  if (!ok) return COLL_OK; /* some rank's buffer cannot be shared: all take the host path */
   coll_dev_call *dc = &cc->call;
   memset(dc, 0, sizeof *dc);
+  int old = -1;
   if (cudaGetDevice(&old) == cudaSuccess && old != cc->device) cudaSetDevice(cc->device);
   else old = -1;
+  coll_result r = COLL_OK;
   for (int p = 0; p < n && r == COLL_OK; p++) {
     if (p == comm->rank) {
       dc->send[p] = w->sendbuf;
@@ -473,30 +469,20 @@ coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_
     dc->send[p] = s;
     dc->recv[p] = v;
   }
-  free(all);
-  if (old >= 0) cudaSetDevice(old);
-  if (r != COLL_OK) {
-    coll_exec_failed(comm, r); /* the peers are past the exchange: they hear it */
-    return r;
-  }
   dc->stream = w->stream ? coll_cuda_stream_user(w->stream) : (void *)cudaStreamLegacy;
   /* A communicator's device calls run in call order, whatever streams they are on (as
    * NCCL's do): the scratch of an in-place one-shot, and the barriers' epochs, assume
    * it.  On a stream other than the last call's, wait for the last call's end first. */
-  if (cc->epoch && cc->last_stream != dc->stream) {
-    int o2 = -1;
-    if (cudaGetDevice(&o2) == cudaSuccess && o2 != cc->device) cudaSetDevice(cc->device);
-    else o2 = -1;
+  if (r == COLL_OK && cc->epoch && cc->last_stream != dc->stream) {
     cudaError_t e = cudaStreamWaitEvent((cudaStream_t)dc->stream, (cudaEvent_t)cc->done_ev, 0);
-    if (o2 >= 0) cudaSetDevice(o2);
     if (e != cudaSuccess) {
       cudaGetLastError();
       r = coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ordering %s after the previous device "
                     "call (cudaStreamWaitEvent) failed: %s", comm->rank, fn, cudaGetErrorName(e));
-      coll_exec_failed(comm, r);
-      return r;
     }
   }
+  if (old >= 0) cudaSetDevice(old);
+  if (r != COLL_OK) return r;
   cc->last_stream = dc->stream;
   w->dev = dc;
   w->peer_ok = true;
@@ -533,10 +519,7 @@ coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_res
       r = coll_cuda_wait_event(comm, cc->done_ev, coll_coll_name(w->coll));
     leave_device(comm, old);
   }
-  if (r != COLL_OK) {
-    coll_cuda_peer_poison(comm);
-    coll_exec_failed(comm, r);
-  }
+  if (r != COLL_OK) coll_cuda_peer_poison(comm);
   w->dev = NULL;
   return r;
 }
@@ -607,8 +590,15 @@ void *coll_dev_scratch(struct coll_comm *comm) { return comm->cuda->scratch; }
 coll_result coll_cuda_peer_setup(struct coll_comm *comm) { (void)comm; return COLL_OK; }
 void coll_cuda_peer_free(struct coll_comm *comm) { (void)comm; }
 void coll_cuda_peer_poison(struct coll_comm *comm) { (void)comm; }
-coll_result coll_cuda_peer_prepare(struct coll_comm *comm, const char *fn, coll_work *w) {
-  (void)comm, (void)fn;
+bool coll_cuda_peer_wanted(struct coll_comm *comm) { (void)comm; return false; }
+void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
+                             void *out) {
+  (void)comm, (void)fn, (void)w;
+  memset(out, 0, COLL_PEER_DESC_BYTES);
+}
+coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
+                               const void *descs) {
+  (void)comm, (void)fn, (void)descs;
   w->peer_ok = false;
   return COLL_OK;
 }
