@@ -208,8 +208,44 @@ typedef struct {
 } coll_tune_params;
 #define COLL_TUNE_BUCKETS 48 /* size buckets: bit length of the byte count */
 
+/* What the layers below comm/ may ask of it, handed to them in every communicator
+ * (comm.c fills it): a lower layer reaches a higher one only through something it was
+ * handed.  The executor connects a lazy peer (use_peer) and asks the failure watch
+ * (watch.c) whether a call is doomed, and tells it when a call failed. */
+typedef struct coll_comm_hooks {
+  coll_result (*use_peer)(struct coll_comm *comm, int p, int dir, size_t bytes);
+  bool (*attention)(const struct coll_comm *comm);
+  coll_result (*doomed)(struct coll_comm *comm, uint64_t seq, int peer, const char *what);
+  void (*failed)(struct coll_comm *comm);
+  /* windows (window.c), for algo/mapped.c: the caller holds comm->winmu */
+  bool (*window_find)(struct coll_comm *comm, const void *p, size_t bytes, int32_t *slot,
+                      uint64_t *off);
+  uint8_t *(*window_peer)(struct coll_comm *comm, int32_t slot, int p, uint64_t off,
+                          size_t bytes);
+} coll_comm_hooks;
+
+/* What the executor hands the table's rows that run themselves (algo/oneshot.c,
+ * direct.c, mapped.c) in every communicator (coll_exec_start fills it): exchanges of
+ * bytes between the ranks, the failure watch, and tracing — so that algo/ never calls
+ * up into exec/. */
+typedef struct coll_exec_ops {
+  /* A blocking call on bytes (COLL_UINT8), as coll_exec_bytes. */
+  coll_result (*bytes)(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
+                       void *recvbuf, size_t bytes, coll_op op, int root);
+  /* COLL_ERR_REMOTE with the sentence when a failure elsewhere dooms w. */
+  coll_result (*watch)(struct coll_comm *comm, const coll_work *w);
+  bool (*trace_on)(struct coll_comm *comm);
+  uint64_t *(*trace_t0)(struct coll_comm *comm);
+  uint64_t *(*trace_t1)(struct coll_comm *comm);
+  void (*trace_record)(struct coll_comm *comm, const coll_work *w, coll_algo algo,
+                       const coll_step *steps, size_t nsteps, size_t es,
+                       uint64_t t_start, uint64_t t_end);
+} coll_exec_ops;
+
 struct coll_comm {
   int rank, nranks;
+  const coll_comm_hooks *hooks;  /* comm.c's, for the layers below */
+  const coll_exec_ops *exec_ops; /* executor.c's, for the rows that run themselves */
   uint8_t secret[COLL_SECRET_BYTES];
   int timeout_ms;
   pid_t *pids;        /* per rank, for liveness checks on this host */
@@ -488,6 +524,11 @@ coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *
  * its transport is lazy (tcp: makes conn_send[p]/conn_recv[p]), then lets the transport
  * make that much of the connection's slots resident (shm: warm).  The executor's thread
  * calls it before a plan uses p; when nothing grows it is one load (coll_comm_peer_ready). */
+/* coll_comm_destroy and coll_comm_abort (api/comm_entry.c) once the caller's open group
+ * has been dealt with: drain and free; abort (fail everything pending, wake every
+ * waiter, wait for every thread to leave) and free. */
+coll_result coll_comm_close(struct coll_comm *comm);
+coll_result coll_comm_abort_close(struct coll_comm *comm);
 enum { COLL_USE_SEND = 0, COLL_USE_RECV = 1 };
 coll_result coll_comm_use_peer(struct coll_comm *comm, int p, int dir, size_t bytes);
 static inline bool coll_comm_peer_ready(const struct coll_comm *comm, int p, int dir,

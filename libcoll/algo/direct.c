@@ -247,7 +247,7 @@ static void record(struct coll_comm *comm, const coll_work *w, uint64_t t_start,
                    uint64_t t_end) {
   size_t es = coll_dtype_size(w->dtype), ns = 0;
   coll_step *st = comm->steps;
-  uint64_t *t0 = coll_trace_t0(comm), *t1 = coll_trace_t1(comm);
+  uint64_t *t0 = comm->exec_ops->trace_t0(comm), *t1 = comm->exec_ops->trace_t1(comm);
   for (int p = 0; p < comm->nranks && ns < coll_plan_max_steps(comm->nranks); p++) {
     if (!comm->direct_got[p]) continue;
     st[ns] = (coll_step){.kind = COLL_STEP_RECV, .peer_in = p, .peer_out = -1,
@@ -255,12 +255,12 @@ static void record(struct coll_comm *comm, const coll_work *w, uint64_t t_start,
     t0[ns] = t_start, t1[ns] = t_end;
     ns++;
   }
-  coll_trace_record(comm, w, COLL_ALGO_DIRECT, st, ns, es, t_start, t_end);
+  comm->exec_ops->trace_record(comm, w, COLL_ALGO_DIRECT, st, ns, es, t_start, t_end);
 }
 
 coll_result coll_direct_run(struct coll_comm *comm, const coll_work *w, bool *ran) {
   uint64_t t0 = 0;
-  if (coll_trace_on(comm) && !w->internal) {
+  if (comm->exec_ops->trace_on(comm) && !w->internal) {
     if (!comm->direct_got) comm->direct_got = calloc((size_t)comm->nranks, sizeof(uint64_t));
     if (comm->direct_got) {
       memset(comm->direct_got, 0, (size_t)comm->nranks * sizeof(uint64_t));
@@ -291,7 +291,7 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   if (!addrs) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory probing direct reads");
   uint64_t at = (uint64_t)(uintptr_t)&word;
   coll_result r =
-      coll_exec_bytes(comm, COLL_COLL_ALL_GATHER, &at, addrs, sizeof at, COLL_SUM, 0);
+      comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, &at, addrs, sizeof at, COLL_SUM, 0);
   uint8_t ok = 0;
   if (r == COLL_OK) {
     struct iovec local = {.iov_base = &got, .iov_len = sizeof got};
@@ -305,7 +305,7 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   free(addrs);
   if (r != COLL_OK) return r;
   /* All ranks agree: the smallest flag wins (and `word` stays alive until then). */
-  if ((r = coll_exec_bytes(comm, COLL_COLL_ALL_REDUCE, &ok, &ok, 1, COLL_MIN, 0)) != COLL_OK)
+  if ((r = comm->exec_ops->bytes(comm, COLL_COLL_ALL_REDUCE, &ok, &ok, 1, COLL_MIN, 0)) != COLL_OK)
     return r;
   if (!ok) return COLL_OK;
   comm->direct_scratch = malloc(3 * (size_t)PIECE);
@@ -322,7 +322,7 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   if (me <= 1 && !big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory probing");
   if (big) memset(big, me, BIG);
   uint64_t where = (uint64_t)(uintptr_t)big;
-  r = coll_exec_bytes(comm, COLL_COLL_BROADCAST, &where, &where, sizeof where, COLL_SUM, 1);
+  r = comm->exec_ops->bytes(comm, COLL_COLL_BROADCAST, &where, &where, sizeof where, COLL_SUM, 1);
   if (r == COLL_OK && me == 0) {
     double best = 1e9;
     coll_work dw = {.coll = COLL_COLL_ALL_REDUCE};
@@ -344,7 +344,7 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
     *beta_cma = best > small ? (best - small) / BIG : best / BIG;
   }
   /* then free */
-  coll_result r2 = coll_exec_bytes(comm, COLL_COLL_BARRIER, NULL, NULL, 0, COLL_SUM, 0);
+  coll_result r2 = comm->exec_ops->bytes(comm, COLL_COLL_BARRIER, NULL, NULL, 0, COLL_SUM, 0);
   free(big);
   return r != COLL_OK ? r : r2;
 }

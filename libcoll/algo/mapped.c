@@ -142,9 +142,9 @@ static coll_result run(struct coll_comm *comm, const coll_work *w, const where *
   pthread_mutex_lock(&comm->winmu);
   for (int p = 0; p < n; p++) {
     in[p] = needs_send(w, p)
-                ? coll_window_peer(comm, at[p].send_slot, p, at[p].send_off, sb) : NULL;
+                ? comm->hooks->window_peer(comm, at[p].send_slot, p, at[p].send_off, sb) : NULL;
     out[p] = needs_recv(w, p)
-                 ? coll_window_peer(comm, at[p].recv_slot, p, at[p].recv_off, rb) : NULL;
+                 ? comm->hooks->window_peer(comm, at[p].recv_slot, p, at[p].recv_off, rb) : NULL;
     if ((needs_send(w, p) && !in[p] && sb) || (needs_recv(w, p) && !out[p] && rb)) {
       pthread_mutex_unlock(&comm->winmu);
       return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's buffers of %s #%llu are "
@@ -221,16 +221,16 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
   where mine = {.send_slot = -1, .recv_slot = -1};
   pthread_mutex_lock(&comm->winmu); /* the user's thread may be allocating a window */
   if (needs_send(w, comm->rank) &&
-      !coll_window_find(comm, w->sendbuf, sb, &mine.send_slot, &mine.send_off))
+      !comm->hooks->window_find(comm, w->sendbuf, sb, &mine.send_slot, &mine.send_off))
     mine.send_slot = -1;
   if (needs_recv(w, comm->rank) &&
-      !coll_window_find(comm, w->recvbuf, rb, &mine.recv_slot, &mine.recv_off))
+      !comm->hooks->window_find(comm, w->recvbuf, rb, &mine.recv_slot, &mine.recv_off))
     mine.recv_slot = -1;
   pthread_mutex_unlock(&comm->winmu);
   where *at = comm->mapped_where;
   coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = at,
                   .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
-  uint64_t t0 = coll_trace_on(comm) ? coll_now_ns() : 0;
+  uint64_t t0 = comm->exec_ops->trace_on(comm) ? coll_now_ns() : 0;
   coll_result r = coll_oneshot_run(comm, &ex);
   if (r != COLL_OK) return r;
   for (int p = 0; p < n; p++)
@@ -251,7 +251,7 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
   *ran = true;
   r = run(comm, w, at);
   if (t0 && r == COLL_OK)
-    coll_trace_record(comm, w, COLL_ALGO_MAPPED, comm->steps, 0, coll_dtype_size(w->dtype), t0,
+    comm->exec_ops->trace_record(comm, w, COLL_ALGO_MAPPED, comm->steps, 0, coll_dtype_size(w->dtype), t0,
                       coll_now_ns());
   return r;
 }

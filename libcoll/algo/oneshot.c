@@ -127,7 +127,7 @@ static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer
     if (reached(seen, want)) return COLL_OK;
     coll_result r = coll_shm_peer_check(&comm->view, shm_ctx(comm), peer);
     if (r != COLL_OK) return r;
-    if ((r = coll_exec_watch(comm, w)) != COLL_OK) return r; /* a failure elsewhere */
+    if ((r = comm->exec_ops->watch(comm, w)) != COLL_OK) return r; /* a failure elsewhere */
     if (comm->timeout_ms && coll_now_ns() - start > (uint64_t)comm->timeout_ms * 1000000u)
       return timed_out(comm, w, peer, want, seen);
   }
@@ -314,15 +314,15 @@ static void record(struct coll_comm *comm, const coll_work *w, size_t es, uint64
     st[ns++] = (coll_step){.kind = COLL_STEP_RECV, .peer_in = p, .peer_out = -1,
                            .count = w->coll == COLL_COLL_BARRIER ? 0 : cnt, .chunk = p};
   }
-  uint64_t *t0 = coll_trace_t0(comm), *t1 = coll_trace_t1(comm);
+  uint64_t *t0 = comm->exec_ops->trace_t0(comm), *t1 = comm->exec_ops->trace_t1(comm);
   for (size_t i = 0; i < ns; i++) t0[i] = t_start, t1[i] = t_end;
-  coll_trace_record(comm, w, COLL_ALGO_ONESHOT, st, ns, es, t_start, t_end);
+  comm->exec_ops->trace_record(comm, w, COLL_ALGO_ONESHOT, st, ns, es, t_start, t_end);
 }
 
 coll_result coll_oneshot_run(struct coll_comm *comm, const coll_work *w) {
   uint32_t k = ++comm->mb_seq;
   coll_mailbox *mine = comm->mb[2 * comm->rank + (k & 1)];
-  uint64_t t_start = coll_trace_on(comm) ? coll_now_ns() : 0;
+  uint64_t t_start = comm->exec_ops->trace_on(comm) ? coll_now_ns() : 0;
   coll_result r = run_call(comm, w, mine, k);
   wake_sleepers(comm, mine);
   if (t_start && r == COLL_OK && !w->inner)

@@ -18,8 +18,6 @@
 #include <string.h>
 
 #include "algo.h"
-#include "linear.h"
-#include "pairwise.h"
 
 /* ring: 2p + 2; tree: at most 5 per rank (up and down in two trees, one of them with a
  * second child); rd/rhd: a copy, the folds (all-gather's fold-out in two ranges) and
@@ -133,11 +131,13 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
   if ((a->coll == COLL_COLL_BROADCAST || a->coll == COLL_COLL_REDUCE) &&
       (a->root < 0 || a->root >= a->nranks))
     return COLL_ERR_INVALID_ARG;
-  /* The newer collectives have one schedule each, which also covers one rank. */
-  if (a->coll == COLL_COLL_ALL_TO_ALL || a->coll == COLL_COLL_ALL_TO_ALLV)
-    return coll_pairwise_plan(a, steps, nsteps);
-  if (a->coll == COLL_COLL_GATHER || a->coll == COLL_COLL_SCATTER)
-    return coll_linear_plan(a, steps, nsteps);
+  /* The newer collectives have one schedule each, the table's default row for them
+   * (pairwise, linear), which also covers one rank. */
+  if (a->coll == COLL_COLL_ALL_TO_ALL || a->coll == COLL_COLL_ALL_TO_ALLV ||
+      a->coll == COLL_COLL_GATHER || a->coll == COLL_COLL_SCATTER) {
+    const coll_algo_entry *d = coll_algo_get(coll_algo_default(a->coll));
+    return d && d->plan ? d->plan(a, steps, nsteps) : COLL_ERR_INVALID_ARG;
+  }
   if (a->nranks == 1) {
     plan_single(a, steps, nsteps);
     return COLL_OK;
@@ -149,14 +149,6 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
     e = coll_algo_get(coll_algo_default(a->coll));
   if (!e || !e->plan) return COLL_ERR_INVALID_ARG;
   return e->plan(a, steps, nsteps);
-}
-
-const char *coll_coll_name(coll_coll_kind c) {
-  static const char *names[] = {"broadcast", "reduce", "all_reduce", "reduce_scatter",
-                                "all_gather", "send", "recv", "barrier",
-                                "sendrecv", "all_to_all", "all_to_allv", "gather",
-                                "scatter", "group"};
-  return (unsigned)c < COLL_NUM_COLLS ? names[c] : "?";
 }
 
 const char *coll_step_name(coll_step_kind k) {

@@ -15,16 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "coll.h"
+#include "vocab.h"
 
-typedef enum {
-  COLL_COLL_BROADCAST, COLL_COLL_REDUCE, COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
-  COLL_COLL_ALL_GATHER, COLL_COLL_SEND, COLL_COLL_RECV, COLL_COLL_BARRIER,
-  COLL_COLL_SENDRECV, COLL_COLL_ALL_TO_ALL, COLL_COLL_ALL_TO_ALLV, COLL_COLL_GATHER,
-  COLL_COLL_SCATTER,
-  COLL_COLL_GROUP_P2P /* every send/recv/sendrecv of one group on one communicator, as
-                         one work ("group"; group.c builds it, its plan is below) */
-} coll_coll_kind;
-#define COLL_NUM_COLLS 14
 
 /* One value per row of the algorithm table (algo.h, table.c), where each is described.
  * AUTO: the tuner's choice (exec/tune.c), not a row that runs. */
@@ -132,7 +124,6 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
  * (the first count % n chunks are one longer).  Chunk i is [off, off+len). */
 void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
 
-const char *coll_coll_name(coll_coll_kind c);
 const char *coll_step_name(coll_step_kind k);
 const char *coll_algo_name(coll_algo a);
 /* The schedule that serves c when nothing better is chosen or a forced algorithm cannot

@@ -126,7 +126,7 @@ void coll_comm_free(struct coll_comm *comm) {
   if (!comm) return;
   coll_exec_stop(comm);
   coll_watch_stop(comm, atomic_load(&comm->aborted) ? COLL_WATCH_ABORT : COLL_WATCH_BYE);
-  coll_cuda_comm_free(comm);
+  coll_cuda_comm_free(comm, coll_comm_ending(comm));
   coll_trace_free(comm);
   coll_comm_end how = coll_comm_ending(comm);
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
@@ -155,9 +155,20 @@ void coll_comm_free(struct coll_comm *comm) {
   free(comm);
 }
 
+/* Handed to the layers below in every communicator (internal.h). */
+static const coll_comm_hooks comm_hooks = {
+    .use_peer = coll_comm_use_peer,
+    .attention = coll_watch_attention,
+    .doomed = coll_watch_check,
+    .failed = coll_watch_failed,
+    .window_find = coll_window_find,
+    .window_peer = coll_window_peer,
+};
+
 coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
                                const uint8_t secret[COLL_SECRET_BYTES], coll_rendezvous *rv) {
   struct coll_comm *comm = calloc(1, sizeof *comm);
+  if (comm) comm->hooks = &comm_hooks;
   if (!comm) {
     rv->leave(rv);
     return coll_fail(NULL, COLL_ERR_SYSTEM, "out of memory creating a communicator");
@@ -436,12 +447,7 @@ coll_result coll_comm_init_rank(coll_comm_t *comm, int nranks, coll_unique_id id
   return coll_comm_build(comm, nranks, &f, rank);
 }
 
-coll_result coll_comm_destroy(coll_comm_t comm) {
-  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_destroy: comm is NULL");
-  if (coll_group_holds(comm)) /* group.c would run them on a freed communicator */
-    return coll_fail(comm, COLL_ERR_INVALID_ARG,
-                     "coll_comm_destroy on rank %d: this thread's open group holds calls on "
-                     "the communicator; call coll_group_end first", comm->rank);
+coll_result coll_comm_close(struct coll_comm *comm) {
   /* coll_exec_stop drains the queue first.  Errors met by queued work were already
    * reported through its stream; destroying a failed communicator succeeds.  With
    * COLL_TRACE=FILE.json the ranks first gather their traces (a collective step). */
@@ -450,9 +456,7 @@ coll_result coll_comm_destroy(coll_comm_t comm) {
   return COLL_OK;
 }
 
-coll_result coll_comm_abort(coll_comm_t comm) {
-  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_abort: comm is NULL");
-  coll_group_forget(comm); /* calls this thread's open group holds on it will never run */
+coll_result coll_comm_abort_close(struct coll_comm *comm) {
   atomic_store(&comm->aborted, 1);
   coll_exec_wake_all(comm);
   /* Wait for every other thread to leave the library (each wait inside is cut into

@@ -361,21 +361,10 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
 }
 
 /* One all-gather of `len` bytes per rank over the host path, as the library's own call. */
-coll_result coll_cuda_host_allgather(struct coll_comm *comm, const void *mine, void *all,
-                                     size_t len) {
-  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all, .count = len,
-                 .dtype = COLL_UINT8, .internal = true};
-  coll_result r = coll_exec_run(comm, &x);
-  if (r != COLL_OK)
-    return coll_fail(comm, r, "rank %d: setting up the device path: the exchange over the "
-                     "host path failed: %s", comm->rank, coll_comm_last_error(comm));
-  return COLL_OK;
-}
-
 static coll_result connect_all(struct coll_comm *comm, const uint8_t *blobs, size_t stride);
 static void agree(struct coll_comm *comm, const uint8_t *flags);
 
-static coll_result lazy_setup(struct coll_comm *comm, int dev) {
+static coll_result lazy_setup(struct coll_comm *comm, int dev, coll_cuda_exchange xchg) {
   struct coll_cuda_comm *cc = comm->cuda;
   int n = comm->nranks;
   if (!coll_cuda_available()) {
@@ -389,20 +378,20 @@ static coll_result lazy_setup(struct coll_comm *comm, int dev) {
   if (n > 1) {
     uint8_t *all = malloc((size_t)n * COLL_CONN_BLOB);
     if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
-    coll_result r = coll_cuda_host_allgather(comm, blob, all, COLL_CONN_BLOB);
+    coll_result r = xchg(comm, blob, all, COLL_CONN_BLOB);
     if (r == COLL_OK) r = connect_all(comm, all, COLL_CONN_BLOB);
     free(all);
     if (r != COLL_OK) return r;
     uint8_t token = cc->ready ? 1 : 0, *tokens = calloc((size_t)n, 1);
     if (!tokens) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
-    r = coll_cuda_host_allgather(comm, &token, tokens, 1);
+    r = xchg(comm, &token, tokens, 1);
     if (r == COLL_OK) agree(comm, tokens);
     free(tokens);
     if (r != COLL_OK) return r;
     if (cc->ipc_ctx && (r = coll_transport_cuda_ipc.ready(&comm->view, cc->ipc_ctx)) != COLL_OK)
       return r;
     /* The device data path on top (peer.c): every rank reaches this alike. */
-    if (cc->ready && (r = coll_cuda_peer_setup(comm)) != COLL_OK) return r;
+    if (cc->ready && (r = coll_cuda_peer_setup(comm, xchg)) != COLL_OK) return r;
   } else {
     cc->ready = ok;
   }
@@ -412,13 +401,14 @@ static coll_result lazy_setup(struct coll_comm *comm, int dev) {
   return COLL_OK;
 }
 
-coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn) {
+coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn,
+                                coll_cuda_exchange xchg) {
   struct coll_cuda_comm *cc = comm->cuda;
   if (!cc) return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no CUDA state", comm->rank);
   if (!atomic_load_explicit(&cc->tried, memory_order_acquire)) {
     int old = -1;
     if (cudaGetDevice(&old) != cudaSuccess) old = -1;
-    coll_result r = lazy_setup(comm, w->cuda_dev);
+    coll_result r = lazy_setup(comm, w->cuda_dev, xchg);
     if (old >= 0) cudaSetDevice(old);
     cudaGetLastError();
     if (!cc->ready && !cc->reason[0])
@@ -536,7 +526,7 @@ static bool drain(cudaStream_t s, int timeout_ms) {
   }
 }
 
-void coll_cuda_comm_free(struct coll_comm *comm) {
+void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how) {
   struct coll_cuda_comm *cc = comm->cuda;
   if (!cc) return;
   bool drained = true;
@@ -552,7 +542,7 @@ void coll_cuda_comm_free(struct coll_comm *comm) {
     COLL_WARN(comm->rank, "CUDA: libcoll's stream on GPU %d did not drain within %d ms; "
               "leaving its FIFO memory allocated", cc->device, comm->timeout_ms);
   } else {
-    if (cc->ipc_ctx) coll_transport_cuda_ipc.close(&comm->view, cc->ipc_ctx, coll_comm_ending(comm));
+    if (cc->ipc_ctx) coll_transport_cuda_ipc.close(&comm->view, cc->ipc_ctx, how);
     if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
   }
   cudaGetLastError();
@@ -580,9 +570,8 @@ struct coll_cuda_stream {
   uint8_t done[TICKET_RING]; /* done[t % RING]: ticket t finished, not yet published */
 };
 
-coll_result coll_stream_create_cuda(coll_stream_t *out, cudaStream_t cs) {
-  if (!out)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_create_cuda: stream pointer is NULL");
+coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user) {
+  cudaStream_t cs = (cudaStream_t)user;
   *out = NULL;
   if (!coll_cuda_available())
     return coll_fail(NULL, COLL_ERR_UNSUPPORTED, "coll_stream_create_cuda: %s",
@@ -622,14 +611,14 @@ coll_result coll_stream_create_cuda(coll_stream_t *out, cudaStream_t cs) {
                                        &q) == cudaSuccess && q == cudaDriverEntryPointSuccess)
     x->wait_value = (wait_value_fn)fn;
   cudaGetLastError();
-  coll_result r = coll_stream_create(out);
-  if (r != COLL_OK) {
-    cudaFreeHost(flag);
-    free(x);
-    return r;
-  }
-  (*out)->cuda = x;
+  *out = x;
   return COLL_OK;
+}
+
+void coll_cuda_stream_discard(struct coll_cuda_stream *x) {
+  if (!x) return;
+  cudaFreeHost((void *)x->flag);
+  free(x);
 }
 
 static bool drain(cudaStream_t s, int timeout_ms);
@@ -647,17 +636,6 @@ bool coll_cuda_stream_idle(struct coll_stream *s) {
   cudaError_t e = cudaStreamQuery(s->cuda->user);
   cudaGetLastError();
   return e != cudaErrorNotReady;
-}
-
-coll_result coll_stream_get_cuda(coll_stream_t s, cudaStream_t *cs) {
-  if (!s || !cs)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_get_cuda: %s is NULL",
-                     s ? "cs" : "stream");
-  if (!s->cuda)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
-                     "coll_stream_get_cuda: the stream was not made by coll_stream_create_cuda");
-  *cs = s->cuda->user;
-  return COLL_OK;
 }
 
 void coll_cuda_stream_free(struct coll_stream *s) {
@@ -934,13 +912,15 @@ coll_result coll_cuda_comm_setup(struct coll_comm *comm) {
   comm->cuda = cc;
   return COLL_OK;
 }
-coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn) {
-  (void)w;
+coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn,
+                                coll_cuda_exchange xchg) {
+  (void)w, (void)xchg;
   return coll_fail(comm, COLL_ERR_INTERNAL, "%s: device work in a build without CUDA", fn);
 }
 bool coll_cuda_probed(void) { return false; }
 void coll_cuda_comm_wake(struct coll_comm *comm) { (void)comm; }
-void coll_cuda_comm_free(struct coll_comm *comm) {
+void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how) {
+  (void)how;
   free(comm->cuda);
   comm->cuda = NULL;
 }

@@ -90,6 +90,11 @@ coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn,
 
 /* ---- the communicator's CUDA state (cuda.c), hooked into comm.c ---------------------- */
 
+/* An all-gather of `len` bytes per rank over the host path, handed down by the executor
+ * for the set-up's exchanges (cuda/ never calls up into exec/). */
+typedef coll_result (*coll_cuda_exchange)(struct coll_comm *comm, const void *mine, void *all,
+                                          size_t len);
+
 /* At creation: the communicator's CUDA state, empty.  Makes no CUDA call (nothing is
  * set up until a collective is handed device memory). */
 coll_result coll_cuda_comm_setup(struct coll_comm *comm);
@@ -97,8 +102,10 @@ coll_result coll_cuda_comm_setup(struct coll_comm *comm);
  * first such call, sets the device path up on the buffers' GPU (w->cuda_dev) with every
  * other rank (cuda.c's "Lazy" comment says how); then refuses, with a sentence, a call
  * the path cannot serve.  Collective on that first call: every rank must make it. */
-coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn);
-void coll_cuda_comm_free(struct coll_comm *comm);
+coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn,
+                                coll_cuda_exchange xchg);
+/* `how` the communicator ends, for cuda_ipc's close (comm.c knows). */
+void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how);
 /* Wakes threads waiting on cuda_ipc connectors (abort). */
 void coll_cuda_comm_wake(struct coll_comm *comm);
 
@@ -154,7 +161,7 @@ typedef struct coll_dev_call {
 /* cuda.c's lazy set-up, once cuda_ipc is up on every rank: the barrier flags (a page of
  * host shared memory every GPU can reach), scratch, a trial.  Sets cc->peer_ok on every
  * rank alike; COLL_OK with peer_ok false (and the reason) where the path cannot run. */
-coll_result coll_cuda_peer_setup(struct coll_comm *comm);
+coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg);
 void coll_cuda_peer_free(struct coll_comm *comm);
 /* Ends every wait of the device path (abort, a poisoned communicator). */
 void coll_cuda_peer_poison(struct coll_comm *comm);
@@ -186,11 +193,14 @@ coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *
 /* COLL_DEV_SCRATCH bytes of device memory of this communicator. */
 void *coll_dev_scratch(struct coll_comm *comm);
 
-/* cuda.c's helpers, shared with peer.c: an all-gather of `len` bytes per rank over the
- * host path (on the executor's thread, during set-up); a bounded wait for a cudaEvent_t. */
-coll_result coll_cuda_host_allgather(struct coll_comm *comm, const void *mine, void *all,
-                                     size_t len);
+/* A bounded wait for a cudaEvent_t (cuda.c), shared with peer.c. */
 coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what);
+/* api/stream_cuda.c's coll_stream_create_cuda: the CUDA part of a stream wrapping the
+ * cudaStream_t `user` (its completion counter, the driver's wait function), and its
+ * release when the stream could not be made after all. */
+struct coll_cuda_stream;
+coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user);
+void coll_cuda_stream_discard(struct coll_cuda_stream *x);
 /* The cudaStream_t (as void *) a stream of coll_stream_create_cuda wraps. */
 void *coll_cuda_stream_user(struct coll_stream *s);
 

@@ -282,7 +282,7 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   return true;
 }
 
-coll_result coll_cuda_peer_setup(struct coll_comm *comm) {
+coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg) {
   struct coll_cuda_comm *cc = comm->cuda;
   int n = comm->nranks;
   char name[64] = "";
@@ -306,11 +306,11 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm) {
     }
   }
   char all_names[COLL_PEER_MAX][64];
-  coll_result r = coll_cuda_host_allgather(comm, name, all_names, sizeof name);
+  coll_result r = xchg(comm, name, all_names, sizeof name);
   if (r != COLL_OK) return r;
   if (ok) ok = all_names[0][0] && setup_local(comm, all_names[0]);
   uint8_t token = ok, tokens[COLL_PEER_MAX];
-  r = coll_cuda_host_allgather(comm, &token, tokens, 1);
+  r = xchg(comm, &token, tokens, 1);
   if (comm->rank == 0 && cc->flag_name[0]) {
     shm_unlink(cc->flag_name); /* everyone has mapped it (or failed to) by now */
     cc->flag_name[0] = 0;
@@ -587,7 +587,10 @@ void *coll_dev_scratch(struct coll_comm *comm) { return comm->cuda->scratch; }
 #else
 /* Without CUDA: nothing is ever a device buffer, so none of this is reached; the
  * functions exist so that the layers above link the same way in every build. */
-coll_result coll_cuda_peer_setup(struct coll_comm *comm) { (void)comm; return COLL_OK; }
+coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg) {
+  (void)comm, (void)xchg;
+  return COLL_OK;
+}
 void coll_cuda_peer_free(struct coll_comm *comm) { (void)comm; }
 void coll_cuda_peer_poison(struct coll_comm *comm) { (void)comm; }
 bool coll_cuda_peer_wanted(struct coll_comm *comm) { (void)comm; return false; }

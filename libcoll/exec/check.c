@@ -203,7 +203,7 @@ static coll_result wait_once(struct coll_comm *comm, const coll_work *w, coll_co
 }
 
 static coll_result put(struct coll_comm *comm, const coll_work *w, int peer, const desc *d) {
-  coll_result cr = coll_comm_use_peer(comm, peer, COLL_USE_SEND, sizeof *d);
+  coll_result cr = comm->hooks->use_peer(comm, peer, COLL_USE_SEND, sizeof *d);
   if (cr != COLL_OK) return cr;
   coll_conn *c = comm->conn_send[peer];
   void *slot;
@@ -217,7 +217,7 @@ static coll_result put(struct coll_comm *comm, const coll_work *w, int peer, con
 }
 
 static coll_result get(struct coll_comm *comm, const coll_work *w, int peer, desc *d) {
-  coll_result cr = coll_comm_use_peer(comm, peer, COLL_USE_RECV, sizeof *d);
+  coll_result cr = comm->hooks->use_peer(comm, peer, COLL_USE_RECV, sizeof *d);
   if (cr != COLL_OK) return cr;
   coll_conn *c = comm->conn_recv[peer];
   const void *slot;

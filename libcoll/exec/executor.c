@@ -29,7 +29,6 @@
 #include "algo.h"
 #include "cuda_internal.h"
 #include "reduce.h"
-#include "watch.h"
 
 #define WAIT_SLICE_MS 100
 
@@ -73,10 +72,10 @@ static int involved(const coll_work *w) {
 }
 
 coll_result coll_exec_watch(struct coll_comm *comm, const coll_work *w) {
-  if (!coll_watch_attention(comm)) return COLL_OK;
+  if (!comm->hooks->attention(comm)) return COLL_OK;
   char what[64];
   snprintf(what, sizeof what, "%s #%llu", coll_coll_name(w->coll), (unsigned long long)w->seq);
-  return coll_watch_check(comm, w->seq, involved(w), what);
+  return comm->hooks->doomed(comm, w->seq, involved(w), what);
 }
 
 static coll_result check_abort(wait_ctx *x) {
@@ -91,7 +90,7 @@ static coll_result check_abort(wait_ctx *x) {
 static void failed(struct coll_comm *comm, coll_result r) {
   if (r == COLL_OK) return;
   if (comm->sticky == COLL_OK) comm->sticky = r;
-  coll_watch_failed(comm);
+  comm->hooks->failed(comm);
 }
 void coll_exec_failed(struct coll_comm *comm, coll_result r) { failed(comm, r); }
 
@@ -260,7 +259,19 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
 /* A step's peer p (-1: none) readied for slices of `bytes`: one load once it is. */
 static inline coll_result use_peer(struct coll_comm *comm, int p, int dir, size_t bytes) {
   return p < 0 || coll_comm_peer_ready(comm, p, dir, bytes) ? COLL_OK
-                                                            : coll_comm_use_peer(comm, p, dir, bytes);
+                                                            : comm->hooks->use_peer(comm, p, dir, bytes);
+}
+
+/* One all-gather of `len` bytes per rank over the host path, as the library's own call
+ * (no sequence number, no COLL_CHECK): handed to cuda.c for the device path's set-up. */
+static coll_result exchange(struct coll_comm *comm, const void *mine, void *all, size_t len) {
+  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all, .count = len,
+                 .dtype = COLL_UINT8, .internal = true};
+  coll_result r = coll_exec_run(comm, &x);
+  if (r != COLL_OK)
+    return coll_fail(comm, r, "rank %d: setting up the device path: the exchange over the "
+                     "host path failed: %s", comm->rank, coll_comm_last_error(comm));
+  return COLL_OK;
 }
 
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
@@ -276,7 +287,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   if (cr != COLL_OK) return cr;
   /* The communicator's first call on device memory sets its device path up (cuda.c); a
    * device-path exchange (cuda/peer.c) is such a call. */
-  if ((w->device || w->peer_exchange) && (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll))) != COLL_OK)
+  if ((w->device || w->peer_exchange) && (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll), exchange)) != COLL_OK)
     return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
@@ -524,7 +535,18 @@ static queued *qslot(struct coll_comm *comm, uint64_t i) {
   return &queue_mem(comm)[i % COLL_QUEUE_SLOTS];
 }
 
+/* Handed to the rows that run themselves (internal.h, coll_exec_ops). */
+static const coll_exec_ops exec_ops = {
+    .bytes = coll_exec_bytes,
+    .watch = coll_exec_watch,
+    .trace_on = coll_trace_on,
+    .trace_t0 = coll_trace_t0,
+    .trace_t1 = coll_trace_t1,
+    .trace_record = coll_trace_record,
+};
+
 coll_result coll_exec_start(struct coll_comm *comm) {
+  comm->exec_ops = &exec_ops;
   comm->queue_store = calloc(COLL_QUEUE_SLOTS, sizeof(queued));
   comm->steps = calloc(coll_plan_max_steps(comm->nranks), sizeof(coll_step));
   comm->barrier_buf = calloc(64, 1);
