@@ -70,7 +70,13 @@ static coll_result read_peer(struct coll_comm *comm, const coll_work *w, int p, 
     if (got <= 0) {
       int e = got < 0 ? errno : EIO;
       if (e == EINTR) continue;
-      return coll_fail(comm, e == ESRCH ? COLL_ERR_REMOTE : COLL_ERR_SYSTEM,
+      /* No such process: the peer is gone; say so the way every other path does. */
+      if (e == ESRCH)
+        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: lost rank %d (pid %d is gone): "
+                         "%s #%llu cannot complete (reading %zu bytes of its buffer failed: %s)",
+                         comm->rank, p, (int)comm->pids[p], coll_coll_name(w->coll),
+                         (unsigned long long)w->seq, len, strerror(e));
+      return coll_fail(comm, COLL_ERR_SYSTEM,
                        "rank %d: reading %zu bytes of rank %d's buffer (pid %d) in %s #%llu "
                        "failed: %s", comm->rank, len, p, (int)comm->pids[p],
                        coll_coll_name(w->coll), (unsigned long long)w->seq, strerror(e));
