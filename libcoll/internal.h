@@ -1,7 +1,7 @@
 /* internal.h — the communicator and the pieces every libcoll file shares.
  *
  * Layers (data flows down, never up): api.c validates and enqueues; executor.c runs a
- * plan (plan.c, ring.c) slice by slice through connectors (transport/); reduce.c does
+ * plan (plan.c, ring.c) slice by slice through connectors (libcoll/transport/); reduce.c does
  * arithmetic; bootstrap.c only runs during init.  Nothing in here may print and exit:
  * every failure becomes a coll_result plus a sentence in the communicator.
  */

@@ -2,7 +2,7 @@
  * checking that a job left nothing in /dev/shm, deterministic data.
  *
  * Leak checks count only the segments of the jobs the test itself made (by their name
- * prefix, /dev/shm/coll-<job>-..., transport/shm.c), never every libcoll segment on the
+ * prefix, /dev/shm/coll-<job>-..., libcoll/transport/shm.c), never every libcoll segment on the
  * machine: another libcoll job running meanwhile (another test program, a coll-bench
  * loop) makes and removes its own. */
 #ifndef COLL_TEST_HELPERS_H

@@ -1,7 +1,7 @@
 /* test_shm.c — shm holds memory only for the peers and slice sizes its plans use.
  *
  * A rank's segment has room for a FIFO from every peer, but it stays sparse: a FIFO's
- * pages become resident when a plan first uses it (transport/shm.c, warm), so that N
+ * pages become resident when a plan first uses it (libcoll/transport/shm.c, warm), so that N
  * ranks on one host do not each hold N-1 FIFOs (32 ranks did: 2 GiB).  Each rank here
  * reads, with mincore, how much of every FIFO in its own segment is resident:
  *

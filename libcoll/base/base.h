@@ -1,7 +1,7 @@
 /* base.h — what every layer uses, transports included: COLL_DEBUG logging, integers from
  * the environment, the clock, and the spin-wait hint.  Knows no communicator.
  *
- * Must never: include internal.h or name struct coll_comm (transport/ includes this file
+ * Must never: include internal.h or name struct coll_comm (libcoll/transport/ includes this file
  * and must see nothing of the communicator but its coll_comm_view).
  */
 #ifndef COLL_BASE_H

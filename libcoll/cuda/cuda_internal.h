@@ -1,5 +1,5 @@
 /* cuda_internal.h — what the rest of libcoll sees of CUDA (cuda.c; the transport's own
- * part, transport/cuda_ipc.c, is declared in transport/cuda_ipc.h).
+ * part, libcoll/transport/cuda_ipc.c, is declared in libcoll/transport/cuda_ipc.h).
  *
  * No CUDA type appears here, so every file can include it in every build; without nvcc
  * (COLL_HAVE_CUDA == 0) cuda.c provides the same functions as stubs that say "no CUDA".

@@ -4,10 +4,10 @@
     check_layers.py SOURCE_ROOT BUILD_ROOT [--rules FILE] [--graph] [--expect-broken TEXT]
 
 Two graphs, both read from what the build really uses:
-  includes  every #include "x.h" of every .c/.h/.cu/.cuh under libcoll/ and transport/,
+  includes  every #include "x.h" of every .c/.h/.cu/.cuh under libcoll/,
             matched to the file meson's include folders would pick (the including
             file's own folder first, then the folders of libcoll/meson.build's
-            include_directories, then transport/);
+            include_directories, then libcoll/transport/);
   calls     every object file of libcoll.so (and of the transport archive, and the nvcc
             objects): a symbol it needs (nm: U) that another object defines (T, D, B, R)
             is an arrow from the first object's source to the second's.  So a call, a
@@ -60,7 +60,7 @@ def layer_of(path, layers):
 
 def sources(root):
     out = []
-    for top in ("libcoll", "transport"):
+    for top in ("libcoll",):
         for d, _, files in os.walk(os.path.join(root, top)):
             for f in files:
                 if f.endswith((".c", ".h", ".cu", ".cuh")):
@@ -69,11 +69,11 @@ def sources(root):
 
 
 def include_dirs(root):
-    """libcoll/meson.build's include_directories('.', 'include', ...), then transport/."""
+    """libcoll/meson.build's include_directories('.', 'include', ...), then libcoll/transport/."""
     text = open(os.path.join(root, "libcoll", "meson.build")).read()
     m = re.search(r"libcoll_inc\s*=\s*include_directories\(([^)]*)\)", text)
     dirs = [os.path.normpath(os.path.join("libcoll", d)) for d in re.findall(r"'([^']+)'", m.group(1))] if m else []
-    return dirs + ["transport"]
+    return dirs + ["libcoll/transport"]
 
 
 def resolve(root, src, name, dirs):
@@ -98,9 +98,9 @@ def objects(build):
                 stem = f[len("libcoll_"):-len(".o")]
                 folder, _, rest = stem.partition("_")
                 out.append((p, f"libcoll/{folder}/{rest}"))
-            elif rel.startswith(os.path.join("transport", "libcoll_transport.a.p")):
-                out.append((p, "transport/" + f[:-len(".o")]))
-            elif rel.startswith("libcoll" + os.sep) and os.sep not in rel[len("libcoll/"):]:
+            elif "libcoll_transport.a.p" in rel:
+                out.append((p, "libcoll/transport/" + f[:-len(".o")]))
+            elif rel.startswith("libcoll" + os.sep) and os.sep not in rel[len("libcoll/"):] and f.endswith("kernels.o"):
                 out.append((p, f"libcoll/cuda/{f[:-len('.o')]}.cu"))  # the nvcc objects
     return out
 

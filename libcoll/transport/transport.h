@@ -12,7 +12,7 @@
  * may have changed.  Only `wait` may sleep, and it returns within `max_ms`.
  *
  * A transport sees its communicator only through a coll_comm_view (below), never
- * struct coll_comm: no file in transport/ includes libcoll's internal header.  Must
+ * struct coll_comm: no file in libcoll/transport/ includes libcoll's internal header.  Must
  * never: grow a field or callback that serves one algorithm or executor policy rather
  * than moving slices (those stay on the libcoll side).
  */
