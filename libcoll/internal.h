@@ -365,6 +365,9 @@ coll_result coll_exec_watch(struct coll_comm *comm, const coll_work *w);
 
 /* Hands checked work to the executor (api.c): device buffers and cudaStream_t handled. */
 coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w);
+/* Classifies w's buffers (w->device) and refuses what cannot run, as coll_submit would,
+ * without running anything (group.c's look at a grouped point-to-point call). */
+coll_result coll_submit_classify(struct coll_comm *comm, const char *fn, coll_work *w);
 /* Is a coll_group_start open in this thread? */
 bool coll_group_open(void);
 /* Inside a group: keeps `w` (checked by api.c) for the outermost coll_group_end. */

@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "cuda_internal.h"
 #include "internal.h"
 #include "watch.h"
 
@@ -84,87 +82,6 @@ static coll_result check_overlap(ctx *c, const void *a, size_t alen, const void 
     return BAD(c, "%s on rank %d: send and receive buffers overlap but are not the in-place "
                "arrangement", c->fn, c->comm->rank);
   return COLL_OK;
-}
-
-/* All-to-all, gather and scatter have no device path yet: cuda.c's executor hooks were
- * written for the five collectives, and nothing here could test them on a GPU. */
-static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_work *w) {
-  bool newer = w->coll == COLL_COLL_ALL_TO_ALL || w->coll == COLL_COLL_ALL_TO_ALLV ||
-               w->coll == COLL_COLL_GATHER || w->coll == COLL_COLL_SCATTER;
-  if (!newer || (!w->device && !w->cuda_event)) return COLL_OK;
-  return coll_fail(comm, COLL_ERR_UNSUPPORTED,
-                   "%s on rank %d: %s, but all-to-all, gather and scatter run on host memory "
-                   "and coll_stream_t streams only (no device path yet): stage the data "
-                   "through host buffers", fn, comm->rank,
-                   w->device ? "the buffers are CUDA device memory"
-                             : "the stream wraps a cudaStream_t");
-}
-
-/* The device data path: every rank describes its buffers (cuda/peer.c), one all-gather
- * of the descriptions over the host path (numbered as the user's call, not COLL_CHECKed:
- * peer.c compares the calls itself; the first one sets the device path up), peer.c maps
- * every rank's buffers, the tuner picks one of the table's device rows (algo/device.c),
- * which enqueues the call on the caller's stream.  *served false: the host-driven path
- * takes the call, on every rank alike. */
-static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work *w,
-                               bool *served) {
-  *served = false;
-  w->peer_ok = false;
-  if (!coll_cuda_peer_wanted(comm)) return COLL_OK;
-  size_t n = (size_t)comm->nranks;
-  uint8_t mine[COLL_PEER_DESC_BYTES], *all = malloc(n * COLL_PEER_DESC_BYTES);
-  if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "%s on rank %d: out of memory", fn, comm->rank);
-  memset(mine, 0, sizeof mine);
-  coll_cuda_peer_describe(comm, fn, w, mine);
-  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all,
-                 .count = COLL_PEER_DESC_BYTES, .dtype = COLL_UINT8, .peer_exchange = true,
-                 .cuda_dev = w->cuda_dev, .inner = true};
-  coll_result r = coll_exec_submit(comm, &x);
-  bool exchanged = r == COLL_OK; /* a failed exchange has told the peers itself */
-  if (r == COLL_OK) r = coll_cuda_peer_map(comm, fn, w, all);
-  free(all);
-  if (r == COLL_OK && w->peer_ok) {
-    coll_algo a = coll_tune_choose(comm, w, coll_dtype_size(w->dtype));
-    const coll_algo_entry *e = coll_algo_get(a);
-    if (e && e->device_only) { /* else COLL_ALGO named a host-driven schedule */
-      bool ran = true;
-      *served = true;
-      atomic_store_explicit(&comm->last_algo, (int)a + 1, memory_order_relaxed);
-      r = coll_cuda_peer_finish(comm, w, e->run(comm, w, &ran));
-    }
-  }
-  /* Past the exchange every peer is in this call: a failure here must reach them. */
-  if (r != COLL_OK && exchanged) coll_exec_failed(comm, r);
-  return r;
-}
-
-coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
-  coll_comm_enter(comm);
-  /* cuda.c: device buffers are recognised (and refused when they cannot run) here; a
-   * cudaStream_t gets its event before and its wait after the enqueue. */
-  coll_result r = coll_cuda_prepare(comm, fn, w);
-  bool enqueued = false;
-  if (r == COLL_OK && w->peer_candidate) {
-    bool served = false;
-    r = device_path(comm, fn, w, &served);
-    if (r != COLL_OK || served) {
-      coll_comm_leave(comm);
-      return r;
-    }
-    r = coll_cuda_prepare_stream(comm, fn, w);
-    if (r != COLL_OK) {
-      coll_comm_leave(comm);
-      return r;
-    }
-  }
-  if (r == COLL_OK) {
-    r = host_only(comm, fn, w);
-    if (r == COLL_OK) r = coll_exec_submit(comm, w), enqueued = true;
-    r = coll_cuda_after_submit(comm, w, r); /* on failure it releases the event */
-  }
-  if (!enqueued) free(w->v_copy); /* else the executor frees it (finish()) */
-  coll_comm_leave(comm);
-  return r;
 }
 
 static coll_result submit(ctx *c, coll_work *w) {

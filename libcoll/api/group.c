@@ -48,7 +48,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.h"
 #include "internal.h"
 
 typedef struct {
@@ -87,8 +86,7 @@ coll_result coll_group_record(struct coll_comm *comm, const char *fn, const coll
                        fn, comm->rank);
     coll_work probe = *w; /* no stream: only tells host from device memory */
     probe.stream = NULL;
-    coll_result r = coll_cuda_prepare(comm, fn, &probe);
-    coll_cuda_work_done(&probe); /* the event a device call gets: the probe runs nothing */
+    coll_result r = coll_submit_classify(comm, fn, &probe);
     if (r != COLL_OK) return r;
     if (probe.device)
       return coll_fail(comm, COLL_ERR_UNSUPPORTED,
