@@ -1,4 +1,4 @@
-/* test_sim.c — the scale simulator (bench/sim_*.c, the tool bench/coll-sim.c) checked:
+/* test_sim.c — the scale simulator (sim/sim_*.c, the tool sim/coll-sim.c) checked:
  *
  *   - every plan's invariants at N up to 4096 (pairing, no deadlock with FIFOs of 4
  *     slots, every contribution exactly once / every block in place), through the same
@@ -8,8 +8,8 @@
  *     chunk (ring.c's 2(N-1)·α + 2(N-1)/N·n·β when k = 1);
  *   - that it catches broken plans: a send dropped, a receive dropped, a chunk taken
  *     from the wrong offset, a division done twice;
- *   - the model against this host's committed measurements (scripts/sim_agreement.py
- *     matrix on docs/sim's shm sets, pooled): within 25 %, and a wrong model caught.
+ *   - the model against this host's committed measurements (sim/sim_agreement.py
+ *     matrix on sim/data's shm sets, pooled): within 25 %, and a wrong model caught.
  * Deterministic (no clock, no randomness beyond fixed seeds), bounded; no processes but
  * the last part's python3 and coll-sim.
  */
@@ -17,7 +17,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../bench/sim.h"
+#include "../sim/sim.h"
 #include "helpers.h"
 #include "run_prog.h"
 
@@ -120,7 +120,7 @@ Test(sim, ring_matches_closed_form) {
     }
 }
 
-/* The CPU model (bench/sim_cpu.c) against its closed form.  Ring all-reduce, chunks of
+/* The CPU model (sim/sim_cpu.c) against its closed form.  Ring all-reduce, chunks of
  * one slice, α = 0, a core per rank: every rank runs the same chain of 2N-1 operations
  * in lockstep (SEND, N-2 RECV_REDUCE_SEND, RECV_REDUCE_COPY_SEND, N-2 RECV_COPY_SEND,
  * RECV), each on a chunk of b bytes, so
@@ -574,7 +574,7 @@ Test(sim, broken_plans_are_caught, .timeout = 120) {
 }
 
 /* ---- the model against the host's committed measurements ---------------------------- *
- * scripts/sim_agreement.py matrix, run on the shm sets committed under docs/sim (ranks
+ * sim/sim_agreement.py matrix, run on the shm sets committed under sim/data (ranks
  * bound round-robin, G-O: the executor as it is since G), with coll-sim as built: the
  * model must stay within 25 % of every pooled all-reduce median (issue 14's acceptance 5,
  * docs/bandwidth-math.md "Pooled").  A change to the model or to its built-in figures that
@@ -587,12 +587,12 @@ static t_run_result run_matrix(const char *extra1, const char *extra2) {
   cr_assert(src && build, "run through meson test (COLL_TEST_SOURCE_DIR, COLL_TEST_BUILD_DIR)");
   enum { NSETS = sizeof pooled_sets / sizeof *pooled_sets };
   static char script[1024], paths[NSETS][1024], env_build[1100];
-  snprintf(script, sizeof script, "%s/scripts/sim_agreement.py", src);
+  snprintf(script, sizeof script, "%s/sim/sim_agreement.py", src);
   snprintf(env_build, sizeof env_build, "COLL_BUILD_DIR=%s", build);
   const char *argv[NSETS + 8] = {"/usr/bin/python3", script, "matrix"};
   int k = 3;
   for (int i = 0; i < NSETS; i++) {
-    snprintf(paths[i], sizeof paths[i], "%s/docs/sim/runs_bound_%s.csv", src, pooled_sets[i]);
+    snprintf(paths[i], sizeof paths[i], "%s/sim/data/runs_bound_%s.csv", src, pooled_sets[i]);
     argv[k++] = paths[i];
   }
   if (extra1) argv[k++] = extra1;

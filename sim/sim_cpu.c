@@ -42,7 +42,7 @@
  * sim-membw itself (knee) finds 0.93-0.98 at 16 MiB and 0.89 at 19 (docs/bandwidth-math.md 8).
  *
  * with x_cache and x_mem the kernel's speed in cache and from memory, measured apart
- * (bench/sim_membw.c, with as many threads as ranks can run at once on the host).  The
+ * (sim/sim_membw.c, with as many threads as ranks can run at once on the host).  The
  * host's cores share its memory bandwidth: an operation that starts while only k of the
  * C cores run one pays x_mem·(a + (1 - a)(k - 1)/(C - 1)), a = cpu.mem_alone (0.64 here:
  * sim-membw with 1 thread against 2) — it matters where ranks leave a core idle part of

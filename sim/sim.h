@@ -1,4 +1,4 @@
-/* sim.h — the scale simulator's parts (bench/coll-sim.c is the tool that drives them).
+/* sim.h — the scale simulator's parts (sim/coll-sim.c is the tool that drives them).
  *
  * The same plans the executor runs (libcoll/algo/: every table row with a `plan`) are
  * built for every rank of a job this machine cannot start — N = 2..4096 ranks over
@@ -33,7 +33,7 @@
 
 enum { SIM_SHM = 0, SIM_NET = 1 }; /* the two kinds of link */
 
-/* The executor's CPU work, priced as its passes over memory (bench/sim_cpu.c has the
+/* The executor's CPU work, priced as its passes over memory (sim/sim_cpu.c has the
  * math); on = false leaves the plain α-β-γ model (β_shm per byte sent, γ per byte
  * reduced, beta_copy per byte kept). */
 typedef struct {

@@ -3,14 +3,14 @@
  * For every algorithm with a plan (ring, tree, rd, rhd, pairwise, linear: the rows of
  * libcoll/algo/table.c that have one) and every collective it serves, coll-sim builds
  * every rank's schedule with the library's plan functions and runs them through a
- * discrete-event model of the executor (bench/sim_engine.c: slices of one slot, rounds,
+ * discrete-event model of the executor (sim/sim_engine.c: slices of one slot, rounds,
  * FIFOs of bounded depth; α and β per link, shm within a host and the network across
  * hosts, a host's NIC shared by all its ranks' flows).  It prints, per size, the
  * predicted time, algbw and busbw (nccl-tests' factors), the crossover table (which
  * algorithm wins at each size and N), and with --validate it checks every plan's
  * invariants at each N (sends and receives pair up with equal lengths, no deadlock with
  * FIFOs of --depth slots, every output element holds every contribution exactly once or
- * the block that belongs there: bench/sim_check.c).
+ * the block that belongs there: sim/sim_check.c).
  *
  * The model's numbers: the tuner's defaults (exec/tune.c) unless given, or the tuner's
  * cache of measured figures (--tune-cache), or flags.  docs/bandwidth-math.md reads the
@@ -74,7 +74,7 @@ static void usage(void) {
       "      --tune-cache[=F]  take alpha, beta, gamma for shm from the tuner's cache line\n"
       "                        of this shape (default file ~/.cache/libcoll/tune)\n"
       "      --cpu-model       price the executor's CPU work as its passes over memory\n"
-      "                        (bench/sim_cpu.c), with this host's fitted figures below\n"
+      "                        (sim/sim_cpu.c), with this host's fitted figures below\n"
       "                        unless given; off: the plain alpha-beta-gamma model\n"
       "      --copy-ns C,M     memcpy, ns per byte in cache, from memory (0.020,0.11)\n"
       "      --nt-ns C,M       non-temporal copy, the same (0.035,0.080)\n"
@@ -150,12 +150,12 @@ typedef struct {
 
 /* This host's CPU model (2-core AMD EPYC VM; docs/bandwidth-math.md section 8 says how
  * each figure was obtained): the kernels' speeds, slot_in and C measured with
- * build/bench/sim-membw (two threads: both cores busy), mem_alone with one thread against
+ * build/sim/sim-membw (two threads: both cores busy), mem_alone with one thread against
  * two, rfo with `sim-membw pingpong`; call from coll-bench's 64-512 B all-reduce at N=2
  * (1 us); l2_bytes from lscpu; fitted: slot_out in cache on ring all-reduce N=2 and N=3
  * at 1 MiB (set G, least squares; the rfo term carries most of what it once stood for),
  * the core hand-over on ring N=3 1 MiB (--no-sched only), the FIFOs' footprint on tree
- * N=8 16 MiB (docs/sim/runs_sched_c.csv); op is 0 (a slice's fixed cost is not separable
+ * N=8 16 MiB (sim/data/runs_sched_c.csv); op is 0 (a slice's fixed cost is not separable
  * from α and call on this data).  Everything else the model is compared with is
  * predicted. */
 static const sim_cpu host_cpu = {

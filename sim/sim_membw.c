@@ -9,7 +9,7 @@
  * library's own, in slices of 64 KiB walking buffers of a working set W, with T threads
  * at once (the ranks that share the host's memory bus), and prints ns per byte against
  * W.  coll-sim takes two points of each curve (W well inside the cache, W far outside)
- * and the cache size; bench/sim_cpu.c explains how it interpolates between them.
+ * and the cache size; sim/sim_cpu.c explains how it interpolates between them.
  *
  * `sim-membw pingpong` measures what writing into a slot costs more when the other core
  * has just read it (coll-sim --rfo-ns).

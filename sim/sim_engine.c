@@ -327,7 +327,7 @@ static double rfo_cost(const engine *e, const slot *sl, int src, int dst, double
  *     core i mod cores, so each core has its own queue and a rank queued on a busy core
  *     waits even while another core idles; unbound, a host has one queue and a ready rank
  *     takes any free core.
- * Every figure is measured (bench/sim_sched.c), none fitted (docs/bandwidth-math.md,
+ * Every figure is measured (sim/sim_sched.c), none fitted (docs/bandwidth-math.md,
  * section 8). */
 
 /* The run queue rank r waits in: its host's, or when bound its core's. */

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """sim_agreement.py — coll-sim's predictions against coll-bench's measurements.
 
-  scripts/sim_agreement.py measure OUT.csv [REPS] [NS]   interleaved coll-bench runs
-  scripts/sim_agreement.py compare OUT.csv [coll-sim flags...]
-  scripts/sim_agreement.py measure-netns OUT.csv [REPS] [HOSTS]   (root: netns.sh)
-  scripts/sim_agreement.py compare-netns OUT.csv [--line-measured] [coll-sim flags...]
-  scripts/sim_agreement.py sweep OUT.csv [REPS] [NS]     all-reduce 1..16 MiB by 2
-  scripts/sim_agreement.py compare-inplace OUT.csv [coll-sim flags...]
-  scripts/sim_agreement.py matrix SET.csv... [coll-sim flags...]
+  sim/sim_agreement.py measure OUT.csv [REPS] [NS]   interleaved coll-bench runs
+  sim/sim_agreement.py compare OUT.csv [coll-sim flags...]
+  sim/sim_agreement.py measure-netns OUT.csv [REPS] [HOSTS]   (root: netns.sh)
+  sim/sim_agreement.py compare-netns OUT.csv [--line-measured] [coll-sim flags...]
+  sim/sim_agreement.py sweep OUT.csv [REPS] [NS]     all-reduce 1..16 MiB by 2
+  sim/sim_agreement.py compare-inplace OUT.csv [coll-sim flags...]
+  sim/sim_agreement.py matrix SET.csv... [coll-sim flags...]
 
 measure: REPS rounds (default 9: with 5, two sets minutes apart differed by more than
 25 % in 11 of the 40 all-reduce medians, with 9 in 4); in each round every case once
@@ -88,7 +88,7 @@ def measure(out, reps, ns):
         for rep in range(reps):
             # The kernels' speeds in the same run: this VM's memory moves with its host's
             # load by tens of percent from one hour to the next.
-            p = subprocess.run([f"{BUILD}/bench/sim-membw", "2"], capture_output=True,
+            p = subprocess.run([f"{BUILD}/sim/sim-membw", "2"], capture_output=True,
                                text=True, timeout=600)
             mf.write(f"# round {rep}\n{p.stdout}")
             mf.flush()
@@ -96,7 +96,7 @@ def measure(out, reps, ns):
             with open(out + ".fixed", "a") as xf:
                 xf.write(f"# round {rep}\n")
                 for probe in (["sim-membw", "handover"], ["sim-membw", "pingpong"], ["sim-sched"]):
-                    p = subprocess.run([f"{BUILD}/bench/{probe[0]}"] + probe[1:],
+                    p = subprocess.run([f"{BUILD}/sim/{probe[0]}"] + probe[1:],
                                        capture_output=True, text=True, timeout=600)
                     xf.write(p.stdout)
             for n in ns:
@@ -118,7 +118,7 @@ def bench_rows(f, rep, env, coll, n, algo, lo, hi, factor, prefix=()):
 
 
 def predict(coll, algo, n, size, flags):
-    p = subprocess.run([f"{BUILD}/bench/coll-sim", "-N", str(n), "-H", str(n), "--cores", "2",
+    p = subprocess.run([f"{BUILD}/sim/coll-sim", "-N", str(n), "-H", str(n), "--cores", "2",
                         "-c", coll, "-A", algo, "-b", str(size), "-e", str(size), "-f", "2",
                         "--cpu-model"] + STEADY + flags, capture_output=True, text=True,
                        check=True)
@@ -188,7 +188,7 @@ def membw_flags(path, flags):
 
 def llc_hit(ws, cache, ways=16):
     """coll-sim's share of hits for a working set of WS bytes in a last-level cache of
-    CACHE bytes and WAYS ways (bench/sim_cpu.c, sim_cpu_hit: lines fall on the sets as
+    CACHE bytes and WAYS ways (sim/sim_cpu.c, sim_cpu_hit: lines fall on the sets as
     Poisson(λ), λ = ways·WS/CACHE, a set keeps at most WAYS of them)."""
     lam = ways * ws / cache
     spread = 12 * math.sqrt(lam) + 40
@@ -312,7 +312,7 @@ def placement_flags(path, flags):
     return ["--bind" if bound else "--no-bind"]
 
 
-# coll-sim's slot_out from memory (bench/coll-sim.c), kept when --fit-slot-out refits
+# coll-sim's slot_out from memory (sim/coll-sim.c), kept when --fit-slot-out refits
 # the in-cache figure.
 SLOT_OUT_MEM = 0.088
 
@@ -485,7 +485,7 @@ def sweep(out, reps, ns):
         if fresh:
             mf.write("# placement: one cpu\n" if one else "# placement: bound\n")
         for rep in range(reps):
-            p = subprocess.run(prefix + [f"{BUILD}/bench/sim-membw", "1" if one else "2"],
+            p = subprocess.run(prefix + [f"{BUILD}/sim/sim-membw", "1" if one else "2"],
                                capture_output=True, text=True, timeout=600)
             mf.write(f"# round {rep}\n{p.stdout}")
             mf.flush()
@@ -649,7 +649,7 @@ def compare_netns(path, flags):
     for key in sorted(runs, key=lambda k: (k[1], k[0], k[2])):
         algo, n, size = key
         med = statistics.median(runs[key])
-        p = subprocess.run([f"{BUILD}/bench/coll-sim", "-N", str(n), "-H", "1", "--cores", "1",
+        p = subprocess.run([f"{BUILD}/sim/coll-sim", "-N", str(n), "-H", "1", "--cores", "1",
                             "-c", "all_reduce", "-A", algo, "-b", str(size), "-e", str(size), "-f", "2"]
                            + NETNS_SIM + ["--alpha-net", f"{alpha.get(n, 92.0):.1f}"]
                            + (["--bw-line", f"{line[n]:.3f}"] if n in line else []) + flags,
