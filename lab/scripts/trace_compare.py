@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """trace_compare.py — a measured call and coll-sim's prediction of it, step by step.
 
-  scripts/trace_compare.py REAL.json SIM.json [--calls A:B]
+  lab/scripts/trace_compare.py REAL.json SIM.json [--calls A:B]
 
 REAL.json: COLL_TRACE's file from a coll-bench run of one case (one collective, one size:
 -b = -e); SIM.json: `coll-sim --trace` of the same case.  For every rank and every step

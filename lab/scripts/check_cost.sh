@@ -3,9 +3,9 @@
 # 64 MiB on 2 and 4 local ranks, COLL_CHECK=0 and =1 alternated run by run so that drift
 # in the machine's load hits both alike.  Prints one line per run:
 #   ranks size check rep time_out_of_place_us time_in_place_us load_average
-# Usage: scripts/check_cost.sh [BUILD_DIR]   (default build); summarise with min/median.
+# Usage: lab/scripts/check_cost.sh [BUILD_DIR]   (default build); summarise with min/median.
 set -eu
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build}
 for n in 2 4; do
   for sz in 8 1K 64M; do

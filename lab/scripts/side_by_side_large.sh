@@ -5,10 +5,10 @@
 # and reduce-scatter at 64 and 256 MiB, interleaved per repetition; prints the table of
 # medians and ratios, and keeps every run's output (and runs.txt, one line per
 # measurement) in the directory it names.
-# Usage: scripts/side_by_side_large.sh [reps (default 3)] [build dir (default build)]
+# Usage: lab/scripts/side_by_side_large.sh [reps (default 3)] [build dir (default build)]
 # Needs a build with the peers: ninja -C build builds bench/peers/mpi_coll_bench.openmpi
 # and .mpich when meson found Open MPI and MPICH (scripts/setup.sh installs both).
 set -u
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 exec /usr/bin/python3 bench/peers/side_by_side.py --preset large --reps "${1:-3}" \
   --build "${2:-build}" --placement both
