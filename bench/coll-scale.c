@@ -10,7 +10,7 @@
  * last finished it — the part that grows with N, not the forking), the slowest rank's
  * own init, the most descriptors and the most memory any rank held, and whether every
  * result was right.  Run it with COLL_TRANSPORT=tcp COLL_TUNE=0 and `ulimit -n 1024` for
- * the issue-14 scale check (docs/perf.md).
+ * the issue-14 scale check (lab/perf-log.md).
  *
  * Must never: report a time it did not measure, or call a run good when a result was
  * wrong or a rank failed.

@@ -14,7 +14,7 @@
  *
  * The model's numbers: the tuner's defaults (exec/tune.c) unless given, or the tuner's
  * cache of measured figures (--tune-cache), or flags.  docs/bandwidth-math.md reads the
- * crossover tables; docs/perf.md-style agreement with measured runs is in that section.
+ * crossover tables; lab/perf-log.md-style agreement with measured runs is in that section.
  *
  * Must never: start processes, open sockets or touch a communicator — it predicts; the
  * measurements are coll-bench's.

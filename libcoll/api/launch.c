@@ -84,7 +84,7 @@ int coll_launch_leftovers(char *names, size_t len) {
  * than CPUs (mpirun binds none then) round-robin still pays: ring neighbours land on
  * different cores every run.  On 2 CPUs, 4- and 8-rank rings alternated 9 times each way:
  * bound, every median was lower (1-35 %) and the slowest run 1.5-2.0x the fastest,
- * against 1.3-4.2x unbound (docs/perf.md, "Placement"). */
+ * against 1.3-4.2x unbound (lab/perf-log.md, "Placement"). */
 static void bind_rank(int r) {
   const char *e = getenv("COLL_LAUNCH_BIND");
   if (e && strcmp(e, "0") == 0) return;

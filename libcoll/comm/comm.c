@@ -58,7 +58,7 @@ static void my_cpus(cpu_set_t *set) {
  * affinities.  Not the machine's online CPUs: 4 ranks under `taskset -c 0,1` or in a
  * container given 2 CPUs of 64 share 2 cores, and a wait that spins there burns the
  * time slice the peer it waits for needs (2 ranks on one CPU of this VM: a 1 MiB ring
- * all-reduce took 561 us spinning, 136 us yielding: docs/perf.md).  Every rank of the host
+ * all-reduce took 561 us spinning, 136 us yielding: lab/perf-log.md).  Every rank of the host
  * computes it from the same exchange, so they agree (shm sizes its slots by it). */
 static int host_cores(const rank_info *all, int nranks, uint64_t host) {
   cpu_set_t u;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ddp_perf.sh — the DDP measurements of docs/perf.md, in one session: tokens/s for
+# ddp_perf.sh — the DDP measurements of lab/perf-log.md, in one session: tokens/s for
 # N = 1, 2, 4 ranks over libcoll and Open MPI, overlap on vs --no-overlap, and the bucket
 # sweep. Prints one summary line per run. Usage: ddp_perf.sh [build dir] (build-ddp).
 # Model: 6 layers x 256 channels = 4.8 M parameters = 18.4 MiB of gradients; each rank
