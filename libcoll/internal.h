@@ -225,13 +225,16 @@ typedef struct coll_comm_hooks {
 } coll_comm_hooks;
 
 /* What the executor hands the table's rows that run themselves (algo/oneshot.c,
- * direct.c, mapped.c) in every communicator (coll_exec_start fills it): exchanges of
- * bytes between the ranks, the failure watch, and tracing — so that algo/ never calls
- * up into exec/. */
+ * direct.c, mapped.c), and the parts of exec/ it drives (check.c, tune.c, trace.c), in
+ * every communicator (coll_exec_start fills it): exchanges of bytes between the ranks,
+ * the failure watch, and tracing — so that nothing below the executor calls back up
+ * into it. */
 typedef struct coll_exec_ops {
   /* A blocking call on bytes (COLL_UINT8), as coll_exec_bytes. */
   coll_result (*bytes)(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
                        void *recvbuf, size_t bytes, coll_op op, int root);
+  /* Any work, as coll_exec_submit (the tuner's probes). */
+  coll_result (*submit)(struct coll_comm *comm, const coll_work *w);
   /* COLL_ERR_REMOTE with the sentence when a failure elsewhere dooms w. */
   coll_result (*watch)(struct coll_comm *comm, const coll_work *w);
   bool (*trace_on)(struct coll_comm *comm);
@@ -246,6 +249,7 @@ struct coll_comm {
   int rank, nranks;
   const coll_comm_hooks *hooks;  /* comm.c's, for the layers below */
   const coll_exec_ops *exec_ops; /* executor.c's, for the rows that run themselves */
+  struct coll_peer *peer;        /* the device data path (cuda/peer.c), once set up */
   uint8_t secret[COLL_SECRET_BYTES];
   int timeout_ms;
   pid_t *pids;        /* per rank, for liveness checks on this host */

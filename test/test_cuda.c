@@ -342,10 +342,10 @@ static coll_algo device_choice(struct coll_comm *c, coll_coll_kind k, size_t cou
 
 Test(cuda, device_rows_priced_and_chosen) {
   struct coll_comm *c = calloc(1, sizeof *c);
-  struct coll_cuda_comm *cc = calloc(1, sizeof *cc);
+  struct coll_peer *cc = calloc(1, sizeof *cc);
   cr_assert(c && cc);
-  c->cuda = cc;
-  cc->peer_ok = true;
+  c->peer = cc;
+  cc->ok = true;
   const coll_algo_entry *one = coll_algo_get(COLL_ALGO_DEV_ONESHOT);
   const coll_algo_entry *two = coll_algo_get(COLL_ALGO_DEV_TWOSHOT);
   cr_assert(one->device_only && two->device_only && one->run && two->run && !one->plan);
@@ -382,7 +382,7 @@ Test(cuda, device_rows_priced_and_chosen) {
   c->nranks = COLL_PEER_MAX + 1;
   cr_assert(!coll_algo_usable(one, c, &mapped, 4));
   c->nranks = 2;
-  cc->peer_ok = false;
+  cc->ok = false;
   cr_assert(!coll_algo_usable(one, c, &mapped, 4));
   coll_algo a = device_choice(c, COLL_COLL_ALL_REDUCE, 2, true);
   cr_assert(!coll_algo_get(a) || !coll_algo_get(a)->device_only, "chose %s", coll_algo_name(a));

@@ -35,7 +35,7 @@
 #include <stdio.h>
 
 #include "algo.h"
-#include "cuda_internal.h"
+#include "peer.h"
 
 /* Defaults: a barrier of stream memory operations, and a byte of device memory traffic
  * (an H100's copy moves about 3 TB/s counting bytes read and written). */
@@ -71,7 +71,7 @@ coll_result coll_dev_twoshot_cost(coll_coll_kind c, double n, const coll_cost_mo
 
 bool coll_dev_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
   (void)c, (void)count, (void)es;
-  return comm->cuda && comm->cuda->peer_ok && comm->nranks <= COLL_PEER_MAX;
+  return comm->peer && comm->peer->ok && comm->nranks <= COLL_PEER_MAX;
 }
 
 /* chunk k of a buffer of N chunks of `count` elements */

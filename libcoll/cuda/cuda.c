@@ -391,7 +391,8 @@ static coll_result lazy_setup(struct coll_comm *comm, int dev, coll_cuda_exchang
     if (cc->ipc_ctx && (r = coll_transport_cuda_ipc.ready(&comm->view, cc->ipc_ctx)) != COLL_OK)
       return r;
     /* The device data path on top (peer.c): every rank reaches this alike. */
-    if (cc->ready && (r = coll_cuda_peer_setup(comm, xchg)) != COLL_OK) return r;
+    if (cc->ready && (r = coll_cuda_peer_setup(comm, xchg, cc->device, cc->stream)) != COLL_OK)
+      return r;
   } else {
     cc->ready = ok;
   }
@@ -623,6 +624,13 @@ void coll_cuda_stream_discard(struct coll_cuda_stream *x) {
 
 static bool drain(cudaStream_t s, int timeout_ms);
 void *coll_cuda_stream_user(struct coll_stream *s) { return (void *)s->cuda->user; }
+
+bool coll_cuda_peer_wanted(struct coll_comm *comm) {
+  struct coll_cuda_comm *cc = comm->cuda;
+  if (!cc) return false;
+  if (!atomic_load_explicit(&cc->tried, memory_order_acquire)) return true; /* not known yet */
+  return cc->ready && comm->peer && comm->peer->ok;
+}
 
 coll_result coll_cuda_stream_sync(struct coll_stream *s) {
   struct coll_cuda_stream *x = s->cuda;
@@ -937,6 +945,12 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
 coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, coll_work *w) {
   (void)comm, (void)fn, (void)w;
   return COLL_OK;
+}
+bool coll_cuda_peer_wanted(struct coll_comm *comm) { (void)comm; return false; }
+void *coll_cuda_stream_user(struct coll_stream *s) { (void)s; return NULL; }
+coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what) {
+  (void)event, (void)what;
+  return coll_fail(comm, COLL_ERR_INTERNAL, "a device event in a build without CUDA");
 }
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r) {
   (void)comm, (void)w;

@@ -28,7 +28,7 @@
 
 #include "cuda_ipc.h"
 #include "internal.h"
-#include "peer_kernels.h"
+#include "peer.h"
 
 /* ---- memory ops: the executor's only way to touch bytes ---------------------------- */
 
@@ -90,10 +90,6 @@ coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn,
 
 /* ---- the communicator's CUDA state (cuda.c), hooked into comm.c ---------------------- */
 
-/* An all-gather of `len` bytes per rank over the host path, handed down by the executor
- * for the set-up's exchanges (cuda/ never calls up into exec/). */
-typedef coll_result (*coll_cuda_exchange)(struct coll_comm *comm, const void *mine, void *all,
-                                          size_t len);
 
 /* At creation: the communicator's CUDA state, empty.  Makes no CUDA call (nothing is
  * set up until a collective is handed device memory). */
@@ -142,58 +138,8 @@ bool coll_cuda_stream_idle(struct coll_stream *s);
 /* stream.c: frees the CUDA part of a stream. */
 void coll_cuda_stream_free(struct coll_stream *s);
 
-/* ---- the device data path (peer.c) ------------------------------------------------------ */
-
-/* The flags of the device path's barriers: one row of this many 32-bit words per rank. */
-#define COLL_PEER_FLAG_STRIDE 16
-/* Per communicator: device memory for what an in-place one-shot must not write over
- * while peers still read it (algo/device.c). */
-#define COLL_DEV_SCRATCH (4u << 20)
-
-/* One call on the device path: where it is enqueued and every rank's buffers, mapped
- * into this process (this rank's own at its index). */
-typedef struct coll_dev_call {
-  void *stream; /* cudaStream_t: the caller's, or the legacy default stream */
-  const void *send[COLL_PEER_MAX];
-  void *recv[COLL_PEER_MAX];
-} coll_dev_call;
-
-/* cuda.c's lazy set-up, once cuda_ipc is up on every rank: the barrier flags (a page of
- * host shared memory every GPU can reach), scratch, a trial.  Sets cc->peer_ok on every
- * rank alike; COLL_OK with peer_ok false (and the reason) where the path cannot run. */
-coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg);
-void coll_cuda_peer_free(struct coll_comm *comm);
-/* Ends every wait of the device path (abort, a poisoned communicator). */
-void coll_cuda_peer_poison(struct coll_comm *comm);
-/* api.c, for a w->peer_candidate.  Whether to try the device path at all (false once
- * the communicator is known not to have it: every rank knows the same). */
-bool coll_cuda_peer_wanted(struct coll_comm *comm);
-/* What this rank says about the call, COLL_PEER_DESC_BYTES into `out`: its shape and
- * its buffers (allocation, offset, IPC handle) — or that they cannot be shared. */
-#define COLL_PEER_DESC_BYTES 192
-void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
-                             void *out);
-/* After api.c's all-gather of every rank's description (whose first instance set the
- * path up): compares the calls (COLL_ERR_MISMATCH), then maps every peer's buffers.
- * w->peer_ok says whether the device rows may serve the call (w->dev holds the
- * buffers); false with COLL_OK: the host-driven path serves it, on every rank alike. */
-coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
-                               const void *descs);
-/* api.c, after a device row enqueued w: a blocking call waits (bounded) for it; a
- * failure ends every wait on the flags (api.c then fails the communicator). */
-coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_result r);
-
-/* The primitives algo/device.c schedules with, all enqueued on d->stream. */
-coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d);
-coll_result coll_dev_reduce(struct coll_comm *comm, const coll_dev_call *d, void *dst,
-                            const void *const *src, int nsrc, size_t count, coll_dtype dtype,
-                            coll_op op);
-coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
-                          const void *const *src, const size_t *bytes, int nseg);
-/* COLL_DEV_SCRATCH bytes of device memory of this communicator. */
-void *coll_dev_scratch(struct coll_comm *comm);
-
-/* A bounded wait for a cudaEvent_t (cuda.c), shared with peer.c. */
+/* A bounded wait for a cudaEvent_t (exec/submit.c waits for a blocking call of the
+ * device data path with it). */
 coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what);
 /* api/stream_cuda.c's coll_stream_create_cuda: the CUDA part of a stream wrapping the
  * cudaStream_t `user` (its completion counter, the driver's wait function), and its
@@ -203,6 +149,11 @@ coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user);
 void coll_cuda_stream_discard(struct coll_cuda_stream *x);
 /* The cudaStream_t (as void *) a stream of coll_stream_create_cuda wraps. */
 void *coll_cuda_stream_user(struct coll_stream *s);
+
+/* exec/submit.c, for a w->peer_candidate: whether to try the device data path at all —
+ * not known yet (the first device call sets it up), or known to be up.  False once the
+ * communicator is known not to have it (every rank knows the same). */
+bool coll_cuda_peer_wanted(struct coll_comm *comm);
 
 /* The communicator's CUDA state (comm->cuda). */
 struct coll_cuda_comm {
@@ -215,23 +166,6 @@ struct coll_cuda_comm {
   size_t slot_bytes;
   bool ready;            /* every pair of ranks has cuda_ipc: device buffers can run */
   char reason[COLL_ERRBUF]; /* why not, when !ready */
-  /* the device data path (peer.c) */
-  bool peer_ok;          /* set up on every rank: the device rows may run */
-  char peer_why[192];    /* why not */
-  bool warned;           /* said once that a buffer could not be shared */
-  void *flag_base;       /* the flag page (host shared memory), its size, its name */
-  size_t flag_size;      /*   while rank 0 has not yet unlinked it */
-  char flag_name[64];
-  bool flag_registered;
-  _Atomic uint32_t *flags; /* [dst * COLL_PEER_FLAG_STRIDE + src], host view */
-  uint64_t flags_dev;    /* the same, as the GPU addresses it */
-  uint32_t epoch;        /* the last barrier's */
-  void *scratch;         /* COLL_DEV_SCRATCH bytes of device memory */
-  void *done_ev;         /* cudaEvent_t recorded after every call: a blocking call waits
-                            for it, the next call on another stream starts after it */
-  void *last_stream;     /* the stream of the last call */
-  unsigned max_blocks;   /* per kernel: 4 per multiprocessor */
-  coll_dev_call call;    /* the running call's buffers */
 };
 
 #endif

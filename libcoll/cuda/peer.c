@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 #include "coll_config.h"
-#include "cuda_internal.h"
+#include "peer.h"
 #include "shm.h"
 
 #define DESC_MAGIC 0x44455650u /* "PVED" */
@@ -208,12 +208,12 @@ static coll_result import(struct coll_comm *comm, int peer, int32_t pid, const p
 static size_t flags_bytes(int n) { return 4096 + (((size_t)n * COLL_PEER_FLAG_STRIDE * 4 + 4095) & ~(size_t)4095); }
 
 /* This rank's half: map rank 0's flag page, find the driver functions, a scratch buffer,
- * a trial barrier with itself.  False with cc->peer_why. */
+ * a trial barrier with itself.  False with cc->why. */
 static bool setup_local(struct coll_comm *comm, const char *name) {
-  struct coll_cuda_comm *cc = comm->cuda;
+  struct coll_peer *cc = comm->peer;
   pthread_once(&entry_once, load_entries);
   if (!batch_memop || !ptr_attrs) {
-    snprintf(cc->peer_why, sizeof cc->peer_why, "the CUDA driver lacks cuStreamBatchMemOp or "
+    snprintf(cc->why, sizeof cc->why, "the CUDA driver lacks cuStreamBatchMemOp or "
              "cuPointerGetAttributes");
     return false;
   }
@@ -222,7 +222,7 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
     int fd = shm_open(name, O_RDWR, 0600);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || (size_t)st.st_size < size) {
-      snprintf(cc->peer_why, sizeof cc->peer_why, "rank %d: opening the flag page %s failed",
+      snprintf(cc->why, sizeof cc->why, "rank %d: opening the flag page %s failed",
                comm->rank, name);
       if (fd >= 0) close(fd);
       return false;
@@ -230,7 +230,7 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
-      snprintf(cc->peer_why, sizeof cc->peer_why, "rank %d: mapping the flag page failed", comm->rank);
+      snprintf(cc->why, sizeof cc->why, "rank %d: mapping the flag page failed", comm->rank);
       return false;
     }
     cc->flag_base = p;
@@ -249,7 +249,7 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cc->device);
   if (e == cudaSuccess) e = (cudaError_t)coll_cuda_preload_peer_kernels();
   if (e != cudaSuccess) {
-    snprintf(cc->peer_why, sizeof cc->peer_why, "rank %d: setting up the flags, scratch or "
+    snprintf(cc->why, sizeof cc->why, "rank %d: setting up the flags, scratch or "
              "kernels failed: %s", comm->rank, cudaGetErrorName(e));
     cudaGetLastError();
     if (ev) cudaEventDestroy(ev);
@@ -274,7 +274,7 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   CUresult cr = batch_memop((CUstream)cc->stream, 2, ops, 0);
   if (cr == CUDA_SUCCESS) e = cudaStreamSynchronize((cudaStream_t)cc->stream);
   if (cr != CUDA_SUCCESS || e != cudaSuccess) {
-    snprintf(cc->peer_why, sizeof cc->peer_why, "rank %d: stream memory operations on GPU %d "
+    snprintf(cc->why, sizeof cc->why, "rank %d: stream memory operations on GPU %d "
              "failed (CUresult %d, %s)", comm->rank, cc->device, (int)cr, cudaGetErrorName(e));
     cudaGetLastError();
     return false;
@@ -282,22 +282,28 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   return true;
 }
 
-coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg) {
-  struct coll_cuda_comm *cc = comm->cuda;
+coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg, int device,
+                                 void *stream) {
   int n = comm->nranks;
   char name[64] = "";
   if (n > COLL_PEER_MAX) {
-    snprintf(cc->peer_why, sizeof cc->peer_why, "%d ranks: the device path's kernels read at "
-             "most %d buffers", n, COLL_PEER_MAX);
+    COLL_INFO(comm->rank, "CUDA: no device data path (%d ranks: its kernels read at most %d "
+              "buffers): device buffers take the host-driven path", n, COLL_PEER_MAX);
     return COLL_OK;
   }
+  struct coll_peer *cc = calloc(1, sizeof *cc);
+  if (!cc) return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: out of memory for the device path",
+                            comm->rank);
+  cc->device = device;
+  cc->stream = stream;
+  comm->peer = cc;
   bool ok = true;
   if (comm->rank == 0) {
     coll_shm_segment_name(name, sizeof name, comm->secret, "dp", 0);
     void *p = NULL;
     size_t size = flags_bytes(n);
     if (coll_shm_create(&comm->view, name, size, &p) != COLL_OK) {
-      snprintf(cc->peer_why, sizeof cc->peer_why, "%.160s", comm->errbuf);
+      snprintf(cc->why, sizeof cc->why, "%.160s", comm->errbuf);
       ok = false;
     } else {
       cc->flag_base = p;
@@ -320,12 +326,12 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg
   for (int p = 0; p < n; p++)
     if (!tokens[p]) {
       all = false;
-      if (ok) snprintf(cc->peer_why, sizeof cc->peer_why, "rank %d could not set the device "
+      if (ok) snprintf(cc->why, sizeof cc->why, "rank %d could not set the device "
                        "path's flags up", p);
     }
-  cc->peer_ok = all;
+  cc->ok = all;
   if (!all) COLL_INFO(comm->rank, "CUDA: no device data path (%s): device buffers take the "
-                      "host-driven path", cc->peer_why);
+                      "host-driven path", cc->why);
   return COLL_OK;
 }
 
@@ -333,7 +339,7 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg
  * reading unmapped memory would fault the GPU context).  A communicator that failed may
  * have waits that never end; there, and where the bound runs out, the page stays. */
 void coll_cuda_peer_free(struct coll_comm *comm) {
-  struct coll_cuda_comm *cc = comm->cuda;
+  struct coll_peer *cc = comm->peer;
   if (!cc) return;
   bool keep = comm->sticky != COLL_OK || atomic_load(&comm->aborted);
   if (!keep && cc->done_ev && cc->epoch) {
@@ -360,9 +366,8 @@ void coll_cuda_peer_free(struct coll_comm *comm) {
   if (cc->scratch) cudaFree(cc->scratch);
   if (cc->done_ev) cudaEventDestroy((cudaEvent_t)cc->done_ev);
   cudaGetLastError();
-  cc->flag_base = NULL;
-  cc->scratch = NULL;
-  cc->done_ev = NULL;
+  free(cc);
+  comm->peer = NULL;
 }
 
 /* Ends every wait of the device path at once, on every rank: the communicator is being
@@ -371,7 +376,7 @@ void coll_cuda_peer_free(struct coll_comm *comm) {
  * (their callers hear it from the communicator), so nothing reads those bytes as a
  * result. */
 void coll_cuda_peer_poison(struct coll_comm *comm) {
-  struct coll_cuda_comm *cc = comm->cuda;
+  struct coll_peer *cc = comm->peer;
   if (!cc || !cc->flags) return;
   uint32_t far = cc->epoch + (1u << 30);
   for (int d = 0; d < comm->nranks; d++)
@@ -381,20 +386,11 @@ void coll_cuda_peer_poison(struct coll_comm *comm) {
 
 /* ---- per call ----------------------------------------------------------------------------- */
 
-static bool path_ready(struct coll_comm *comm) {
-  struct coll_cuda_comm *cc = comm->cuda;
-  return cc && atomic_load_explicit(&cc->tried, memory_order_acquire) && cc->ready && cc->peer_ok;
-}
-
-bool coll_cuda_peer_wanted(struct coll_comm *comm) {
-  struct coll_cuda_comm *cc = comm->cuda;
-  /* Not known yet (the first call sets the path up), or known to be up. */
-  return cc && (!atomic_load_explicit(&cc->tried, memory_order_acquire) || (cc->ready && cc->peer_ok));
-}
+static bool path_ready(struct coll_comm *comm) { return comm->peer && comm->peer->ok; }
 
 void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
                              void *out) {
-  struct coll_cuda_comm *cc = comm->cuda;
+  struct coll_peer *cc = comm->peer;
   pthread_once(&entry_once, load_entries);
   peer_desc mine;
   memset(&mine, 0, sizeof mine);
@@ -413,8 +409,8 @@ void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_
             (w->recvbuf == w->sendbuf ? (mine.buf[1] = mine.buf[0], true)
                                       : describe(w->recvbuf, &mine.buf[1], why, sizeof why));
   if (old >= 0) cudaSetDevice(old);
-  if (!mine.ok && !cc->warned) {
-    cc->warned = true;
+  if (!mine.ok && !(cc && cc->warned)) { /* no state yet: the first call, said once anyway */
+    if (cc) cc->warned = true;
     COLL_INFO(comm->rank, "CUDA: %s #%llu takes the host-driven path: %s", fn,
               (unsigned long long)atomic_load(&comm->next_seq), why);
   }
@@ -422,8 +418,8 @@ void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_
 }
 
 coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
-                               const void *descs) {
-  struct coll_cuda_comm *cc = comm->cuda;
+                               const void *descs, void *stream) {
+  struct coll_peer *cc = comm->peer;
   int n = comm->nranks;
   w->peer_ok = false;
   if (!path_ready(comm) || w->cuda_dev != cc->device)
@@ -469,7 +465,7 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
     dc->send[p] = s;
     dc->recv[p] = v;
   }
-  dc->stream = w->stream ? coll_cuda_stream_user(w->stream) : (void *)cudaStreamLegacy;
+  dc->stream = stream ? stream : (void *)cudaStreamLegacy;
   /* A communicator's device calls run in call order, whatever streams they are on (as
    * NCCL's do): the scratch of an in-place one-shot, and the barriers' epochs, assume
    * it.  On a stream other than the last call's, wait for the last call's end first. */
@@ -492,42 +488,34 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
 /* The calling thread's device is the caller's business: set for the enqueue, put back. */
 static int enter_device(struct coll_comm *comm) {
   int old = -1;
-  if (cudaGetDevice(&old) == cudaSuccess && old != comm->cuda->device) cudaSetDevice(comm->cuda->device);
+  if (cudaGetDevice(&old) == cudaSuccess && old != comm->peer->device) cudaSetDevice(comm->peer->device);
   return old;
 }
 static void leave_device(struct coll_comm *comm, int old) {
-  if (old >= 0 && old != comm->cuda->device) cudaSetDevice(old);
+  if (old >= 0 && old != comm->peer->device) cudaSetDevice(old);
 }
 
 coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_result r) {
-  struct coll_cuda_comm *cc = comm->cuda;
-  if (r == COLL_OK && w->stream) {
-    /* Marks how far the stream must get before the flag page can go (peer_free). */
+  struct coll_peer *cc = comm->peer;
+  if (r == COLL_OK) {
     int old = enter_device(comm);
     cudaError_t e = cudaEventRecord((cudaEvent_t)cc->done_ev, (cudaStream_t)w->dev->stream);
     leave_device(comm, old);
     if (e != cudaSuccess)
       r = coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cudaEventRecord after %s failed: %s",
                     comm->rank, coll_coll_name(w->coll), cudaGetErrorName(e));
-  } else if (r == COLL_OK) {
-    int old = enter_device(comm);
-    cudaError_t e = cudaEventRecord((cudaEvent_t)cc->done_ev, cudaStreamLegacy);
-    if (e != cudaSuccess)
-      r = coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cudaEventRecord after %s failed: %s",
-                    comm->rank, coll_coll_name(w->coll), cudaGetErrorName(e));
-    else
-      r = coll_cuda_wait_event(comm, cc->done_ev, coll_coll_name(w->coll));
-    leave_device(comm, old);
   }
   if (r != COLL_OK) coll_cuda_peer_poison(comm);
   w->dev = NULL;
   return r;
 }
 
+void *coll_cuda_peer_done_event(struct coll_comm *comm) { return comm->peer->done_ev; }
+
 /* ---- the primitives algo/device.c schedules with ------------------------------------------ */
 
 coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d) {
-  struct coll_cuda_comm *cc = comm->cuda;
+  struct coll_peer *cc = comm->peer;
   int n = comm->nranks, me = comm->rank, k = 0;
   uint32_t epoch = ++cc->epoch;
   CUstreamBatchMemOpParams ops[2 * COLL_PEER_MAX];
@@ -561,7 +549,7 @@ coll_result coll_dev_reduce(struct coll_comm *comm, const coll_dev_call *d, void
                             coll_op op) {
   int old = enter_device(comm);
   cudaError_t e = (cudaError_t)coll_cuda_launch_reduce_n(dst, src, nsrc, count, (int)dtype, (int)op,
-                                                         comm->nranks, comm->cuda->max_blocks, d->stream);
+                                                         comm->nranks, comm->peer->max_blocks, d->stream);
   leave_device(comm, old);
   if (e != cudaSuccess)
     return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: launching the %d-way %s %s reduction "
@@ -574,7 +562,7 @@ coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *
                           const void *const *src, const size_t *bytes, int nseg) {
   int old = enter_device(comm);
   cudaError_t e = (cudaError_t)coll_cuda_launch_copy_n(dst, src, bytes, nseg,
-                                                       comm->cuda->max_blocks, d->stream);
+                                                       comm->peer->max_blocks, d->stream);
   leave_device(comm, old);
   if (e != cudaSuccess)
     return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: launching the copy of %d segments failed: "
@@ -582,26 +570,26 @@ coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *
   return COLL_OK;
 }
 
-void *coll_dev_scratch(struct coll_comm *comm) { return comm->cuda->scratch; }
+void *coll_dev_scratch(struct coll_comm *comm) { return comm->peer->scratch; }
 
 #else
 /* Without CUDA: nothing is ever a device buffer, so none of this is reached; the
  * functions exist so that the layers above link the same way in every build. */
-coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg) {
-  (void)comm, (void)xchg;
+coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg, int device,
+                                 void *stream) {
+  (void)comm, (void)xchg, (void)device, (void)stream;
   return COLL_OK;
 }
 void coll_cuda_peer_free(struct coll_comm *comm) { (void)comm; }
 void coll_cuda_peer_poison(struct coll_comm *comm) { (void)comm; }
-bool coll_cuda_peer_wanted(struct coll_comm *comm) { (void)comm; return false; }
 void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
                              void *out) {
   (void)comm, (void)fn, (void)w;
   memset(out, 0, COLL_PEER_DESC_BYTES);
 }
 coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
-                               const void *descs) {
-  (void)comm, (void)fn, (void)descs;
+                               const void *descs, void *stream) {
+  (void)comm, (void)fn, (void)descs, (void)stream;
   w->peer_ok = false;
   return COLL_OK;
 }
@@ -609,6 +597,7 @@ coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_res
   (void)comm, (void)w;
   return r;
 }
+void *coll_cuda_peer_done_event(struct coll_comm *comm) { (void)comm; return NULL; }
 static coll_result no_cuda(struct coll_comm *comm) {
   return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: the device path in a build without CUDA",
                    comm->rank);

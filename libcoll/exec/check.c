@@ -193,7 +193,7 @@ static coll_result wait_once(struct coll_comm *comm, const coll_work *w, coll_co
   if (atomic_load_explicit(&comm->aborted, memory_order_relaxed))
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator aborted during %s #%llu",
                      comm->rank, coll_coll_name(w->coll), (unsigned long long)w->seq);
-  coll_result wr = coll_exec_watch(comm, w); /* a failure elsewhere dooms this call */
+  coll_result wr = comm->exec_ops->watch(comm, w); /* a failure elsewhere dooms this call */
   if (wr != COLL_OK) return wr;
   coll_result r = c->t->wait(&comm->view, c, WAIT_SLICE_MS);
   if (r != COLL_OK) return r;

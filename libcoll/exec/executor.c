@@ -538,6 +538,7 @@ static queued *qslot(struct coll_comm *comm, uint64_t i) {
 /* Handed to the rows that run themselves (internal.h, coll_exec_ops). */
 static const coll_exec_ops exec_ops = {
     .bytes = coll_exec_bytes,
+    .submit = coll_exec_submit,
     .watch = coll_exec_watch,
     .trace_on = coll_trace_on,
     .trace_t0 = coll_trace_t0,

@@ -52,7 +52,8 @@ static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work
                  .cuda_dev = w->cuda_dev, .inner = true};
   coll_result r = coll_exec_submit(comm, &x);
   bool exchanged = r == COLL_OK; /* a failed exchange has told the peers itself */
-  if (r == COLL_OK) r = coll_cuda_peer_map(comm, fn, w, all);
+  if (r == COLL_OK)
+    r = coll_cuda_peer_map(comm, fn, w, all, w->stream ? coll_cuda_stream_user(w->stream) : NULL);
   free(all);
   if (r == COLL_OK && w->peer_ok) {
     coll_algo a = coll_tune_choose(comm, w, coll_dtype_size(w->dtype));
@@ -62,6 +63,11 @@ static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work
       *served = true;
       atomic_store_explicit(&comm->last_algo, (int)a + 1, memory_order_relaxed);
       r = coll_cuda_peer_finish(comm, w, e->run(comm, w, &ran));
+      /* A blocking call returns with its result in place (bounded by the timeout). */
+      if (r == COLL_OK && !w->stream &&
+          (r = coll_cuda_wait_event(comm, coll_cuda_peer_done_event(comm),
+                                    coll_coll_name(w->coll))) != COLL_OK)
+        coll_cuda_peer_poison(comm);
     }
   }
   /* Past the exchange every peer is in this call: a failure here must reach them. */

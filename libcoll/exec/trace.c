@@ -350,7 +350,7 @@ void coll_trace_flush_json(struct coll_comm *comm) {
   bool gathered = false;
   if (counts && (n == 1 || atomic_load(&comm->aborted) == 0)) {
     coll_result r = n == 1 ? COLL_OK
-                           : coll_exec_bytes(comm, COLL_COLL_ALL_GATHER, &mine, counts, sizeof mine, COLL_SUM, 0);
+                           : comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, &mine, counts, sizeof mine, COLL_SUM, 0);
     if (n == 1) counts[0] = mine;
     uint64_t most = 0;
     for (int i = 0; r == COLL_OK && i < n; i++) if (counts[i] > most) most = counts[i];
@@ -360,7 +360,7 @@ void coll_trace_flush_json(struct coll_comm *comm) {
       if (mine_padded) {
         if (t->n) memcpy(mine_padded, t->ev, t->n * sizeof *t->ev);
         r = n == 1 ? COLL_OK
-                   : coll_exec_bytes(comm, COLL_COLL_ALL_GATHER, mine_padded, all, bytes, COLL_SUM, 0);
+                   : comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, mine_padded, all, bytes, COLL_SUM, 0);
         if (n == 1 && t->n) memcpy(all, t->ev, t->n * sizeof *t->ev);
         gathered = r == COLL_OK;
         free(mine_padded);

@@ -195,7 +195,7 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
 /* An in-place byte call of the probe (root: the root, or the peer of send/recv). */
 static coll_result run(struct coll_comm *comm, coll_coll_kind c, void *buf, size_t count,
                        int peer) {
-  return coll_exec_bytes(comm, c, buf, buf, count, COLL_SUM, peer);
+  return comm->exec_ops->bytes(comm, c, buf, buf, count, COLL_SUM, peer);
 }
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -420,7 +420,7 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
       coll_work w = {.coll = c, .sendbuf = in, .recvbuf = out, .count = count,
                      .dtype = COLL_UINT8, .op = COLL_SUM};
       uint64_t t0 = coll_now_ns();
-      r = coll_exec_submit(comm, &w);
+      r = comm->exec_ops->submit(comm, &w);
       if (k >= 0) v[k] = (double)(coll_now_ns() - t0) * 1e-9;
     }
     if (r != COLL_OK) break;
