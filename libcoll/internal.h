@@ -1,9 +1,11 @@
 /* internal.h — the communicator and the pieces every libcoll file shares.
  *
- * Layers (data flows down, never up): api.c validates and enqueues; executor.c runs a
- * plan (plan.c, ring.c) slice by slice through connectors (libcoll/transport/); reduce.c does
- * arithmetic; bootstrap.c only runs during init.  Nothing in here may print and exit:
- * every failure becomes a coll_result plus a sentence in the communicator.
+ * Layers (data flows down, never up; libcoll/layers.rules, checked by the suite): api.c
+ * validates; exec/submit.c enqueues; executor.c runs a plan (plan.c, ring.c) slice by
+ * slice through connectors (libcoll/transport/); reduce.c does arithmetic; bootstrap.c
+ * only runs during init.  A lower layer reaches a higher one only through comm->hooks
+ * and comm->exec_ops below.  Nothing in here may print and exit: every failure becomes
+ * a coll_result plus a sentence in the communicator.
  */
 #ifndef COLL_INTERNAL_H
 #define COLL_INTERNAL_H
@@ -365,9 +367,10 @@ void coll_exec_wake_all(struct coll_comm *comm);
  * wait loop asks it once per slice (executor.c, check.c, oneshot.c). */
 coll_result coll_exec_watch(struct coll_comm *comm, const coll_work *w);
 
-/* ---- entry points (api.c) and grouped calls (group.c) ------------------------------- */
+/* ---- entry points (api.c, exec/submit.c) and grouped calls (group.c) ---------------- */
 
-/* Hands checked work to the executor (api.c): device buffers and cudaStream_t handled. */
+/* Hands checked work to the executor (exec/submit.c): device buffers, the device data
+ * path and cudaStream_t handled. */
 coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w);
 /* Classifies w's buffers (w->device) and refuses what cannot run, as coll_submit would,
  * without running anything (group.c's look at a grouped point-to-point call). */

@@ -105,9 +105,9 @@ void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how);
 /* Wakes threads waiting on cuda_ipc connectors (abort). */
 void coll_cuda_comm_wake(struct coll_comm *comm);
 
-/* ---- per collective (api.c, executor.c) --------------------------------------------- */
+/* ---- per collective (exec/submit.c, executor.c) ------------------------------------- */
 
-/* api.c, before enqueueing: classifies the buffers of `w` (sets w->device), refuses
+/* exec/submit.c, before enqueueing: classifies the buffers of `w` (sets w->device), refuses
  * what cannot run, and sets w->peer_candidate for a call the device data path (peer.c)
  * may serve; for any other call on a CUDA stream (or device buffers) it goes on with
  * coll_cuda_prepare_stream. */
@@ -115,7 +115,7 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
 /* For the host-driven path: records the event the collective waits for (the caller's
  * cudaStream_t, or the legacy default stream for a blocking call) and its ticket. */
 coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, coll_work *w);
-/* api.c, after enqueueing on a CUDA stream: makes the cudaStream_t wait for the
+/* exec/submit.c, after enqueueing on a CUDA stream: makes the cudaStream_t wait for the
  * collective.  On a failed enqueue (r != COLL_OK) only cleans up. */
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r);
 /* executor.c, at the start of a device collective: waits for the recorded event, binds

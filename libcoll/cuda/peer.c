@@ -1,7 +1,7 @@
 /* peer.c — the device data path: collectives whose bytes move in GPU kernels that read
  * the other ranks' buffers directly (CUDA IPC), ordered on the caller's cudaStream_t.
  *
- * The path of one call (api.c drives it and does step 2; algo/device.c holds the
+ * The path of one call (exec/submit.c drives it and does step 2; algo/device.c holds the
  * schedules):
  *   1. describe: each rank names its send and receive buffers as (allocation id, offset,
  *      IPC handle) — cuPointerGetAttributes and cudaIpcGetMemHandle, cached per

@@ -52,7 +52,7 @@ void coll_cuda_peer_poison(struct coll_comm *comm);
 #define COLL_PEER_DESC_BYTES 192
 void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
                              void *out);
-/* After api.c's all-gather of every rank's description (whose first instance set the
+/* After exec/submit.c's all-gather of every rank's description (whose first instance set the
  * path up): compares the calls (COLL_ERR_MISMATCH), then maps every peer's buffers.
  * w->peer_ok says whether the device rows may serve the call (w->dev holds the
  * buffers); false with COLL_OK: the host-driven path serves it, on every rank alike. */
