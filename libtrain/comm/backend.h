@@ -1,0 +1,106 @@
+/*
+ * backend.h — the small interface data-parallel training needs from a communication
+ * library, so that the same DDP code (ddp.c) runs over libcoll or Open MPI and the two can
+ * be compared on the same run.
+ *
+ * A backend is a struct of function pointers over one group of `nranks` processes. The
+ * collectives are asynchronous: they start the operation and hand back a request; test()
+ * asks whether it finished (and gives a library that only progresses inside its own calls,
+ * like MPI, the chance to progress), wait() blocks until it has. Reductions are on float32;
+ * broadcast and all-gather move bytes. Requests complete in the order they were started.
+ *
+ * Every function returns 0 on success and -1 on failure, with a sentence in b->err (which
+ * rank, which call, what the library said). Nothing here prints or exits: the caller
+ * decides. Implementations: backend_coll.c (libcoll's public API), backend_mpi.c (Open MPI,
+ * built when found; backend_mpi_stub.c otherwise), backend_nccl.c (NCCL on GPU buffers,
+ * built with CUDA and NCCL; backend_nccl_stub.c otherwise).
+ */
+#ifndef TRAIN_COMM_BACKEND_H
+#define TRAIN_COMM_BACKEND_H
+
+#include "train.h"
+
+#include <coll.h>
+#include <coll_trace.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { TRAIN_REDUCE_SUM = 0, TRAIN_REDUCE_AVG = 1 } train_reduce;
+
+/* Handle of an asynchronous operation; TRAIN_REQ_DONE is a request that needs no wait. */
+typedef int train_req;
+#define TRAIN_REQ_DONE (-1)
+/* Operations that may be in flight at once; starting one more first waits for the oldest. */
+#define TRAIN_BACKEND_MAX_REQS 256
+
+typedef struct train_backend train_backend;
+struct train_backend {
+    const char *name; /* "coll", "mpi" */
+    int rank, nranks;
+    void *impl;
+    char err[TRAIN_ERRLEN];
+
+    int (*all_reduce)(train_backend *b, float *buf, size_t count, train_reduce op,
+                      train_req *req);
+    /* recv (recvcount) = this rank's block of the reduction of send (nranks*recvcount) */
+    int (*reduce_scatter)(train_backend *b, const float *send, float *recv, size_t recvcount,
+                          train_reduce op, train_req *req);
+    /* recv (nranks*bytes) = every rank's send (bytes), in rank order */
+    int (*all_gather)(train_backend *b, const void *send, void *recv, size_t bytes,
+                      train_req *req);
+    int (*broadcast)(train_backend *b, void *buf, size_t bytes, int root, train_req *req);
+    int (*barrier)(train_backend *b); /* blocking */
+    /* 1: finished (a finished request may be tested again), 0: pending, -1: failed */
+    int (*test)(train_backend *b, train_req req);
+    int (*wait)(train_backend *b, train_req req);
+    /* Optional (NULL: the caller waits on the host instead): makes the operations started
+     * from now on wait, on the device, for `event` (a cudaEvent_t recorded on the model's
+     * compute stream) before they read their buffers, without blocking the host.  NCCL:
+     * cudaStreamWaitEvent on its communication stream. */
+    int (*order_after)(train_backend *b, void *event);
+    /* Optional (NULL: the library cannot split, and 2-D parallelism is refused): collective
+     * over b, like MPI_Comm_split: ranks passing the same color >= 0 form a new group,
+     * ranked by (key, rank in b), handed back in *out as a backend of its own (destroy it
+     * before b). libcoll: coll_comm_split; Open MPI: MPI_Comm_split. */
+    int (*split)(train_backend *b, int color, int key, train_backend **out);
+    /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
+    int (*destroy)(train_backend *b);
+    /* Fails pending work and leaves the group at once, from any state. */
+    void (*abort)(train_backend *b);
+    /* Optional, NULL where the library keeps no trace of its own (MPI, NCCL): start
+     * recording the library's collectives (dropping older records), stop, and copy up to
+     * `cap` records (*n gets how many there are). libcoll: coll_trace_start/stop/read, so
+     * a DDP timeline can show libcoll's calls and ring steps under the bucket they serve. */
+    int (*trace_start)(train_backend *b);
+    int (*trace_stop)(train_backend *b);
+    int (*trace_read)(train_backend *b, coll_trace_event *ev, size_t cap, size_t *n);
+};
+
+/* Wraps a libcoll communicator (from coll_launch_local or coll_comm_init_rank). With own,
+ * the backend frees it in destroy/abort; without (coll_launch_local's comm, which the
+ * launcher destroys), destroy leaves it alone. NULL with err on failure. */
+TRAIN_API train_backend *train_backend_coll(coll_comm_t comm, int own, char *err);
+/* Joins the job described by the launcher's environment (coll_comm_init_from_env). */
+TRAIN_API train_backend *train_backend_coll_from_env(char *err);
+/* MPI_Init (threads: funneled) and MPI_COMM_WORLD; NULL with err when this build has no
+ * Open MPI or the process was not started by mpirun. */
+TRAIN_API train_backend *train_backend_mpi(char *err);
+/* 1 when the MPI backend was built in. */
+TRAIN_API int train_backend_mpi_built(void);
+/* NCCL on the GPU model path (--device cuda): rank 0's NCCL unique id is broadcast over
+ * `boot` (a libcoll communicator of the same ranks, from coll_launch_local or the
+ * launcher's environment; with own, the backend destroys it at the end). Each rank takes
+ * GPU (local rank mod devices). NULL with err when this build has no NCCL, when there is
+ * no usable GPU (every rank says so before any collective), or when NCCL fails to start. */
+TRAIN_API train_backend *train_backend_nccl(coll_comm_t boot, int own, char *err);
+/* 1 when the NCCL backend was built in; the number of CUDA devices NCCL could use (0 when
+ * not built or none). */
+TRAIN_API int train_backend_nccl_built(void);
+TRAIN_API int train_nccl_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,754 @@
+/*
+ * tp.c — tensor parallelism: how each tensor is split (shard/unshard, used for the
+ * initialisation, the tests' gradient gathering and conversions), and the communication
+ * the model (model.c) calls inside its passes when a TP group is attached — Megatron's f
+ * and g, the vocabulary-parallel embedding and cross-entropy, the TP-aware gradient norm.
+ * The contract and the picture are in tp.h.
+ *
+ * All collectives here are blocking (start + wait) on the TP group's backend: the next
+ * layer needs their result. They never print or exit; a failure is kept in the context
+ * and every later collective is skipped, so forward/backward run to their end on garbage
+ * and the caller learns of it from train_tp_status.
+ */
+#include "parallel/tp.h"
+#include "model/model.h"
+#include "parallel/timeline.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct train_tp_ctx {
+    train_backend *b;
+    int failed;
+    char err[TRAIN_ERRLEN];
+    train_tp_stats st;
+    float *buf;      /* scratch for the loss's reductions: (T+2)*N floats */
+    size_t buf_n;
+    train_trace *trace;
+    int trace_rank;
+    /* sequence parallelism: staging for gathers and scatters, (N,C) each, and the
+     * LayerNorm partial gradients (2C) */
+    float *full, *stage, *part;
+    size_t full_n, stage_n, part_n;
+};
+
+void train_tp_fail(train_model *m, const char *fmt, ...)
+{
+    train_tp_ctx *c = m->tpc;
+    if (!c || c->failed)
+        return;
+    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[TRAIN_ERRLEN];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    train_errf(c->err, "%s", msg);
+}
+
+/* *p holds at least n floats (grown on demand); NULL (and the context failed) when out of
+ * memory. */
+static float *room(train_model *m, float **p, size_t *have, size_t n)
+{
+    if (*have < n) {
+        float *q = realloc(*p, n * sizeof(float));
+        if (!q) {
+            train_tp_fail(m, "out of memory for %zu floats of tensor-parallel staging", n);
+            return NULL;
+        }
+        *p = q;
+        *have = n;
+    }
+    return *p;
+}
+
+/* ---- the split of each tensor ------------------------------------------------------- */
+
+/* Tensors split across the group (see the table in tp.h); the others are replicated. */
+int train_tp_is_split(const char *name)
+{
+    return strcmp(name, "wte") == 0 || strstr(name, "attn.qkv.") || strstr(name, "attn.proj.w") ||
+           strstr(name, "mlp.fc.") || strstr(name, "mlp.proj.w");
+}
+
+/* Rows split: local row c*Rl + i is full row c*Rc + rank*Rl + i, over `chunks` chunks
+ * (3 for qkv: q, k and v are each split by heads; 1 otherwise). Full rows past the end
+ * are wte's padding (zero locally). Columns split: local column j of every row is full
+ * column rank*Kl + j. */
+void train_tp_copy_tensor(const train_param *fp, const train_param *lp, int tp, int rank,
+                          float *full, float *local, int to_local)
+{
+    (void)tp;
+    size_t K = (size_t)lp->shape[1];
+    if (!train_tp_is_split(lp->name)) {
+        if (to_local)
+            memcpy(local, full, lp->numel * sizeof(float));
+        else
+            memcpy(full, local, lp->numel * sizeof(float));
+        return;
+    }
+    if (fp->shape[1] != lp->shape[1]) { /* columns */
+        size_t Kf = (size_t)fp->shape[1], R = (size_t)lp->shape[0];
+        for (size_t j = 0; j < R; j++) {
+            float *f = full + j * Kf + (size_t)rank * K, *l = local + j * K;
+            if (to_local)
+                memcpy(l, f, K * sizeof(float));
+            else
+                memcpy(f, l, K * sizeof(float));
+        }
+        return;
+    }
+    int chunks = strstr(lp->name, "attn.qkv.") ? 3 : 1;
+    size_t Rl = (size_t)lp->shape[0] / chunks, Rc = (size_t)fp->shape[0] / chunks;
+    for (int c = 0; c < chunks; c++)
+        for (size_t i = 0; i < Rl; i++) {
+            size_t grow = c * Rc + (size_t)rank * Rl + i;
+            float *l = local + (c * Rl + i) * K;
+            if (grow >= (size_t)fp->shape[0]) { /* vocabulary padding */
+                if (to_local)
+                    memset(l, 0, K * sizeof(float));
+                continue;
+            }
+            if (to_local)
+                memcpy(l, full + grow * K, K * sizeof(float));
+            else
+                memcpy(full + grow * K, l, K * sizeof(float));
+        }
+}
+
+int train_tp_config_check(const train_config *c, int tp, train_device dev, char *err)
+{
+    if (train_config_check(c, err) != 0)
+        return -1;
+    if (tp < 1) {
+        train_errf(err, "--tp %d: the tensor-parallel size must be at least 1", tp);
+        return -1;
+    }
+    if (c->heads % tp != 0) {
+        train_errf(err, "--tp %d: the %d attention heads cannot be split evenly over %d "
+                        "tensor-parallel ranks (heads must be a multiple of --tp)",
+                   tp, c->heads, tp);
+        return -1;
+    }
+    if (tp > c->vocab) {
+        train_errf(err, "--tp %d: more tensor-parallel ranks than vocabulary entries (%d)",
+                   tp, c->vocab);
+        return -1;
+    }
+    if (tp > 1 && dev != TRAIN_DEVICE_CPU) {
+        train_errf(err, "--tp %d: tensor parallelism runs on the CPU model only (--device cpu)",
+                   tp);
+        return -1;
+    }
+    return 0;
+}
+
+int train_tp_check(const train_config *cfg, int tp, train_device dev, char *err)
+{
+    return train_tp_config_check(cfg, tp, dev, err);
+}
+
+/* The full and the local layouts, side by side (tensor i is the same tensor in both). */
+static int layouts(const train_config *cfg, int tp, int rank, train_model **full,
+                   train_model **loc, char *err)
+{
+    *full = *loc = NULL;
+    if (train_tp_config_check(cfg, tp, TRAIN_DEVICE_CPU, err) != 0)
+        return -1;
+    if (rank < 0 || rank >= tp) {
+        train_errf(err, "tensor-parallel rank %d is not in 0..%d", rank, tp - 1);
+        return -1;
+    }
+    /* models of batch 1 x 1: the layouts without meaningful activation memory */
+    *full = train_model_create_tp(cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 0, 1, 0, 0, err);
+    *loc = *full ? train_model_create_tp(cfg, 1, 1, TRAIN_DEVICE_CPU, 1, 0, tp, rank, 0, err)
+                 : NULL;
+    if (!*loc) {
+        train_model_free(*full);
+        *full = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static int convert(const train_config *cfg, int tp, int rank, float *full, float *local,
+                   int to_local, char *err)
+{
+    train_model *fm, *lm;
+    if (layouts(cfg, tp, rank, &fm, &lm, err) != 0)
+        return -1;
+    for (int i = 0; i < lm->ntensors; i++)
+        train_tp_copy_tensor(&fm->tensors[i], &lm->tensors[i], tp, rank,
+                             full + fm->tensors[i].offset, local + lm->tensors[i].offset,
+                             to_local);
+    train_model_free(fm);
+    train_model_free(lm);
+    return 0;
+}
+
+int train_tp_shard(const train_config *cfg, int tp, int rank, const float *full,
+                   float *local, char *err)
+{
+    return convert(cfg, tp, rank, (float *)full, local, 1, err);
+}
+
+int train_tp_unshard(const train_config *cfg, int tp, int rank, const float *local,
+                     float *full, char *err)
+{
+    return convert(cfg, tp, rank, full, (float *)local, 0, err);
+}
+
+/* ---- collectives inside the model --------------------------------------------------- */
+
+static int collective_done(train_tp_ctx *c, int rc, train_req req, const char *what)
+{
+    train_backend *b = c->b;
+    if (rc == 0)
+        rc = b->wait(b, req);
+    if (rc != 0 && !c->failed) {
+        c->failed = 1;
+        train_errf(c->err, "tensor-parallel %s: %s", what, b->err);
+    }
+    return rc;
+}
+
+static int group_sum(train_backend *b, float *x, size_t n)
+{
+    train_req req = TRAIN_REQ_DONE;
+    if (b->all_reduce(b, x, n, TRAIN_REDUCE_SUM, &req) != 0)
+        return -1;
+    return b->wait(b, req);
+}
+
+int train_tp_f_forward(train_backend *b, float *x, size_t n)
+{
+    (void)b, (void)x, (void)n; /* every rank already holds the whole input */
+    return 0;
+}
+int train_tp_f_backward(train_backend *b, float *dx, size_t n) { return group_sum(b, dx, n); }
+int train_tp_g_forward(train_backend *b, float *x, size_t n) { return group_sum(b, x, n); }
+int train_tp_g_backward(train_backend *b, float *dx, size_t n)
+{
+    (void)b, (void)dx, (void)n; /* the sum's gradient reaches every rank's part whole */
+    return 0;
+}
+
+/* Blocking sum over the group; `block` says whether it is one of the in-block f/g. */
+static void all_reduce(train_model *m, float *buf, size_t n, const char *what, int block)
+{
+    train_tp_ctx *c = m->tpc;
+    if (c->failed)
+        return;
+    double t0 = train_now();
+    if (group_sum(c->b, buf, n) != 0) {
+        c->failed = 1;
+        train_errf(c->err, "tensor-parallel %s: %s", what, c->b->err);
+    }
+    double t1 = train_now();
+    c->st.calls++;
+    if (block) {
+        c->st.block_calls++;
+        c->st.bytes += (double)n * sizeof(float);
+        c->st.ms += (t1 - t0) * 1e3;
+    } else {
+        c->st.other_ms += (t1 - t0) * 1e3;
+    }
+    if (c->trace)
+        train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, what, t0, t1);
+}
+
+/* Blocking reduce-scatter (sum) of send (T*recvcount) into this rank's block, written to
+ * the first recvcount floats of send itself (through the staging buffer: the backend's
+ * receive buffer must not overlap its send buffer). */
+static void reduce_scatter(train_model *m, float *buf, size_t recvcount, const char *what,
+                           int block)
+{
+    train_tp_ctx *c = m->tpc;
+    float *st = room(m, &c->stage, &c->stage_n, recvcount);
+    if (c->failed || !st)
+        return;
+    double t0 = train_now();
+    train_req req = TRAIN_REQ_DONE;
+    int rc = c->b->reduce_scatter(c->b, buf, st, recvcount, TRAIN_REDUCE_SUM, &req);
+    collective_done(c, rc, req, what);
+    memcpy(buf, st, recvcount * sizeof(float));
+    double t1 = train_now();
+    c->st.calls++;
+    if (block) {
+        c->st.block_calls++;
+        c->st.bytes += (double)recvcount * m->tp * sizeof(float);
+        c->st.ms += (t1 - t0) * 1e3;
+    } else {
+        c->st.other_ms += (t1 - t0) * 1e3;
+    }
+    if (c->trace)
+        train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, what, t0, t1);
+}
+
+/* Blocking all-gather of send (count floats) from every rank into recv (T*count). */
+static void all_gather(train_model *m, const float *send, float *recv, size_t count,
+                       const char *what, int block)
+{
+    train_tp_ctx *c = m->tpc;
+    if (c->failed)
+        return;
+    double t0 = train_now();
+    train_req req = TRAIN_REQ_DONE;
+    int rc = c->b->all_gather(c->b, send, recv, count * sizeof(float), &req);
+    collective_done(c, rc, req, what);
+    double t1 = train_now();
+    c->st.calls++;
+    if (block) {
+        c->st.block_calls++;
+        c->st.bytes += (double)count * m->tp * sizeof(float);
+        c->st.ms += (t1 - t0) * 1e3;
+    } else {
+        c->st.other_ms += (t1 - t0) * 1e3;
+    }
+    if (c->trace)
+        train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, what, t0, t1);
+}
+
+/* f backward: the column-parallel Linear's input gradient, summed over the group; under
+ * SP only this rank's rows of the sum are needed (the LayerNorm below holds only those). */
+void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what)
+{
+    if (m->sp)
+        reduce_scatter(m, buf, n / m->tp, what, 1);
+    else
+        all_reduce(m, buf, n, what, 1);
+}
+
+void train_tp_head_reduce(train_model *m, float *buf, size_t n)
+{
+    if (m->sp)
+        reduce_scatter(m, buf, n / m->tp, "f head", 0);
+    else
+        all_reduce(m, buf, n, "f head", 0);
+}
+
+/* f forward under SP: rows [r*Nr, r*Nr + Nr) of buf, from every rank r, into buf. */
+void train_tp_sp_gather(train_model *m, float *buf, int Nr, int C, const char *what)
+{
+    train_tp_ctx *c = m->tpc;
+    size_t n = (size_t)Nr * C;
+    float *st = room(m, &c->stage, &c->stage_n, n);
+    if (!st)
+        return;
+    memcpy(st, buf + (size_t)m->tp_rank * n, n * sizeof(float));
+    all_gather(m, st, buf, n, what, !!strncmp(what, "f head", 6));
+}
+
+/* g backward under SP: every rank's rows of the residual gradient, (N,C). */
+const float *train_tp_sp_gather_grad(train_model *m, const float *dres, int Nr, int C,
+                                     const char *what)
+{
+    train_tp_ctx *c = m->tpc;
+    size_t n = (size_t)Nr * C;
+    float *full = room(m, &c->full, &c->full_n, n * m->tp);
+    if (!full)
+        return dres; /* failed: the numbers no longer matter */
+    all_gather(m, dres, full, n, what, 1);
+    return full;
+}
+
+float *train_tp_ln_partial(train_model *m)
+{
+    train_tp_ctx *c = m->tpc;
+    size_t n = 2 * (size_t)m->cfg.channels;
+    if (!room(m, &c->part, &c->part_n, n)) {
+        static float sink[2 * 65536]; /* failed: somewhere harmless to write */
+        return sink;
+    }
+    memset(c->part, 0, n * sizeof(float));
+    return c->part;
+}
+
+/* Each rank's LayerNorm saw only its rows: dw = sum over ranks of the partial sums (the
+ * reduction Megatron-LM #1446 was about: without it the replicated weights drift apart). */
+void train_tp_ln_partial_done(train_model *m, float *dw, float *db, const char *what)
+{
+    train_tp_ctx *c = m->tpc;
+    int C = m->cfg.channels;
+    if (!c->part || c->part_n < 2 * (size_t)C)
+        return;
+    all_reduce(m, c->part, 2 * (size_t)C, what, 0);
+    for (int i = 0; i < C; i++) {
+        dw[i] += c->part[i];
+        db[i] += c->part[C + i];
+    }
+    memset(c->part, 0, 2 * (size_t)C * sizeof(float)); /* ready for the next LayerNorm */
+}
+
+/* out (N,C) holds this rank's partial product x_r W_r^T of a row-parallel Linear:
+ * y = sum_r x_r W_r^T + b, so sum first (g), then add the bias once. */
+void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,
+                         const char *what)
+{
+    if (m->sp) { /* g under SP: only this rank's rows of the sum */
+        N /= m->tp;
+        reduce_scatter(m, out, (size_t)N * C, what, 1);
+    } else {
+        all_reduce(m, out, (size_t)N * C, what, 1);
+    }
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        for (int i = 0; i < C; i++)
+            o[i] += b[i];
+    }
+}
+
+/* out (B,T,C) = sum_r [id in r's rows] wte_r[id - r*Vl] + wpe[t]: exactly one rank adds
+ * a non-zero row, so the sum is that row bit for bit, and wpe is added after it as on one
+ * process. */
+void train_tp_embed_forward(train_model *m, float *out, const int *inp, const float *wte,
+                            const float *wpe, int B, int T, int C)
+{
+    int Vl = m->vocab_local, lo = m->tp_rank * Vl;
+    if (m->sp) { /* the sum reduce-scattered: this rank's N/T rows, then their positions */
+        train_tp_ctx *c = m->tpc;
+        int N = B * T, Nr = N / m->tp;
+        float *full = room(m, &c->full, &c->full_n, (size_t)N * C);
+        if (!full)
+            return;
+        for (int bt = 0; bt < N; bt++) {
+            int id = inp[bt] - lo;
+            if (id >= 0 && id < Vl)
+                memcpy(full + (size_t)bt * C, wte + (size_t)id * C, (size_t)C * sizeof(float));
+            else
+                memset(full + (size_t)bt * C, 0, (size_t)C * sizeof(float));
+        }
+        reduce_scatter(m, full, (size_t)Nr * C, "embedding", 0);
+        for (int i = 0; i < Nr; i++) {
+            const float *pe = wpe + (size_t)((m->tp_rank * Nr + i) % T) * C;
+            float *o = out + (size_t)i * C;
+            for (int k = 0; k < C; k++)
+                o[k] = full[(size_t)i * C + k] + pe[k];
+        }
+        return;
+    }
+    for (int bt = 0; bt < B * T; bt++) {
+        float *o = out + (size_t)bt * C;
+        int id = inp[bt] - lo;
+        if (id >= 0 && id < Vl)
+            memcpy(o, wte + (size_t)id * C, (size_t)C * sizeof(float));
+        else
+            memset(o, 0, (size_t)C * sizeof(float));
+    }
+    all_reduce(m, out, (size_t)B * T * C, "embedding", 0);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((size_t)b * T + t) * C;
+            const float *pe = wpe + (size_t)t * C;
+            for (int i = 0; i < C; i++)
+                o[i] += pe[i];
+        }
+}
+
+/* dout (B,T,C) is whole on every rank: each rank scatters it into the rows it holds; wpe
+ * (replicated) gets the same gradient on every rank. */
+void train_tp_embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
+                             const int *inp, int B, int T, int C)
+{
+    int Vl = m->vocab_local, lo = m->tp_rank * Vl;
+    if (m->sp) { /* all rows of the gradient (reduce-scatter's backward is an all-gather) */
+        train_tp_ctx *c = m->tpc;
+        size_t n = (size_t)B * T / m->tp * C;
+        float *full = room(m, &c->full, &c->full_n, n * m->tp);
+        if (!full)
+            return;
+        all_gather(m, dout, full, n, "embedding bwd", 0);
+        dout = full;
+    }
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *d = dout + ((size_t)b * T + t) * C;
+            int id = inp[b * T + t] - lo;
+            float *dpe = dwpe + (size_t)t * C;
+            for (int i = 0; i < C; i++)
+                dpe[i] += d[i];
+            if (id >= 0 && id < Vl) {
+                float *dwe = dwte + (size_t)id * C;
+                for (int i = 0; i < C; i++)
+                    dwe[i] += d[i];
+            }
+        }
+}
+
+/* Columns of the local logits that are real vocabulary entries (the rest is padding). */
+static int valid_cols(const train_model *m)
+{
+    int v = m->cfg.vocab - m->tp_rank * m->vocab_local;
+    return v < 0 ? 0 : v > m->vocab_local ? m->vocab_local : v;
+}
+
+/*
+ * Vocabulary-parallel softmax cross-entropy over logits (N,Vl), rank r holding columns
+ * [r*Vl, r*Vl + Vl):
+ *   mx_n  = max_r max_j l_nj              (all-gather of the N local maxima; its max)
+ *   s_n   = sum_r sum_j exp(l_nj - mx_n)  (all-reduce)
+ *   z_n   = l_n,target                     (all-reduce: the holder's value, zeros elsewhere)
+ *   loss_n = log s_n + mx_n - z_n,  probs_nj = exp(l_nj - mx_n) / s_n
+ * s and z travel in one all-reduce of 2N floats. The full (N,V) logits never exist.
+ */
+void train_tp_xent_forward(train_model *m, float *losses, float *probs, const float *logits,
+                           const int *targets, int N)
+{
+    train_tp_ctx *c = m->tpc;
+    int Vl = m->vocab_local, nv = valid_cols(m), lo = m->tp_rank * Vl, P = m->tp;
+    size_t need = (size_t)(P + 3) * N;
+    if (c->buf_n < need) {
+        float *nb = realloc(c->buf, need * sizeof(float));
+        if (!nb) {
+            if (!c->failed) {
+                c->failed = 1;
+                train_errf(c->err, "out of memory for the vocabulary-parallel loss");
+            }
+            return;
+        }
+        c->buf = nb;
+        c->buf_n = need;
+    }
+    float *mxl = c->buf, *mxall = c->buf + N, *sz = c->buf + (size_t)(P + 1) * N;
+    for (int n = 0; n < N; n++) {
+        const float *l = logits + (size_t)n * Vl;
+        float mx = -INFINITY;
+        for (int j = 0; j < nv; j++)
+            mx = l[j] > mx ? l[j] : mx;
+        mxl[n] = mx;
+    }
+    if (!c->failed) {
+        double t0 = train_now();
+        train_req req = TRAIN_REQ_DONE;
+        int rc = c->b->all_gather(c->b, mxl, mxall, (size_t)N * sizeof(float), &req);
+        collective_done(c, rc, req, "loss max");
+        c->st.calls++;
+        c->st.other_ms += (train_now() - t0) * 1e3;
+        if (c->trace)
+            train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, "loss max", t0,
+                            train_now());
+    }
+    for (int n = 0; n < N; n++) {
+        float mx = mxall[n];
+        for (int r = 1; r < P; r++)
+            mx = mxall[(size_t)r * N + n] > mx ? mxall[(size_t)r * N + n] : mx;
+        mxl[n] = mx; /* the global maximum from here on */
+        const float *l = logits + (size_t)n * Vl;
+        float *p = probs + (size_t)n * Vl;
+        float s = 0.0f;
+        for (int j = 0; j < nv; j++) {
+            p[j] = expf(l[j] - mx);
+            s += p[j];
+        }
+        for (int j = nv; j < Vl; j++)
+            p[j] = 0.0f;
+        int t = targets[n] - lo;
+        sz[n] = s;
+        sz[N + n] = t >= 0 && t < nv ? l[t] : 0.0f;
+    }
+    all_reduce(m, sz, 2 * (size_t)N, "loss sums", 0);
+    for (int n = 0; n < N; n++) {
+        float s = sz[n], inv = 1.0f / s;
+        float *p = probs + (size_t)n * Vl;
+        for (int j = 0; j < nv; j++)
+            p[j] *= inv;
+        losses[n] = logf(s) + mxl[n] - sz[N + n];
+    }
+}
+
+/* dlogits (N,Vl) += (probs - onehot(target)) * dloss, on the local columns. */
+void train_tp_xent_backward(train_model *m, float *dlogits, const float *probs,
+                            const int *targets, float dloss, int N)
+{
+    int Vl = m->vocab_local, nv = valid_cols(m), lo = m->tp_rank * Vl;
+    for (int n = 0; n < N; n++) {
+        const float *p = probs + (size_t)n * Vl;
+        float *d = dlogits + (size_t)n * Vl;
+        for (int j = 0; j < nv; j++)
+            d[j] += p[j] * dloss;
+        int t = targets[n] - lo;
+        if (t >= 0 && t < nv)
+            d[t] -= dloss;
+    }
+}
+
+/* |g|^2 = sum over the split tensors of every rank's slice + the replicated tensors once
+ * (they are identical on every rank). */
+double train_tp_grad_sumsq(train_model *m)
+{
+    double split = 0.0, rep = 0.0;
+    for (int i = 0; i < m->ntensors; i++) {
+        const train_param *p = &m->tensors[i];
+        double s = m->ops->sumsq(m->grads + p->offset, p->numel);
+        if (train_tp_is_split(p->name))
+            split += s;
+        else
+            rep += s;
+    }
+    float part = (float)split;
+    all_reduce(m, &part, 1, "grad norm", 0);
+    return (double)part + rep;
+}
+
+int train_tp_group_sum(train_model *m, float *x, char *err)
+{
+    all_reduce(m, x, 1, "grad norm", 0);
+    const train_tp_ctx *c = m->tpc;
+    if (c && c->failed) {
+        train_errf(err, "%s", c->err);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- attaching a group -------------------------------------------------------------- */
+
+int train_tp_attach(train_session *s, train_backend *b, char *err)
+{
+    train_model *m = s->model;
+    if (b->nranks != m->tp || b->rank != m->tp_rank) {
+        train_errf(err, "tensor-parallel group of %d ranks (this one %d) for a model made "
+                        "for rank %d of %d",
+                   b->nranks, b->rank, m->tp_rank, m->tp);
+        return -1;
+    }
+    if (m->tp <= 1)
+        return 0; /* nothing to communicate */
+    train_tp_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        train_errf(err, "out of memory for the tensor-parallel context");
+        return -1;
+    }
+    c->b = b;
+    /* every rank must hold the same replicated tensors: compare their hashes */
+    uint64_t h = TRAIN_FNV_INIT;
+    for (int i = 0; i < m->ntensors; i++)
+        if (!train_tp_is_split(m->tensors[i].name))
+            h = train_fnv1a(h, m->params + m->tensors[i].offset,
+                            m->tensors[i].numel * sizeof(float));
+    uint64_t *all = calloc((size_t)b->nranks, sizeof *all);
+    train_req req = TRAIN_REQ_DONE;
+    if (!all) {
+        free(c);
+        train_errf(err, "out of memory for the tensor-parallel check");
+        return -1;
+    }
+    if (b->all_gather(b, &h, all, sizeof h, &req) != 0 || b->wait(b, req) != 0) {
+        train_errf(err, "tensor-parallel start-up: %s", b->err);
+        free(all);
+        free(c);
+        return -1;
+    }
+    for (int r = 1; r < b->nranks; r++)
+        if (all[r] != all[0]) {
+            train_errf(err, "tensor-parallel ranks 0 and %d hold different replicated "
+                            "weights (started from different seeds or checkpoints?)", r);
+            free(all);
+            free(c);
+            return -1;
+        }
+    free(all);
+    m->tpc = c;
+    return 0;
+}
+
+void train_tp_detach(train_session *s)
+{
+    if (!s || !s->model || !s->model->tpc)
+        return;
+    free(s->model->tpc->buf);
+    free(s->model->tpc->full);
+    free(s->model->tpc->stage);
+    free(s->model->tpc->part);
+    free(s->model->tpc);
+    s->model->tpc = NULL;
+}
+
+int train_tp_status(const train_session *s, char *err)
+{
+    const train_tp_ctx *c = s->model->tpc;
+    if (c && c->failed) {
+        train_errf(err, "%s", c->err);
+        return -1;
+    }
+    return 0;
+}
+
+void train_tp_stats_read(train_session *s, train_tp_stats *out, int reset)
+{
+    train_tp_ctx *c = s->model->tpc;
+    if (!c) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = c->st;
+    if (reset)
+        memset(&c->st, 0, sizeof c->st);
+}
+
+void train_tp_set_trace(train_session *s, train_trace *tr, int rank)
+{
+    train_tp_ctx *c = s->model->tpc;
+    if (!c)
+        return;
+    c->trace = tr;
+    c->trace_rank = rank;
+}
+
+/* ---- the planner's rows ---------------------------------------------------------------- */
+
+int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp, int zero,
+                  double fixed, train_plan_row *r, long *inblock, double *inblock_bytes,
+                  char *err)
+{
+    if (train_tp_config_check(cfg, tp, TRAIN_DEVICE_CPU, err) != 0)
+        return -1;
+    if (dp < 1 || B < 1 || S < 1) {
+        train_errf(err, "impossible plan: %d data-parallel groups, batch %d, seq %d", dp, B,
+                   S);
+        return -1;
+    }
+    if (zero < 0 || zero > 3) {
+        train_errf(err, "impossible plan: ZeRO stage %d", zero);
+        return -1;
+    }
+    size_t P = 0, A = 0, *ul = calloc((size_t)cfg->layers + 2, sizeof *ul);
+    if (!ul || train_model_sizes_tp(cfg, B, S, tp, sp, &P, &A, ul) != 0) {
+        free(ul);
+        train_errf(err, "out of memory planning");
+        return -1;
+    }
+    double f = 4.0, act = (double)B * S * cfg->channels * f; /* one B·S·C activation */
+    double ring_t = 2.0 * (tp - 1) / tp, ring_d = 2.0 * (dp - 1) / dp;
+    long nblock = 4L * cfg->layers;
+    static const char *zn[2][4] = {{"", "TPxZ1", "TPxZ2", "TPxZ3"},
+                                   {"", "SPxZ1", "SPxZ2", "SPxZ3"}};
+    double tp_sent = ring_t * ((double)(nblock + 2) * act + 3.0 * B * S * f);
+    memset(r, 0, sizeof *r);
+    if (zero > 0 && dp > 1) { /* FSDP along D over this TP rank's slice: the FSDP rows' sums
+                               * over the slice's units, plus TP's own traffic */
+        train_plan_fill(ul, cfg->layers, P, A, dp, 1, (train_strategy)(TRAIN_PLAN_ZERO1 + zero - 1),
+                        fixed, r);
+        r->name = zn[!!sp][zero];
+        r->sent += tp_sent;
+        free(ul);
+        goto out;
+    }
+    free(ul);
+    r->name = dp > 1 ? (sp ? "SPxDDP" : "TPxDDP") : sp ? "TP+SP" : "TP";
+    r->params = f * P;
+    r->grads = f * P;
+    r->optim = 2 * f * P;
+    r->acts = (double)A;
+    r->fixed = fixed;
+    r->sent = tp_sent + ring_d * f * P;
+    r->total = r->params + r->grads + r->optim + r->acts + r->fixed;
+out:
+    if (inblock)
+        *inblock = nblock;
+    if (inblock_bytes)
+        *inblock_bytes = act;
+    return 0;
+}
