@@ -14,11 +14,9 @@
  * stderr, the exit status is non-zero, and nothing is written: all validation happens
  * before the first file is created, and every file is written atomically.
  */
-#include "parallel/ddp.h"
-#include "parallel/fsdp.h"
 #include "parallel/planner.h"
+#include "parallel/strategy.h"
 #include "parallel/tp.h"
-#include "parallel/timeline.h"
 #include "train.h"
 
 #include <coll_launch.h>
@@ -243,69 +241,46 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
     return 0;
 }
 
-/* This run's planner row, and at the end each rank's measured peak beside it. */
-static train_strategy run_strategy(const cli *c, const train_backend *b)
-{
-    if (!b || !c->ddp)
-        return TRAIN_PLAN_NONE;
-    if (!c->fsdp)
-        return TRAIN_PLAN_DDP;
-    return (train_strategy)(TRAIN_PLAN_ZERO1 + c->zero - 1);
-}
-
 static int env_int(const char *name, int dflt)
 {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : dflt;
 }
 
-/* With --tp: this rank's tensor-parallel group and data-parallel group, split from the
- * job's backend b (rank = d*T + t). */
-static void split_grid(const cli *c, train_backend *b, train_backend **tpb,
-                       train_backend **dpb)
+/* Sums of the steps' reports (the loop's totals). */
+static void report_add(train_step_report *sum, const train_step_report *r)
+{
+    sum->fwd_ms += r->fwd_ms;
+    sum->bwd_ms += r->bwd_ms;
+    sum->wait_ms += r->wait_ms;
+    sum->comm_ms += r->comm_ms;
+    sum->sent_bytes += r->sent_bytes;
+    sum->measured_bytes += r->measured_bytes;
+    sum->tp_ms += r->tp_ms;
+    sum->tp_other_ms += r->tp_other_ms;
+    sum->tp_bytes += r->tp_bytes;
+    sum->tp_calls += r->tp_calls;
+}
+
+/* The strategy's lines (several, each ending in '\n'), printed as they are. */
+static void print_lines(const char *text)
+{
+    fputs(text, stdout);
+}
+
+/* The planner's row of this run, or 0 when the planner cannot say. */
+static int plan_row(train_parallel *p, double fixed, train_plan_row *pr)
 {
     char msg[TRAIN_ERRLEN];
-    if (!b->split) {
-        snprintf(msg, sizeof msg, "--tp: the %s backend cannot split the job into "
-                 "tensor- and data-parallel groups; use --backend coll", b->name);
-        die_rank(b, msg);
-    }
-    if (b->split(b, train_dp_rank_of(b->rank, c->tp), b->rank, tpb) != 0 ||
-        b->split(b, train_tp_rank_of(b->rank, c->tp), b->rank, dpb) != 0 || !*tpb || !*dpb)
-        die_rank(b, b->err);
+    return p->ops->plan(p, fixed, pr, msg) == 0;
 }
 
-/* Leaves the tensor- and data-parallel groups (after DDP is done with them: free DDP after
- * this only touches its own memory). */
-static void grid_free(train_session *s, train_backend *tpb, train_backend *dpb)
-{
-    train_tp_detach(s);
-    if (tpb) {
-        dpb->destroy(dpb);
-        tpb->destroy(tpb);
-    }
-}
-
-/* One process's run: the single-process trainer (b == NULL), one DDP/FSDP rank, or one
- * rank of a tensor-parallel grid. */
+/* One process's run: the single-process trainer (b == NULL) or one rank of a job, under
+ * whatever strategy the command line chose (parallel/strategy.h): the loop below is the
+ * same for all of them. */
 static int run(const cli *c, train_backend *b)
 {
     train_options o = c->o;
-    /* db: the data-parallel group DDP runs over (the whole job without --tp) */
-    train_backend *tpb = NULL, *db = b;
-    if (b && c->tp > 1) {
-        if (b->nranks % c->tp != 0 || (!c->ddp && b->nranks != c->tp)) {
-            char why[TRAIN_ERRLEN];
-            snprintf(why, sizeof why, "%d ranks cannot form --tp %d groups%s", b->nranks,
-                     c->tp, c->ddp ? "" : " without --parallel ddp");
-            die_rank(b, why);
-        }
-        split_grid(c, b, &tpb, &db);
-        o.tp = c->tp;
-        o.tp_rank = tpb->rank;
-        o.sp = c->sp;
-    }
-    train_trace tptrace = {0};
     const char *ckpt_dir = c->ckpt_dir, *resume = c->resume, *plot = c->plot,
                *prompt = c->prompt;
     long stop_after = c->stop_after, ckpt_every = c->ckpt_every, eval_every = c->eval_every,
@@ -313,6 +288,20 @@ static int run(const cli *c, train_backend *b)
     int quiet = c->quiet;
     int root = !b || b->rank == 0;
     char msg[TRAIN_ERRLEN];
+    static char text[1 << 16]; /* a strategy's lines */
+
+    if (b && c->tp > 1 && (b->nranks % c->tp != 0 || (!c->ddp && b->nranks != c->tp))) {
+        snprintf(msg, sizeof msg, "%d ranks cannot form --tp %d groups%s", b->nranks, c->tp,
+                 c->ddp ? "" : " without --parallel ddp");
+        die_rank(b, msg);
+    }
+    /* the job as T x D ranks: every group a split of b (tensor parallel innermost) */
+    train_grid g;
+    if (train_grid_create(&g, b, c->tp, msg) != 0)
+        die_rank(b, msg);
+    o.tp = g.T;
+    o.tp_rank = g.tp ? g.tp->rank : 0;
+    o.sp = c->sp;
     if (b && o.threads == 0) { /* share the CPUs between the ranks on this machine */
         int local = env_int("LOCAL_WORLD_SIZE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", b->nranks));
         o.threads = train_cpu_threads() / (local > 0 ? local : 1);
@@ -324,14 +313,9 @@ static int run(const cli *c, train_backend *b)
     train_session *s = train_session_create(&o, msg);
     if (!s)
         die_rank(b, msg);
-    /* fsdp and tp checkpoints record the global batch (rows per optimizer step): FSDP's
-     * resume at any N, TP's at any grid and in one process */
-    if (b && (c->fsdp || tpb))
-        train_session_set_batch_mult(s, db->nranks * c->accum);
-    if (tpb && train_tp_attach(s, tpb, msg) != 0)
-        die_rank(b, msg);
-    if (tpb && c->trace)
-        train_tp_set_trace(s, &tptrace, b->rank);
+    /* every strategy reads D * accum rows per step, and its checkpoints say so: a resume
+     * at another layout checks it reads the same global batch */
+    train_session_set_batch_mult(s, g.D * c->accum);
     if (resume && train_session_load(s, resume, msg) != 0) {
         train_session_free(s);
         die_rank(b, msg);
@@ -352,28 +336,18 @@ static int run(const cli *c, train_backend *b)
         }
     }
 
-    train_ddp *d = NULL;
-    train_fsdp *fs = NULL;
-    if (b && c->fsdp) {
-        train_fsdp_options fo = train_fsdp_options_default();
-        fo.zero = c->zero;
-        fo.accum = c->accum;
-        fo.trace = c->trace != NULL;
-        fs = train_fsdp_create(s, db, &fo, msg);
-        if (!fs)
-            die_rank(b, msg);
-    } else if (b && c->ddp) {
-        train_ddp_options dopt = train_ddp_options_default();
-        dopt.bucket_bytes = (size_t)(c->bucket_mb * 1048576.0);
-        if (dopt.bucket_bytes < sizeof(float))
-            dopt.bucket_bytes = sizeof(float);
-        dopt.overlap = c->overlap;
-        dopt.accum = c->accum;
-        dopt.trace = c->trace != NULL;
-        d = train_ddp_create(s, db, &dopt, msg);
-        if (!d)
-            die_rank(b, msg);
-    }
+    train_parallel_options po = {
+        .data = c->fsdp ? "fsdp" : c->ddp ? "ddp" : "none",
+        .zero = c->zero,
+        .accum = c->accum,
+        .overlap = c->overlap,
+        .bucket_bytes = (size_t)(c->bucket_mb * 1048576.0),
+        .sp = c->sp,
+        .trace = c->trace != NULL,
+    };
+    train_parallel *p = train_parallel_create(s, &g, &po, msg);
+    if (!p)
+        die_rank(b, msg);
     /* the planner's fixed part: this process before any model, plus libcoll's
      * communicator as the start-up broadcasts have left it resident */
     double comm_rss = b ? train_comm_rss_bytes() : 0.0, fixed = c->fixed + comm_rss;
@@ -386,70 +360,36 @@ static int run(const cli *c, train_backend *b)
         devname = train_cuda_device_name(gpuname_err);
     double peak = o.device == TRAIN_DEVICE_CUDA ? train_cuda_peak_flops() : 0.0;
     double fpt = train_flops_per_token(cfg, o.seq);
-    if (!root)
-        goto train;
-    printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
-           "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
-           "activations)\n",
-           cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np,
-           np * 4.0 / 1048576, np * 4.0 / 1048576, np * 8.0 / 1048576,
-           train_activation_bytes(m) / 1048576.0);
-    printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
-           "steps %d  lr %g  device %s",
-           o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
-           train_data_tokens(train_session_data(s)), o.batch, o.seq, o.hp.steps, o.hp.lr,
-           devname ? devname : "cuda");
-    if (o.device == TRAIN_DEVICE_CPU)
-        printf(" (%d threads)", o.threads ? o.threads : train_cpu_threads());
-    putchar('\n');
-    if (resume)
-        printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
-    if (tpb)
-        printf("coll-train: tensor parallel: %d x %d grid (%s backend): T = %d ranks per "
-               "tensor-parallel group (heads %d, MLP rows %d, vocabulary rows %d of %d per "
-               "rank), D = %d data-parallel groups (--parallel %s); %zu parameters per rank%s\n",
-               c->tp, b->nranks / c->tp, b->name, c->tp, cfg->heads / c->tp,
-               4 * cfg->channels / c->tp, (cfg->vocab + c->tp - 1) / c->tp, cfg->vocab,
-               b->nranks / c->tp, c->fsdp ? "fsdp" : c->ddp ? "ddp" : "none", np,
-               c->sp ? "; sequence parallel (--sp)" : "");
-    if (fs) {
-        printf("coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s per step: "
-               "global batch %d x seq %d; %d units:\n",
-               c->zero, db->nranks, db->name, c->accum, c->accum > 1 ? "s" : "",
-               c->accum * db->nranks * o.batch, o.seq, train_fsdp_num_units(fs));
-        for (int i = 0; i < train_fsdp_num_units(fs); i++) {
-            train_fsdp_describe_unit(fs, i, msg, sizeof msg);
-            printf("  %s\n", msg);
-        }
-    }
-    {
-        train_plan_row pr;
-        char line[256];
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp,
-                                 c->fsdp ? c->zero : 0, fixed, &pr, NULL, NULL, msg)
-                 : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
-                              run_strategy(c, b), fixed, &pr, msg)) == 0) {
+    train_plan_row pr;
+    char line[256];
+    if (root) {
+        printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
+               "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
+               "activations)\n",
+               cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np,
+               np * 4.0 / 1048576, np * 4.0 / 1048576, np * 8.0 / 1048576,
+               train_activation_bytes(m) / 1048576.0);
+        printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
+               "steps %d  lr %g  device %s",
+               o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
+               train_data_tokens(train_session_data(s)), o.batch, o.seq, o.hp.steps, o.hp.lr,
+               devname ? devname : "cuda");
+        if (o.device == TRAIN_DEVICE_CPU)
+            printf(" (%d threads)", o.threads ? o.threads : train_cpu_threads());
+        putchar('\n');
+        if (resume)
+            printf("coll-train: resumed from %s at step %ld\n", resume,
+                   train_session_step_count(s));
+        p->ops->describe(p, text, sizeof text);
+        print_lines(text);
+        if (plan_row(p, fixed, &pr)) {
             train_plan_header(line, sizeof line);
             printf("plan (MiB per rank): %s\n", line);
             train_plan_format(&pr, line, sizeof line);
             printf("plan (MiB per rank): %s\n", line);
         }
+        fflush(stdout);
     }
-    if (d) {
-        printf("coll-train: DDP on %d ranks (%s backend), %d micro-step%s per step: global "
-               "batch %d x seq %d; %s; %d gradient buckets:\n",
-               db->nranks, db->name, c->accum, c->accum > 1 ? "s" : "",
-               c->accum * db->nranks * o.batch, o.seq,
-               c->overlap ? "all-reduce overlapped with backward"
-                          : "all-reduce after backward (--no-overlap)",
-               train_ddp_num_buckets(d));
-        for (int i = 0; i < train_ddp_num_buckets(d); i++) {
-            train_ddp_describe_bucket(d, i, msg, sizeof msg);
-            printf("  %s\n", msg);
-        }
-    }
-    fflush(stdout);
-train:;
 
     long first = train_session_step_count(s) + 1;
     long total = o.hp.steps, last_step = total;
@@ -464,80 +404,46 @@ train:;
     double t_start = now_s();
     double tok_total = 0, time_total = 0;
     train_step_stats st = {0};
+    train_step_report later = {0}, all = {0}; /* sums: the steps after the first; every step */
+    long nlater = 0;
     char path[4200];
-    double bwd_total = 0, wait_total = 0, comm_total = 0, sent_total = 0, measured_total = 0;
-    int nglobal = b ? c->accum * db->nranks : 1; /* sequences per step */
-    double tp_ms = 0, tp_other_ms = 0, tp_bytes = 0;
-    long tp_calls = 0;
 
     for (long i = 0; i < n; i++) {
-        train_ddp_stats ds = {0};
-        train_fsdp_stats fst = {0};
-        if (fs) {
-            if (train_fsdp_step(fs, &fst, msg) != 0)
-                die_rank(b, msg);
-            st = fst.step;
-            ds.wait_ms = fst.wait_ms;
-            ds.bwd_ms = fst.bwd_ms;
-            sent_total += (double)fst.sent_bytes;
-            measured_total += (double)fst.measured_bytes;
-        } else if (d) {
-            if (train_ddp_step(d, &ds, msg) != 0)
-                die_rank(b, msg);
-            st = ds.step;
-        } else {
-            st = train_session_step(s);
-        }
-        if (train_session_status(s, msg) != 0)
+        train_step_report r = {0};
+        if (p->ops->step(p, &r, msg) != 0)
             die_rank(b, msg);
-        if (tpb && train_tp_status(s, msg) != 0)
+        st = r.step;
+        if (train_session_status(s, msg) != 0 || (p->ops->status && p->ops->status(p, msg) != 0))
             die_rank(b, msg);
-        train_tp_stats tps;
-        train_tp_stats_read(s, &tps, 1);
         losses[i] = st.loss;
+        report_add(&all, &r);
         if (st.step > first) { /* the first step warms caches; keep it out of the mean */
-            tok_total += (double)nglobal * o.batch * o.seq;
+            tok_total += (double)p->rows_mult * o.batch * o.seq;
             time_total += st.ms * 1e-3;
-            bwd_total += ds.bwd_ms;
-            wait_total += ds.wait_ms;
-            comm_total += ds.comm_ms;
-            tp_ms += tps.ms;
-            tp_other_ms += tps.other_ms;
-            tp_bytes += tps.bytes;
-            tp_calls += tps.block_calls;
+            report_add(&later, &r);
+            nlater++;
         }
-        if (tpb && c->trace)
-            train_trace_add(&tptrace, b->rank, TRAIN_TRACE_COMPUTE, "step",
-                            now_s() - st.ms * 1e-3, now_s());
         if (!quiet && root) {
             printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s",
                    st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
             if (peak > 0)
                 printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
-            if (fs)
-                printf(" | bwd %6.1f ms | exposed comm %6.1f ms | sent %.2f MiB", fst.bwd_ms,
-                       fst.wait_ms, fst.sent_bytes / 1048576.0);
-            if (d)
-                printf(" | bwd %6.1f ms | exposed comm %6.1f ms | hidden %3.0f%%", ds.bwd_ms,
-                       ds.wait_ms, 100.0 * ds.hidden);
-            if (tpb)
-                printf(" | tp all-reduce %5.1f ms in blocks (%ld), %5.1f ms other", tps.ms,
-                       tps.block_calls, tps.other_ms);
-            putchar('\n');
+            p->ops->step_line(p, &r, text, sizeof text);
+            printf("%s\n", text);
         }
         int last = st.step == last_step;
         int eval_now = (eval_every && st.step % eval_every == 0) || (last && eval_every);
-        if (fs && eval_now && train_fsdp_materialize(fs, msg) != 0) /* collective */
+        if (eval_now && p->ops->eval_begin && p->ops->eval_begin(p, msg) != 0) /* collective */
             die_rank(b, msg);
-        if ((root || tpb) && eval_now) { /* with --tp the forward is collective */
+        if ((root || p->eval_everywhere) && eval_now) {
             float vl = train_session_val_loss(s, (int)eval_batches);
-            if (tpb && train_tp_status(s, msg) != 0)
+            if (p->ops->status && p->ops->status(p, msg) != 0)
                 die_rank(b, msg);
             vsteps[nv] = st.step;
             vloss[nv++] = vl;
             if (root)
                 printf("eval step %ld | val loss %.6f\n", st.step, vl);
-            if (root && sample_len > 0 && !tpb) { /* a TP rank holds V/T logits: no sample */
+            if (root && sample_len > 0 && p->can_sample) {
                 train_session_sample(s, prompt, (int)sample_len, sample);
                 printf("sample: ");
                 print_escaped(sample, (int)sample_len);
@@ -545,38 +451,12 @@ train:;
         }
         if (train_session_status(s, msg) != 0) /* validation and sampling ran on it too */
             die_rank(b, msg);
-        if (tpb && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+        if (ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
-            /* collective: DP rank 0 of each TP group writes its slice, rank 0 the manifest;
-             * under FSDP the slice is first gathered from the DP group's shards */
-            float *sl = NULL;
-            size_t sn = train_num_params(m);
-            if (fs && !(sl = malloc(3 * sn * sizeof(float))))
-                die_rank(b, "out of memory gathering the checkpoint");
-            if (fs && train_fsdp_gather(fs, sl, sl + sn, sl + 2 * sn, NULL, msg) != 0)
-                die_rank(b, msg);
-            int rc = train_tp_save(s, b, tpb, sl, sl ? sl + sn : NULL, sl ? sl + 2 * sn : NULL,
-                                   path, msg);
-            free(sl);
-            if (rc != 0)
+            if (p->ops->save(p, path, msg) != 0) /* collective where the strategy shards */
                 die_rank(b, msg);
             if (root)
-                printf("checkpoint %s (manifest; %d tensor-parallel shards %s.shard<t>of%d)\n",
-                       path, c->tp, path, c->tp);
-        } else if (fs && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
-            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
-            if (train_fsdp_save(fs, path, msg) != 0) /* collective: shards, then manifest */
-                die_rank(b, msg);
-            if (root)
-                printf("checkpoint %s (manifest; %d shards %s.shard<r>of%d)\n", path,
-                       b->nranks, path, b->nranks);
-        } else if (root && ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
-            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
-            if (train_session_save(s, path, msg) != 0) {
-                train_session_free(s);
-                die_rank(b, msg);
-            }
-            printf("checkpoint %s\n", path);
+                printf("checkpoint %s\n", path);
         }
         fflush(stdout);
     }
@@ -589,54 +469,12 @@ train:;
             b->wait(b, preq) != 0)
             die_rank(b, peaks ? b->err : "out of memory gathering the peak memory");
     }
-    if (d && train_ddp_check_identical(d, msg) != 0)
+    if (p->ops->finish(p, c->trace, msg) != 0) /* collective: checks, the timeline */
         die_rank(b, msg);
-    if (tpb && c->trace && train_trace_gather_write(b, &tptrace, c->trace, msg) != 0)
-        die_rank(b, msg);
-    train_trace_free(&tptrace);
-    if (fs && train_fsdp_check_identical(fs, msg) != 0)
-        die_rank(b, msg);
-    if (fs && c->trace && train_fsdp_write_trace(fs, c->trace, msg) != 0)
-        die_rank(b, msg);
-    if (d && c->trace && train_ddp_write_trace(d, c->trace, msg) != 0)
-        die_rank(b, msg);
-    if (!root) {
-        grid_free(s, tpb, db);
-        free(peaks);
-        train_fsdp_free(fs);
-        train_ddp_free(d);
-        train_session_free(s);
-        free(losses);
-        free(vsteps);
-        free(vloss);
-        free(sample);
-        return 0;
-    }
-    if (fs && n > 1)
-        printf("fsdp: per step after the first: backward %.1f ms, exposed comm %.1f ms (blocked "
-               "on gathers, reduce-scatters and the step's collectives)\n",
-               bwd_total / (double)(n - 1), wait_total / (double)(n - 1));
-    if (tpb && n > 1)
-        printf("tp: per step after the first: %.1f in-block collectives (all-reduces; with "
-               "--sp all-gathers and reduce-scatters) over %.0f bytes, "
-               "%.2f ms (%.1f%% of the step), %.2f ms in the embedding/loss/norm "
-               "collectives\n",
-               (double)tp_calls / (double)(n - 1), tp_calls ? tp_bytes / (double)tp_calls : 0.0,
-               tp_ms / (double)(n - 1), time_total > 0 ? 100.0 * tp_ms * 1e-3 / time_total : 0.0,
-               tp_other_ms / (double)(n - 1));
-    if (d && n > 1) {
-        printf("ddp: weights bitwise identical on all %d ranks | per step after the first: "
-               "backward %.1f ms, comm %.1f ms, exposed comm %.1f ms, hidden %.0f%%\n",
-               b->nranks, bwd_total / (double)(n - 1), comm_total / (double)(n - 1),
-               wait_total / (double)(n - 1),
-               comm_total > wait_total ? 100.0 * (1.0 - wait_total / comm_total) : 0.0);
-    }
-    {
-        train_plan_row pr;
-        if ((tpb ? train_tp_plan(cfg, o.batch, o.seq, c->tp, db->nranks, c->sp,
-                                 c->fsdp ? c->zero : 0, fixed, &pr, NULL, NULL, msg)
-                 : train_plan(cfg, o.batch, o.seq, b ? db->nranks : 1, b ? c->accum : 1,
-                              run_strategy(c, b), fixed, &pr, msg)) == 0) {
+    if (root) {
+        p->ops->summary(p, &later, nlater, time_total, &all, n, text, sizeof text);
+        print_lines(text);
+        if (plan_row(p, fixed, &pr)) {
             printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
                    pr.total / 1048576.0, pr.name);
             double mx = peak_rss;
@@ -651,56 +489,44 @@ train:;
                    "communicator %.1f (after start-up; %.1f at the end on rank 0)\n",
                    fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
                    (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
-            if (fs && n > 0)
-                printf("communication: bytes per rank per step: planned %.0f (ring formulas: "
-                       "what each rank sends, and receives), measured %.0f (rank 0, libcoll's "
-                       "trace counters: what it received in every step it ran, the direct "
-                       "path's loads from peers included%s), counted %.0f (ring formulas over "
-                       "the calls made)\n",
-                       pr.sent, measured_total / (double)n,
-                       measured_total > 0 ? "" : ": not available with --trace or this backend",
-                       sent_total / (double)n);
+        }
+        if (c->trace)
+            printf("trace %s\n", c->trace);
+        printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
+        if (nv)
+            printf(" | val loss %.6f", vloss[nv - 1]);
+        if (time_total > 0) {
+            printf(" | %.0f tok/s", tok_total / time_total);
+            if (peak > 0)
+                printf(" | MFU %.1f%%", 100.0 * fpt * (tok_total / time_total) / peak);
+        }
+        putchar('\n');
+        if (c->losses) {
+            FILE *lf = fopen(c->losses, "w");
+            for (long i = 0; lf && i < n; i++)
+                fprintf(lf, "%ld %a\n", first + i, losses[i]);
+            if (!lf || fclose(lf) != 0) {
+                snprintf(msg, sizeof msg, "--losses %s: cannot write: %s", c->losses,
+                         strerror(errno));
+                die_rank(b, msg);
+            }
+        }
+        if (plot) {
+            char title[256];
+            snprintf(title, sizeof title, "coll-train: L=%d C=%d H=%d, batch %d x %d, lr %g",
+                     cfg->layers, cfg->channels, cfg->heads, o.batch, o.seq, o.hp.lr);
+            if (train_plot_svg(plot, first, losses, n, vsteps, vloss, nv, title, msg) != 0)
+                die_rank(b, msg);
+            printf("plot %s\n", plot);
         }
     }
     free(peaks);
-    if (fs && n > 0)
-        printf("fsdp: every rank gathers bitwise the same weights | sent per rank per step "
-               "%.0f bytes (ring formulas over the calls made)\n", sent_total / (double)n);
-    if ((d || fs || tpb) && c->trace)
-        printf("trace %s\n", c->trace);
-    printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
-    if (nv)
-        printf(" | val loss %.6f", vloss[nv - 1]);
-    if (time_total > 0) {
-        printf(" | %.0f tok/s", tok_total / time_total);
-        if (peak > 0)
-            printf(" | MFU %.1f%%", 100.0 * fpt * (tok_total / time_total) / peak);
-    }
-    putchar('\n');
-    if (c->losses) {
-        FILE *lf = fopen(c->losses, "w");
-        for (long i = 0; lf && i < n; i++)
-            fprintf(lf, "%ld %a\n", first + i, losses[i]);
-        if (lf)
-            fclose(lf);
-    }
-    if (plot) {
-        char title[256];
-        snprintf(title, sizeof title, "coll-train: L=%d C=%d H=%d, batch %d x %d, lr %g",
-                 cfg->layers, cfg->channels, cfg->heads, o.batch, o.seq, o.hp.lr);
-        if (train_plot_svg(plot, first, losses, n, vsteps, vloss, nv, title, msg) != 0) {
-            train_session_free(s);
-            die_rank(b, msg);
-        }
-        printf("plot %s\n", plot);
-    }
     free(losses);
     free(vsteps);
     free(vloss);
     free(sample);
-    grid_free(s, tpb, db);
-    train_fsdp_free(fs);
-    train_ddp_free(d);
+    train_parallel_free(p);
+    train_grid_free(&g);
     train_session_free(s);
     return 0;
 }
@@ -797,7 +623,7 @@ static int run_ddp(cli *c)
         train_options o = c->o;
         o.threads = 1;
         train_session *s = train_session_create(&o, msg);
-        if (s && (c->fsdp || c->tp > 1))
+        if (s) /* the global batch, as run() sets it */
             train_session_set_batch_mult(s, c->ranks / c->tp * c->accum);
         if (!s || train_session_load(s, c->resume, msg) != 0) {
             train_session_free(s);

@@ -9,6 +9,7 @@
  * never print or exit, and never touch a gradient range that is still being written.
  */
 #include "parallel/ddp.h"
+#include "parallel/strategy.h"
 #include "model/model.h"
 
 #include <stdlib.h>
@@ -523,4 +524,131 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err)
 int train_ddp_write_trace(train_ddp *d, const char *path, char *err)
 {
     return train_trace_gather_write(d->b, &d->trace, path, err);
+}
+
+/* ---- DDP as a strategy (strategy.h) ---------------------------------------------------
+ * Over the grid's data-parallel group: every rank steps, rank 0 of the group writes the
+ * checkpoint (the others hold the same bits), and the run ends by checking that they do. */
+
+static train_ddp *ddp_of(const train_parallel *p) { return p->impl; }
+
+static int ddp_strategy_step(train_parallel *p, train_step_report *r, char *err)
+{
+    train_ddp_stats ds = {0};
+    if (train_ddp_step(ddp_of(p), &ds, err) != 0)
+        return -1;
+    r->step = ds.step;
+    r->fwd_ms = ds.fwd_ms;
+    r->bwd_ms = ds.bwd_ms;
+    r->wait_ms = ds.wait_ms;
+    r->comm_ms = ds.comm_ms;
+    r->hidden = ds.hidden;
+    return 0;
+}
+
+static int ddp_strategy_save(train_parallel *p, const char *path, char *err)
+{
+    return p->grid->dp->rank == 0 ? train_session_save(p->s, path, err) : 0;
+}
+
+static int ddp_strategy_finish(train_parallel *p, const char *trace_path, char *err)
+{
+    if (train_ddp_check_identical(ddp_of(p), err) != 0)
+        return -1;
+    return trace_path ? train_ddp_write_trace(ddp_of(p), trace_path, err) : 0;
+}
+
+static void ddp_strategy_describe(train_parallel *p, char *out, size_t n)
+{
+    train_ddp *d = ddp_of(p);
+    const train_options *o = &p->s->opt;
+    out[0] = '\0';
+    train_appendf(out, n, "coll-train: DDP on %d ranks (%s backend), %d micro-step%s per step: "
+                  "global batch %d x seq %d; %s; %d gradient buckets:\n",
+                  d->b->nranks, d->b->name, p->opt.accum, p->opt.accum > 1 ? "s" : "",
+                  p->rows_mult * o->batch, o->seq,
+                  p->opt.overlap ? "all-reduce overlapped with backward"
+                                 : "all-reduce after backward (--no-overlap)",
+                  train_ddp_num_buckets(d));
+    for (int i = 0; i < train_ddp_num_buckets(d); i++) {
+        char line[TRAIN_ERRLEN];
+        train_ddp_describe_bucket(d, i, line, sizeof line);
+        train_appendf(out, n, "  %s\n", line);
+    }
+}
+
+static void ddp_strategy_step_line(const train_parallel *p, const train_step_report *r,
+                                   char *out, size_t n)
+{
+    (void)p;
+    snprintf(out, n, " | bwd %6.1f ms | exposed comm %6.1f ms | hidden %3.0f%%", r->bwd_ms,
+             r->wait_ms, 100.0 * r->hidden);
+}
+
+static void ddp_strategy_summary(const train_parallel *p, const train_step_report *sum,
+                                 long nsteps, double seconds, const train_step_report *all,
+                                 long nall, char *out, size_t n)
+{
+    (void)seconds;
+    (void)all;
+    (void)nall;
+    out[0] = '\0';
+    if (nsteps < 1)
+        return;
+    snprintf(out, n, "ddp: weights bitwise identical on all %d ranks | per step after the "
+             "first: backward %.1f ms, comm %.1f ms, exposed comm %.1f ms, hidden %.0f%%\n",
+             ddp_of(p)->b->nranks, sum->bwd_ms / (double)nsteps, sum->comm_ms / (double)nsteps,
+             sum->wait_ms / (double)nsteps,
+             sum->comm_ms > sum->wait_ms ? 100.0 * (1.0 - sum->wait_ms / sum->comm_ms) : 0.0);
+}
+
+static int ddp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out,
+                             char *err)
+{
+    const train_options *o = &p->s->opt;
+    return train_plan(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum,
+                      TRAIN_PLAN_DDP, fixed, out, err);
+}
+
+static void ddp_strategy_free(train_parallel *p)
+{
+    train_ddp_free(ddp_of(p));
+    free(p);
+}
+
+static const train_parallel_ops ddp_strategy_ops = {
+    .name = "ddp",
+    .step = ddp_strategy_step,
+    .save = ddp_strategy_save,
+    .finish = ddp_strategy_finish,
+    .describe = ddp_strategy_describe,
+    .step_line = ddp_strategy_step_line,
+    .summary = ddp_strategy_summary,
+    .plan = ddp_strategy_plan,
+    .free = ddp_strategy_free,
+};
+
+train_parallel *train_ddp_strategy_create(train_session *s, train_grid *g,
+                                          const train_parallel_options *opt, char *err)
+{
+    if (!g->dp) {
+        train_errf(err, "--parallel ddp needs more than one process");
+        return NULL;
+    }
+    train_ddp_options dopt = train_ddp_options_default();
+    dopt.bucket_bytes = opt->bucket_bytes < sizeof(float) ? sizeof(float) : opt->bucket_bytes;
+    dopt.overlap = opt->overlap;
+    dopt.accum = opt->accum;
+    dopt.trace = opt->trace;
+    train_parallel *p = train_parallel_new(&ddp_strategy_ops, s, g, opt);
+    if (!p) {
+        train_errf(err, "out of memory");
+        return NULL;
+    }
+    p->rows_mult = g->dp->nranks * opt->accum;
+    if (!(p->impl = train_ddp_create(s, g->dp, &dopt, err))) {
+        free(p);
+        return NULL;
+    }
+    return p;
 }

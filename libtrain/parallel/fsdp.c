@@ -19,6 +19,7 @@
 #include "parallel/checkpoint.h"
 #include "parallel/fsdp.h"
 #include "parallel/planner.h"
+#include "parallel/strategy.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -921,4 +922,153 @@ out:
 int train_fsdp_write_trace(train_fsdp *f, const char *path, char *err)
 {
     return train_trace_gather_write(f->b, &f->trace, path, err);
+}
+
+/* ---- FSDP as a strategy (strategy.h) --------------------------------------------------
+ * Over the grid's data-parallel group: every rank steps and writes its shard of every
+ * checkpoint; an evaluation first gathers the parameters into the model. */
+
+static train_fsdp *fsdp_of(const train_parallel *p) { return p->impl; }
+
+static int fsdp_strategy_step(train_parallel *p, train_step_report *r, char *err)
+{
+    train_fsdp_stats fst = {0};
+    if (train_fsdp_step(fsdp_of(p), &fst, err) != 0)
+        return -1;
+    r->step = fst.step;
+    r->fwd_ms = fst.fwd_ms;
+    r->bwd_ms = fst.bwd_ms;
+    r->wait_ms = fst.wait_ms;
+    r->sent_bytes = (double)fst.sent_bytes;
+    r->measured_bytes = (double)fst.measured_bytes;
+    return 0;
+}
+
+static int fsdp_strategy_eval_begin(train_parallel *p, char *err)
+{
+    return train_fsdp_materialize(fsdp_of(p), err);
+}
+
+static int fsdp_strategy_save(train_parallel *p, const char *path, char *err)
+{
+    return train_fsdp_save(fsdp_of(p), path, err);
+}
+
+static int fsdp_strategy_gather(train_parallel *p, float *params, float *m, float *v,
+                                char *err)
+{
+    return train_fsdp_gather(fsdp_of(p), params, m, v, NULL, err);
+}
+
+static int fsdp_strategy_finish(train_parallel *p, const char *trace_path, char *err)
+{
+    if (train_fsdp_check_identical(fsdp_of(p), err) != 0)
+        return -1;
+    return trace_path ? train_fsdp_write_trace(fsdp_of(p), trace_path, err) : 0;
+}
+
+static void fsdp_strategy_describe(train_parallel *p, char *out, size_t n)
+{
+    train_fsdp *f = fsdp_of(p);
+    const train_options *o = &p->s->opt;
+    out[0] = '\0';
+    train_appendf(out, n, "coll-train: FSDP ZeRO-%d on %d ranks (%s backend), %d micro-step%s "
+                  "per step: global batch %d x seq %d; %d units:\n",
+                  f->o.zero, f->b->nranks, f->b->name, p->opt.accum, p->opt.accum > 1 ? "s" : "",
+                  p->rows_mult * o->batch, o->seq, train_fsdp_num_units(f));
+    for (int i = 0; i < train_fsdp_num_units(f); i++) {
+        char line[TRAIN_ERRLEN];
+        train_fsdp_describe_unit(f, i, line, sizeof line);
+        train_appendf(out, n, "  %s\n", line);
+    }
+}
+
+static void fsdp_strategy_step_line(const train_parallel *p, const train_step_report *r,
+                                    char *out, size_t n)
+{
+    (void)p;
+    snprintf(out, n, " | bwd %6.1f ms | exposed comm %6.1f ms | sent %.2f MiB", r->bwd_ms,
+             r->wait_ms, r->sent_bytes / 1048576.0);
+}
+
+static int fsdp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out,
+                              char *err)
+{
+    const train_options *o = &p->s->opt;
+    return train_plan(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum,
+                      (train_strategy)(TRAIN_PLAN_ZERO1 + p->zero - 1), fixed, out, err);
+}
+
+static void fsdp_strategy_summary(const train_parallel *p, const train_step_report *later,
+                                  long nlater, double seconds, const train_step_report *all,
+                                  long nall, char *out, size_t n)
+{
+    (void)seconds;
+    out[0] = '\0';
+    if (nlater > 0)
+        train_appendf(out, n, "fsdp: per step after the first: backward %.1f ms, exposed comm "
+                      "%.1f ms (blocked on gathers, reduce-scatters and the step's "
+                      "collectives)\n",
+                      later->bwd_ms / (double)nlater, later->wait_ms / (double)nlater);
+    train_plan_row pr;
+    char err[TRAIN_ERRLEN];
+    if (nall > 0 && p->grid->T == 1 && fsdp_strategy_plan(p, 0.0, &pr, err) == 0)
+        train_appendf(out, n, "communication: bytes per rank per step: planned %.0f (ring "
+                      "formulas: what each rank sends, and receives), measured %.0f (rank 0, "
+                      "libcoll's trace counters: what it received in every step it ran, the "
+                      "direct path's loads from peers included%s), counted %.0f (ring formulas "
+                      "over the calls made)\n",
+                      pr.sent, all->measured_bytes / (double)nall,
+                      all->measured_bytes > 0 ? ""
+                                              : ": not available with --trace or this backend",
+                      all->sent_bytes / (double)nall);
+    if (nall > 0)
+        train_appendf(out, n, "fsdp: every rank gathers bitwise the same weights | sent per "
+                      "rank per step %.0f bytes (ring formulas over the calls made)\n",
+                      all->sent_bytes / (double)nall);
+}
+
+static void fsdp_strategy_free(train_parallel *p)
+{
+    train_fsdp_free(fsdp_of(p));
+    free(p);
+}
+
+static const train_parallel_ops fsdp_strategy_ops = {
+    .name = "fsdp",
+    .step = fsdp_strategy_step,
+    .eval_begin = fsdp_strategy_eval_begin,
+    .save = fsdp_strategy_save,
+    .gather = fsdp_strategy_gather,
+    .finish = fsdp_strategy_finish,
+    .describe = fsdp_strategy_describe,
+    .step_line = fsdp_strategy_step_line,
+    .summary = fsdp_strategy_summary,
+    .plan = fsdp_strategy_plan,
+    .free = fsdp_strategy_free,
+};
+
+train_parallel *train_fsdp_strategy_create(train_session *s, train_grid *g,
+                                           const train_parallel_options *opt, char *err)
+{
+    if (!g->dp) {
+        train_errf(err, "--parallel fsdp needs more than one process");
+        return NULL;
+    }
+    train_fsdp_options fo = train_fsdp_options_default();
+    fo.zero = opt->zero;
+    fo.accum = opt->accum;
+    fo.trace = opt->trace;
+    train_parallel *p = train_parallel_new(&fsdp_strategy_ops, s, g, opt);
+    if (!p) {
+        train_errf(err, "out of memory");
+        return NULL;
+    }
+    p->rows_mult = g->dp->nranks * opt->accum;
+    p->zero = opt->zero;
+    if (!(p->impl = train_fsdp_create(s, g->dp, &fo, err))) {
+        free(p);
+        return NULL;
+    }
+    return p;
 }

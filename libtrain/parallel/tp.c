@@ -10,6 +10,7 @@
  * and every later collective is skipped, so forward/backward run to their end on garbage
  * and the caller learns of it from train_tp_status.
  */
+#include "parallel/strategy.h"
 #include "parallel/tp.h"
 #include "model/model.h"
 #include "parallel/timeline.h"
@@ -751,4 +752,186 @@ out:
     if (inblock_bytes)
         *inblock_bytes = act;
     return 0;
+}
+
+/* ---- tensor parallelism as a strategy (strategy.h) ------------------------------------
+ * It wraps the data-parallel strategy of the grid's data-parallel group (`inner`): the
+ * model's passes talk to the tensor-parallel group through the layer operations attached
+ * here, a step is the inner strategy's step, and a checkpoint is every TP rank's slice
+ * (gathered from the inner strategy's shards where it shards). Evaluation is collective
+ * (every rank of a TP group runs the forward) and no rank can sample alone (it holds V/T
+ * of the logits). */
+
+typedef struct tp_strategy {
+    train_trace trace; /* --trace: the collectives inside the model, and each step */
+} tp_strategy;
+
+static int tp_strategy_status(const train_parallel *p, char *err)
+{
+    if (train_tp_status(p->s, err) != 0)
+        return -1;
+    return p->inner->ops->status ? p->inner->ops->status(p->inner, err) : 0;
+}
+
+static int tp_strategy_step(train_parallel *p, train_step_report *r, char *err)
+{
+    if (p->inner->ops->step(p->inner, r, err) != 0)
+        return -1;
+    train_tp_stats tps;
+    train_tp_stats_read(p->s, &tps, 1);
+    r->tp_ms = tps.ms;
+    r->tp_other_ms = tps.other_ms;
+    r->tp_bytes = tps.bytes;
+    r->tp_calls = tps.block_calls;
+    if (p->opt.trace) {
+        tp_strategy *t = p->impl;
+        double now = train_now();
+        train_trace_add(&t->trace, p->grid->world->rank, TRAIN_TRACE_COMPUTE, "step",
+                        now - r->step.ms * 1e-3, now);
+    }
+    return 0;
+}
+
+static int tp_strategy_eval_begin(train_parallel *p, char *err)
+{
+    return p->inner->ops->eval_begin ? p->inner->ops->eval_begin(p->inner, err) : 0;
+}
+
+/* DP rank 0 of each TP group writes its slice, rank 0 the manifest; where the inner
+ * strategy shards, the slice is first gathered from the DP group's shards */
+static int tp_strategy_save(train_parallel *p, const char *path, char *err)
+{
+    float *sl = NULL;
+    size_t n = train_num_params(train_session_model(p->s));
+    if (p->inner->ops->gather) {
+        if (!(sl = malloc(3 * n * sizeof(float)))) {
+            train_errf(err, "out of memory gathering the checkpoint");
+            return -1;
+        }
+        if (p->inner->ops->gather(p->inner, sl, sl + n, sl + 2 * n, err) != 0) {
+            free(sl);
+            return -1;
+        }
+    }
+    int rc = train_tp_save(p->s, p->grid->world, p->grid->tp, sl, sl ? sl + n : NULL,
+                           sl ? sl + 2 * n : NULL, path, err);
+    free(sl);
+    return rc;
+}
+
+static int tp_strategy_finish(train_parallel *p, const char *trace_path, char *err)
+{
+    tp_strategy *t = p->impl;
+    if (p->inner->ops->finish(p->inner, NULL, err) != 0)
+        return -1;
+    return trace_path ? train_trace_gather_write(p->grid->world, &t->trace, trace_path, err)
+                      : 0;
+}
+
+static void tp_strategy_describe(train_parallel *p, char *out, size_t n)
+{
+    const train_config *cfg = &p->s->opt.cfg;
+    int T = p->grid->T;
+    out[0] = '\0';
+    train_appendf(out, n, "coll-train: tensor parallel: %d x %d grid (%s backend): T = %d "
+                  "ranks per tensor-parallel group (heads %d, MLP rows %d, vocabulary rows %d "
+                  "of %d per rank), D = %d data-parallel groups (--parallel %s); %zu "
+                  "parameters per rank%s\n",
+                  T, p->grid->D, p->grid->world->name, T, cfg->heads / T,
+                  4 * cfg->channels / T, (cfg->vocab + T - 1) / T, cfg->vocab, p->grid->D,
+                  p->inner->ops->name, train_num_params(train_session_model(p->s)),
+                  p->opt.sp ? "; sequence parallel (--sp)" : "");
+    p->inner->ops->describe(p->inner, out + strlen(out), n - strlen(out));
+}
+
+static void tp_strategy_step_line(const train_parallel *p, const train_step_report *r,
+                                  char *out, size_t n)
+{
+    p->inner->ops->step_line(p->inner, r, out, n);
+    train_appendf(out, n, " | tp all-reduce %5.1f ms in blocks (%ld), %5.1f ms other",
+                  r->tp_ms, r->tp_calls, r->tp_other_ms);
+}
+
+static void tp_strategy_summary(const train_parallel *p, const train_step_report *later,
+                                long nlater, double seconds, const train_step_report *all,
+                                long nall, char *out, size_t n)
+{
+    p->inner->ops->summary(p->inner, later, nlater, seconds, all, nall, out, n);
+    if (nlater < 1)
+        return;
+    train_appendf(out, n, "tp: per step after the first: %.1f in-block collectives "
+                  "(all-reduces; with --sp all-gathers and reduce-scatters) over %.0f bytes, "
+                  "%.2f ms (%.1f%% of the step), %.2f ms in the embedding/loss/norm "
+                  "collectives\n",
+                  (double)later->tp_calls / (double)nlater,
+                  later->tp_calls ? later->tp_bytes / (double)later->tp_calls : 0.0,
+                  later->tp_ms / (double)nlater,
+                  seconds > 0 ? 100.0 * later->tp_ms * 1e-3 / seconds : 0.0,
+                  later->tp_other_ms / (double)nlater);
+}
+
+static int tp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out,
+                            char *err)
+{
+    const train_options *o = &p->s->opt;
+    return train_tp_plan(&o->cfg, o->batch, o->seq, p->grid->T, p->grid->D, p->opt.sp,
+                         p->inner->zero, fixed, out, NULL, NULL, err);
+}
+
+static void tp_strategy_free(train_parallel *p)
+{
+    tp_strategy *t = p->impl;
+    train_tp_detach(p->s);
+    train_parallel_free(p->inner);
+    train_trace_free(&t->trace);
+    free(t);
+    free(p);
+}
+
+static const train_parallel_ops tp_strategy_ops = {
+    .name = "tp",
+    .step = tp_strategy_step,
+    .eval_begin = tp_strategy_eval_begin,
+    .save = tp_strategy_save,
+    .finish = tp_strategy_finish,
+    .describe = tp_strategy_describe,
+    .step_line = tp_strategy_step_line,
+    .summary = tp_strategy_summary,
+    .plan = tp_strategy_plan,
+    .status = tp_strategy_status,
+    .free = tp_strategy_free,
+};
+
+train_parallel *train_tp_strategy_create(train_session *s, train_grid *g,
+                                         const train_parallel_options *opt,
+                                         train_parallel_create_fn inner, char *err)
+{
+    train_parallel *p = train_parallel_new(&tp_strategy_ops, s, g, opt);
+    tp_strategy *t = calloc(1, sizeof *t);
+    if (!p || !t) {
+        free(p);
+        free(t);
+        train_errf(err, "out of memory");
+        return NULL;
+    }
+    p->impl = t;
+    p->eval_everywhere = 1;
+    p->can_sample = 0;
+    if (train_tp_attach(s, g->tp, err) != 0) {
+        free(t);
+        free(p);
+        return NULL;
+    }
+    if (opt->trace)
+        train_tp_set_trace(s, &t->trace, g->world->rank);
+    if (!(p->inner = inner(s, g, opt, err))) {
+        train_tp_detach(s);
+        train_trace_free(&t->trace);
+        free(t);
+        free(p);
+        return NULL;
+    }
+    p->rows_mult = p->inner->rows_mult;
+    p->zero = p->inner->zero;
+    return p;
 }
