@@ -453,10 +453,10 @@ static int run(const cli *c, train_backend *b)
             die_rank(b, msg);
         if (ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
             snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
-            if (p->ops->save(p, path, msg) != 0) /* collective where the strategy shards */
+            if (p->ops->save(p, path, text, sizeof text, msg) != 0) /* collective */
                 die_rank(b, msg);
             if (root)
-                printf("checkpoint %s\n", path);
+                printf("checkpoint %s%s\n", path, text);
         }
         fflush(stdout);
     }

@@ -546,8 +546,10 @@ static int ddp_strategy_step(train_parallel *p, train_step_report *r, char *err)
     return 0;
 }
 
-static int ddp_strategy_save(train_parallel *p, const char *path, char *err)
+static int ddp_strategy_save(train_parallel *p, const char *path, char *what, size_t n,
+                             char *err)
 {
+    snprintf(what, n, "%s", "");
     return p->grid->dp->rank == 0 ? train_session_save(p->s, path, err) : 0;
 }
 

@@ -949,8 +949,11 @@ static int fsdp_strategy_eval_begin(train_parallel *p, char *err)
     return train_fsdp_materialize(fsdp_of(p), err);
 }
 
-static int fsdp_strategy_save(train_parallel *p, const char *path, char *err)
+static int fsdp_strategy_save(train_parallel *p, const char *path, char *what, size_t n,
+                              char *err)
 {
+    int N = fsdp_of(p)->b->nranks;
+    snprintf(what, n, " (manifest; %d shards %s.shard<r>of%d)", N, path, N);
     return train_fsdp_save(fsdp_of(p), path, err);
 }
 

@@ -16,8 +16,9 @@ static int none_step(train_parallel *p, train_step_report *r, char *err)
     return 0;
 }
 
-static int none_save(train_parallel *p, const char *path, char *err)
+static int none_save(train_parallel *p, const char *path, char *what, size_t n, char *err)
 {
+    snprintf(what, n, "%s", "");
     return train_session_save(p->s, path, err);
 }
 

@@ -77,8 +77,9 @@ typedef struct train_parallel_ops {
     /* Collective, before an evaluation: makes the model whole where the evaluating ranks
      * need it (fsdp gathers the parameters). NULL: nothing to do. */
     int (*eval_begin)(train_parallel *p, char *err);
-    /* Collective: a checkpoint at path (parallel/checkpoint.c's one format). */
-    int (*save)(train_parallel *p, const char *path, char *err);
+    /* Collective: a checkpoint at path (parallel/checkpoint.c's format); `what` (n bytes)
+     * gets a few words on its files for the run's line ("" when there is nothing to add). */
+    int (*save)(train_parallel *p, const char *path, char *what, size_t n, char *err);
     /* Collective: this rank's slice of the parameters and AdamW moments, whole (fsdp
      * gathers its shards). NULL: the session's model holds them. */
     int (*gather)(train_parallel *p, float *params, float *m, float *v, char *err);

@@ -799,8 +799,11 @@ static int tp_strategy_eval_begin(train_parallel *p, char *err)
 
 /* DP rank 0 of each TP group writes its slice, rank 0 the manifest; where the inner
  * strategy shards, the slice is first gathered from the DP group's shards */
-static int tp_strategy_save(train_parallel *p, const char *path, char *err)
+static int tp_strategy_save(train_parallel *p, const char *path, char *what, size_t wn,
+                            char *err)
 {
+    snprintf(what, wn, " (manifest; %d tensor-parallel shards %s.shard<t>of%d)", p->grid->T,
+             path, p->grid->T);
     float *sl = NULL;
     size_t n = train_num_params(train_session_model(p->s));
     if (p->inner->ops->gather) {
