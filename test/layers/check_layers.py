@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
-"""check_layers.py — holds libcoll's code to the layers of libcoll/layers.rules.
+"""check_layers.py — holds libcoll's (or libtrain's) code to the layers of its layers.rules.
 
-    check_layers.py SOURCE_ROOT BUILD_ROOT [--rules FILE] [--graph] [--expect-broken TEXT]
+    check_layers.py SOURCE_ROOT BUILD_ROOT [--tree libcoll|libtrain] [--rules FILE] [--graph]
+                    [--expect-broken TEXT]
+
+--tree picks the library (libcoll by default) and with it the default rules file
+(TREE/layers.rules), the sources (TREE/, without its test/ and tools/ folders) and the
+objects (the library's own, and for libtrain coll-train's and the CUDA module's).
 
 Two graphs, both read from what the build really uses:
   includes  every #include "x.h" of every .c/.h/.cu/.cuh under libcoll/,
@@ -58,22 +63,25 @@ def layer_of(path, layers):
     return best
 
 
-def sources(root):
+def sources(root, tree):
     out = []
-    for top in ("libcoll",):
-        for d, _, files in os.walk(os.path.join(root, top)):
-            for f in files:
-                if f.endswith((".c", ".h", ".cu", ".cuh")):
-                    out.append(os.path.relpath(os.path.join(d, f), root))
+    for d, subdirs, files in os.walk(os.path.join(root, tree)):
+        if os.path.relpath(d, root) == tree:
+            subdirs[:] = [x for x in subdirs if x not in ("test", "tools")]
+        for f in files:
+            if f.endswith((".c", ".h", ".cu", ".cuh")):
+                out.append(os.path.relpath(os.path.join(d, f), root))
     return sorted(out)
 
 
-def include_dirs(root):
-    """libcoll/meson.build's include_directories('.', 'include', ...), then libcoll/transport/."""
-    text = open(os.path.join(root, "libcoll", "meson.build")).read()
-    m = re.search(r"libcoll_inc\s*=\s*include_directories\(([^)]*)\)", text)
-    dirs = [os.path.normpath(os.path.join("libcoll", d)) for d in re.findall(r"'([^']+)'", m.group(1))] if m else []
-    return dirs + ["libcoll/transport"]
+def include_dirs(root, tree):
+    """TREE/meson.build's include_directories('.', 'include', ...) (libcoll_inc or train_inc),
+    then, for libcoll, libcoll/transport/."""
+    text = open(os.path.join(root, tree, "meson.build")).read()
+    var = "libcoll_inc" if tree == "libcoll" else "train_inc"
+    m = re.search(var + r"\s*=\s*include_directories\(([^)]*)\)", text)
+    dirs = [os.path.normpath(os.path.join(tree, d)) for d in re.findall(r"'([^']+)'", m.group(1))] if m else []
+    return dirs + (["libcoll/transport"] if tree == "libcoll" else [])
 
 
 def resolve(root, src, name, dirs):
@@ -84,8 +92,10 @@ def resolve(root, src, name, dirs):
     return None  # a system header, or generated (coll_config.h)
 
 
-def objects(build):
+def objects(build, tree="libcoll"):
     """(object path, source path relative to the source root) for every object file."""
+    if tree == "libtrain":
+        return train_objects(build)
     out = []
     for d, _, files in os.walk(build):
         for f in files:
@@ -105,6 +115,27 @@ def objects(build):
     return out
 
 
+def train_objects(build):
+    """libtrain's objects: libtrain.a's, coll-train's, the CUDA module's (meson names an
+    object for libtrain/parallel/tp.c parallel_tp.c.o) and the nvcc object."""
+    out = []
+    top = os.path.join(build, "libtrain")
+    for d, _, files in os.walk(top):
+        rel = os.path.relpath(d, top)
+        if rel.split(os.sep)[0] not in ("libtrain.a.p", "coll-train.p", "libtrain_cuda.so.p", "."):
+            continue
+        for f in files:
+            if not f.endswith(".o"):
+                continue
+            if rel == ".":
+                if f == "layers_cuda.o":
+                    out.append((os.path.join(d, f), "libtrain/model/layers_cuda.cu"))
+                continue
+            folder, _, rest = f[:-len(".o")].partition("_")
+            out.append((os.path.join(d, f), f"libtrain/{folder}/{rest}"))
+    return out
+
+
 def symbols(obj):
     res = subprocess.run(["nm", "--defined-only", obj], capture_output=True, text=True)
     undef = subprocess.run(["nm", "-u", obj], capture_output=True, text=True)
@@ -118,25 +149,26 @@ def main():
     for a in sys.argv[1:]:  # positional arguments: those that no option takes
         if skip:
             skip = False
-        elif a in ("--rules", "--expect-broken"):
+        elif a in ("--rules", "--expect-broken", "--tree"):
             skip = True
         elif not a.startswith("--"):
             args.append(a)
     graph = "--graph" in sys.argv
     root, build = args[0], args[1]
-    rules = os.path.join(root, "libcoll", "layers.rules")
+    tree = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv else "libcoll"
+    rules = os.path.join(root, tree, "layers.rules")
     if "--rules" in sys.argv:
         rules = sys.argv[sys.argv.index("--rules") + 1]
     layers, shared, never, allow = read_rules(rules)
     names = [n for n, _ in layers]
-    srcs = sources(root)
-    objs = objects(build)
+    srcs = sources(root, tree)
+    objs = objects(build, tree)
     if not srcs or not objs:
         print(f"check_layers: read {len(srcs)} sources and {len(objs)} objects: nothing to check")
         return 1
 
     arrows = {}  # (from file, to file) -> set of what ("#include x" or symbol names)
-    dirs = include_dirs(root)
+    dirs = include_dirs(root, tree)
     for s in srcs:
         for name in INCLUDE.findall(open(os.path.join(root, s), errors="replace").read()):
             t = resolve(root, s, name, dirs)
