@@ -15,21 +15,25 @@
  * All arithmetic goes through m->ops (layers_cpu.c or layers_cuda.cu); this file only
  * does pointer arithmetic, so the same code drives both devices.
  *
- * Tensor parallelism (tp.h) is the same layout at local widths: with T ranks a block
- * holds NH/T heads (attn.qkv.w (3C/T,C), attn.proj.w (C,C/T)), 4C/T MLP rows (mlp.fc.w
- * (4C/T,C), mlp.proj.w (C,4C/T)) and wte holds V/T vocabulary rows; the residual width C
- * and the LayerNorms do not change. The passes below then call the TP group at four
- * places per block (Megatron's f and g, in tp.c): the gradient entering each
- * column-parallel Linear's input is summed over the group (f backward), and each
- * row-parallel Linear's output is summed before its bias (g forward). With T = 1 none of
- * those calls happen and the arithmetic is exactly the single-process one.
+ * The layers a strategy may split are called as layer operations (model.h:
+ * train_layer_ops, m->layer_ops), the rest as kernels: the embedding, the LayerNorms, the
+ * column-parallel Linears (attn.qkv, mlp.fc, the LM head), the row-parallel ones
+ * (attn.proj, mlp.proj), the cross-entropy. The passes call them the same way whatever is
+ * installed: the single-process operations (layers_local.c) or the tensor-parallel ones
+ * (parallel/tp.c), which carry Megatron's f and g inside them. The passes hold no branch
+ * per strategy; what differs between them is shape, fixed at creation:
  *
- * Sequence parallelism (m->sp, under TP) shards the residual stream and the LayerNorms
- * along the rows: of the N = B*T rows this rank holds Nr = N/T, rows [row0, row0 + Nr).
- * Those buffers (encoded, residual2/3, the LayerNorm statistics) hold Nr rows; a
- * LayerNorm writes its Nr rows at their place in its full (N,C) output, which f then
- * all-gathers for the column-parallel Linear; g reduce-scatters the row-parallel output
- * to Nr rows. At T = 1 or without SP, Nr = N and row0 = 0.
+ * Tensor parallelism is the same layout at local widths: with T ranks a block holds NH/T
+ * heads (attn.qkv.w (3C/T,C), attn.proj.w (C,C/T)), 4C/T MLP rows (mlp.fc.w (4C/T,C),
+ * mlp.proj.w (C,4C/T)) and wte holds V/T vocabulary rows; the residual width C and the
+ * LayerNorms do not change (train_param_slice: the slice of each tensor).
+ *
+ * Sequence parallelism (m->seq_shards = T, under TP) shards the residual stream and the
+ * LayerNorms along the rows: of the N = B*T rows this rank holds Nr = N/T, rows
+ * [seq_rank*Nr, +Nr). Those buffers (encoded, residual2/3, the LayerNorm statistics) hold
+ * Nr rows; a LayerNorm writes its rows at their place in its full (N,C) output, and its
+ * operation gathers the rest for the column-parallel Linear; the row-parallel Linear's
+ * output comes back as Nr rows. On one process or without SP, seq_shards is 1 and Nr = N.
  */
 #include "model/model.h"
 
@@ -69,6 +73,34 @@ int train_config_check(const train_config *c, char *err)
     return 0;
 }
 
+/* The splits of the layout below: heads, MLP rows and vocabulary rows, `ways` ways each
+ * (the messages name the option that asks for them). */
+int train_model_split_check(const train_config *c, int ways, train_device dev, char *err)
+{
+    if (ways < 1) {
+        train_errf(err, "--tp %d: the tensor-parallel size must be at least 1", ways);
+        return -1;
+    }
+    if (c->heads % ways != 0) {
+        train_errf(err, "--tp %d: the %d attention heads cannot be split evenly over %d "
+                        "tensor-parallel ranks (heads must be a multiple of --tp)",
+                   ways, c->heads, ways);
+        return -1;
+    }
+    if (ways > c->vocab) {
+        train_errf(err, "--tp %d: more tensor-parallel ranks than vocabulary entries (%d)",
+                   ways, c->vocab);
+        return -1;
+    }
+    /* the tensor-parallel layer operations work on host memory */
+    if (ways > 1 && dev != TRAIN_DEVICE_CPU) {
+        train_errf(err, "--tp %d: tensor parallelism runs on the CPU model only (--device cpu)",
+                   ways);
+        return -1;
+    }
+    return 0;
+}
+
 static void add_tensor(train_model *m, const char *name, int layer, int rows, int cols,
                        int decay)
 {
@@ -84,20 +116,26 @@ static void add_tensor(train_model *m, const char *name, int layer, int rows, in
     m->nparams += p->numel;
 }
 
-/* Tensor-parallel degree (1 on a single process), local vocabulary rows. */
-static int tp_of(const train_model *m) { return m->tp > 1 ? m->tp : 1; }
-static int vocab_of(const train_model *m)
+/* The shape of rank `rank` of a tensor-parallel group of tp (1, 0: the whole model), with
+ * sp: sequence parallelism inside it. Every pass and layout reads these fields. */
+static void set_shape(train_model *m, int tp, int rank, int sp)
 {
-    return m->tp > 1 ? m->vocab_local : m->cfg.vocab;
+    m->tp = tp > 1 ? tp : 1;
+    m->tp_rank = tp > 1 ? rank : 0;
+    m->vocab_local = (m->cfg.vocab + m->tp - 1) / m->tp; /* V padded to a multiple of T */
+    m->heads_local = m->cfg.heads / m->tp;
+    m->width_local = m->cfg.channels / m->tp;
+    m->seq_shards = sp && m->tp > 1 ? m->tp : 1;
+    m->seq_rank = m->seq_shards > 1 ? m->tp_rank : 0;
 }
 
 static void build_layout(train_model *m)
 {
     const train_config *c = &m->cfg;
-    int C = c->channels, Cl = C / tp_of(m); /* Cl: this rank's attention width */
+    int C = c->channels, Cl = m->width_local; /* Cl: this rank's attention width */
     char nm[32];
     m->tensors = calloc((size_t)c->layers * BLOCK_TENSORS + 4, sizeof *m->tensors);
-    add_tensor(m, "wte", -1, vocab_of(m), C, 1);
+    add_tensor(m, "wte", -1, m->vocab_local, C, 1);
     add_tensor(m, "wpe", -1, c->max_seq, C, 1);
     for (int l = 0; l < c->layers; l++) {
 #define T_(suffix, rows, cols, decay)                                                      \
@@ -158,9 +196,9 @@ float *train_tensor(const train_model *m, float *base, const char *name)
 static size_t layout_acts(train_model *m, float *mem)
 {
     const train_config *c = &m->cfg;
-    size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = vocab_of(m),
-           NH = c->heads / tp_of(m), Cl = C / tp_of(m), BT = B * T;
-    size_t BTr = m->sp ? BT / tp_of(m) : BT; /* rows of the residual stream held here */
+    size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = m->vocab_local,
+           NH = m->heads_local, Cl = m->width_local, BT = B * T;
+    size_t BTr = BT / m->seq_shards; /* rows of the residual stream held here */
     size_t off = 0;
     train_acts *a = &m->acts;
 #define A_(field, n)                                                                       \
@@ -193,8 +231,8 @@ static size_t layout_acts(train_model *m, float *mem)
 
 static size_t layout_scratch(train_model *m, float *mem)
 {
-    size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = vocab_of(m),
-           NH = m->cfg.heads / tp_of(m), Cl = C / tp_of(m), BT = B * T;
+    size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = m->vocab_local,
+           NH = m->heads_local, Cl = m->width_local, BT = B * T;
     size_t off = 0;
     train_scratch *s = &m->scr;
 #define S_(field, n)                                                                       \
@@ -224,9 +262,7 @@ int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp,
     train_model m;
     memset(&m, 0, sizeof m);
     m.cfg = *cfg;
-    m.tp = tp > 1 ? tp : 1;
-    m.sp = sp && m.tp > 1 && (B * T) % m.tp == 0;
-    m.vocab_local = (cfg->vocab + m.tp - 1) / m.tp;
+    set_shape(&m, tp, 0, sp && tp > 1 && (B * T) % tp == 0);
     m.maxB = B;
     m.maxT = T;
     build_layout(&m);
@@ -264,6 +300,60 @@ static void init_tensor(const train_param *p, float *x, uint64_t *rng, float res
     }
 }
 
+/* The weights of the column-parallel layers (attn.qkv, mlp.fc) are split by output rows,
+ * those of the row-parallel ones (attn.proj, mlp.proj) by input columns, wte (embedding and
+ * LM head) by vocabulary rows; the biases of row-parallel layers, the LayerNorms and wpe
+ * are replicated. */
+int train_param_is_split(const char *name)
+{
+    return strcmp(name, "wte") == 0 || strstr(name, "attn.qkv.") || strstr(name, "attn.proj.w") ||
+           strstr(name, "mlp.fc.") || strstr(name, "mlp.proj.w");
+}
+
+/* Rows split: local row c*Rl + i is full row c*Rc + rank*Rl + i, over `chunks` chunks
+ * (3 for qkv: q, k and v are each split by heads; 1 otherwise). Full rows past the end
+ * are wte's padding (zero locally). Columns split: local column j of every row is full
+ * column rank*Kl + j. */
+void train_param_slice(const train_param *fp, const train_param *lp, int rank, float *full,
+                       float *local, int to_local)
+{
+    size_t K = (size_t)lp->shape[1];
+    if (!train_param_is_split(lp->name)) {
+        if (to_local)
+            memcpy(local, full, lp->numel * sizeof(float));
+        else
+            memcpy(full, local, lp->numel * sizeof(float));
+        return;
+    }
+    if (fp->shape[1] != lp->shape[1]) { /* columns */
+        size_t Kf = (size_t)fp->shape[1], R = (size_t)lp->shape[0];
+        for (size_t j = 0; j < R; j++) {
+            float *f = full + j * Kf + (size_t)rank * K, *l = local + j * K;
+            if (to_local)
+                memcpy(l, f, K * sizeof(float));
+            else
+                memcpy(f, l, K * sizeof(float));
+        }
+        return;
+    }
+    int chunks = strstr(lp->name, "attn.qkv.") ? 3 : 1;
+    size_t Rl = (size_t)lp->shape[0] / chunks, Rc = (size_t)fp->shape[0] / chunks;
+    for (int c = 0; c < chunks; c++)
+        for (size_t i = 0; i < Rl; i++) {
+            size_t grow = c * Rc + (size_t)rank * Rl + i;
+            float *l = local + (c * Rl + i) * K;
+            if (grow >= (size_t)fp->shape[0]) { /* vocabulary padding */
+                if (to_local)
+                    memset(l, 0, K * sizeof(float));
+                continue;
+            }
+            if (to_local)
+                memcpy(l, full + grow * K, K * sizeof(float));
+            else
+                memcpy(full + grow * K, l, K * sizeof(float));
+        }
+}
+
 /* Drawn in layout order from one splitmix64 stream. A tensor-parallel rank draws every
  * full-size tensor in the same order into `full` (room for the largest tensor) and keeps
  * its slice, so T ranks hold exactly the single-process model of the same seed. */
@@ -279,6 +369,7 @@ static int init_params(const train_model *m, float *host, uint64_t seed)
     train_model full;
     memset(&full, 0, sizeof full);
     full.cfg = m->cfg;
+    set_shape(&full, 1, 0, 0);
     build_layout(&full);
     size_t big = 0;
     for (int i = 0; full.tensors && i < full.ntensors; i++)
@@ -290,8 +381,8 @@ static int init_params(const train_model *m, float *host, uint64_t seed)
     }
     for (int i = 0; i < m->ntensors; i++) {
         init_tensor(&full.tensors[i], x, &rng, resid_std);
-        train_tp_copy_tensor(&full.tensors[i], &m->tensors[i], m->tp, m->tp_rank, x,
-                             host + m->tensors[i].offset, 1);
+        train_param_slice(&full.tensors[i], &m->tensors[i], m->tp_rank, x,
+                          host + m->tensors[i].offset, 1);
     }
     free(x);
     free(full.tensors);
@@ -310,7 +401,7 @@ train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_
 {
     if (train_config_check(cfg, err) != 0)
         return NULL;
-    if (tp > 1 && train_tp_check(cfg, tp, dev, err) != 0)
+    if (train_model_split_check(cfg, tp > 1 ? tp : 1, dev, err) != 0)
         return NULL;
     if (sp && (tp < 2 || (B * T) % tp != 0)) {
         train_errf(err, "--sp: sequence parallelism needs --tp 2 or more and batch x seq "
@@ -340,10 +431,8 @@ train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_
     m->cfg = *cfg;
     m->dev = dev;
     m->ops = ops;
-    m->tp = tp > 1 ? tp : 1;
-    m->tp_rank = tp > 1 ? tp_rank : 0;
-    m->vocab_local = (cfg->vocab + m->tp - 1) / m->tp; /* V padded to a multiple of T */
-    m->sp = sp && m->tp > 1;
+    set_shape(m, tp, tp_rank, sp);
+    m->layer_ops = train_local_layer_ops(); /* a strategy's replace them when it attaches */
     m->maxB = B;
     m->maxT = T;
     ops->set_threads(threads > 0 ? threads : train_cpu_count());
@@ -440,7 +529,7 @@ void train_copy_grads_to_host(const train_model *m, float *dst)
 void train_copy_logits_to_host(const train_model *m, float *dst)
 {
     m->ops->to_host(dst, m->acts.logits,
-                    (size_t)m->lastB * m->lastT * vocab_of(m) * sizeof(float));
+                    (size_t)m->lastB * m->lastT * m->vocab_local * sizeof(float));
 }
 
 double train_flops_per_token(const train_config *c, int T)
@@ -472,21 +561,22 @@ static void forward_stage_done(train_model *m, int stage)
 float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T)
 {
     const train_ops *o = m->ops;
+    const train_layer_ops *lo = m->layer_ops;
     const train_config *c = &m->cfg;
-    /* Cl, NH: this rank's attention width and heads; V its vocabulary rows (all at T=1) */
-    int C = c->channels, L = c->layers, V = vocab_of(m), NH = c->heads / tp_of(m),
-        Cl = C / tp_of(m);
-    int N = B * T;
+    /* Cl, NH: this rank's attention width and heads; V its vocabulary rows (all on one
+     * process) */
+    int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local,
+        Cl = m->width_local;
+    int N = B * T, Nr = N / m->seq_shards; /* rows of the residual stream held here */
     size_t bt = (size_t)m->maxB * m->maxT;           /* per-layer stride of (B,T) buffers */
+    size_t btr = bt / m->seq_shards;                 /* ... and of (Nr) buffers */
     size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
     train_acts *a = &m->acts;
-    train_tp_ctx *tp = m->tpc; /* NULL: one process, no communication inside the model */
-    /* sequence parallel: this rank's Nr rows of the residual stream start at row0 */
-    int sp = tp && m->sp, Nr = sp ? N / m->tp : N;
-    size_t row0 = sp ? (size_t)m->tp_rank * Nr : 0, btr = sp ? bt / m->tp : bt;
-    if (sp && N % m->tp != 0) {
-        train_tp_fail(m, "sequence parallel forward of %d x %d rows: not a multiple of --tp",
-                      B, T);
+    if (N % m->seq_shards != 0) {
+        char msg[TRAIN_ERRLEN];
+        snprintf(msg, sizeof msg,
+                 "sequence parallel forward of %d x %d rows: not a multiple of --tp", B, T);
+        lo->fail(m, msg);
         return NAN;
     }
 
@@ -499,13 +589,10 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
 
     float *wte = m->params + m->tensors[0].offset;
     float *wpe = m->params + m->tensors[1].offset;
-    if (tp) /* vocabulary-parallel: each id's row lives on one rank */
-        train_tp_embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
-    else
-        o->encoder_forward(a->encoded, m->inputs, wte, wpe, B, T, C);
+    lo->embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
     forward_stage_done(m, -1);
 
-    float *x = a->encoded; /* (B,T,C) input of the current block */
+    float *x = a->encoded; /* (Nr,C) input of the current block */
     for (int l = 0; l < L; l++) {
         train_block w;
         train_block_params_view(m, l, &w);
@@ -517,46 +604,33 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
               *ln2_rstd = a->ln2_rstd + l * btr, *fch = a->fch + l * bt * 4 * Cl,
               *fch_gelu = a->fch_gelu + l * bt * 4 * Cl, *res3 = a->residual3 + l * btr * C;
 
-        /* (f: identity forward) qkv column-parallel, attention on the local heads, proj
-         * row-parallel: its partial products summed over the group (g), then its bias */
-        o->layernorm_forward(ln1 + row0 * C, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, Nr, C);
-        if (sp) /* f under SP: all-gather the rows of the LayerNorm output */
-            train_tp_sp_gather(m, ln1, Nr, C, "f attn");
-        o->matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
+        /* ln1 into the parallel region (f), qkv column-parallel, attention on the local
+         * heads, proj row-parallel (its partial products summed by g, then its bias) */
+        lo->ln_forward(m, ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, Nr, C, "f attn");
+        lo->col_forward(m, qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
         o->attention_forward(atty, att, qkv, B, T, Cl, NH);
-        o->matmul_forward(a->branch, atty, w.projw, tp ? NULL : w.projb, N, Cl, C);
-        if (tp)
-            train_tp_row_reduce(m, a->branch, w.projb, N, C, "g attn");
+        lo->row_forward(m, a->branch, atty, w.projw, w.projb, N, Cl, C, "g attn");
         o->residual_forward(res2, x, a->branch, (size_t)Nr * C);
-        /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel + g */
-        o->layernorm_forward(ln2 + row0 * C, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, Nr, C);
-        if (sp)
-            train_tp_sp_gather(m, ln2, Nr, C, "f mlp");
-        o->matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * Cl);
+        /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel */
+        lo->ln_forward(m, ln2, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, Nr, C, "f mlp");
+        lo->col_forward(m, fch, ln2, w.fcw, w.fcb, N, C, 4 * Cl);
         o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cl);
-        o->matmul_forward(a->branch, fch_gelu, w.fcprojw, tp ? NULL : w.fcprojb, N, 4 * Cl,
-                          C);
-        if (tp)
-            train_tp_row_reduce(m, a->branch, w.fcprojb, N, C, "g mlp");
+        lo->row_forward(m, a->branch, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * Cl, C, "g mlp");
         o->residual_forward(res3, res2, a->branch, (size_t)Nr * C);
         x = res3;
         forward_stage_done(m, l);
     }
     float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
     float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
-    o->layernorm_forward(a->lnf + row0 * C, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nr, C);
-    if (sp)
-        train_tp_sp_gather(m, a->lnf, Nr, C, "f head");
-    o->matmul_forward(a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
+    lo->ln_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nr, C, "f head");
+    lo->col_forward(m, a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
     if (!targets) {
         m->last_loss = 0.0f;
         forward_stage_done(m, L);
         return 0.0f;
     }
-    if (tp) /* never gathers the logits: max, sum of exponentials, target logit reduced */
-        train_tp_xent_forward(m, a->losses, a->probs, a->logits, m->targets, N);
-    else
-        o->crossentropy_forward(a->losses, a->probs, a->logits, m->targets, N, V);
+    /* vocabulary-parallel: the full logits never need to exist on one rank */
+    lo->xent_forward(m, a->losses, a->probs, a->logits, m->targets, N);
     m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
     forward_stage_done(m, L);
     return m->last_loss;
@@ -595,16 +669,15 @@ void train_backward(train_model *m)
     if (!m->have_targets)
         return;
     const train_ops *o = m->ops;
+    const train_layer_ops *lo = m->layer_ops;
     const train_config *c = &m->cfg;
-    int C = c->channels, L = c->layers, V = vocab_of(m), NH = c->heads / tp_of(m),
-        Cl = C / tp_of(m);
+    int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local,
+        Cl = m->width_local;
     int B = m->lastB, T = m->lastT, N = B * T;
     size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
-    train_tp_ctx *tp = m->tpc;
-    /* sequence parallel: dres holds this rank's Nr rows; the LayerNorm weight gradients
-     * are partial sums over them, summed over the group before they are final */
-    int sp = tp && m->sp, Nr = sp ? N / m->tp : N;
-    size_t bt = (size_t)m->maxB * m->maxT, btr = sp ? bt / m->tp : bt;
+    /* dres holds this rank's Nr rows of the residual stream's gradient */
+    int Nr = N / m->seq_shards;
+    size_t bt = (size_t)m->maxB * m->maxT, btr = bt / m->seq_shards;
     size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
     train_acts *a = &m->acts;
     train_scratch *s = &m->scr;
@@ -619,21 +692,12 @@ void train_backward(train_model *m)
 
     /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
     o->zero(s->dlogits, (size_t)N * V * sizeof(float));
-    if (tp)
-        train_tp_xent_backward(m, s->dlogits, a->probs, m->targets, m->loss_scale / N, N);
-    else
-        o->crossentropy_backward(s->dlogits, a->probs, m->targets, m->loss_scale / N, N,
-                                 V);
+    lo->xent_backward(m, s->dlogits, a->probs, m->targets, m->loss_scale / N, N);
     o->zero(s->dln, NC * sizeof(float));
-    o->matmul_backward(s->dln, dwte, NULL, s->dlogits, a->lnf, wte, N, C, V);
-    if (tp) /* f backward: the LM head is column-parallel over the vocabulary */
-        train_tp_head_reduce(m, s->dln, NC);
+    lo->head_backward(m, s->dln, dwte, s->dlogits, a->lnf, wte, N, C, V);
     o->zero(s->dres, NC * sizeof(float));
-    float *part = sp ? train_tp_ln_partial(m) : NULL; /* (2C) under SP */
-    o->layernorm_backward(s->dres, sp ? part : dlnfw, sp ? part + C : dlnfb, s->dln, xlast,
-                          lnfw, a->lnf_mean, a->lnf_rstd, Nr, C);
-    if (sp)
-        train_tp_ln_partial_done(m, dlnfw, dlnfb, "lnf grads");
+    lo->ln_backward(m, s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean, a->lnf_rstd,
+                    Nr, C, "lnf grads");
     gradients_final(m, m->tensors[m->ntensors - 2].offset, L);
 
     /* s->dres now holds dloss/d(output of block L-1); walk the blocks top-down. The
@@ -650,44 +714,32 @@ void train_backward(train_model *m)
               *ln2_mean = a->ln2_mean + l * btr, *ln2_rstd = a->ln2_rstd + l * btr,
               *fch = a->fch + l * bt * 4 * Cl, *fch_gelu = a->fch_gelu + l * bt * 4 * Cl;
 
-        /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))). Under TP dres is whole on
-         * every rank (g backward is the identity), so the replicated proj bias gets the
-         * same gradient everywhere; fc's input gradient is a partial sum (f backward). */
-        /* g backward under SP: the row-parallel output's gradient, all-gathered (N,C) */
-        const float *dout = sp ? train_tp_sp_gather_grad(m, s->dres, Nr, C, "g mlp") : s->dres;
+        /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))). The row-parallel proj sees
+         * the whole output gradient on every rank, so its replicated bias gets the same
+         * gradient everywhere; fc's input gradient is a partial sum until its f. */
         o->zero(s->dfch_gelu, NCl * 4 * sizeof(float));
-        o->matmul_backward(s->dfch_gelu, g.fcprojw, g.fcprojb, dout, fch_gelu, w.fcprojw,
-                           N, 4 * Cl, C);
+        lo->row_backward(m, s->dfch_gelu, g.fcprojw, g.fcprojb, s->dres, fch_gelu, w.fcprojw,
+                         N, 4 * Cl, C, "g mlp");
         o->zero(s->dfch, NCl * 4 * sizeof(float));
         o->gelu_backward(s->dfch, fch, s->dfch_gelu, NCl * 4);
         o->zero(s->dln, NC * sizeof(float));
-        o->matmul_backward(s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * Cl);
-        if (tp)
-            train_tp_all_reduce(m, s->dln, NC, "f mlp");
-        o->layernorm_backward(s->dres, sp ? part : g.ln2w, sp ? part + C : g.ln2b, s->dln,
-                              res2, w.ln2w, ln2_mean, ln2_rstd, Nr, C);
-        if (sp)
-            train_tp_ln_partial_done(m, g.ln2w, g.ln2b, "ln2 grads");
+        lo->col_backward(m, s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * Cl, "f mlp");
+        lo->ln_backward(m, s->dres, g.ln2w, g.ln2b, s->dln, res2, w.ln2w, ln2_mean, ln2_rstd,
+                        Nr, C, "ln2 grads");
 
         /* attention branch: res2 = x + proj(attention(qkv(ln1(x)))) */
-        dout = sp ? train_tp_sp_gather_grad(m, s->dres, Nr, C, "g attn") : s->dres;
         o->zero(s->datty, NCl * sizeof(float));
-        o->matmul_backward(s->datty, g.projw, g.projb, dout, atty, w.projw, N, Cl, C);
+        lo->row_backward(m, s->datty, g.projw, g.projb, s->dres, atty, w.projw, N, Cl, C,
+                         "g attn");
         o->zero(s->dqkv, NCl * 3 * sizeof(float));
         o->attention_backward(s->dqkv, s->datt, s->datty, qkv, att, B, T, Cl, NH);
         o->zero(s->dln, NC * sizeof(float));
-        o->matmul_backward(s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * Cl);
-        if (tp)
-            train_tp_all_reduce(m, s->dln, NC, "f attn");
-        o->layernorm_backward(s->dres, sp ? part : g.ln1w, sp ? part + C : g.ln1b, s->dln, x,
-                              w.ln1w, ln1_mean, ln1_rstd, Nr, C);
-        if (sp)
-            train_tp_ln_partial_done(m, g.ln1w, g.ln1b, "ln1 grads");
+        lo->col_backward(m, s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * Cl,
+                         "f attn");
+        lo->ln_backward(m, s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean, ln1_rstd, Nr,
+                        C, "ln1 grads");
         gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
     }
-    if (tp)
-        train_tp_embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
-    else
-        o->encoder_backward(dwte, dwpe, s->dres, m->inputs, B, T, C);
+    lo->embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
     gradients_final(m, 0, -1);
 }

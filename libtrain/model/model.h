@@ -1,11 +1,14 @@
 /*
  * model.h — what the model's sources and the layers above share and users do not see: the
  * table of layer kernels ("ops") that the CPU (layers_cpu.c) and CUDA (layers_cuda.cu) back
- * ends both fill in, the model and session structs. It never includes anything from
- * parallel/, comm/ or app/: the model is called, it does not call up.
+ * ends both fill in, the table of layer operations ("layer ops": the layers a parallel
+ * strategy may split) that layers_local.c fills in for one process and a strategy may
+ * replace (parallel/tp.c), the model and session structs. It never includes anything
+ * from parallel/, comm/ or app/: the model is called, it does not call up.
  *
- * model.c drives the forward and backward passes only through this table and pointer
- * arithmetic on flat buffers, so one orchestration serves both devices.
+ * model.c drives the forward and backward passes only through these tables and pointer
+ * arithmetic on flat buffers, so one orchestration serves both devices and every
+ * strategy.
  */
 #ifndef TRAIN_MODEL_MODEL_H
 #define TRAIN_MODEL_MODEL_H
@@ -138,18 +141,90 @@ typedef struct train_block {
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } train_block;
 
-/* Tensor parallelism inside the model (tp.c, see tp.h). NULL in train_model.tpc on a
- * single process (and at T = 1): the model then never calls into tp.c. */
-typedef struct train_tp_ctx train_tp_ctx;
+/* ---- layer operations ----------------------------------------------------------------
+ * The layers a parallel strategy may split, as operations the passes (model.c) call
+ * unconditionally: Megatron-LM's column- and row-parallel Linear, vocabulary-parallel
+ * embedding and cross-entropy, and the LayerNorm over the rows of the residual stream
+ * this rank holds (sequence parallelism), with the communication inside them as named
+ * operators (f, g; "what" names them in traces). The model sets the single-process table
+ * (layers_local.c: the kernels alone) at creation; a strategy that splits the layers
+ * installs its own with a context of its own in train_model.layer_ctx (tensor
+ * parallelism does, when its group is attached) — so the model calls down into whatever
+ * is installed and never names a strategy. Shapes: N = B*T rows, Nr = N/seq_shards of
+ * them held here; Linear widths are this rank's (local) ones. Backward operations
+ * ACCUMULATE like the kernels. A collective that fails cannot return an error from inside
+ * a pass: the installed table keeps it for its strategy's status call and later
+ * collectives do nothing. */
+typedef struct train_layer_ops {
+    const char *name;
+    /* out (Nr,C): this rank's rows of wte[inp] + wpe[t] (wte: the vocabulary rows held
+     * here); backward: dwte (those rows), dwpe += the scatter of dout (Nr,C) */
+    void (*embed_forward)(train_model *m, float *out, const int *inp, const float *wte,
+                          const float *wpe, int B, int T, int C);
+    void (*embed_backward)(train_model *m, float *dwte, float *dwpe, const float *dout,
+                           const int *inp, int B, int T, int C);
+    /* LayerNorm of inp (Nr,C) into rows [seq_rank*Nr, +Nr) of out (N,C), mean and rstd
+     * (Nr); then the parallel region is entered: all N rows of out on every rank (f
+     * forward: an all-gather under sequence parallelism, else nothing to do) */
+    void (*ln_forward)(train_model *m, float *out, float *mean, float *rstd,
+                       const float *inp, const float *w, const float *b, int Nr, int C,
+                       const char *what);
+    /* dinp (Nr,C) +=; dw, db (C) += the weight gradients over all N rows (under sequence
+     * parallelism the sum over the group of each rank's partial sums over its rows) */
+    void (*ln_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, const float *mean,
+                        const float *rstd, int Nr, int C, const char *what);
+    /* column-parallel Linear: out (N,OC) = inp (N,C) @ w^T + b (b may be NULL), OC this
+     * rank's output columns; backward: the matmul's, then f backward: dinp (N,C) summed
+     * over the group (under sequence parallelism reduce-scattered: its first Nr rows) */
+    void (*col_forward)(train_model *m, float *out, const float *inp, const float *w,
+                        const float *b, int N, int C, int OC);
+    void (*col_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                         const float *inp, const float *w, int N, int C, int OC,
+                         const char *what);
+    /* the tied LM head's backward (column-parallel over the vocabulary, no bias): as
+     * col_backward, its f counted apart from the blocks' */
+    void (*head_backward)(train_model *m, float *dinp, float *dw, const float *dout,
+                          const float *inp, const float *w, int N, int C, int V);
+    /* row-parallel Linear: out = g(inp (N,C) @ w^T) + b, C this rank's input columns; g
+     * forward sums the partial products over the group (under sequence parallelism
+     * reduce-scatters them: out's first Nr rows), then the bias is added once. Backward:
+     * g backward (the identity; under sequence parallelism the all-gather of dout (Nr,OC)
+     * to N rows), then the matmul's. */
+    void (*row_forward)(train_model *m, float *out, const float *inp, const float *w,
+                        const float *b, int N, int C, int OC, const char *what);
+    void (*row_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                         const float *inp, const float *w, int N, int C, int OC,
+                         const char *what);
+    /* cross-entropy over the logits (N,vocab_local) of the vocabulary rows held here:
+     * probs (N,vocab_local), losses (N); backward: dlogits += (probs - onehot) * dloss */
+    void (*xent_forward)(train_model *m, float *losses, float *probs, const float *logits,
+                         const int *targets, int N);
+    void (*xent_backward)(train_model *m, float *dlogits, const float *probs,
+                          const int *targets, float dloss, int N);
+    /* squared norm of the whole model's gradient (split tensors summed over the group,
+     * replicated ones counted once) */
+    double (*grad_sumsq)(train_model *m);
+    /* a pass cannot go on (msg: a sentence): kept for the strategy's status */
+    void (*fail)(train_model *m, const char *msg);
+} train_layer_ops;
+
+/* The single-process operations (layers_local.c). */
+const train_layer_ops *train_local_layer_ops(void);
 
 struct train_model {
     train_config cfg;
     /* Tensor-parallel shape (1, 0 on a single process): this rank holds heads
      * [tp_rank*NH/tp, +NH/tp), MLP rows [tp_rank*4C/tp, +4C/tp) and vocabulary rows
-     * [tp_rank*vocab_local, +vocab_local) of the vocabulary padded to tp*vocab_local. */
-    int tp, tp_rank, vocab_local;
-    int sp;                /* sequence parallelism inside the TP group (model.c's top) */
-    train_tp_ctx *tpc;     /* the TP group's communication; NULL while not attached */
+     * [tp_rank*vocab_local, +vocab_local) of the vocabulary padded to tp*vocab_local;
+     * heads_local = NH/tp heads of width_local = C/tp channels in all. */
+    int tp, tp_rank, vocab_local, heads_local, width_local;
+    /* Rows of the residual stream held here (model.c's top): of N = B*T rows, Nr =
+     * N/seq_shards from row seq_rank*Nr; seq_shards = tp under sequence parallelism,
+     * else 1 (and seq_rank 0). */
+    int seq_shards, seq_rank;
+    const train_layer_ops *layer_ops; /* train_local_layer_ops() unless a strategy's */
+    void *layer_ctx;       /* the installed operations' context (NULL: the local ones) */
     train_device dev;
     const train_ops *ops;
     int maxB, maxT;        /* batch shape the buffers were sized for */
@@ -200,57 +275,16 @@ train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_
                                    int threads, uint64_t seed, int tp, int tp_rank, int sp,
                                    char *err);
 
-/* ---- tensor-parallel pieces the model calls (tp.c); only when m->tpc != NULL ----
- * Each is collective over the TP group and blocking. A communication failure is kept in
- * the context (the first sentence wins; later calls do nothing) and reported by
- * train_tp_failed: forward and backward cannot return errors. */
-/* f backward / g forward: buf (n) = sum over the TP group of buf. Under SP (buf is
- * (N,C)): reduce-scatter, this rank's N/T rows of the sum into buf's first N/T rows. */
-void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what);
-/* the same for the LM head's f (counted apart from the four per block) */
-void train_tp_head_reduce(train_model *m, float *buf, size_t n);
-/* row-parallel output (N,C): sum over the group, then + b (the bias, added once); under
- * SP only this rank's N/T rows of the sum, into the first N/T rows (reduce-scatter) */
-void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,
-                         const char *what);
-/* vocabulary-parallel embedding: out (B,T,C) = wte[inp] (from the rank holding the row)
- * + wpe[t]; and its backward into the local rows of dwte and into dwpe */
-void train_tp_embed_forward(train_model *m, float *out, const int *inp, const float *wte,
-                            const float *wpe, int B, int T, int C);
-void train_tp_embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
-                             const int *inp, int B, int T, int C);
-/* vocabulary-parallel cross-entropy over local logits (N,Vl): probs (N,Vl), losses (N) */
-void train_tp_xent_forward(train_model *m, float *losses, float *probs, const float *logits,
-                           const int *targets, int N);
-void train_tp_xent_backward(train_model *m, float *dlogits, const float *probs,
-                            const int *targets, float dloss, int N);
-/* Refuses shapes TP cannot split (heads or 4C not a multiple of tp, a device other than
- * the CPU), with a sentence. */
-int train_tp_check(const train_config *cfg, int tp, train_device dev, char *err);
-/* Copies between a full tensor fp (at full) and this rank's slice lp (at local), to_local
- * 1: full -> local, 0: local -> its place in full (see tp.c for the split of each). */
-void train_tp_copy_tensor(const train_param *fp, const train_param *lp, int tp, int rank,
-                          float *full, float *local, int to_local);
-/* Sequence parallelism: f forward = all-gather of the Nr rows at row tp_rank*Nr of buf
- * (N = T*Nr rows of C) into all of buf; g backward = all-gather of dres (Nr,C) into a
- * buffer of the context, which it returns (N,C). */
-void train_tp_sp_gather(train_model *m, float *buf, int Nr, int C, const char *what);
-const float *train_tp_sp_gather_grad(train_model *m, const float *dres, int Nr, int C,
-                                     const char *what);
-/* A zeroed (2C) buffer for a LayerNorm's partial weight/bias gradients (over this rank's
- * rows), and: sum it over the group, add it to dw, db (C each). */
-float *train_tp_ln_partial(train_model *m);
-void train_tp_ln_partial_done(train_model *m, float *dw, float *db, const char *what);
-/* Records a failure (the first wins) for train_tp_status. */
-void train_tp_fail(train_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* squared global gradient norm: split tensors summed over the group, replicated ones
- * counted once */
-double train_tp_grad_sumsq(train_model *m);
-/* 1 for the tensors a tensor-parallel group splits (tp.h's table), 0 for the replicated */
-int train_tp_is_split(const char *name);
-/* *x = its sum over the TP group (blocking); 0, or -1 with a sentence */
-int train_tp_group_sum(train_model *m, float *x, char *err);
-
+/* How tensor-parallel ranks split the model's tensors (model.c's top: the weights of its
+ * column- and row-parallel layers, and wte): 1 for a split tensor, 0 for a replicated one. */
+int train_param_is_split(const char *name);
+/* Copies between a full tensor fp (at full) and rank's slice lp of it (at local), to_local
+ * 1: full -> local, 0: local -> its place in full. */
+void train_param_slice(const train_param *fp, const train_param *lp, int rank, float *full,
+                       float *local, int to_local);
+/* 0, or -1 with a sentence when the model cannot be split `ways` ways (heads not a
+ * multiple of it, more ways than vocabulary entries, a device other than the CPU). */
+int train_model_split_check(const train_config *cfg, int ways, train_device dev, char *err);
 
 /* ---- session (session.c), shared with the checkpoint code (ckpt.c) ---- */
 struct train_session {

@@ -20,6 +20,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/planner.h"
 #include "parallel/strategy.h"
+#include "parallel/tp.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -662,7 +663,7 @@ static void shard_sumsq(const train_fsdp *f, double sq[2])
     sq[0] = sq[1] = 0.0;
     for (int u = 0; u < f->nu; u++) {
         const fsdp_unit *x = &f->u[u];
-        if (!m->tpc) {
+        if (!m->layer_ctx) {
             sq[1] += m->ops->sumsq(f->gshard + x->soff, x->own_n);
             continue;
         }
@@ -672,7 +673,7 @@ static void shard_sumsq(const train_fsdp *f, double sq[2])
             size_t a = p->offset > lo ? p->offset : lo;
             size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
             if (a < e)
-                sq[train_tp_is_split(p->name) ? 0 : 1] +=
+                sq[train_param_is_split(p->name) ? 0 : 1] +=
                     m->ops->sumsq(f->gshard + x->soff + (a - x->own_lo), e - a);
         }
     }
@@ -694,7 +695,7 @@ static int clip_shards(train_fsdp *f, float *norm_out, char *err)
         return -1;
     }
     f->sent += (uint64_t)2 * (f->N - 1) * 2 * sizeof(float) / (uint64_t)f->N;
-    if (f->s->model->tpc && train_tp_group_sum(f->s->model, &sq2[0], err) != 0)
+    if (f->s->model->layer_ctx && train_tp_group_sum(f->s->model, &sq2[0], err) != 0)
         return -1;
     float sq = sq2[0] + sq2[1];
     float norm = sqrtf(sq);

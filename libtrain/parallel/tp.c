@@ -1,9 +1,11 @@
 /*
- * tp.c — tensor parallelism: how each tensor is split (shard/unshard, used for the
- * initialisation, the tests' gradient gathering and conversions), and the communication
- * the model (model.c) calls inside its passes when a TP group is attached — Megatron's f
- * and g, the vocabulary-parallel embedding and cross-entropy, the TP-aware gradient norm.
- * The contract and the picture are in tp.h.
+ * tp.c — tensor parallelism: the tensor-parallel implementation of the model's layer
+ * operations (model.h: train_layer_ops) — vocabulary-parallel embedding and
+ * cross-entropy, column- and row-parallel Linear with Megatron's f and g inside them, the
+ * sequence-parallel LayerNorm, the TP-aware gradient norm — which train_tp_attach
+ * installs on the model (and train_tp_detach replaces with the single-process ones);
+ * and shard/unshard of the parameters (the model's own slicing, train_param_slice, over
+ * whole arrays). The contract and the picture are in tp.h.
  *
  * All collectives here are blocking (start + wait) on the TP group's backend: the next
  * layer needs their result. They never print or exit; a failure is kept in the context
@@ -20,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct train_tp_ctx {
+/* The context of the tensor-parallel layer operations (train_model.layer_ctx). */
+typedef struct train_tp_ctx {
     train_backend *b;
     int failed;
     char err[TRAIN_ERRLEN];
@@ -33,11 +36,20 @@ struct train_tp_ctx {
      * LayerNorm partial gradients (2C) */
     float *full, *stage, *part;
     size_t full_n, stage_n, part_n;
-};
+} train_tp_ctx;
 
-void train_tp_fail(train_model *m, const char *fmt, ...)
+static const train_layer_ops tp_layer_ops;
+
+/* The group's context of a model whose layer operations are this file's, else NULL. */
+static train_tp_ctx *ctx_of(const train_model *m)
 {
-    train_tp_ctx *c = m->tpc;
+    return m->layer_ops == &tp_layer_ops ? m->layer_ctx : NULL;
+}
+
+static void failf(train_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void failf(train_model *m, const char *fmt, ...)
+{
+    train_tp_ctx *c = ctx_of(m);
     if (!c || c->failed)
         return;
     c->failed = 1;
@@ -56,7 +68,7 @@ static float *room(train_model *m, float **p, size_t *have, size_t n)
     if (*have < n) {
         float *q = realloc(*p, n * sizeof(float));
         if (!q) {
-            train_tp_fail(m, "out of memory for %zu floats of tensor-parallel staging", n);
+            failf(m, "out of memory for %zu floats of tensor-parallel staging", n);
             return NULL;
         }
         *p = q;
@@ -65,90 +77,13 @@ static float *room(train_model *m, float **p, size_t *have, size_t n)
     return *p;
 }
 
-/* ---- the split of each tensor ------------------------------------------------------- */
-
-/* Tensors split across the group (see the table in tp.h); the others are replicated. */
-int train_tp_is_split(const char *name)
-{
-    return strcmp(name, "wte") == 0 || strstr(name, "attn.qkv.") || strstr(name, "attn.proj.w") ||
-           strstr(name, "mlp.fc.") || strstr(name, "mlp.proj.w");
-}
-
-/* Rows split: local row c*Rl + i is full row c*Rc + rank*Rl + i, over `chunks` chunks
- * (3 for qkv: q, k and v are each split by heads; 1 otherwise). Full rows past the end
- * are wte's padding (zero locally). Columns split: local column j of every row is full
- * column rank*Kl + j. */
-void train_tp_copy_tensor(const train_param *fp, const train_param *lp, int tp, int rank,
-                          float *full, float *local, int to_local)
-{
-    (void)tp;
-    size_t K = (size_t)lp->shape[1];
-    if (!train_tp_is_split(lp->name)) {
-        if (to_local)
-            memcpy(local, full, lp->numel * sizeof(float));
-        else
-            memcpy(full, local, lp->numel * sizeof(float));
-        return;
-    }
-    if (fp->shape[1] != lp->shape[1]) { /* columns */
-        size_t Kf = (size_t)fp->shape[1], R = (size_t)lp->shape[0];
-        for (size_t j = 0; j < R; j++) {
-            float *f = full + j * Kf + (size_t)rank * K, *l = local + j * K;
-            if (to_local)
-                memcpy(l, f, K * sizeof(float));
-            else
-                memcpy(f, l, K * sizeof(float));
-        }
-        return;
-    }
-    int chunks = strstr(lp->name, "attn.qkv.") ? 3 : 1;
-    size_t Rl = (size_t)lp->shape[0] / chunks, Rc = (size_t)fp->shape[0] / chunks;
-    for (int c = 0; c < chunks; c++)
-        for (size_t i = 0; i < Rl; i++) {
-            size_t grow = c * Rc + (size_t)rank * Rl + i;
-            float *l = local + (c * Rl + i) * K;
-            if (grow >= (size_t)fp->shape[0]) { /* vocabulary padding */
-                if (to_local)
-                    memset(l, 0, K * sizeof(float));
-                continue;
-            }
-            if (to_local)
-                memcpy(l, full + grow * K, K * sizeof(float));
-            else
-                memcpy(full + grow * K, l, K * sizeof(float));
-        }
-}
+/* ---- the split of each tensor (the model's train_param_slice) --------------------- */
 
 int train_tp_config_check(const train_config *c, int tp, train_device dev, char *err)
 {
     if (train_config_check(c, err) != 0)
         return -1;
-    if (tp < 1) {
-        train_errf(err, "--tp %d: the tensor-parallel size must be at least 1", tp);
-        return -1;
-    }
-    if (c->heads % tp != 0) {
-        train_errf(err, "--tp %d: the %d attention heads cannot be split evenly over %d "
-                        "tensor-parallel ranks (heads must be a multiple of --tp)",
-                   tp, c->heads, tp);
-        return -1;
-    }
-    if (tp > c->vocab) {
-        train_errf(err, "--tp %d: more tensor-parallel ranks than vocabulary entries (%d)",
-                   tp, c->vocab);
-        return -1;
-    }
-    if (tp > 1 && dev != TRAIN_DEVICE_CPU) {
-        train_errf(err, "--tp %d: tensor parallelism runs on the CPU model only (--device cpu)",
-                   tp);
-        return -1;
-    }
-    return 0;
-}
-
-int train_tp_check(const train_config *cfg, int tp, train_device dev, char *err)
-{
-    return train_tp_config_check(cfg, tp, dev, err);
+    return train_model_split_check(c, tp, dev, err);
 }
 
 /* The full and the local layouts, side by side (tensor i is the same tensor in both). */
@@ -181,9 +116,9 @@ static int convert(const train_config *cfg, int tp, int rank, float *full, float
     if (layouts(cfg, tp, rank, &fm, &lm, err) != 0)
         return -1;
     for (int i = 0; i < lm->ntensors; i++)
-        train_tp_copy_tensor(&fm->tensors[i], &lm->tensors[i], tp, rank,
-                             full + fm->tensors[i].offset, local + lm->tensors[i].offset,
-                             to_local);
+        train_param_slice(&fm->tensors[i], &lm->tensors[i], rank,
+                          full + fm->tensors[i].offset, local + lm->tensors[i].offset,
+                          to_local);
     train_model_free(fm);
     train_model_free(lm);
     return 0;
@@ -201,7 +136,7 @@ int train_tp_unshard(const train_config *cfg, int tp, int rank, const float *loc
     return convert(cfg, tp, rank, full, (float *)local, 0, err);
 }
 
-/* ---- collectives inside the model --------------------------------------------------- */
+/* ---- collectives inside the layer operations -------------------------------------- */
 
 static int collective_done(train_tp_ctx *c, int rc, train_req req, const char *what)
 {
@@ -239,7 +174,7 @@ int train_tp_g_backward(train_backend *b, float *dx, size_t n)
 /* Blocking sum over the group; `block` says whether it is one of the in-block f/g. */
 static void all_reduce(train_model *m, float *buf, size_t n, const char *what, int block)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     if (c->failed)
         return;
     double t0 = train_now();
@@ -266,7 +201,7 @@ static void all_reduce(train_model *m, float *buf, size_t n, const char *what, i
 static void reduce_scatter(train_model *m, float *buf, size_t recvcount, const char *what,
                            int block)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     float *st = room(m, &c->stage, &c->stage_n, recvcount);
     if (c->failed || !st)
         return;
@@ -292,7 +227,7 @@ static void reduce_scatter(train_model *m, float *buf, size_t recvcount, const c
 static void all_gather(train_model *m, const float *send, float *recv, size_t count,
                        const char *what, int block)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     if (c->failed)
         return;
     double t0 = train_now();
@@ -313,27 +248,20 @@ static void all_gather(train_model *m, const float *send, float *recv, size_t co
 }
 
 /* f backward: the column-parallel Linear's input gradient, summed over the group; under
- * SP only this rank's rows of the sum are needed (the LayerNorm below holds only those). */
-void train_tp_all_reduce(train_model *m, float *buf, size_t n, const char *what)
+ * SP only this rank's rows of the sum are needed (the LayerNorm below holds only those).
+ * `block`: one of the four per block (the LM head's is counted apart). */
+static void f_backward(train_model *m, float *buf, size_t n, const char *what, int block)
 {
-    if (m->sp)
-        reduce_scatter(m, buf, n / m->tp, what, 1);
+    if (m->seq_shards > 1)
+        reduce_scatter(m, buf, n / m->tp, what, block);
     else
-        all_reduce(m, buf, n, what, 1);
-}
-
-void train_tp_head_reduce(train_model *m, float *buf, size_t n)
-{
-    if (m->sp)
-        reduce_scatter(m, buf, n / m->tp, "f head", 0);
-    else
-        all_reduce(m, buf, n, "f head", 0);
+        all_reduce(m, buf, n, what, block);
 }
 
 /* f forward under SP: rows [r*Nr, r*Nr + Nr) of buf, from every rank r, into buf. */
-void train_tp_sp_gather(train_model *m, float *buf, int Nr, int C, const char *what)
+static void sp_gather(train_model *m, float *buf, int Nr, int C, const char *what)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     size_t n = (size_t)Nr * C;
     float *st = room(m, &c->stage, &c->stage_n, n);
     if (!st)
@@ -343,10 +271,10 @@ void train_tp_sp_gather(train_model *m, float *buf, int Nr, int C, const char *w
 }
 
 /* g backward under SP: every rank's rows of the residual gradient, (N,C). */
-const float *train_tp_sp_gather_grad(train_model *m, const float *dres, int Nr, int C,
-                                     const char *what)
+static const float *sp_gather_grad(train_model *m, const float *dres, int Nr, int C,
+                                  const char *what)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     size_t n = (size_t)Nr * C;
     float *full = room(m, &c->full, &c->full_n, n * m->tp);
     if (!full)
@@ -355,9 +283,11 @@ const float *train_tp_sp_gather_grad(train_model *m, const float *dres, int Nr, 
     return full;
 }
 
-float *train_tp_ln_partial(train_model *m)
+/* A zeroed (2C) buffer for a LayerNorm's partial weight/bias gradients over this rank's
+ * rows. */
+static float *ln_partial(train_model *m)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     size_t n = 2 * (size_t)m->cfg.channels;
     if (!room(m, &c->part, &c->part_n, n)) {
         static float sink[2 * 65536]; /* failed: somewhere harmless to write */
@@ -369,9 +299,9 @@ float *train_tp_ln_partial(train_model *m)
 
 /* Each rank's LayerNorm saw only its rows: dw = sum over ranks of the partial sums (the
  * reduction Megatron-LM #1446 was about: without it the replicated weights drift apart). */
-void train_tp_ln_partial_done(train_model *m, float *dw, float *db, const char *what)
+static void ln_partial_done(train_model *m, float *dw, float *db, const char *what)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     int C = m->cfg.channels;
     if (!c->part || c->part_n < 2 * (size_t)C)
         return;
@@ -385,10 +315,10 @@ void train_tp_ln_partial_done(train_model *m, float *dw, float *db, const char *
 
 /* out (N,C) holds this rank's partial product x_r W_r^T of a row-parallel Linear:
  * y = sum_r x_r W_r^T + b, so sum first (g), then add the bias once. */
-void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int C,
-                         const char *what)
+static void g_forward(train_model *m, float *out, const float *b, int N, int C,
+                      const char *what)
 {
-    if (m->sp) { /* g under SP: only this rank's rows of the sum */
+    if (m->seq_shards > 1) { /* g under SP: only this rank's rows of the sum */
         N /= m->tp;
         reduce_scatter(m, out, (size_t)N * C, what, 1);
     } else {
@@ -404,12 +334,13 @@ void train_tp_row_reduce(train_model *m, float *out, const float *b, int N, int 
 /* out (B,T,C) = sum_r [id in r's rows] wte_r[id - r*Vl] + wpe[t]: exactly one rank adds
  * a non-zero row, so the sum is that row bit for bit, and wpe is added after it as on one
  * process. */
-void train_tp_embed_forward(train_model *m, float *out, const int *inp, const float *wte,
-                            const float *wpe, int B, int T, int C)
+static void embed_forward(train_model *m, float *out, const int *inp, const float *wte,
+                          const float *wpe, int B, int T, int C)
 {
     int Vl = m->vocab_local, lo = m->tp_rank * Vl;
-    if (m->sp) { /* the sum reduce-scattered: this rank's N/T rows, then their positions */
-        train_tp_ctx *c = m->tpc;
+    if (m->seq_shards > 1) { /* the sum reduce-scattered: this rank's N/T rows, then their
+                              * positions */
+        train_tp_ctx *c = ctx_of(m);
         int N = B * T, Nr = N / m->tp;
         float *full = room(m, &c->full, &c->full_n, (size_t)N * C);
         if (!full)
@@ -450,12 +381,13 @@ void train_tp_embed_forward(train_model *m, float *out, const int *inp, const fl
 
 /* dout (B,T,C) is whole on every rank: each rank scatters it into the rows it holds; wpe
  * (replicated) gets the same gradient on every rank. */
-void train_tp_embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
-                             const int *inp, int B, int T, int C)
+static void embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
+                           const int *inp, int B, int T, int C)
 {
     int Vl = m->vocab_local, lo = m->tp_rank * Vl;
-    if (m->sp) { /* all rows of the gradient (reduce-scatter's backward is an all-gather) */
-        train_tp_ctx *c = m->tpc;
+    if (m->seq_shards > 1) { /* all rows of the gradient (reduce-scatter's backward is an
+                              * all-gather) */
+        train_tp_ctx *c = ctx_of(m);
         size_t n = (size_t)B * T / m->tp * C;
         float *full = room(m, &c->full, &c->full_n, n * m->tp);
         if (!full)
@@ -494,10 +426,10 @@ static int valid_cols(const train_model *m)
  *   loss_n = log s_n + mx_n - z_n,  probs_nj = exp(l_nj - mx_n) / s_n
  * s and z travel in one all-reduce of 2N floats. The full (N,V) logits never exist.
  */
-void train_tp_xent_forward(train_model *m, float *losses, float *probs, const float *logits,
-                           const int *targets, int N)
+static void xent_forward(train_model *m, float *losses, float *probs, const float *logits,
+                         const int *targets, int N)
 {
-    train_tp_ctx *c = m->tpc;
+    train_tp_ctx *c = ctx_of(m);
     int Vl = m->vocab_local, nv = valid_cols(m), lo = m->tp_rank * Vl, P = m->tp;
     size_t need = (size_t)(P + 3) * N;
     if (c->buf_n < need) {
@@ -560,8 +492,8 @@ void train_tp_xent_forward(train_model *m, float *losses, float *probs, const fl
 }
 
 /* dlogits (N,Vl) += (probs - onehot(target)) * dloss, on the local columns. */
-void train_tp_xent_backward(train_model *m, float *dlogits, const float *probs,
-                            const int *targets, float dloss, int N)
+static void xent_backward(train_model *m, float *dlogits, const float *probs,
+                          const int *targets, float dloss, int N)
 {
     int Vl = m->vocab_local, nv = valid_cols(m), lo = m->tp_rank * Vl;
     for (int n = 0; n < N; n++) {
@@ -577,13 +509,13 @@ void train_tp_xent_backward(train_model *m, float *dlogits, const float *probs,
 
 /* |g|^2 = sum over the split tensors of every rank's slice + the replicated tensors once
  * (they are identical on every rank). */
-double train_tp_grad_sumsq(train_model *m)
+static double grad_sumsq(train_model *m)
 {
     double split = 0.0, rep = 0.0;
     for (int i = 0; i < m->ntensors; i++) {
         const train_param *p = &m->tensors[i];
         double s = m->ops->sumsq(m->grads + p->offset, p->numel);
-        if (train_tp_is_split(p->name))
+        if (train_param_is_split(p->name))
             split += s;
         else
             rep += s;
@@ -596,13 +528,104 @@ double train_tp_grad_sumsq(train_model *m)
 int train_tp_group_sum(train_model *m, float *x, char *err)
 {
     all_reduce(m, x, 1, "grad norm", 0);
-    const train_tp_ctx *c = m->tpc;
+    const train_tp_ctx *c = ctx_of(m);
     if (c && c->failed) {
         train_errf(err, "%s", c->err);
         return -1;
     }
     return 0;
 }
+
+/* ---- the layer operations ------------------------------------------------------------ */
+
+/* The LayerNorm of this rank's rows at their place in out; under SP the other ranks'
+ * rows are gathered (f forward: the column-parallel Linear after it needs all N). */
+static void ln_forward(train_model *m, float *out, float *mean, float *rstd, const float *inp,
+                       const float *w, const float *b, int Nr, int C, const char *what)
+{
+    m->ops->layernorm_forward(out + (size_t)m->seq_rank * Nr * C, mean, rstd, inp, w, b, Nr,
+                              C);
+    if (m->seq_shards > 1)
+        sp_gather(m, out, Nr, C, what);
+}
+
+/* Under SP each rank's LayerNorm saw only its rows: its weight gradients are partial sums,
+ * completed over the group before they are added (ln_partial_done). */
+static void ln_backward(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, const float *mean, const float *rstd,
+                        int Nr, int C, const char *what)
+{
+    if (m->seq_shards == 1) {
+        m->ops->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, Nr, C);
+        return;
+    }
+    float *part = ln_partial(m); /* (2C) */
+    m->ops->layernorm_backward(dinp, part, part + C, dout, inp, w, mean, rstd, Nr, C);
+    ln_partial_done(m, dw, db, what);
+}
+
+/* f forward is the identity: every rank holds the whole input (ln_forward gathered it) */
+static void col_forward(train_model *m, float *out, const float *inp, const float *w,
+                        const float *b, int N, int C, int OC)
+{
+    m->ops->matmul_forward(out, inp, w, b, N, C, OC);
+}
+
+static void col_backward(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                         const float *inp, const float *w, int N, int C, int OC,
+                         const char *what)
+{
+    m->ops->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    f_backward(m, dinp, (size_t)N * C, what, 1);
+}
+
+static void head_backward(train_model *m, float *dinp, float *dw, const float *dout,
+                          const float *inp, const float *w, int N, int C, int V)
+{
+    m->ops->matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, V);
+    f_backward(m, dinp, (size_t)N * C, "f head", 0);
+}
+
+/* The bias waits for g: added to every rank's partial product it would be summed T times. */
+static void row_forward(train_model *m, float *out, const float *inp, const float *w,
+                        const float *b, int N, int C, int OC, const char *what)
+{
+    m->ops->matmul_forward(out, inp, w, NULL, N, C, OC);
+    g_forward(m, out, b, N, OC, what);
+}
+
+/* g backward is the identity, but under SP this rank holds only its rows of the output's
+ * gradient and the matmul's backward needs all N. */
+static void row_backward(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                         const float *inp, const float *w, int N, int C, int OC,
+                         const char *what)
+{
+    if (m->seq_shards > 1)
+        dout = sp_gather_grad(m, dout, N / m->seq_shards, OC, what);
+    m->ops->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+}
+
+static void fail(train_model *m, const char *msg)
+{
+    failf(m, "%s", msg);
+}
+
+static const train_layer_ops tp_layer_ops = {
+    .name = "tensor-parallel",
+    .embed_forward = embed_forward,
+    .embed_backward = embed_backward,
+    .ln_forward = ln_forward,
+    .ln_backward = ln_backward,
+    .col_forward = col_forward,
+    .col_backward = col_backward,
+    .head_backward = head_backward,
+    .row_forward = row_forward,
+    .row_backward = row_backward,
+    .xent_forward = xent_forward,
+    .xent_backward = xent_backward,
+    .grad_sumsq = grad_sumsq,
+    .fail = fail,
+};
 
 /* ---- attaching a group -------------------------------------------------------------- */
 
@@ -626,7 +649,7 @@ int train_tp_attach(train_session *s, train_backend *b, char *err)
     /* every rank must hold the same replicated tensors: compare their hashes */
     uint64_t h = TRAIN_FNV_INIT;
     for (int i = 0; i < m->ntensors; i++)
-        if (!train_tp_is_split(m->tensors[i].name))
+        if (!train_param_is_split(m->tensors[i].name))
             h = train_fnv1a(h, m->params + m->tensors[i].offset,
                             m->tensors[i].numel * sizeof(float));
     uint64_t *all = calloc((size_t)b->nranks, sizeof *all);
@@ -651,25 +674,28 @@ int train_tp_attach(train_session *s, train_backend *b, char *err)
             return -1;
         }
     free(all);
-    m->tpc = c;
+    m->layer_ctx = c;
+    m->layer_ops = &tp_layer_ops; /* from here the passes communicate */
     return 0;
 }
 
 void train_tp_detach(train_session *s)
 {
-    if (!s || !s->model || !s->model->tpc)
+    train_tp_ctx *c = s && s->model ? ctx_of(s->model) : NULL;
+    if (!c)
         return;
-    free(s->model->tpc->buf);
-    free(s->model->tpc->full);
-    free(s->model->tpc->stage);
-    free(s->model->tpc->part);
-    free(s->model->tpc);
-    s->model->tpc = NULL;
+    free(c->buf);
+    free(c->full);
+    free(c->stage);
+    free(c->part);
+    free(c);
+    s->model->layer_ops = train_local_layer_ops();
+    s->model->layer_ctx = NULL;
 }
 
 int train_tp_status(const train_session *s, char *err)
 {
-    const train_tp_ctx *c = s->model->tpc;
+    const train_tp_ctx *c = ctx_of(s->model);
     if (c && c->failed) {
         train_errf(err, "%s", c->err);
         return -1;
@@ -679,7 +705,7 @@ int train_tp_status(const train_session *s, char *err)
 
 void train_tp_stats_read(train_session *s, train_tp_stats *out, int reset)
 {
-    train_tp_ctx *c = s->model->tpc;
+    train_tp_ctx *c = ctx_of(s->model);
     if (!c) {
         memset(out, 0, sizeof *out);
         return;
@@ -691,7 +717,7 @@ void train_tp_stats_read(train_session *s, train_tp_stats *out, int reset)
 
 void train_tp_set_trace(train_session *s, train_trace *tr, int rank)
 {
-    train_tp_ctx *c = s->model->tpc;
+    train_tp_ctx *c = ctx_of(s->model);
     if (!c)
         return;
     c->trace = tr;

@@ -13,7 +13,10 @@
  *   mlp.proj.w      (C, 4C)      columns [r*4Cl, +4Cl) (row-parallel)
  *   wpe, ln*, lnf, attn.proj.b, mlp.proj.b           replicated
  *
- * and the model calls the group at the two conjugate operators of Megatron:
+ * tp.c implements the model's layer operations (model.h: train_layer_ops) for such a
+ * slice and train_tp_attach installs them on the model, which calls them as it calls the
+ * single-process ones; the group is reached inside them, at the two conjugate operators
+ * of Megatron:
  *
  *        x ──f──> [column-parallel Linear] ─> local heads / GELU ─> [row-parallel] ──g──> y
  *   f: forward identity, backward all-reduce of the input gradient;
@@ -53,9 +56,11 @@ TRAIN_API int train_tp_config_check(const train_config *cfg, int tp, train_devic
                                     char *err);
 
 /* Collective over `tp` (the session's model must have been created with
- * opt.tp == tp->nranks, opt.tp_rank == tp->rank): connects the model's f/g points to the
- * group and checks every rank holds bitwise the same replicated tensors. Backend and
- * session stay the caller's; train_tp_detach before freeing either. */
+ * opt.tp == tp->nranks, opt.tp_rank == tp->rank): checks every rank holds bitwise the same
+ * replicated tensors and installs the tensor-parallel layer operations on the model, with
+ * the group in their context; train_tp_detach gives the model back its single-process
+ * operations. Backend and session stay the caller's; train_tp_detach before freeing
+ * either. */
 TRAIN_API int train_tp_attach(train_session *s, train_backend *tp, char *err);
 TRAIN_API void train_tp_detach(train_session *s);
 /* 0 while every collective inside forward/backward succeeded, else -1 with the first
@@ -77,7 +82,7 @@ struct train_trace;
 TRAIN_API void train_tp_set_trace(train_session *s, struct train_trace *tr, int rank);
 
 /* Megatron's two conjugate operators over the group `b`, in place on x (n floats), blocking;
- * 0 or -1 with a sentence in b->err. The model calls the same sums (tp.c).
+ * 0 or -1 with a sentence in b->err. The layer operations make the same sums (tp.c).
  *   f ("copy to the tensor-parallel region"):  forward identity, backward sum over ranks;
  *   g ("reduce from the region"):              forward sum over ranks, backward identity. */
 TRAIN_API int train_tp_f_forward(train_backend *b, float *x, size_t n);
@@ -120,5 +125,9 @@ TRAIN_API int train_tp_unshard(const train_config *cfg, int tp, int rank, const 
 TRAIN_API int train_tp_save(train_session *s, train_backend *world, train_backend *tp,
                             const float *p, const float *m, const float *v, const char *path,
                             char *err);
+
+/* *x = its sum over the TP group of the session's model m (blocking; FSDP's gradient norm
+ * over a TP slice: fsdp.c); 0, or -1 with a sentence. Only while a group is attached. */
+int train_tp_group_sum(train_model *m, float *x, char *err);
 
 #endif
