@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tokfile.py — writes a coll-train token file (format in libtrain/train.h):
+"""tokfile.py — writes a coll-train token file (format in libtrain/include/train.h):
 
     magic "COLLTOK1" | u32 version 1 | u32 vocab | u64 N | N x u16 ids (little-endian)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """trace_plot.py — draws a coll-train --trace timeline (Chrome trace-event JSON in
-libcoll's trace format, see libtrain/trace.h) as an SVG or PNG with gnuplot: per rank one
+libcoll's trace format, see libtrain/parallel/timeline.h) as an SVG or PNG with gnuplot: per rank one
 row for compute (forward and backward one box per stage, launches, exposed wait, AdamW),
 one for the gradient buckets' all-reduces (launch to observed completion) and, when the
 backend was libcoll, one for libcoll's calls and one per ring-schedule step (what the
