@@ -1,6 +1,6 @@
 /* bench_util.c — coll-bench's pure arithmetic: names, sizes, bandwidth factors, and the
  * exactly-predictable data patterns.  See bench_util.h for the contract; nothing here
- * talks to a communicator, so test/test_bench.c compiles this file in directly.
+ * talks to a communicator, so test/tools/test_bench.c compiles this file in directly.
  *
  * The data patterns, per op (j is the element's index in the input buffer, r the rank,
  * N the number of ranks, L the largest integer the dtype holds exactly together with

@@ -1,7 +1,7 @@
 /* bench_util.h — the pure parts of coll-bench: no communicator, no I/O.
  *
  * coll-bench.c drives processes, clocks and output; everything here is arithmetic that
- * can be unit-tested in one process (test/test_bench.c compiles bench_util.c in):
+ * can be unit-tested in one process (test/tools/test_bench.c compiles bench_util.c in):
  *
  *   - parsing what the user typed: sizes with K/M/G suffixes, dtype and op names with
  *     the nccl-tests aliases, collective names;

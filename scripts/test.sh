@@ -21,7 +21,7 @@ status=0
 build build || status=1
 build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug || status=1
 # ThreadSanitizer for the executor: only the library and its one plain test program.
-TARGETS="test/tsan_executor test/exec_threads" build build-tsan -Db_sanitize=thread -Db_lundef=false \
+TARGETS="test/exec/tsan_executor test/exec/exec_threads" build build-tsan -Db_sanitize=thread -Db_lundef=false \
   -Dbuildtype=debug -Dcuda=disabled || status=1
 
 run() { # dir, suites...

@@ -1,7 +1,7 @@
 /* sim_check.c — what the slices of a simulated call carry, symbolically, and whether
  * every output ends up as the collective promises.
  *
- * test/test_plan.c gives element k of rank r the value (k << 40) + 4^r and adds real
+ * test/algo/test_plan.c gives element k of rank r the value (k << 40) + 4^r and adds real
  * numbers; that needs every element in memory and 2 bits per rank, so it stops at 16
  * ranks.  Here an element's value is a 64-bit hash instead, and buffers are kept as runs
  * in which the value is affine in the position (base + i·step, mod 2^64):

@@ -10,7 +10,7 @@
  * All-to-all (pairwise) has N^2 distinct steps (every block has its own offset) and is
  * the one plan whose memory grows as N^2 here.
  *
- * The plans are checked as they are stored, the way test/test_plan.c checks them: no
+ * The plans are checked as they are stored, the way test/algo/test_plan.c checks them: no
  * zero-length step (both ends leave those out), peers in range and never the rank itself.
  *
  * Must never: change a plan (except through the caller's `edit`, which the tests use to

@@ -5,7 +5,7 @@
  * that many bytes.  It checks the secret before anything else, bounds every length before
  * allocating (COLL_BOOT_MAX_LEN per blob; the rank table only once a rank proved it holds
  * the secret), refuses ranks outside the job or joining twice, and treats bytes sent out
- * of turn as a protocol error.  Pure: no I/O, no globals, so test/fuzz_bootstrap.c feeds
+ * of turn as a protocol error.  Pure: no I/O, no globals, so test/comm/fuzz_bootstrap.c feeds
  * it arbitrary bytes in arbitrary pieces.  Must never read or write outside the buffers
  * it was given or allocated, and never trust a length it has not bounded.
  */

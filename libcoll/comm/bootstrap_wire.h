@@ -47,7 +47,7 @@ static inline bool coll_auth_parse(const uint8_t in[COLL_AUTH_BYTES], const uint
 
 /* ---- the root's parser of what a connection sends (bootstrap_parse.c) ---------------
  * Pure: bytes in, state changes out; no sockets, so the fuzz target
- * (test/fuzz_bootstrap.c) runs exactly the code the root runs on bytes off the wire. */
+ * (test/comm/fuzz_bootstrap.c) runs exactly the code the root runs on bytes off the wire. */
 
 /* What one connection to the root has sent so far. */
 typedef struct {

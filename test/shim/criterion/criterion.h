@@ -31,7 +31,7 @@ struct shim_case {
   struct shim_opts opts;
 };
 
-// The registry and the runner live in test/shim/main.c.
+// The registry and the runner live in test/shim/criterion_shim_main.c.
 enum { SHIM_MAX_CASES = 256, SHIM_SKIP_STATUS = 77 };
 extern struct shim_case shim_cases[SHIM_MAX_CASES];
 extern int shim_ncases;

@@ -1,0 +1,136 @@
+/* test_torch.c — the PyTorch backend (torch/, docs/pytorch.md) in the suite: each case runs
+ * test/tools/torch_check.py with /usr/bin/python3 (or meson's -Dtorch_python, which the
+ * build sets in COLL_TORCH_PYTHON) on N forked ranks, the built libcoll_torch on
+ * PYTHONPATH, and checks its exit status and what it printed.
+ *
+ *   ops   N = 2, 3, 4: every operation x dtype on the world and on a subgroup, against
+ *         results the script computes itself from rank-dependent inputs (all_reduce both
+ *         ways: blocking through the direct path, async through a Work; mixed-dtype
+ *         all_reduce_coalesced)
+ *   async N = 2, 3: Work.wait / is_completed / futures with then(); Work.wait(timeout)
+ *         on a receive not sent yet raises, then completes
+ *   badop a bitwise ReduceOp, an unreducible dtype, bool AVG and a send libcoll refuses
+ *         raise RuntimeError with the backend's or libcoll's sentence
+ *   kill  N = 3: a rank SIGKILLs itself; the survivors raise within seconds
+ *   drop  N = 2: async Works dropped unwaited, then destroy_process_group returns
+ *   pytorch_suite_part: PyTorch's own distributed_test (scripts/torch_dist_suite.py) at
+ *         WORLD_SIZE 2, a representative part of what passes there (the whole run takes
+ *         ~10 minutes per world size: docs/pytorch.md)
+ *
+ * Built only when meson built the module (COLL_TORCH_MODULE_DIR).  Every run is bounded
+ * (t_run kills its process group); the script reaps its ranks and removes its store.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run_prog.h"
+
+// PYTHONPATH=<the built module>, then whatever the caller's PYTHONPATH holds (the GPU
+// machine's torch stage puts expecttest there).
+static void module_path(char *pp, size_t len, const char *dir) {
+  const char *old = getenv("PYTHONPATH");
+  snprintf(pp, len, "PYTHONPATH=%s%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
+}
+
+// The Python the module was built for.
+static const char *python(void) {
+  const char *p = getenv("COLL_TORCH_PYTHON");
+  return p && *p ? p : "/usr/bin/python3";
+}
+
+static t_run_result check(const char *mode, const char *n) {
+  const char *dir = getenv("COLL_TORCH_MODULE_DIR"), *src = getenv("COLL_TEST_SOURCE_DIR");
+  cr_assert(dir && src, "COLL_TORCH_MODULE_DIR and COLL_TEST_SOURCE_DIR must be set (meson test)");
+  char script[4096], pp[4096];
+  snprintf(script, sizeof script, "%s/test/tools/torch_check.py", src);
+  module_path(pp, sizeof pp, dir);
+  const char *argv[] = {python(), script, mode, n, NULL};
+  const char *env[] = {pp, "OMP_NUM_THREADS=1", NULL};
+  t_run_result r = t_run(argv, env, 150);
+  cr_assert_neq(r.status, -2, "%s", r.err);
+  char want[64];
+  snprintf(want, sizeof want, "torch_check %s %s: OK", mode, n);
+  if (r.status != 0 || !strstr(r.out, want))
+    cr_assert_fail("torch_check.py %s %s: status %d\n--- stdout\n%s\n--- stderr\n%s", mode, n,
+                   r.status, r.out, r.err);
+  return r;
+}
+
+static void run_ok(const char *mode, const char *n) {
+  t_run_result r = check(mode, n);
+  t_run_free(&r);
+}
+
+Test(torch, ops_2, .timeout = 160) { run_ok("ops", "2"); }
+Test(torch, ops_3, .timeout = 160) { run_ok("ops", "3"); }
+Test(torch, ops_4, .timeout = 160) { run_ok("ops", "4"); }
+static void run_async(const char *n) {
+  t_run_result r = check("async", n);
+  cr_expect(strstr(r.out, "libcoll recv: did not finish within 100 ms (Work.wait timeout)"), "%s", r.out);
+  t_run_free(&r);
+}
+
+Test(torch, async_2, .timeout = 160) { run_async("2"); }
+Test(torch, async_3, .timeout = 160) { run_async("3"); }
+
+/* Dropped async Works, then destroy_process_group: returns (it deadlocked on the GIL once). */
+Test(torch, destroy_after_dropped_works, .timeout = 160) { run_ok("drop", "2"); }
+
+Test(torch, bad_op_raises, .timeout = 160) {
+  t_run_result r = check("badop", "2");
+  cr_expect(strstr(r.out, "ReduceOp.BAND is not supported by the libcoll backend"), "%s", r.out);
+  cr_expect(strstr(r.out, "coll_send on rank 0: peer 7 is outside 0..1"), "%s", r.out);
+  t_run_free(&r);
+}
+
+Test(torch, killed_rank_raises, .timeout = 160) {
+  t_run_result r = check("kill", "3");
+  for (int rank = 0; rank < 2; rank++) {
+    char want[96];
+    snprintf(want, sizeof want, "rank %d: all_reduce with a dead rank raised: libcoll all_reduce failed", rank);
+    cr_expect(strstr(r.out, want), "rank %d did not raise libcoll's sentence:\n%s", rank, r.out);
+  }
+  /* libcoll's sentence names the dead rank: "peer rank 2 (pid P) has died" where the call
+   * ran on the caller's thread, "rank 2 died or was killed" from the progress thread */
+  cr_expect(strstr(r.out, "peer rank 2 (pid") || strstr(r.out, "rank 2 died or was killed"), "%s", r.out);
+  cr_expect(!strstr(r.out, "peer rank 0") && !strstr(r.out, "peer rank 1"), "%s", r.out);
+  t_run_free(&r);
+}
+
+/* One test of each kind that passes in the full run (docs/pytorch.md): collectives with
+ * async and complex variants, p2p with tags, barrier, DDP on CPU (each spawns 2 fresh
+ * interpreters: ~3 s a test here when idle, up to 8 s at a load of 10).
+ * Exact names: "*." anchors the pattern at the test's name in unittest's -k matching. */
+static const char *const suite_part[] = {
+    "*.test_all_reduce_sum",   "*.test_all_reduce_sum_async", "*.test_all_reduce_sum_complex",
+    "*.test_reduce_sum",       "*.test_broadcast",            "*.test_all_gather_coalesced_simple",
+    "*.test_scatter",          "*.test_send_recv_with_tag",   "*.test_barrier",
+    "*.test_DistributedDataParallelCPU",
+};
+
+Test(torch, pytorch_suite_part, .timeout = 160) {
+  const char *dir = getenv("COLL_TORCH_MODULE_DIR"), *src = getenv("COLL_TEST_SOURCE_DIR");
+  cr_assert(dir && src, "COLL_TORCH_MODULE_DIR and COLL_TEST_SOURCE_DIR must be set (meson test)");
+  enum { N_PART = sizeof suite_part / sizeof suite_part[0] };
+  char script[4096], pp[4096];
+  snprintf(script, sizeof script, "%s/scripts/torch_dist_suite.py", src);
+  module_path(pp, sizeof pp, dir);
+  const char *argv[3 + 2 * N_PART + 1] = {python(), script, "-v"};
+  for (int i = 0; i < N_PART; i++) {
+    argv[3 + 2 * i] = "-k";
+    argv[4 + 2 * i] = suite_part[i];
+  }
+  argv[3 + 2 * N_PART] = NULL;
+  const char *env[] = {pp, "WORLD_SIZE=2", "OMP_NUM_THREADS=1", NULL};
+  t_run_result r = t_run(argv, env, 150);
+  cr_assert_neq(r.status, -2, "%s", r.err);
+  char ran[64];
+  snprintf(ran, sizeof ran, "Ran %d tests", N_PART);
+  /* unittest reports on stderr: every selected test ran, none failed or was skipped */
+  cr_expect(r.status == 0 && strstr(r.err, ran) && strstr(r.err, "\nOK\n"),
+            "torch_dist_suite.py: status %d, expected \"%s\" and OK with no skips\n--- stderr (tail)\n%s",
+            r.status, ran, strlen(r.err) > 6000 ? r.err + strlen(r.err) - 6000 : r.err);
+  t_run_free(&r);
+}
