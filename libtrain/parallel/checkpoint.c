@@ -1,69 +1,63 @@
 /*
- * ckpt.c — checkpoints: one file holds everything a run needs to continue bit for bit.
+ * checkpoint.c — checkpoints: one format for every layout, a manifest and its shards, which
+ * hold everything a run needs to continue bit for bit, at the same layout or another.
  *
- * Format, version 1 (all little-endian; the Python reference reads the same table):
+ * A run's state is cut on a T x S grid: T tensor-parallel slices (tp.h's table: T = 1 is
+ * the single-process model), each cut in S data-parallel shards by FSDP's units (S = N
+ * under FSDP; 1 when the data-parallel ranks hold identical state, as under DDP, or in one
+ * process). The checkpoint at `path` is the manifest plus T*S shard files
+ * `path.shard<t>.<s>of<T>x<S>`. One process writes T = S = 1: the manifest and the one
+ * shard `path.shard0.0of1x1` are the whole checkpoint of a one-process run.
+ *
+ * Manifest, version 4 (all little-endian; the Python reference reads the same table):
  *
  *   offset  field                     offset  field
  *   0       char magic[8] "COLLTRN\0" 68      u64 sample RNG state
- *   8       u32 version (1)           76      u64 data epoch
+ *   8       u32 version (4)           76      u64 data epoch
  *   12      u32 header bytes (148)    84      u64 data index (window in the epoch)
  *   16      u32 vocab                 92      u64 data tokens
  *   20      u32 max_seq               100     u64 data hash (FNV-1a of the token ids)
  *   24      u32 layers                108     f32 lr, min_lr_frac, beta1, beta2, eps,
  *   28      u32 channels                          weight_decay, grad_clip (7 x 4 bytes)
  *   32      u32 heads                 136     u32 warmup
- *   36      u32 batch                 140     u32 steps
- *   40      u32 seq                   144     u32 flags (0)
- *   44      u64 seed
- *   52      u64 step
- *   60      u64 nparams
+ *   36      u32 batch (global: rows   140     u32 steps
+ *               per optimizer step)   144     u32 flags (0)
+ *   40      u32 seq                   148     u32 T, u32 S, u32 U (units: L + 2), u32 0
+ *   44      u64 seed                  164     u64 C (floats per array in one shard)
+ *   52      u64 step                  172     U x u64 unit length (floats: embeddings,
+ *   60      u64 nparams (of the                   each block, final LayerNorm of one slice)
+ *               single-process model)         T*S x (u64 shard file bytes, u64 FNV-1a of
+ *                                             the shard file), shard (t, s) at t*S + s;
+ *                                             then u64 FNV-1a of all manifest bytes before.
  *
- *   148     params, adam m, adam v (nparams f32 each), then u64 FNV-1a of all bytes before.
+ * Shard (t, s):
  *
- * Sharded checkpoints (version 2, written by --parallel fsdp: train_fsdp_save). The file
- * at `path` is the manifest: the same 148-byte header with version 2, flags 1 and `batch`
- * the global batch (rows per optimizer step), then
+ *   0  char magic[8] "COLLSHD\0", 8 u32 version (4), 12 u32 t, 16 u32 s, 20 u32 T, 24 u32 S,
+ *   28 u32 0, 32 u64 step, 40 u64 C, 48 params, AdamW m, AdamW v (C floats each).
  *
- *   u32 nranks N, u32 nunits U, U x u64 unit length (floats: embeddings, each block,
- *   final LayerNorm), N x (u64 shard file bytes, u64 FNV-1a of the shard file),
- *   u64 FNV-1a of all manifest bytes before it.
+ * Each array of shard (t, s) holds, for every unit of slice t in order, its length padded
+ * to a multiple of S cut in S equal pieces, piece s (pad = 0): C = sum of ceil(len/S).
+ * With S = 1 that is the whole slice, in the layout of TP rank t's model (the moments
+ * split exactly as their parameters); with T = 1 a slice is the single-process model.
  *
- * Rank r's shard is the file `path.shard<r>of<N>`:
+ * Writing (train_ckpt_write, collective over the job): every rank that holds a shard no
+ * other rank writes (under DDP, data-parallel rank 0 of each TP group) writes it, then the
+ * shards' sizes and checksums are gathered and rank 0 writes the manifest, each file
+ * atomically (train_atomic: temp file, fsync, rename, fsync dir); the manifest comes last,
+ * so a checkpoint without its manifest does not exist, and a broadcast tells every rank
+ * whether it does.
  *
- *   char magic[8] "COLLSHD\0", u32 version (1), u32 rank, u32 nranks, u32 0, u64 step,
- *   u64 S (floats per array), then params, adam m, adam v (S floats each): for every unit
- *   in order, its padded length ceil(len/N)*N cut in N equal pieces, piece r (pad = 0).
- *
- * Every shard is written (temp, fsync, rename) before rank 0 writes the manifest the
- * same way, so a checkpoint without its manifest does not exist. Loading a manifest reads
- * every shard, checks its size and checksum against the manifest, and puts the full
- * ranges back together: the session then holds the whole state, whatever N saved it, and
- * a parallel layer cuts it for its own N (resharding on load).
- *
- * Tensor-parallel checkpoints (version 3, written by --tp: train_tp_save). The manifest at
- * `path` is the 148-byte header with version 3, flags 2, `nparams` the single-process
- * model's count and `batch` the global batch, then
- *
- *   u32 T, u32 D (the grid), u64 S (floats per array of one TP rank's slice),
- *   T x (u64 shard file bytes, u64 FNV-1a of the shard file), u64 FNV-1a of all before.
- *
- * TP rank t's shard is `path.shard<t>of<T>`, the shard layout above with S = the local
- * parameter count: that rank's slice (tp.h's table) of the parameters, AdamW m and AdamW
- * v (the moments are split exactly as their parameters). Only data-parallel rank 0 of
- * each TP group writes (DDP keeps every DP rank's state identical); the shards are written
- * before the manifest, which rank 0 writes last.
- *
- * Every loader first assembles the single-process state (params, m, v in the layout of
- * the T = 1 model: train_tp_unshard of each shard), then installs it: as is in one
- * process, or this rank's slice of it (train_tp_shard) in a tensor-parallel session —
- * so any checkpoint (plain, FSDP-sharded, tensor-parallel at any T) resumes at any grid
- * whose T splits the model and whose global batch is the same. Slicing is copying, and
- * the vocabulary padding rows (zero parameters, zero gradients, zero moments) are not
- * stored, so a resume at the same grid is bitwise.
- *
- * Writes go through train_atomic (temp file, fsync, rename, fsync dir). Loads validate
- * everything (magic, version, size, config, data identity, hash) before changing the
- * session, so a bad checkpoint leaves the run untouched.
+ * Loading validates everything before changing the session, so a bad checkpoint leaves
+ * the run untouched: the manifest (magic, version, size, checksum, config, data identity,
+ * the grid against this model's slices and units), then every shard (size and checksum
+ * against the manifest, its own header). It puts the single-process state back together
+ * (the S pieces of every unit into slice t, then train_tp_unshard of each slice) and
+ * installs it: as is in one process, or this rank's slice of it (train_tp_shard) in a
+ * tensor-parallel session; a parallel layer then cuts its own shards of that. So any
+ * checkpoint resumes at any grid whose T splits the model and whose global batch is the
+ * same (resharding on load). Slicing is copying, and a slice's vocabulary padding rows
+ * (zero parameters, zero gradients, zero moments) are dropped when the slices are put
+ * together and zero again when they are cut, so a resume at the same grid is bitwise.
  */
 #include "model/model.h"
 #include "parallel/checkpoint.h"
@@ -75,12 +69,12 @@
 #include <sys/stat.h>
 
 #define CKPT_MAGIC "COLLTRN"
-#define CKPT_VERSION 1
-#define CKPT_VERSION_SHARDED 2
-#define CKPT_VERSION_TP 3
+#define CKPT_VERSION 4
 #define CKPT_HEADER 148
+#define MANIFEST_FIXED 172 /* the header, the grid and C: what the manifest's size follows */
 #define SHARD_MAGIC "COLLSHD"
-#define SHARD_HEADER 32
+#define SHARD_HEADER 48
+#define MAX_WAYS 65536     /* T and S beyond this are a corrupt manifest, not a grid */
 
 typedef struct ckpt_header {
     uint32_t version, header_bytes;
@@ -117,8 +111,8 @@ static void get(cursor *c, void *v, size_t n)
     OP(c, &(h)->grad_clip, 4); OP(c, &(h)->warmup, 4); OP(c, &(h)->steps, 4);              \
     OP(c, &(h)->flags, 4)
 
-/* Parameters of the single-process model (what every checkpoint's arrays are counted in,
- * whatever slice this session holds). */
+/* Parameters of the single-process model, whatever slice this session holds: the
+ * manifest's nparams, and the length of each array of the state a load puts together. */
 static size_t full_count(const train_session *s)
 {
     size_t np = 0, act = 0;
@@ -157,42 +151,6 @@ static void fill_header(const train_session *s, ckpt_header *h)
     h->grad_clip = o->hp.grad_clip;
     h->warmup = (uint32_t)o->hp.warmup;
     h->steps = (uint32_t)o->hp.steps;
-}
-
-int train_session_save(train_session *s, const char *path, char *err)
-{
-    if (s->model->tp > 1) { /* a slice is not a model: train_tp_save writes the T slices */
-        train_errf(err, "checkpoint %s: a tensor-parallel rank holds a slice of the model; "
-                   "its checkpoints are written by every rank together (train_tp_save)", path);
-        return -1;
-    }
-    ckpt_header h;
-    fill_header(s, &h);
-    unsigned char hb[CKPT_HEADER];
-    cursor c = {hb, 0};
-    put(&c, CKPT_MAGIC "", 8);
-    FIELDS(put, &c, &h);
-    size_t n = s->model->nparams;
-    float *buf = malloc(n * sizeof(float) * 3);
-    if (!buf) {
-        train_errf(err, "checkpoint %s: out of memory", path);
-        return -1;
-    }
-    train_copy_params_to_host(s->model, buf);
-    train_copy_opt_to_host(s->model, buf + n, buf + 2 * n);
-
-    train_atomic a;
-    if (train_atomic_open(&a, path, err) != 0) {
-        free(buf);
-        return -1;
-    }
-    uint64_t hash = train_fnv1a(TRAIN_FNV_INIT, hb, sizeof hb);
-    hash = train_fnv1a(hash, buf, n * sizeof(float) * 3);
-    fwrite(hb, 1, sizeof hb, a.f);
-    fwrite(buf, sizeof(float), n * 3, a.f);
-    fwrite(&hash, 8, 1, a.f);
-    free(buf);
-    return train_atomic_commit(&a, err);
 }
 
 static int mismatch(const char *path, const ckpt_header *h, const train_session *s, char *err)
@@ -236,72 +194,94 @@ static int mismatch(const char *path, const ckpt_header *h, const train_session 
     return 0;
 }
 
-/* ---- sharded checkpoints ------------------------------------------------------------ */
-
-void train_shard_path(char *out, size_t n, const char *manifest, int rank, int nranks)
+/* The L+2 unit lengths of one slice of the model split T ways (ulen), the slice's floats
+ * (*ln) and the floats of one of its S shards (*count: each unit padded to a multiple of
+ * S); -1 with a sentence when the model cannot be split T ways. */
+static int grid_units(const train_config *cfg, int T, int S, size_t *ulen, size_t *ln,
+                      size_t *count, char *err)
 {
-    snprintf(out, n, "%s.shard%dof%d", manifest, rank, nranks);
+    size_t act = 0;
+    if (T > 1 && train_tp_config_check(cfg, T, TRAIN_DEVICE_CPU, err) != 0)
+        return -1;
+    if (train_model_sizes_tp(cfg, 1, 1, T, 0, ln, &act, ulen) != 0) {
+        train_errf(err, "out of memory");
+        return -1;
+    }
+    *count = 0;
+    for (int u = 0; u < cfg->layers + 2; u++)
+        *count += (ulen[u] + (size_t)S - 1) / (size_t)S;
+    return 0;
 }
 
-int train_shard_write(const train_session *s, const char *manifest, int rank, int nranks,
-                      const float *p, const float *m, const float *v, size_t S,
-                      uint64_t *bytes, uint64_t *hash, char *err)
+void train_shard_path(char *out, size_t n, const char *manifest, int t, int s, int T, int S)
+{
+    snprintf(out, n, "%s.shard%d.%dof%dx%d", manifest, t, s, T, S);
+}
+
+/* ---- writing -------------------------------------------------------------------------- */
+
+/* This rank's shard, atomically; *bytes and *hash (of the whole file) for the manifest. */
+static int shard_write(const train_session *s, const char *manifest, const train_ckpt_part *pt,
+                       uint64_t *bytes, uint64_t *hash, char *err)
 {
     char path[4200];
-    train_shard_path(path, sizeof path, manifest, rank, nranks);
-    unsigned char hb[SHARD_HEADER] = {0};
+    train_shard_path(path, sizeof path, manifest, pt->t, pt->s, pt->T, pt->S);
+    unsigned char hb[SHARD_HEADER];
     cursor c = {hb, 0};
-    uint32_t ver = 1, r = (uint32_t)rank, nr = (uint32_t)nranks, zero = 0;
-    uint64_t step = (uint64_t)s->step, n = S;
+    uint32_t u32[6] = {CKPT_VERSION, (uint32_t)pt->t, (uint32_t)pt->s, (uint32_t)pt->T,
+                       (uint32_t)pt->S, 0};
+    uint64_t step = (uint64_t)s->step, n = pt->count;
     put(&c, SHARD_MAGIC "", 8);
-    put(&c, &ver, 4);
-    put(&c, &r, 4);
-    put(&c, &nr, 4);
-    put(&c, &zero, 4);
+    put(&c, u32, sizeof u32);
     put(&c, &step, 8);
+    put(&c, &n, 8);
     train_atomic a;
     if (train_atomic_open(&a, path, err) != 0)
         return -1;
     uint64_t h = train_fnv1a(TRAIN_FNV_INIT, hb, sizeof hb);
     fwrite(hb, 1, sizeof hb, a.f);
-    const float *arr[3] = {p, m, v};
+    const float *arr[3] = {pt->p, pt->m, pt->v};
     for (int k = 0; k < 3; k++) {
-        h = train_fnv1a(h, arr[k], S * sizeof(float));
-        fwrite(arr[k], sizeof(float), S, a.f);
+        h = train_fnv1a(h, arr[k], n * sizeof(float));
+        fwrite(arr[k], sizeof(float), n, a.f);
     }
-    (void)n;
-    *bytes = SHARD_HEADER + 3 * S * sizeof(float);
+    *bytes = SHARD_HEADER + 3 * n * sizeof(float);
     *hash = h;
-    return train_atomic_commit(&a, err);
+    return train_atomic_commit(&a, err); /* a failed write shows here (ferror, fsync) */
 }
 
-/* A manifest of `total` bytes before its checksum, in memory: the session's header (of
- * this version and flags) written, the cursor c after it. NULL when out of memory. */
-static unsigned char *manifest_start(const train_session *s, const char *path, uint32_t version,
-                                     uint32_t flags, size_t total, cursor *c, char *err)
+/* The manifest (rank 0, after every shard): the session's header, the grid, the units and
+ * the T*S shards' sizes and checksums (bytes[i], hash[i] of shard i = t*S + s). */
+static int manifest_write(const train_session *s, const char *path, int T, int S,
+                          const size_t *ulen, size_t count, const uint64_t *bytes,
+                          const uint64_t *hash, char *err)
 {
-    ckpt_header h;
-    fill_header(s, &h);
-    h.version = version;
-    h.flags = flags;
+    int U = s->opt.cfg.layers + 2, n = T * S;
+    size_t total = MANIFEST_FIXED + 8 * (size_t)U + 16 * (size_t)n;
     unsigned char *buf = malloc(total + 8);
     if (!buf) {
         train_errf(err, "checkpoint %s: out of memory", path);
-        return NULL;
+        return -1;
     }
-    *c = (cursor){buf, 0};
-    put(c, CKPT_MAGIC "", 8);
-    FIELDS(put, c, &h);
-    return buf;
-}
-
-/* Appends the checksum of the manifest's `total` bytes and writes it to path atomically;
- * frees buf. */
-static int manifest_finish(const char *path, unsigned char *buf, size_t total, cursor *c,
-                           char *err)
-{
+    ckpt_header h;
+    fill_header(s, &h);
+    cursor c = {buf, 0};
+    put(&c, CKPT_MAGIC "", 8);
+    FIELDS(put, &c, &h);
+    uint32_t grid[4] = {(uint32_t)T, (uint32_t)S, (uint32_t)U, 0};
+    uint64_t c64 = count;
+    put(&c, grid, sizeof grid);
+    put(&c, &c64, 8);
+    for (int u = 0; u < U; u++) {
+        uint64_t l = ulen[u];
+        put(&c, &l, 8);
+    }
+    for (int i = 0; i < n; i++) {
+        put(&c, &bytes[i], 8);
+        put(&c, &hash[i], 8);
+    }
     uint64_t fh = train_fnv1a(TRAIN_FNV_INIT, buf, total);
-    put(c, &fh, 8);
+    put(&c, &fh, 8);
     train_atomic a;
     if (train_atomic_open(&a, path, err) != 0) {
         free(buf);
@@ -312,46 +292,237 @@ static int manifest_finish(const char *path, unsigned char *buf, size_t total, c
     return train_atomic_commit(&a, err);
 }
 
-int train_manifest_write(train_session *s, const char *path, int nranks, int nunits,
-                         const size_t *unit_len, const uint64_t *bytes, const uint64_t *hash,
-                         char *err)
+/* What each rank tells rank 0 about its part: failed, writes, t, s, shard bytes, checksum. */
+enum { REC_FAILED, REC_WRITES, REC_T, REC_S, REC_BYTES, REC_HASH, REC };
+
+/* Rank 0: every shard of the grid written exactly once (from the gathered records of nr
+ * ranks), its size and checksum in place t*S + s; else a sentence in why. */
+static int tile_grid(const uint64_t *all, int nr, int T, int S, uint64_t *bytes,
+                     uint64_t *hash, const char *path, char *why)
 {
-    size_t total = CKPT_HEADER + 8 + 8 * (size_t)nunits + 16 * (size_t)nranks;
-    cursor c;
-    unsigned char *buf = manifest_start(s, path, CKPT_VERSION_SHARDED, 1, total, &c, err);
-    if (!buf)
+    int n = T * S;
+    unsigned char *seen = calloc((size_t)n, 1);
+    if (!seen) {
+        train_errf(why, "checkpoint %s: out of memory", path);
         return -1;
-    uint32_t nr = (uint32_t)nranks, nu = (uint32_t)nunits;
-    put(&c, &nr, 4);
-    put(&c, &nu, 4);
-    for (int u = 0; u < nunits; u++) {
-        uint64_t l = unit_len[u];
-        put(&c, &l, 8);
     }
-    for (int r = 0; r < nranks; r++) {
-        put(&c, &bytes[r], 8);
-        put(&c, &hash[r], 8);
+    int rc = 0;
+    for (int q = 0; q < nr && rc == 0; q++) {
+        const uint64_t *r = all + (size_t)q * REC;
+        if (!r[REC_WRITES])
+            continue;
+        size_t i = (size_t)r[REC_T] * (size_t)S + (size_t)r[REC_S];
+        if (seen[i]++) {
+            train_errf(why, "checkpoint %s: shard %d.%d of %dx%d written by two ranks", path,
+                       (int)r[REC_T], (int)r[REC_S], T, S);
+            rc = -1;
+        }
+        bytes[i] = r[REC_BYTES];
+        hash[i] = r[REC_HASH];
     }
-    return manifest_finish(path, buf, total, &c, err);
+    for (int i = 0; i < n && rc == 0; i++)
+        if (!seen[i]) {
+            train_errf(why, "checkpoint %s: no rank wrote shard %d.%d of %dx%d", path, i / S,
+                       i % S, T, S);
+            rc = -1;
+        }
+    free(seen);
+    return rc;
 }
 
-/* Reads shard r (already checked against the manifest's size and hash) into the full
- * arrays: piece r of every unit. */
-static void unshard(const float *sh, size_t S, int r, int N, int nu, const size_t *ulen,
-                    float *full, size_t n)
+int train_ckpt_write(train_session *s, train_backend *world, const train_ckpt_part *pt,
+                     const char *path, char *err)
 {
-    for (int k = 0; k < 3; k++) {
-        size_t start = 0, soff = 0;
-        for (int u = 0; u < nu; u++) {
-            size_t piece = (ulen[u] + (size_t)N - 1) / (size_t)N;
-            size_t lo = (size_t)r * piece;
-            size_t cnt = lo < ulen[u] ? (ulen[u] - lo < piece ? ulen[u] - lo : piece) : 0;
-            memcpy(full + (size_t)k * n + start + lo, sh + (size_t)k * S + soff,
-                   cnt * sizeof(float));
-            start += ulen[u];
-            soff += piece;
+    int nr = world ? world->nranks : 1, me = world ? world->rank : 0;
+    int T = pt->T, S = pt->S, U = s->opt.cfg.layers + 2;
+    if (T < 1 || S < 1 || (long)T * S > nr) { /* the same answer on every rank */
+        train_errf(err, "checkpoint %s: %d ranks cannot write the %d x %d shards of a %d x %d "
+                   "grid", path, nr, T, S, T, S);
+        return -1;
+    }
+    uint64_t mine[REC] = {0, pt->writes != 0, (uint64_t)pt->t, (uint64_t)pt->s, 0, 0};
+    uint64_t *all = calloc((size_t)nr * REC, sizeof *all);
+    uint64_t *bytes = calloc((size_t)T * (size_t)S * 2, sizeof *bytes), *hash = NULL;
+    size_t *ulen = calloc((size_t)U, sizeof *ulen), ln = 0, count = 0;
+    char why[TRAIN_ERRLEN] = "";
+    int rc = -1;
+    if (!all || !bytes || !ulen) { /* the peers learn of it from the failed collective (our
+                                    * abort, or their timeout) */
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    hash = bytes + (size_t)T * (size_t)S;
+    /* this rank's part must be a shard of this model's grid, cut by the model's units */
+    int good = 1;
+    if (pt->failed) {
+        train_errf(why, "%s", pt->failed);
+        good = 0;
+    } else if (pt->t < 0 || pt->t >= T || pt->s < 0 || pt->s >= S ||
+               grid_units(&s->opt.cfg, T, S, ulen, &ln, &count, why) != 0) {
+        if (!why[0])
+            train_errf(why, "checkpoint %s: shard %d.%d is not in a %dx%d grid", path, pt->t,
+                       pt->s, T, S);
+        good = 0;
+    } else if (pt->count != count ||
+               (pt->unit_len && memcmp(pt->unit_len, ulen, (size_t)U * sizeof *ulen) != 0)) {
+        train_errf(why, "checkpoint %s: this rank's shard (%zu floats) is not shard %d.%d of "
+                   "the model's %dx%d grid (%zu floats)", path, pt->count, pt->t, pt->s, T, S,
+                   count);
+        good = 0;
+    }
+    if (good && pt->writes &&
+        shard_write(s, path, pt, &mine[REC_BYTES], &mine[REC_HASH], why) != 0)
+        good = 0;
+    mine[REC_FAILED] = !good;
+    if (world) {
+        train_req r;
+        if (world->all_gather(world, mine, all, sizeof mine, &r) != 0 ||
+            world->wait(world, r) != 0) {
+            train_errf(err, "checkpoint %s: gathering the shard checksums: %s", path,
+                       world->err);
+            goto out;
+        }
+    } else {
+        memcpy(all, mine, sizeof mine);
+    }
+    /* the checkpoint exists; the rank that failed; what failed: 0 its shard, 1 the
+     * manifest (rank 0), 2 the shards do not tile the grid (rank 0) */
+    int32_t ok[3] = {1, -1, 0};
+    if (me == 0) {
+        for (int q = 0; q < nr && ok[0]; q++)
+            if (all[(size_t)q * REC + REC_FAILED])
+                ok[0] = 0, ok[1] = q, ok[2] = 0;
+        if (ok[0] && tile_grid(all, nr, T, S, bytes, hash, path, why) != 0)
+            ok[0] = 0, ok[1] = 0, ok[2] = 2;
+        if (ok[0] && manifest_write(s, path, T, S, ulen, count, bytes, hash, why) != 0)
+            ok[0] = 0, ok[1] = 0, ok[2] = 1;
+    }
+    if (world) { /* everyone learns whether the checkpoint exists */
+        train_req r;
+        if (world->broadcast(world, ok, sizeof ok, 0, &r) != 0 || world->wait(world, r) != 0) {
+            train_errf(err, "checkpoint %s: %s", path, world->err);
+            goto out;
         }
     }
+    if (ok[0]) {
+        rc = 0;
+    } else if (ok[1] == me) {
+        train_errf(err, "%s", why);
+    } else if (ok[2] == 0) {
+        train_errf(err, "checkpoint %s: rank %d could not write its shard", path, ok[1]);
+    } else if (ok[2] == 1) {
+        train_errf(err, "checkpoint %s: rank 0 could not write the manifest", path);
+    } else {
+        train_errf(err, "checkpoint %s: rank 0 found the shards do not tile the %dx%d grid",
+                   path, T, S);
+    }
+out:
+    free(all);
+    free(bytes);
+    free(ulen);
+    return rc;
+}
+
+int train_session_save(train_session *s, const char *path, char *err)
+{
+    if (s->model->tp > 1) { /* a slice is not a model: train_tp_save writes the T slices */
+        train_errf(err, "checkpoint %s: a tensor-parallel rank holds a slice of the model; "
+                   "its checkpoints are written by every rank together (train_tp_save)", path);
+        return -1;
+    }
+    size_t n = s->model->nparams;
+    float *buf = malloc(n * sizeof(float) * 3);
+    if (!buf) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        return -1;
+    }
+    train_copy_params_to_host(s->model, buf);
+    train_copy_opt_to_host(s->model, buf + n, buf + 2 * n);
+    train_ckpt_part pt = {.T = 1, .S = 1, .t = 0, .s = 0, .writes = 1,
+                          .p = buf, .m = buf + n, .v = buf + 2 * n, .count = n};
+    int rc = train_ckpt_write(s, NULL, &pt, path, err);
+    free(buf);
+    return rc;
+}
+
+int train_tp_save(train_session *s, train_backend *world, train_backend *tp, const float *p,
+                  const float *am, const float *av, const char *path, char *err)
+{
+    int T = tp->nranks, dp = world->rank / T;
+    size_t n = s->model->nparams;
+    float *own = NULL;
+    char why[TRAIN_ERRLEN] = "";
+    /* DP rank 0 of each TP group writes its slice: the other DP ranks hold the same */
+    train_ckpt_part pt = {.T = T, .S = 1, .t = tp->rank, .s = 0, .writes = dp == 0,
+                          .count = n};
+    if (dp == 0 && !p) {
+        own = malloc(3 * n * sizeof(float));
+        if (own) {
+            train_copy_params_to_host(s->model, own);
+            train_copy_opt_to_host(s->model, own + n, own + 2 * n);
+            p = own, am = own + n, av = own + 2 * n;
+        } else {
+            train_errf(why, "checkpoint %s: out of memory", path);
+            pt.failed = why;
+        }
+    }
+    pt.p = p, pt.m = am, pt.v = av;
+    int rc = train_ckpt_write(s, world, &pt, path, err);
+    free(own);
+    return rc;
+}
+
+void train_session_set_batch_mult(train_session *s, int rows_mult) { s->batch_mult = rows_mult; }
+
+/* ---- loading --------------------------------------------------------------------------- */
+
+/* Shard (t, s) of the checkpoint at `path` into sb (sbytes): it must exist, have the size
+ * and checksum the manifest gives, and name itself shard (t, s) of the T x S grid, of step
+ * `step`, with C floats per array. */
+static int read_shard(const char *path, uint32_t t, uint32_t s, uint32_t T, uint32_t S,
+                      uint64_t step, uint64_t C, uint64_t bytes, uint64_t hash,
+                      unsigned char *sb, size_t sbytes, char *err)
+{
+    char sp[4200];
+    train_shard_path(sp, sizeof sp, path, (int)t, (int)s, (int)T, (int)S);
+    FILE *f = fopen(sp, "rb");
+    if (!f) {
+        train_errf(err, "checkpoint %s is incomplete: shard %u.%u of %ux%u (%s): %s", path, t,
+                   s, T, S, sp, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    fstat(fileno(f), &st);
+    if ((uint64_t)st.st_size != bytes || bytes != sbytes) {
+        train_errf(err, "checkpoint %s is incomplete: shard %u.%u of %ux%u (%s) has %lld "
+                   "bytes, the manifest says %llu", path, t, s, T, S, sp,
+                   (long long)st.st_size, (unsigned long long)bytes);
+        fclose(f);
+        return -1;
+    }
+    size_t got = fread(sb, 1, sbytes, f);
+    fclose(f);
+    if (got != sbytes) {
+        train_errf(err, "checkpoint %s: shard %s: read error", path, sp);
+        return -1;
+    }
+    if (train_fnv1a(TRAIN_FNV_INIT, sb, sbytes) != hash) {
+        train_errf(err, "checkpoint %s: shard %u.%u of %ux%u (%s) is corrupt (checksum "
+                   "mismatch)", path, t, s, T, S, sp);
+        return -1;
+    }
+    uint32_t u32[6];
+    uint64_t sstep, sc;
+    cursor c = {sb, 8};
+    get(&c, u32, sizeof u32);
+    get(&c, &sstep, 8);
+    get(&c, &sc, 8);
+    if (memcmp(sb, SHARD_MAGIC "", 8) != 0 || u32[0] != CKPT_VERSION || u32[1] != t ||
+        u32[2] != s || u32[3] != T || u32[4] != S || sstep != step || sc != C) {
+        train_errf(err, "checkpoint %s: shard %s belongs to another checkpoint", path, sp);
+        return -1;
+    }
+    return 0;
 }
 
 /* Puts the single-process state (params, m, v: n floats each, one after the other) into
@@ -392,330 +563,55 @@ static void set_position(train_session *s, const ckpt_header *h)
     s->pos.index = h->index;
 }
 
-/* Shard r of N of the checkpoint at `path` into sb (sbytes): it must exist, have the size
- * and checksum the manifest gives, and name itself shard r of N of step `step`. */
-static int read_shard(const char *path, uint32_t r, uint32_t N, uint64_t step, uint64_t bytes,
-                      uint64_t hash, unsigned char *sb, size_t sbytes, char *err)
+/* The shards of a manifest (mb, checked: its table of sizes and checksums at c) put back
+ * together into full (3 n floats: params, m, v of the single-process model): for each
+ * slice t, the S shards' pieces of every unit into slice (3 ln floats; full itself when
+ * T = 1), then the slice into its place (train_tp_unshard). */
+static int assemble(const train_session *s, const char *path, const ckpt_header *h,
+                    cursor *c, uint32_t T, uint32_t S, const size_t *ulen, size_t ln,
+                    size_t C, float *full, size_t n, char *err)
 {
-    char sp[4200];
-    train_shard_path(sp, sizeof sp, path, (int)r, (int)N);
-    FILE *f = fopen(sp, "rb");
-    if (!f) {
-        train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s): %s", path, r, N, sp,
-                   strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    fstat(fileno(f), &st);
-    if ((uint64_t)st.st_size != bytes || bytes != sbytes) {
-        train_errf(err, "checkpoint %s is incomplete: shard %u of %u (%s) has %lld bytes, "
-                   "the manifest says %llu", path, r, N, sp, (long long)st.st_size,
-                   (unsigned long long)bytes);
-        fclose(f);
-        return -1;
-    }
-    size_t got = fread(sb, 1, sbytes, f);
-    fclose(f);
-    if (got != sbytes) {
-        train_errf(err, "checkpoint %s: shard %s: read error", path, sp);
-        return -1;
-    }
-    if (train_fnv1a(TRAIN_FNV_INIT, sb, sbytes) != hash) {
-        train_errf(err, "checkpoint %s: shard %u of %u (%s) is corrupt (checksum mismatch)",
-                   path, r, N, sp);
-        return -1;
-    }
-    uint32_t sr, sn;
-    uint64_t sstep;
-    memcpy(&sr, sb + 12, 4);
-    memcpy(&sn, sb + 16, 4);
-    memcpy(&sstep, sb + 24, 8);
-    if (memcmp(sb, SHARD_MAGIC "", 8) != 0 || sr != r || sn != N || sstep != step) {
-        train_errf(err, "checkpoint %s: shard %s belongs to another checkpoint", path, sp);
-        return -1;
-    }
-    return 0;
-}
-
-/* Puts shard r of N's params, m and v (S floats each, one after the other) in their
- * places in the single-process state (n floats each); how depends on the layout. */
-typedef int (*place_fn)(const float *loc, size_t S, uint32_t r, uint32_t N, float *full,
-                        size_t n, const void *how, char *err);
-
-/* The N shards a manifest lists from cursor c on (size and checksum of each), each with S
- * floats of params, m and v: read and checked, put together with place, installed in the
- * session with the data position of h. The FSDP and TP loaders differ only in how a shard
- * is placed (place, how). */
-static int load_shards(train_session *s, const char *path, const ckpt_header *h, cursor *c,
-                       uint32_t N, size_t S, place_fn place, const void *how, char *err)
-{
-    size_t n = full_count(s), sbytes = SHARD_HEADER + 3 * S * sizeof(float);
-    float *full = calloc(3 * n, sizeof(float));
+    int U = s->opt.cfg.layers + 2, rc = -1;
+    size_t sbytes = SHARD_HEADER + 3 * C * sizeof(float);
     unsigned char *sb = malloc(sbytes);
-    int rc = -1;
-    if (!full || !sb) {
+    float *slice = T == 1 ? full : calloc(3 * ln, sizeof(float));
+    if (!sb || !slice) {
         train_errf(err, "checkpoint %s: out of memory", path);
         goto out;
     }
-    for (uint32_t r = 0; r < N; r++) {
-        uint64_t bytes, hash;
-        get(c, &bytes, 8);
-        get(c, &hash, 8);
-        if (read_shard(path, r, N, h->step, bytes, hash, sb, sbytes, err) != 0 ||
-            place((const float *)(sb + SHARD_HEADER), S, r, N, full, n, how, err) != 0)
-            goto out;
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t sh = 0; sh < S; sh++) {
+            uint64_t bytes, hash;
+            get(c, &bytes, 8);
+            get(c, &hash, 8);
+            if (read_shard(path, t, sh, T, S, h->step, C, bytes, hash, sb, sbytes, err) != 0)
+                goto out;
+            const float *loc = (const float *)(sb + SHARD_HEADER);
+            for (int k = 0; k < 3; k++) {
+                size_t start = 0, soff = 0;
+                for (int u = 0; u < U; u++) {
+                    size_t piece = (ulen[u] + S - 1) / S, lo = (size_t)sh * piece;
+                    size_t cnt = lo < ulen[u] ? (ulen[u] - lo < piece ? ulen[u] - lo : piece)
+                                              : 0;
+                    memcpy(slice + (size_t)k * ln + start + lo, loc + (size_t)k * C + soff,
+                           cnt * sizeof(float));
+                    start += ulen[u];
+                    soff += piece;
+                }
+            }
+        }
+        for (int k = 0; T > 1 && k < 3; k++)
+            if (train_tp_unshard(&s->opt.cfg, (int)T, (int)t, slice + (size_t)k * ln,
+                                 full + (size_t)k * n, err) != 0)
+                goto out;
     }
-    if (install(s, full, n, err) != 0)
-        goto out;
-    set_position(s, h);
     rc = 0;
 out:
     free(sb);
-    free(full);
+    if (slice != full)
+        free(slice);
     return rc;
 }
-
-/* The whole manifest (fsize bytes) in memory, its length and checksum checked against
- * `want(fsize, manifest)`, which gives the size the manifest's own counts imply (0 when
- * they are impossible). */
-static unsigned char *read_manifest(const char *path, size_t fsize,
-                                    size_t (*want)(const unsigned char *, size_t), char *err)
-{
-    unsigned char *mb = malloc(fsize > CKPT_HEADER + 32 ? fsize : CKPT_HEADER + 32);
-    FILE *f = fopen(path, "rb");
-    if (!mb || !f || fread(mb, 1, fsize, f) != fsize) {
-        train_errf(err, "checkpoint %s: %s", path, f ? "read error" : strerror(errno));
-        if (f)
-            fclose(f);
-        free(mb);
-        return NULL;
-    }
-    fclose(f);
-    size_t w = want(mb, fsize);
-    if (w == 0 || fsize != w) {
-        train_errf(err, "checkpoint %s: manifest %s (%zu bytes)", path,
-                   w && fsize < w ? "truncated" : "corrupt", fsize);
-        free(mb);
-        return NULL;
-    }
-    uint64_t stored;
-    memcpy(&stored, mb + w - 8, 8);
-    if (train_fnv1a(TRAIN_FNV_INIT, mb, w - 8) != stored) {
-        train_errf(err, "checkpoint %s: corrupt manifest (checksum mismatch)", path);
-        free(mb);
-        return NULL;
-    }
-    return mb;
-}
-
-static size_t fsdp_manifest_size(const unsigned char *mb, size_t fsize)
-{
-    uint32_t N, nu;
-    if (fsize < CKPT_HEADER + 8)
-        return CKPT_HEADER + 8 + 8;
-    memcpy(&N, mb + CKPT_HEADER, 4);
-    memcpy(&nu, mb + CKPT_HEADER + 4, 4);
-    if (N < 1 || N > 65536 || nu > 1u << 20)
-        return 0;
-    return CKPT_HEADER + 8 + 8 * (size_t)nu + 16 * (size_t)N + 8;
-}
-
-/* An FSDP shard holds piece r of every unit (unshard). */
-typedef struct fsdp_units {
-    int nu;
-    const size_t *ulen;
-} fsdp_units;
-
-static int place_fsdp(const float *loc, size_t S, uint32_t r, uint32_t N, float *full, size_t n,
-                      const void *how, char *err)
-{
-    const fsdp_units *u = how;
-    (void)err;
-    unshard(loc, S, (int)r, (int)N, u->nu, u->ulen, full, n);
-    return 0;
-}
-
-static int load_sharded(train_session *s, const char *path, const ckpt_header *h, size_t fsize,
-                        char *err)
-{
-    unsigned char *mb = NULL;
-    size_t *ulen = NULL;
-    int rc = -1;
-    mb = read_manifest(path, fsize, fsdp_manifest_size, err);
-    if (!mb)
-        return -1;
-    cursor c = {mb, CKPT_HEADER};
-    uint32_t N = 0, nu = 0;
-    get(&c, &N, 4);
-    get(&c, &nu, 4);
-    if (mismatch(path, h, s, err))
-        goto out;
-    int L = s->opt.cfg.layers;
-    size_t np_, act_;
-    ulen = calloc((size_t)L + 2, sizeof *ulen);
-    if (!ulen || train_model_sizes(&s->opt.cfg, 1, 1, &np_, &act_, ulen) != 0) {
-        train_errf(err, "checkpoint %s: out of memory", path);
-        goto out;
-    }
-    int same = nu == (uint32_t)L + 2;
-    for (uint32_t u = 0; same && u < nu; u++) {
-        uint64_t l;
-        get(&c, &l, 8);
-        same = l == ulen[u];
-    }
-    if (!same) {
-        train_errf(err, "checkpoint %s: its %u units do not cut this model's %d (another "
-                   "model)", path, nu, L + 2);
-        goto out;
-    }
-    size_t S = 0;
-    for (int u = 0; u < L + 2; u++)
-        S += (ulen[u] + N - 1) / N;
-    fsdp_units units = {L + 2, ulen};
-    rc = load_shards(s, path, h, &c, N, S, place_fsdp, &units, err);
-out:
-    free(mb);
-    free(ulen);
-    return rc;
-}
-
-/* ---- tensor-parallel checkpoints ---------------------------------------------------- */
-
-static size_t tp_manifest_size(const unsigned char *mb, size_t fsize)
-{
-    uint32_t T;
-    if (fsize < CKPT_HEADER + 16)
-        return CKPT_HEADER + 16 + 8;
-    memcpy(&T, mb + CKPT_HEADER, 4);
-    if (T < 1 || T > 65536)
-        return 0;
-    return CKPT_HEADER + 16 + 16 * (size_t)T + 8;
-}
-
-/* A TP shard holds rank r's slice of each of params, m and v (train_tp_unshard); how is the
- * model's config. */
-static int place_tp(const float *loc, size_t S, uint32_t r, uint32_t N, float *full, size_t n,
-                    const void *how, char *err)
-{
-    for (int k = 0; k < 3; k++)
-        if (train_tp_unshard(how, (int)N, (int)r, loc + (size_t)k * S, full + (size_t)k * n,
-                             err) != 0)
-            return -1;
-    return 0;
-}
-
-static int load_tp(train_session *s, const char *path, const ckpt_header *h, size_t fsize,
-                   char *err)
-{
-    unsigned char *mb = read_manifest(path, fsize, tp_manifest_size, err);
-    int rc = -1;
-    if (!mb)
-        return -1;
-    cursor c = {mb, CKPT_HEADER};
-    uint32_t T = 0, D = 0;
-    uint64_t S = 0;
-    get(&c, &T, 4);
-    get(&c, &D, 4);
-    get(&c, &S, 8);
-    if (mismatch(path, h, s, err))
-        goto out;
-    size_t ln = 0, act = 0;
-    char why[TRAIN_ERRLEN];
-    if (train_tp_config_check(&s->opt.cfg, (int)T, TRAIN_DEVICE_CPU, why) != 0 ||
-        train_model_sizes_tp(&s->opt.cfg, 1, 1, (int)T, 0, &ln, &act, NULL) != 0 || ln != S) {
-        train_errf(err, "checkpoint %s: its %u x %u grid's slices (%llu floats) are not this "
-                   "model's split %u ways", path, T, D, (unsigned long long)S, T);
-        goto out;
-    }
-    rc = load_shards(s, path, h, &c, T, (size_t)S, place_tp, &s->opt.cfg, err);
-out:
-    free(mb);
-    return rc;
-}
-
-static int tp_manifest_write(train_session *s, const char *path, int T, int D, size_t S,
-                             const uint64_t *all, char *err)
-{
-    size_t total = CKPT_HEADER + 16 + 16 * (size_t)T;
-    cursor c;
-    unsigned char *buf = manifest_start(s, path, CKPT_VERSION_TP, 2, total, &c, err);
-    if (!buf)
-        return -1;
-    uint32_t t = (uint32_t)T, d = (uint32_t)D;
-    uint64_t s64 = S;
-    put(&c, &t, 4);
-    put(&c, &d, 4);
-    put(&c, &s64, 8);
-    for (int r = 0; r < T; r++) {
-        put(&c, &all[3 * r], 8);
-        put(&c, &all[3 * r + 1], 8);
-    }
-    return manifest_finish(path, buf, total, &c, err);
-}
-
-int train_tp_save(train_session *s, train_backend *world, train_backend *tp, const float *p,
-                  const float *am, const float *av, const char *path, char *err)
-{
-    int T = tp->nranks, D = world->nranks / T, dp = world->rank / T;
-    size_t S = s->model->nparams;
-    uint64_t mine[3] = {0, 0, 0}; /* bytes, hash, failed */
-    uint64_t *all = calloc((size_t)T * 3, sizeof *all);
-    float *own = NULL;
-    char why[TRAIN_ERRLEN] = "";
-    int rc = 0;
-    if (!all) { /* the peers learn of it from the failed collective (our abort, or timeout) */
-        train_errf(err, "checkpoint %s: out of memory", path);
-        return -1;
-    }
-    if (dp == 0) { /* DP rank 0 of each TP group: the others hold the same */
-        if (!p) {
-            own = malloc(3 * S * sizeof(float));
-            if (own) {
-                train_copy_params_to_host(s->model, own);
-                train_copy_opt_to_host(s->model, own + S, own + 2 * S);
-                p = own, am = own + S, av = own + 2 * S;
-            }
-        }
-        if (!p) {
-            train_errf(why, "checkpoint %s: out of memory", path);
-            mine[2] = 1;
-        } else if (train_shard_write(s, path, tp->rank, T, p, am, av, S, &mine[0], &mine[1],
-                                     why) != 0) {
-            mine[2] = 1;
-        }
-    }
-    free(own);
-    train_req r;
-    if (tp->all_gather(tp, mine, all, sizeof mine, &r) != 0 ||
-        tp->wait(tp, r) != 0) {
-        train_errf(err, "checkpoint %s: gathering the shard checksums: %s", path, tp->err);
-        free(all);
-        return -1;
-    }
-    int32_t ok[2] = {1, -1}; /* manifest written; the rank that failed */
-    if (world->rank == 0) {
-        for (int q = 0; q < T && ok[0]; q++)
-            if (all[3 * q + 2])
-                ok[0] = 0, ok[1] = q;
-        if (ok[0] && tp_manifest_write(s, path, T, D, S, all, why) != 0)
-            ok[0] = 0, ok[1] = 0;
-    }
-    /* everyone learns whether the checkpoint exists */
-    if (world->broadcast(world, ok, sizeof ok, 0, &r) != 0 || world->wait(world, r) != 0) {
-        train_errf(err, "checkpoint %s: %s", path, world->err);
-        rc = -1;
-    } else if (!ok[0]) {
-        if (ok[1] == world->rank || (world->rank == 0 && why[0]))
-            train_errf(err, "%s", why);
-        else
-            train_errf(err, "checkpoint %s: rank %d could not write its part", path, ok[1]);
-        rc = -1;
-    }
-    free(all);
-    return rc;
-}
-
-void train_session_set_batch_mult(train_session *s, int rows_mult) { s->batch_mult = rows_mult; }
 
 int train_session_load(train_session *s, const char *path, char *err)
 {
@@ -727,74 +623,121 @@ int train_session_load(train_session *s, const char *path, char *err)
     struct stat st;
     fstat(fileno(f), &st);
     size_t fsize = (size_t)st.st_size;
-    unsigned char hb[CKPT_HEADER];
-    ckpt_header h;
-    float *buf = NULL;
-    size_t got = fread(hb, 1, sizeof hb, f);
-    if (got < 8 || memcmp(hb, CKPT_MAGIC "", 8) != 0) {
+    unsigned char *mb = malloc(MANIFEST_FIXED);
+    size_t *ulen = NULL;
+    float *full = NULL;
+    int rc = -1;
+    if (!mb) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    size_t got = fread(mb, 1, MANIFEST_FIXED, f);
+    if (got < 8 || memcmp(mb, CKPT_MAGIC "", 8) != 0) {
         train_errf(err, "checkpoint %s: not a coll-train checkpoint (bad magic)", path);
-        goto fail;
+        goto out;
     }
     if (got < 16) {
         train_errf(err, "checkpoint %s: truncated (%zu bytes)", path, fsize);
-        goto fail;
+        goto out;
     }
-    cursor c = {hb, 8};
+    ckpt_header h;
+    cursor c = {mb, 8};
     get(&c, &h.version, 4);
     get(&c, &h.header_bytes, 4);
-    if (h.version < CKPT_VERSION || h.version > CKPT_VERSION_TP ||
-        h.header_bytes != CKPT_HEADER) {
-        train_errf(err, "checkpoint %s: unsupported version %u (this build reads versions %d "
-                   "to %d)", path, h.version, CKPT_VERSION, CKPT_VERSION_TP);
-        goto fail;
+    if (h.version != CKPT_VERSION || h.header_bytes != CKPT_HEADER) {
+        train_errf(err, "checkpoint %s: unsupported version %u (this build reads version %d)",
+                   path, h.version, CKPT_VERSION);
+        goto out;
     }
-    if (got < CKPT_HEADER) {
+    if (got < MANIFEST_FIXED) {
         train_errf(err, "checkpoint %s: truncated (%zu bytes, header alone is %d)", path,
-                   fsize, CKPT_HEADER);
-        goto fail;
-    }
-    if (h.version != CKPT_VERSION) { /* a manifest: shards beside it */
-        c.off = 8;
-        FIELDS(get, &c, &h);
-        fclose(f);
-        return h.version == CKPT_VERSION_TP ? load_tp(s, path, &h, fsize, err)
-                                            : load_sharded(s, path, &h, fsize, err);
+                   fsize, MANIFEST_FIXED);
+        goto out;
     }
     c.off = 8;
     FIELDS(get, &c, &h);
-    size_t n = full_count(s);
-    if (h.nparams == n) { /* check the size before the config: truncation is the problem */
-        size_t want = CKPT_HEADER + n * 12 + 8;
-        if (fsize != want) {
-            train_errf(err, "checkpoint %s: %s (%zu bytes, expected %zu)", path,
-                       fsize < want ? "truncated" : "corrupt: trailing bytes", fsize, want);
-            goto fail;
-        }
+    uint32_t grid[4];
+    uint64_t C;
+    get(&c, grid, sizeof grid);
+    get(&c, &C, 8);
+    uint32_t T = grid[0], S = grid[1], U = grid[2];
+    if (T < 1 || S < 1 || T > MAX_WAYS || S > MAX_WAYS || U > 1u << 20 || grid[3] != 0) {
+        train_errf(err, "checkpoint %s: corrupt manifest (a %u x %u grid of %u units)", path,
+                   T, S, U);
+        goto out;
+    }
+    /* its size before its checksum and config: truncation is the likelier problem */
+    size_t want = MANIFEST_FIXED + 8 * (size_t)U + 16 * (size_t)T * S + 8;
+    if (fsize != want) {
+        train_errf(err, "checkpoint %s: %s (%zu bytes, expected %zu)", path,
+                   fsize < want ? "truncated" : "corrupt: trailing bytes", fsize, want);
+        goto out;
+    }
+    unsigned char *grown = realloc(mb, want);
+    if (!grown) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    mb = grown;
+    c.p = mb; /* the cursor stays at the unit lengths, in the grown buffer */
+    if (fread(mb + MANIFEST_FIXED, 1, want - MANIFEST_FIXED, f) != want - MANIFEST_FIXED) {
+        train_errf(err, "checkpoint %s: read error", path);
+        goto out;
+    }
+    uint64_t stored;
+    memcpy(&stored, mb + want - 8, 8);
+    if (train_fnv1a(TRAIN_FNV_INIT, mb, want - 8) != stored) {
+        train_errf(err, "checkpoint %s: corrupt (checksum mismatch)", path);
+        goto out;
     }
     if (mismatch(path, &h, s, err))
-        goto fail;
-    buf = malloc(n * 12);
-    uint64_t stored = 0;
-    if (!buf || fread(buf, 1, n * 12, f) != n * 12 || fread(&stored, 8, 1, f) != 1) {
-        train_errf(err, "checkpoint %s: read error", path);
-        goto fail;
+        goto out;
+    /* the grid against this model: T must split it, and the manifest's units and shard
+     * length must be those of its slices */
+    int L = s->opt.cfg.layers;
+    size_t ln = 0, count = 0, n = full_count(s);
+    char why[TRAIN_ERRLEN];
+    ulen = calloc((size_t)L + 2, sizeof *ulen);
+    if (!ulen) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
     }
-    uint64_t hash = train_fnv1a(TRAIN_FNV_INIT, hb, sizeof hb);
-    hash = train_fnv1a(hash, buf, n * 12);
-    if (hash != stored) {
-        train_errf(err, "checkpoint %s: corrupt (checksum mismatch)", path);
-        goto fail;
+    if (grid_units(&s->opt.cfg, (int)T, (int)S, ulen, &ln, &count, why) != 0) {
+        train_errf(err, "checkpoint %s: its %u x %u grid's slices are not this model's split "
+                   "%u ways: %s", path, T, S, T, why);
+        goto out;
     }
-    fclose(f);
-    if (install(s, buf, n, err) != 0) {
-        free(buf);
-        return -1;
+    int same = U == (uint32_t)L + 2;
+    for (uint32_t u = 0; same && u < U; u++) {
+        uint64_t l;
+        get(&c, &l, 8);
+        same = l == ulen[u];
     }
-    free(buf);
+    if (!same) {
+        train_errf(err, "checkpoint %s: its %u units do not cut this model's %d (another "
+                   "model)", path, U, L + 2);
+        goto out;
+    }
+    if (C != count) {
+        train_errf(err, "checkpoint %s: its %u x %u grid's shards of %llu floats are not "
+                   "this model's (%zu)", path, T, S, (unsigned long long)C, count);
+        goto out;
+    }
+    full = calloc(3 * n, sizeof(float));
+    if (!full) {
+        train_errf(err, "checkpoint %s: out of memory", path);
+        goto out;
+    }
+    /* every shard read and checked before the session changes */
+    if (assemble(s, path, &h, &c, T, S, ulen, ln, count, full, n, err) != 0 ||
+        install(s, full, n, err) != 0)
+        goto out;
     set_position(s, &h);
-    return 0;
-fail:
-    free(buf);
+    rc = 0;
+out:
     fclose(f);
-    return -1;
+    free(mb);
+    free(ulen);
+    free(full);
+    return rc;
 }

@@ -1,22 +1,40 @@
 /*
- * checkpoint.h — the pieces of the sharded checkpoint format (checkpoint.c) that the
- * parallel strategies write through: a shard's file name, a shard, and the manifest that
- * rank 0 writes last. The format itself is described at the top of checkpoint.c.
+ * checkpoint.h — how the savers (train_session_save, train_tp_save in checkpoint.c;
+ * train_fsdp_save and train_tp_fsdp_save in fsdp.c) write the one checkpoint format: each
+ * rank describes its part of the T x S grid and calls train_ckpt_write, which writes the
+ * shard, gathers every shard's size and checksum, and has rank 0 write the manifest last.
+ * The format itself is described at the top of checkpoint.c.
  */
 #ifndef TRAIN_PARALLEL_CHECKPOINT_H
 #define TRAIN_PARALLEL_CHECKPOINT_H
 
+#include "comm/backend.h"
 #include "model/model.h"
 
-/* Sharded checkpoints (checkpoint.c; format there): rank r's shard file name, writing it
- * (atomically; *bytes and *hash for the manifest), and the manifest (rank 0, last). */
-void train_shard_path(char *out, size_t n, const char *manifest, int rank, int nranks);
-int train_shard_write(const train_session *s, const char *manifest, int rank, int nranks,
-                      const float *p, const float *m, const float *v, size_t S,
-                      uint64_t *bytes, uint64_t *hash, char *err);
-int train_manifest_write(train_session *s, const char *path, int nranks, int nunits,
-                         const size_t *unit_len, const uint64_t *bytes, const uint64_t *hash,
-                         char *err);
+/* The file name of shard (t, s) of a T x S checkpoint whose manifest is `manifest`:
+ * "<manifest>.shard<t>.<s>of<T>x<S>". */
+void train_shard_path(char *out, size_t n, const char *manifest, int t, int s, int T, int S);
 
+/* One rank's part of a checkpoint: the grid (T tensor-parallel slices, each cut in S
+ * data-parallel shards by FSDP's units), which shard this rank holds, and that shard's
+ * count floats of parameters, AdamW m and AdamW v. */
+typedef struct train_ckpt_part {
+    int T, S;               /* the grid */
+    int t, s;               /* this rank's shard */
+    int writes;             /* 0: another rank writes the same shard (a DDP copy) */
+    const float *p, *m, *v; /* count floats each (when writes) */
+    size_t count;
+    const size_t *unit_len; /* the L+2 unit lengths the pieces were cut by (FSDP's own), to
+                             * be checked against the model's slice; NULL: not cut (S = 1) */
+    const char *failed;     /* non-NULL: this rank could not even prepare its shard (the
+                             * sentence); it still takes part so that everyone learns */
+} train_ckpt_part;
+
+/* Collective over `world` (every rank of the job; NULL: this process alone, a 1 x 1 grid):
+ * the shards of the ranks that write, then the manifest at `path` from world rank 0, last
+ * (each atomically). Every rank returns 0 when the whole checkpoint exists, else -1 with a
+ * sentence (then there is no manifest). */
+int train_ckpt_write(train_session *s, train_backend *world, const train_ckpt_part *part,
+                     const char *path, char *err);
 
 #endif

@@ -848,74 +848,48 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err)
 
 /* ---- checkpoints ------------------------------------------------------------------- */
 
-int train_fsdp_save(train_fsdp *f, const char *path, char *err)
+/* Shard (t, f->rank) of a T x N checkpoint: this rank's pieces of every unit of its slice
+ * (the master parameters and both moments), written directly, collective over `world`. */
+static int fsdp_write(train_fsdp *f, train_backend *world, int t, int T, const char *path,
+                      char *err)
 {
-    int N = f->N;
-    uint64_t mine[3] = {0, 0, 0}; /* bytes, hash, failed */
-    uint64_t *all = calloc((size_t)N * 3, sizeof *all);
     size_t *ulen = calloc((size_t)f->nu, sizeof *ulen);
     char why[TRAIN_ERRLEN] = "";
-    if (!all || !ulen) {
-        free(all);
-        free(ulen);
-        train_errf(err, "checkpoint %s: out of memory", path);
-        return -1;
-    }
-    if (train_shard_write(f->s, path, f->rank, N, f->pshard, f->mshard, f->vshard, f->S,
-                          &mine[0], &mine[1], why) != 0)
-        mine[2] = 1;
-    train_req r;
-    int rc = 0;
-    if (f->b->all_gather(f->b, mine, all, sizeof mine, &r) != 0 || f->b->wait(f->b, r) != 0) {
-        train_errf(err, "checkpoint %s: gathering the shard checksums: %s", path, f->b->err);
-        rc = -1;
-        goto out;
-    }
-    int bad = -1;
-    for (int q = 0; q < N && bad < 0; q++)
-        if (all[3 * q + 2])
-            bad = q;
-    if (bad >= 0) { /* no manifest: the shards written are not a checkpoint */
-        if (bad == f->rank)
-            train_errf(err, "%s", why);
-        else
-            train_errf(err, "checkpoint %s: rank %d could not write its shard", path, bad);
-        rc = -1;
-        goto out;
-    }
-    int32_t ok = 1;
-    if (f->rank == 0) {
-        uint64_t *bytes = malloc((size_t)N * sizeof *bytes), *hash = malloc((size_t)N * 8);
+    train_ckpt_part pt = {.T = T, .S = f->N, .t = t, .s = f->rank, .writes = 1,
+                          .p = f->pshard, .m = f->mshard, .v = f->vshard, .count = f->S,
+                          .unit_len = ulen};
+    if (ulen) {
         for (int u = 0; u < f->nu; u++)
             ulen[u] = f->u[u].len;
-        if (!bytes || !hash) {
-            train_errf(why, "checkpoint %s: out of memory", path);
-            ok = 0;
-        } else {
-            for (int q = 0; q < N; q++) {
-                bytes[q] = all[3 * q];
-                hash[q] = all[3 * q + 1];
-            }
-            ok = train_manifest_write(f->s, path, N, f->nu, ulen, bytes, hash, why) == 0;
-        }
-        free(bytes);
-        free(hash);
+    } else { /* still take part: the others must learn there is no checkpoint */
+        train_errf(why, "checkpoint %s: out of memory", path);
+        pt.failed = why;
     }
-    /* everyone learns whether the checkpoint exists */
-    if (f->b->broadcast(f->b, &ok, sizeof ok, 0, &r) != 0 || f->b->wait(f->b, r) != 0) {
-        train_errf(err, "checkpoint %s: %s", path, f->b->err);
-        rc = -1;
-    } else if (!ok) {
-        if (f->rank == 0)
-            train_errf(err, "%s", why);
-        else
-            train_errf(err, "checkpoint %s: rank 0 could not write the manifest", path);
-        rc = -1;
-    }
-out:
-    free(all);
+    int rc = train_ckpt_write(f->s, world, &pt, path, err);
     free(ulen);
     return rc;
+}
+
+int train_fsdp_save(train_fsdp *f, const char *path, char *err)
+{
+    if (f->s->model->tp > 1) { /* the same answer on every rank: nobody waits */
+        train_errf(err, "checkpoint %s: FSDP over a tensor-parallel slice is saved by every "
+                   "rank of the grid together (train_tp_fsdp_save)", path);
+        return -1;
+    }
+    return fsdp_write(f, f->b, 0, 1, path, err);
+}
+
+int train_tp_fsdp_save(train_fsdp *f, train_backend *world, train_backend *tp,
+                       const char *path, char *err)
+{
+    if (f->s->model->tp != tp->nranks || world->nranks != tp->nranks * f->N) {
+        train_errf(err, "checkpoint %s: a %d-rank job is not %d tensor-parallel slices x %d "
+                   "FSDP shards (the model is split %d ways)", path, world->nranks,
+                   tp->nranks, f->N, f->s->model->tp);
+        return -1;
+    }
+    return fsdp_write(f, world, tp->rank, tp->nranks, path, err);
 }
 
 /* ---- timeline ---------------------------------------------------------------------- */

@@ -83,13 +83,21 @@ TRAIN_API int train_fsdp_check_identical(train_fsdp *f, char *err);
 /* Collective: puts the full parameters into the model (for evaluation and sampling on
  * one rank) until the next step; costs the full parameter memory at ZeRO-3. */
 TRAIN_API int train_fsdp_materialize(train_fsdp *f, char *err);
-/* Collective: a sharded checkpoint (format in ckpt.c): every rank writes its shard
- * `path.shard<r>of<N>` (parameters, AdamW m and v of every range it owns; temp file, fsync,
- * rename), then rank 0 writes the manifest `path` (config, N, step, data position, RNG,
- * each shard's size and checksum) the same way, last. Every rank returns -1 if any part
- * failed. train_session_load reads it back at any N (or in one process); a session loaded
- * that way gives train_fsdp_create its full state, which keeps its own shards of it. */
+/* Collective: a checkpoint (format in checkpoint.c) of the 1 x N grid: every rank writes
+ * its shard `path.shard0.<r>of1x<N>` (parameters, AdamW m and v of every range it owns;
+ * temp file, fsync, rename), then rank 0 writes the manifest `path` (config, grid, units,
+ * step, data position, RNG, each shard's size and checksum) the same way, last. Every rank
+ * returns -1 if any part failed. train_session_load reads it back at any N (or in one
+ * process, or tensor-parallel); a session loaded that way gives train_fsdp_create its full
+ * state, which keeps its own shards of it. Not for FSDP over a tensor-parallel slice: */
 TRAIN_API int train_fsdp_save(train_fsdp *f, const char *path, char *err);
+/* Collective over the job `world` (T x N ranks, rank = d*T + t) with f over this rank's
+ * data-parallel group and `tp` its tensor-parallel group: a checkpoint of the T x N grid,
+ * every rank writing its own FSDP shard of its TP slice, `path.shard<t>.<d>of<T>x<N>` (no
+ * gather), then rank 0 the manifest, last. The session's batch multiplier should make its
+ * batch the global one. Every rank returns -1 with a sentence if any part failed. */
+TRAIN_API int train_tp_fsdp_save(train_fsdp *f, train_backend *world, train_backend *tp,
+                                 const char *path, char *err);
 /* Collective: gathers the timelines; rank 0 writes `path`. */
 TRAIN_API int train_fsdp_write_trace(train_fsdp *f, const char *path, char *err);
 

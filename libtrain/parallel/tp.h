@@ -32,9 +32,10 @@
  * ones once. The CPU model only.
  *
  * On a TP session train_copy_logits_to_host gives this rank's (B,T,V/T) columns and
- * train_session_sample writes an empty string. Checkpoints are sharded by TP rank
- * (train_tp_save; format in ckpt.c); train_session_load reads any checkpoint into a TP
- * session (its slice of the single-process state) and a TP checkpoint into one process.
+ * train_session_sample writes an empty string. Checkpoints are cut by TP rank (train_tp_save,
+ * or train_tp_fsdp_save under FSDP; format in checkpoint.c); train_session_load reads any
+ * checkpoint into a TP session (its slice of the single-process state) and a TP checkpoint
+ * into one process.
  *
  * Data parallelism composes along the other axis: DDP over the backend of the ranks with
  * the same TP rank (ddp.h) sees the local flat arrays and needs no change.
@@ -114,11 +115,12 @@ TRAIN_API int train_tp_unshard(const train_config *cfg, int tp, int rank, const 
                                float *full, char *err);
 
 /* Collective over the job `world` (T x D ranks, rank = d*T + t) and this rank's TP group
- * `tp`: a tensor-parallel checkpoint (format in ckpt.c). Data-parallel rank 0 of each TP
- * group writes its slice `path.shard<t>of<T>` (temp file, fsync, rename): parameters,
- * AdamW m and v — p, m, v (this rank's local layout, train_num_params floats each), or the
- * session's model's own when p is NULL; then rank 0 writes the manifest `path` (grid,
- * config, step, data position, RNG, each shard's size and checksum) the same way, last.
+ * `tp`: a checkpoint of the T x 1 grid (format in checkpoint.c). Data-parallel rank 0 of
+ * each TP group writes its slice `path.shard<t>.0of<T>x1` (temp file, fsync, rename):
+ * parameters, AdamW m and v — p, m, v (this rank's local layout, train_num_params floats
+ * each; e.g. gathered from FSDP's shards), or the session's model's own when p is NULL;
+ * then rank 0 writes the manifest `path` (grid, config, step, data position, RNG, each
+ * shard's size and checksum) the same way, last.
  * The other DP ranks write nothing: under DDP they hold the same state. The session's
  * batch multiplier (train_session_set_batch_mult) should make its batch the global one.
  * Every rank returns -1 with a sentence if any part failed (then there is no manifest). */

@@ -4,8 +4,8 @@
 
 It is written independently of the C code from the model description in
 docs/training.md: it builds the same GPT-2-style model with torch.nn modules, loads
-the initial weights from a coll-train checkpoint (format in libtrain/ckpt.c), and
-for the batches it is given writes
+the initial weights from a one-process coll-train checkpoint (a manifest and its one
+shard; format in libtrain/parallel/checkpoint.c), and for the batches it is given writes
 
   logits.bin   (B,T,V) float32  logits of batch 0
   loss.bin     ()      float32  mean cross-entropy of batch 0
@@ -34,15 +34,27 @@ HEADER = struct.Struct("<8sII7I8Q7f3I")
 FIELDS = ("magic version header_bytes vocab max_seq layers channels heads batch seq "
           "seed step nparams sample_rng epoch index data_tokens data_hash lr min_lr_frac "
           "beta1 beta2 eps weight_decay grad_clip warmup steps flags").split()
+GRID = struct.Struct("<4IQ")             # T, S, units, 0, floats per shard array
+SHARD = struct.Struct("<8s6I2Q")         # magic, version, t, s, T, S, 0, step, count
 
 
 def read_checkpoint(path):
+    """The header and the parameters of a one-process checkpoint: its manifest at path and
+    its one shard path.shard0.0of1x1 (a 1 x 1 grid; format in libtrain/parallel/checkpoint.c)."""
     raw = open(path, "rb").read()
     h = dict(zip(FIELDS, HEADER.unpack_from(raw, 0)))
-    if h["magic"] != b"COLLTRN\0" or h["version"] != 1:
-        sys.exit("reference.py: %s is not a version-1 coll-train checkpoint" % path)
-    n = h["nparams"]
-    params = np.frombuffer(raw, dtype="<f4", count=n, offset=h["header_bytes"]).copy()
+    if h["magic"] != b"COLLTRN\0" or h["version"] != 4:
+        sys.exit("reference.py: %s is not a version-4 coll-train checkpoint" % path)
+    T, S, _, _, count = GRID.unpack_from(raw, h["header_bytes"])
+    if T != 1 or S != 1 or count != h["nparams"]:
+        sys.exit("reference.py: %s is a %d x %d grid; only a one-process checkpoint (1 x 1) "
+                 "holds the weights in one piece" % (path, T, S))
+    shard = path + ".shard0.0of1x1"
+    sraw = open(shard, "rb").read()
+    magic, version, _, _, _, _, _, _, n = SHARD.unpack_from(sraw, 0)
+    if magic != b"COLLSHD\0" or version != 4 or n != count:
+        sys.exit("reference.py: %s is not the shard of %s" % (shard, path))
+    params = np.frombuffer(sraw, dtype="<f4", count=n, offset=SHARD.size).copy()
     return h, params
 
 

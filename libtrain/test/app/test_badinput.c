@@ -168,11 +168,32 @@ Test(badinput, checkpoint_from_another_config)
     free(ck);
 }
 
+/* The checkpoint of one process is its manifest and one shard (a 1 x 1 grid). */
+static char *one_shard(const char *manifest)
+{
+    return th_fmt("%s.shard0.0of1x1", manifest);
+}
+
+/* Copies manifest and shard (the shard's first shard_len bytes, one bit flipped at
+ * flip_at unless it is -1) to dir/name and dir/name's shard. */
+static void copy_checkpoint(const char *ck, const char *name, size_t shard_len, long flip_at)
+{
+    char *sh = one_shard(ck), *to = th_fmt("%s/%s", dir, name), *to_sh = one_shard(to);
+    size_t n = 0, ns = 0;
+    char *m = th_read(ck, &n), *s = th_read(sh, &ns);
+    cr_assert(m && s && shard_len <= ns);
+    if (flip_at >= 0)
+        s[flip_at] ^= 0x10;
+    th_write(to, m, n);
+    th_write(to_sh, s, shard_len);
+    free(m), free(s), free(sh), free(to), free(to_sh);
+}
+
 Test(badinput, truncated_checkpoint)
 {
     char *ck = make_checkpoint();
-    size_t n = 0;
-    char *buf = th_read(ck, &n);
+    size_t n = 0, ns = 0;
+    char *buf = th_read(ck, &n), *sh = one_shard(ck), *sbuf = th_read(sh, &ns);
     char *half = th_fmt("%s/half.bin", dir), *hdr = th_fmt("%s/hdr.bin", dir);
     th_write(half, buf, n / 2);
     th_write(hdr, buf, 40);
@@ -181,7 +202,12 @@ Test(badinput, truncated_checkpoint)
     free(args);
     args = th_fmt(SMALL " --resume hdr.bin");
     expect_failure(dir, args, "hdr.bin: truncated");
-    free(args), free(buf), free(half), free(hdr), free(ck);
+    free(args);
+    /* the manifest whole, its shard cut in half */
+    copy_checkpoint(ck, "short.bin", ns / 2, -1);
+    expect_failure(dir, SMALL " --resume short.bin", "short.bin is incomplete: shard 0.0 of "
+                   "1x1 (short.bin.shard0.0of1x1) has");
+    free(buf), free(sbuf), free(sh), free(half), free(hdr), free(ck);
 }
 
 Test(badinput, corrupt_checkpoint)
@@ -189,11 +215,19 @@ Test(badinput, corrupt_checkpoint)
     char *ck = make_checkpoint();
     size_t n = 0;
     char *buf = th_read(ck, &n);
-    buf[n / 2] ^= 0x10; /* one flipped bit in the parameters */
+    buf[n / 2] ^= 0x10; /* one flipped bit in the manifest */
     char *p = th_fmt("%s/flip.bin", dir), *q = th_fmt("%s/text.bin", dir);
     th_write(p, buf, n);
     th_write(q, "hello, not a checkpoint\n", 24);
     expect_failure(dir, SMALL " --resume flip.bin", "flip.bin: corrupt (checksum mismatch)");
+    /* one flipped bit in the parameters: in the shard */
+    char *sh = one_shard(ck);
+    size_t ns = 0;
+    free(th_read(sh, &ns));
+    copy_checkpoint(ck, "pflip.bin", ns, (long)ns / 3);
+    expect_failure(dir, SMALL " --resume pflip.bin",
+                   "shard 0.0 of 1x1 (pflip.bin.shard0.0of1x1) is corrupt (checksum mismatch)");
+    free(sh);
     expect_failure(dir, SMALL " --resume text.bin", "not a coll-train checkpoint");
     expect_failure(dir, SMALL " --resume missing.bin", "missing.bin: cannot open");
     free(buf), free(p), free(q), free(ck);
@@ -218,7 +252,7 @@ static char *make_fsdp_checkpoint(void)
 Test(badinput, fsdp_checkpoint_incomplete_corrupt_or_other_model)
 {
     char *man = make_fsdp_checkpoint();
-    char *s1 = th_fmt("%s.shard1of2", man);
+    char *s1 = th_fmt("%s.shard0.1of1x2", man);
     size_t n = 0;
     char *buf = th_read(s1, &n);
     cr_assert(buf && n > 64);
@@ -231,14 +265,15 @@ Test(badinput, fsdp_checkpoint_incomplete_corrupt_or_other_model)
     /* the batch per step must match: 2 ranks x 2 rows, one process of 2 rows is not it */
     expect_failure(dir, SMALL " --resume fs/ckpt_00000002.bin", "this run has batch 2");
     th_write(s1, buf, n / 2); /* short */
-    expect_failure(dir, fsdp2, "is incomplete: shard 1 of 2");
-    expect_failure(dir, none, "is incomplete: shard 1 of 2");
+    expect_failure(dir, fsdp2, "is incomplete: shard 0.1 of 1x2");
+    expect_failure(dir, none, "is incomplete: shard 0.1 of 1x2");
     buf[n - 5] ^= 0x10; /* right size, one flipped bit */
     th_write(s1, buf, n);
-    expect_failure(dir, fsdp2, "shard 1 of 2 (fs/ckpt_00000002.bin.shard1of2) is corrupt");
+    expect_failure(dir, fsdp2,
+                   "shard 0.1 of 1x2 (fs/ckpt_00000002.bin.shard0.1of1x2) is corrupt");
     unlink(s1); /* missing */
-    expect_failure(dir, fsdp2, "is incomplete: shard 1 of 2");
+    expect_failure(dir, fsdp2, "is incomplete: shard 0.1 of 1x2");
     expect_failure(dir, SMALL " --batch 1 --parallel fsdp --ranks 4 --resume "
-                   "fs/ckpt_00000002.bin", "is incomplete: shard 1 of 2");
+                   "fs/ckpt_00000002.bin", "is incomplete: shard 0.1 of 1x2");
     free(buf), free(s1), free(man);
 }

@@ -240,7 +240,8 @@ typedef struct th_kill_resume {
     const char *run_args; /* a direct run's options (--ranks included), no --steps/--ckpt */
     const char *job_args; /* the same for the env_job's ranks (no --ranks) */
     int nranks, victim, steps, every, kill_at;
-    int nshards; /* files per checkpoint besides the manifest (0: a plain checkpoint) */
+    int grid_tp, grid_dp; /* the checkpoints' grid: 1 x 1 one process's, T x 1 TP's,
+                          * 1 x N FSDP's */
     int strict;  /* th_last_checkpoint's: nothing but checkpoints in <dir>/cut */
     const char *needle;
     double kill_limit_s;
@@ -271,10 +272,10 @@ static inline long th_kill_then_resume(const char *dir, const th_kill_resume *c)
     free(args);
 
     /* 3. its last checkpoint is complete and equal to the uninterrupted run's */
-    long k = th_last_checkpoint(cut, c->nshards, c->strict);
+    long k = th_last_checkpoint(cut, c->grid_tp, c->grid_dp, c->strict);
     cr_assert(k >= c->kill_at && k < c->steps, "last checkpoint at step %ld: the kill did not "
               "land mid-run", k);
-    th_assert_same_checkpoint(cut, full, k, c->nshards);
+    th_assert_same_checkpoint(cut, full, k, c->grid_tp, c->grid_dp);
 
     /* 4. restarted from it and run to the end */
     char *ck = th_fmt("%s/ckpt_%08ld.bin", cut, k);
@@ -286,7 +287,7 @@ static inline long th_kill_then_resume(const char *dir, const th_kill_resume *c)
     for (int i = 0; i < n; i++)
         cr_assert(lagain[i] == lfull[k + i], "step %ld: resumed loss %.6f, uninterrupted %.6f",
                   k + 1 + i, lagain[i], lfull[k + i]);
-    th_assert_same_checkpoint(again, full, c->steps, c->nshards);
+    th_assert_same_checkpoint(again, full, c->steps, c->grid_tp, c->grid_dp);
     free(cmd), free(ck), free(lfull), free(lagain);
     free(full), free(cut), free(again);
     return k;

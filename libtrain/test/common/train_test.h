@@ -295,26 +295,32 @@ static inline void th_assert_same_file(const char *a, const char *b)
     free(y);
 }
 
-/* Checkpoint ckpt_<step>.bin (and its nshards shards, if sharded) in dirs a and b is byte
- * for byte the same. */
-static inline void th_assert_same_checkpoint(const char *a, const char *b, long step,
-                                             int nshards)
+/* Shard (t, s) of the tp x dp checkpoint ckpt_<step>.bin in dir (checkpoint.c's name). */
+static inline char *th_shard_path(const char *dir, long step, int t, int s, int tp, int dp)
 {
-    for (int r = 0; r <= nshards; r++) {
-        char *x = r < nshards ? th_fmt("%s/ckpt_%08ld.bin.shard%dof%d", a, step, r, nshards)
+    return th_fmt("%s/ckpt_%08ld.bin.shard%d.%dof%dx%d", dir, step, t, s, tp, dp);
+}
+
+/* Checkpoint ckpt_<step>.bin (its manifest and the tp x dp shards) in dirs a and b is byte
+ * for byte the same. */
+static inline void th_assert_same_checkpoint(const char *a, const char *b, long step, int tp,
+                                             int dp)
+{
+    for (int i = 0; i <= tp * dp; i++) {
+        char *x = i < tp * dp ? th_shard_path(a, step, i / dp, i % dp, tp, dp)
                               : th_fmt("%s/ckpt_%08ld.bin", a, step);
-        char *y = r < nshards ? th_fmt("%s/ckpt_%08ld.bin.shard%dof%d", b, step, r, nshards)
+        char *y = i < tp * dp ? th_shard_path(b, step, i / dp, i % dp, tp, dp)
                               : th_fmt("%s/ckpt_%08ld.bin", b, step);
         th_assert_same_file(x, y);
         free(x), free(y);
     }
 }
 
-/* The highest step k of dir's ckpt_<k>.bin files (-1: none). With nshards > 0, fails unless
- * its nshards shards are there too. With strict, fails on anything else in dir: a temp
- * file left behind would mean a checkpoint was not written atomically (not for sharded
- * runs, whose killed rank may die in the middle of writing its shard). */
-static inline long th_last_checkpoint(const char *dir, int nshards, int strict)
+/* The highest step k of dir's ckpt_<k>.bin manifests (-1: none); fails unless its tp x dp
+ * shards are there too. With strict, fails on anything in dir but manifests and shards of
+ * that grid beside their manifest: a temp file left behind would mean a checkpoint was not
+ * written atomically (not for runs whose killed rank may die while writing its shard). */
+static inline long th_last_checkpoint(const char *dir, int tp, int dp, int strict)
 {
     DIR *d = opendir(dir);
     cr_assert(d, "%s: %s", dir, strerror(errno));
@@ -325,16 +331,29 @@ static inline long th_last_checkpoint(const char *dir, int nshards, int strict)
             continue;
         long k;
         char tail[8];
-        int ok = strlen(e->d_name) == strlen("ckpt_00000000.bin") &&
-                 sscanf(e->d_name, "ckpt_%8ld.%7s", &k, tail) == 2 && !strcmp(tail, "bin");
-        cr_assert(ok || !strict, "%s holds %s, which is not a complete checkpoint", dir,
-                  e->d_name);
-        if (ok)
+        int manifest = strlen(e->d_name) == strlen("ckpt_00000000.bin") &&
+                       sscanf(e->d_name, "ckpt_%8ld.%7s", &k, tail) == 2 && !strcmp(tail, "bin");
+        int shard = 0; /* one of the tp x dp shard names of its step */
+        if (!manifest && sscanf(e->d_name, "ckpt_%8ld", &k) == 1)
+            for (int i = 0; i < tp * dp && !shard; i++) {
+                char *p = th_shard_path(".", k, i / dp, i % dp, tp, dp);
+                shard = !strcmp(p + 2, e->d_name);
+                free(p);
+            }
+        if (shard) { /* a shard without its manifest is not a checkpoint either */
+            char *m = th_fmt("%s/ckpt_%08ld.bin", dir, k);
+            struct stat st;
+            shard = stat(m, &st) == 0;
+            free(m);
+        }
+        cr_assert(manifest || shard || !strict, "%s holds %s, which is not part of a complete "
+                  "checkpoint", dir, e->d_name);
+        if (manifest)
             best = k > best ? k : best;
     }
     closedir(d);
-    for (int r = 0; best >= 0 && r < nshards; r++) {
-        char *p = th_fmt("%s/ckpt_%08ld.bin.shard%dof%d", dir, best, r, nshards);
+    for (int i = 0; best >= 0 && i < tp * dp; i++) {
+        char *p = th_shard_path(dir, best, i / dp, i % dp, tp, dp);
         struct stat st;
         cr_assert(stat(p, &st) == 0, "checkpoint %ld has a manifest but no %s", best, p);
         free(p);

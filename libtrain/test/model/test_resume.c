@@ -46,7 +46,8 @@ Test(resume, library_bit_exact, .timeout = 60)
     }
     cr_assert_eq(train_session_save(b, path, err), 0, "%s", err);
     train_session_free(b);
-    cr_assert_eq(th_count_entries(dir), 1, "the atomic save left extra files behind");
+    cr_assert_eq(th_count_entries(dir), 2, "the atomic save left other files than the "
+                 "manifest and its one shard behind");
 
     train_session *c = train_session_create(&o, err); /* a fresh process, in effect */
     cr_assert(c, "%s", err);
@@ -105,6 +106,9 @@ Test(resume, cli_bit_exact, .timeout = 90)
     cr_assert(ca && cb, "final checkpoints missing");
     cr_expect(na == nb && memcmp(ca, cb, na) == 0,
               "final checkpoint of the resumed run differs from the uninterrupted one");
+    char *da = th_fmt("%s/full", dir), *db = th_fmt("%s/part", dir);
+    th_assert_same_checkpoint(da, db, 12, 1, 1); /* the manifest again, and its shard */
+    free(da), free(db);
 
     /* printed step lines 7..12 agree */
     char *full = th_read(o1, NULL), *rest = th_read(o3, NULL);

@@ -194,7 +194,8 @@ Test(output, plot_svg)
 }
 
 /* The checkpoint loader against damaged files: every truncation and a few hundred single
- * bit flips must be refused with a message, and must leave the session untouched. */
+ * bit flips, of the manifest and of its one shard, must be refused with a message, and
+ * must leave the session untouched. */
 Test(ckpt, damaged_files_are_refused, .timeout = 60)
 {
     char err[TRAIN_ERRLEN];
@@ -211,32 +212,45 @@ Test(ckpt, damaged_files_are_refused, .timeout = 60)
     train_session_step(s);
     char *dir = th_tmpdir(), *good = th_fmt("%s/good.ckpt", dir), *bad = th_fmt("%s/bad.ckpt", dir);
     cr_assert_eq(train_session_save(s, good, err), 0, "%s", err);
-    size_t n = 0;
-    char *buf = th_read(good, &n);
+    cr_assert_eq(th_count_entries(dir), 2, "one process: a manifest and one shard");
     size_t np = train_num_params(train_session_model(s));
     float *before = malloc(np * 4), *after = malloc(np * 4);
     train_copy_params_to_host(train_session_model(s), before);
 
-    for (size_t len = 0; len < n; len += len < 200 ? 1 : 997) {
-        th_write(bad, buf, len);
-        err[0] = '\0';
-        cr_assert_neq(train_session_load(s, bad, err), 0, "truncated to %zu bytes: accepted", len);
-        cr_assert(strlen(err) > 0 && strchr(err, '\n') == NULL);
+    /* bad: a copy of the checkpoint with either file damaged, the other intact */
+    char *files[2][2] = {{good, bad}, {th_fmt("%s.shard0.0of1x1", good),
+                                       th_fmt("%s.shard0.0of1x1", bad)}};
+    for (int which = 0; which < 2; which++) {
+        size_t n = 0, on = 0;
+        char *buf = th_read(files[which][0], &n), *other = th_read(files[!which][0], &on);
+        cr_assert(buf && other);
+        th_write(files[!which][1], other, on);
+        const char *dst = files[which][1], *what = which ? "shard" : "manifest";
+        for (size_t len = 0; len < n; len += len < 200 ? 1 : 997) {
+            th_write(dst, buf, len);
+            err[0] = '\0';
+            cr_assert_neq(train_session_load(s, bad, err), 0, "%s truncated to %zu bytes: "
+                          "accepted", what, len);
+            cr_assert(strlen(err) > 0 && strchr(err, '\n') == NULL);
+        }
+        uint64_t rng = 12345;
+        for (int k = 0; k < 300; k++) {
+            rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            size_t pos = (size_t)(rng >> 33) % n;
+            buf[pos] ^= (char)(1 << (k % 8));
+            th_write(dst, buf, n);
+            cr_assert_neq(train_session_load(s, bad, err), 0, "%s: bit flip at byte %zu "
+                          "accepted", what, pos);
+            buf[pos] ^= (char)(1 << (k % 8));
+        }
+        free(buf), free(other);
     }
-    uint64_t rng = 12345;
-    for (int k = 0; k < 300; k++) {
-        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-        size_t pos = (size_t)(rng >> 33) % n;
-        buf[pos] ^= (char)(1 << (k % 8));
-        th_write(bad, buf, n);
-        cr_assert_neq(train_session_load(s, bad, err), 0, "bit flip at byte %zu accepted", pos);
-        buf[pos] ^= (char)(1 << (k % 8));
-    }
+    free(files[1][0]), free(files[1][1]);
     train_copy_params_to_host(train_session_model(s), after);
     cr_expect(memcmp(before, after, np * 4) == 0, "a refused load changed the parameters");
     cr_expect_eq(train_session_step_count(s), 1);
     cr_expect_eq(train_session_load(s, good, err), 0, "%s", err); /* the original still loads */
-    free(before), free(after), free(buf), free(good), free(bad);
+    free(before), free(after), free(good), free(bad);
     train_session_free(s);
     th_rmrf(dir);
     free(dir);

@@ -608,8 +608,9 @@ Test(ddp, killed_rank_makes_the_others_fail_within_the_timeout, .timeout = 60)
  * Rank 0's output pipe is shrunk to 4 KiB and the test reads 256 bytes at a time, so once
  * the test has seen checkpoint KILL_AT rank 0 is at most ~4.3 KiB of output (~30 step
  * lines of ~150 bytes) further: the kill always lands mid-run, with no sleep and no race
- * with the end of training. Only rank 0 writes a (plain) checkpoint, and it fails cleanly:
- * nothing but complete checkpoints may be left in its directory. */
+ * with the end of training. Only rank 0 writes a checkpoint (one process's: a manifest and
+ * one shard), and it fails cleanly: nothing but complete checkpoints may be left in its
+ * directory. */
 Test(ddp, restart_after_a_kill_resumes_exactly, .timeout = 90)
 {
     enum { N = 2, VICTIM = 1, STEPS_R = 120, EVERY = 10, KILL_AT = 20 };
@@ -621,7 +622,7 @@ Test(ddp, restart_after_a_kill_resumes_exactly, .timeout = 90)
         .run_args = run,
         .job_args = CLI_MODEL " --parallel ddp",
         .nranks = N, .victim = VICTIM, .steps = STEPS_R, .every = EVERY, .kill_at = KILL_AT,
-        .nshards = 0, .strict = 1, .needle = needle, .kill_limit_s = 20.0,
+        .grid_tp = 1, .grid_dp = 1, .strict = 1, .needle = needle, .kill_limit_s = 20.0,
     };
     long k = th_kill_then_resume(dir, &c);
     cr_log_info("killed rank %d after checkpoint %d; resumed from step %ld; %ld steps and the "

@@ -263,7 +263,8 @@ Test(fsdp_ckpt, killed_rank_after_checkpoint_then_resume_at_same_n, .timeout = 9
         .run_args = run,
         .job_args = FSDP_MODEL,
         .nranks = N, .victim = VICTIM, .steps = STEPS_R, .every = EVERY, .kill_at = KILL_AT,
-        .nshards = N, .strict = 0, .needle = needle, .kill_limit_s = KILL_LIMIT_S,
+        .grid_tp = 1, .grid_dp = N, .strict = 0, .needle = needle,
+        .kill_limit_s = KILL_LIMIT_S,
     };
     long k = th_kill_then_resume(dir, &c);
     cr_log_info("killed rank %d after checkpoint %d (N=%d, ZeRO-3); resumed from step %ld; "
