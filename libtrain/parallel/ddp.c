@@ -10,6 +10,7 @@
  */
 #include "parallel/ddp.h"
 #include "parallel/strategy.h"
+#include "parallel/tp.h"
 #include "model/model.h"
 
 #include <stdlib.h>
@@ -549,8 +550,16 @@ static int ddp_strategy_step(train_parallel *p, train_step_report *r, char *err)
 static int ddp_strategy_save(train_parallel *p, const char *path, char *what, size_t n,
                              char *err)
 {
-    snprintf(what, n, "%s", "");
+    snprintf(what, n, " (manifest; 1 shard %s.shard0.0of1x1, from data-parallel rank 0)",
+             path);
     return p->grid->dp->rank == 0 ? train_session_save(p->s, path, err) : 0;
+}
+
+/* every DP rank holds the same slice: DP rank 0 of each TP group writes it */
+static int ddp_strategy_save_slice(train_parallel *p, train_backend *world, train_backend *tp,
+                                   const char *path, char *err)
+{
+    return train_tp_save(p->s, world, tp, NULL, NULL, NULL, path, err);
 }
 
 static int ddp_strategy_finish(train_parallel *p, const char *trace_path, char *err)
@@ -622,6 +631,7 @@ static const train_parallel_ops ddp_strategy_ops = {
     .name = "ddp",
     .step = ddp_strategy_step,
     .save = ddp_strategy_save,
+    .save_slice = ddp_strategy_save_slice,
     .finish = ddp_strategy_finish,
     .describe = ddp_strategy_describe,
     .step_line = ddp_strategy_step_line,

@@ -928,14 +928,15 @@ static int fsdp_strategy_save(train_parallel *p, const char *path, char *what, s
                               char *err)
 {
     int N = fsdp_of(p)->b->nranks;
-    snprintf(what, n, " (manifest; %d shards %s.shard<r>of%d)", N, path, N);
+    snprintf(what, n, " (manifest; %d shards %s.shard0.<r>of1x%d)", N, path, N);
     return train_fsdp_save(fsdp_of(p), path, err);
 }
 
-static int fsdp_strategy_gather(train_parallel *p, float *params, float *m, float *v,
-                                char *err)
+/* each rank writes its own shard of its slice: T x N shards, nothing gathered */
+static int fsdp_strategy_save_slice(train_parallel *p, train_backend *world, train_backend *tp,
+                                    const char *path, char *err)
 {
-    return train_fsdp_gather(fsdp_of(p), params, m, v, NULL, err);
+    return train_tp_fsdp_save(fsdp_of(p), world, tp, path, err);
 }
 
 static int fsdp_strategy_finish(train_parallel *p, const char *trace_path, char *err)
@@ -1017,7 +1018,7 @@ static const train_parallel_ops fsdp_strategy_ops = {
     .step = fsdp_strategy_step,
     .eval_begin = fsdp_strategy_eval_begin,
     .save = fsdp_strategy_save,
-    .gather = fsdp_strategy_gather,
+    .save_slice = fsdp_strategy_save_slice,
     .finish = fsdp_strategy_finish,
     .describe = fsdp_strategy_describe,
     .step_line = fsdp_strategy_step_line,

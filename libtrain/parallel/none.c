@@ -6,6 +6,7 @@
  */
 #include "model/model.h"
 #include "parallel/strategy.h"
+#include "parallel/tp.h"
 
 #include <stdlib.h>
 
@@ -18,8 +19,14 @@ static int none_step(train_parallel *p, train_step_report *r, char *err)
 
 static int none_save(train_parallel *p, const char *path, char *what, size_t n, char *err)
 {
-    snprintf(what, n, "%s", "");
+    snprintf(what, n, " (manifest; 1 shard %s.shard0.0of1x1)", path);
     return train_session_save(p->s, path, err);
+}
+
+static int none_save_slice(train_parallel *p, train_backend *world, train_backend *tp,
+                           const char *path, char *err)
+{
+    return train_tp_save(p->s, world, tp, NULL, NULL, NULL, path, err);
 }
 
 static int none_finish(train_parallel *p, const char *trace_path, char *err)
@@ -72,6 +79,7 @@ static const train_parallel_ops none_ops = {
     .name = "none",
     .step = none_step,
     .save = none_save,
+    .save_slice = none_save_slice,
     .finish = none_finish,
     .describe = none_describe,
     .step_line = none_step_line,

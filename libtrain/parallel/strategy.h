@@ -80,9 +80,10 @@ typedef struct train_parallel_ops {
     /* Collective: a checkpoint at path (parallel/checkpoint.c's format); `what` (n bytes)
      * gets a few words on its files for the run's line ("" when there is nothing to add). */
     int (*save)(train_parallel *p, const char *path, char *what, size_t n, char *err);
-    /* Collective: this rank's slice of the parameters and AdamW moments, whole (fsdp
-     * gathers its shards). NULL: the session's model holds them. */
-    int (*gather)(train_parallel *p, float *params, float *m, float *v, char *err);
+    /* Collective over the job: the data-parallel strategy's part of a tensor-parallel
+     * checkpoint (tp's save hands it the world and the TP group): its slice's shards. */
+    int (*save_slice)(train_parallel *p, train_backend *world, train_backend *tp,
+                      const char *path, char *err);
     /* Collective, after the last step: checks (ranks hold the same weights) and the
      * timeline (written to trace_path on rank 0 when not NULL). */
     int (*finish)(train_parallel *p, const char *trace_path, char *err);

@@ -823,29 +823,15 @@ static int tp_strategy_eval_begin(train_parallel *p, char *err)
     return p->inner->ops->eval_begin ? p->inner->ops->eval_begin(p->inner, err) : 0;
 }
 
-/* DP rank 0 of each TP group writes its slice, rank 0 the manifest; where the inner
- * strategy shards, the slice is first gathered from the DP group's shards */
+/* Every TP rank's slice, as the inner strategy keeps it (DDP: DP rank 0 of each TP group
+ * writes it; FSDP: every rank its shard of it); rank 0 writes the manifest last. */
 static int tp_strategy_save(train_parallel *p, const char *path, char *what, size_t wn,
                             char *err)
 {
-    snprintf(what, wn, " (manifest; %d tensor-parallel shards %s.shard<t>of%d)", p->grid->T,
-             path, p->grid->T);
-    float *sl = NULL;
-    size_t n = train_num_params(train_session_model(p->s));
-    if (p->inner->ops->gather) {
-        if (!(sl = malloc(3 * n * sizeof(float)))) {
-            train_errf(err, "out of memory gathering the checkpoint");
-            return -1;
-        }
-        if (p->inner->ops->gather(p->inner, sl, sl + n, sl + 2 * n, err) != 0) {
-            free(sl);
-            return -1;
-        }
-    }
-    int rc = train_tp_save(p->s, p->grid->world, p->grid->tp, sl, sl ? sl + n : NULL,
-                           sl ? sl + 2 * n : NULL, path, err);
-    free(sl);
-    return rc;
+    int S = p->inner->zero ? p->grid->D : 1;
+    snprintf(what, wn, " (manifest; %d x %d shards %s.shard<t>.<s>of%dx%d)", p->grid->T, S,
+             path, p->grid->T, S);
+    return p->inner->ops->save_slice(p->inner, p->grid->world, p->grid->tp, path, err);
 }
 
 static int tp_strategy_finish(train_parallel *p, const char *trace_path, char *err)
