@@ -413,7 +413,8 @@ static int run_cli(const char *args, int steps, const char *ckdir, const char *r
     return n;
 }
 
-static void same_grid(const char *args, int tp)
+/* tp x shards: the checkpoint's grid (FSDP: every rank writes its own shard of its slice) */
+static void same_grid(const char *args, int tp, int shards)
 {
     char *dir = th_tmpdir();
     char *full = th_fmt("%s/full", dir), *again = th_fmt("%s/again", dir),
@@ -426,26 +427,26 @@ static void same_grid(const char *args, int tp)
     for (int i = 0; i < n; i++)
         cr_assert(lagain[i] == lfull[HALF + i], "%s step %d: resumed %.6f, uninterrupted %.6f",
                   args, HALF + 1 + i, lagain[i], lfull[HALF + i]);
-    th_assert_same_checkpoint(full, again, STEPS, tp, 1);
-    cr_log_info("%s: resumed at step %d, final manifest and %d shards byte-identical to the "
-                "uninterrupted run's", args, HALF, tp);
+    th_assert_same_checkpoint(full, again, STEPS, tp, shards);
+    cr_log_info("%s: resumed at step %d, final manifest and %d x %d shards byte-identical to "
+                "the uninterrupted run's", args, HALF, tp, shards);
     th_rmrf(dir);
     free(full), free(again), free(ck), free(dir);
 }
 
 Test(tp_ckpt, same_grid_resume_is_bitwise_t2, .timeout = 30)
 {
-    same_grid("--batch 4 --tp 2", 2);
+    same_grid("--batch 4 --tp 2", 2, 1);
 }
 
 Test(tp_ckpt, same_grid_resume_is_bitwise_2x2_ddp, .timeout = 30)
 {
-    same_grid("--batch 2 --tp 2 --ranks 4 --parallel ddp", 2);
+    same_grid("--batch 2 --tp 2 --ranks 4 --parallel ddp", 2, 1);
 }
 
 Test(tp_ckpt, same_grid_resume_is_bitwise_2x2_fsdp_zero3, .timeout = 30)
 {
-    same_grid("--batch 2 --tp 2 --ranks 4 --parallel fsdp --zero 3", 2);
+    same_grid("--batch 2 --tp 2 --ranks 4 --parallel fsdp --zero 3", 2, 2);
 }
 
 /* exit status 1, one line "coll-train: ...needle...", nothing on stdout, no --ckpt-dir */
