@@ -9,7 +9,7 @@
  * their time slices). Reductions run in a fixed order, so results do not depend on the
  * thread count: reruns and resumes are bit-exact.
  *
- * Conventions (shared with layers_cuda.cu, listed in internal.h): N = B*T rows,
+ * Conventions (shared with layers_cuda.cu, listed in model.h): N = B*T rows,
  * row-major tensors, Linear weights stored (out, in) like torch.nn.Linear, and backward
  * kernels ACCUMULATE (+=) into their outputs.
  */

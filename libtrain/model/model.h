@@ -286,7 +286,7 @@ void train_param_slice(const train_param *fp, const train_param *lp, int rank, f
  * multiple of it, more ways than vocabulary entries, a device other than the CPU). */
 int train_model_split_check(const train_config *cfg, int ways, train_device dev, char *err);
 
-/* ---- session (session.c), shared with the checkpoint code (ckpt.c) ---- */
+/* ---- session (session.c), shared with the checkpoint code (parallel/checkpoint.c) ---- */
 struct train_session {
     train_options opt;
     char data_path[4096];

@@ -1,6 +1,6 @@
 /*
  * session.c — a training run as an object: the model, the data, the optimizer state,
- * the step counter and the RNGs, i.e. exactly what a checkpoint (ckpt.c) must hold for
+ * the step counter and the RNGs, i.e. exactly what a checkpoint (parallel/checkpoint.c) must hold for
  * a resumed run to continue bit for bit. coll-train (main.c) and the tests drive it.
  */
 #include "model/model.h"
