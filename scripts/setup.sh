@@ -14,6 +14,7 @@ PKGS=(
   python3-setuptools python3-pip                  # torch.utils.cpp_extension; pip for expecttest
   gnuplot-nox                                     # coll-bench --plot
   clang libclang-rt-14-dev                        # sanitizers' runtime, fuzzing
+  clang-format                                    # scripts/format.sh (Debian 12: version 14)
   iproute2 procps                                 # ip netns test bed, process tools
 )
 missing=()

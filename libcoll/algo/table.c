@@ -32,6 +32,8 @@
 #define B(k) COLL_BIT(COLL_COLL_##k)
 #define FIVE (B(BROADCAST) | B(REDUCE) | B(ALL_REDUCE) | B(REDUCE_SCATTER) | B(ALL_GATHER))
 
+/* Not formatted: one row per algorithm, its fields grouped by hand. */
+/* clang-format off */
 const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
     [COLL_ALGO_AUTO] = {.id = COLL_ALGO_AUTO, .name = "auto"},
     [COLL_ALGO_RING] = {
@@ -97,6 +99,7 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .cost = coll_dev_twoshot_cost, .handicap = 1.0,
         .run = coll_dev_twoshot_run},
 };
+/* clang-format on */
 
 static bool no_algorithm_needed(coll_coll_kind c, int nranks) {
   return c == COLL_COLL_SEND || c == COLL_COLL_RECV || c == COLL_COLL_SENDRECV ||

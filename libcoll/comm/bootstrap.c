@@ -486,7 +486,7 @@ coll_result coll_bootstrap_root_run(coll_root *st, bool detached, char *why, siz
 void coll_bootstrap_root_stop(coll_root *st) {
   if (!st) return;
   uint64_t one = 1;
-  if (write(st->wake_fd, &one, sizeof one) < 0) { /* the loop still ends on its own */ }
+  if (write(st->wake_fd, &one, sizeof one) < 0) {} /* the loop still ends on its own */
   pthread_join(st->thread, NULL);
   close(st->wake_fd);
   free(st);

@@ -200,7 +200,7 @@ static void *watch_main(void *arg) {
     if (poll(pf, 4, 1000) <= 0) continue;
     if (pf[3].revents & POLLIN) {
       uint64_t v;
-      if (read(w->evfd, &v, sizeof v) < 0) { /* drained or not: the loop looks at stop */ }
+      if (read(w->evfd, &v, sizeof v) < 0) {} /* drained or not: the loop looks at stop */
     }
     if (pf[2].revents & POLLIN) {
       coll_link_hello h;
@@ -304,7 +304,7 @@ void coll_watch_stop(struct coll_comm *comm, int how) {
   if (w->started) {
     atomic_store(&w->stop, 1);
     uint64_t one = 1;
-    if (write(w->evfd, &one, sizeof one) < 0) { /* the thread polls with a bound anyway */ }
+    if (write(w->evfd, &one, sizeof one) < 0) {} /* the thread polls with a bound anyway */
     pthread_join(w->thread, NULL);
   }
   coll_ring_link_close(&w->link);

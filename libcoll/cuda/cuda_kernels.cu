@@ -77,6 +77,9 @@ static cudaError_t launch_avg(void *buf, size_t n, int nranks, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+/* Not formatted: the launcher table and its row macros, laid out by hand (clang-format
+ * would take a macro's braced row for a block). */
+/* clang-format off */
 #define INT_ROW(T, U)                                                                  \
   { launch_reduce<T, IntSum<T, U>>, launch_reduce<T, IntProd<T, U>>,                   \
     launch_reduce<T, IntMin<T>>, launch_reduce<T, IntMax<T>>,                          \
@@ -103,6 +106,7 @@ static const reduce_launcher reduce_table[K_NUM_DTYPES][K_NUM_OPS] = {
      launch_reduce<double, F64Min>, launch_reduce<double, F64Max>,
      launch_reduce<double, FSum<double>>},
 };
+/* clang-format on */
 
 static const avg_launcher avg_table[K_NUM_DTYPES] = {
     launch_avg<int8_t, IntAvg<int8_t, int>>,

@@ -228,6 +228,8 @@ INT_AVG(u32, uint32_t, uint32_t)
 INT_AVG(i64, int64_t, int64_t)
 INT_AVG(u64, uint64_t, uint64_t)
 
+/* Not formatted: clang-format takes `x * y` in a macro argument for a pointer (`x *y`). */
+/* clang-format off */
 KERNEL(sum_f32, float, x + y)
 KERNEL(prod_f32, float, x * y)
 KERNEL(min_f32k, float, min_f32(x, y))
@@ -236,6 +238,7 @@ KERNEL(sum_f64, double, x + y)
 KERNEL(prod_f64, double, x * y)
 KERNEL(min_f64k, double, min_f64(x, y))
 KERNEL(max_f64k, double, max_f64(x, y))
+/* clang-format on */
 
 static void avg_f32(void *buf_, size_t n, int nranks) {
   float *buf = buf_;

@@ -668,7 +668,7 @@ static void *proxy_main(void *arg) {
     atomic_store(&ctx->sleeping, 0);
     if (rc > 0 && (ctx->pfds[n - 1].revents & POLLIN)) {
       uint64_t v;
-      if (read(ctx->evfd, &v, sizeof v) < 0) { /* nothing to drain */ }
+      if (read(ctx->evfd, &v, sizeof v) < 0) {} /* nothing to drain */
     }
     if (ctx->npend || (rc > 0 && (ctx->pfds[n - 2].revents & POLLIN))) accept_peers(ctx);
     /* A hang-up or error with nothing to read shows up as POLLHUP/POLLERR only. */
@@ -689,7 +689,7 @@ static void kick_proxy(tcp_ctx *ctx) {
   if (atomic_load_explicit(&ctx->sleeping, memory_order_relaxed) &&
       atomic_exchange(&ctx->sleeping, 0)) {
     uint64_t one = 1;
-    if (write(ctx->evfd, &one, sizeof one) < 0) { /* the proxy wakes within its poll bound */ }
+    if (write(ctx->evfd, &one, sizeof one) < 0) {} /* the proxy wakes within its poll bound */
   }
 }
 
@@ -801,7 +801,7 @@ static void tcp_close(const coll_comm_view *view, void *vctx, coll_comm_end how)
     bool healthy = how == COLL_END_CLEAN && atomic_load(&ctx->first_dead) < 0;
     atomic_store(&ctx->stop, healthy ? 1 : 2);
     uint64_t one = 1;
-    if (write(ctx->evfd, &one, sizeof one) < 0) { /* the proxy polls with a bound anyway */ }
+    if (write(ctx->evfd, &one, sizeof one) < 0) {} /* the proxy polls with a bound anyway */
     pthread_join(ctx->thread, NULL);
   }
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);

@@ -538,7 +538,8 @@ static double g_sumsq(const float *x, size_t n)
 {
     CK(cudaMemsetAsync(d_acc, 0, sizeof(double), 0));
     int nb = blocks(n, 256);
-    sumsq_k<<<nb < 1024 ? (nb ? nb : 1) : 1024, 256>>>(d_acc, x, n);
+    /* The grid in parentheses: clang-format 14 reads a bare `nb < ...` in <<< >>> as a template. */
+    sumsq_k<<<(nb < 1024 ? (nb ? nb : 1) : 1024), 256>>>(d_acc, x, n);
     double h = 0.0;
     CK(cudaMemcpy(&h, d_acc, sizeof h, cudaMemcpyDeviceToHost));
     return h;
