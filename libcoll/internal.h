@@ -472,11 +472,14 @@ coll_result coll_tune_init(struct coll_comm *comm);
 /* The row of the algorithm table for this call: COLL_ALGO if it can serve it, else the
  * tuner's table's.  The same on every rank for the same call. */
 coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es);
-/* The same, once every rank found that the rows in `declined` (bit 1 << coll_algo each)
- * cannot run this call (their run reported *ran = false): the next choice, never one of
- * them.  The table's choice with a plan is never declined, so this ends. */
-coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, size_t es,
-                                  uint32_t declined);
+/* The same choice as the row itself (algo.h; never NULL), which the executor runs and
+ * hands on to coll_plan_build, so that neither looks it up again.  `declined` (bit
+ * 1 << coll_algo each): rows every rank found cannot run this call (their run reported
+ * *ran = false); the next choice is never one of them.  The table's choice with a plan
+ * is never declined, so the executor's asking ends. */
+struct coll_algo_entry;
+const struct coll_algo_entry *coll_tune_row(struct coll_comm *comm, const coll_work *w,
+                                            size_t es, uint32_t declined);
 
 /* ---- tracing (trace.c) ------------------------------------------------------------ */
 

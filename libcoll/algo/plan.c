@@ -1,8 +1,9 @@
 /* plan.c — choosing an algorithm and building this rank's schedule.
  *
  * The algorithms live one per file and one row each in the table (algo.h, table.c);
- * this file builds the schedule of the row the tuner chose (a row with no schedule, or
- * one that cannot serve the call, gets the ring's), handles the cases that need no
+ * this file builds the schedule of the row the tuner chose (the executor hands the row
+ * itself down in coll_plan_args.row; a row with no schedule, or one that cannot serve
+ * the call, gets the collective's default), handles the cases that need no
  * algorithm at all (one rank, point-to-point), and names collectives and steps for
  * logs and traces.  Pure: no I/O, no allocation, no globals.
  *
@@ -28,12 +29,6 @@ size_t coll_plan_max_steps(int nranks) {
   while (((size_t)1 << lg) < p) lg++;
   rd = 4 * lg + 4;
   return (ring > rd ? ring : rd) > 8 ? (ring > rd ? ring : rd) : 8;
-}
-
-void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len) {
-  size_t base = count / (size_t)n, extra = count % (size_t)n, ui = (size_t)i;
-  *len = base + (ui < extra ? 1 : 0);
-  *off = ui * base + (ui < extra ? ui : extra);
 }
 
 static void push(coll_step *steps, size_t *n, coll_step s) {
@@ -142,10 +137,14 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
     plan_single(a, steps, nsteps);
     return COLL_OK;
   }
-  /* The row's schedule; a row with none (a run path), or one that cannot serve this
-   * collective, gets the collective's default schedule (coll_algo_default). */
-  const coll_algo_entry *e = coll_algo_get(a->algo);
-  if (!e || !e->plan || !coll_algo_serves(a->algo, a->coll, a->nranks))
+  /* The row's schedule (the row handed in, else algo's); a row with none (a run path),
+   * or one that cannot serve this collective, gets the collective's default schedule
+   * (coll_algo_default): the tests and coll-sim ask any row for any collective.  Whether
+   * it serves is the row's `colls` bit, read here rather than asked of table.c: that is
+   * all coll_algo_serves answers once point-to-point and one rank are out of the way,
+   * and the executor's call then goes plan.c -> the row's plan without a detour. */
+  const coll_algo_entry *e = a->row ? a->row : coll_algo_get(a->algo);
+  if (!e || !e->plan || (unsigned)a->coll >= COLL_NUM_COLLS || !(e->colls & COLL_BIT(a->coll)))
     e = coll_algo_get(coll_algo_default(a->coll));
   if (!e || !e->plan) return COLL_ERR_INVALID_ARG;
   return e->plan(a, steps, nsteps);

@@ -92,9 +92,15 @@ static inline void coll_plan_add(coll_step *steps, size_t *n, coll_step_kind kin
  * point-to-point plan has one step per operation instead: its caller sizes it). */
 size_t coll_plan_max_steps(int nranks);
 
+struct coll_algo_entry; /* algo.h */
+
 typedef struct {
   coll_coll_kind coll;
   coll_algo algo;
+  /* algo's row of the table when the caller already holds it (the executor: the one
+   * the tuner returned), so that coll_plan_build does not look it up again; NULL: it
+   * looks algo up.  Never a row other than algo's. */
+  const struct coll_algo_entry *row;
   size_t count;   /* all_reduce/broadcast/reduce/send/recv: count; reduce_scatter:
                      recvcount; all_gather/gather: sendcount; all_to_all: elements per
                      block (per peer); scatter: recvcount; all_to_allv: unused */
@@ -121,8 +127,15 @@ typedef struct {
 coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *nsteps);
 
 /* Ring chunking: `count` elements split into n chunks whose sizes differ by at most one
- * (the first count % n chunks are one longer).  Chunk i is [off, off+len). */
-void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len);
+ * (the first count % n chunks are one longer).  Chunk i is [off, off+len).  Inline:
+ * ring.c and rd.c ask it for every chunk of a plan (direct.c and mapped.c for their
+ * blocks), and a call into plan.c for two divisions sent the plan builder back and
+ * forth between two files. */
+static inline void coll_ring_chunk(size_t count, int n, int i, size_t *off, size_t *len) {
+  size_t base = count / (size_t)n, extra = count % (size_t)n, ui = (size_t)i;
+  *len = base + (ui < extra ? 1 : 0);
+  *off = ui * base + (ui < extra ? ui : extra);
+}
 
 const char *coll_step_name(coll_step_kind k);
 const char *coll_algo_name(coll_algo a);

@@ -47,35 +47,6 @@
 
 #include "coll_config.h"
 #include "cuda_internal.h"
-#include "reduce.h"
-
-/* ---- host memory ops (what the executor always did) ---------------------------------- */
-
-static coll_result host_copy(struct coll_comm *c, void *dst, const void *src, size_t bytes) {
-  (void)c;
-  memcpy(dst, src, bytes);
-  return COLL_OK;
-}
-static coll_result host_reduce(struct coll_comm *c, void *dst, const void *a, const void *b,
-                               size_t n, coll_dtype dtype, coll_op op) {
-  (void)c;
-  coll_kernel_reduce(dst, a, b, n, dtype, op);
-  return COLL_OK;
-}
-static coll_result host_avg(struct coll_comm *c, void *buf, size_t n, coll_dtype dtype,
-                            int nranks) {
-  (void)c;
-  coll_kernel_avg(buf, n, dtype, nranks);
-  return COLL_OK;
-}
-static coll_result host_fence(struct coll_comm *c) {
-  (void)c;
-  return COLL_OK;
-}
-
-const coll_mem_ops coll_mem_host = {
-    .name = "host", .copy = host_copy, .reduce = host_reduce, .avg = host_avg,
-    .fence = host_fence};
 
 /* ---- pure parts ------------------------------------------------------------------------ */
 

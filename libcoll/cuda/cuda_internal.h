@@ -5,10 +5,11 @@
  * (COLL_HAVE_CUDA == 0) cuda.c provides the same functions as stubs that say "no CUDA".
  *
  * The pieces:
- *  - memory ops: how the executor moves and combines bytes.  coll_mem_host is memcpy and
- *    reduce.c; the device table (cuda.c) is cudaMemcpyAsync and cuda_kernels.cu on the
- *    communicator's own CUDA stream, with `fence` waiting for that stream before a slot
- *    is published (send_post) or handed back (recv_release).
+ *  - the device memory ops: the table type (coll_mem_ops) and the host table are the
+ *    kernels layer's (kernels/mem_ops.h, mem_host.c); cuda.c's device table is
+ *    cudaMemcpyAsync and cuda_kernels.cu on the communicator's own CUDA stream, with
+ *    `fence` waiting for that stream before a slot is published (send_post) or handed
+ *    back (recv_release), and coll_cuda_exec_begin hands it to the executor.
  *  - pointer classification: only in a process where the CUDA driver is loaded (someone
  *    used CUDA: a process that never did can have no device memory), then
  *    cudaPointerGetAttributes once a probe found a device (cached per process).
@@ -28,24 +29,8 @@
 
 #include "cuda_ipc.h"
 #include "internal.h"
+#include "mem_ops.h"
 #include "peer.h"
-
-/* ---- memory ops: the executor's only way to touch bytes ---------------------------- */
-
-typedef struct coll_mem_ops {
-  const char *name;
-  coll_result (*copy)(struct coll_comm *comm, void *dst, const void *src, size_t bytes);
-  /* dst = a OP b over n elements (COLL_AVG as COLL_SUM), as coll_kernel_reduce. */
-  coll_result (*reduce)(struct coll_comm *comm, void *dst, const void *a, const void *b,
-                        size_t n, coll_dtype dtype, coll_op op);
-  coll_result (*avg)(struct coll_comm *comm, void *buf, size_t n, coll_dtype dtype,
-                     int nranks);
-  /* Everything issued so far has finished and is visible to the peer: called before a
-   * slot is published or released, and once at the end of a collective. */
-  coll_result (*fence)(struct coll_comm *comm);
-} coll_mem_ops;
-
-extern const coll_mem_ops coll_mem_host;
 
 /* ---- process-wide ------------------------------------------------------------------- */
 

@@ -28,6 +28,7 @@
 
 #include "algo.h"
 #include "cuda_internal.h"
+#include "mem_ops.h"
 #include "reduce.h"
 
 #define WAIT_SLICE_MS 100
@@ -39,7 +40,7 @@ typedef struct {
   int step_index;
   size_t done_bytes, total_bytes;
   bool nt; /* non-temporal: final copies into user buffers bypass the cache (copy.c) */
-  /* How bytes move (host: memcpy + reduce.c; device: cuda.c) and over which
+  /* How bytes move (host: kernels/mem_host.c; device: cuda.c) and over which
    * connectors (host: shm/tcp; device: cuda_ipc). */
   const coll_mem_ops *ops;
   coll_conn **conn_send, **conn_recv;
@@ -292,26 +293,29 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
   /* A group's point-to-point work (api/group.c) carries its plan: no algorithm.  Else
-   * the tuner picks a row of the algorithm table (algo.h).  A row with a run function
-   * runs the call itself; one that finds, with every other rank, that it cannot (mapped:
-   * some buffer is not in a window) hands the call to the tuner's next choice.  Rows
-   * with a plan fall through to the schedule below. */
+   * the tuner picks a row of the algorithm table (algo.h) and returns the row itself.  A
+   * row with a run function runs the call itself; one that finds, with every other rank,
+   * that it cannot (mapped: some buffer is not in a window) hands the call to the
+   * tuner's next choice: the only time the tuner is asked twice, since only it knows
+   * what comes after a declined row.  Rows with a plan fall through to the schedule
+   * below, which gets the row (a.row): plan.c does not look it up again. */
   const coll_group_p2p *g = w->group;
-  coll_algo algo = g ? COLL_ALGO_RING : coll_tune_choose(comm, w, es);
+  const coll_algo_entry *e = g ? NULL : coll_tune_row(comm, w, es, 0);
   uint32_t declined = 0; /* rows that found, on every rank, they cannot run this call */
-  for (const coll_algo_entry *e; !g && (e = coll_algo_get(algo)) && e->run;) {
+  while (e && e->run) {
     bool ran = true;
     coll_result r = e->run(comm, w, &ran);
     if (ran || r != COLL_OK) {
-      atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
+      atomic_store_explicit(&comm->last_algo, (int)e->id + 1, memory_order_relaxed);
       return r;
     }
-    declined |= 1u << algo;
-    algo = coll_tune_choose_except(comm, w, es, declined);
+    declined |= 1u << e->id;
+    e = coll_tune_row(comm, w, es, declined);
   }
+  coll_algo algo = e ? e->id : COLL_ALGO_RING;
   atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
-  coll_plan_args a = {.coll = w->coll, .algo = algo, .count = w->count,
+  coll_plan_args a = {.coll = w->coll, .algo = algo, .row = e, .count = w->count,
                       .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
                       .recv_count = w->recv_count, .recv_peer = w->recv_peer,
                       .slice = comm->slot_bytes / es, .sendcounts = w->sendcounts,

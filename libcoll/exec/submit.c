@@ -56,12 +56,11 @@ static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work
     r = coll_cuda_peer_map(comm, fn, w, all, w->stream ? coll_cuda_stream_user(w->stream) : NULL);
   free(all);
   if (r == COLL_OK && w->peer_ok) {
-    coll_algo a = coll_tune_choose(comm, w, coll_dtype_size(w->dtype));
-    const coll_algo_entry *e = coll_algo_get(a);
-    if (e && e->device_only) { /* else COLL_ALGO named a host-driven schedule */
+    const coll_algo_entry *e = coll_tune_row(comm, w, coll_dtype_size(w->dtype), 0);
+    if (e->device_only) { /* else COLL_ALGO named a host-driven schedule */
       bool ran = true;
       *served = true;
-      atomic_store_explicit(&comm->last_algo, (int)a + 1, memory_order_relaxed);
+      atomic_store_explicit(&comm->last_algo, (int)e->id + 1, memory_order_relaxed);
       r = coll_cuda_peer_finish(comm, w, e->run(comm, w, &ran));
       /* A blocking call returns with its result in place (bounded by the timeout). */
       if (r == COLL_OK && !w->stream &&
@@ -97,7 +96,11 @@ coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
   if (r == COLL_OK) {
     r = host_only(comm, fn, w);
     if (r == COLL_OK) r = coll_exec_submit(comm, w), enqueued = true;
-    r = coll_cuda_after_submit(comm, w, r); /* on failure it releases the event */
+    /* On failure it releases the event; on success it makes a cudaStream_t wait.  A call
+     * with neither (host memory, no cudaStream_t: prepare set no event) has nothing
+     * there, and does not go back down into cuda.c after the executor for it. */
+    if (w->cuda_event || (w->stream && w->stream->cuda))
+      r = coll_cuda_after_submit(comm, w, r);
   }
   if (!enqueued) free(w->v_copy); /* else the executor frees it (finish()) */
   coll_comm_leave(comm);

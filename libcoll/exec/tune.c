@@ -128,8 +128,8 @@ static void build_table(struct coll_comm *comm) {
 
 /* ---- the choice, per call -------------------------------------------------------- */
 
-coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, size_t es,
-                                  uint32_t declined) {
+static coll_algo choose(struct coll_comm *comm, const coll_work *w, size_t es,
+                        uint32_t declined) {
   coll_coll_kind c = w->coll;
   if (!tabled(c) || comm->nranks == 1)
     return coll_algo_default(c); /* no algorithm: plan.c schedules these itself */
@@ -143,7 +143,7 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
     return coll_algo_default(c); /* nothing moves: the plan has no steps, whatever is forced */
   coll_algo f = comm->forced;
   if (f != COLL_ALGO_AUTO && !(declined & (1u << f))) {
-    if (coll_algo_usable(coll_algo_get(f), comm, w, es)) return f;
+    if (coll_algo_usable(&coll_algo_table[f], comm, w, es)) return f;
     if (!comm->warned_forced[c]) {
       comm->warned_forced[c] = true;
       COLL_WARN(comm->rank, "COLL_ALGO=%s cannot serve %s #%llu (%zu bytes, %d ranks%s%s); "
@@ -174,20 +174,28 @@ coll_algo coll_tune_choose_except(struct coll_comm *comm, const coll_work *w, si
   if (c == COLL_COLL_ALL_TO_ALLV) return coll_algo_default(c);
   int b = bucket_of(bytes);
   coll_algo a = (coll_algo)comm->choice[c][b];
-  if ((declined & (1u << a)) || !coll_algo_usable(coll_algo_get(a), comm, w, es))
+  if ((declined & (1u << a)) || !coll_algo_usable(&coll_algo_table[a], comm, w, es))
     a = (coll_algo)comm->choice_plan[c][b]; /* a schedule serves whatever the call holds */
-  /* The per-call rows only (a mask made with the table: this runs on every call). */
+  /* The per-call rows only (a mask made with the table: this runs on every call).  A row
+   * is asked whether it can serve the call only where it would win (`usable` is pure),
+   * so a call it cannot beat never enters its file. */
   for (uint32_t m = comm->per_call_rows & ~declined; m; m &= m - 1) {
     int k = __builtin_ctz(m);
-    const coll_algo_entry *e = coll_algo_get((coll_algo)k);
-    if (!coll_algo_usable(e, comm, w, es)) continue;
-    if (coll_algo_has_plan(a) || comm->cost_at[k][c][b] < comm->cost_at[a][c][b]) a = (coll_algo)k;
+    if (!coll_algo_table[a].plan && !(comm->cost_at[k][c][b] < comm->cost_at[a][c][b])) continue;
+    if (coll_algo_usable(&coll_algo_table[k], comm, w, es)) a = (coll_algo)k;
   }
   return a;
 }
 
+/* choose() names a row of the table on every path (never AUTO: the defaults, COLL_ALGO
+ * and the choice tables all hold rows), so the row is an index away. */
+const coll_algo_entry *coll_tune_row(struct coll_comm *comm, const coll_work *w, size_t es,
+                                     uint32_t declined) {
+  return &coll_algo_table[choose(comm, w, es, declined)];
+}
+
 coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es) {
-  return coll_tune_choose_except(comm, w, es, 0);
+  return choose(comm, w, es, 0);
 }
 
 /* ---- measuring ------------------------------------------------------------------- */
