@@ -14,10 +14,10 @@
 
 #include "coll_cuda.h"
 
-#define FAIL(e, what)                                                                     \
-  do {                                                                                    \
+#define FAIL(e, what)                                                                        \
+  do {                                                                                       \
     snprintf(why, why_len, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e)); \
-    return -1;                                                                            \
+    return -1;                                                                               \
   } while (0)
 
 int bench_cuda_probe(int *ndev, char *name, size_t name_len, char *why, size_t why_len) {
@@ -147,9 +147,10 @@ out:
 
 #else /* no CUDA in this build */
 
-#define NO_CUDA                                                                             \
-  snprintf(why, why_len, "this build of coll-bench has no CUDA support (nvcc was not found " \
-                         "when it was configured)");                                        \
+#define NO_CUDA                                                                \
+  snprintf(why, why_len,                                                       \
+           "this build of coll-bench has no CUDA support (nvcc was not found " \
+           "when it was configured)");                                         \
   return -1
 
 int bench_cuda_probe(int *ndev, char *name, size_t name_len, char *why, size_t why_len) {

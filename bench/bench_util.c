@@ -17,8 +17,8 @@
  *
  * Collectives that do not reduce move D(r, i) = (i + 13 r) mod 97: different on every
  * rank, exact in every dtype (all-to-all: element i of rank r's send buffer is D(r, i),
- * so block b of rank r's output holds D(b, r·count + j)).  All values are non-negative, so the poison pattern (all
- * bits set: NaN, -1 or the type's maximum) never equals an expected value.
+ * so block b of rank r's output holds D(b, r·count + j)).  All values are non-negative, so the
+ * poison pattern (all bits set: NaN, -1 or the type's maximum) never equals an expected value.
  */
 #include "bench_util.h"
 
@@ -30,16 +30,21 @@
 
 /* ---- names --------------------------------------------------------------------------- */
 
-static const char *const coll_names[BENCH_NUM_COLLS] = {
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv",
-    "all_to_all", "gather", "scatter"};
+static const char *const coll_names[BENCH_NUM_COLLS] = {"all_reduce",     "all_gather",
+                                                        "reduce_scatter", "broadcast",
+                                                        "reduce",         "sendrecv",
+                                                        "all_to_all",     "gather",
+                                                        "scatter"};
 
 const char *bench_coll_name(bench_coll c) {
   return (unsigned)c < BENCH_NUM_COLLS ? coll_names[c] : NULL;
 }
 
 int bench_parse_coll(const char *s) {
-  static const struct { const char *name; int coll; } aliases[] = {
+  static const struct {
+    const char *name;
+    int coll;
+  } aliases[] = {
       {"all", -1},
       {"allreduce", BENCH_ALL_REDUCE},
       {"allgather", BENCH_ALL_GATHER},
@@ -54,19 +59,28 @@ int bench_parse_coll(const char *s) {
   return -2;
 }
 
-static const char *const dtype_names[COLL_NUM_DTYPES] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64"};
+static const char *const dtype_names[COLL_NUM_DTYPES] = {"int8",    "uint8",  "int32",   "uint32",
+                                                         "int64",   "uint64", "float16", "bfloat16",
+                                                         "float32", "float64"};
 
 const char *bench_dtype_name(coll_dtype t) {
   return (unsigned)t < COLL_NUM_DTYPES ? dtype_names[t] : NULL;
 }
 
 int bench_parse_dtype(const char *s) {
-  static const struct { const char *name; int dtype; } aliases[] = {
-      {"all", -1},          {"char", COLL_INT8},      {"int", COLL_INT32},
-      {"half", COLL_FLOAT16}, {"fp16", COLL_FLOAT16}, {"bf16", COLL_BFLOAT16},
-      {"float", COLL_FLOAT32}, {"fp32", COLL_FLOAT32}, {"double", COLL_FLOAT64},
+  static const struct {
+    const char *name;
+    int dtype;
+  } aliases[] = {
+      {"all", -1},
+      {"char", COLL_INT8},
+      {"int", COLL_INT32},
+      {"half", COLL_FLOAT16},
+      {"fp16", COLL_FLOAT16},
+      {"bf16", COLL_BFLOAT16},
+      {"float", COLL_FLOAT32},
+      {"fp32", COLL_FLOAT32},
+      {"double", COLL_FLOAT64},
       {"fp64", COLL_FLOAT64},
   };
   for (int t = 0; t < COLL_NUM_DTYPES; t++)
@@ -78,9 +92,7 @@ int bench_parse_dtype(const char *s) {
 
 static const char *const op_names[COLL_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
 
-const char *bench_op_name(coll_op op) {
-  return (unsigned)op < COLL_NUM_OPS ? op_names[op] : NULL;
-}
+const char *bench_op_name(coll_op op) { return (unsigned)op < COLL_NUM_OPS ? op_names[op] : NULL; }
 
 int bench_parse_op(const char *s) {
   if (strcmp(s, "all") == 0) return -1;
@@ -91,10 +103,16 @@ int bench_parse_op(const char *s) {
 
 size_t bench_dtype_size(coll_dtype t) {
   switch (t) {
-  case COLL_INT8: case COLL_UINT8: return 1;
-  case COLL_FLOAT16: case COLL_BFLOAT16: return 2;
-  case COLL_INT32: case COLL_UINT32: case COLL_FLOAT32: return 4;
-  case COLL_INT64: case COLL_UINT64: case COLL_FLOAT64: return 8;
+  case COLL_INT8:
+  case COLL_UINT8: return 1;
+  case COLL_FLOAT16:
+  case COLL_BFLOAT16: return 2;
+  case COLL_INT32:
+  case COLL_UINT32:
+  case COLL_FLOAT32: return 4;
+  case COLL_INT64:
+  case COLL_UINT64:
+  case COLL_FLOAT64: return 8;
   }
   return 0;
 }
@@ -117,9 +135,21 @@ bool bench_parse_size(const char *s, size_t *out) {
   if (errno) return false;
   unsigned shift = 0;
   switch (*end) {
-  case 'k': case 'K': shift = 10; end++; break;
-  case 'm': case 'M': shift = 20; end++; break;
-  case 'g': case 'G': shift = 30; end++; break;
+  case 'k':
+  case 'K':
+    shift = 10;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    shift = 20;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    shift = 30;
+    end++;
+    break;
   default: break;
   }
   if (shift && (*end == 'i' || *end == 'I')) {
@@ -449,8 +479,8 @@ static double avg_tolerance(coll_dtype t) {
   }
 }
 
-bench_check_result bench_check_output(const bench_data *d, int rank, size_t count,
-                                      const void *buf, size_t n) {
+bench_check_result bench_check_output(const bench_data *d, int rank, size_t count, const void *buf,
+                                      size_t n) {
   bench_check_result res = {0, 0, 0.0, 0.0};
   if (!bench_output_checked(d, rank)) return res;
   double tol = (bench_coll_reduces(d->coll) && d->op == COLL_AVG) ? avg_tolerance(d->dtype) : 0;

@@ -125,8 +125,8 @@ typedef struct {
 /* Compares rank `rank`'s output (`n` elements, `count` being the API count) with the
  * expected values.  Integer types and sum/prod/min/max compare exactly; avg on floating
  * types allows a few units in the last place (division order is the library's). */
-bench_check_result bench_check_output(const bench_data *d, int rank, size_t count,
-                                      const void *buf, size_t n);
+bench_check_result bench_check_output(const bench_data *d, int rank, size_t count, const void *buf,
+                                      size_t n);
 /* Formats an element value for messages ("12", "0.5", "nan"). */
 void bench_format_value(coll_dtype t, double v, char *buf, size_t len);
 

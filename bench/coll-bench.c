@@ -62,15 +62,15 @@ typedef struct {
   int root;
   unsigned long iters, warmup;
   int check, blocking;
-  int reg; /* -R 1: buffers from coll_mem_alloc (every rank maps every rank's) */
+  int reg;         /* -R 1: buffers from coll_mem_alloc (every rank maps every rank's) */
   int local_ranks; /* 0: join the job described by the environment */
   const char *algo;
   int stats;
   int explain;
   int cuda; /* --device cuda: buffers in GPU memory */
   const char *json_path;
-  int csv;               /* --csv given */
-  const char *csv_path;  /* NULL or "-": stdout */
+  int csv;              /* --csv given */
+  const char *csv_path; /* NULL or "-": stdout */
   const char *plot_path;
   char *cmdline;
   /* filled in before the ranks start */
@@ -82,13 +82,14 @@ typedef struct {
 /* What rank 0 reports back to the parent of a --ranks run (a shared anonymous page). */
 typedef struct {
   int finished;
-  int failed; /* a result was wrong */
+  int failed;        /* a result was wrong */
   double bound_gbps; /* 1/beta from the probe run for --plot (0: none) */
   unsigned long long bad_results;
 } bench_outcome;
 
 static void usage(FILE *f) {
-  fprintf(f,
+  fprintf(
+      f,
       "usage: coll-bench COLLECTIVE [flags]\n"
       "  COLLECTIVE: all_reduce | all_gather | reduce_scatter | broadcast | reduce | sendrecv |\n"
       "              all_to_all | gather | scatter | all\n"
@@ -179,8 +180,11 @@ static char *join_cmdline(int argc, char **argv) {
     } else {
       *p++ = '\'';
       for (const char *c = a; *c; c++) {
-        if (*c == '\'') { memcpy(p, "'\\''", 4); p += 4; }
-        else *p++ = *c;
+        if (*c == '\'') {
+          memcpy(p, "'\\''", 4);
+          p += 4;
+        } else
+          *p++ = *c;
       }
       *p++ = '\'';
     }
@@ -201,15 +205,16 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
   o->fault_rank = -1;
   o->cmdline = join_cmdline(argc, argv);
 
-  if (argc < 2) die_usage("missing the collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, sendrecv, all_to_all, gather, scatter or all");
+  if (argc < 2)
+    die_usage(
+        "missing the collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, sendrecv, all_to_all, gather, scatter or all");
   if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
     usage(stdout);
     exit(0);
   }
   int c = bench_parse_coll(argv[1]);
   if (c == -2) {
-    if (argv[1][0] == '-')
-      die_usage("the collective comes first, before '%s'", argv[1]);
+    if (argv[1][0] == '-') die_usage("the collective comes first, before '%s'", argv[1]);
     die_usage("unknown collective '%s'", argv[1]);
   }
   if (c == -1) {
@@ -304,16 +309,17 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
     case OPT_PLOT: o->plot_path = optarg; break;
     case OPT_EXPLAIN: o->explain = 1; break;
     case OPT_DEVICE:
-      if (strcmp(optarg, "cuda") == 0) o->cuda = 1;
-      else if (strcmp(optarg, "cpu") == 0) o->cuda = 0;
-      else die_usage("--device %s: expected cpu or cuda", optarg);
+      if (strcmp(optarg, "cuda") == 0)
+        o->cuda = 1;
+      else if (strcmp(optarg, "cpu") == 0)
+        o->cuda = 0;
+      else
+        die_usage("--device %s: expected cpu or cuda", optarg);
       break;
-    case ':':
-      die_usage("option %s needs a value", flag);
+    case ':': die_usage("option %s needs a value", flag);
     case '?':
     default:
-      if (optopt && optopt < 256)
-        die_usage("unknown option -%c", optopt);
+      if (optopt && optopt < 256) die_usage("unknown option -%c", optopt);
       die_usage("unknown option %s", flag);
     }
   }
@@ -327,8 +333,8 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
     die_usage("-i 0 with -f 1: the size would never grow");
   if (o->plot_path) {
     size_t n = strlen(o->plot_path);
-    if (!(n > 4 && (strcmp(o->plot_path + n - 4, ".svg") == 0 ||
-                    strcmp(o->plot_path + n - 4, ".png") == 0)))
+    if (!(n > 4 &&
+          (strcmp(o->plot_path + n - 4, ".svg") == 0 || strcmp(o->plot_path + n - 4, ".png") == 0)))
       die_usage("--plot: '%s' must end in .svg or .png", o->plot_path);
   }
   if (o->csv && o->csv_path && strcmp(o->csv_path, "-") == 0) o->csv_path = NULL;
@@ -367,7 +373,7 @@ typedef struct {
   double time_us, algbw, busbw;
   unsigned long long wrong;
   double min_us, p50_us, p99_us, max_us;
-  bool done; /* false: not applicable (in-place sendrecv) */
+  bool done;        /* false: not applicable (in-place sendrecv) */
   const char *algo; /* what libcoll ran for the timed calls (coll_comm_last_algo) */
 } place_result;
 
@@ -406,36 +412,58 @@ static double now_us(void) {
 
 static void report_failure(run_ctx *x, const char *what, coll_result r, bool from_stream) {
   const char *why = coll_comm_last_error(from_stream ? NULL : x->comm);
-  fprintf(stderr, "coll-bench: rank %d: %s failed: %s%s%s\n", x->rank, what,
-          coll_result_string(r), why && *why ? ": " : "", why ? why : "");
+  fprintf(stderr, "coll-bench: rank %d: %s failed: %s%s%s\n", x->rank, what, coll_result_string(r),
+          why && *why ? ": " : "", why ? why : "");
 }
 
-#define CHECK_COLL(x, what, call)                                                     \
-  do {                                                                                \
-    coll_result r_ = (call);                                                          \
-    if (r_ != COLL_OK) { report_failure((x), (what), r_, false); return -1; }         \
+#define CHECK_COLL(x, what, call)             \
+  do {                                        \
+    coll_result r_ = (call);                  \
+    if (r_ != COLL_OK) {                      \
+      report_failure((x), (what), r_, false); \
+      return -1;                              \
+    }                                         \
   } while (0)
-#define CHECK_SYNC(x, s)                                                              \
-  do {                                                                                \
-    coll_result r_ = coll_stream_synchronize(s);                                      \
-    if (r_ != COLL_OK) { report_failure((x), "coll_stream_synchronize", r_, true); return -1; } \
+#define CHECK_SYNC(x, s)                                        \
+  do {                                                          \
+    coll_result r_ = coll_stream_synchronize(s);                \
+    if (r_ != COLL_OK) {                                        \
+      report_failure((x), "coll_stream_synchronize", r_, true); \
+      return -1;                                                \
+    }                                                           \
   } while (0)
 
 /* One collective call as the benchmark issues it.  sendrecv: every rank sends to rank+1
  * and receives from rank-1; libcoll runs a communicator's work in call order, so even
  * ranks send first and odd ranks receive first (no cycle of waiting sends, for any N). */
-static int post(run_ctx *x, bench_coll c, const void *sb, void *rb, size_t count,
-                coll_dtype t, coll_op op, coll_stream_t s) {
+static int post(run_ctx *x, bench_coll c, const void *sb, void *rb, size_t count, coll_dtype t,
+                coll_op op, coll_stream_t s) {
   int root = x->o->root;
   switch (c) {
-  case BENCH_ALL_REDUCE: CHECK_COLL(x, "coll_all_reduce", coll_all_reduce(sb, rb, count, t, op, x->comm, s)); break;
-  case BENCH_ALL_GATHER: CHECK_COLL(x, "coll_all_gather", coll_all_gather(sb, rb, count, t, x->comm, s)); break;
-  case BENCH_REDUCE_SCATTER: CHECK_COLL(x, "coll_reduce_scatter", coll_reduce_scatter(sb, rb, count, t, op, x->comm, s)); break;
-  case BENCH_BROADCAST: CHECK_COLL(x, "coll_broadcast", coll_broadcast(sb, rb, count, t, root, x->comm, s)); break;
-  case BENCH_REDUCE: CHECK_COLL(x, "coll_reduce", coll_reduce(sb, rb, count, t, op, root, x->comm, s)); break;
-  case BENCH_ALL_TO_ALL: CHECK_COLL(x, "coll_all_to_all", coll_all_to_all(sb, rb, count, t, x->comm, s)); break;
-  case BENCH_GATHER: CHECK_COLL(x, "coll_gather", coll_gather(sb, rb, count, t, root, x->comm, s)); break;
-  case BENCH_SCATTER: CHECK_COLL(x, "coll_scatter", coll_scatter(sb, rb, count, t, root, x->comm, s)); break;
+  case BENCH_ALL_REDUCE:
+    CHECK_COLL(x, "coll_all_reduce", coll_all_reduce(sb, rb, count, t, op, x->comm, s));
+    break;
+  case BENCH_ALL_GATHER:
+    CHECK_COLL(x, "coll_all_gather", coll_all_gather(sb, rb, count, t, x->comm, s));
+    break;
+  case BENCH_REDUCE_SCATTER:
+    CHECK_COLL(x, "coll_reduce_scatter", coll_reduce_scatter(sb, rb, count, t, op, x->comm, s));
+    break;
+  case BENCH_BROADCAST:
+    CHECK_COLL(x, "coll_broadcast", coll_broadcast(sb, rb, count, t, root, x->comm, s));
+    break;
+  case BENCH_REDUCE:
+    CHECK_COLL(x, "coll_reduce", coll_reduce(sb, rb, count, t, op, root, x->comm, s));
+    break;
+  case BENCH_ALL_TO_ALL:
+    CHECK_COLL(x, "coll_all_to_all", coll_all_to_all(sb, rb, count, t, x->comm, s));
+    break;
+  case BENCH_GATHER:
+    CHECK_COLL(x, "coll_gather", coll_gather(sb, rb, count, t, root, x->comm, s));
+    break;
+  case BENCH_SCATTER:
+    CHECK_COLL(x, "coll_scatter", coll_scatter(sb, rb, count, t, root, x->comm, s));
+    break;
   case BENCH_SENDRECV: {
     int next = (x->rank + 1) % x->nranks, prev = (x->rank - 1 + x->nranks) % x->nranks;
     if (x->rank % 2 == 0) {
@@ -469,7 +497,8 @@ static int barrier(run_ctx *x) {
 }
 
 static int max_over_ranks(run_ctx *x, double *v, size_t n) {
-  CHECK_COLL(x, "coll_all_reduce (timings)", coll_all_reduce(v, v, n, COLL_FLOAT64, COLL_MAX, x->comm, NULL));
+  CHECK_COLL(x, "coll_all_reduce (timings)",
+             coll_all_reduce(v, v, n, COLL_FLOAT64, COLL_MAX, x->comm, NULL));
   return 0;
 }
 
@@ -488,8 +517,8 @@ static bool bench_whole(bench_coll c) {
 typedef struct {
   const void *sb;
   void *rb;
-  void *in;   /* input buffer to fill (send_elems elements) */
-  void *out;  /* output to check (recv_elems elements) */
+  void *in;  /* input buffer to fill (send_elems elements) */
+  void *out; /* output to check (recv_elems elements) */
 } placement;
 
 static placement place(run_ctx *x, bench_coll c, const bench_shape *sh, size_t es, bool in_place) {
@@ -512,9 +541,7 @@ static placement place(run_ctx *x, bench_coll c, const bench_shape *sh, size_t e
     p.sb = p.in = b;
     p.rb = p.out = b + off;
     break;
-  default:
-    p.sb = p.in = p.rb = p.out = b;
-    break;
+  default: p.sb = p.in = p.rb = p.out = b; break;
   }
   return p;
 }
@@ -529,8 +556,8 @@ static void *on_dev(run_ctx *x, const void *p) {
 
 /* --device cuda: copies the used part of the staging buffers to the GPU (up) or the
  * receive side back (down). */
-static int stage(run_ctx *x, const bench_data *d, const bench_shape *sh, size_t es,
-                 bool in_place, bool up) {
+static int stage(run_ctx *x, const bench_data *d, const bench_shape *sh, size_t es, bool in_place,
+                 bool up) {
   if (!x->dsend) return 0;
   char why[256];
   size_t total = (bench_whole(d->coll) ? sh->count * (size_t)x->nranks : sh->count) * es;
@@ -547,7 +574,8 @@ static int stage(run_ctx *x, const bench_data *d, const bench_shape *sh, size_t 
 static void prepare(run_ctx *x, const bench_data *d, const bench_shape *sh, const placement *p,
                     size_t es, bool in_place) {
   if (in_place) {
-    bench_poison(x->recvbuf, (bench_whole(d->coll) ? sh->count * (size_t)x->nranks : sh->count) * es);
+    bench_poison(x->recvbuf,
+                 (bench_whole(d->coll) ? sh->count * (size_t)x->nranks : sh->count) * es);
   } else {
     bench_poison(p->out, sh->recv_elems * es);
   }
@@ -557,8 +585,8 @@ static void prepare(run_ctx *x, const bench_data *d, const bench_shape *sh, cons
     bench_fill_input(d, x->rank, p->in, 0, sh->send_elems);
 }
 
-static void print_first_wrong(run_ctx *x, const bench_data *d, const bench_shape *sh,
-                              bool in_place, const bench_check_result *cr) {
+static void print_first_wrong(run_ctx *x, const bench_data *d, const bench_shape *sh, bool in_place,
+                              const bench_check_result *cr) {
   if (x->printed_first_wrong) return;
   x->printed_first_wrong = true;
   char want[64], got[64];
@@ -651,7 +679,8 @@ static int measure(run_ctx *x, const bench_data *d, const bench_shape *sh, bool 
     bench_check_result cr = bench_check_output(d, x->rank, sh->count, p.out, sh->recv_elems);
     if (cr.wrong) print_first_wrong(x, d, sh, in_place, &cr);
     uint64_t w = cr.wrong;
-    CHECK_COLL(x, "coll_all_reduce (#wrong)", coll_all_reduce(&w, &w, 1, COLL_UINT64, COLL_SUM, x->comm, NULL));
+    CHECK_COLL(x, "coll_all_reduce (#wrong)",
+               coll_all_reduce(&w, &w, 1, COLL_UINT64, COLL_SUM, x->comm, NULL));
     res->wrong = (unsigned long long)w;
   }
   res->done = true;
@@ -663,16 +692,21 @@ static int measure(run_ctx *x, const bench_data *d, const bench_shape *sh, bool 
 static void json_string(FILE *f, const char *s) {
   fputc('"', f);
   for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-    if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
-    else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
-    else fputc(*c, f);
+    if (*c == '"' || *c == '\\')
+      fprintf(f, "\\%c", *c);
+    else if (*c < 0x20)
+      fprintf(f, "\\u%04x", *c);
+    else
+      fputc(*c, f);
   }
   fputc('"', f);
 }
 
 static void json_number(FILE *f, double v) {
-  if (isfinite(v)) fprintf(f, "%.9g", v);
-  else fputs("null", f);
+  if (isfinite(v))
+    fprintf(f, "%.9g", v);
+  else
+    fputs("null", f);
 }
 
 static void json_place(FILE *f, const bench_opts *o, const place_result *r) {
@@ -686,13 +720,19 @@ static void json_place(FILE *f, const bench_opts *o, const place_result *r) {
   json_number(f, r->algbw);
   fputs(", \"busbw_gbps\": ", f);
   json_number(f, r->busbw);
-  if (o->check) fprintf(f, ", \"wrong\": %llu", r->wrong);
-  else fputs(", \"wrong\": null", f);
+  if (o->check)
+    fprintf(f, ", \"wrong\": %llu", r->wrong);
+  else
+    fputs(", \"wrong\": null", f);
   if (o->stats) {
-    fputs(", \"min_us\": ", f); json_number(f, r->min_us);
-    fputs(", \"p50_us\": ", f); json_number(f, r->p50_us);
-    fputs(", \"p99_us\": ", f); json_number(f, r->p99_us);
-    fputs(", \"max_us\": ", f); json_number(f, r->max_us);
+    fputs(", \"min_us\": ", f);
+    json_number(f, r->min_us);
+    fputs(", \"p50_us\": ", f);
+    json_number(f, r->p50_us);
+    fputs(", \"p99_us\": ", f);
+    json_number(f, r->p99_us);
+    fputs(", \"max_us\": ", f);
+    json_number(f, r->max_us);
   }
   fputc('}', f);
 }
@@ -702,22 +742,31 @@ static void write_json(run_ctx *x, const bench_data *d, const bench_shape *sh,
   FILE *f = x->json;
   const bench_opts *o = x->o;
   fputs(x->json_records++ ? ",\n  {" : "  {", f);
-  fputs("\"collective\": ", f); json_string(f, bench_coll_name(d->coll));
-  fputs(", \"host\": ", f); json_string(f, x->host);
+  fputs("\"collective\": ", f);
+  json_string(f, bench_coll_name(d->coll));
+  fputs(", \"host\": ", f);
+  json_string(f, x->host);
   fprintf(f, ", \"hosts\": %d, \"nranks\": %d", x->nhosts, x->nranks);
-  fputs(", \"transport\": ", f); json_string(f, x->transport);
-  fputs(", \"algorithm\": ", f); json_string(f, x->algo);
-  fputs(", \"version\": ", f); json_string(f, COLL_VERSION_STRING);
-  fputs(", \"command\": ", f); json_string(f, o->cmdline ? o->cmdline : "");
+  fputs(", \"transport\": ", f);
+  json_string(f, x->transport);
+  fputs(", \"algorithm\": ", f);
+  json_string(f, x->algo);
+  fputs(", \"version\": ", f);
+  json_string(f, COLL_VERSION_STRING);
+  fputs(", \"command\": ", f);
+  json_string(f, o->cmdline ? o->cmdline : "");
   fprintf(f, ", \"size\": %zu, \"count\": %zu", sh->bytes, sh->count);
-  fputs(", \"type\": ", f); json_string(f, bench_dtype_name(d->dtype));
+  fputs(", \"type\": ", f);
+  json_string(f, bench_dtype_name(d->dtype));
   fputs(", \"redop\": ", f);
   json_string(f, bench_coll_reduces(d->coll) ? bench_op_name(d->op) : "none");
   fprintf(f, ", \"root\": %d, \"iters\": %lu, \"warmup_iters\": %lu, \"blocking\": %d",
           bench_coll_rooted(d->coll) ? d->root : -1, o->iters, o->warmup, o->blocking);
   fprintf(f, ", \"busbw_factor\": %.6g", bench_bus_factor(d->coll, x->nranks));
-  fputs(", \"out_of_place\": ", f); json_place(f, o, &r[0]);
-  fputs(", \"in_place\": ", f); json_place(f, o, &r[1]);
+  fputs(", \"out_of_place\": ", f);
+  json_place(f, o, &r[0]);
+  fputs(", \"in_place\": ", f);
+  json_place(f, o, &r[1]);
   fputc('}', f);
   fflush(f);
 }
@@ -746,8 +795,8 @@ static void csv_stats(FILE *f, const bench_opts *o, const place_result *r) {
 
 static void write_csv(run_ctx *x, FILE *f, const bench_data *d, const bench_shape *sh,
                       const place_result r[2]) {
-  fprintf(f, "%s,%d,%s,%s,%s,%s,%d,%zu,%zu", bench_coll_name(d->coll), x->nranks,
-          x->transport, x->algo, bench_dtype_name(d->dtype),
+  fprintf(f, "%s,%d,%s,%s,%s,%s,%d,%zu,%zu", bench_coll_name(d->coll), x->nranks, x->transport,
+          x->algo, bench_dtype_name(d->dtype),
           bench_coll_reduces(d->coll) ? bench_op_name(d->op) : "none",
           bench_coll_rooted(d->coll) ? d->root : -1, sh->bytes, sh->count);
   csv_place(f, x->o, &r[0]);
@@ -760,7 +809,7 @@ static void write_csv(run_ctx *x, FILE *f, const bench_data *d, const bench_shap
 
 static void print_table_header(run_ctx *x, bench_coll c) {
   FILE *f = x->table;
-  const char *factor = c == BENCH_ALL_REDUCE ? "2(n-1)/n"
+  const char *factor = c == BENCH_ALL_REDUCE           ? "2(n-1)/n"
                        : bench_bus_factor(c, 2) == 0.5 ? "(n-1)/n"
                                                        : "1";
   fprintf(f, "#\n# Collective: %s   busbw = algbw * %s = algbw * %.4f\n", bench_coll_name(c),
@@ -769,24 +818,25 @@ static void print_table_header(run_ctx *x, bench_coll c) {
     fprintf(f, "# (sendrecv: rank r sends to r+1 and receives from r-1; in-place is not "
                "defined, its columns read N/A)\n");
   fprintf(f, "#\n");
-  fprintf(f, "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          ",
-          "", "", "", "", "");
+  fprintf(
+      f,
+      "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          ",
+      "", "", "", "", "");
   if (x->o->stats) fprintf(f, "     out-of-place stats (us)          in-place stats (us)");
   fputc('\n', f);
   fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s", "size", "count",
           "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
           "#wrong");
   if (x->o->stats)
-    fprintf(f, "  %7s  %7s  %7s  %7s  %7s  %7s  %7s  %7s", "min", "p50", "p99", "max", "min",
-            "p50", "p99", "max");
+    fprintf(f, "  %7s  %7s  %7s  %7s  %7s  %7s  %7s  %7s", "min", "p50", "p99", "max", "min", "p50",
+            "p99", "max");
   fprintf(f, "  %7s", "algo");
   fputc('\n', f);
   fprintf(f, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s", "(B)",
-          "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
-          "");
+          "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
   if (x->o->stats)
-    fprintf(f, "  %7s  %7s  %7s  %7s  %7s  %7s  %7s  %7s", "(us)", "(us)", "(us)", "(us)",
-            "(us)", "(us)", "(us)", "(us)");
+    fprintf(f, "  %7s  %7s  %7s  %7s  %7s  %7s  %7s  %7s", "(us)", "(us)", "(us)", "(us)", "(us)",
+            "(us)", "(us)", "(us)");
   fputc('\n', f);
   fflush(f);
 }
@@ -804,8 +854,10 @@ static void print_row(run_ctx *x, const bench_data *d, const bench_shape *sh,
     }
     char ts[32], wrong[32];
     bench_format_time(r[i].time_us, ts, sizeof ts);
-    if (x->o->check) snprintf(wrong, sizeof wrong, "%llu", r[i].wrong);
-    else snprintf(wrong, sizeof wrong, "N/A");
+    if (x->o->check)
+      snprintf(wrong, sizeof wrong, "%llu", r[i].wrong);
+    else
+      snprintf(wrong, sizeof wrong, "N/A");
     fprintf(f, "  %7s  %6.2f  %6.2f  %5s", ts, r[i].algbw, r[i].busbw, wrong);
   }
   if (x->o->stats) {
@@ -833,7 +885,8 @@ static void print_row(run_ctx *x, const bench_data *d, const bench_shape *sh,
 
 static void print_footer(run_ctx *x) {
   FILE *f = x->table;
-  fprintf(f, "# Out of bounds values : %llu %s\n", x->bad_results, x->bad_results ? "FAILED" : "OK");
+  fprintf(f, "# Out of bounds values : %llu %s\n", x->bad_results,
+          x->bad_results ? "FAILED" : "OK");
   fprintf(f, "# Avg bus bandwidth    : %g \n", x->bw_count ? x->bw_sum / x->bw_count : 0.0);
   fprintf(f, "#\n");
   fflush(f);
@@ -879,9 +932,11 @@ static int run_collective(run_ctx *x, bench_coll c) {
   int nops = bench_coll_reduces(c) ? o->nops : 1;
   for (int ti = 0; ti < o->ndtypes; ti++) {
     for (int oi = 0; oi < nops; oi++) {
-      bench_data d = {.coll = c, .dtype = (coll_dtype)o->dtypes[ti],
+      bench_data d = {.coll = c,
+                      .dtype = (coll_dtype)o->dtypes[ti],
                       .op = bench_coll_reduces(c) ? (coll_op)o->ops[oi] : COLL_SUM,
-                      .nranks = x->nranks, .root = bench_coll_rooted(c) ? o->root : 0};
+                      .nranks = x->nranks,
+                      .root = bench_coll_rooted(c) ? o->root : 0};
       size_t size = o->min_bytes;
       do {
         if (run_row(x, &d, size)) return -1;
@@ -904,10 +959,16 @@ static int explain_call(void *ctx, const bench_data *d, const void *sb, void *rb
 static int run_explain(run_ctx *x) {
   const bench_opts *o = x->o;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  bench_explain_ctx e = {.comm = x->comm, .rank = x->rank, .nranks = x->nranks,
-                         .out = x->table ? x->table : stdout, .call = explain_call,
-                         .call_ctx = x, .sendbuf = x->sendbuf, .recvbuf = x->recvbuf,
-                         .iters = o->iters, .warmup = o->warmup,
+  bench_explain_ctx e = {.comm = x->comm,
+                         .rank = x->rank,
+                         .nranks = x->nranks,
+                         .out = x->table ? x->table : stdout,
+                         .call = explain_call,
+                         .call_ctx = x,
+                         .sendbuf = x->sendbuf,
+                         .recvbuf = x->recvbuf,
+                         .iters = o->iters,
+                         .warmup = o->warmup,
                          .ranks_per_core = cores > 0 ? (double)x->nranks / (double)cores : 1,
                          .one_host = x->nhosts == 1};
   if (bench_explain_probe(&e)) return -1;
@@ -916,9 +977,11 @@ static int run_explain(run_ctx *x) {
     if (c == BENCH_SENDRECV && x->nranks < 2) continue;
     for (int ti = 0; ti < o->ndtypes; ti++)
       for (int oi = 0; oi < (bench_coll_reduces(c) ? o->nops : 1); oi++) {
-        bench_data d = {.coll = c, .dtype = (coll_dtype)o->dtypes[ti],
+        bench_data d = {.coll = c,
+                        .dtype = (coll_dtype)o->dtypes[ti],
                         .op = bench_coll_reduces(c) ? (coll_op)o->ops[oi] : COLL_SUM,
-                        .nranks = x->nranks, .root = bench_coll_rooted(c) ? o->root : 0};
+                        .nranks = x->nranks,
+                        .root = bench_coll_rooted(c) ? o->root : 0};
         size_t size = o->min_bytes;
         do {
           if (bench_explain_one(&e, &d, size)) return -1;
@@ -950,13 +1013,15 @@ static void print_run_header(run_ctx *x, const rank_info *ri) {
           COLL_VERSION_STRING);
   fprintf(f, "# Command: %s\n", o->cmdline ? o->cmdline : "");
   if (o->step_factor > 1)
-    fprintf(f, "# nRanks %d minBytes %zu maxBytes %zu step: %lu(factor) warmup iters: %lu "
-               "iters: %lu validation: %d blocking: %d\n",
+    fprintf(f,
+            "# nRanks %d minBytes %zu maxBytes %zu step: %lu(factor) warmup iters: %lu "
+            "iters: %lu validation: %d blocking: %d\n",
             x->nranks, o->min_bytes, o->max_bytes, o->step_factor, o->warmup, o->iters, o->check,
             o->blocking);
   else
-    fprintf(f, "# nRanks %d minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %lu "
-               "iters: %lu validation: %d blocking: %d\n",
+    fprintf(f,
+            "# nRanks %d minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %lu "
+            "iters: %lu validation: %d blocking: %d\n",
             x->nranks, o->min_bytes, o->max_bytes, o->step_bytes, o->warmup, o->iters, o->check,
             o->blocking);
   fprintf(f, "# transport: %s   algorithm: %s   hosts: %d\n", x->transport, x->algo, x->nhosts);
@@ -1071,9 +1136,11 @@ static int setup_and_run(run_ctx *x) {
     print_run_header(x, all);
     if (o->cuda) {
       size_t cb = x->buf_bytes < (64u << 20) ? (64u << 20) : x->buf_bytes;
-      fprintf(x->table, "# device: cuda, rank 0 on GPU %d; buffers in GPU memory, moved by "
+      fprintf(x->table,
+              "# device: cuda, rank 0 on GPU %d; buffers in GPU memory, moved by "
               "cuda_ipc; device-to-device copy bandwidth %.1f GB/s (%zu MiB cudaMemcpy: the "
-              "ceiling for busbw)\n", x->gpu, bench_cuda_copy_gbps(cb), cb >> 20);
+              "ceiling for busbw)\n",
+              x->gpu, bench_cuda_copy_gbps(cb), cb >> 20);
     }
   }
 
@@ -1084,7 +1151,9 @@ static int setup_and_run(run_ctx *x) {
       /* The link's bandwidth bound for the plot: 1/beta from the same probe --explain runs
        * (printed in the header). busbw of a bandwidth-optimal algorithm approaches it. */
       long cores = sysconf(_SC_NPROCESSORS_ONLN);
-      bench_explain_ctx e = {.comm = x->comm, .rank = x->rank, .nranks = x->nranks,
+      bench_explain_ctx e = {.comm = x->comm,
+                             .rank = x->rank,
+                             .nranks = x->nranks,
                              .out = x->table ? x->table : stdout,
                              .ranks_per_core = cores > 0 ? (double)x->nranks / (double)cores : 1};
       if (bench_explain_probe(&e)) goto out;
@@ -1109,8 +1178,10 @@ out:
     fflush(stderr);
   }
   if (x->stream) {
-    if (o->cuda) bench_cuda_stream_destroy(x->stream);
-    else coll_stream_destroy(x->stream);
+    if (o->cuda)
+      bench_cuda_stream_destroy(x->stream);
+    else
+      coll_stream_destroy(x->stream);
   }
   bench_cuda_free(x->dsend);
   bench_cuda_free(x->drecv);
@@ -1173,8 +1244,10 @@ static int rank_main_cuda(coll_comm_t unused, int rank, int nranks, void *arg) {
   }
   gpu_of_rank = dev;
   int rc = rank_main(comm, rank, nranks, arg);
-  if (rc == 0) coll_comm_destroy(comm);
-  else coll_comm_abort(comm);
+  if (rc == 0)
+    coll_comm_destroy(comm);
+  else
+    coll_comm_abort(comm);
   return rc;
 }
 
@@ -1228,8 +1301,10 @@ static bool find_plot_script(char *buf, size_t len) {
 static int draw_plot(const bench_opts *o) {
   char script[4096];
   if (!find_plot_script(script, sizeof script)) {
-    fprintf(stderr, "coll-bench: --plot: cannot find plot.sh (looked next to coll-bench and in %s; "
-                    "set COLL_BENCH_PLOT_SCRIPT)\n", COLL_BENCH_DATADIR);
+    fprintf(stderr,
+            "coll-bench: --plot: cannot find plot.sh (looked next to coll-bench and in %s; "
+            "set COLL_BENCH_PLOT_SCRIPT)\n",
+            COLL_BENCH_DATADIR);
     return EXIT_RUNTIME;
   }
   fflush(stdout);
@@ -1260,7 +1335,8 @@ static int draw_plot(const bench_opts *o) {
 
 static int make_plot_csv(bench_opts *o) {
   const char *tmp = getenv("TMPDIR");
-  snprintf(o->plot_csv, sizeof o->plot_csv, "%s/coll-bench-plot-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  snprintf(o->plot_csv, sizeof o->plot_csv, "%s/coll-bench-plot-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
   int fd = mkstemp(o->plot_csv);
   if (fd < 0) {
     fprintf(stderr, "coll-bench: --plot: cannot create a temporary file: %s\n", strerror(errno));
@@ -1282,8 +1358,10 @@ int main(int argc, char **argv) {
     return EXIT_RUNTIME;
   }
   if (o.algo) {
-    if (strcmp(o.algo, "auto") == 0) unsetenv("COLL_ALGO");
-    else setenv("COLL_ALGO", o.algo, 1);
+    if (strcmp(o.algo, "auto") == 0)
+      unsetenv("COLL_ALGO");
+    else
+      setenv("COLL_ALGO", o.algo, 1);
   }
 
   if (o.local_ranks > 0 && o.root >= o.local_ranks) {
@@ -1307,8 +1385,8 @@ int main(int argc, char **argv) {
   int rc;
   if (o.local_ranks > 0) {
     if (o.plot_path && make_plot_csv(&o)) return EXIT_RUNTIME;
-    bench_outcome *out = mmap(NULL, sizeof *out, PROT_READ | PROT_WRITE,
-                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    bench_outcome *out = mmap(NULL, sizeof *out, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                              -1, 0);
     if (out == MAP_FAILED) {
       fprintf(stderr, "coll-bench: mmap: %s\n", strerror(errno));
       return EXIT_RUNTIME;
@@ -1348,8 +1426,9 @@ int main(int argc, char **argv) {
     coll_comm_t comm;
     coll_result r = coll_comm_init_from_env(&comm);
     if (r != COLL_OK) {
-      fprintf(stderr, "coll-bench: cannot join a job from the environment: %s: %s "
-                      "(use --ranks N to start N ranks here)\n",
+      fprintf(stderr,
+              "coll-bench: cannot join a job from the environment: %s: %s "
+              "(use --ranks N to start N ranks here)\n",
               coll_result_string(r), coll_comm_last_error(NULL));
       return EXIT_RUNTIME;
     }
@@ -1365,8 +1444,10 @@ int main(int argc, char **argv) {
       return EXIT_RUNTIME;
     }
     rc = setup_and_run(&x);
-    if (rc == 0 || rc == EXIT_WRONG) coll_comm_destroy(comm);
-    else coll_comm_abort(comm);
+    if (rc == 0 || rc == EXIT_WRONG)
+      coll_comm_destroy(comm);
+    else
+      coll_comm_abort(comm);
     if (x.rank == 0 && o.plot_path && (rc == 0 || rc == EXIT_WRONG)) {
       int prc = draw_plot(&o);
       if (!rc) rc = prc;

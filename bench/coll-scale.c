@@ -55,14 +55,14 @@ static double rss_mib(void) {
   return (double)res * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0);
 }
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    coll_result r_ = (call);                                                                 \
-    if (r_ != COLL_OK) {                                                                     \
-      fprintf(stderr, "coll-scale: rank %d: %s failed: %s\n", rank, #call,                  \
-              coll_comm_last_error(comm));                                                   \
-      return 3;                                                                              \
-    }                                                                                        \
+#define CHECK(call)                                                        \
+  do {                                                                     \
+    coll_result r_ = (call);                                               \
+    if (r_ != COLL_OK) {                                                   \
+      fprintf(stderr, "coll-scale: rank %d: %s failed: %s\n", rank, #call, \
+              coll_comm_last_error(comm));                                 \
+      return 3;                                                            \
+    }                                                                      \
   } while (0)
 
 static int rank_main(coll_comm_t unused, int rank, int n, void *vp) {
@@ -78,7 +78,8 @@ static int rank_main(coll_comm_t unused, int rank, int n, void *vp) {
     return 3;
   }
   size_t c = (size_t)a->count;
-  float *x = malloc(c * sizeof *x), *y = malloc(c * sizeof *y), *g = malloc(c * (size_t)n * sizeof *g);
+  float *x = malloc(c * sizeof *x), *y = malloc(c * sizeof *y),
+        *g = malloc(c * (size_t)n * sizeof *g);
   if (!x || !y || !g) return 3;
   int wrong = 0;
   for (int it = 0; it < a->iters; it++) {
@@ -117,9 +118,12 @@ int main(int argc, char **argv) {
   int n = 0;
   args a = {.count = 256, .iters = 3};
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--ranks") && i + 1 < argc) n = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--count") && i + 1 < argc) a.count = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) a.iters = atoi(argv[++i]);
+    if (!strcmp(argv[i], "--ranks") && i + 1 < argc)
+      n = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--count") && i + 1 < argc)
+      a.count = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+      a.iters = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: coll-scale --ranks N [--count FLOATS] [--iters K]\n");
       return 2;

@@ -27,7 +27,8 @@
 
 #include "coll_trace.h"
 
-#define PROBE_BIG (32u << 20) /* larger than the last-level cache, like the messages that need beta */
+#define PROBE_BIG \
+  (32u << 20) /* larger than the last-level cache, like the messages that need beta */
 
 static double now_us(void) {
   struct timespec ts;
@@ -73,9 +74,12 @@ static int pingpong(bench_explain_ctx *e, void *buf, size_t bytes, int reps, dou
 }
 
 static void human(double b, char *out, size_t len) {
-  if (b >= 1 << 20) snprintf(out, len, "%g MiB", b / (1 << 20));
-  else if (b >= 1024) snprintf(out, len, "%g KiB", b / 1024);
-  else snprintf(out, len, "%g B", b);
+  if (b >= 1 << 20)
+    snprintf(out, len, "%g MiB", b / (1 << 20));
+  else if (b >= 1024)
+    snprintf(out, len, "%g KiB", b / 1024);
+  else
+    snprintf(out, len, "%g B", b);
 }
 
 /* What the library measured when the communicator was created, and the algorithm it
@@ -84,13 +88,14 @@ static void print_choices(bench_explain_ctx *e) {
   FILE *f = e->out;
   double a, b, g, amb;
   if (coll_comm_tune_params(e->comm, &a, &b, &g, &amb) != COLL_OK) return;
-  fprintf(f, "# libcoll's own model, measured at communicator creation (tune.c; rank 0's figures"
-             " used by all ranks):\n"
-             "#   alpha %.3f us per step (token round the ring), beta %.4f ns/B (%.2f GB/s),"
-             " gamma %.4f ns/B reduced, one-shot call %.3f us\n",
+  fprintf(f,
+          "# libcoll's own model, measured at communicator creation (tune.c; rank 0's figures"
+          " used by all ranks):\n"
+          "#   alpha %.3f us per step (token round the ring), beta %.4f ns/B (%.2f GB/s),"
+          " gamma %.4f ns/B reduced, one-shot call %.3f us\n",
           a * 1e6, b * 1e9, b > 0 ? 1e-9 / b : 0.0, g * 1e9, amb * 1e6);
   static const char *colls[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                "reduce", "all_to_all", "gather", "scatter"};
+                                "reduce",     "all_to_all", "gather",         "scatter"};
   fprintf(f, "# Algorithm chosen per size (COLL_ALGO=%s):\n",
           getenv("COLL_ALGO") ? getenv("COLL_ALGO") : "auto");
   for (size_t c = 0; c < sizeof colls / sizeof *colls; c++) {
@@ -144,13 +149,14 @@ int bench_explain_probe(bench_explain_ctx *e) {
   e->alpha = ab[0];
   e->beta = ab[1];
   if (e->rank == 0)
-    fprintf(e->out,
-            "# alpha-beta probe (%s transport, ranks 0 and 1, blocking coll_send/coll_recv):\n"
-            "#   alpha = half the median round trip of 8 B (of 400)           = %8.3f us per message\n"
-            "#   beta  = (half the median round trip of 32 MiB (of 9) - alpha) / 32 MiB\n"
-            "#         = %.4f ns/B, i.e. %.2f GB/s per link\n#\n",
-            coll_comm_transport_name(e->comm), e->alpha * 1e6, e->beta * 1e9,
-            e->beta > 0 ? 1e-9 / e->beta : 0.0);
+    fprintf(
+        e->out,
+        "# alpha-beta probe (%s transport, ranks 0 and 1, blocking coll_send/coll_recv):\n"
+        "#   alpha = half the median round trip of 8 B (of 400)           = %8.3f us per message\n"
+        "#   beta  = (half the median round trip of 32 MiB (of 9) - alpha) / 32 MiB\n"
+        "#         = %.4f ns/B, i.e. %.2f GB/s per link\n#\n",
+        coll_comm_transport_name(e->comm), e->alpha * 1e6, e->beta * 1e9,
+        e->beta > 0 ? 1e-9 / e->beta : 0.0);
   if (e->rank == 0) print_choices(e);
   return 0;
 }
@@ -173,8 +179,7 @@ static void describe(const coll_trace_event *ev, const char *opname, char *buf, 
   else if (!strcmp(w, "recv-reduce-copy"))
     snprintf(buf, len, "recv %s <- %s, %s own %s = final %s", c, in, opname, c, c);
   else if (!strcmp(w, "recv-reduce-copy-send"))
-    snprintf(buf, len, "recv %s <- %s, %s own %s = final, keep, send -> %s", c, in, opname, c,
-             out);
+    snprintf(buf, len, "recv %s <- %s, %s own %s = final, keep, send -> %s", c, in, opname, c, out);
   else if (!strcmp(w, "copy"))
     snprintf(buf, len, "copy own %s into place (local)", c);
   else
@@ -245,12 +250,12 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
       }
       if (ev->step > max_step) max_step = ev->step;
     }
-  fprintf(f, "#\n# Explain: %s, %d ranks, size %zu B (%zu %s per rank%s), %s%salgorithm %s, "
-             "transport %s\n",
+  fprintf(f,
+          "#\n# Explain: %s, %d ranks, size %zu B (%zu %s per rank%s), %s%salgorithm %s, "
+          "transport %s\n",
           bench_coll_name(d->coll), n, sh->bytes, sh->count, bench_dtype_name(d->dtype),
           d->coll == BENCH_ALL_GATHER || d->coll == BENCH_REDUCE_SCATTER ||
-                  d->coll == BENCH_ALL_TO_ALL || d->coll == BENCH_GATHER ||
-                  d->coll == BENCH_SCATTER
+                  d->coll == BENCH_ALL_TO_ALL || d->coll == BENCH_GATHER || d->coll == BENCH_SCATTER
               ? ", S = N*count"
               : "",
           opname, *opname ? ", " : "", algo, coll_comm_transport_name(e->comm));
@@ -268,7 +273,10 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
       for (int r = 0; r < n && !len; r++)
         for (uint64_t i = 0; i < counts[r]; i++) {
           const coll_trace_event *ev = &all[(size_t)r * stride + i];
-          if (ev->step >= 0 && ev->chunk == c && ev->count) { len = ev->count; break; }
+          if (ev->step >= 0 && ev->chunk == c && ev->count) {
+            len = ev->count;
+            break;
+          }
         }
       fprintf(f, " c%d=%llu", c, (unsigned long long)len);
     }
@@ -286,24 +294,28 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
       const char *into = d->coll == BENCH_ALL_REDUCE ? "every rank's receive buffer"
                          : d->coll == BENCH_REDUCE   ? "the root's receive buffer"
                                                      : "its own receive buffer";
-      fprintf(f, "# No FIFO steps: every rank's buffers are coll_mem_alloc memory that all "
-                 "ranks map (mapped.c).\n"
-                 "#   rank r loaded block r (S/N = %.0f B) of every rank's send buffer, "
-                 "reduced it in rank order,\n#   and stored it into block r of %s.\n"
-                 "#   Per rank it loaded S = %.0f B, of which (N-1)/N*S = %.0f B from other "
-                 "ranks' memory; no byte went\n#   through a slot (the ring sends "
-                 "2(N-1)/N*S per rank, each byte copied into a slot and out again).\n",
+      fprintf(f,
+              "# No FIFO steps: every rank's buffers are coll_mem_alloc memory that all "
+              "ranks map (mapped.c).\n"
+              "#   rank r loaded block r (S/N = %.0f B) of every rank's send buffer, "
+              "reduced it in rank order,\n#   and stored it into block r of %s.\n"
+              "#   Per rank it loaded S = %.0f B, of which (N-1)/N*S = %.0f B from other "
+              "ranks' memory; no byte went\n#   through a slot (the ring sends "
+              "2(N-1)/N*S per rank, each byte copied into a slot and out again).\n",
               S / n, into, S, cross);
     } else {
-      fprintf(f, "# No FIFO steps: every rank's buffers are coll_mem_alloc memory that all "
-                 "ranks map (mapped.c).\n"
-                 "#   rank r stored its block (S/N = %.0f B) into block r of every rank's "
-                 "receive buffer:\n#   (N-1)/N*S = %.0f B per rank into other ranks' "
-                 "memory, none through a slot.\n",
+      fprintf(f,
+              "# No FIFO steps: every rank's buffers are coll_mem_alloc memory that all "
+              "ranks map (mapped.c).\n"
+              "#   rank r stored its block (S/N = %.0f B) into block r of every rank's "
+              "receive buffer:\n#   (N-1)/N*S = %.0f B per rank into other ranks' "
+              "memory, none through a slot.\n",
               S / n, cross);
     }
-    fprintf(f, "#   Traced %.2f us for the call (its two one-shot exchanges included); "
-               "measured %.2f us per call.\n", traced_us, measured_us);
+    fprintf(f,
+            "#   Traced %.2f us for the call (its two one-shot exchanges included); "
+            "measured %.2f us per call.\n",
+            traced_us, measured_us);
     return;
   }
   fprintf(f, "# Steps, as the executor ran them on every rank (slices of a step stream "
@@ -328,7 +340,8 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
   /* Totals per rank against the formula. */
   fprintf(f, "# Bytes per rank (summed from the steps above):\n");
   fprintf(f, "#    rank       sent(B)    received(B)   formula%s\n",
-          d->coll == BENCH_ALL_REDUCE ? "                        exact: (S-|c_r|)+(S-|c_r+1|)" : "");
+          d->coll == BENCH_ALL_REDUCE ? "                        exact: (S-|c_r|)+(S-|c_r+1|)"
+                                      : "");
   unsigned long long tot_out = 0, tot_in = 0;
   double tot_formula = 0;
   char fname[32] = "";
@@ -347,8 +360,8 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
       size_t base = sh->count / (size_t)n, extra = sh->count % (size_t)n;
       size_t c0 = base + ((size_t)r < extra), c1 = base + ((size_t)((r + 1) % n) < extra);
       unsigned long long exact = 2ull * sh->count * es - (c0 + c1) * es;
-      fprintf(f, "#    rank %-3d %12llu %14llu   %s = %-12.1f  exact = %llu\n", r, out, in,
-              fname, fv, exact);
+      fprintf(f, "#    rank %-3d %12llu %14llu   %s = %-12.1f  exact = %llu\n", r, out, in, fname,
+              fv, exact);
     } else {
       fprintf(f, "#    rank %-3d %12llu %14llu   %s = %.1f\n", r, out, in, fname, fv);
     }
@@ -359,15 +372,17 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
   fprintf(f, "#    total    %12llu %14llu   %.1f\n", tot_out, tot_in, tot_formula);
   if (d->coll == BENCH_ALL_REDUCE && n > 1) {
     size_t S = sh->count * es;
-    fprintf(f, "# All-reduce = reduce-scatter (N-1 steps) + all-gather (N-1 steps): each rank "
-               "sends every chunk but its own once\n# in each half, (S - |c_r|) + (S - "
-               "|c_r+1|) bytes, which is 2(N-1)/N*S when N divides S; all ranks together "
-               "send 2(N-1)*S = %llu B.\n",
+    fprintf(f,
+            "# All-reduce = reduce-scatter (N-1 steps) + all-gather (N-1 steps): each rank "
+            "sends every chunk but its own once\n# in each half, (S - |c_r|) + (S - "
+            "|c_r+1|) bytes, which is 2(N-1)/N*S when N divides S; all ranks together "
+            "send 2(N-1)*S = %llu B.\n",
             (unsigned long long)(2ull * (unsigned long long)(n - 1) * S));
   }
   /* The model. */
-  static const char *lib_names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                    "reduce", "sendrecv", "all_to_all", "gather", "scatter"};
+  static const char *lib_names[] = {"all_reduce", "all_gather", "reduce_scatter",
+                                    "broadcast",  "reduce",     "sendrecv",
+                                    "all_to_all", "gather",     "scatter"};
   size_t slice = 0;
   coll_comm_slice_bytes(e->comm, &slice);
   double predicted = 0;
@@ -383,30 +398,37 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
                                             sizeof why);
     if (chosen && d->coll != BENCH_SENDRECV)
       fprintf(f, "# Why %s: the tuner's predictions at %zu B: %s\n", chosen, sh->bytes, why);
-    const char *model = d->coll == BENCH_ALL_TO_ALL ? "pairwise"
+    const char *model = d->coll == BENCH_ALL_TO_ALL                           ? "pairwise"
                         : d->coll == BENCH_GATHER || d->coll == BENCH_SCATTER ? "linear"
-                                                                                : "ring";
+                                                                              : "ring";
     double sec = 0;
     char rowf[320];
     if (chosen && strcmp(chosen, model) != 0 && d->coll != BENCH_SENDRECV &&
         coll_comm_algo_cost(e->comm, lib_names[d->coll], sh->bytes, chosen, &sec, rowf,
                             sizeof rowf) == COLL_OK)
-      fprintf(f, "# (The %s model above is for comparison: this call ran %s, whose row in the "
-                 "algorithm table prices it as\n#   %s)\n", model, chosen, rowf);
+      fprintf(f,
+              "# (The %s model above is for comparison: this call ran %s, whose row in the "
+              "algorithm table prices it as\n#   %s)\n",
+              model, chosen, rowf);
   }
-  fprintf(f, "# Measured: %.2f us (mean of %lu blocking calls, slowest rank); model/measured = "
-             "%.2f\n",
+  fprintf(f,
+          "# Measured: %.2f us (mean of %lu blocking calls, slowest rank); model/measured = "
+          "%.2f\n",
           measured_us, e->iters, measured_us > 0 ? predicted * 1e6 / measured_us : 0);
   if (e->one_host)
-    fprintf(f, "# The traced call: %.2f us from the first rank's start to the last rank's end "
-               "(the longest single rank: %.2f us)\n",
+    fprintf(f,
+            "# The traced call: %.2f us from the first rank's start to the last rank's end "
+            "(the longest single rank: %.2f us)\n",
             (double)(last - first) / 1e3, traced_us);
   else
-    fprintf(f, "# The traced call: the longest single rank took %.2f us (hosts' clocks differ, so "
-               "no span across ranks)\n", traced_us);
+    fprintf(f,
+            "# The traced call: the longest single rank took %.2f us (hosts' clocks differ, so "
+            "no span across ranks)\n",
+            traced_us);
   if (e->ranks_per_core > 1.0)
-    fprintf(f, "# Note: %.1f ranks per core here, so ranks take turns on the CPU and the model "
-               "(which assumes every rank runs at once) is optimistic.\n",
+    fprintf(f,
+            "# Note: %.1f ranks per core here, so ranks take turns on the CPU and the model "
+            "(which assumes every rank runs at once) is optimistic.\n",
             e->ranks_per_core);
   fflush(f);
 }

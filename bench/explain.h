@@ -18,7 +18,7 @@ typedef struct {
   unsigned char *sendbuf, *recvbuf; /* large enough for the biggest size */
   unsigned long iters, warmup;
   double ranks_per_core;
-  int one_host; /* every rank on this host: their CLOCK_MONOTONIC readings compare */
+  int one_host;       /* every rank on this host: their CLOCK_MONOTONIC readings compare */
   double alpha, beta; /* filled by bench_explain_probe: s/message, s/byte */
 } bench_explain_ctx;
 

@@ -53,13 +53,12 @@ typedef struct {
 } coll_id_fields;
 
 coll_result coll_id_encode(const coll_id_fields *f, coll_unique_id *id);
-coll_result coll_id_decode(const coll_unique_id *id, coll_id_fields *f, char *why,
-                           size_t why_len);
+coll_result coll_id_decode(const coll_unique_id *id, coll_id_fields *f, char *why, size_t why_len);
 
 /* Starts the root server for `f` (fills port when 0 and addr from the chosen interface
  * when `pick_addr`).  The server thread exits once every rank has closed its link. */
-coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms,
-                                      char *why, size_t why_len);
+coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms, char *why,
+                                      size_t why_len);
 
 /* The same in two halves, for a process that forks ranks: listen first (no thread yet),
  * fork, then run.  A process must not fork while the root thread might hold a lock that
@@ -89,7 +88,7 @@ typedef struct {
   socklen_t local_len;
   coll_sockaddr_packed next_addr; /* from the root's note */
   bool have_next, next_done, failed, formed;
-  uint64_t end_ns; /* init's deadline */
+  uint64_t end_ns;              /* init's deadline */
   char why[COLL_LINK_NOTE_MAX]; /* failed: what the neighbours were told */
   coll_frame_tx tx;
   coll_frame_rx rx_prev, rx_next;
@@ -99,8 +98,8 @@ coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
                                    const coll_id_fields *f, int rank, int nranks);
 /* Every rank contributes `len` bytes (same len on all ranks); `all` receives nranks*len
  * bytes, rank i's at offset i*len. */
-coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
-                                     const void *mine, void *all, size_t len);
+coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b, const void *mine,
+                                     void *all, size_t len);
 void coll_bootstrap_close(coll_bootstrap *b);
 /* Init failed on this rank: the ring hears why (sentence in comm->errbuf). */
 void coll_bootstrap_fail(struct coll_comm *comm, coll_bootstrap *b);
@@ -162,7 +161,7 @@ typedef struct {
   size_t count;
   coll_dtype dtype;
   coll_op op;
-  int root; /* root, or peer for send/recv, or destination for sendrecv */
+  int root;          /* root, or peer for send/recv, or destination for sendrecv */
   size_t recv_count; /* sendrecv */
   int recv_peer;     /* sendrecv */
   uint64_t seq;
@@ -206,7 +205,7 @@ typedef struct {
   double alpha_cma;          /* s per process_vm_readv call, beyond its bytes */
   /* Per schedule (by coll_algo): its α as an 8-byte all-reduce measured it, 0: use alpha */
   double alpha_algo[COLL_NUM_ALGOS];
-  int source;                /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE */
+  int source; /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE */
 } coll_tune_params;
 #define COLL_TUNE_BUCKETS 48 /* size buckets: bit length of the byte count */
 
@@ -222,8 +221,7 @@ typedef struct coll_comm_hooks {
   /* windows (window.c), for algo/mapped.c: the caller holds comm->winmu */
   bool (*window_find)(struct coll_comm *comm, const void *p, size_t bytes, int32_t *slot,
                       uint64_t *off);
-  uint8_t *(*window_peer)(struct coll_comm *comm, int32_t slot, int p, uint64_t off,
-                          size_t bytes);
+  uint8_t *(*window_peer)(struct coll_comm *comm, int32_t slot, int p, uint64_t off, size_t bytes);
 } coll_comm_hooks;
 
 /* What the executor hands the table's rows that run themselves (algo/oneshot.c,
@@ -233,8 +231,8 @@ typedef struct coll_comm_hooks {
  * into it. */
 typedef struct coll_exec_ops {
   /* A blocking call on bytes (COLL_UINT8), as coll_exec_bytes. */
-  coll_result (*bytes)(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
-                       void *recvbuf, size_t bytes, coll_op op, int root);
+  coll_result (*bytes)(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf, void *recvbuf,
+                       size_t bytes, coll_op op, int root);
   /* Any work, as coll_exec_submit (the tuner's probes). */
   coll_result (*submit)(struct coll_comm *comm, const coll_work *w);
   /* COLL_ERR_REMOTE with the sentence when a failure elsewhere dooms w. */
@@ -243,8 +241,8 @@ typedef struct coll_exec_ops {
   uint64_t *(*trace_t0)(struct coll_comm *comm);
   uint64_t *(*trace_t1)(struct coll_comm *comm);
   void (*trace_record)(struct coll_comm *comm, const coll_work *w, coll_algo algo,
-                       const coll_step *steps, size_t nsteps, size_t es,
-                       uint64_t t_start, uint64_t t_end);
+                       const coll_step *steps, size_t nsteps, size_t es, uint64_t t_start,
+                       uint64_t t_end);
 } coll_exec_ops;
 
 struct coll_comm {
@@ -269,7 +267,7 @@ struct coll_comm {
    * rank p (connected, and that many bytes of each slot resident: coll_comm_use_peer);
    * 0 before its first use.  Read and written by the executor's thread only. */
   uint32_t *peer_warm;
-  uint8_t *peer_blob;     /* per rank: COLL_CONN_BLOB bytes of that transport's info */
+  uint8_t *peer_blob; /* per rank: COLL_CONN_BLOB bytes of that transport's info */
   /* Transports in use, indexed by COLL_T_*, chosen per peer pair by
    * coll_select_transport; each connector points at its own. */
   const coll_transport *transports[COLL_MAX_TRANSPORTS];
@@ -282,25 +280,25 @@ struct coll_comm {
   size_t slot_bytes;
   /* One-shot path (oneshot.c): every peer is reached through shm mailboxes. */
   bool mailboxes;
-  size_t nt_bytes; /* calls this large stream their final copies (copy.c) */
-  uint32_t mb_seq;   /* one-shot calls made on this communicator */
-  uint32_t *mb_seen; /* per rank: the highest one-shot call seen in its mailbox */
-  coll_mailbox **mb;  /* [2p + parity]: rank p's mailboxes */
+  size_t nt_bytes;               /* calls this large stream their final copies (copy.c) */
+  uint32_t mb_seq;               /* one-shot calls made on this communicator */
+  uint32_t *mb_seen;             /* per rank: the highest one-shot call seen in its mailbox */
+  coll_mailbox **mb;             /* [2p + parity]: rank p's mailboxes */
   _Atomic uint32_t **mb_waiters; /* per rank: sleepers on its mailboxes */
-  bool direct_ok;        /* ranks may read each other's memory (direct.c) */
+  bool direct_ok;                /* ranks may read each other's memory (direct.c) */
   uint8_t *direct_scratch;
-  void *direct_addrs;    /* per rank: its buffers' addresses in the running call */
-  uint64_t *direct_got;  /* per rank: bytes read from it in the running call (while
-                            tracing: direct.c's trace steps), else NULL */
+  void *direct_addrs;   /* per rank: its buffers' addresses in the running call */
+  uint64_t *direct_got; /* per rank: bytes read from it in the running call (while
+                           tracing: direct.c's trace steps), else NULL */
   /* Windows (window.c): memory from coll_mem_alloc, the same slots on every rank. */
   pthread_mutex_t winmu;
   struct coll_window *windows; /* COLL_MAX_WINDOWS slots */
   _Atomic int nshared;         /* windows every rank has mapped: mapped.c may run */
   bool warned_mapped;
-  _Atomic int last_algo;       /* coll_algo + 1 of the last call run (0: none yet) */
-  void *mapped_where;          /* [nranks] coll_mapped_where of the running call */
-  int local_ranks;      /* ranks on this host */
-  bool oversubscribed;  /* more local ranks than the CPUs they may run on: spinning only hurts */
+  _Atomic int last_algo; /* coll_algo + 1 of the last call run (0: none yet) */
+  void *mapped_where;    /* [nranks] coll_mapped_where of the running call */
+  int local_ranks;       /* ranks on this host */
+  bool oversubscribed;   /* more local ranks than the CPUs they may run on: spinning only hurts */
 
   /* executor */
   pthread_mutex_t qmu;
@@ -324,23 +322,23 @@ struct coll_comm {
   /* tuning (tune.c) */
   coll_tune_params tune;
   bool tuned;
-  coll_algo forced; /* COLL_ALGO, or AUTO */
+  coll_algo forced;     /* COLL_ALGO, or AUTO */
   coll_algo probe_algo; /* while measuring: the algorithm being timed (AUTO: ring) */
   bool warned_forced[COLL_NUM_COLLS];
   uint8_t choice[COLL_NUM_COLLS][COLL_TUNE_BUCKETS];      /* best row */
   uint8_t choice_plan[COLL_NUM_COLLS][COLL_TUNE_BUCKETS]; /* best row with a schedule */
   /* every row's predicted seconds × handicap per bucket (INFINITY: cannot serve) */
   double cost_at[COLL_NUM_ALGOS][COLL_NUM_COLLS][COLL_TUNE_BUCKETS];
-  uint32_t per_call_rows; /* bit a: row a is usable only call by call (algo.h) */
+  uint32_t per_call_rows;      /* bit a: row a is usable only call by call (algo.h) */
   struct coll_cuda_comm *cuda; /* device path (cuda.c); NULL until init sets it up */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
-  bool check; /* COLL_CHECK: exchange call descriptors before each call (check.c) */
+  bool check;               /* COLL_CHECK: exchange call descriptors before each call (check.c) */
 
   struct coll_watch *watch; /* failures of other ranks reach this one (watch.c) */
   _Atomic int ready;        /* init (tuning included) is over: the user's calls begin */
   _Atomic int aborted;
-  _Atomic int users; /* API calls inside the communicator right now */
+  _Atomic int users;  /* API calls inside the communicator right now */
   coll_result sticky; /* first asynchronous failure: every later call fails too */
 
   pthread_mutex_t errmu;
@@ -392,10 +390,9 @@ bool coll_check_from_env(void);
  * sentence naming both calls when they disagree. */
 coll_result coll_check_call(struct coll_comm *comm, const coll_work *w);
 
-/* ticket: the work's place on a cudaStream_t (streams of coll_stream_create_cuda), released in the same critical
- * section, so a cudaStream_t that passed its wait always finds the work complete. */
-void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg,
-                          uint32_t ticket);
+/* ticket: the work's place on a cudaStream_t (streams of coll_stream_create_cuda), released in the
+ * same critical section, so a cudaStream_t that passed its wait always finds the work complete. */
+void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg, uint32_t ticket);
 void coll_stream_enqueued(struct coll_stream *s);
 
 /* ---- copies (copy.c) ----------------------------------------------------------------- */
@@ -420,10 +417,10 @@ coll_result coll_oneshot_setup(struct coll_comm *comm);
 
 #define COLL_MAX_WINDOWS 64
 typedef struct coll_window {
-  uint8_t *base;       /* this rank's memory (NULL: free slot) */
+  uint8_t *base; /* this rank's memory (NULL: free slot) */
   size_t bytes;
-  bool shared;         /* every rank mapped every other rank's memory */
-  uint8_t **peer;      /* [nranks]: rank p's memory in this address space */
+  bool shared;    /* every rank mapped every other rank's memory */
+  uint8_t **peer; /* [nranks]: rank p's memory in this address space */
   size_t *peer_bytes;
 } coll_window;
 /* Is [p, p+bytes) inside a shared window?  Then its slot and offset.  This and
@@ -432,8 +429,7 @@ bool coll_window_find(struct coll_comm *comm, const void *p, size_t bytes, int32
                       uint64_t *off);
 /* Rank p's window `slot` at `off` in this address space, NULL if [off, off+bytes) is
  * not inside it. */
-uint8_t *coll_window_peer(struct coll_comm *comm, int32_t slot, int p, uint64_t off,
-                          size_t bytes);
+uint8_t *coll_window_peer(struct coll_comm *comm, int32_t slot, int p, uint64_t off, size_t bytes);
 void coll_windows_free(struct coll_comm *comm);
 
 /* ---- collectives on windows, by loads and stores into peers' memory (mapped.c) ---- */
@@ -478,8 +474,8 @@ coll_algo coll_tune_choose(struct coll_comm *comm, const coll_work *w, size_t es
  * *ran = false); the next choice is never one of them.  The table's choice with a plan
  * is never declined, so the executor's asking ends. */
 struct coll_algo_entry;
-const struct coll_algo_entry *coll_tune_row(struct coll_comm *comm, const coll_work *w,
-                                            size_t es, uint32_t declined);
+const struct coll_algo_entry *coll_tune_row(struct coll_comm *comm, const coll_work *w, size_t es,
+                                            uint32_t declined);
 
 /* ---- tracing (trace.c) ------------------------------------------------------------ */
 
@@ -518,8 +514,8 @@ typedef struct coll_rendezvous {
   coll_result (*join)(struct coll_rendezvous *rv, struct coll_comm *comm);
   /* Every rank of the new communicator contributes `len` bytes (the same len on all,
    * at most COLL_RV_MAX_BYTES); `all` receives nranks*len, rank i's at i*len. */
-  coll_result (*allgather)(struct coll_rendezvous *rv, struct coll_comm *comm,
-                           const void *mine, void *all, size_t len);
+  coll_result (*allgather)(struct coll_rendezvous *rv, struct coll_comm *comm, const void *mine,
+                           void *all, size_t len);
   void (*leave)(struct coll_rendezvous *rv);
   /* Optional: init failed on this rank (sentence in comm->errbuf); tell the others now
    * rather than let them find out by a timeout.  Called before leave. */

@@ -39,21 +39,21 @@ enum { SIM_SHM = 0, SIM_NET = 1 }; /* the two kinds of link */
 typedef struct {
   bool on;
   double copy[2], nt_copy[2], reduce[2]; /* s per byte of output: [0] in cache, [1] memory */
-  double slot_in[2], slot_out[2]; /* a copy out of a slot the peer just wrote, into a slot
-                                     the peer last read (sim-membw handover); 0: as copy */
-  double cache_bytes;  /* the host's last-level cache (C) */
-  int cache_ways;      /* its associativity A: lines fall on its sets at random, and a set
-                          given more than A of them keeps A (sim_cpu_hit); 0: f =
-                          min(1, C/W), a cache that keeps any C of the W bytes */
+  double slot_in[2], slot_out[2];        /* a copy out of a slot the peer just wrote, into a slot
+                                            the peer last read (sim-membw handover); 0: as copy */
+  double cache_bytes;                    /* the host's last-level cache (C) */
+  int cache_ways; /* its associativity A: lines fall on its sets at random, and a set
+                     given more than A of them keeps A (sim_cpu_hit); 0: f =
+                     min(1, C/W), a cache that keeps any C of the W bytes */
   /* Optional: the kernels' measured cost against W itself (sim-membw's table, W the
    * host's total), used instead of the two-point mixture for copy, nt copy and reduce. */
   int ncurve;
   double curve_ws[32], curve[3][32]; /* [0] copy, [1] nt copy, [2] reduce; s per byte */
-  double op;           /* s of CPU per slice operation, whatever its bytes */
-  double call;         /* s per call outside the slices (enqueue, plan, completion) */
-  double switch_cost;  /* s of CPU per operation when the host's ranks outnumber its
-                          cores: the ranks hand the cores to each other (yield, futex);
-                          the fixed-cost stand-in for `sched` below (0 when it is on) */
+  double op;                         /* s of CPU per slice operation, whatever its bytes */
+  double call;                       /* s per call outside the slices (enqueue, plan, completion) */
+  double switch_cost;                /* s of CPU per operation when the host's ranks outnumber its
+                                        cores: the ranks hand the cores to each other (yield, futex);
+                                        the fixed-cost stand-in for `sched` below (0 when it is on) */
   /* The scheduler of a host whose ranks outnumber its cores (sim_engine.c, "the
    * scheduler"): off, the cores are a pool any ready rank takes at once. */
   bool sched;
@@ -77,27 +77,27 @@ typedef struct {
   double l2_bytes;     /* a core's private cache: 1 - bytes it streamed since / this */
   double nt_bytes;     /* the executor's non-temporal threshold (COLL_NT_BYTES) */
   /* per call (sim_call_run fills them in): */
-  double ws;           /* the host's ranks' user buffers in the call (sim_call_run); the
-                          engine adds the slots of the host's FIFOs, from the plans, to
-                          make W, the bytes the host's ranks touch in the call */
-  bool nt;             /* the call's final copies are non-temporal */
+  double ws; /* the host's ranks' user buffers in the call (sim_call_run); the
+                engine adds the slots of the host's FIFOs, from the plans, to
+                make W, the bytes the host's ranks touch in the call */
+  bool nt;   /* the call's final copies are non-temporal */
 } sim_cpu;
 
 /* The machine being simulated.  Rank r lives on host r / per_host. */
 typedef struct {
   int nranks, per_host;
-  int cores;          /* per host: at most this many ranks' CPU work at once (0: per_host) */
-  double alpha[2];    /* s from a slice being posted to it being visible at the receiver */
-  double beta[2];     /* s per byte a slice occupies its link: on shm the sender's CPU (it
-                         copies into the peer's slot), on the network the sending host's NIC
-                         out and the receiving host's NIC in, shared by all their flows */
-  double gamma;       /* s per byte reduced (CPU) */
-  double beta_copy;   /* s per byte of a copy that is not a message: a COPY step, a
-                         received slice kept in the user's buffer (CPU); 0 in the plain
-                         α-β model */
-  size_t slot;        /* bytes per FIFO slot (the executor's slice) */
-  int depth;          /* slots per connection */
-  sim_cpu cpu;        /* the CPU model (off: the plain α-β-γ costs above) */
+  int cores;        /* per host: at most this many ranks' CPU work at once (0: per_host) */
+  double alpha[2];  /* s from a slice being posted to it being visible at the receiver */
+  double beta[2];   /* s per byte a slice occupies its link: on shm the sender's CPU (it
+                       copies into the peer's slot), on the network the sending host's NIC
+                       out and the receiving host's NIC in, shared by all their flows */
+  double gamma;     /* s per byte reduced (CPU) */
+  double beta_copy; /* s per byte of a copy that is not a message: a COPY step, a
+                       received slice kept in the user's buffer (CPU); 0 in the plain
+                       α-β model */
+  size_t slot;      /* bytes per FIFO slot (the executor's slice) */
+  int depth;        /* slots per connection */
+  sim_cpu cpu;      /* the CPU model (off: the plain α-β-γ costs above) */
   /* A token-bucket shaper on every NIC direction (tc tbf, as scripts/netns.sh caps its
    * links): `burst` bytes of tokens, refilled at the NIC's rate (1/beta[SIM_NET]) while
    * below it; bytes covered by tokens leave at beta_line s/byte (the unshaped link),
@@ -123,7 +123,7 @@ typedef struct {
 typedef struct sim_trace {
   FILE *f;
   int pid;
-  bool any;          /* an event is written: the next needs a comma */
+  bool any; /* an event is written: the next needs a comma */
   char label[96];
 } sim_trace;
 bool sim_trace_open(sim_trace *t, const char *path);
@@ -153,12 +153,12 @@ typedef struct {
 
 typedef struct {
   int nranks;
-  sim_step *table;       /* the distinct steps */
+  sim_step *table; /* the distinct steps */
   size_t ntable, captable;
-  uint32_t *refs;        /* every rank's steps, rank after rank, as indices into table */
-  size_t *first;         /* rank r's steps are refs[first[r] .. first[r+1]) */
-  uint64_t *rounds;      /* rounds rank r's executor runs: max over steps of slices + delay */
-  size_t *hash;          /* open addressing over table (index + 1; 0 empty) */
+  uint32_t *refs;   /* every rank's steps, rank after rank, as indices into table */
+  size_t *first;    /* rank r's steps are refs[first[r] .. first[r+1]) */
+  uint64_t *rounds; /* rounds rank r's executor runs: max over steps of slices + delay */
+  size_t *hash;     /* open addressing over table (index + 1; 0 empty) */
   size_t hashcap;
 } sim_plans;
 
@@ -220,12 +220,12 @@ bool sim_cpu_nt(const sim_call *call, int nranks, double nt_bytes);
 /* ---- sim_engine.c ----------------------------------------------------------------- */
 
 typedef struct {
-  double seconds;        /* when the last rank finished */
-  uint64_t ops;          /* slice operations run */
-  uint64_t messages;     /* slices sent */
-  double net_bytes;      /* bytes that crossed hosts */
+  double seconds;    /* when the last rank finished */
+  uint64_t ops;      /* slice operations run */
+  uint64_t messages; /* slices sent */
+  double net_bytes;  /* bytes that crossed hosts */
   double shm_bytes;
-  double busiest_nic;    /* s the busiest NIC direction was busy */
+  double busiest_nic; /* s the busiest NIC direction was busy */
 } sim_result;
 
 /* Runs the plans on the model.  With ck, every slice's contents go through the checker
@@ -235,9 +235,8 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
                     sim_result *res, char *why, size_t why_len);
 
 /* Convenience: plans + run (+ checks when `check`), for one call on one model. */
-coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check,
-                         sim_edit_fn edit, void *edit_ctx, sim_result *res, char *why,
-                         size_t why_len);
+coll_result sim_call_run(const sim_model *m, const sim_call *call, bool check, sim_edit_fn edit,
+                         void *edit_ctx, sim_result *res, char *why, size_t why_len);
 
 /* The count and slice (elements) --validate and test_sim use for collective c by algorithm
  * a on n ranks: uneven chunks (counts not divisible by n) and, up to 64 ranks, steps of

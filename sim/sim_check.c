@@ -55,11 +55,11 @@ enum { INIT_CONTRIB, INIT_GARBAGE, INIT_MIXED };
 struct sim_checker {
   sim_call c;
   int n;
-  store *st;          /* 2 per rank */
-  uint8_t *init1;     /* per rank: store 1's initial contents */
-  uint64_t *h, *k;    /* per rank: its hash and odd step */
+  store *st;       /* 2 per rank */
+  uint8_t *init1;  /* per rank: store 1's initial contents */
+  uint64_t *h, *k; /* per rank: its hash and odd step */
   uint64_t H, KS, C, K0, M;
-  run *tmp[3];        /* scratch run lists, kept between operations */
+  run *tmp[3]; /* scratch run lists, kept between operations */
   size_t tmpcap[3];
 };
 
@@ -93,14 +93,16 @@ static void lens(const sim_checker *ck, int r, uint64_t *sl, uint64_t *rl) {
 /* Where (buffer, offset) of rank r lives: which of its two stores, at what shift. */
 static int store_of(const sim_checker *ck, int r, int buf, uint64_t *shift) {
   *shift = 0;
-  bool ip = ck->c.in_place && !((ck->c.coll == COLL_COLL_GATHER || ck->c.coll == COLL_COLL_SCATTER) &&
-                                r != ck->c.root);
+  bool ip = ck->c.in_place &&
+            !((ck->c.coll == COLL_COLL_GATHER || ck->c.coll == COLL_COLL_SCATTER) &&
+              r != ck->c.root);
   if (!ip) return buf;
   uint64_t cnt = ck->c.count;
   switch (ck->c.coll) {
   case COLL_COLL_REDUCE_SCATTER:
   case COLL_COLL_SCATTER:
-    if (buf == COLL_BUF_RECV) *shift = (uint64_t)(ck->c.coll == COLL_COLL_SCATTER ? ck->c.root : r) * cnt;
+    if (buf == COLL_BUF_RECV)
+      *shift = (uint64_t)(ck->c.coll == COLL_COLL_SCATTER ? ck->c.root : r) * cnt;
     return 0;
   case COLL_COLL_ALL_GATHER:
   case COLL_COLL_GATHER:
@@ -116,12 +118,8 @@ static run contrib(const sim_checker *ck, int r, uint64_t x) {
   run o = {.off = x, .len = UINT64_MAX};
   switch (ck->c.coll) {
   case COLL_COLL_ALL_GATHER:
-  case COLL_COLL_GATHER:
-    o.base = ck->C + ((uint64_t)r * cnt + x) * ck->K0, o.step = ck->K0;
-    break;
-  case COLL_COLL_SCATTER:
-    o.base = ck->C + x * ck->K0, o.step = ck->K0;
-    break;
+  case COLL_COLL_GATHER: o.base = ck->C + ((uint64_t)r * cnt + x) * ck->K0, o.step = ck->K0; break;
+  case COLL_COLL_SCATTER: o.base = ck->C + x * ck->K0, o.step = ck->K0; break;
   case COLL_COLL_ALL_TO_ALL: {
     uint64_t p = x / cnt, j = x % cnt;
     o.base = ck->h[p] + ((uint64_t)r * cnt + j) * ck->k[p], o.step = ck->k[p];
@@ -166,8 +164,9 @@ sim_checker *sim_check_new(int n, const sim_call *call) {
     ck->h[q] = splitmix(0x1234u + 2 * (uint64_t)q);
     ck->k[q] = splitmix(0x5678u + 2 * (uint64_t)q + 1) | 1;
     ck->H += ck->h[q], ck->KS += ck->k[q];
-    bool ip = call->in_place && !((call->coll == COLL_COLL_GATHER || call->coll == COLL_COLL_SCATTER) &&
-                                  q != call->root);
+    bool ip = call->in_place &&
+              !((call->coll == COLL_COLL_GATHER || call->coll == COLL_COLL_SCATTER) &&
+                q != call->root);
     ck->init1[q] = INIT_GARBAGE;
     if (ip && (call->coll == COLL_COLL_ALL_GATHER || call->coll == COLL_COLL_GATHER))
       ck->init1[q] = INIT_MIXED;
@@ -228,8 +227,10 @@ static bool read_range(sim_checker *ck, int r, int s, uint64_t o, uint64_t m, li
   size_t lo = 0, hi = S->n; /* first run ending after o */
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if (S->r[mid].off + S->r[mid].len <= o) lo = mid + 1;
-    else hi = mid;
+    if (S->r[mid].off + S->r[mid].len <= o)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   uint64_t x = o, end = o + m;
   size_t i = lo;
@@ -261,13 +262,16 @@ static bool write_range(sim_checker *ck, int r, int s, uint64_t o, const run *in
   size_t lo = 0, hi = S->n;
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if (S->r[mid].off + S->r[mid].len <= o) lo = mid + 1;
-    else hi = mid;
+    if (S->r[mid].off + S->r[mid].len <= o)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   size_t j = lo; /* runs [lo, j) overlap the range */
   while (j < S->n && S->r[j].off < end) j++;
   run left = {0}, right = {0};
-  bool has_left = lo < j && S->r[lo].off < o, has_right = lo < j && S->r[j - 1].off + S->r[j - 1].len > end;
+  bool has_left = lo < j && S->r[lo].off < o,
+       has_right = lo < j && S->r[j - 1].off + S->r[j - 1].len > end;
   if (has_left) left = S->r[lo], left.len = o - left.off;
   if (has_right) {
     right = S->r[j - 1];
@@ -312,8 +316,11 @@ static bool add_lists(const run *a, size_t na, const run *b, size_t nb, list *ou
   while (i < na && j < nb) {
     const run *p = &a[i], *q = &b[j];
     uint64_t e = p->off + p->len < q->off + q->len ? p->off + p->len : q->off + q->len;
-    run s = {.off = x, .len = e - x, .base = p->base + (x - p->off) * p->step + q->base +
-             (x - q->off) * q->step, .step = p->step + q->step, .bad = p->bad | q->bad};
+    run s = {.off = x,
+             .len = e - x,
+             .base = p->base + (x - p->off) * p->step + q->base + (x - q->off) * q->step,
+             .step = p->step + q->step,
+             .bad = p->bad | q->bad};
     if (!(out->n && joins(&out->r[out->n - 1], &s)) && !push(out, s)) return false;
     x = e;
     if (p->off + p->len == e) i++;
@@ -387,8 +394,10 @@ bool sim_check_op(sim_checker *ck, int r, const sim_step *s, uint64_t off, uint6
   }
   if (ok && keep) {
     if (s->dst_buf == COLL_BUF_RECV && rl == 0)
-      return fail(why, why_len, "rank %d step %s writes a receive buffer this rank does not "
-                  "have (%s)", r, s, coll_coll_name(ck->c.coll));
+      return fail(why, why_len,
+                  "rank %d step %s writes a receive buffer this rank does not "
+                  "have (%s)",
+                  r, s, coll_coll_name(ck->c.coll));
     ok = write_range(ck, r, dst, s->dst_off + off + ds, keep->r, keep->n, m);
   }
   if (ok && result && !(*out = payload_of(result))) ok = false;
@@ -404,9 +413,7 @@ static void expected(const sim_checker *ck, int r, uint64_t *base, uint64_t *ste
   uint64_t cnt = ck->c.count;
   switch (ck->c.coll) {
   case COLL_COLL_ALL_REDUCE:
-  case COLL_COLL_REDUCE:
-    *base = ck->M * ck->H, *step = ck->M * ck->KS;
-    break;
+  case COLL_COLL_REDUCE: *base = ck->M * ck->H, *step = ck->M * ck->KS; break;
   case COLL_COLL_REDUCE_SCATTER:
     *base = ck->M * (ck->H + (uint64_t)r * cnt * ck->KS), *step = ck->M * ck->KS;
     break;
@@ -439,14 +446,15 @@ bool sim_check_final(sim_checker *ck, char *why, size_t why_len) {
       if (good) continue;
       const char *what = x->bad ? "was never written (or holds values computed from unwritten "
                                   "memory)"
-                       : reducing(ck->c.coll)
-                           ? "does not hold every rank's contribution exactly once, each from "
-                             "the same element, finished once"
-                           : "does not hold the block that belongs there";
-      snprintf(why, why_len, "%s/%s N=%d count=%zu: rank %d, elements %llu..%llu of its "
-               "output %s", coll_algo_name(ck->c.algo), coll_coll_name(ck->c.coll), ck->n,
-               ck->c.count, r, (unsigned long long)x->off,
-               (unsigned long long)(x->off + x->len - 1), what);
+                         : reducing(ck->c.coll)
+                             ? "does not hold every rank's contribution exactly once, each from "
+                               "the same element, finished once"
+                             : "does not hold the block that belongs there";
+      snprintf(why, why_len,
+               "%s/%s N=%d count=%zu: rank %d, elements %llu..%llu of its "
+               "output %s",
+               coll_algo_name(ck->c.algo), coll_coll_name(ck->c.coll), ck->n, ck->c.count, r,
+               (unsigned long long)x->off, (unsigned long long)(x->off + x->len - 1), what);
       ok = false;
       break;
     }

@@ -96,8 +96,10 @@ double sim_cache_hit(double r) {
   double lo = 0, hi = 1 - 1e-12; /* p - exp(-r(1-p)): below zero at 0, above just below 1 */
   for (int i = 0; i < 80; i++) {
     double p = 0.5 * (lo + hi);
-    if (p - exp(-r * (1 - p)) < 0) lo = p;
-    else hi = p;
+    if (p - exp(-r * (1 - p)) < 0)
+      lo = p;
+    else
+      hi = p;
   }
   return 0.5 * (lo + hi);
 }

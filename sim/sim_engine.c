@@ -69,11 +69,11 @@
 #include "sim.h"
 
 typedef struct {
-  double t;             /* when the slice is visible to the receiver */
-  uint64_t n;           /* elements */
+  double t;   /* when the slice is visible to the receiver */
+  uint64_t n; /* elements */
   sim_payload *pl;
-  bool read;            /* the receiver has read this slot (CPU model: its core's cache */
-  double mark;          /* may still hold it): that core's bytes touched then */
+  bool read;   /* the receiver has read this slot (CPU model: its core's cache */
+  double mark; /* may still hold it): that core's bytes touched then */
 } slot;
 
 typedef struct {
@@ -88,13 +88,13 @@ typedef struct {
 enum { ON_CORE = 0, QUEUED, ASLEEP, WAKING };
 
 typedef struct {
-  uint64_t round, idx;  /* the executor's position: round j, step i */
-  int call;             /* loop: the calls this rank has finished */
+  uint64_t round, idx; /* the executor's position: round j, step i */
+  int call;            /* loop: the calls this rank has finished */
   bool done, busy;
   double busy_until;
-  uint32_t held[2];     /* FIFOs whose slots the running operation holds (conn index + 1) */
-  uint8_t where;        /* sched: ON_CORE, QUEUED, ASLEEP, or WAKING (a wake event due) */
-  int yields;           /* sched: yields since it last ran an operation */
+  uint32_t held[2];        /* FIFOs whose slots the running operation holds (conn index + 1) */
+  uint8_t where;           /* sched: ON_CORE, QUEUED, ASLEEP, or WAKING (a wake event due) */
+  int yields;              /* sched: yields since it last ran an operation */
   double call_t0, core_t0; /* trace: when its call began, when it last took a core */
 } rank_state;
 
@@ -113,31 +113,31 @@ typedef struct {
   rank_state *rs;
   conn *conns;
   size_t nconns;
-  uint64_t *ckeys;      /* open addressing: (src*n + dst) + 1 -> conn index in cval */
+  uint64_t *ckeys; /* open addressing: (src*n + dst) + 1 -> conn index in cval */
   uint32_t *cval;
   size_t ccap;
   event *heap;
   size_t nheap;
   uint64_t seq;
-  double *core_free;    /* per host, `cores` entries */
-  double *fp;           /* per host: max(0, 1 - C/F), F its FIFOs' slot bytes */
-  double *ws;           /* per host: W, its ranks' buffers and its FIFOs' slots */
-  double *hit;          /* per host: the share of its accesses the last-level cache holds */
-  int *running;         /* per host: its ranks running an operation now */
-  double *touched;      /* per private cache (a core's, bound or a core per rank; else a
-                           rank's): the bytes its operations have streamed so far, */
-  double *wcore;        /* and its working set: its ranks' buffers, their FIFOs' slots; */
-  double *miss;         /* and what share of what it streams misses its cache (rfo_cost) */
+  double *core_free; /* per host, `cores` entries */
+  double *fp;        /* per host: max(0, 1 - C/F), F its FIFOs' slot bytes */
+  double *ws;        /* per host: W, its ranks' buffers and its FIFOs' slots */
+  double *hit;       /* per host: the share of its accesses the last-level cache holds */
+  int *running;      /* per host: its ranks running an operation now */
+  double *touched;   /* per private cache (a core's, bound or a core per rank; else a
+                        rank's): the bytes its operations have streamed so far, */
+  double *wcore;     /* and its working set: its ranks' buffers, their FIFOs' slots; */
+  double *miss;      /* and what share of what it streams misses its cache (rfo_cost) */
   double *nic_tx, *nic_rx, *nic_busy;
-  double *tok;          /* per host: tokens of the tx [2h] and rx [2h+1] shapers, */
-  double *tok_t;        /* as of this time */
+  double *tok;   /* per host: tokens of the tx [2h] and rx [2h+1] shapers, */
+  double *tok_t; /* as of this time */
   int cores, hosts;
-  bool oversub;         /* a host's ranks outnumber its cores */
-  bool sched;           /* ... and the scheduler is modelled (m->cpu.sched) */
+  bool oversub; /* a host's ranks outnumber its cores */
+  bool sched;   /* ... and the scheduler is modelled (m->cpu.sched) */
   /* sched: a run queue per host (unbound) or per core (bound): a ring of per_host ranks
    * waiting for one of its cores, the ring's front and length, and its idle cores */
   int *rq, *rq_head, *rq_len, *idle;
-  int nq, qcores;       /* queues, and cores per queue */
+  int nq, qcores; /* queues, and cores per queue */
   sim_result res;
   char *why;
   size_t why_len;
@@ -236,10 +236,11 @@ static void trace_span(engine *e, int r, int tid, double t0, double t1, const ch
                        const char *cat, const char *args) {
   sim_trace *t = e->m->trace;
   if (!t || t1 < t0) return;
-  fprintf(t->f, "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
-          "\"name\":\"%s\",\"cat\":\"%s\"%s%s%s}", t->any ? ",\n" : "", t->pid + r, tid,
-          t0 * 1e6, (t1 - t0) * 1e6, name, cat, args ? ",\"args\":{" : "", args ? args : "",
-          args ? "}" : "");
+  fprintf(t->f,
+          "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
+          "\"name\":\"%s\",\"cat\":\"%s\"%s%s%s}",
+          t->any ? ",\n" : "", t->pid + r, tid, t0 * 1e6, (t1 - t0) * 1e6, name, cat,
+          args ? ",\"args\":{" : "", args ? args : "", args ? "}" : "");
   t->any = true;
 }
 
@@ -247,12 +248,16 @@ static void trace_names(engine *e) {
   sim_trace *t = e->m->trace;
   static const char *tracks[] = {"calls", "operations", "on a core"};
   for (int r = 0; r < e->n; r++) {
-    fprintf(t->f, "%s{\"ph\":\"M\",\"pid\":%d,\"name\":\"process_name\",\"args\":"
-            "{\"name\":\"%s: rank %d\"}}", t->any ? ",\n" : "", t->pid + r, t->label, r);
+    fprintf(t->f,
+            "%s{\"ph\":\"M\",\"pid\":%d,\"name\":\"process_name\",\"args\":"
+            "{\"name\":\"%s: rank %d\"}}",
+            t->any ? ",\n" : "", t->pid + r, t->label, r);
     t->any = true;
     for (int k = 0; k < (e->sched ? 3 : 2); k++)
-      fprintf(t->f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\","
-              "\"args\":{\"name\":\"%s\"}}", t->pid + r, k, tracks[k]);
+      fprintf(t->f,
+              ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\","
+              "\"args\":{\"name\":\"%s\"}}",
+              t->pid + r, k, tracks[k]);
   }
 }
 
@@ -550,11 +555,13 @@ static coll_result step_rank(engine *e, int r, double now) {
       }
       if (sl->n != m) {
         char msg[320];
-        snprintf(msg, sizeof msg, "rank %d step %llu (%s) round %llu expected a slice of %llu "
+        snprintf(msg, sizeof msg,
+                 "rank %d step %llu (%s) round %llu expected a slice of %llu "
                  "elements from rank %d but the next one on that FIFO has %llu: sends and "
-                 "receives do not pair up", r, (unsigned long long)s->idx,
-                 coll_step_name((coll_step_kind)st->kind), (unsigned long long)s->round,
-                 (unsigned long long)m, c->src, (unsigned long long)sl->n);
+                 "receives do not pair up",
+                 r, (unsigned long long)s->idx, coll_step_name((coll_step_kind)st->kind),
+                 (unsigned long long)s->round, (unsigned long long)m, c->src,
+                 (unsigned long long)sl->n);
         return fail(e, msg);
       }
     }
@@ -628,9 +635,11 @@ static coll_result step_rank(engine *e, int r, double now) {
     e->res.ops++;
     if (e->m->trace) {
       char args[160];
-      snprintf(args, sizeof args, "\"step\":%llu,\"slice\":%llu,\"bytes\":%.0f,"
-               "\"peer_in\":%d,\"peer_out\":%d", (unsigned long long)s->idx,
-               (unsigned long long)(s->round - st->delay), b, pin, pout);
+      snprintf(args, sizeof args,
+               "\"step\":%llu,\"slice\":%llu,\"bytes\":%.0f,"
+               "\"peer_in\":%d,\"peer_out\":%d",
+               (unsigned long long)s->idx, (unsigned long long)(s->round - st->delay), b, pin,
+               pout);
       trace_span(e, r, 1, now, end, coll_step_name(k), "step", args);
     }
     if (++s->idx == ns) s->idx = 0, s->round++;
@@ -696,9 +705,10 @@ static coll_result run_call(engine *e, double start) {
   if (stuck >= 0) {
     const rank_state *s = &e->rs[stuck];
     const sim_step *st = sim_plans_step(p, stuck, s->idx);
-    snprintf(e->why, e->why_len, "deadlock with FIFOs of %d slots: %d ranks can never finish; "
-             "rank %d waits in round %llu at step %llu (%s, from %d to %d)", e->depth, count,
-             stuck, (unsigned long long)s->round, (unsigned long long)s->idx,
+    snprintf(e->why, e->why_len,
+             "deadlock with FIFOs of %d slots: %d ranks can never finish; "
+             "rank %d waits in round %llu at step %llu (%s, from %d to %d)",
+             e->depth, count, stuck, (unsigned long long)s->round, (unsigned long long)s->idx,
              coll_step_name((coll_step_kind)st->kind), sim_peer(stuck, st->din, e->n),
              sim_peer(stuck, st->dout, e->n));
     return COLL_ERR_MISMATCH;
@@ -715,14 +725,21 @@ static coll_result run_call(engine *e, double start) {
 
 coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_checker *ck,
                     sim_result *res, char *why, size_t why_len) {
-  engine e = {.p = p, .m = m, .es = es, .ck = ck, .n = p->nranks, .depth = m->depth,
-              .why = why, .why_len = why_len};
+  engine e = {.p = p,
+              .m = m,
+              .es = es,
+              .ck = ck,
+              .n = p->nranks,
+              .depth = m->depth,
+              .why = why,
+              .why_len = why_len};
   coll_result rc = COLL_OK;
   memset(res, 0, sizeof *res);
   if (m->per_host < 1 || m->depth < 1 || m->slot < es || es == 0 || p->nranks != m->nranks ||
       m->burst < 0 || (m->burst > 0 && (m->beta_line < 0 || m->beta[SIM_NET] <= 0)) ||
       (ck && (m->calls > 1 || m->loop > 1)) || (m->loop > 1 && m->calls > 1)) {
-    snprintf(why, why_len, "the model needs ranks per host >= 1, FIFO depth >= 1, a slot of "
+    snprintf(why, why_len,
+             "the model needs ranks per host >= 1, FIFO depth >= 1, a slot of "
              "at least one element, the plans' number of ranks, a shaper (if any) with a "
              "rate and a line speed, one call when its contents are checked, and calls "
              "with barriers or a loop, not both");
@@ -757,8 +774,7 @@ coll_result sim_run(const sim_plans *p, const sim_model *m, size_t es, sim_check
   e.tok = calloc(2 * (size_t)e.hosts, sizeof(double));
   e.tok_t = calloc(2 * (size_t)e.hosts, sizeof(double));
   if (!e.rs || !e.heap || !e.core_free || !e.fp || !e.ws || !e.hit || !e.running || !e.touched ||
-      !e.wcore || !e.miss || !e.nic_tx || !e.nic_rx || !e.nic_busy ||
-      !e.tok || !e.tok_t)
+      !e.wcore || !e.miss || !e.nic_tx || !e.nic_rx || !e.nic_busy || !e.tok || !e.tok_t)
     goto oom;
   for (int k = 0; k < 2 * e.hosts; k++) e.tok[k] = m->burst; /* idle before: full */
   if (m->trace) trace_names(&e);
@@ -883,8 +899,10 @@ void sim_validation_case(coll_coll_kind c, coll_algo a, int n, size_t *count, si
   bool rooted = c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE;
   if (c == COLL_COLL_ALL_REDUCE || rooted) {
     *count = 2 * (size_t)n + 3; /* ring chunks of 2 and 3 elements */
-    if (a == COLL_ALGO_RING && !rooted) *slice = small ? 2 : 3;
-    else *slice = *count / (small ? 16 : 4) + 1; /* whole-vector steps: a few slices */
+    if (a == COLL_ALGO_RING && !rooted)
+      *slice = small ? 2 : 3;
+    else
+      *slice = *count / (small ? 16 : 4) + 1; /* whole-vector steps: a few slices */
   } else {
     *count = 3; /* blocks (per rank) */
     *slice = small ? 2 : 3;
@@ -959,7 +977,7 @@ bool sim_trace_open(sim_trace *t, const char *path) {
   memset(t, 0, sizeof *t);
   if (!(t->f = fopen(path, "w"))) return false;
   fprintf(t->f, "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":\"coll-sim\"},"
-          "\"traceEvents\":[\n");
+                "\"traceEvents\":[\n");
   return true;
 }
 

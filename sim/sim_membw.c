@@ -34,7 +34,7 @@ typedef enum { K_COPY, K_NT, K_REDUCE } kernel;
 
 typedef struct {
   kernel k;
-  size_t ws;      /* working set of this thread, bytes */
+  size_t ws; /* working set of this thread, bytes */
   int reps;
   double ns_per_byte;
   pthread_barrier_t *bar;
@@ -142,8 +142,8 @@ static void *consumer(void *arg) {
 
 static void handover(void) {
   printf("# hand-over through a FIFO of 8 x 64 KiB slots between two threads: ns per byte "
-         "of the producer's copy in, the consumer's copy out\n#%10s %10s %10s\n", "W", "in",
-         "out");
+         "of the producer's copy in, the consumer's copy out\n#%10s %10s %10s\n",
+         "W", "in", "out");
   for (size_t ws = 192 * 1024; ws <= (size_t)192 << 20; ws *= 4) {
     fifo f = {.part = ws / 2 / SLICE * SLICE, .passes = ws <= (4u << 20) ? 40 : 5};
     f.slots = aligned_alloc(4096, NSLOTS * SLICE);
@@ -205,7 +205,8 @@ static void pingpong(void) {
   }
   printf("# pingpong: a slot written on CPU %d and read on CPU %d in turn; ns per byte of the "
          "writer's copy, of the same copy with both ends on one CPU, and the difference\n"
-         "#%10s %10s %10s %10s\n", cpus[0], cpus[1], "slot", "write", "local", "rfo");
+         "#%10s %10s %10s %10s\n",
+         cpus[0], cpus[1], "slot", "write", "local", "rfo");
   for (size_t b = 16 * 1024; b <= 256 * 1024; b *= 2) {
     pingpong_t p = {.b = b, .iters = 2000, .cpu = cpus[1]};
     p.slot = aligned_alloc(4096, b), p.src = aligned_alloc(4096, b), p.dst = aligned_alloc(4096, b);
@@ -255,10 +256,11 @@ int main(int argc, char **argv) {
   }
   /* The whole curve in steps of 2; knee: W per thread 4-32 MiB in steps of 2^(1/4), where
    * the host's W (threads x W) crosses the last-level cache (coll-sim --cache-ways). */
-  size_t from = knee ? (size_t)4 << 20 : 192 * 1024, to = knee ? (size_t)32 << 20 : (size_t)768 << 20;
+  size_t from = knee ? (size_t)4 << 20 : 192 * 1024,
+         to = knee ? (size_t)32 << 20 : (size_t)768 << 20;
   printf("# sim-membw: ns per byte of output, %d thread(s) at once, slices of 64 KiB; "
-         "W = bytes touched per thread\n#%10s %10s %10s %10s\n", threads, "W", "copy",
-         "nt-copy", "reduce");
+         "W = bytes touched per thread\n#%10s %10s %10s %10s\n",
+         threads, "W", "copy", "nt-copy", "reduce");
   for (int i = 0;; i++) {
     size_t ws = (size_t)((double)from * pow(2, knee ? i / 4.0 : i)) / 4096 * 4096;
     if (ws > to) break;

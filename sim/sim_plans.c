@@ -92,7 +92,9 @@ void sim_plans_free(sim_plans *p) {
   memset(p, 0, sizeof *p);
 }
 
-static int32_t rel(int peer, int r, int n) { return peer < 0 ? -1 : (int32_t)(((peer - r) % n + n) % n); }
+static int32_t rel(int peer, int r, int n) {
+  return peer < 0 ? -1 : (int32_t)(((peer - r) % n + n) % n);
+}
 
 coll_result sim_plans_build(sim_plans *p, int n, const sim_call *call, size_t slice,
                             sim_edit_fn edit, void *edit_ctx, char *why, size_t why_len) {
@@ -111,9 +113,14 @@ coll_result sim_plans_build(sim_plans *p, int n, const sim_call *call, size_t sl
   coll_result res = COLL_OK;
   if (!st || !p->refs || !p->first || !p->rounds) goto oom;
   for (int r = 0; r < n; r++) {
-    coll_plan_args a = {.coll = call->coll, .algo = call->algo, .count = call->count,
-                        .nranks = n, .rank = r, .root = call->root,
-                        .in_place = call->in_place, .slice = slice};
+    coll_plan_args a = {.coll = call->coll,
+                        .algo = call->algo,
+                        .count = call->count,
+                        .nranks = n,
+                        .rank = r,
+                        .root = call->root,
+                        .in_place = call->in_place,
+                        .slice = slice};
     if ((call->coll == COLL_COLL_GATHER || call->coll == COLL_COLL_SCATTER) && r != call->root)
       a.in_place = 0; /* only the root can be in place */
     size_t ns = 0;
@@ -134,7 +141,8 @@ coll_result sim_plans_build(sim_plans *p, int n, const sim_call *call, size_t sl
     }
     for (size_t i = 0; i < ns; i++) {
       const coll_step *s = &st[i];
-      int peers[3] = {s->peer_in, s->peer_out, s->kind == COLL_STEP_RECV2_REDUCE_SEND ? s->peer_in2 : -1};
+      int peers[3] = {s->peer_in, s->peer_out,
+                      s->kind == COLL_STEP_RECV2_REDUCE_SEND ? s->peer_in2 : -1};
       for (int q = 0; q < 3; q++)
         if (peers[q] >= n || peers[q] == r || peers[q] < -1) {
           snprintf(why, why_len, "%s/%s N=%d: rank %d step %zu (%s) names peer %d",
@@ -144,17 +152,24 @@ coll_result sim_plans_build(sim_plans *p, int n, const sim_call *call, size_t sl
           goto out;
         }
       if (s->count == 0) {
-        snprintf(why, why_len, "%s/%s N=%d: rank %d step %zu has no elements (plans leave "
-                 "those out on both ends)", coll_algo_name(call->algo),
-                 coll_coll_name(call->coll), n, r, i);
+        snprintf(why, why_len,
+                 "%s/%s N=%d: rank %d step %zu has no elements (plans leave "
+                 "those out on both ends)",
+                 coll_algo_name(call->algo), coll_coll_name(call->coll), n, r, i);
         res = COLL_ERR_MISMATCH;
         goto out;
       }
-      sim_step c = {.count = s->count, .src_off = s->src_off, .dst_off = s->dst_off,
-                    .delay = s->delay, .din = rel(s->peer_in, r, n),
-                    .dout = rel(s->peer_out, r, n), .din2 = rel(peers[2], r, n),
-                    .kind = (uint8_t)s->kind, .final = (uint8_t)(s->final != 0),
-                    .src_buf = (uint8_t)s->src_buf, .dst_buf = (uint8_t)s->dst_buf};
+      sim_step c = {.count = s->count,
+                    .src_off = s->src_off,
+                    .dst_off = s->dst_off,
+                    .delay = s->delay,
+                    .din = rel(s->peer_in, r, n),
+                    .dout = rel(s->peer_out, r, n),
+                    .din2 = rel(peers[2], r, n),
+                    .kind = (uint8_t)s->kind,
+                    .final = (uint8_t)(s->final != 0),
+                    .src_buf = (uint8_t)s->src_buf,
+                    .dst_buf = (uint8_t)s->dst_buf};
       if (!intern(p, &c, &p->refs[at + i])) goto oom;
       uint64_t k = (s->count + slice - 1) / slice + s->delay;
       if (k > p->rounds[r]) p->rounds[r] = k;

@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 typedef struct {
-  _Atomic uint32_t word;  /* the futex: the token's count */
+  _Atomic uint32_t word; /* the futex: the token's count */
   _Atomic int stop, asleep;
   _Atomic long count[64];
 } shared;
@@ -51,8 +51,7 @@ static long fwake(_Atomic uint32_t *w) {
 }
 
 static void reap(void) {
-  while (wait(NULL) > 0) {
-  }
+  while (wait(NULL) > 0) {}
 }
 
 /* P processes yielding for `secs`: seconds of core time per yield. */

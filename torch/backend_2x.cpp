@@ -37,8 +37,12 @@ class BackendLibcoll : public c10d::Backend {
   using Tensors = std::vector<at::Tensor>;
   using TensorLists = std::vector<std::vector<at::Tensor>>;
 
-  WorkPtr broadcast(Tensors &t, const c10d::BroadcastOptions &o) override { return core_.broadcast(t, o); }
-  WorkPtr allreduce(Tensors &t, const c10d::AllreduceOptions &o) override { return core_.allreduce(t, o); }
+  WorkPtr broadcast(Tensors &t, const c10d::BroadcastOptions &o) override {
+    return core_.broadcast(t, o);
+  }
+  WorkPtr allreduce(Tensors &t, const c10d::AllreduceOptions &o) override {
+    return core_.allreduce(t, o);
+  }
   WorkPtr allreduce_coalesced(Tensors &t, const c10d::AllreduceCoalescedOptions &o) override {
     return core_.allreduce_coalesced(t, o);
   }
@@ -46,10 +50,12 @@ class BackendLibcoll : public c10d::Backend {
   WorkPtr allgather(TensorLists &out, Tensors &in, const c10d::AllgatherOptions &o) override {
     return core_.allgather(out, in, o);
   }
-  WorkPtr _allgather_base(at::Tensor &out, at::Tensor &in, const c10d::AllgatherOptions &o) override {
+  WorkPtr _allgather_base(at::Tensor &out, at::Tensor &in,
+                          const c10d::AllgatherOptions &o) override {
     return core_.allgather_base(out, in, o);
   }
-  WorkPtr allgather_coalesced(TensorLists &out, Tensors &in, const c10d::AllgatherOptions &o) override {
+  WorkPtr allgather_coalesced(TensorLists &out, Tensors &in,
+                              const c10d::AllgatherOptions &o) override {
     return core_.allgather_coalesced(out, in, o);
   }
   WorkPtr gather(TensorLists &out, Tensors &in, const c10d::GatherOptions &o) override {
@@ -58,7 +64,8 @@ class BackendLibcoll : public c10d::Backend {
   WorkPtr scatter(Tensors &out, TensorLists &in, const c10d::ScatterOptions &o) override {
     return core_.scatter(out, in, o);
   }
-  WorkPtr reduce_scatter(Tensors &out, TensorLists &in, const c10d::ReduceScatterOptions &o) override {
+  WorkPtr reduce_scatter(Tensors &out, TensorLists &in,
+                         const c10d::ReduceScatterOptions &o) override {
     return core_.reduce_scatter(out, in, o);
   }
   WorkPtr _reduce_scatter_base(at::Tensor &out, at::Tensor &in,

@@ -28,8 +28,8 @@ std::runtime_error error(const std::string &what, const std::string &sentence) {
 
 void check_cpu(const at::Tensor &t, const char *what) {
   if (!t.device().is_cpu())
-    throw error(what, "the libcoll backend takes CPU tensors only, this one is on " +
-                          t.device().str());
+    throw error(what,
+                "the libcoll backend takes CPU tensors only, this one is on " + t.device().str());
   if (t.is_sparse())
     throw error(what, "the libcoll backend takes dense tensors only, this one is sparse");
 }
@@ -37,7 +37,8 @@ void check_cpu(const at::Tensor &t, const char *what) {
 void check_one(const std::vector<at::Tensor> &ts, const char *what) {
   if (ts.size() != 1)
     throw error(what, "the libcoll backend takes one tensor per call (one process per "
-                      "device), got " + std::to_string(ts.size()));
+                      "device), got " +
+                          std::to_string(ts.size()));
   check_cpu(ts[0], what);
 }
 
@@ -80,21 +81,21 @@ struct Typed {
 
 Typed typed(at::ScalarType t, const char *what) {
   switch (t) {
-    case at::kFloat: return {COLL_FLOAT32, 1};
-    case at::kDouble: return {COLL_FLOAT64, 1};
-    case at::kHalf: return {COLL_FLOAT16, 1};
-    case at::kBFloat16: return {COLL_BFLOAT16, 1};
-    case at::kChar: return {COLL_INT8, 1};
-    case at::kByte: return {COLL_UINT8, 1};
-    case at::kInt: return {COLL_INT32, 1};
-    case at::kLong: return {COLL_INT64, 1};
-    case at::kBool: return {COLL_UINT8, 1};
-    case at::kComplexFloat: return {COLL_FLOAT32, 2};
-    case at::kComplexDouble: return {COLL_FLOAT64, 2};
-    default:
-      throw error(what, std::string("libcoll cannot reduce ") + c10::toString(t) +
-                            " tensors (it reduces float16, bfloat16, float32, float64, int8, "
-                            "uint8, int32, int64, bool and complex64/128)");
+  case at::kFloat: return {COLL_FLOAT32, 1};
+  case at::kDouble: return {COLL_FLOAT64, 1};
+  case at::kHalf: return {COLL_FLOAT16, 1};
+  case at::kBFloat16: return {COLL_BFLOAT16, 1};
+  case at::kChar: return {COLL_INT8, 1};
+  case at::kByte: return {COLL_UINT8, 1};
+  case at::kInt: return {COLL_INT32, 1};
+  case at::kLong: return {COLL_INT64, 1};
+  case at::kBool: return {COLL_UINT8, 1};
+  case at::kComplexFloat: return {COLL_FLOAT32, 2};
+  case at::kComplexDouble: return {COLL_FLOAT64, 2};
+  default:
+    throw error(what, std::string("libcoll cannot reduce ") + c10::toString(t) +
+                          " tensors (it reduces float16, bfloat16, float32, float64, int8, "
+                          "uint8, int32, int64, bool and complex64/128)");
   }
 }
 
@@ -112,16 +113,16 @@ at::Tensor premul_factor_tensor(const S &s, long) {
 
 const char *op_name(c10d::ReduceOp::RedOpType op) {
   switch (op) {
-    case c10d::ReduceOp::SUM: return "SUM";
-    case c10d::ReduceOp::AVG: return "AVG";
-    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
-    case c10d::ReduceOp::MIN: return "MIN";
-    case c10d::ReduceOp::MAX: return "MAX";
-    case c10d::ReduceOp::BAND: return "BAND";
-    case c10d::ReduceOp::BOR: return "BOR";
-    case c10d::ReduceOp::BXOR: return "BXOR";
-    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
-    default: return "an unknown ReduceOp";
+  case c10d::ReduceOp::SUM: return "SUM";
+  case c10d::ReduceOp::AVG: return "AVG";
+  case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+  case c10d::ReduceOp::MIN: return "MIN";
+  case c10d::ReduceOp::MAX: return "MAX";
+  case c10d::ReduceOp::BAND: return "BAND";
+  case c10d::ReduceOp::BOR: return "BOR";
+  case c10d::ReduceOp::BXOR: return "BXOR";
+  case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+  default: return "an unknown ReduceOp";
   }
 }
 
@@ -141,37 +142,39 @@ Reduction reduction(const c10d::ReduceOp &rop, at::ScalarType t, const char *wha
   const bool is_bool = t == at::kBool, is_complex = at::isComplexType(t);
   const auto op = rop.op_;
   auto refuse = [&](const std::string &why) -> Reduction {
-    throw error(what, std::string("ReduceOp.") + op_name(op) + " is not supported by the "
-                          "libcoll backend" + why);
+    throw error(what, std::string("ReduceOp.") + op_name(op) +
+                          " is not supported by the "
+                          "libcoll backend" +
+                          why);
   };
   switch (op) {
-    case c10d::ReduceOp::SUM: r.op = is_bool ? COLL_MAX : COLL_SUM; break;
-    case c10d::ReduceOp::AVG:
-      if (is_bool) return refuse(" on bool tensors");
-      r.op = COLL_AVG;
-      break;
-    case c10d::ReduceOp::PRODUCT:
-      if (is_complex) return refuse(" on complex tensors (only SUM and AVG are)");
-      r.op = is_bool ? COLL_MIN : COLL_PROD;
-      break;
-    case c10d::ReduceOp::MIN:
-    case c10d::ReduceOp::MAX:
-      if (is_complex) return refuse(" on complex tensors (only SUM and AVG are)");
-      r.op = op == c10d::ReduceOp::MIN ? COLL_MIN : COLL_MAX;
-      break;
-    case c10d::ReduceOp::PREMUL_SUM: {
-      if (is_bool) return refuse(" on bool tensors");
-      auto *s = dynamic_cast<c10d::NCCLPreMulSumSupplement *>(rop.supplement_.get());
-      if (!s) return refuse(" without its factor");
-      r.premul = true;
-      r.op = COLL_SUM;
-      r.factor_tensor = premul_factor_tensor(*s, 0);
-      if (!r.factor_tensor.defined()) r.factor = s->double_factor;
-      break;
-    }
-    default:
-      return refuse(": libcoll has no bitwise reductions (it has SUM, PRODUCT, MIN, MAX, "
-                    "AVG and PREMUL_SUM)");
+  case c10d::ReduceOp::SUM: r.op = is_bool ? COLL_MAX : COLL_SUM; break;
+  case c10d::ReduceOp::AVG:
+    if (is_bool) return refuse(" on bool tensors");
+    r.op = COLL_AVG;
+    break;
+  case c10d::ReduceOp::PRODUCT:
+    if (is_complex) return refuse(" on complex tensors (only SUM and AVG are)");
+    r.op = is_bool ? COLL_MIN : COLL_PROD;
+    break;
+  case c10d::ReduceOp::MIN:
+  case c10d::ReduceOp::MAX:
+    if (is_complex) return refuse(" on complex tensors (only SUM and AVG are)");
+    r.op = op == c10d::ReduceOp::MIN ? COLL_MIN : COLL_MAX;
+    break;
+  case c10d::ReduceOp::PREMUL_SUM: {
+    if (is_bool) return refuse(" on bool tensors");
+    auto *s = dynamic_cast<c10d::NCCLPreMulSumSupplement *>(rop.supplement_.get());
+    if (!s) return refuse(" without its factor");
+    r.premul = true;
+    r.op = COLL_SUM;
+    r.factor_tensor = premul_factor_tensor(*s, 0);
+    if (!r.factor_tensor.defined()) r.factor = s->double_factor;
+    break;
+  }
+  default:
+    return refuse(": libcoll has no bitwise reductions (it has SUM, PRODUCT, MIN, MAX, "
+                  "AVG and PREMUL_SUM)");
   }
   return r;
 }
@@ -207,21 +210,19 @@ int check_root(int64_t root, int size, const char *what) {
 Work::Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
            std::function<void()> after)
-    : c10d::Work(rank, type),
-      stream_(stream),
-      what_(std::move(what)),
-      outputs_(std::move(outputs)),
-      keep_(std::move(keep)),
-      after_(std::move(after)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+    : c10d::Work(rank, type), stream_(stream), what_(std::move(what)), outputs_(std::move(outputs)),
+      keep_(std::move(keep)), after_(std::move(after)),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
 
 Work::~Work() { coll_stream_destroy(stream_); }
 
 void Work::record(coll_result r, const char *sentence) {
   std::exception_ptr e;
   if (r != COLL_OK) {
-    e = std::make_exception_ptr(error(what_ + " failed", sentence ? sentence : coll_result_string(r)));
+    e = std::make_exception_ptr(
+        error(what_ + " failed", sentence ? sentence : coll_result_string(r)));
   } else if (after_) {
     try {
       after_();
@@ -385,7 +386,9 @@ Core::WorkPtr Core::broadcast(Tensors &tensors, const c10d::BroadcastOptions &op
   at::Tensor t = tensors[0], w = wire_of(t);
   return launch(
       c10d::OpType::BROADCAST, what, {t}, {w},
-      [=](coll_stream_t s) { return coll_broadcast(w.data_ptr(), w.data_ptr(), nbytes(w), COLL_UINT8, root, comm_, s); },
+      [=](coll_stream_t s) {
+        return coll_broadcast(w.data_ptr(), w.data_ptr(), nbytes(w), COLL_UINT8, root, comm_, s);
+      },
       [=] { copy_back(t, w); });
 }
 
@@ -399,7 +402,8 @@ Core::WorkPtr Core::allreduce(Tensors &tensors, const c10d::AllreduceOptions &op
   return launch(
       c10d::OpType::ALLREDUCE, what, {t}, {w},
       [=](coll_stream_t s) {
-        return coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(red, w), red.ty.dtype, red.op, comm_, s);
+        return coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(red, w), red.ty.dtype, red.op,
+                               comm_, s);
       },
       [=] { copy_back(t, w); });
 }
@@ -442,8 +446,9 @@ Core::WorkPtr Core::allreduce_coalesced(Tensors &tensors,
       c10d::OpType::ALLREDUCE_COALESCED, what, users, keep,
       [=](coll_stream_t s) {
         for (auto &b : buckets) {
-          coll_result r = coll_all_reduce(b.flat.data_ptr(), b.flat.data_ptr(), count_of(b.red, b.flat),
-                                          b.red.ty.dtype, b.red.op, comm_, s);
+          coll_result r = coll_all_reduce(b.flat.data_ptr(), b.flat.data_ptr(),
+                                          count_of(b.red, b.flat), b.red.ty.dtype, b.red.op, comm_,
+                                          s);
           if (r != COLL_OK) return r;
         }
         return COLL_OK;
@@ -512,7 +517,9 @@ Core::WorkPtr Core::allgather(TensorLists &outputs, Tensors &inputs,
   Tensors outs = outputs[0];
   return launch(
       c10d::OpType::ALLGATHER, what, outs, {in, flat},
-      [=](coll_stream_t s) { return coll_all_gather(in.data_ptr(), flat.data_ptr(), b, COLL_UINT8, comm_, s); },
+      [=](coll_stream_t s) {
+        return coll_all_gather(in.data_ptr(), flat.data_ptr(), b, COLL_UINT8, comm_, s);
+      },
       [=] {
         for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(flat) + i * b);
       });
@@ -529,7 +536,9 @@ Core::WorkPtr Core::allgather_base(at::Tensor &output, at::Tensor &input,
   at::Tensor in = wire_of(input), out = wire_of(output), user = output;
   return launch(
       c10d::OpType::_ALLGATHER_BASE, what, {user}, {in, out},
-      [=](coll_stream_t s) { return coll_all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), COLL_UINT8, comm_, s); },
+      [=](coll_stream_t s) {
+        return coll_all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), COLL_UINT8, comm_, s);
+      },
       [=] { copy_back(user, out); });
 }
 
@@ -562,7 +571,9 @@ Core::WorkPtr Core::allgather_coalesced(TensorLists &outputs, Tensors &inputs,
   TensorLists lists = outputs;
   return launch(
       c10d::OpType::ALLGATHER_COALESCED, what, outs, {in, flat},
-      [=](coll_stream_t s) { return coll_all_gather(in.data_ptr(), flat.data_ptr(), total, COLL_UINT8, comm_, s); },
+      [=](coll_stream_t s) {
+        return coll_all_gather(in.data_ptr(), flat.data_ptr(), total, COLL_UINT8, comm_, s);
+      },
       [=] {
         for (size_t i = 0; i < lists.size(); i++) {
           size_t o = i * total;
@@ -598,14 +609,16 @@ Core::WorkPtr Core::gather(TensorLists &outputs, Tensors &inputs, const c10d::Ga
   return launch(
       c10d::OpType::GATHER, what, outs, {in, flat},
       [=](coll_stream_t s) {
-        return coll_gather(in.data_ptr(), is_root ? flat.data_ptr() : nullptr, b, COLL_UINT8, root, comm_, s);
+        return coll_gather(in.data_ptr(), is_root ? flat.data_ptr() : nullptr, b, COLL_UINT8, root,
+                           comm_, s);
       },
       [=] {
         for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(flat) + i * b);
       });
 }
 
-Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs, const c10d::ScatterOptions &opts) {
+Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs,
+                            const c10d::ScatterOptions &opts) {
   const char *what = "scatter";
   check_one(outputs, what);
   int root = check_root(opts.rootRank, size_, what);
@@ -628,7 +641,8 @@ Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs, const c10d::S
   return launch(
       c10d::OpType::SCATTER, what, {user}, {out, flat},
       [=](coll_stream_t s) {
-        return coll_scatter(is_root ? flat.data_ptr() : nullptr, out.data_ptr(), b, COLL_UINT8, root, comm_, s);
+        return coll_scatter(is_root ? flat.data_ptr() : nullptr, out.data_ptr(), b, COLL_UINT8,
+                            root, comm_, s);
       },
       [=] { copy_back(user, out); });
 }
@@ -652,7 +666,8 @@ Core::WorkPtr Core::reduce_scatter(Tensors &outputs, TensorLists &inputs,
   return launch(
       c10d::OpType::REDUCE_SCATTER, what, {user}, {out, flat},
       [=](coll_stream_t s) {
-        return coll_reduce_scatter(flat.data_ptr(), out.data_ptr(), count_of(red, out), red.ty.dtype, red.op, comm_, s);
+        return coll_reduce_scatter(flat.data_ptr(), out.data_ptr(), count_of(red, out),
+                                   red.ty.dtype, red.op, comm_, s);
       },
       [=] { copy_back(user, out); });
 }
@@ -670,7 +685,8 @@ Core::WorkPtr Core::reduce_scatter_base(at::Tensor &output, at::Tensor &input,
   return launch(
       c10d::OpType::_REDUCE_SCATTER_BASE, what, {user}, {in, out},
       [=](coll_stream_t s) {
-        return coll_reduce_scatter(in.data_ptr(), out.data_ptr(), count_of(red, out), red.ty.dtype, red.op, comm_, s);
+        return coll_reduce_scatter(in.data_ptr(), out.data_ptr(), count_of(red, out), red.ty.dtype,
+                                   red.op, comm_, s);
       },
       [=] { copy_back(user, out); });
 }
@@ -714,7 +730,8 @@ void splits_to_bytes(const at::Tensor &t, const std::vector<int64_t> &splits, in
 
 Core::WorkPtr Core::alltoall_base(at::Tensor &output, at::Tensor &input,
                                   std::vector<int64_t> &output_splits,
-                                  std::vector<int64_t> &input_splits, const c10d::AllToAllOptions &) {
+                                  std::vector<int64_t> &input_splits,
+                                  const c10d::AllToAllOptions &) {
   const char *what = "all_to_all_single";
   check_cpu(output, what);
   check_cpu(input, what);
@@ -780,7 +797,9 @@ Core::WorkPtr Core::recv(Tensors &tensors, int src, int) {
   at::Tensor t = tensors[0], w = wire_of(t);
   return launch(
       c10d::OpType::RECV, what, {t}, {w},
-      [=](coll_stream_t s) { return coll_recv(w.data_ptr(), nbytes(w), COLL_UINT8, src, comm_, s); },
+      [=](coll_stream_t s) {
+        return coll_recv(w.data_ptr(), nbytes(w), COLL_UINT8, src, comm_, s);
+      },
       [=] { copy_back(t, w); });
 }
 

@@ -33,8 +33,7 @@ namespace libcoll_torch {
 class Work : public c10d::Work {
  public:
   Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
-       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
-       std::function<void()> after);
+       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after);
   ~Work() override;
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
@@ -78,8 +77,7 @@ class Core {
   WorkPtr allreduce_coalesced(Tensors &tensors, const c10d::AllreduceCoalescedOptions &opts);
   WorkPtr reduce(Tensors &tensors, const c10d::ReduceOptions &opts);
   WorkPtr allgather(TensorLists &outputs, Tensors &inputs, const c10d::AllgatherOptions &opts);
-  WorkPtr allgather_base(at::Tensor &output, at::Tensor &input,
-                         const c10d::AllgatherOptions &opts);
+  WorkPtr allgather_base(at::Tensor &output, at::Tensor &input, const c10d::AllgatherOptions &opts);
   WorkPtr allgather_coalesced(TensorLists &outputs, Tensors &inputs,
                               const c10d::AllgatherOptions &opts);
   WorkPtr gather(TensorLists &outputs, Tensors &inputs, const c10d::GatherOptions &opts);
@@ -88,9 +86,8 @@ class Core {
                          const c10d::ReduceScatterOptions &opts);
   WorkPtr reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                               const c10d::ReduceScatterOptions &opts);
-  WorkPtr alltoall_base(at::Tensor &output, at::Tensor &input,
-                        std::vector<int64_t> &output_splits, std::vector<int64_t> &input_splits,
-                        const c10d::AllToAllOptions &opts);
+  WorkPtr alltoall_base(at::Tensor &output, at::Tensor &input, std::vector<int64_t> &output_splits,
+                        std::vector<int64_t> &input_splits, const c10d::AllToAllOptions &opts);
   WorkPtr alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllToAllOptions &opts);
   WorkPtr send(Tensors &tensors, int dst, int tag);
   WorkPtr recv(Tensors &tensors, int src, int tag);

@@ -37,8 +37,12 @@ class ProcessGroupLibcoll : public c10d::ProcessGroup {
   using Tensors = std::vector<at::Tensor>;
   using TensorLists = std::vector<std::vector<at::Tensor>>;
 
-  WorkPtr broadcast(Tensors &t, const c10d::BroadcastOptions &o) override { return core_.broadcast(t, o); }
-  WorkPtr allreduce(Tensors &t, const c10d::AllreduceOptions &o) override { return core_.allreduce(t, o); }
+  WorkPtr broadcast(Tensors &t, const c10d::BroadcastOptions &o) override {
+    return core_.broadcast(t, o);
+  }
+  WorkPtr allreduce(Tensors &t, const c10d::AllreduceOptions &o) override {
+    return core_.allreduce(t, o);
+  }
   WorkPtr allreduce_coalesced(Tensors &t, const c10d::AllreduceCoalescedOptions &o) override {
     return core_.allreduce_coalesced(t, o);
   }
@@ -46,10 +50,12 @@ class ProcessGroupLibcoll : public c10d::ProcessGroup {
   WorkPtr allgather(TensorLists &out, Tensors &in, const c10d::AllgatherOptions &o) override {
     return core_.allgather(out, in, o);
   }
-  WorkPtr _allgather_base(at::Tensor &out, at::Tensor &in, const c10d::AllgatherOptions &o) override {
+  WorkPtr _allgather_base(at::Tensor &out, at::Tensor &in,
+                          const c10d::AllgatherOptions &o) override {
     return core_.allgather_base(out, in, o);
   }
-  WorkPtr allgather_coalesced(TensorLists &out, Tensors &in, const c10d::AllgatherOptions &o) override {
+  WorkPtr allgather_coalesced(TensorLists &out, Tensors &in,
+                              const c10d::AllgatherOptions &o) override {
     return core_.allgather_coalesced(out, in, o);
   }
   WorkPtr gather(TensorLists &out, Tensors &in, const c10d::GatherOptions &o) override {
@@ -58,7 +64,8 @@ class ProcessGroupLibcoll : public c10d::ProcessGroup {
   WorkPtr scatter(Tensors &out, TensorLists &in, const c10d::ScatterOptions &o) override {
     return core_.scatter(out, in, o);
   }
-  WorkPtr reduce_scatter(Tensors &out, TensorLists &in, const c10d::ReduceScatterOptions &o) override {
+  WorkPtr reduce_scatter(Tensors &out, TensorLists &in,
+                         const c10d::ReduceScatterOptions &o) override {
     return core_.reduce_scatter(out, in, o);
   }
   WorkPtr _reduce_scatter_base(at::Tensor &out, at::Tensor &in,
@@ -123,8 +130,9 @@ PYBIND11_MODULE(libcoll_torch, m) {
   namespace py = pybind11;
   m.doc() = "libcoll as a torch.distributed backend: importing it registers \"libcoll\"";
   py::module_ dist = py::module_::import("torch.distributed");
-  py::class_<libcoll_torch::ProcessGroupLibcoll, c10::intrusive_ptr<libcoll_torch::ProcessGroupLibcoll>,
-             c10d::ProcessGroup>(m, "ProcessGroupLibcoll")
+  py::class_<libcoll_torch::ProcessGroupLibcoll,
+             c10::intrusive_ptr<libcoll_torch::ProcessGroupLibcoll>, c10d::ProcessGroup>(
+      m, "ProcessGroupLibcoll")
       .def(py::init(&libcoll_torch::create), py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout"))
       .def(

@@ -110,8 +110,10 @@ static size_t parse_size(const char *s) {
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  unsigned shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20
-                   : *end == 'G' || *end == 'g' ? 30 : 0;
+  unsigned shift = *end == 'K' || *end == 'k'   ? 10
+                   : *end == 'M' || *end == 'm' ? 20
+                   : *end == 'G' || *end == 'g' ? 30
+                                                : 0;
   if (shift) end++;
   if (errno || *end || *s < '0' || *s > '9' || v == 0 || v > (SIZE_MAX >> shift)) usage();
   return (size_t)(v << shift);
@@ -131,8 +133,7 @@ int main(int argc, char **argv) {
     default: usage();
     }
   }
-  if (optind < argc || max_t < 1 || max_t > MAX_THREADS || R < 1 || R > MAX_REPEATS ||
-      !(secs > 0))
+  if (optind < argc || max_t < 1 || max_t > MAX_THREADS || R < 1 || R > MAX_REPEATS || !(secs > 0))
     usage();
   bytes = (bytes + 4095) & ~(size_t)4095;
   printf("# memcpy_bench: %zu bytes per buffer, 1..%d threads, %.2f s per measurement, %d "
@@ -154,7 +155,8 @@ int main(int argc, char **argv) {
   for (int T = 2; T <= max_t; T++) {
     char *s2[MAX_THREADS], *d2[MAX_THREADS];
     size_t slice = bytes / (size_t)T;
-    for (int i = 0; i < T; i++) s2[i] = src[0] + (size_t)i * slice, d2[i] = dst[0] + (size_t)i * slice;
+    for (int i = 0; i < T; i++)
+      s2[i] = src[0] + (size_t)i * slice, d2[i] = dst[0] + (size_t)i * slice;
     measure("one buffer split in T", T, s2, d2, slice, secs, R);
   }
 

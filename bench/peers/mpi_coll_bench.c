@@ -79,16 +79,26 @@ enum { EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
 /* ---- names ---------------------------------------------------------------------------- */
 
 typedef enum {
-  ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL, GATHER, SCATTER,
+  ALL_REDUCE,
+  ALL_GATHER,
+  REDUCE_SCATTER,
+  BROADCAST,
+  REDUCE,
+  ALL_TO_ALL,
+  GATHER,
+  SCATTER,
   NUM_COLLS
 } coll_kind;
 
-static const char *const coll_names[NUM_COLLS] = {
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-    "all_to_all", "gather", "scatter"};
+static const char *const coll_names[NUM_COLLS] = {"all_reduce", "all_gather", "reduce_scatter",
+                                                  "broadcast",  "reduce",     "all_to_all",
+                                                  "gather",     "scatter"};
 
 static int parse_coll(const char *s) {
-  static const struct { const char *name; int coll; } aliases[] = {
+  static const struct {
+    const char *name;
+    int coll;
+  } aliases[] = {
       {"allreduce", ALL_REDUCE}, {"allgather", ALL_GATHER}, {"reducescatter", REDUCE_SCATTER},
       {"bcast", BROADCAST},      {"alltoall", ALL_TO_ALL},
   };
@@ -118,8 +128,17 @@ static const char *factor_text(coll_kind c) {
 }
 
 /* The dtypes MPI has, named as coll-bench names them. */
-typedef enum { T_INT8, T_UINT8, T_INT32, T_UINT32, T_INT64, T_UINT64, T_FLOAT32, T_FLOAT64,
-               NUM_TYPES } dtype;
+typedef enum {
+  T_INT8,
+  T_UINT8,
+  T_INT32,
+  T_UINT32,
+  T_INT64,
+  T_UINT64,
+  T_FLOAT32,
+  T_FLOAT64,
+  NUM_TYPES
+} dtype;
 static const char *const type_names[NUM_TYPES] = {"int8",  "uint8",  "int32",   "uint32",
                                                   "int64", "uint64", "float32", "float64"};
 static const size_t type_sizes[NUM_TYPES] = {1, 1, 4, 4, 8, 8, 4, 8};
@@ -140,10 +159,13 @@ static MPI_Datatype mpi_type(dtype t) {
 
 /* -2 unknown, -3 known to coll-bench but not to MPI, -1 all */
 static int parse_dtype(const char *s) {
-  static const struct { const char *name; int t; } aliases[] = {
-      {"char", T_INT8}, {"int", T_INT32}, {"float", T_FLOAT32}, {"fp32", T_FLOAT32},
-      {"double", T_FLOAT64}, {"fp64", T_FLOAT64},
-      {"float16", -3}, {"half", -3}, {"fp16", -3}, {"bfloat16", -3}, {"bf16", -3},
+  static const struct {
+    const char *name;
+    int t;
+  } aliases[] = {
+      {"char", T_INT8},      {"int", T_INT32},    {"float", T_FLOAT32}, {"fp32", T_FLOAT32},
+      {"double", T_FLOAT64}, {"fp64", T_FLOAT64}, {"float16", -3},      {"half", -3},
+      {"fp16", -3},          {"bfloat16", -3},    {"bf16", -3},
   };
   if (strcmp(s, "all") == 0) return -1;
   for (int t = 0; t < NUM_TYPES; t++)
@@ -197,29 +219,29 @@ static int rank, nranks;
 
 static void usage(FILE *f) {
   fprintf(f,
-      "usage: mpirun -np N mpi_coll_bench COLLECTIVE[,COLLECTIVE...] [flags]\n"
-      "  COLLECTIVE: all_reduce | all_gather | reduce_scatter | broadcast | reduce |\n"
-      "              all_to_all | gather | scatter | all\n"
-      "\n"
-      "flags (as coll-bench and nccl-tests):\n"
-      "  -b, --minbytes SIZE    smallest size (default 32M); K, M, G suffixes\n"
-      "  -e, --maxbytes SIZE    largest size (default 32M)\n"
-      "  -f, --stepfactor N     multiply the size by N between rows (default 1: use -i)\n"
-      "  -i, --stepbytes SIZE   add SIZE between rows when the factor is 1 (default 1M)\n"
-      "  -o, --op OP            sum | prod | min | max | all (default sum; MPI has no avg)\n"
-      "  -d, --datatype TYPE    int8 uint8 int32 uint32 int64 uint64 float32 float64 | all\n"
-      "                         (aliases char int float double; MPI has no float16/bfloat16)\n"
-      "  -r, --root R           root of broadcast, reduce, gather and scatter (default 0)\n"
-      "  -n, --iters N          timed calls per row and placement (default 20)\n"
-      "  -w, --warmup_iters N   untimed calls first (default 5)\n"
-      "  -c, --check 0|1        check every result (default 1)\n"
-      "ours:\n"
-      "  -s, --sizes LIST       explicit sizes, e.g. 8,1K,64M (instead of -b/-e/-f/-i)\n"
-      "  -t, --target SECONDS   time about SECONDS per row and placement (at least -n\n"
-      "                         calls, at most 10^6) after a calibration\n"
-      "  -h, --help             this text\n"
-      "\n"
-      "Exit status: 0 all results right, 1 a result was wrong, 2 bad usage, 3 MPI failed.\n");
+          "usage: mpirun -np N mpi_coll_bench COLLECTIVE[,COLLECTIVE...] [flags]\n"
+          "  COLLECTIVE: all_reduce | all_gather | reduce_scatter | broadcast | reduce |\n"
+          "              all_to_all | gather | scatter | all\n"
+          "\n"
+          "flags (as coll-bench and nccl-tests):\n"
+          "  -b, --minbytes SIZE    smallest size (default 32M); K, M, G suffixes\n"
+          "  -e, --maxbytes SIZE    largest size (default 32M)\n"
+          "  -f, --stepfactor N     multiply the size by N between rows (default 1: use -i)\n"
+          "  -i, --stepbytes SIZE   add SIZE between rows when the factor is 1 (default 1M)\n"
+          "  -o, --op OP            sum | prod | min | max | all (default sum; MPI has no avg)\n"
+          "  -d, --datatype TYPE    int8 uint8 int32 uint32 int64 uint64 float32 float64 | all\n"
+          "                         (aliases char int float double; MPI has no float16/bfloat16)\n"
+          "  -r, --root R           root of broadcast, reduce, gather and scatter (default 0)\n"
+          "  -n, --iters N          timed calls per row and placement (default 20)\n"
+          "  -w, --warmup_iters N   untimed calls first (default 5)\n"
+          "  -c, --check 0|1        check every result (default 1)\n"
+          "ours:\n"
+          "  -s, --sizes LIST       explicit sizes, e.g. 8,1K,64M (instead of -b/-e/-f/-i)\n"
+          "  -t, --target SECONDS   time about SECONDS per row and placement (at least -n\n"
+          "                         calls, at most 10^6) after a calibration\n"
+          "  -h, --help             this text\n"
+          "\n"
+          "Exit status: 0 all results right, 1 a result was wrong, 2 bad usage, 3 MPI failed.\n");
 }
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -244,9 +266,21 @@ static bool parse_size(const char *s, size_t *out) {
   if (errno) return false;
   unsigned shift = 0;
   switch (*end) {
-  case 'k': case 'K': shift = 10; end++; break;
-  case 'm': case 'M': shift = 20; end++; break;
-  case 'g': case 'G': shift = 30; end++; break;
+  case 'k':
+  case 'K':
+    shift = 10;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    shift = 20;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    shift = 30;
+    end++;
+    break;
   default: break;
   }
   if (shift && (*end == 'i' || *end == 'I')) {
@@ -265,8 +299,7 @@ static size_t opt_size(const char *flag, const char *s) {
   return v;
 }
 
-static unsigned long opt_uint(const char *flag, const char *s, unsigned long lo,
-                              unsigned long hi) {
+static unsigned long opt_uint(const char *flag, const char *s, unsigned long lo, unsigned long hi) {
   char *end;
   errno = 0;
   unsigned long v = strtoul(s, &end, 10);
@@ -288,11 +321,13 @@ static char *join_cmdline(int argc, char **argv) {
 /* coll-bench's long flag names, mapped onto the short ones (flags take their value as
  * the next argument: -n 20, --iters 20). */
 static const char *long_to_short(const char *a) {
-  static const struct { const char *l, *s; } m[] = {
-      {"--minbytes", "-b"}, {"--maxbytes", "-e"}, {"--stepfactor", "-f"},
-      {"--stepbytes", "-i"}, {"--op", "-o"}, {"--datatype", "-d"}, {"--root", "-r"},
-      {"--iters", "-n"}, {"--warmup_iters", "-w"}, {"--check", "-c"}, {"--sizes", "-s"},
-      {"--target", "-t"}, {"--help", "-h"},
+  static const struct {
+    const char *l, *s;
+  } m[] = {
+      {"--minbytes", "-b"},     {"--maxbytes", "-e"}, {"--stepfactor", "-f"}, {"--stepbytes", "-i"},
+      {"--op", "-o"},           {"--datatype", "-d"}, {"--root", "-r"},       {"--iters", "-n"},
+      {"--warmup_iters", "-w"}, {"--check", "-c"},    {"--sizes", "-s"},      {"--target", "-t"},
+      {"--help", "-h"},
   };
   for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
     if (strcmp(a, m[i].l) == 0) return m[i].s;
@@ -667,9 +702,9 @@ static void fail_mpi(const char *what, const row_kind *k, size_t bytes, int err)
   exit(EXIT_RUNTIME);
 }
 
-#define MPI_CHECK(what, k, bytes, call)                     \
-  do {                                                      \
-    int err_ = (call);                                      \
+#define MPI_CHECK(what, k, bytes, call)                      \
+  do {                                                       \
+    int err_ = (call);                                       \
     if (err_ != MPI_SUCCESS) fail_mpi(what, k, bytes, err_); \
   } while (0)
 
@@ -722,8 +757,8 @@ static double time_calls(const row_kind *k, const placement *p, const shape *sh,
   return slowest;
 }
 
-static void measure(const opts *o, const row_kind *k, const shape *sh, void *sendbuf,
-                    void *recvbuf, bool in_place, place_result *res) {
+static void measure(const opts *o, const row_kind *k, const shape *sh, void *sendbuf, void *recvbuf,
+                    bool in_place, place_result *res) {
   placement p = place(k, sh, sendbuf, recvbuf, in_place);
   prepare(k, &p, recvbuf);
   MPI_CHECK("MPI_Barrier", k, sh->bytes, MPI_Barrier(MPI_COMM_WORLD));
@@ -785,20 +820,24 @@ static void measure(const opts *o, const row_kind *k, const shape *sh, void *sen
 
 /* The time column as nccl-tests and coll-bench format it. */
 static void format_time(double us, char *buf, size_t len) {
-  if (us >= 10000.0) snprintf(buf, len, "%7.0f", us);
-  else if (us >= 100.0) snprintf(buf, len, "%7.1f", us);
-  else snprintf(buf, len, "%7.2f", us);
+  if (us >= 10000.0)
+    snprintf(buf, len, "%7.0f", us);
+  else if (us >= 100.0)
+    snprintf(buf, len, "%7.1f", us);
+  else
+    snprintf(buf, len, "%7.2f", us);
 }
 
 static void print_table_header(coll_kind c) {
-  printf("#\n# Collective: %s   busbw = algbw * %s = algbw * %.4f\n", coll_names[c],
-         factor_text(c), bus_factor(c, nranks));
+  printf("#\n# Collective: %s   busbw = algbw * %s = algbw * %.4f\n", coll_names[c], factor_text(c),
+         bus_factor(c, nranks));
   if (c == BROADCAST)
     printf("# (MPI_Bcast has one buffer: it is timed in the in-place columns; out-of-place "
            "reads N/A)\n");
   printf("#\n");
-  printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n",
-         "", "", "", "", "");
+  printf(
+      "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n",
+      "", "", "", "", "");
   printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s  %7s\n", "size",
          "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
          "busbw", "#wrong", "iters");
@@ -817,8 +856,10 @@ static void print_row(const opts *o, const row_kind *k, const shape *sh, const p
     }
     char ts[32], wrong[32];
     format_time(r[i].time_us, ts, sizeof ts);
-    if (o->check) snprintf(wrong, sizeof wrong, "%llu", r[i].wrong);
-    else snprintf(wrong, sizeof wrong, "N/A");
+    if (o->check)
+      snprintf(wrong, sizeof wrong, "%llu", r[i].wrong);
+    else
+      snprintf(wrong, sizeof wrong, "N/A");
     printf("  %7s  %6.2f  %6.2f  %5s", ts, r[i].algbw, r[i].busbw, wrong);
   }
   char it[48];
@@ -838,7 +879,8 @@ static void print_run_header(const opts *o) {
   if (nl) *nl = '\0';
   for (char *c = ver; *c; c++)
     if (*c == '\t') *c = ' ';
-  if (o->ncolls == NUM_COLLS) printf("# mpi_coll_bench all");
+  if (o->ncolls == NUM_COLLS)
+    printf("# mpi_coll_bench all");
   else {
     printf("# mpi_coll_bench ");
     for (int i = 0; i < o->ncolls; i++) printf("%s%s", i ? "," : "", coll_names[o->colls[i]]);
@@ -860,7 +902,8 @@ static void print_run_header(const opts *o) {
   }
   if (o->target_s > 0)
     printf("# -t %g: each row and placement times about %g s of back-to-back calls (at "
-           "least %lu)\n", o->target_s, o->target_s, o->iters);
+           "least %lu)\n",
+           o->target_s, o->target_s, o->iters);
   printf("# time: the slowest rank's mean over the timed calls (us)\n");
 }
 
@@ -869,7 +912,7 @@ static void print_ranks(void) {
   int len = 0;
   MPI_Get_processor_name(host, &len);
   long long pid = (long long)getpid();
-  char (*hosts)[MPI_MAX_PROCESSOR_NAME] = NULL;
+  char(*hosts)[MPI_MAX_PROCESSOR_NAME] = NULL;
   long long *pids = NULL;
   if (rank == 0) {
     hosts = calloc((size_t)nranks, sizeof *hosts);
@@ -918,8 +961,8 @@ int main(int argc, char **argv) {
   buf_bytes = (buf_bytes + 4095) & ~(size_t)4095;
   void *sendbuf = NULL, *recvbuf = NULL;
   if (posix_memalign(&sendbuf, 4096, buf_bytes) || posix_memalign(&recvbuf, 4096, buf_bytes)) {
-    fprintf(stderr, "mpi_coll_bench: rank %d: cannot allocate two buffers of %zu bytes\n",
-            rank, buf_bytes);
+    fprintf(stderr, "mpi_coll_bench: rank %d: cannot allocate two buffers of %zu bytes\n", rank,
+            buf_bytes);
     MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
   }
   memset(sendbuf, 0, buf_bytes);
@@ -938,7 +981,8 @@ int main(int argc, char **argv) {
     int nops = reduces(c) ? o.nops : 1;
     for (int ti = 0; ti < o.ndtypes; ti++) {
       for (int oi = 0; oi < nops; oi++) {
-        row_kind k = {.coll = c, .t = (dtype)o.dtypes[ti],
+        row_kind k = {.coll = c,
+                      .t = (dtype)o.dtypes[ti],
                       .op = reduces(c) ? (redop)o.ops[oi] : OP_SUM,
                       .root = rooted(c) ? o.root : 0};
         size_t size = 0;

@@ -67,8 +67,10 @@ static void wait_for(atomic_int *a, int v, int mode) {
     return;
   }
   while (atomic_load_explicit(a, memory_order_acquire) != v) {
-    if (mode == YIELD) sched_yield();
-    else cpu_relax();
+    if (mode == YIELD)
+      sched_yield();
+    else
+      cpu_relax();
   }
 }
 
@@ -79,7 +81,8 @@ static void post(atomic_int *a, int v, int mode) {
 
 /* One repeat: returns seconds per round trip. */
 static double once(int mode, long iters, int dopin) {
-  struct flags *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  struct flags *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+                         0);
   int p1[2], p2[2];
   if (s == MAP_FAILED || pipe(p1) || pipe(p2)) {
     perror("pingpong_bench");
@@ -131,8 +134,10 @@ int main(int argc, char **argv) {
   long iters = 200000;
   int dopin = 1, c;
   while ((c = getopt(argc, argv, "n:p:h")) != -1) {
-    if (c == 'n') iters = atol(optarg);
-    else if (c == 'p') dopin = atoi(optarg);
+    if (c == 'n')
+      iters = atol(optarg);
+    else if (c == 'p')
+      dopin = atoi(optarg);
     else {
       fprintf(stderr, "usage: pingpong_bench [-n ROUND_TRIPS] [-p 0|1]\n");
       return 2;
@@ -150,8 +155,9 @@ int main(int argc, char **argv) {
     double v[5];
     for (int r = 0; r < 5; r++) v[r] = once(m, it, dopin);
     qsort(v, 5, sizeof v[0], cmp_double);
-    printf("%-6s round trip us: min %8.3f  median %8.3f  max %8.3f   (%ld round trips per repeat)\n",
-           mode_names[m], v[0] * 1e6, v[2] * 1e6, v[4] * 1e6, it);
+    printf(
+        "%-6s round trip us: min %8.3f  median %8.3f  max %8.3f   (%ld round trips per repeat)\n",
+        mode_names[m], v[0] * 1e6, v[2] * 1e6, v[4] * 1e6, it);
   }
   return 0;
 }

@@ -47,10 +47,10 @@ typedef struct coll_algo_entry {
   const char *alias; /* a second COLL_ALGO name, or NULL */
 
   /* --- what it serves --- */
-  uint32_t colls;    /* COLL_BIT(kind) of every collective it serves */
-  bool host_only;    /* loads, stores or system calls on host memory: no device buffers */
-  bool device_only;  /* GPU kernels on every rank's mapped buffers (device.c): only for
-                        device buffers that cuda/peer.c mapped for the call (w->peer_ok) */
+  uint32_t colls;   /* COLL_BIT(kind) of every collective it serves */
+  bool host_only;   /* loads, stores or system calls on host memory: no device buffers */
+  bool device_only; /* GPU kernels on every rank's mapped buffers (device.c): only for
+                       device buffers that cuda/peer.c mapped for the call (w->peer_ok) */
   /* Per communicator and call, beyond `colls`: NULL when nothing more is needed (a FIFO
    * schedule runs over every transport).  count in elements of es bytes, as the call's. */
   bool (*usable)(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
@@ -101,16 +101,16 @@ coll_result coll_rd_cost(coll_coll_kind c, double n, const coll_cost_model *m, d
                          char *formula, size_t formula_len);
 coll_result coll_rhd_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
                           char *formula, size_t formula_len);
-coll_result coll_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                              double *seconds, char *formula, size_t formula_len);
-coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                             double *seconds, char *formula, size_t formula_len);
-coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                             double *seconds, char *formula, size_t formula_len);
+coll_result coll_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                              char *formula, size_t formula_len);
+coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t formula_len);
+coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t formula_len);
 coll_result coll_pairwise_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                                double *seconds, char *formula, size_t formula_len);
-coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                             double *seconds, char *formula, size_t formula_len);
+coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t formula_len);
 coll_result coll_dev_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                                   double *seconds, char *formula, size_t formula_len);
 coll_result coll_dev_twoshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,

@@ -47,10 +47,19 @@ static coll_result price(coll_coll_kind c, double n, const coll_cost_model *m, b
   double p = m->p, bytes, barriers = two ? 3 : 2;
   switch (c) {
   case COLL_COLL_ALL_REDUCE: bytes = two ? (3 - 1 / p) * n : (p + 1) * n; break;
-  case COLL_COLL_REDUCE: if (two) return COLL_ERR_INVALID_ARG; bytes = (p + 1) * n / p; break;
-  case COLL_COLL_REDUCE_SCATTER: if (two) return COLL_ERR_INVALID_ARG; bytes = (1 + 1 / p) * n; break;
+  case COLL_COLL_REDUCE:
+    if (two) return COLL_ERR_INVALID_ARG;
+    bytes = (p + 1) * n / p;
+    break;
+  case COLL_COLL_REDUCE_SCATTER:
+    if (two) return COLL_ERR_INVALID_ARG;
+    bytes = (1 + 1 / p) * n;
+    break;
   case COLL_COLL_ALL_GATHER:
-  case COLL_COLL_BROADCAST: if (two) return COLL_ERR_INVALID_ARG; bytes = 2 * n; break;
+  case COLL_COLL_BROADCAST:
+    if (two) return COLL_ERR_INVALID_ARG;
+    bytes = 2 * n;
+    break;
   default: return COLL_ERR_INVALID_ARG;
   }
   *seconds = barriers * DEV_ALPHA + bytes * DEV_BETA;

@@ -72,14 +72,16 @@ static coll_result read_peer(struct coll_comm *comm, const coll_work *w, int p, 
       if (e == EINTR) continue;
       /* No such process: the peer is gone; say so the way every other path does. */
       if (e == ESRCH)
-        return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: lost rank %d (pid %d is gone): "
+        return coll_fail(comm, COLL_ERR_REMOTE,
+                         "rank %d: lost rank %d (pid %d is gone): "
                          "%s #%llu cannot complete (reading %zu bytes of its buffer failed: %s)",
                          comm->rank, p, (int)comm->pids[p], coll_coll_name(w->coll),
                          (unsigned long long)w->seq, len, strerror(e));
       return coll_fail(comm, COLL_ERR_SYSTEM,
                        "rank %d: reading %zu bytes of rank %d's buffer (pid %d) in %s #%llu "
-                       "failed: %s", comm->rank, len, p, (int)comm->pids[p],
-                       coll_coll_name(w->coll), (unsigned long long)w->seq, strerror(e));
+                       "failed: %s",
+                       comm->rank, len, p, (int)comm->pids[p], coll_coll_name(w->coll),
+                       (unsigned long long)w->seq, strerror(e));
     }
     d += got, addr += (uint64_t)got, len -= (size_t)got;
   }
@@ -96,16 +98,14 @@ static coll_result read_data(struct coll_comm *comm, const coll_work *w, int p, 
 }
 
 static coll_result barrier(struct coll_comm *comm, const coll_work *w) {
-  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq,
-                 .inner = true};
+  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
   return coll_oneshot_run(comm, &b);
 }
 
 /* out[0..cnt) = reduction over ranks, in rank order, of their elements
  * [off, off+cnt) of the send buffers (own from `mine`). */
-static coll_result reduce_block(struct coll_comm *comm, const coll_work *w,
-                                const addr_pair *ap, const uint8_t *mine, size_t off,
-                                size_t cnt, uint8_t *out) {
+static coll_result reduce_block(struct coll_comm *comm, const coll_work *w, const addr_pair *ap,
+                                const uint8_t *mine, size_t off, size_t cnt, uint8_t *out) {
   int n = comm->nranks, me = comm->rank;
   size_t es = coll_dtype_size(w->dtype), per = PIECE / es;
   uint8_t *s0 = comm->direct_scratch, *s1 = s0 + PIECE, *own = s1 + PIECE;
@@ -121,12 +121,18 @@ static coll_result reduce_block(struct coll_comm *comm, const coll_work *w,
       my = own;
     }
     const uint8_t *a, *b;
-    if (me == 0) a = my;
-    else if ((r = read_data(comm, w, 0, s0, ap[0].send + at, bytes)) != COLL_OK) return r;
-    else a = s0;
-    if (me == 1) b = my;
-    else if ((r = read_data(comm, w, 1, s1, ap[1].send + at, bytes)) != COLL_OK) return r;
-    else b = s1;
+    if (me == 0)
+      a = my;
+    else if ((r = read_data(comm, w, 0, s0, ap[0].send + at, bytes)) != COLL_OK)
+      return r;
+    else
+      a = s0;
+    if (me == 1)
+      b = my;
+    else if ((r = read_data(comm, w, 1, s1, ap[1].send + at, bytes)) != COLL_OK)
+      return r;
+    else
+      b = s1;
     coll_kernel_reduce(o, a, b, k, w->dtype, w->op);
     for (int p = 2; p < n; p++) {
       if (p == me) {
@@ -171,18 +177,23 @@ static coll_result all_to_all(struct coll_comm *comm, const coll_work *w, const 
   return COLL_OK;
 }
 
-static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pair *ap,
-                            bool *ran) {
+static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pair *ap, bool *ran) {
   int n = comm->nranks, me = comm->rank;
   size_t es = coll_dtype_size(w->dtype);
   const uint8_t *src = w->sendbuf;
   uint8_t *dst = w->recvbuf;
   coll_result r;
-  addr_pair mine = {.send = (uint64_t)(uintptr_t)src, .recv = (uint64_t)(uintptr_t)dst,
+  addr_pair mine = {.send = (uint64_t)(uintptr_t)src,
+                    .recv = (uint64_t)(uintptr_t)dst,
                     .sdispls = (uint64_t)(uintptr_t)w->sdispls,
                     .in_place = w->coll == COLL_COLL_ALL_TO_ALL && src == dst};
-  coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = ap,
-                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
+  coll_work ex = {.coll = COLL_COLL_ALL_GATHER,
+                  .sendbuf = &mine,
+                  .recvbuf = ap,
+                  .count = sizeof mine,
+                  .dtype = COLL_UINT8,
+                  .seq = w->seq,
+                  .inner = true};
   if ((r = coll_oneshot_run(comm, &ex)) != COLL_OK) return r;
   for (int p = 0; p < n; p++)
     if (ap[p].in_place) {
@@ -203,8 +214,8 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
     for (int i = 1; i < n; i++) {
       int p = (me + i) % n;
       coll_ring_chunk(w->count, n, p, &off, &cnt);
-      if (cnt && (r = read_data(comm, w, p, dst + off * es, ap[p].recv + off * es,
-                                cnt * es)) != COLL_OK)
+      if (cnt &&
+          (r = read_data(comm, w, p, dst + off * es, ap[p].recv + off * es, cnt * es)) != COLL_OK)
         return r;
     }
     break;
@@ -217,7 +228,8 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
     size_t bytes = w->count * es;
     for (int i = 1; i < n; i++) {
       int p = (me + i) % n;
-      if (bytes && (r = read_data(comm, w, p, dst + (size_t)p * bytes, ap[p].send, bytes)) != COLL_OK)
+      if (bytes &&
+          (r = read_data(comm, w, p, dst + (size_t)p * bytes, ap[p].send, bytes)) != COLL_OK)
         return r;
     }
     if (dst + (size_t)me * bytes != src) memcpy(dst + (size_t)me * bytes, src, bytes);
@@ -241,23 +253,24 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pai
 
 bool coll_direct_serves(struct coll_comm *comm, coll_coll_kind c) {
   if (!comm->direct_ok) return false;
-  return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER ||
-         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST ||
-         c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_ALL_TO_ALLV;
+  return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_GATHER ||
+         c == COLL_COLL_BROADCAST || c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_ALL_TO_ALLV;
 }
 
 /* For the trace: one "recv" step per peer this rank read from, with the bytes it read
  * (all timed as the whole call).  A pull moves nothing out: a peer's reads of this
  * rank's buffers are that peer's steps. */
-static void record(struct coll_comm *comm, const coll_work *w, uint64_t t_start,
-                   uint64_t t_end) {
+static void record(struct coll_comm *comm, const coll_work *w, uint64_t t_start, uint64_t t_end) {
   size_t es = coll_dtype_size(w->dtype), ns = 0;
   coll_step *st = comm->steps;
   uint64_t *t0 = comm->exec_ops->trace_t0(comm), *t1 = comm->exec_ops->trace_t1(comm);
   for (int p = 0; p < comm->nranks && ns < coll_plan_max_steps(comm->nranks); p++) {
     if (!comm->direct_got[p]) continue;
-    st[ns] = (coll_step){.kind = COLL_STEP_RECV, .peer_in = p, .peer_out = -1,
-                         .count = comm->direct_got[p] / es, .chunk = p};
+    st[ns] = (coll_step){.kind = COLL_STEP_RECV,
+                         .peer_in = p,
+                         .peer_out = -1,
+                         .count = comm->direct_got[p] / es,
+                         .chunk = p};
     t0[ns] = t_start, t1[ns] = t_end;
     ns++;
   }
@@ -296,8 +309,8 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
   uint64_t *addrs = calloc((size_t)n, sizeof *addrs);
   if (!addrs) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory probing direct reads");
   uint64_t at = (uint64_t)(uintptr_t)&word;
-  coll_result r =
-      comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, &at, addrs, sizeof at, COLL_SUM, 0);
+  coll_result r = comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, &at, addrs, sizeof at, COLL_SUM,
+                                        0);
   uint8_t ok = 0;
   if (r == COLL_OK) {
     struct iovec local = {.iov_base = &got, .iov_len = sizeof got};
@@ -305,8 +318,10 @@ coll_result coll_direct_probe(struct coll_comm *comm, double *beta_cma, double *
     ok = process_vm_readv(comm->pids[next], &local, 1, &remote, 1, 0) == (ssize_t)sizeof got &&
          got == magic;
     if (!ok)
-      COLL_INFO(me, "direct reads of rank %d's memory are not allowed here (%s): large "
-                "collectives use the FIFO schedules", next, strerror(errno));
+      COLL_INFO(me,
+                "direct reads of rank %d's memory are not allowed here (%s): large "
+                "collectives use the FIFO schedules",
+                next, strerror(errno));
   }
   free(addrs);
   if (r != COLL_OK) return r;
@@ -381,8 +396,8 @@ bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n) 
 /* The formulas at the top of this file, n = nccl-tests' size.  a: one one-shot exchange;
  * r: one process_vm_readv call (a system call, and the kernel pins the pages it reads);
  * pieces: reduce-scatter reads in COLL_DIRECT_PIECE. */
-coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                             double *seconds, char *formula, size_t flen) {
+coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t flen) {
   int p = m->p;
   double a = m->alpha_mb, r = m->alpha_cma, b = m->beta_cma, g = m->gamma;
   double f = (double)(p - 1) / p, s;
@@ -391,13 +406,14 @@ coll_result coll_direct_cost(coll_coll_kind c, double n, const coll_cost_model *
   switch (c) {
   case COLL_COLL_ALL_REDUCE:
     s = 3 * a + (p - 1) * (pieces + 1) * r + 2 * f * n * b + f * n * g;
-    snprintf(formula, flen, "3*a_mb + (p-1)*(pieces+1)*a_cma + 2(p-1)/p*n*b_cma + (p-1)/p*n*g"
-             " = %.3g us", s * 1e6);
+    snprintf(formula, flen,
+             "3*a_mb + (p-1)*(pieces+1)*a_cma + 2(p-1)/p*n*b_cma + (p-1)/p*n*g"
+             " = %.3g us",
+             s * 1e6);
     break;
   case COLL_COLL_REDUCE_SCATTER:
     s = 2 * a + (p - 1) * pieces * r + f * n * (b + g);
-    snprintf(formula, flen, "2*a_mb + (p-1)*pieces*a_cma + (p-1)/p*n*(b_cma+g) = %.3g us",
-             s * 1e6);
+    snprintf(formula, flen, "2*a_mb + (p-1)*pieces*a_cma + (p-1)/p*n*(b_cma+g) = %.3g us", s * 1e6);
     break;
   case COLL_COLL_ALL_GATHER:
     s = 2 * a + (p - 1) * r + f * n * b;

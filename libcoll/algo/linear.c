@@ -62,13 +62,12 @@ coll_result coll_linear_plan(const coll_plan_args *a, coll_step *steps, size_t *
     if (!a->in_place)
       coll_plan_add(steps, nsteps, COLL_STEP_COPY, -1, -1, (size_t)r * cnt, 0, cnt, r);
     return COLL_OK;
-  default:
-    return COLL_ERR_INVALID_ARG;
+  default: return COLL_ERR_INVALID_ARG;
   }
 }
 
-coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                             double *seconds, char *formula, size_t formula_len) {
+coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t formula_len) {
   int p = m->p;
   double alpha = m->alpha, beta = m->beta;
   if ((c != COLL_COLL_GATHER && c != COLL_COLL_SCATTER) || p < 1) return COLL_ERR_INVALID_ARG;

@@ -63,9 +63,9 @@
 typedef coll_mapped_where where;
 
 bool coll_mapped_serves(coll_coll_kind c) {
-  return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER ||
-         c == COLL_COLL_ALL_GATHER || c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE ||
-         c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER;
+  return c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_GATHER ||
+         c == COLL_COLL_BROADCAST || c == COLL_COLL_REDUCE || c == COLL_COLL_ALL_TO_ALL ||
+         c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER;
 }
 
 /* Bytes of the send and receive ranges of this rank's call. */
@@ -88,16 +88,18 @@ static bool needs_recv(const coll_work *w, int p) {
 /* out[0..k) = op over ranks, in rank order, of in[q][0..k); via `scratch`, then stored
  * (streamed) into each of the `nout` destinations. */
 static void reduce_piece(const struct coll_comm *comm, const coll_work *w, uint8_t *const *in,
-                         size_t at, size_t k, uint8_t *scratch, uint8_t *const *out,
-                         int nout, size_t out_at, bool nt) {
+                         size_t at, size_t k, uint8_t *scratch, uint8_t *const *out, int nout,
+                         size_t out_at, bool nt) {
   int n = comm->nranks;
   size_t es = coll_dtype_size(w->dtype);
   coll_kernel_reduce(scratch, in[0] + at, in[1] + at, k, w->dtype, w->op);
   for (int q = 2; q < n; q++) coll_kernel_reduce(scratch, scratch, in[q] + at, k, w->dtype, w->op);
   if (w->op == COLL_AVG) coll_kernel_avg(scratch, k, w->dtype, n);
   for (int q = 0; q < nout; q++) {
-    if (nt) coll_copy_nt(out[q] + out_at, scratch, k * es);
-    else memcpy(out[q] + out_at, scratch, k * es);
+    if (nt)
+      coll_copy_nt(out[q] + out_at, scratch, k * es);
+    else
+      memcpy(out[q] + out_at, scratch, k * es);
   }
 }
 
@@ -122,15 +124,17 @@ static void reduce_block(const struct coll_comm *comm, const coll_work *w, uint8
 
 /* `bytes` at src into each destination (skipping one that is src itself), in pieces
  * that stay in cache so src is read from memory once. */
-static void copy_out(const uint8_t *src, size_t bytes, uint8_t *const *out, int nout,
-                     bool nt) {
+static void copy_out(const uint8_t *src, size_t bytes, uint8_t *const *out, int nout, bool nt) {
   enum { CHUNK = 64 << 10 };
   for (size_t d = 0; d < bytes; d += CHUNK) {
     size_t k = bytes - d < CHUNK ? bytes - d : CHUNK;
     for (int q = 0; q < nout; q++)
-      if (out[q] + d == src + d) continue;
-      else if (nt) coll_copy_nt(out[q] + d, src + d, k);
-      else memcpy(out[q] + d, src + d, k);
+      if (out[q] + d == src + d)
+        continue;
+      else if (nt)
+        coll_copy_nt(out[q] + d, src + d, k);
+      else
+        memcpy(out[q] + d, src + d, k);
   }
 }
 
@@ -142,14 +146,17 @@ static coll_result run(struct coll_comm *comm, const coll_work *w, const where *
   pthread_mutex_lock(&comm->winmu);
   for (int p = 0; p < n; p++) {
     in[p] = needs_send(w, p)
-                ? comm->hooks->window_peer(comm, at[p].send_slot, p, at[p].send_off, sb) : NULL;
+                ? comm->hooks->window_peer(comm, at[p].send_slot, p, at[p].send_off, sb)
+                : NULL;
     out[p] = needs_recv(w, p)
-                 ? comm->hooks->window_peer(comm, at[p].recv_slot, p, at[p].recv_off, rb) : NULL;
+                 ? comm->hooks->window_peer(comm, at[p].recv_slot, p, at[p].recv_off, rb)
+                 : NULL;
     if ((needs_send(w, p) && !in[p] && sb) || (needs_recv(w, p) && !out[p] && rb)) {
       pthread_mutex_unlock(&comm->winmu);
-      return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's buffers of %s #%llu are "
-                       "not inside its window", me, p, coll_coll_name(w->coll),
-                       (unsigned long long)w->seq);
+      return coll_fail(comm, COLL_ERR_INTERNAL,
+                       "rank %d: rank %d's buffers of %s #%llu are "
+                       "not inside its window",
+                       me, p, coll_coll_name(w->coll), (unsigned long long)w->seq);
     }
   }
   pthread_mutex_unlock(&comm->winmu);
@@ -199,16 +206,13 @@ static coll_result run(struct coll_comm *comm, const coll_work *w, const where *
     copy_out(in[me], sb, &dst, 1, nt); /* the root in place: skipped (dst == src) */
     break;
   }
-  case COLL_COLL_SCATTER:
-    copy_out(in[w->root] + (size_t)me * rb, rb, &out[me], 1, nt);
-    break;
+  case COLL_COLL_SCATTER: copy_out(in[w->root] + (size_t)me * rb, rb, &out[me], 1, nt); break;
   default:
     return coll_fail(comm, COLL_ERR_INTERNAL, "mapped path asked to run %s",
                      coll_coll_name(w->coll));
   }
   if (nt) coll_copy_nt_fence(); /* the stores reach the peers before the barrier */
-  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq,
-                 .inner = true};
+  coll_work b = {.coll = COLL_COLL_BARRIER, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
   return coll_oneshot_run(comm, &b);
 }
 
@@ -228,8 +232,13 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
     mine.recv_slot = -1;
   pthread_mutex_unlock(&comm->winmu);
   where *at = comm->mapped_where;
-  coll_work ex = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &mine, .recvbuf = at,
-                  .count = sizeof mine, .dtype = COLL_UINT8, .seq = w->seq, .inner = true};
+  coll_work ex = {.coll = COLL_COLL_ALL_GATHER,
+                  .sendbuf = &mine,
+                  .recvbuf = at,
+                  .count = sizeof mine,
+                  .dtype = COLL_UINT8,
+                  .seq = w->seq,
+                  .inner = true};
   uint64_t t0 = comm->exec_ops->trace_on(comm) ? coll_now_ns() : 0;
   coll_result r = coll_oneshot_run(comm, &ex);
   if (r != COLL_OK) return r;
@@ -237,7 +246,8 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
     if ((needs_send(w, p) && at[p].send_slot < 0) || (needs_recv(w, p) && at[p].recv_slot < 0)) {
       if (comm->forced == COLL_ALGO_MAPPED && !comm->warned_mapped) {
         comm->warned_mapped = true;
-        COLL_WARN(comm->rank, "COLL_ALGO=mapped cannot serve %s #%llu: rank %d's %s buffer is "
+        COLL_WARN(comm->rank,
+                  "COLL_ALGO=mapped cannot serve %s #%llu: rank %d's %s buffer is "
                   "not coll_mem_alloc memory; using the tuner's choice instead",
                   coll_coll_name(w->coll), (unsigned long long)w->seq, p,
                   needs_send(w, p) && at[p].send_slot < 0 ? "send" : "receive");
@@ -251,8 +261,8 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
   *ran = true;
   r = run(comm, w, at);
   if (t0 && r == COLL_OK)
-    comm->exec_ops->trace_record(comm, w, COLL_ALGO_MAPPED, comm->steps, 0, coll_dtype_size(w->dtype), t0,
-                      coll_now_ns());
+    comm->exec_ops->trace_record(comm, w, COLL_ALGO_MAPPED, comm->steps, 0,
+                                 coll_dtype_size(w->dtype), t0, coll_now_ns());
   return r;
 }
 
@@ -272,8 +282,8 @@ bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
  * copy.  The tuner prefers this row to every FIFO schedule whenever it is usable — it
  * moves each byte once where they move it through a slot — and compares the formula
  * only against the other run paths (one-shot, direct). */
-coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                             double *seconds, char *formula, size_t flen) {
+coll_result coll_mapped_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t flen) {
   int p = m->p;
   double a = m->alpha_mb, b = m->beta / 2, g = m->gamma, f = (double)(p - 1) / p, s;
   switch (c) {

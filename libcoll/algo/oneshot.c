@@ -85,8 +85,8 @@ bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count
   }
 }
 
-static coll_result timed_out(struct coll_comm *comm, const coll_work *w, int peer,
-                             uint32_t want, uint32_t seen) {
+static coll_result timed_out(struct coll_comm *comm, const coll_work *w, int peer, uint32_t want,
+                             uint32_t seen) {
   return coll_fail(comm, COLL_ERR_TIMEOUT,
                    "rank %d timed out after %d ms waiting for rank %d in %s #%llu (count %zu, "
                    "%s, one-shot call %u): rank %d was last seen at one-shot call %u",
@@ -96,8 +96,8 @@ static coll_result timed_out(struct coll_comm *comm, const coll_work *w, int pee
 }
 
 /* Waits until `peer`'s mailbox `mb` says seq >= want. */
-static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer,
-                            coll_mailbox *mb, uint32_t want) {
+static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer, coll_mailbox *mb,
+                            uint32_t want) {
   if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
   int spins = comm->oversubscribed ? 0 : 1000; /* ~25 us of pause here */
   for (int i = 0; i < spins; i++) {
@@ -175,8 +175,8 @@ static coll_result fetch(struct coll_comm *comm, const coll_work *w, int p, uint
 
 /* dst = c_0 op c_1 op ... op c_{p-1} (rank order), each c_p at byte offset `off` of p's
  * mailbox; AVG divides once at the end. */
-static coll_result reduce_all(struct coll_comm *comm, const coll_work *w, uint32_t k,
-                              size_t off, size_t count, uint8_t *dst) {
+static coll_result reduce_all(struct coll_comm *comm, const coll_work *w, uint32_t k, size_t off,
+                              size_t count, uint8_t *dst) {
   int n = comm->nranks;
   const uint8_t *a, *b;
   coll_result r;
@@ -237,12 +237,9 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mai
 
   const uint8_t *d;
   switch (w->coll) {
-  case COLL_COLL_ALL_REDUCE:
-    return reduce_all(comm, w, k, 0, w->count, dst);
-  case COLL_COLL_REDUCE:
-    return me == w->root ? reduce_all(comm, w, k, 0, w->count, dst) : COLL_OK;
-  case COLL_COLL_REDUCE_SCATTER:
-    return reduce_all(comm, w, k, (size_t)me * bytes, w->count, dst);
+  case COLL_COLL_ALL_REDUCE: return reduce_all(comm, w, k, 0, w->count, dst);
+  case COLL_COLL_REDUCE: return me == w->root ? reduce_all(comm, w, k, 0, w->count, dst) : COLL_OK;
+  case COLL_COLL_REDUCE_SCATTER: return reduce_all(comm, w, k, (size_t)me * bytes, w->count, dst);
   case COLL_COLL_BROADCAST:
     if (me == w->root) {
       if (dst != src) memcpy(dst, src, bytes);
@@ -306,13 +303,18 @@ static void record(struct coll_comm *comm, const coll_work *w, size_t es, uint64
   size_t cnt = w->count, ns = 0;
   coll_step *st = comm->steps;
   if (writes_mailbox(w, me))
-    st[ns++] = (coll_step){.kind = COLL_STEP_COPY, .peer_in = -1, .peer_out = -1,
+    st[ns++] = (coll_step){.kind = COLL_STEP_COPY,
+                           .peer_in = -1,
+                           .peer_out = -1,
                            .count = whole_input(w->coll) ? cnt * (size_t)n : cnt,
                            .chunk = me};
   for (int p = 0; p < n; p++) {
     if (!reads_mailbox_of(w, me, p)) continue;
-    st[ns++] = (coll_step){.kind = COLL_STEP_RECV, .peer_in = p, .peer_out = -1,
-                           .count = w->coll == COLL_COLL_BARRIER ? 0 : cnt, .chunk = p};
+    st[ns++] = (coll_step){.kind = COLL_STEP_RECV,
+                           .peer_in = p,
+                           .peer_out = -1,
+                           .count = w->coll == COLL_COLL_BARRIER ? 0 : cnt,
+                           .chunk = p};
   }
   uint64_t *t0 = comm->exec_ops->trace_t0(comm), *t1 = comm->exec_ops->trace_t1(comm);
   for (size_t i = 0; i < ns; i++) t0[i] = t_start, t1[i] = t_end;
@@ -362,8 +364,8 @@ coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, boo
 }
 
 /* The formulas at the top of this file, n = nccl-tests' size. */
-coll_result coll_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
-                              double *seconds, char *formula, size_t flen) {
+coll_result coll_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                              char *formula, size_t flen) {
   double a = m->alpha_mb, b = m->beta, g = m->gamma, s;
   int p = m->p;
   switch (c) {

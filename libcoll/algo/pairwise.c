@@ -65,7 +65,8 @@ coll_result coll_pairwise_plan(const coll_plan_args *a, coll_step *steps, size_t
       size_t ro = v ? a->rdispls[q] : (size_t)q * a->count;
       if (q == r) {
         if (sc != rc) return COLL_ERR_INVALID_ARG; /* its own block: a copy of one size */
-        if (pass == 1 && !a->in_place) coll_plan_add(steps, nsteps, COLL_STEP_COPY, -1, -1, so, ro, sc, q);
+        if (pass == 1 && !a->in_place)
+          coll_plan_add(steps, nsteps, COLL_STEP_COPY, -1, -1, so, ro, sc, q);
       } else if (pass == 0) {
         coll_plan_add(steps, nsteps, COLL_STEP_SEND, -1, q, so, ro, sc, q);
       } else if (pass == 2) {

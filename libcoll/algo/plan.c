@@ -39,9 +39,14 @@ static void push(coll_step *steps, size_t *n, coll_step s) {
 static void plan_single(const coll_plan_args *a, coll_step *steps, size_t *n) {
   size_t cnt = a->count;
   if (a->coll == COLL_COLL_BARRIER) return;
-  coll_step s = {.kind = COLL_STEP_COPY, .peer_in = -1, .peer_out = -1,
-                 .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = cnt,
-                 .chunk = 0, .final = 1};
+  coll_step s = {.kind = COLL_STEP_COPY,
+                 .peer_in = -1,
+                 .peer_out = -1,
+                 .src_buf = COLL_BUF_SEND,
+                 .dst_buf = COLL_BUF_RECV,
+                 .count = cnt,
+                 .chunk = 0,
+                 .final = 1};
   if (a->in_place) return; /* nothing moves; AVG over one rank divides by one */
   push(steps, n, s);
 }
@@ -65,18 +70,23 @@ static coll_result plan_group(const coll_plan_args *a, coll_step *steps, size_t 
       const coll_group_op *op = &a->group[i];
       bool self = op->peer == a->rank;
       if (op->peer < 0 || op->peer >= a->nranks || (op->kind == COLL_STEP_COPY) != self ||
-          (op->kind != COLL_STEP_COPY && op->kind != COLL_STEP_SEND &&
-           op->kind != COLL_STEP_RECV))
+          (op->kind != COLL_STEP_COPY && op->kind != COLL_STEP_SEND && op->kind != COLL_STEP_RECV))
         return COLL_ERR_INVALID_ARG;
       if (op->kind != order[pass]) continue;
       bool send = op->kind == COLL_STEP_SEND;
       size_t *given = &a->scratch[2 * (size_t)op->peer + (send ? 0 : 1)];
       size_t slices = (op->count + a->slice - 1) / a->slice;
       if (*given > UINT32_MAX) return COLL_ERR_INVALID_ARG; /* delay is 32 bits */
-      coll_step s = {.kind = op->kind, .peer_in = op->kind == COLL_STEP_RECV ? op->peer : -1,
-                     .peer_out = send ? op->peer : -1, .peer_in2 = -1,
-                     .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = op->count,
-                     .chunk = -1, .delay = self ? 0 : (uint32_t)*given, .item = (int32_t)i};
+      coll_step s = {.kind = op->kind,
+                     .peer_in = op->kind == COLL_STEP_RECV ? op->peer : -1,
+                     .peer_out = send ? op->peer : -1,
+                     .peer_in2 = -1,
+                     .src_buf = COLL_BUF_SEND,
+                     .dst_buf = COLL_BUF_RECV,
+                     .count = op->count,
+                     .chunk = -1,
+                     .delay = self ? 0 : (uint32_t)*given,
+                     .item = (int32_t)i};
       if (!self) *given += slices;
       push(steps, n, s);
     }
@@ -92,33 +102,47 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
     if (a->root < 0 || a->root >= a->nranks || a->root == a->rank) return COLL_ERR_INVALID_ARG;
     bool send = a->coll == COLL_COLL_SEND;
     coll_step s = {.kind = send ? COLL_STEP_SEND : COLL_STEP_RECV,
-                   .peer_in = send ? -1 : a->root, .peer_out = send ? a->root : -1,
-                   .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV,
-                   .count = a->count, .chunk = -1};
+                   .peer_in = send ? -1 : a->root,
+                   .peer_out = send ? a->root : -1,
+                   .src_buf = COLL_BUF_SEND,
+                   .dst_buf = COLL_BUF_RECV,
+                   .count = a->count,
+                   .chunk = -1};
     push(steps, nsteps, s);
     return COLL_OK;
   }
   if (a->coll == COLL_COLL_SENDRECV) {
     bool self_out = a->root == a->rank, self_in = a->recv_peer == a->rank;
-    if (a->root < 0 || a->root >= a->nranks || a->recv_peer < 0 ||
-        a->recv_peer >= a->nranks || self_out != self_in ||
-        (self_out && a->count != a->recv_count))
+    if (a->root < 0 || a->root >= a->nranks || a->recv_peer < 0 || a->recv_peer >= a->nranks ||
+        self_out != self_in || (self_out && a->count != a->recv_count))
       return COLL_ERR_INVALID_ARG;
     if (self_out) {
-      coll_step s = {.kind = COLL_STEP_COPY, .peer_in = -1, .peer_out = -1,
-                     .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = a->count,
+      coll_step s = {.kind = COLL_STEP_COPY,
+                     .peer_in = -1,
+                     .peer_out = -1,
+                     .src_buf = COLL_BUF_SEND,
+                     .dst_buf = COLL_BUF_RECV,
+                     .count = a->count,
                      .chunk = -1};
       push(steps, nsteps, s);
       return COLL_OK;
     }
     /* Two independent steps: the executor interleaves their slices round by round, so
      * the send never waits for the whole receive (or the other way round). */
-    coll_step s = {.kind = COLL_STEP_SEND, .peer_in = -1, .peer_out = a->root,
-                   .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV, .count = a->count,
+    coll_step s = {.kind = COLL_STEP_SEND,
+                   .peer_in = -1,
+                   .peer_out = a->root,
+                   .src_buf = COLL_BUF_SEND,
+                   .dst_buf = COLL_BUF_RECV,
+                   .count = a->count,
                    .chunk = -1};
-    coll_step r = {.kind = COLL_STEP_RECV, .peer_in = a->recv_peer, .peer_out = -1,
-                   .src_buf = COLL_BUF_RECV, .dst_buf = COLL_BUF_RECV,
-                   .count = a->recv_count, .chunk = -1};
+    coll_step r = {.kind = COLL_STEP_RECV,
+                   .peer_in = a->recv_peer,
+                   .peer_out = -1,
+                   .src_buf = COLL_BUF_RECV,
+                   .dst_buf = COLL_BUF_RECV,
+                   .count = a->recv_count,
+                   .chunk = -1};
     push(steps, nsteps, s);
     push(steps, nsteps, r);
     return COLL_OK;
@@ -151,8 +175,13 @@ coll_result coll_plan_build(const coll_plan_args *a, coll_step *steps, size_t *n
 }
 
 const char *coll_step_name(coll_step_kind k) {
-  static const char *names[] = {"copy", "send", "recv", "recv-copy-send", "recv-reduce-send",
-                                "recv-reduce-copy", "recv-reduce-copy-send",
+  static const char *names[] = {"copy",
+                                "send",
+                                "recv",
+                                "recv-copy-send",
+                                "recv-reduce-send",
+                                "recv-reduce-copy",
+                                "recv-reduce-copy-send",
                                 "recv2-reduce-send"};
   return (unsigned)k <= COLL_STEP_RECV2_REDUCE_SEND ? names[k] : "?";
 }

@@ -21,9 +21,18 @@
 /* One value per row of the algorithm table (algo.h, table.c), where each is described.
  * AUTO: the tuner's choice (exec/tune.c), not a row that runs. */
 typedef enum {
-  COLL_ALGO_AUTO = 0, COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
-  COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED, COLL_ALGO_PAIRWISE,
-  COLL_ALGO_LINEAR, COLL_ALGO_DEV_ONESHOT, COLL_ALGO_DEV_TWOSHOT
+  COLL_ALGO_AUTO = 0,
+  COLL_ALGO_RING,
+  COLL_ALGO_TREE,
+  COLL_ALGO_RD,
+  COLL_ALGO_RHD,
+  COLL_ALGO_ONESHOT,
+  COLL_ALGO_DIRECT,
+  COLL_ALGO_MAPPED,
+  COLL_ALGO_PAIRWISE,
+  COLL_ALGO_LINEAR,
+  COLL_ALGO_DEV_ONESHOT,
+  COLL_ALGO_DEV_TWOSHOT
 } coll_algo;
 #define COLL_NUM_ALGOS 12
 
@@ -48,23 +57,28 @@ typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;
  * skewed by a tree node's depth so the up and down pipelines of a tree decouple.  Both
  * ends of a connection must still meet its messages in the same order: see tree.c. */
 typedef enum {
-  COLL_STEP_COPY, COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_COPY_SEND,
-  COLL_STEP_RECV_REDUCE_SEND, COLL_STEP_RECV_REDUCE_COPY, COLL_STEP_RECV_REDUCE_COPY_SEND,
+  COLL_STEP_COPY,
+  COLL_STEP_SEND,
+  COLL_STEP_RECV,
+  COLL_STEP_RECV_COPY_SEND,
+  COLL_STEP_RECV_REDUCE_SEND,
+  COLL_STEP_RECV_REDUCE_COPY,
+  COLL_STEP_RECV_REDUCE_COPY_SEND,
   COLL_STEP_RECV2_REDUCE_SEND
 } coll_step_kind;
 
 typedef struct {
   coll_step_kind kind;
-  int peer_in, peer_out;   /* -1 when unused */
-  int peer_in2;            /* RECV2_REDUCE_SEND's second input; -1 otherwise (read for that kind only) */
+  int peer_in, peer_out; /* -1 when unused */
+  int peer_in2; /* RECV2_REDUCE_SEND's second input; -1 otherwise (read for that kind only) */
   coll_buf src_buf, dst_buf;
   size_t src_off, dst_off; /* elements */
   size_t count;            /* elements */
   int chunk;
-  int final;               /* this step produces the final reduced value (AVG divides) */
-  uint32_t delay;          /* rounds before the step's first slice runs */
-  int32_t item;            /* group point-to-point only: the grouped operation (its index
-                              in coll_plan_args.group) whose buffers the step uses */
+  int final;      /* this step produces the final reduced value (AVG divides) */
+  uint32_t delay; /* rounds before the step's first slice runs */
+  int32_t item;   /* group point-to-point only: the grouped operation (its index
+                     in coll_plan_args.group) whose buffers the step uses */
 } coll_step;
 
 /* One operation of a group's point-to-point work, in bytes (a group may mix dtypes):
@@ -78,13 +92,18 @@ typedef struct {
 
 /* Appends a step from the send buffer to the receive buffer (left out when count is 0,
  * as both ends of a connection leave it out): the shape of the pairwise and linear plans. */
-static inline void coll_plan_add(coll_step *steps, size_t *n, coll_step_kind kind, int in,
-                                 int out, size_t src_off, size_t dst_off, size_t count,
-                                 int chunk) {
+static inline void coll_plan_add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int out,
+                                 size_t src_off, size_t dst_off, size_t count, int chunk) {
   if (count == 0) return;
-  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out, .peer_in2 = -1,
-                              .src_buf = COLL_BUF_SEND, .dst_buf = COLL_BUF_RECV,
-                              .src_off = src_off, .dst_off = dst_off, .count = count,
+  steps[(*n)++] = (coll_step){.kind = kind,
+                              .peer_in = in,
+                              .peer_out = out,
+                              .peer_in2 = -1,
+                              .src_buf = COLL_BUF_SEND,
+                              .dst_buf = COLL_BUF_RECV,
+                              .src_off = src_off,
+                              .dst_off = dst_off,
+                              .count = count,
                               .chunk = chunk};
 }
 
@@ -101,9 +120,9 @@ typedef struct {
    * the tuner returned), so that coll_plan_build does not look it up again; NULL: it
    * looks algo up.  Never a row other than algo's. */
   const struct coll_algo_entry *row;
-  size_t count;   /* all_reduce/broadcast/reduce/send/recv: count; reduce_scatter:
-                     recvcount; all_gather/gather: sendcount; all_to_all: elements per
-                     block (per peer); scatter: recvcount; all_to_allv: unused */
+  size_t count;           /* all_reduce/broadcast/reduce/send/recv: count; reduce_scatter:
+                             recvcount; all_gather/gather: sendcount; all_to_all: elements per
+                             block (per peer); scatter: recvcount; all_to_allv: unused */
   int nranks, rank, root; /* root: broadcast/reduce root; send/recv: the peer */
   int in_place;           /* send and recv buffers are the in-place pair */
   size_t recv_count;      /* sendrecv: elements received (count is elements sent) */
@@ -161,7 +180,7 @@ size_t coll_algo_names(char *buf, size_t len);
  * for them here).  Writes the formula with its numbers into `formula`.
  * COLL_ERR_INVALID_ARG when a cannot serve c (AUTO is not an algorithm). */
 coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
-                           double alpha, double beta, double gamma, double *seconds,
-                           char *formula, size_t formula_len);
+                           double alpha, double beta, double gamma, double *seconds, char *formula,
+                           size_t formula_len);
 
 #endif

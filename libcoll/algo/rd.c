@@ -93,9 +93,17 @@ static void put(coll_step *st, size_t *n, coll_step_kind kind, int in, int out, 
                 size_t so, coll_buf db, size_t doff, size_t count, int chunk, int final,
                 size_t delay) {
   if (count == 0) return;
-  st[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out, .peer_in2 = -1,
-                           .src_buf = sb, .dst_buf = db, .src_off = so, .dst_off = doff,
-                           .count = count, .chunk = chunk, .final = final,
+  st[(*n)++] = (coll_step){.kind = kind,
+                           .peer_in = in,
+                           .peer_out = out,
+                           .peer_in2 = -1,
+                           .src_buf = sb,
+                           .dst_buf = db,
+                           .src_off = so,
+                           .dst_off = doff,
+                           .count = count,
+                           .chunk = chunk,
+                           .final = final,
                            .delay = (uint32_t)delay};
 }
 
@@ -112,8 +120,8 @@ static void rd_all_reduce(int p, int r, size_t c, coll_step *st, size_t *n) {
   }
   coll_buf cur = COLL_BUF_SEND;
   if (f.in) {
-    put(st, n, COLL_STEP_RECV_REDUCE_COPY, r - 1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, c, -1,
-        0, 0);
+    put(st, n, COLL_STEP_RECV_REDUCE_COPY, r - 1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, c, -1, 0,
+        0);
     cur = COLL_BUF_RECV;
   }
   for (int k = 0; k < f.K; k++) {
@@ -167,8 +175,8 @@ static void all_gather(int p, int r, size_t sc, int in_place, size_t slice, coll
   if (f.in) {
     size_t o = mine - sc; /* everything but the even neighbour's own block */
     put(st, n, COLL_STEP_SEND, -1, r - 1, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, o, -1, 0, d);
-    put(st, n, COLL_STEP_SEND, -1, r - 1, COLL_BUF_RECV, mine, COLL_BUF_RECV, mine,
-        total - mine, -1, 0, d);
+    put(st, n, COLL_STEP_SEND, -1, r - 1, COLL_BUF_RECV, mine, COLL_BUF_RECV, mine, total - mine,
+        -1, 0, d);
   }
 }
 
@@ -192,8 +200,8 @@ static void rhd_all_reduce(int p, int r, size_t c, size_t slice, coll_step *st, 
   size_t d = 0;
   coll_buf cur = COLL_BUF_SEND;
   if (f.in) {
-    put(st, n, COLL_STEP_RECV_REDUCE_COPY, r - 1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, c, -1,
-        0, 0);
+    put(st, n, COLL_STEP_RECV_REDUCE_COPY, r - 1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, c, -1, 0,
+        0);
     d = rounds_of(c, slice);
     cur = COLL_BUF_RECV;
   }
@@ -205,8 +213,8 @@ static void rhd_all_reduce(int p, int r, size_t c, size_t slice, coll_step *st, 
     size_t ko = block_off(c, f.pp, klo), kl = block_off(c, f.pp, khi) - ko;
     size_t go = block_off(c, f.pp, glo), gl = block_off(c, f.pp, ghi) - go;
     put(st, n, COLL_STEP_SEND, -1, partner, cur, go, COLL_BUF_RECV, go, gl, glo, 0, d);
-    put(st, n, COLL_STEP_RECV_REDUCE_COPY, partner, -1, cur, ko, COLL_BUF_RECV, ko, kl, klo,
-        m == 1, d);
+    put(st, n, COLL_STEP_RECV_REDUCE_COPY, partner, -1, cur, ko, COLL_BUF_RECV, ko, kl, klo, m == 1,
+        d);
     d += max2(rounds_of(kl, slice), rounds_of(gl, slice));
     cur = COLL_BUF_RECV;
     lo = klo, hi = khi;
@@ -219,8 +227,7 @@ static void rhd_all_reduce(int p, int r, size_t c, size_t slice, coll_step *st, 
     put(st, n, COLL_STEP_RECV, partner, -1, COLL_BUF_RECV, to, COLL_BUF_RECV, to, tl, h, 0, d);
     d += max2(rounds_of(ml, slice), rounds_of(tl, slice));
   }
-  if (f.in)
-    put(st, n, COLL_STEP_SEND, -1, r - 1, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, c, -1, 0, d);
+  if (f.in) put(st, n, COLL_STEP_SEND, -1, r - 1, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, c, -1, 0, d);
 }
 
 coll_result coll_rd_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
@@ -252,9 +259,8 @@ coll_result coll_rhd_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
 
 /* ---- costs ---------------------------------------------------------------------- */
 
-static coll_result cost(bool rhd, coll_coll_kind coll, int p, double n, double alpha,
-                        double beta, double gamma, double *seconds, char *formula,
-                        size_t formula_len) {
+static coll_result cost(bool rhd, coll_coll_kind coll, int p, double n, double alpha, double beta,
+                        double gamma, double *seconds, char *formula, size_t formula_len) {
   if (p < 1 || n < 0) return COLL_ERR_INVALID_ARG;
   bool ok = coll == COLL_COLL_ALL_REDUCE || coll == COLL_COLL_ALL_GATHER ||
             (!rhd && coll == COLL_COLL_BARRIER);
@@ -293,12 +299,12 @@ static coll_result cost(bool rhd, coll_coll_kind coll, int p, double n, double a
 }
 
 /* The phases pipeline: slices change nothing in this model. */
-coll_result coll_rd_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
-                         double *seconds, char *formula, size_t formula_len) {
+coll_result coll_rd_cost(coll_coll_kind coll, double n, const coll_cost_model *m, double *seconds,
+                         char *formula, size_t formula_len) {
   return cost(false, coll, m->p, n, m->alpha, m->beta, m->gamma, seconds, formula, formula_len);
 }
 
-coll_result coll_rhd_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
-                          double *seconds, char *formula, size_t formula_len) {
+coll_result coll_rhd_cost(coll_coll_kind coll, double n, const coll_cost_model *m, double *seconds,
+                          char *formula, size_t formula_len) {
   return cost(true, coll, m->p, n, m->alpha, m->beta, m->gamma, seconds, formula, formula_len);
 }

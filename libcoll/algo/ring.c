@@ -44,13 +44,20 @@
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-static void add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int out,
-                coll_buf sb, size_t so, coll_buf db, size_t doff, size_t count, int chunk,
-                int final) {
+static void add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int out, coll_buf sb,
+                size_t so, coll_buf db, size_t doff, size_t count, int chunk, int final) {
   if (count == 0) return;
-  steps[(*n)++] = (coll_step){.kind = kind, .peer_in = in, .peer_out = out, .peer_in2 = -1,
-                              .src_buf = sb, .dst_buf = db, .src_off = so, .dst_off = doff,
-                              .count = count, .chunk = chunk, .final = final};
+  steps[(*n)++] = (coll_step){.kind = kind,
+                              .peer_in = in,
+                              .peer_out = out,
+                              .peer_in2 = -1,
+                              .src_buf = sb,
+                              .dst_buf = db,
+                              .src_off = so,
+                              .dst_off = doff,
+                              .count = count,
+                              .chunk = chunk,
+                              .final = final};
 }
 
 static void all_reduce(int p, int r, size_t count, coll_step *st, size_t *n) {
@@ -62,17 +69,17 @@ static void all_reduce(int p, int r, size_t count, coll_step *st, size_t *n) {
   for (int s = 1; s <= p - 2; s++) {
     c = mod(r - 1 - s, p);
     coll_ring_chunk(count, p, c, &off, &len);
-    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, off, COLL_BUF_RECV,
-        off, len, c, 0);
+    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, off, COLL_BUF_RECV, off, len,
+        c, 0);
   }
   coll_ring_chunk(count, p, r, &off, &len);
-  add(st, n, COLL_STEP_RECV_REDUCE_COPY_SEND, prev, next, COLL_BUF_SEND, off, COLL_BUF_RECV,
-      off, len, r, 1);
+  add(st, n, COLL_STEP_RECV_REDUCE_COPY_SEND, prev, next, COLL_BUF_SEND, off, COLL_BUF_RECV, off,
+      len, r, 1);
   for (int k = 1; k <= p - 2; k++) {
     c = mod(r - k, p);
     coll_ring_chunk(count, p, c, &off, &len);
-    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, off, COLL_BUF_RECV, off,
-        len, c, 0);
+    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, off, COLL_BUF_RECV, off, len, c,
+        0);
   }
   c = mod(r + 1, p);
   coll_ring_chunk(count, p, c, &off, &len);
@@ -82,31 +89,29 @@ static void all_reduce(int p, int r, size_t count, coll_step *st, size_t *n) {
 static void reduce_scatter(int p, int r, size_t rc, coll_step *st, size_t *n) {
   int prev = mod(r - 1, p), next = mod(r + 1, p);
   int c = mod(r - 1, p);
-  add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, (size_t)c * rc, COLL_BUF_RECV, 0, rc, c,
-      0);
+  add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, (size_t)c * rc, COLL_BUF_RECV, 0, rc, c, 0);
   for (int s = 1; s <= p - 2; s++) {
     c = mod(r - 1 - s, p);
-    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, (size_t)c * rc,
-        COLL_BUF_RECV, 0, rc, c, 0);
+    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, (size_t)c * rc, COLL_BUF_RECV,
+        0, rc, c, 0);
   }
-  add(st, n, COLL_STEP_RECV_REDUCE_COPY, prev, -1, COLL_BUF_SEND, (size_t)r * rc,
-      COLL_BUF_RECV, 0, rc, r, 1);
+  add(st, n, COLL_STEP_RECV_REDUCE_COPY, prev, -1, COLL_BUF_SEND, (size_t)r * rc, COLL_BUF_RECV, 0,
+      rc, r, 1);
 }
 
 static void all_gather(int p, int r, size_t sc, int in_place, coll_step *st, size_t *n) {
   int prev = mod(r - 1, p), next = mod(r + 1, p);
   if (!in_place)
-    add(st, n, COLL_STEP_COPY, -1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, (size_t)r * sc, sc, r,
-        0);
+    add(st, n, COLL_STEP_COPY, -1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, (size_t)r * sc, sc, r, 0);
   add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, sc, r, 0);
   for (int k = 1; k <= p - 2; k++) {
     int c = mod(r - k, p);
-    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, (size_t)c * sc,
-        COLL_BUF_RECV, (size_t)c * sc, sc, c, 0);
+    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, (size_t)c * sc, COLL_BUF_RECV,
+        (size_t)c * sc, sc, c, 0);
   }
   int c = mod(r + 1, p);
-  add(st, n, COLL_STEP_RECV, prev, -1, COLL_BUF_RECV, (size_t)c * sc, COLL_BUF_RECV,
-      (size_t)c * sc, sc, c, 0);
+  add(st, n, COLL_STEP_RECV, prev, -1, COLL_BUF_RECV, (size_t)c * sc, COLL_BUF_RECV, (size_t)c * sc,
+      sc, c, 0);
 }
 
 static void broadcast(int p, int r, int root, size_t count, int in_place, coll_step *st,
@@ -117,8 +122,8 @@ static void broadcast(int p, int r, int root, size_t count, int in_place, coll_s
       add(st, n, COLL_STEP_COPY, -1, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0, 0);
     add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0, 0);
   } else if (pos < p - 1) {
-    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, count,
-        0, 0);
+    add(st, n, COLL_STEP_RECV_COPY_SEND, prev, next, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, count, 0,
+        0);
   } else {
     add(st, n, COLL_STEP_RECV, prev, -1, COLL_BUF_RECV, 0, COLL_BUF_RECV, 0, count, 0, 0);
   }
@@ -129,11 +134,11 @@ static void reduce(int p, int r, int root, size_t count, coll_step *st, size_t *
   if (pos == 0)
     add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0, 0);
   else if (pos < p - 1)
-    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0,
-        count, 0, 0);
+    add(st, n, COLL_STEP_RECV_REDUCE_SEND, prev, next, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0,
+        0);
   else
-    add(st, n, COLL_STEP_RECV_REDUCE_COPY, prev, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count,
-        0, 1);
+    add(st, n, COLL_STEP_RECV_REDUCE_COPY, prev, -1, COLL_BUF_SEND, 0, COLL_BUF_RECV, 0, count, 0,
+        1);
 }
 
 coll_result coll_ring_plan(const coll_plan_args *a, coll_step *steps, size_t *nsteps) {
@@ -151,8 +156,8 @@ coll_result coll_ring_plan(const coll_plan_args *a, coll_step *steps, size_t *ns
   return COLL_OK;
 }
 
-coll_result coll_ring_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
-                           double *seconds, char *formula, size_t formula_len) {
+coll_result coll_ring_cost(coll_coll_kind coll, double n, const coll_cost_model *m, double *seconds,
+                           char *formula, size_t formula_len) {
   int p = m->p;
   double slice = m->slice, alpha = m->alpha, beta = m->beta, gamma = m->gamma;
   if (p < 1 || !(n >= 0) || !(slice > 0)) return COLL_ERR_INVALID_ARG;
@@ -199,14 +204,16 @@ coll_result coll_ring_cost(coll_coll_kind coll, double n, const coll_cost_model 
   char ks[32] = "";
   if (coll == COLL_COLL_BROADCAST || coll == COLL_COLL_REDUCE)
     snprintf(ks, sizeof ks, ", k=%.0f slices", k);
-  snprintf(formula, formula_len,
-           "%s with p=%d, n=%.0f B%s: %.0f*%.3f us + %.0f B*%.4f ns/B = %.2f us + %.2f us = %.2f us",
-           shape, p, n, ks, steps, a, bytes, b, steps * a, bytes * b / 1e3, *seconds * 1e6);
+  snprintf(
+      formula, formula_len,
+      "%s with p=%d, n=%.0f B%s: %.0f*%.3f us + %.0f B*%.4f ns/B = %.2f us + %.2f us = %.2f us",
+      shape, p, n, ks, steps, a, bytes, b, steps * a, bytes * b / 1e3, *seconds * 1e6);
   /* The additions: (p-1)/p·n·γ for all-reduce and reduce-scatter (each rank reduces its
    * share of every chunk once per hop), n·γ for the chain's reduce; printed only when γ
    * is given, so coll_cost_predict's α-β formula reads as before. */
   double red = 0;
-  if (coll == COLL_COLL_ALL_REDUCE || coll == COLL_COLL_REDUCE_SCATTER) red = (double)(p - 1) / p * n;
+  if (coll == COLL_COLL_ALL_REDUCE || coll == COLL_COLL_REDUCE_SCATTER)
+    red = (double)(p - 1) / p * n;
   if (coll == COLL_COLL_REDUCE) red = n;
   if (red > 0 && gamma > 0) {
     *seconds += red * gamma;

@@ -109,7 +109,7 @@ static bool no_algorithm_needed(coll_coll_kind c, int nranks) {
 bool coll_algo_serves(coll_algo a, coll_coll_kind c, int nranks) {
   if ((unsigned)a >= COLL_NUM_ALGOS || (unsigned)c >= COLL_NUM_COLLS) return false;
   if (no_algorithm_needed(c, nranks)) return true; /* plan.c schedules these itself */
-  if (a == COLL_ALGO_AUTO) return true;              /* the tuner picks a row that does */
+  if (a == COLL_ALGO_AUTO) return true;            /* the tuner picks a row that does */
   return (coll_algo_table[a].colls & COLL_BIT(c)) != 0;
 }
 
@@ -117,8 +117,7 @@ coll_algo coll_algo_default(coll_coll_kind c) {
   /* The first row with a schedule that serves c, in table order: the ring for the five
    * and barrier, pairwise for all-to-all(v), linear for gather and scatter. */
   for (int a = 0; a < COLL_NUM_ALGOS; a++)
-    if (coll_algo_table[a].plan && (coll_algo_table[a].colls & COLL_BIT(c)))
-      return (coll_algo)a;
+    if (coll_algo_table[a].plan && (coll_algo_table[a].colls & COLL_BIT(c))) return (coll_algo)a;
   return COLL_ALGO_RING; /* point-to-point: plan.c schedules it, any name will do */
 }
 
@@ -136,15 +135,21 @@ bool coll_algo_usable(const coll_algo_entry *e, struct coll_comm *comm, const co
 }
 
 coll_result coll_algo_cost(coll_algo a, coll_coll_kind c, int p, double n, double slice,
-                           double alpha, double beta, double gamma, double *seconds,
-                           char *formula, size_t formula_len) {
+                           double alpha, double beta, double gamma, double *seconds, char *formula,
+                           size_t formula_len) {
   const coll_algo_entry *e = coll_algo_get(a);
   if (!e || !e->cost || p < 1 || !(n >= 0) || !(slice > 0)) return COLL_ERR_INVALID_ARG;
   if (!no_algorithm_needed(c, p) && !coll_algo_serves(a, c, p)) return COLL_ERR_INVALID_ARG;
   /* One model for every row: the one-shot and direct rows' own constants default to the
    * FIFO's (callers that measured them use the rows' cost functions directly). */
-  coll_cost_model m = {.p = p, .slice = slice, .alpha = alpha, .beta = beta, .gamma = gamma,
-                       .alpha_mb = alpha, .beta_cma = beta, .alpha_cma = alpha};
+  coll_cost_model m = {.p = p,
+                       .slice = slice,
+                       .alpha = alpha,
+                       .beta = beta,
+                       .gamma = gamma,
+                       .alpha_mb = alpha,
+                       .beta_cma = beta,
+                       .alpha_cma = alpha};
   return e->cost(c, n, &m, seconds, formula, formula_len);
 }
 

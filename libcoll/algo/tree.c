@@ -115,8 +115,7 @@ static int label_of(int t, int pos, int m) {
 
 int coll_tree_height(int p) { return p < 2 ? 0 : 1 + floor_log2(p - 1); }
 
-void coll_tree_node(int p, int root, int t, int rank, int *parent, int children[2],
-                    int *depth) {
+void coll_tree_node(int p, int root, int t, int rank, int *parent, int children[2], int *depth) {
   int m = p - 1, label = ((rank - root) % p + p) % p, top = top_pos(m);
   children[0] = children[1] = -1;
   if (label == 0) {
@@ -140,9 +139,17 @@ static void add(coll_step *st, size_t *n, coll_step s) {
 
 static coll_step mk(coll_step_kind kind, int in, int out, coll_buf sb, coll_buf db, size_t off,
                     size_t count, int chunk, int final, int delay) {
-  return (coll_step){.kind = kind, .peer_in = in, .peer_out = out, .peer_in2 = -1,
-                     .src_buf = sb, .dst_buf = db, .src_off = off, .dst_off = off,
-                     .count = count, .chunk = chunk, .final = final,
+  return (coll_step){.kind = kind,
+                     .peer_in = in,
+                     .peer_out = out,
+                     .peer_in2 = -1,
+                     .src_buf = sb,
+                     .dst_buf = db,
+                     .src_off = off,
+                     .dst_off = off,
+                     .count = count,
+                     .chunk = chunk,
+                     .final = final,
                      .delay = (uint32_t)delay};
 }
 
@@ -158,11 +165,11 @@ static void up(const node *t, int ti, int delay, coll_step *st, size_t *n) {
     s = mk(COLL_STEP_SEND, -1, t->parent, COLL_BUF_SEND, COLL_BUF_RECV, t->off, t->len, ti, 0,
            delay);
   else if (t->nch == 1)
-    s = mk(COLL_STEP_RECV_REDUCE_SEND, t->ch[0], t->parent, COLL_BUF_SEND, COLL_BUF_RECV,
-           t->off, t->len, ti, 0, delay);
+    s = mk(COLL_STEP_RECV_REDUCE_SEND, t->ch[0], t->parent, COLL_BUF_SEND, COLL_BUF_RECV, t->off,
+           t->len, ti, 0, delay);
   else {
-    s = mk(COLL_STEP_RECV2_REDUCE_SEND, t->ch[0], t->parent, COLL_BUF_SEND, COLL_BUF_RECV,
-           t->off, t->len, ti, 0, delay);
+    s = mk(COLL_STEP_RECV2_REDUCE_SEND, t->ch[0], t->parent, COLL_BUF_SEND, COLL_BUF_RECV, t->off,
+           t->len, ti, 0, delay);
     s.peer_in2 = t->ch[1];
   }
   add(st, n, s);
@@ -171,15 +178,18 @@ static void up(const node *t, int ti, int delay, coll_step *st, size_t *n) {
 /* Down: the parent's data into the RECV buffer and on to the children. */
 static void down(const node *t, int ti, int delay, coll_step *st, size_t *n) {
   if (t->nch == 0) {
-    add(st, n, mk(COLL_STEP_RECV, t->parent, -1, COLL_BUF_RECV, COLL_BUF_RECV, t->off, t->len,
-                  ti, 0, delay));
+    add(st, n,
+        mk(COLL_STEP_RECV, t->parent, -1, COLL_BUF_RECV, COLL_BUF_RECV, t->off, t->len, ti, 0,
+           delay));
     return;
   }
-  add(st, n, mk(COLL_STEP_RECV_COPY_SEND, t->parent, t->ch[0], COLL_BUF_RECV, COLL_BUF_RECV,
-                t->off, t->len, ti, 0, delay));
+  add(st, n,
+      mk(COLL_STEP_RECV_COPY_SEND, t->parent, t->ch[0], COLL_BUF_RECV, COLL_BUF_RECV, t->off,
+         t->len, ti, 0, delay));
   if (t->nch == 2) /* same round, next in order: reads what the step above just wrote */
-    add(st, n, mk(COLL_STEP_SEND, -1, t->ch[1], COLL_BUF_RECV, COLL_BUF_RECV, t->off, t->len,
-                  ti, 0, delay));
+    add(st, n,
+        mk(COLL_STEP_SEND, -1, t->ch[1], COLL_BUF_RECV, COLL_BUF_RECV, t->off, t->len, ti, 0,
+           delay));
 }
 
 coll_result coll_tree_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
@@ -206,8 +216,9 @@ coll_result coll_tree_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
       if (!a->in_place)
         add(st, n, mk(COLL_STEP_COPY, -1, -1, COLL_BUF_SEND, COLL_BUF_RECV, 0, count, -1, 0, 0));
       for (int i = 0; i < 2; i++)
-        add(st, n, mk(COLL_STEP_SEND, -1, t[i].ch[0], COLL_BUF_SEND, COLL_BUF_RECV, t[i].off,
-                      t[i].len, i, 0, 0));
+        add(st, n,
+            mk(COLL_STEP_SEND, -1, t[i].ch[0], COLL_BUF_SEND, COLL_BUF_RECV, t[i].off, t[i].len, i,
+               0, 0));
     } else {
       for (int i = 0; i < 2; i++) down(&t[i], i, SKEW * t[i].depth, st, n);
     }
@@ -215,8 +226,9 @@ coll_result coll_tree_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
   case COLL_COLL_REDUCE:
     for (int i = 0; i < 2; i++) {
       if (is_root)
-        add(st, n, mk(COLL_STEP_RECV_REDUCE_COPY, t[i].ch[0], -1, COLL_BUF_SEND, COLL_BUF_RECV,
-                      t[i].off, t[i].len, i, 1, SKEW * H));
+        add(st, n,
+            mk(COLL_STEP_RECV_REDUCE_COPY, t[i].ch[0], -1, COLL_BUF_SEND, COLL_BUF_RECV, t[i].off,
+               t[i].len, i, 1, SKEW * H));
       else
         up(&t[i], i, SKEW * (H - t[i].depth), st, n);
     }
@@ -224,8 +236,9 @@ coll_result coll_tree_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
   default: /* all-reduce, barrier */
     if (is_root) {
       for (int i = 0; i < 2; i++)
-        add(st, n, mk(COLL_STEP_RECV_REDUCE_COPY_SEND, t[i].ch[0], t[i].ch[0], COLL_BUF_SEND,
-                      COLL_BUF_RECV, t[i].off, t[i].len, i, 1, SKEW * H));
+        add(st, n,
+            mk(COLL_STEP_RECV_REDUCE_COPY_SEND, t[i].ch[0], t[i].ch[0], COLL_BUF_SEND,
+               COLL_BUF_RECV, t[i].off, t[i].len, i, 1, SKEW * H));
     } else {
       for (int i = 0; i < 2; i++) up(&t[i], i, SKEW * (H - t[i].depth), st, n);
       for (int i = 0; i < 2; i++) down(&t[i], i, SKEW * (H + t[i].depth), st, n);
@@ -235,8 +248,8 @@ coll_result coll_tree_plan(const coll_plan_args *a, coll_step *st, size_t *n) {
   return COLL_OK;
 }
 
-coll_result coll_tree_cost(coll_coll_kind coll, double n, const coll_cost_model *m,
-                           double *seconds, char *formula, size_t formula_len) {
+coll_result coll_tree_cost(coll_coll_kind coll, double n, const coll_cost_model *m, double *seconds,
+                           char *formula, size_t formula_len) {
   int p = m->p;
   double slice = m->slice, alpha = m->alpha, beta = m->beta, gamma = m->gamma;
   double A = alpha * 1e6, B = beta * 1e9, G = gamma * 1e9; /* us, ns/B, ns/B */

@@ -12,7 +12,8 @@ coll_result coll_comm_destroy(coll_comm_t comm) {
   if (coll_group_holds(comm)) /* group.c would run them on a freed communicator */
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "coll_comm_destroy on rank %d: this thread's open group holds calls on "
-                     "the communicator; call coll_group_end first", comm->rank);
+                     "the communicator; call coll_group_end first",
+                     comm->rank);
   return coll_comm_close(comm);
 }
 

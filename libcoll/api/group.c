@@ -110,8 +110,10 @@ coll_result coll_group_record(struct coll_comm *comm, const char *fn, const coll
     size_t cap = G.cap ? 2 * G.cap : 16;
     rec *more = cap > SIZE_MAX / sizeof *more ? NULL : realloc(G.recs, cap * sizeof *more);
     if (!more)
-      return coll_fail(comm, COLL_ERR_SYSTEM, "%s on rank %d: out of memory recording the call "
-                       "in its group", fn, comm->rank);
+      return coll_fail(comm, COLL_ERR_SYSTEM,
+                       "%s on rank %d: out of memory recording the call "
+                       "in its group",
+                       fn, comm->rank);
     G.recs = more;
     G.cap = cap;
   }
@@ -153,8 +155,10 @@ static coll_result submit_p2p(struct coll_comm *comm, const rec *recs, size_t fr
   if (!g || !scratch) {
     free(g);
     free(scratch);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "coll_group_end on rank %d: out of memory for the "
-                     "group's %zu point-to-point operations", comm->rank, nops);
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "coll_group_end on rank %d: out of memory for the "
+                     "group's %zu point-to-point operations",
+                     comm->rank, nops);
   }
   /* One block: the struct, then steps, ops, src, dst (each a multiple of 8 bytes). */
   g->n = nops;
@@ -191,18 +195,24 @@ static coll_result submit_p2p(struct coll_comm *comm, const rec *recs, size_t fr
   }
   for (i = 0; i < nops; i++) total += g->ops[i].count;
   /* The executor cuts this work into slices of comm->slot_bytes (es = 1): so do we. */
-  coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P, .nranks = comm->nranks, .rank = comm->rank,
-                      .slice = comm->slot_bytes, .group = g->ops, .ngroup = nops,
+  coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P,
+                      .nranks = comm->nranks,
+                      .rank = comm->rank,
+                      .slice = comm->slot_bytes,
+                      .group = g->ops,
+                      .ngroup = nops,
                       .scratch = scratch};
   coll_result r = coll_plan_build(&a, g->steps, &g->nsteps);
   free(scratch);
   if (r != COLL_OK) {
     free(g);
-    return coll_fail(comm, COLL_ERR_INTERNAL, "coll_group_end on rank %d: no plan for the "
-                     "group's %zu point-to-point operations", comm->rank, nops);
+    return coll_fail(comm, COLL_ERR_INTERNAL,
+                     "coll_group_end on rank %d: no plan for the "
+                     "group's %zu point-to-point operations",
+                     comm->rank, nops);
   }
-  coll_work w = {.coll = COLL_COLL_GROUP_P2P, .count = total, .dtype = COLL_UINT8,
-                 .stream = s, .group = g};
+  coll_work w = {
+      .coll = COLL_COLL_GROUP_P2P, .count = total, .dtype = COLL_UINT8, .stream = s, .group = g};
   coll_comm_enter(comm);
   r = coll_exec_submit(comm, &w); /* enqueued, or refused and freed: g is not ours now */
   coll_comm_leave(comm);
@@ -233,8 +243,7 @@ static coll_result run(rec *recs, size_t n) {
       if (!w.stream) w.stream = &local;
       if ((r = coll_submit(comm, recs[k].fn, &w)) != COLL_OK && first == COLL_OK) first = r;
     }
-    if (p2p && (r = submit_p2p(comm, recs, i, n, ps ? ps : &local)) != COLL_OK &&
-        first == COLL_OK)
+    if (p2p && (r = submit_p2p(comm, recs, i, n, ps ? ps : &local)) != COLL_OK && first == COLL_OK)
       first = r;
     for (size_t k = i; k < n; k++)
       if (recs[k].comm == comm) recs[k].comm = NULL;

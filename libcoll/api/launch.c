@@ -30,7 +30,7 @@
 #include "internal.h"
 
 #define PIDFD_RANKS 256 /* ranks watched by a pidfd each */
-#define POLL_MS 50       /* otherwise: how often the parent looks for ended ranks */
+#define POLL_MS 50      /* otherwise: how often the parent looks for ended ranks */
 
 static coll_unique_id launched_id;
 
@@ -100,10 +100,13 @@ static void bind_rank(int r) {
   }
 }
 
-static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why,
-                  size_t why_len, bool raw) {
+static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why, size_t why_len,
+                  bool raw) {
   char dummy[8];
-  if (!why) { why = dummy; why_len = sizeof dummy; }
+  if (!why) {
+    why = dummy;
+    why_len = sizeof dummy;
+  }
   why[0] = 0;
   if (nranks < 1 || !fn) {
     snprintf(why, why_len, "coll_launch_local: need nranks >= 1 and a function");
@@ -186,7 +189,8 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
   uint64_t end = timeout_ms > 0 ? coll_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
   bool killed = status != 0;
   if (killed)
-    for (int r = 0; r < nranks; r++) if (pids[r] > 0) kill(pids[r], SIGKILL);
+    for (int r = 0; r < nranks; r++)
+      if (pids[r] > 0) kill(pids[r], SIGKILL);
   while (alive > 0) {
     int wait_ms = nranks <= PIDFD_RANKS ? 1000 : POLL_MS;
     if (end && !killed) {
@@ -194,9 +198,11 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
       if (now >= end) {
         if (!status) {
           status = 124;
-          snprintf(why, why_len, "job of %d ranks ran longer than %d ms: killed", nranks, timeout_ms);
+          snprintf(why, why_len, "job of %d ranks ran longer than %d ms: killed", nranks,
+                   timeout_ms);
         }
-        for (int r = 0; r < nranks; r++) if (pids[r] > 0) kill(pids[r], SIGKILL);
+        for (int r = 0; r < nranks; r++)
+          if (pids[r] > 0) kill(pids[r], SIGKILL);
         killed = true;
       } else {
         int left = (int)((end - now) / 1000000u) + 1;
@@ -223,7 +229,8 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
                    strsignal(WTERMSIG(st)));
       }
       if (code != 0 && !killed) {
-        for (int o = 0; o < nranks; o++) if (pids[o] > 0) kill(pids[o], SIGKILL);
+        for (int o = 0; o < nranks; o++)
+          if (pids[o] > 0) kill(pids[o], SIGKILL);
         killed = true;
       }
     }

@@ -14,14 +14,19 @@
 
 enum { COLL_LOG_NONE = 0, COLL_LOG_WARN = 1, COLL_LOG_INFO = 2, COLL_LOG_TRACE = 3 };
 int coll_log_level(void);
-void coll_log(int level, int rank, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#define COLL_WARN(rank, ...) \
-  do { if (coll_log_level() >= COLL_LOG_WARN) coll_log(COLL_LOG_WARN, rank, __VA_ARGS__); } while (0)
-#define COLL_INFO(rank, ...) \
-  do { if (coll_log_level() >= COLL_LOG_INFO) coll_log(COLL_LOG_INFO, rank, __VA_ARGS__); } while (0)
-#define COLL_TRACE(rank, ...) \
-  do { if (coll_log_level() >= COLL_LOG_TRACE) coll_log(COLL_LOG_TRACE, rank, __VA_ARGS__); } while (0)
+void coll_log(int level, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define COLL_WARN(rank, ...)                                                           \
+  do {                                                                                 \
+    if (coll_log_level() >= COLL_LOG_WARN) coll_log(COLL_LOG_WARN, rank, __VA_ARGS__); \
+  } while (0)
+#define COLL_INFO(rank, ...)                                                           \
+  do {                                                                                 \
+    if (coll_log_level() >= COLL_LOG_INFO) coll_log(COLL_LOG_INFO, rank, __VA_ARGS__); \
+  } while (0)
+#define COLL_TRACE(rank, ...)                                                            \
+  do {                                                                                   \
+    if (coll_log_level() >= COLL_LOG_TRACE) coll_log(COLL_LOG_TRACE, rank, __VA_ARGS__); \
+  } while (0)
 
 /* One spin-wait iteration: tells the core (and a hyperthread sibling) we are polling. */
 static inline void coll_cpu_relax(void) {

@@ -23,9 +23,12 @@ int coll_log_level(void) {
   const char *e = getenv("COLL_DEBUG");
   l = COLL_LOG_NONE;
   if (e) {
-    if (!strcasecmp(e, "WARN")) l = COLL_LOG_WARN;
-    else if (!strcasecmp(e, "INFO")) l = COLL_LOG_INFO;
-    else if (!strcasecmp(e, "TRACE")) l = COLL_LOG_TRACE;
+    if (!strcasecmp(e, "WARN"))
+      l = COLL_LOG_WARN;
+    else if (!strcasecmp(e, "INFO"))
+      l = COLL_LOG_INFO;
+    else if (!strcasecmp(e, "TRACE"))
+      l = COLL_LOG_TRACE;
   }
   atomic_store(&log_level, l);
   return l;
@@ -74,8 +77,8 @@ coll_result coll_fail_at(struct coll_comm *comm, coll_result r, const char *file
   return r;
 }
 
-coll_result coll_view_fail_at(const coll_comm_view *view, coll_result r, const char *file,
-                              int line, const char *fmt, ...) {
+coll_result coll_view_fail_at(const coll_comm_view *view, coll_result r, const char *file, int line,
+                              const char *fmt, ...) {
   char msg[COLL_ERRBUF];
   va_list ap;
   va_start(ap, fmt);

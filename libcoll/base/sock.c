@@ -32,8 +32,7 @@ void coll_sock_pack(const struct sockaddr_storage *ss, coll_sockaddr_packed *out
   }
 }
 
-bool coll_sock_unpack(const coll_sockaddr_packed *p, struct sockaddr_storage *ss,
-                      socklen_t *len) {
+bool coll_sock_unpack(const coll_sockaddr_packed *p, struct sockaddr_storage *ss, socklen_t *len) {
   memset(ss, 0, sizeof *ss);
   if (p->port == 0) return false;
   if (p->family == AF_INET) {
@@ -82,8 +81,10 @@ void coll_sock_tune(int fd) {
 int coll_sock_listen(const struct sockaddr_storage *local, socklen_t len, int backlog,
                      struct sockaddr_storage *bound) {
   struct sockaddr_storage ss = *local;
-  if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
-  else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+  if (ss.ss_family == AF_INET)
+    ((struct sockaddr_in *)&ss)->sin_port = 0;
+  else
+    ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
   int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, backlog) != 0) {

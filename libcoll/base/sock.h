@@ -23,8 +23,7 @@ typedef struct {
 
 void coll_sock_pack(const struct sockaddr_storage *ss, coll_sockaddr_packed *out);
 /* False when `p` holds no usable address. */
-bool coll_sock_unpack(const coll_sockaddr_packed *p, struct sockaddr_storage *ss,
-                      socklen_t *len);
+bool coll_sock_unpack(const coll_sockaddr_packed *p, struct sockaddr_storage *ss, socklen_t *len);
 /* "1.2.3.4:5" or "[::1]:5". */
 void coll_sock_text(const struct sockaddr_storage *ss, char *out, size_t len);
 
@@ -44,7 +43,10 @@ bool coll_sock_write_all(int fd, const void *buf, size_t len, uint64_t deadline_
 bool coll_sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ns);
 /* Big-endian 32-bit words, as every length and field on our wires travels. */
 static inline void coll_put32(uint8_t *p, uint32_t v) {
-  p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+  p[0] = (uint8_t)(v >> 24);
+  p[1] = (uint8_t)(v >> 16);
+  p[2] = (uint8_t)(v >> 8);
+  p[3] = (uint8_t)v;
 }
 static inline uint32_t coll_get32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];

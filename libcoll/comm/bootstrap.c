@@ -61,9 +61,9 @@
 
 #define ID_MAGIC 0x434f4c4cu /* "COLL" */
 #define ID_VERSION 1
-#define AUTH_TIMEOUT_MS 5000 /* a registration must finish within this */
-#define MAX_INFLIGHT 128     /* registrations the root serves at once */
-#define ROOT_TELL_MS 5000    /* the root's note to one rank */
+#define AUTH_TIMEOUT_MS 5000             /* a registration must finish within this */
+#define MAX_INFLIGHT 128                 /* registrations the root serves at once */
+#define ROOT_TELL_MS 5000                /* the root's note to one rank */
 #define COLL_BOOT_LINK_MAGIC 0x434c424cu /* "CLBL": the ranks' bootstrap listeners */
 enum { BOOT_FRAME_DATA = 1, BOOT_FRAME_ERROR = 2 };
 
@@ -84,8 +84,7 @@ coll_result coll_id_encode(const coll_id_fields *f, coll_unique_id *id) {
   return COLL_OK;
 }
 
-coll_result coll_id_decode(const coll_unique_id *id, coll_id_fields *f, char *why,
-                           size_t why_len) {
+coll_result coll_id_decode(const coll_unique_id *id, coll_id_fields *f, char *why, size_t why_len) {
   const uint8_t *p = id->internal;
   memset(f, 0, sizeof *f);
   f->magic = coll_get32(p);
@@ -95,13 +94,15 @@ coll_result coll_id_decode(const coll_unique_id *id, coll_id_fields *f, char *wh
   memcpy(f->addr, p + 10, 16);
   memcpy(f->secret, p + 26, COLL_SECRET_BYTES);
   if (f->magic != ID_MAGIC || f->version != ID_VERSION) {
-    snprintf(why, why_len, "the unique id was not made by coll_get_unique_id of this libcoll "
-             "version (magic %08x version %u)", f->magic, f->version);
+    snprintf(why, why_len,
+             "the unique id was not made by coll_get_unique_id of this libcoll "
+             "version (magic %08x version %u)",
+             f->magic, f->version);
     return COLL_ERR_INVALID_ARG;
   }
   if ((f->family != AF_INET && f->family != AF_INET6) || f->port == 0) {
-    snprintf(why, why_len, "the unique id holds no valid address (family %u port %u)",
-             f->family, f->port);
+    snprintf(why, why_len, "the unique id holds no valid address (family %u port %u)", f->family,
+             f->port);
     return COLL_ERR_INVALID_ARG;
   }
   return COLL_OK;
@@ -146,8 +147,10 @@ static void pick_local_addr(coll_id_fields *f) {
       break;
     }
   }
-  if (pick) memcpy(f->addr, &((struct sockaddr_in *)pick->ifa_addr)->sin_addr, 4);
-  else if (want) COLL_WARN(-1, "COLL_SOCKET_IFNAME=%s has no IPv4 address; using loopback", want);
+  if (pick)
+    memcpy(f->addr, &((struct sockaddr_in *)pick->ifa_addr)->sin_addr, 4);
+  else if (want)
+    COLL_WARN(-1, "COLL_SOCKET_IFNAME=%s has no IPv4 address; using loopback", want);
   freeifaddrs(ifs);
 }
 
@@ -162,12 +165,12 @@ typedef struct {
 
 typedef struct coll_root {
   int listen_fd;
-  int wake_fd;     /* eventfd: coll_bootstrap_root_stop() asks the loop to end */
-  bool detached;   /* the thread frees this state itself */
+  int wake_fd;   /* eventfd: coll_bootstrap_root_stop() asks the loop to end */
+  bool detached; /* the thread frees this state itself */
   pthread_t thread;
   coll_boot_job job; /* secret, nranks, rank table */
   int timeout_ms;
-  root_conn *conns;  /* MAX_INFLIGHT registrations in progress (fd -1: free) */
+  root_conn *conns;            /* MAX_INFLIGHT registrations in progress (fd -1: free) */
   coll_sockaddr_packed *addrs; /* per rank: where it listens for its ring links */
   int registered;
   /* The job failed: every rank that registered has been told why, and ranks that come
@@ -193,8 +196,8 @@ static void drop(root_state *st, root_conn *c) {
 
 /* Sends rank r its note: status 0 with its next neighbour's address, or 1 with `msg`.
  * False when the rank cannot be reached (it died or gave up). */
-static bool tell(root_state *st, int r, uint32_t status, const void *note, uint32_t len,
-                 char *why, size_t why_len) {
+static bool tell(root_state *st, int r, uint32_t status, const void *note, uint32_t len, char *why,
+                 size_t why_len) {
   struct sockaddr_storage ss;
   socklen_t sl;
   if (!coll_sock_unpack(&st->addrs[r], &ss, &sl)) {
@@ -236,8 +239,10 @@ static void fail_all(root_state *st, const char *msg) {
 static bool registered(root_state *st, root_conn *c, char *why, size_t why_len) {
   int r = c->rx.rank;
   if (c->rx.len != sizeof(coll_sockaddr_packed)) {
-    snprintf(why, why_len, "rank %d registered a %u-byte address (expected %zu): not a "
-             "libcoll of this version", r, c->rx.len, sizeof(coll_sockaddr_packed));
+    snprintf(why, why_len,
+             "rank %d registered a %u-byte address (expected %zu): not a "
+             "libcoll of this version",
+             r, c->rx.len, sizeof(coll_sockaddr_packed));
     return false;
   }
   if (!st->addrs && !(st->addrs = calloc((size_t)st->job.nranks, sizeof *st->addrs))) {
@@ -268,22 +273,30 @@ static bool feed(root_state *st, root_conn *c, char *why, size_t why_len) {
   for (;;) {
     ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n == 0) {
-      if (c->rx.rank >= 0) snprintf(why, why_len, "rank %d left the job during init (it hung "
-                                    "up before it had registered)", c->rx.rank);
+      if (c->rx.rank >= 0)
+        snprintf(why, why_len,
+                 "rank %d left the job during init (it hung "
+                 "up before it had registered)",
+                 c->rx.rank);
       return false;
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
-      if (c->rx.rank >= 0) snprintf(why, why_len, "rank %d left the job during init (reading "
-                                    "its registration failed: %s)", c->rx.rank, strerror(errno));
+      if (c->rx.rank >= 0)
+        snprintf(why, why_len,
+                 "rank %d left the job during init (reading "
+                 "its registration failed: %s)",
+                 c->rx.rank, strerror(errno));
       return false;
     }
     if (!coll_boot_rx_input(&st->job, &c->rx, buf, (size_t)n, why, why_len)) {
       if (c->rx.rank < 0 && !why[0])
         COLL_INFO(-1, "bootstrap root: dropped a connection without the job's secret");
       else if (c->rx.rank >= 0)
-        snprintf(why + strlen(why), why_len - strlen(why), ": rank %d left the job during "
-                 "init", c->rx.rank);
+        snprintf(why + strlen(why), why_len - strlen(why),
+                 ": rank %d left the job during "
+                 "init",
+                 c->rx.rank);
       return false;
     }
     if (c->rx.have_data) return registered(st, c, why, why_len) && false;
@@ -298,8 +311,10 @@ static void hand_out(root_state *st) {
     char why[160];
     if (!tell(st, r, 0, &st->addrs[(r + 1) % n], sizeof *st->addrs, why, sizeof why)) {
       char msg[300];
-      snprintf(msg, sizeof msg, "rank %d left the job during init (the root could not reach "
-               "it: %s)", r, why);
+      snprintf(msg, sizeof msg,
+               "rank %d left the job during init (the root could not reach "
+               "it: %s)",
+               r, why);
       st->job.by_rank[r] = NULL;
       fail_all(st, msg);
       return;
@@ -335,13 +350,15 @@ static void *root_main(void *arg) {
       if (st->failed) break; /* told everyone who came */
       char msg[300];
       int missing = 0, shown = 0;
-      size_t at = (size_t)snprintf(msg, sizeof msg, "bootstrap timed out: not every rank "
+      size_t at = (size_t)snprintf(msg, sizeof msg,
+                                   "bootstrap timed out: not every rank "
                                    "joined within COLL_TIMEOUT_MS");
       for (int r = 0; r < st->job.nranks; r++)
         if (st->job.by_rank[r] != &registered_mark) {
           missing++;
           if (shown < 8 && at < sizeof msg - 16)
-            at += (size_t)snprintf(msg + at, sizeof msg - at, "%s%d", shown++ ? ", " : " (missing: rank ", r);
+            at += (size_t)snprintf(msg + at, sizeof msg - at, "%s%d",
+                                   shown++ ? ", " : " (missing: rank ", r);
         }
       if (shown && at < sizeof msg - 24)
         snprintf(msg + at, sizeof msg - at, missing > shown ? ", ... %d in all)" : ")", missing);
@@ -367,8 +384,10 @@ static void *root_main(void *arg) {
       if (now > c->deadline_ns) {
         if (c->rx.rank >= 0) {
           char msg[160];
-          snprintf(msg, sizeof msg, "rank %d left the job during init (it did not finish "
-                   "registering within %d ms)", c->rx.rank, AUTH_TIMEOUT_MS);
+          snprintf(msg, sizeof msg,
+                   "rank %d left the job during init (it did not finish "
+                   "registering within %d ms)",
+                   c->rx.rank, AUTH_TIMEOUT_MS);
           drop(st, c);
           st->lost++;
           fail_all(st, msg);
@@ -434,7 +453,8 @@ coll_result coll_bootstrap_root_listen(coll_id_fields *f, bool pick_addr, int ti
     addr_string(f, a, sizeof a);
     snprintf(why, why_len, "bootstrap root: cannot listen on port %u (%s): %s%s", f->port, a,
              strerror(errno),
-             errno == EADDRINUSE ? " (another process holds it; set COLL_ADDR to a free port)" : "");
+             errno == EADDRINUSE ? " (another process holds it; set COLL_ADDR to a free port)"
+                                 : "");
     close(fd);
     return COLL_ERR_SYSTEM;
   }
@@ -505,8 +525,8 @@ void coll_bootstrap_root_discard(coll_root *st) {
   free(st);
 }
 
-coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms,
-                                      char *why, size_t why_len) {
+coll_result coll_bootstrap_root_start(coll_id_fields *f, bool pick_addr, int timeout_ms, char *why,
+                                      size_t why_len) {
   coll_root *st;
   coll_result r = coll_bootstrap_root_listen(f, pick_addr, timeout_ms, &st, why, why_len);
   if (r != COLL_OK) return r;
@@ -557,15 +577,15 @@ static coll_result register_with_root(struct coll_comm *comm, coll_bootstrap *b,
   for (;;) {
     fd = socket(f->family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", rank, strerror(errno));
+      return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: socket() failed: %s", rank,
+                       strerror(errno));
     if (connect(fd, (struct sockaddr *)&ss, sl) == 0) break;
     int e = errno;
     close(fd);
     if (coll_now_ns() > end || (e != ECONNREFUSED && e != ETIMEDOUT && e != ENETUNREACH &&
                                 e != EHOSTUNREACH && e != EAGAIN && e != EINTR))
       return coll_fail(comm, e == ECONNREFUSED ? COLL_ERR_TIMEOUT : COLL_ERR_SYSTEM,
-                       "rank %d: cannot reach the bootstrap root at %s: %s", rank, at,
-                       strerror(e));
+                       "rank %d: cannot reach the bootstrap root at %s: %s", rank, at, strerror(e));
     struct timespec ts = {0, backoff_ms * 1000000L};
     nanosleep(&ts, NULL);
     if (backoff_ms < 200) backoff_ms *= 2;
@@ -601,7 +621,8 @@ static coll_result register_with_root(struct coll_comm *comm, coll_bootstrap *b,
   if (!answered)
     return coll_fail(comm, coll_now_ns() >= end ? COLL_ERR_TIMEOUT : COLL_ERR_REMOTE,
                      "rank %d: the bootstrap root at %s did not accept the registration (a "
-                     "rank died or was refused during init?)", rank, at);
+                     "rank died or was refused during init?)",
+                     rank, at);
   return COLL_OK;
 }
 
@@ -721,23 +742,31 @@ static coll_result form_ring(struct coll_comm *comm, coll_bootstrap *b) {
      * ranks are missing: wait a second longer for that sentence. */
     if (coll_now_ns() >= end + (b->have_next || end == UINT64_MAX ? 0 : 1000000000ull)) {
       if (!b->have_next)
-        return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: bootstrap: the root did not say "
-                         "within %d ms that every rank joined", rank, b->timeout_ms);
-      return coll_fail(comm, COLL_ERR_TIMEOUT, "rank %d: bootstrap: rank %d did not open its "
-                       "ring link within %d ms", rank, prev, b->timeout_ms);
+        return coll_fail(comm, COLL_ERR_TIMEOUT,
+                         "rank %d: bootstrap: the root did not say "
+                         "within %d ms that every rank joined",
+                         rank, b->timeout_ms);
+      return coll_fail(comm, COLL_ERR_TIMEOUT,
+                       "rank %d: bootstrap: rank %d did not open its "
+                       "ring link within %d ms",
+                       rank, prev, b->timeout_ms);
     }
     if (b->have_next && need_ring && b->link.next_fd < 0) {
       struct sockaddr_storage ss;
       socklen_t sl;
       char why[200];
       if (!coll_sock_unpack(&b->next_addr, &ss, &sl))
-        return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: bootstrap: the root sent no usable "
-                         "address for rank %d", rank, next);
-      b->link.next_fd = coll_link_dial(&b->link, &ss, sl, COLL_HELLO_RING, (uint32_t)rank, NULL,
-                                       0, end, why, sizeof why);
+        return coll_fail(comm, COLL_ERR_INTERNAL,
+                         "rank %d: bootstrap: the root sent no usable "
+                         "address for rank %d",
+                         rank, next);
+      b->link.next_fd = coll_link_dial(&b->link, &ss, sl, COLL_HELLO_RING, (uint32_t)rank, NULL, 0,
+                                       end, why, sizeof why);
       if (b->link.next_fd < 0)
-        return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
-                         "during init (%s)", rank, next, why);
+        return fail_ring(comm, b, COLL_ERR_REMOTE,
+                         "rank %d: bootstrap: rank %d left the job "
+                         "during init (%s)",
+                         rank, next, why);
       continue;
     }
     struct pollfd pf[2] = {{.fd = b->link.listen_fd, .events = POLLIN},
@@ -753,8 +782,10 @@ static coll_result form_ring(struct coll_comm *comm, coll_bootstrap *b) {
         return failure_arrived(comm, b, NULL, text);
       }
       if (k < 0)
-        return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
-                         "during init (%s)", rank, next, err ? strerror(err) : "its ring link closed");
+        return fail_ring(comm, b, COLL_ERR_REMOTE,
+                         "rank %d: bootstrap: rank %d left the job "
+                         "during init (%s)",
+                         rank, next, err ? strerror(err) : "its ring link closed");
     }
     if (pf[0].revents & POLLIN) {
       if ((r = take_hello(comm, b, end)) != COLL_OK) return r;
@@ -768,11 +799,12 @@ static coll_result form_ring(struct coll_comm *comm, coll_bootstrap *b) {
  * After N-1 steps everyone has every block.  The root carries nothing: each rank moves
  * (N-1)·len bytes each way, and the round takes N-1 hops.  Sends and receives progress
  * together under one poll, so no rank waits on a full socket while its prev waits on it. */
-coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
-                                     const void *mine, void *all, size_t len) {
+coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b, const void *mine,
+                                     void *all, size_t len) {
   int n = b->nranks, me = b->rank;
   memcpy((uint8_t *)all + (size_t)me * len, mine, len);
-  if (b->failed) return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: the bootstrap already failed", me);
+  if (b->failed)
+    return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: the bootstrap already failed", me);
   if (!b->formed) {
     coll_result fr = form_ring(comm, b);
     if (fr != COLL_OK) return fr;
@@ -800,20 +832,22 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
     if (!coll_frame_idle(&b->tx)) {
       int k = coll_frame_write(b->link.next_fd, &b->tx, &err);
       if (k < 0)
-        return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
-                         "during init (%s)", me, next, strerror(err));
+        return fail_ring(comm, b, COLL_ERR_REMOTE,
+                         "rank %d: bootstrap: rank %d left the job "
+                         "during init (%s)",
+                         me, next, strerror(err));
       if (k == 1) continue;
     }
-    struct pollfd pf[3] = {
-        {.fd = b->link.prev_fd, .events = got < n - 1 ? POLLIN : 0},
-        {.fd = b->next_done ? -1 : b->link.next_fd,
-         .events = (short)(POLLIN | (coll_frame_idle(&b->tx) ? 0 : POLLOUT))},
-        {.fd = b->link.listen_fd, .events = POLLIN}};
+    struct pollfd pf[3] = {{.fd = b->link.prev_fd, .events = got < n - 1 ? POLLIN : 0},
+                           {.fd = b->next_done ? -1 : b->link.next_fd,
+                            .events = (short)(POLLIN | (coll_frame_idle(&b->tx) ? 0 : POLLOUT))},
+                           {.fd = b->link.listen_fd, .events = POLLIN}};
     uint64_t now = coll_now_ns();
     if (now >= end)
-      return fail_ring(comm, b, COLL_ERR_TIMEOUT, "rank %d: bootstrap: a round did not complete "
-                       "within %d ms (waiting on rank %d)", me, b->timeout_ms,
-                       got < n - 1 ? prev : next);
+      return fail_ring(comm, b, COLL_ERR_TIMEOUT,
+                       "rank %d: bootstrap: a round did not complete "
+                       "within %d ms (waiting on rank %d)",
+                       me, b->timeout_ms, got < n - 1 ? prev : next);
     /* Frames already staged (read with an earlier round's) need no wait. */
     bool staged = got < n - 1 && b->rx_prev.soff < b->rx_prev.slen;
     poll(pf, 3, staged ? 0 : 100);
@@ -822,8 +856,10 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
         int k = coll_frame_read(b->link.prev_fd, &b->rx_prev, &err);
         if (k == 0) break;
         if (k < 0)
-          return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
-                           "during init (%s)", me, prev, err ? strerror(err) : "its ring link closed");
+          return fail_ring(comm, b, COLL_ERR_REMOTE,
+                           "rank %d: bootstrap: rank %d left the job "
+                           "during init (%s)",
+                           me, prev, err ? strerror(err) : "its ring link closed");
         if (b->rx_prev.kind == BOOT_FRAME_ERROR) {
           char text[COLL_LINK_FRAME_MAX + 1];
           memcpy(text, b->rx_prev.data, b->rx_prev.len);
@@ -834,9 +870,12 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
         if (b->rx_prev.kind != BOOT_FRAME_DATA || b->rx_prev.len != len ||
             (int)b->rx_prev.a != want) {
           char d[120];
-          snprintf(d, sizeof d, "it sent block %u of %u bytes, expected block %d of %zu: the "
-                   "ranks disagree about the job", b->rx_prev.a, b->rx_prev.len, want, len);
-          return fail_ring(comm, b, COLL_ERR_MISMATCH, "rank %d: bootstrap: rank %d %s", me, prev, d);
+          snprintf(d, sizeof d,
+                   "it sent block %u of %u bytes, expected block %d of %zu: the "
+                   "ranks disagree about the job",
+                   b->rx_prev.a, b->rx_prev.len, want, len);
+          return fail_ring(comm, b, COLL_ERR_MISMATCH, "rank %d: bootstrap: rank %d %s", me, prev,
+                           d);
         }
         memcpy((uint8_t *)all + (size_t)want * len, b->rx_prev.data, len);
         got++;
@@ -853,10 +892,13 @@ coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b,
       }
       if (k < 0) {
         /* next closes its links when it has everything; before that it left */
-        if (err == 0 && sent == n - 1 && coll_frame_idle(&b->tx)) b->next_done = true;
+        if (err == 0 && sent == n - 1 && coll_frame_idle(&b->tx))
+          b->next_done = true;
         else
-          return fail_ring(comm, b, COLL_ERR_REMOTE, "rank %d: bootstrap: rank %d left the job "
-                           "during init (%s)", me, next, err ? strerror(err) : "its ring link closed");
+          return fail_ring(comm, b, COLL_ERR_REMOTE,
+                           "rank %d: bootstrap: rank %d left the job "
+                           "during init (%s)",
+                           me, next, err ? strerror(err) : "its ring link closed");
       }
     }
     if (pf[2].revents & POLLIN) {
@@ -881,7 +923,8 @@ void coll_bootstrap_close(coll_bootstrap *b) {
      * neighbours still send, then close. */
     uint64_t d = coll_deadline_ms(200);
     uint32_t len = (uint32_t)strlen(b->why);
-    bool open[2] = {b->link.prev_fd >= 0, b->link.next_fd >= 0 && b->link.next_fd != b->link.prev_fd};
+    bool open[2] = {b->link.prev_fd >= 0,
+                    b->link.next_fd >= 0 && b->link.next_fd != b->link.prev_fd};
     while (coll_now_ns() < d) {
       struct pollfd pf[3] = {{.fd = open[0] ? b->link.prev_fd : -1, .events = POLLIN},
                              {.fd = open[1] ? b->link.next_fd : -1, .events = POLLIN},

@@ -46,8 +46,8 @@ static bool admit(coll_boot_job *job, coll_boot_rx *c, char *why, size_t why_len
   return true;
 }
 
-bool coll_boot_rx_input(coll_boot_job *job, coll_boot_rx *c, const uint8_t *p, size_t n,
-                        char *why, size_t why_len) {
+bool coll_boot_rx_input(coll_boot_job *job, coll_boot_rx *c, const uint8_t *p, size_t n, char *why,
+                        size_t why_len) {
   why[0] = 0;
   while (n) {
     size_t take;
@@ -63,8 +63,8 @@ bool coll_boot_rx_input(coll_boot_job *job, coll_boot_rx *c, const uint8_t *p, s
       if (c->got == 4) {
         uint32_t len = coll_get32(c->hdr);
         if (len > COLL_BOOT_MAX_LEN) {
-          snprintf(why, why_len, "rank %d announced a %u-byte bootstrap blob (limit %u)",
-                   c->rank, len, COLL_BOOT_MAX_LEN);
+          snprintf(why, why_len, "rank %d announced a %u-byte bootstrap blob (limit %u)", c->rank,
+                   len, COLL_BOOT_MAX_LEN);
           return false;
         }
         c->data = malloc(len ? len : 1);

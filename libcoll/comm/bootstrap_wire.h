@@ -17,11 +17,13 @@
 #define COLL_AUTH_MAGIC 0x434c4241u /* "CLBA" */
 #define COLL_AUTH_VERSION 1u
 #define COLL_AUTH_BYTES 32
-#define COLL_BOOT_MAX_LEN (64u * 1024u)   /* largest blob a rank may send in a round */
+#define COLL_BOOT_MAX_LEN (64u * 1024u) /* largest blob a rank may send in a round */
 #define COLL_MAX_RANKS (1u << 16)
 
 
-typedef struct { uint32_t rank, nranks; } coll_auth;
+typedef struct {
+  uint32_t rank, nranks;
+} coll_auth;
 
 static inline void coll_auth_build(uint8_t out[COLL_AUTH_BYTES], const uint8_t secret[16],
                                    uint32_t rank, uint32_t nranks) {
@@ -72,8 +74,8 @@ static inline void coll_boot_rx_init(coll_boot_rx *c) {
 }
 /* Consumes all `n` bytes that arrived on connection `c`.  False: drop the connection;
  * `why` says why, or is empty for a stranger (dropped without a word). */
-bool coll_boot_rx_input(coll_boot_job *job, coll_boot_rx *c, const uint8_t *p, size_t n,
-                        char *why, size_t why_len);
+bool coll_boot_rx_input(coll_boot_job *job, coll_boot_rx *c, const uint8_t *p, size_t n, char *why,
+                        size_t why_len);
 /* After a round was answered: forget its blob, expect the next round. */
 void coll_boot_rx_next_round(coll_boot_rx *c);
 /* Frees what the connection holds (not `c` itself). */

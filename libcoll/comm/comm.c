@@ -9,14 +9,14 @@
  * eager ones (shm, ib) now — a lazy one (tcp) keeps the peer's blob and is connected by
  * coll_comm_use_peer when the executor first needs that peer, which is also when shm's
  * FIFO pages for that peer become resident (warm) — meet again so that
- * every rank has mapped everything, let the transports finish (shm unlinks its segment, tcp starts its proxy),
- * start the progress thread, tune.  No CUDA call: a communicator's device path is set up
- * by its first call on device memory (cuda.c).  The rendezvous is the TCP bootstrap for a new job
- * (coll_comm_build) or the parent communicator for a split (split.c): coll_comm_build_rv
- * only sees its two allgather rounds.  After init nothing talks to the rendezvous again.
- * Must never leave a half-built communicator behind: a failure frees everything it made,
- * shared segments included, tells the rendezvous and the watch why, and marks it aborted
- * so that peers already connected fail fast.
+ * every rank has mapped everything, let the transports finish (shm unlinks its segment, tcp starts
+ * its proxy), start the progress thread, tune.  No CUDA call: a communicator's device path is set
+ * up by its first call on device memory (cuda.c).  The rendezvous is the TCP bootstrap for a new
+ * job (coll_comm_build) or the parent communicator for a split (split.c): coll_comm_build_rv only
+ * sees its two allgather rounds.  After init nothing talks to the rendezvous again. Must never
+ * leave a half-built communicator behind: a failure frees everything it made, shared segments
+ * included, tells the rendezvous and the watch why, and marks it aborted so that peers already
+ * connected fail fast.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -40,8 +40,8 @@ typedef struct {
   uint32_t pad;
   uint64_t host_id;
   uint8_t blob[COLL_MAX_TRANSPORTS][COLL_CONN_BLOB]; /* per transport, by COLL_T_* */
-  coll_sockaddr_packed watch;        /* where the watch link listens (watch.c) */
-  cpu_set_t cpus;                    /* the CPUs this rank may run on */
+  coll_sockaddr_packed watch;                        /* where the watch link listens (watch.c) */
+  cpu_set_t cpus;                                    /* the CPUs this rank may run on */
 } rank_info;
 _Static_assert(sizeof(rank_info) <= COLL_RV_MAX_BYTES, "a rendezvous round carries a rank_info");
 
@@ -75,7 +75,8 @@ static coll_result read_transport_mode(struct coll_comm *comm, coll_transport_mo
   if (!coll_parse_transport_mode(e, mode))
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "rank %d: COLL_TRANSPORT=%s is not a transport of this build (auto, shm, "
-                     "tcp, ib)", comm->rank, e);
+                     "tcp, ib)",
+                     comm->rank, e);
   return COLL_OK;
 }
 
@@ -115,11 +116,16 @@ coll_comm_end coll_comm_ending(struct coll_comm *comm) {
  * filled in as it becomes known (local_len after the join, oversubscribed after the
  * exchange, cuda_device by cuda.c). */
 static void view_init(struct coll_comm *comm) {
-  comm->view = (coll_comm_view){
-      .rank = comm->rank, .nranks = comm->nranks, .secret = comm->secret,
-      .host_ids = comm->host_ids, .pids = comm->pids, .timeout_ms = comm->timeout_ms,
-      .aborted = &comm->aborted, .local = &comm->boot_local, .cuda_device = -1,
-      .owner = comm};
+  comm->view = (coll_comm_view){.rank = comm->rank,
+                                .nranks = comm->nranks,
+                                .secret = comm->secret,
+                                .host_ids = comm->host_ids,
+                                .pids = comm->pids,
+                                .timeout_ms = comm->timeout_ms,
+                                .aborted = &comm->aborted,
+                                .local = &comm->boot_local,
+                                .cuda_device = -1,
+                                .owner = comm};
 }
 
 void coll_comm_free(struct coll_comm *comm) {
@@ -184,8 +190,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->timeout_ms = coll_env_timeout_ms();
   {
     long sb;
-    if (!coll_env_int("COLL_NT_BYTES", COLL_NT_DEFAULT, &sb) || sb < 0)
-      sb = COLL_NT_DEFAULT;
+    if (!coll_env_int("COLL_NT_BYTES", COLL_NT_DEFAULT, &sb) || sb < 0) sb = COLL_NT_DEFAULT;
     comm->nt_bytes = (size_t)sb;
   }
   comm->check = coll_check_from_env();
@@ -204,9 +209,8 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   rank_info *all = calloc((size_t)nranks, sizeof *all);
   coll_result r = COLL_OK;
   bool left = false; /* rv->leave called */
-  if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv ||
-      !comm->peer_t || !comm->peer_warm || !comm->peer_blob ||
-      !comm->mb_seen || !comm->windows || !all) {
+  if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv || !comm->peer_t ||
+      !comm->peer_warm || !comm->peer_blob || !comm->mb_seen || !comm->windows || !all) {
     r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating a communicator of %d ranks",
                   nranks);
     goto fail;
@@ -218,19 +222,24 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   coll_transport_mode mode;
   if ((r = read_transport_mode(comm, &mode)) != COLL_OK) goto fail;
   char ib_why[256] = "";
-  bool ib_here = (mode == COLL_MODE_AUTO || mode == COLL_MODE_IB) && ib_usable(ib_why, sizeof ib_why);
+  bool ib_here = (mode == COLL_MODE_AUTO || mode == COLL_MODE_IB) &&
+                 ib_usable(ib_why, sizeof ib_why);
   if (mode == COLL_MODE_IB && !ib_here) {
-    r = coll_fail(comm, COLL_ERR_UNSUPPORTED, "rank %d: COLL_TRANSPORT=ib, but this rank cannot "
-                  "use InfiniBand: %s (unset COLL_TRANSPORT to fall back to shm/tcp)", rank, ib_why);
+    r = coll_fail(comm, COLL_ERR_UNSUPPORTED,
+                  "rank %d: COLL_TRANSPORT=ib, but this rank cannot "
+                  "use InfiniBand: %s (unset COLL_TRANSPORT to fall back to shm/tcp)",
+                  rank, ib_why);
     goto fail;
   }
   /* Set up every transport this rank might need before the exchange: which peers are
    * remote is only known after it. */
   comm->ntransports = COLL_MAX_TRANSPORTS;
-  comm->transports[COLL_T_SHM] =
-      mode == COLL_MODE_AUTO || mode == COLL_MODE_SHM ? &coll_transport_shm : NULL;
-  comm->transports[COLL_T_TCP] =
-      mode == COLL_MODE_AUTO || mode == COLL_MODE_TCP ? &coll_transport_tcp : NULL;
+  comm->transports[COLL_T_SHM] = mode == COLL_MODE_AUTO || mode == COLL_MODE_SHM
+                                     ? &coll_transport_shm
+                                     : NULL;
+  comm->transports[COLL_T_TCP] = mode == COLL_MODE_AUTO || mode == COLL_MODE_TCP
+                                     ? &coll_transport_tcp
+                                     : NULL;
 #if COLL_HAVE_IBVERBS
   comm->transports[COLL_T_IB] = ib_here ? &coll_transport_ib : NULL;
 #endif
@@ -281,18 +290,20 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
     bool same_host = all[p].host_id == me.host_id;
     coll_ib_port_info pi;
     char pwhy[160] = "";
-    bool ib_peer = coll_ib_port_decode(all[p].blob[COLL_T_IB], COLL_CONN_BLOB, &pi, pwhy, sizeof pwhy);
+    bool ib_peer = coll_ib_port_decode(all[p].blob[COLL_T_IB], COLL_CONN_BLOB, &pi, pwhy,
+                                       sizeof pwhy);
     int t = coll_select_transport(mode, same_host, ib_here, ib_peer);
     if (t < 0 && mode == COLL_MODE_SHM) {
       r = coll_fail(comm, COLL_ERR_UNSUPPORTED,
                     "rank %d: COLL_TRANSPORT=shm, but rank %d runs on another host: shared "
-                    "memory cannot reach it (unset COLL_TRANSPORT or set it to tcp)", rank, p);
+                    "memory cannot reach it (unset COLL_TRANSPORT or set it to tcp)",
+                    rank, p);
       goto fail;
     }
     if (t < 0 || !comm->transports[t]) {
       r = coll_fail(comm, COLL_ERR_UNSUPPORTED,
-                    "rank %d: COLL_TRANSPORT=ib, but rank %d cannot use InfiniBand (%s)", rank,
-                    p, pwhy);
+                    "rank %d: COLL_TRANSPORT=ib, but rank %d cannot use InfiniBand (%s)", rank, p,
+                    pwhy);
       goto fail;
     }
     uses[t]++;
@@ -301,9 +312,8 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
       memcpy(comm->peer_blob + (size_t)p * COLL_CONN_BLOB, all[p].blob[t], COLL_CONN_BLOB);
       continue;
     }
-    if ((r = comm->transports[t]->connect(&comm->view, comm->transport_ctxs[t], p,
-                                          all[p].blob[t], &comm->conn_send[p],
-                                          &comm->conn_recv[p])) != COLL_OK)
+    if ((r = comm->transports[t]->connect(&comm->view, comm->transport_ctxs[t], p, all[p].blob[t],
+                                          &comm->conn_send[p], &comm->conn_recv[p])) != COLL_OK)
       goto fail;
   }
   /* The executor cuts every step into slices of one slot: the smallest slot in use. */
@@ -363,11 +373,12 @@ static coll_result connect_peer(struct coll_comm *comm, int p) {
   if (comm->conn_send[p]) return COLL_OK;
   int t = comm->peer_t[p];
   if (t < 0 || !comm->transports[t])
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no transport reaches rank %d", comm->rank, p);
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no transport reaches rank %d", comm->rank,
+                     p);
   coll_conn *send = NULL, *recv = NULL;
   coll_result r = comm->transports[t]->connect(&comm->view, comm->transport_ctxs[t], p,
-                                               comm->peer_blob + (size_t)p * COLL_CONN_BLOB,
-                                               &send, &recv);
+                                               comm->peer_blob + (size_t)p * COLL_CONN_BLOB, &send,
+                                               &recv);
   if (r != COLL_OK) return r;
   /* Published under connmu: coll_exec_wake_all (another thread) walks these arrays. */
   pthread_mutex_lock(&comm->connmu);
@@ -407,8 +418,8 @@ static coll_result boot_join(coll_rendezvous *rv, struct coll_comm *comm) {
   return COLL_OK;
 }
 
-static coll_result boot_allgather(coll_rendezvous *rv, struct coll_comm *comm,
-                                  const void *mine, void *all, size_t len) {
+static coll_result boot_allgather(coll_rendezvous *rv, struct coll_comm *comm, const void *mine,
+                                  void *all, size_t len) {
   boot_rv *x = rv->ctx;
   return coll_bootstrap_allgather(comm, &x->b, mine, all, len);
 }
@@ -426,8 +437,11 @@ static void boot_leave(coll_rendezvous *rv) {
 coll_result coll_comm_build(coll_comm_t *out, int nranks, const coll_id_fields *f, int rank) {
   boot_rv x = {.f = f};
   coll_ring_link_init(&x.b.link, 0, f->secret, rank, nranks); /* closed even if join fails */
-  coll_rendezvous rv = {.join = boot_join, .allgather = boot_allgather, .leave = boot_leave,
-                        .fail = boot_fail, .ctx = &x};
+  coll_rendezvous rv = {.join = boot_join,
+                        .allgather = boot_allgather,
+                        .leave = boot_leave,
+                        .fail = boot_fail,
+                        .ctx = &x};
   return coll_comm_build_rv(out, nranks, rank, f->secret, &rv);
 }
 
@@ -435,11 +449,11 @@ coll_result coll_comm_init_rank(coll_comm_t *comm, int nranks, coll_unique_id id
   if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_init_rank: comm is NULL");
   *comm = NULL;
   if (nranks < 1 || (unsigned)nranks > COLL_MAX_RANKS)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
-                     "coll_comm_init_rank: nranks is %d, must be 1..%u", nranks, COLL_MAX_RANKS);
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_init_rank: nranks is %d, must be 1..%u",
+                     nranks, COLL_MAX_RANKS);
   if (rank < 0 || rank >= nranks)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
-                     "coll_comm_init_rank: rank %d is outside 0..%d", rank, nranks - 1);
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_init_rank: rank %d is outside 0..%d",
+                     rank, nranks - 1);
   coll_id_fields f;
   char why[200];
   coll_result r = coll_id_decode(&id, &f, why, sizeof why);

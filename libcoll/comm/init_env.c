@@ -49,8 +49,7 @@ static bool is_localhost(const char *host) {
   if (n && host[n - 1] == '.') n--; /* the absolute form, "localhost." */
   static const char name[] = "localhost";
   size_t k = sizeof name - 1;
-  return n >= k && strncasecmp(host + n - k, name, k) == 0 &&
-         (n == k || host[n - k - 1] == '.');
+  return n >= k && strncasecmp(host + n - k, name, k) == 0 && (n == k || host[n - k - 1] == '.');
 }
 
 static uint64_t fnv(uint64_t h, const char *s) {
@@ -59,9 +58,14 @@ static uint64_t fnv(uint64_t h, const char *s) {
 }
 
 void coll_env_secret(uint8_t out[COLL_SECRET_BYTES], const char *addr, long size) {
-  const char *job_vars[] = {"COLL_SECRET", "SLURM_JOB_ID", "SLURM_STEP_ID",
-                            "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid",
-                            "TORCHELASTIC_RUN_ID", "PMI_ID", "PMIX_NAMESPACE"};
+  const char *job_vars[] = {"COLL_SECRET",
+                            "SLURM_JOB_ID",
+                            "SLURM_STEP_ID",
+                            "OMPI_MCA_ess_base_jobid",
+                            "OMPI_MCA_orte_ess_jobid",
+                            "TORCHELASTIC_RUN_ID",
+                            "PMI_ID",
+                            "PMIX_NAMESPACE"};
   char sz[32];
   snprintf(sz, sizeof sz, "%ld", size);
   uint64_t h1 = fnv(1469598103934665603ull, "libcoll-env-secret"), h2 = fnv(h1, "second half");
@@ -100,8 +104,8 @@ coll_result coll_env_job(coll_id_fields *fp, int *rankp, int *sizep) {
                      "run under torchrun, mpirun, srun, or use --ranks N)");
   if (size < 1 || rank < 0 || rank >= size)
     return coll_fail(NULL, COLL_ERR_INVALID_ARG,
-                     "coll_comm_init_from_env: rank %ld of %ld (from %s) is impossible", rank,
-                     size, from);
+                     "coll_comm_init_from_env: rank %ld of %ld (from %s) is impossible", rank, size,
+                     from);
 
   char host[256], addrdesc[300];
   const char *port = NULL;
@@ -109,8 +113,7 @@ coll_result coll_env_job(coll_id_fields *fp, int *rankp, int *sizep) {
   if (ca && *ca) {
     snprintf(host, sizeof host, "%s", ca);
     char *colon = strrchr(host, ':');
-    if (!colon)
-      return coll_fail(NULL, COLL_ERR_INVALID_ARG, "COLL_ADDR=%s must be host:port", ca);
+    if (!colon) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "COLL_ADDR=%s must be host:port", ca);
     *colon = 0;
     port = colon + 1;
     if (host[0] == '[') { /* [v6]:port */
@@ -147,7 +150,10 @@ coll_result coll_env_job(coll_id_fields *fp, int *rankp, int *sizep) {
   coll_id_fields f = {.port = (uint16_t)portnum};
   struct addrinfo *pick = res;
   for (struct addrinfo *a = res; a; a = a->ai_next)
-    if (a->ai_family == AF_INET) { pick = a; break; }
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
   f.family = (uint16_t)pick->ai_family;
   if (pick->ai_family == AF_INET)
     memcpy(f.addr, &((struct sockaddr_in *)pick->ai_addr)->sin_addr, 4);

@@ -29,8 +29,8 @@ void coll_ring_link_init(coll_ring_link *l, uint32_t magic, const uint8_t secret
   l->listen_fd = l->prev_fd = l->next_fd = -1;
 }
 
-bool coll_ring_link_listen(coll_ring_link *l, const struct sockaddr_storage *local,
-                           socklen_t len, char *why, size_t why_len) {
+bool coll_ring_link_listen(coll_ring_link *l, const struct sockaddr_storage *local, socklen_t len,
+                           char *why, size_t why_len) {
   l->listen_fd = coll_sock_listen(local, len, 64, &l->bound);
   if (l->listen_fd < 0) {
     char a[80];

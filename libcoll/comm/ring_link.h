@@ -20,10 +20,10 @@
 
 #include "sock.h"
 
-#define COLL_LINK_NOTE_MAX 512     /* bytes a hello may carry */
-#define COLL_LINK_FRAME_MAX 4096   /* bytes a frame may carry */
+#define COLL_LINK_NOTE_MAX 512   /* bytes a hello may carry */
+#define COLL_LINK_FRAME_MAX 4096 /* bytes a frame may carry */
 #define COLL_LINK_HELLO_BYTES 32
-#define COLL_LINK_STAGE 16384      /* bytes one recv or send moves at most */
+#define COLL_LINK_STAGE 16384 /* bytes one recv or send moves at most */
 
 enum { COLL_HELLO_RING = 1, COLL_HELLO_NOTE = 2 };
 
@@ -64,8 +64,8 @@ _Static_assert(COLL_LINK_STAGE >= 12 + COLL_LINK_FRAME_MAX, "a frame fits the st
 void coll_ring_link_init(coll_ring_link *l, uint32_t magic, const uint8_t secret[16], int rank,
                          int nranks);
 /* Listens on `local`'s address (a port the kernel picks). */
-bool coll_ring_link_listen(coll_ring_link *l, const struct sockaddr_storage *local,
-                           socklen_t len, char *why, size_t why_len);
+bool coll_ring_link_listen(coll_ring_link *l, const struct sockaddr_storage *local, socklen_t len,
+                           char *why, size_t why_len);
 void coll_ring_link_close(coll_ring_link *l);
 
 /* Dials `to` and sends a hello; -1 with a sentence on failure. */
@@ -83,8 +83,7 @@ int coll_link_accept(const coll_ring_link *l, coll_link_hello *h, uint64_t deadl
  * EPROTO). */
 int coll_frame_read(int fd, coll_frame_rx *rx, int *err);
 /* Starts a frame in tx (which must be idle: tx->off == tx->len). */
-void coll_frame_start(coll_frame_tx *tx, uint32_t kind, uint32_t a, const void *data,
-                      uint32_t len);
+void coll_frame_start(coll_frame_tx *tx, uint32_t kind, uint32_t a, const void *data, uint32_t len);
 /* Queues one more frame behind those in tx; false when it does not fit now. */
 bool coll_frame_append(coll_frame_tx *tx, uint32_t kind, uint32_t a, const void *data,
                        uint32_t len);

@@ -11,10 +11,14 @@
 bool coll_parse_transport_mode(const char *s, coll_transport_mode *mode) {
   *mode = COLL_MODE_AUTO;
   if (!s || !*s || strcmp(s, "auto") == 0) return true;
-  if (strcmp(s, "shm") == 0) *mode = COLL_MODE_SHM;
-  else if (strcmp(s, "tcp") == 0) *mode = COLL_MODE_TCP;
-  else if (strcmp(s, "ib") == 0) *mode = COLL_MODE_IB;
-  else return false;
+  if (strcmp(s, "shm") == 0)
+    *mode = COLL_MODE_SHM;
+  else if (strcmp(s, "tcp") == 0)
+    *mode = COLL_MODE_TCP;
+  else if (strcmp(s, "ib") == 0)
+    *mode = COLL_MODE_IB;
+  else
+    return false;
   return true;
 }
 

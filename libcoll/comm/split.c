@@ -63,12 +63,12 @@ _Static_assert(COLL_ERRBUF <= COLL_RV_MAX_BYTES, "a sentence fits a record");
 typedef struct {
   struct coll_comm *parent;
   split_rec mine;
-  uint8_t *all;      /* nranks(parent) records of the round's length */
-  int *members;      /* parent ranks of this rank's child, by child rank */
+  uint8_t *all; /* nranks(parent) records of the round's length */
+  int *members; /* parent ranks of this rank's child, by child rank */
   int nmembers;
-  int rounds;        /* build rounds done (0..COLL_BUILD_ROUNDS) */
-  bool broken;       /* the parent itself failed: no further rounds are possible */
-  int failed_at;     /* -1, or the parent rank where the first failure seen started */
+  int rounds;    /* build rounds done (0..COLL_BUILD_ROUNDS) */
+  bool broken;   /* the parent itself failed: no further rounds are possible */
+  int failed_at; /* -1, or the parent rank where the first failure seen started */
   char why[COLL_ERRBUF];
 } split_ctx;
 
@@ -78,14 +78,19 @@ static split_rec *rec(split_ctx *x, int p, size_t len) {
 
 /* One all-gather of `len`-byte records over the parent, as the library's own call. */
 static coll_result exchange(split_ctx *x, size_t len) {
-  coll_work w = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = &x->mine, .recvbuf = x->all,
-                 .count = len, .dtype = COLL_UINT8, .internal = true};
+  coll_work w = {.coll = COLL_COLL_ALL_GATHER,
+                 .sendbuf = &x->mine,
+                 .recvbuf = x->all,
+                 .count = len,
+                 .dtype = COLL_UINT8,
+                 .internal = true};
   coll_result r = coll_exec_submit(x->parent, &w);
   if (r != COLL_OK) {
     x->broken = true;
-    return coll_fail(x->parent, r, "coll_comm_split on rank %d: the exchange over the "
-                     "parent communicator failed: %s", x->parent->rank,
-                     coll_comm_last_error(x->parent));
+    return coll_fail(x->parent, r,
+                     "coll_comm_split on rank %d: the exchange over the "
+                     "parent communicator failed: %s",
+                     x->parent->rank, coll_comm_last_error(x->parent));
   }
   return COLL_OK;
 }
@@ -125,7 +130,8 @@ static coll_result rv_allgather(coll_rendezvous *rv, struct coll_comm *child, co
   split_ctx *x = rv->ctx;
   const size_t full = sizeof(split_rec);
   if (len > COLL_RV_MAX_BYTES || x->rounds >= COLL_BUILD_ROUNDS)
-    return coll_fail(child, COLL_ERR_INTERNAL, "coll_comm_split on rank %d: build round %d "
+    return coll_fail(child, COLL_ERR_INTERNAL,
+                     "coll_comm_split on rank %d: build round %d "
                      "of %zu bytes does not fit the split's %d rounds of %d bytes",
                      x->parent->rank, x->rounds + 1, len, COLL_BUILD_ROUNDS, COLL_RV_MAX_BYTES);
   post_state(x);
@@ -135,8 +141,10 @@ static coll_result rv_allgather(coll_rendezvous *rv, struct coll_comm *child, co
   if (r != COLL_OK) return coll_fail(child, r, "%s", coll_comm_last_error(x->parent));
   observe(x, full);
   if (x->failed_at >= 0)
-    return coll_fail(child, COLL_ERR_REMOTE, "coll_comm_split: parent rank %d could not "
-                     "create its sub-communicator: %s", x->failed_at, x->why);
+    return coll_fail(child, COLL_ERR_REMOTE,
+                     "coll_comm_split: parent rank %d could not "
+                     "create its sub-communicator: %s",
+                     x->failed_at, x->why);
   for (int i = 0; i < x->nmembers; i++)
     memcpy((uint8_t *)all + (size_t)i * len, rec(x, x->members[i], full)->payload, len);
   return COLL_OK;
@@ -213,15 +221,19 @@ static coll_result who(split_ctx *x, int color, int key, int arg) {
   char what[96];
   if (arg != ARG_OK) {
     arg_problem(rec(x, parent->rank, HEAD_BYTES), what, sizeof what);
-    return coll_fail(parent, COLL_ERR_INVALID_ARG, "coll_comm_split on rank %d: %s; no rank "
-                     "splits", parent->rank, what);
+    return coll_fail(parent, COLL_ERR_INVALID_ARG,
+                     "coll_comm_split on rank %d: %s; no rank "
+                     "splits",
+                     parent->rank, what);
   }
   for (int p = 0; p < n; p++) {
     split_rec *q = rec(x, p, HEAD_BYTES);
     if (q->arg == ARG_OK) continue;
     arg_problem(q, what, sizeof what);
-    return coll_fail(parent, COLL_ERR_INVALID_ARG, "coll_comm_split on rank %d: rank %d passed "
-                     "bad arguments (%s), so no rank splits", parent->rank, p, what);
+    return coll_fail(parent, COLL_ERR_INVALID_ARG,
+                     "coll_comm_split on rank %d: rank %d passed "
+                     "bad arguments (%s), so no rank splits",
+                     parent->rank, p, what);
   }
   if (color == COLL_SPLIT_NOCOLOR) return COLL_OK;
   member *m = malloc((size_t)n * sizeof *m);
@@ -245,7 +257,8 @@ static coll_result who(split_ctx *x, int color, int key, int arg) {
 
 coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_comm_t *newcomm) {
   if (!comm)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_split: comm is NULL (the other "
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
+                     "coll_comm_split: comm is NULL (the other "
                      "ranks wait for this one until COLL_TIMEOUT_MS)");
   if (newcomm) *newcomm = NULL;
   int arg = !newcomm ? ARG_NULL_NEWCOMM : color < COLL_SPLIT_NOCOLOR ? ARG_BAD_COLOR : ARG_OK;
@@ -255,8 +268,10 @@ coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_comm_t *n
   if (!x.all) {
     /* Cannot take part: the others see this rank fail as an exchange that never comes. */
     coll_comm_leave(comm);
-    return coll_fail(comm, COLL_ERR_SYSTEM, "coll_comm_split on rank %d: out of memory for "
-                     "%d records", comm->rank, comm->nranks);
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "coll_comm_split on rank %d: out of memory for "
+                     "%d records",
+                     comm->rank, comm->nranks);
   }
   coll_result r = who(&x, color, key, arg);
   if (r != COLL_OK && (x.broken || r == COLL_ERR_INVALID_ARG)) {
@@ -280,8 +295,7 @@ coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_comm_t *n
     while (x.members[me] != comm->rank) me++;
     uint8_t secret[COLL_SECRET_BYTES];
     child_secret(comm, count, color, secret);
-    coll_rendezvous rv = {.join = rv_join, .allgather = rv_allgather, .leave = rv_leave,
-                          .ctx = &x};
+    coll_rendezvous rv = {.join = rv_join, .allgather = rv_allgather, .leave = rv_leave, .ctx = &x};
     own = coll_comm_build_rv(&child, x.nmembers, me, secret, &rv);
     if (own != COLL_OK && x.failed_at < 0) { /* this rank's own failure: tell the others */
       x.failed_at = comm->rank;
@@ -300,8 +314,8 @@ coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_comm_t *n
     free(x.members);
     coll_comm_leave(comm);
     if (child)
-      COLL_INFO(comm->rank, "coll_comm_split #%u: color %d key %d -> rank %d of %d", count,
-                color, key, child->rank, child->nranks);
+      COLL_INFO(comm->rank, "coll_comm_split #%u: color %d key %d -> rank %d of %d", count, color,
+                key, child->rank, child->nranks);
     *newcomm = child;
     return COLL_OK;
   }
@@ -312,9 +326,10 @@ coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_comm_t *n
   else if (x.broken)
     r = coll_fail(comm, COLL_ERR_REMOTE, "%s", coll_comm_last_error(comm));
   else
-    r = coll_fail(comm, COLL_ERR_REMOTE, "coll_comm_split on rank %d: parent rank %d could "
-                  "not create its sub-communicator, so no rank keeps one: %s", comm->rank,
-                  x.failed_at, x.why);
+    r = coll_fail(comm, COLL_ERR_REMOTE,
+                  "coll_comm_split on rank %d: parent rank %d could "
+                  "not create its sub-communicator, so no rank keeps one: %s",
+                  comm->rank, x.failed_at, x.why);
   free(x.all);
   free(x.members);
   coll_comm_leave(comm);
@@ -323,7 +338,8 @@ coll_result coll_comm_split(coll_comm_t comm, int color, int key, coll_comm_t *n
 
 coll_result coll_comm_dup(coll_comm_t comm, coll_comm_t *newcomm) {
   if (!comm)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_dup: comm is NULL (the other "
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
+                     "coll_comm_dup: comm is NULL (the other "
                      "ranks wait for this one until COLL_TIMEOUT_MS)");
   return coll_comm_split(comm, 0, comm->rank, newcomm);
 }

@@ -60,7 +60,7 @@ struct coll_watch {
   pthread_t thread;
   bool started;
   _Atomic int stop;
-  pthread_mutex_t wmu; /* one writer at a time on the links */
+  pthread_mutex_t wmu;   /* one writer at a time on the links */
   _Atomic bool ended[2]; /* PREV/NEXT: said goodbye, or ended (read by writers too) */
   _Atomic bool leaving;  /* this rank is destroying the communicator: a link that ends
                           * now is not news to spread (its other neighbour sees it too) */
@@ -81,7 +81,9 @@ static void put64(uint8_t *p, uint64_t v) {
   coll_put32(p, (uint32_t)(v >> 32));
   coll_put32(p + 4, (uint32_t)v);
 }
-static uint64_t get64(const uint8_t *p) { return (uint64_t)coll_get32(p) << 32 | coll_get32(p + 4); }
+static uint64_t get64(const uint8_t *p) {
+  return (uint64_t)coll_get32(p) << 32 | coll_get32(p + 4);
+}
 
 static int side_fd(coll_watch *w, int side) {
   return side == PREV ? w->link.prev_fd : w->link.next_fd;
@@ -178,8 +180,10 @@ static void on_lost(coll_watch *w, int side, int err) {
   int n = comm->nranks;
   int who = side == PREV ? (comm->rank + n - 1) % n : (comm->rank + 1) % n;
   char text[300];
-  snprintf(text, sizeof text, "rank %d died or was killed (its watch link to rank %d %s "
-           "without a goodbye)", who, comm->rank, err ? strerror(err) : "closed");
+  snprintf(text, sizeof text,
+           "rank %d died or was killed (its watch link to rank %d %s "
+           "without a goodbye)",
+           who, comm->rank, err ? strerror(err) : "closed");
   w->ended[side] = true;
   if (atomic_load(&w->leaving)) return; /* a neighbour gone while we leave: nobody waits */
   if (poison(w, text, COLL_ERR_REMOTE, true))
@@ -191,11 +195,10 @@ static void *watch_main(void *arg) {
   struct coll_comm *comm = w->comm;
   int prev = (comm->rank + comm->nranks - 1) % comm->nranks;
   while (!atomic_load(&w->stop)) {
-    struct pollfd pf[4] = {
-        {.fd = w->ended[PREV] ? -1 : w->link.prev_fd, .events = POLLIN},
-        {.fd = w->ended[NEXT] ? -1 : w->link.next_fd, .events = POLLIN},
-        {.fd = w->link.prev_fd < 0 ? w->link.listen_fd : -1, .events = POLLIN},
-        {.fd = w->evfd, .events = POLLIN}};
+    struct pollfd pf[4] = {{.fd = w->ended[PREV] ? -1 : w->link.prev_fd, .events = POLLIN},
+                           {.fd = w->ended[NEXT] ? -1 : w->link.next_fd, .events = POLLIN},
+                           {.fd = w->link.prev_fd < 0 ? w->link.listen_fd : -1, .events = POLLIN},
+                           {.fd = w->evfd, .events = POLLIN}};
     if (w->link.prev_fd == w->link.next_fd) pf[PREV].fd = -1; /* one link for both sides */
     if (poll(pf, 4, 1000) <= 0) continue;
     if (pf[3].revents & POLLIN) {
@@ -273,8 +276,8 @@ coll_result coll_watch_start(struct coll_comm *comm, const coll_sockaddr_packed 
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d published no watch address",
                      comm->rank, nx);
   char why[200];
-  w->link.next_fd = coll_link_dial(&w->link, &ss, sl, COLL_HELLO_RING, (uint32_t)comm->rank,
-                                   NULL, 0, coll_deadline_ms(comm->timeout_ms), why, sizeof why);
+  w->link.next_fd = coll_link_dial(&w->link, &ss, sl, COLL_HELLO_RING, (uint32_t)comm->rank, NULL,
+                                   0, coll_deadline_ms(comm->timeout_ms), why, sizeof why);
   if (w->link.next_fd < 0)
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: rank %d left during init (watch link: %s)",
                      comm->rank, nx, why);
@@ -324,8 +327,7 @@ coll_result coll_watch_check(struct coll_comm *comm, uint64_t seq, int peer, con
   coll_watch *w = comm->watch;
   if (!w || !atomic_load_explicit(&w->attention, memory_order_acquire)) return COLL_OK;
   if (atomic_load(&w->poisoned))
-    return coll_fail(comm, w->code, "rank %d: %s cannot complete: %s", comm->rank, what,
-                     w->why);
+    return coll_fail(comm, w->code, "rank %d: %s cannot complete: %s", comm->rank, what, w->why);
   /* A refusal is about the user's numbered calls: the library's own calls during init
    * (the tuner's probes) are numbered apart and must not fail on a peer that finished
    * init first and refused its first call. */
@@ -338,8 +340,10 @@ coll_result coll_watch_check(struct coll_comm *comm, uint64_t seq, int peer, con
   if (hit) snprintf(text, sizeof text, "%s", w->pend_why);
   pthread_mutex_unlock(&w->mu);
   if (!hit) return COLL_OK;
-  return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: %s cannot complete: rank %d refused its "
-                   "call #%llu (%s)", comm->rank, what, origin, (unsigned long long)k, text);
+  return coll_fail(comm, COLL_ERR_REMOTE,
+                   "rank %d: %s cannot complete: rank %d refused its "
+                   "call #%llu (%s)",
+                   comm->rank, what, origin, (unsigned long long)k, text);
 }
 
 void coll_watch_refused(struct coll_comm *comm, uint64_t seq) {

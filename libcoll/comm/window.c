@@ -96,8 +96,8 @@ static bool map_peers(struct coll_comm *comm, coll_window *w, const win_desc *d,
     int e = errno;
     close(fd);
     if (m == MAP_FAILED) {
-      snprintf(why, why_len, "mapping rank %d's %llu bytes: %s", p,
-               (unsigned long long)d[p].bytes, strerror(e));
+      snprintf(why, why_len, "mapping rank %d's %llu bytes: %s", p, (unsigned long long)d[p].bytes,
+               strerror(e));
       return false;
     }
     w->peer[p] = m;
@@ -140,8 +140,7 @@ coll_result coll_mem_alloc(coll_comm_t comm, size_t bytes, void **ptr) {
     const char *hp = getenv("COLL_HUGEPAGES");
     void *m = hp && strcmp(hp, "1") == 0 ? map_memfd(&len, true, &fd) : NULL;
     if (!m && !(m = map_memfd(&len, false, &fd))) {
-      snprintf(why, sizeof why, "creating and mapping a %zu-byte memfd: %s", len,
-               strerror(errno));
+      snprintf(why, sizeof why, "creating and mapping a %zu-byte memfd: %s", len, strerror(errno));
     } else {
       w.base = m, w.bytes = len, w.peer[me] = m, w.peer_bytes[me] = len;
       mine.fd = fd, mine.bytes = len, mine.ok = 1;
@@ -152,15 +151,19 @@ coll_result coll_mem_alloc(coll_comm_t comm, size_t bytes, void **ptr) {
   win_desc *all = calloc((size_t)n, sizeof *all);
   coll_result r = all ? coll_exec_bytes(comm, COLL_COLL_ALL_GATHER, &mine, all, sizeof mine,
                                         COLL_SUM, 0)
-                      : coll_fail(comm, COLL_ERR_SYSTEM, "coll_mem_alloc on rank %d: out of "
-                                  "memory", me);
+                      : coll_fail(comm, COLL_ERR_SYSTEM,
+                                  "coll_mem_alloc on rank %d: out of "
+                                  "memory",
+                                  me);
   int failed = -1;
   for (int p = 0; r == COLL_OK && p < n && failed < 0; p++)
     if (!all[p].ok) failed = p;
   if (r == COLL_OK && failed >= 0) {
     r = failed == me ? coll_fail(comm, COLL_ERR_SYSTEM, "coll_mem_alloc on rank %d: %s", me, why)
-                     : coll_fail(comm, COLL_ERR_REMOTE, "coll_mem_alloc on rank %d: rank %d "
-                                 "could not allocate its part", me, failed);
+                     : coll_fail(comm, COLL_ERR_REMOTE,
+                                 "coll_mem_alloc on rank %d: rank %d "
+                                 "could not allocate its part",
+                                 me, failed);
   }
 
   /* 3. Map the peers' memory where every rank is on this host; agree on the outcome. */
@@ -180,8 +183,7 @@ coll_result coll_mem_alloc(coll_comm_t comm, size_t bytes, void **ptr) {
     unmap_window(comm, &w);
     return r;
   }
-  if (!comm->mapped_where &&
-      !(comm->mapped_where = calloc((size_t)n, sizeof(coll_mapped_where)))) {
+  if (!comm->mapped_where && !(comm->mapped_where = calloc((size_t)n, sizeof(coll_mapped_where)))) {
     unmap_window(comm, &w);
     return coll_fail(comm, COLL_ERR_SYSTEM, "coll_mem_alloc on rank %d: out of memory", me);
   }
@@ -205,8 +207,7 @@ coll_result coll_mem_free(coll_comm_t comm, void *ptr) {
   int n = comm->nranks;
   int32_t *all = calloc((size_t)n, sizeof *all);
   if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "coll_mem_free: out of memory");
-  coll_result r =
-      coll_exec_bytes(comm, COLL_COLL_ALL_GATHER, &slot, all, sizeof slot, COLL_SUM, 0);
+  coll_result r = coll_exec_bytes(comm, COLL_COLL_ALL_GATHER, &slot, all, sizeof slot, COLL_SUM, 0);
   int odd = -1;
   for (int p = 0; r == COLL_OK && p < n && odd < 0; p++)
     if (all[p] != slot || all[p] < 0) odd = p;
@@ -214,11 +215,14 @@ coll_result coll_mem_free(coll_comm_t comm, void *ptr) {
   if (r != COLL_OK) return r;
   if (odd >= 0) {
     if (slot < 0)
-      return coll_fail(comm, COLL_ERR_INVALID_ARG, "coll_mem_free on rank %d: %p did not come "
+      return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                       "coll_mem_free on rank %d: %p did not come "
                        "from coll_mem_alloc on this communicator (nothing freed on any rank)",
                        comm->rank, ptr);
-    return coll_fail(comm, COLL_ERR_MISMATCH, "coll_mem_free on rank %d: rank %d frees a "
-                     "different window (or none), so no rank frees anything", comm->rank, odd);
+    return coll_fail(comm, COLL_ERR_MISMATCH,
+                     "coll_mem_free on rank %d: rank %d frees a "
+                     "different window (or none), so no rank frees anything",
+                     comm->rank, odd);
   }
   pthread_mutex_lock(&comm->winmu);
   if (comm->windows[slot].shared) comm->nshared--;
@@ -243,8 +247,7 @@ bool coll_window_find(struct coll_comm *comm, const void *p, size_t bytes, int32
   return false;
 }
 
-uint8_t *coll_window_peer(struct coll_comm *comm, int32_t slot, int p, uint64_t off,
-                          size_t bytes) {
+uint8_t *coll_window_peer(struct coll_comm *comm, int32_t slot, int p, uint64_t off, size_t bytes) {
   if (slot < 0 || slot >= COLL_MAX_WINDOWS) return NULL;
   const coll_window *w = &comm->windows[slot];
   return w->shared && w->peer[p] && off <= w->peer_bytes[p] && bytes <= w->peer_bytes[p] - off

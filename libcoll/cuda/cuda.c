@@ -57,14 +57,17 @@ static bool lists(const coll_cuda_view *v, uint32_t pci) {
   return false;
 }
 
-coll_cuda_selection coll_cuda_select(const coll_cuda_view *a, const coll_cuda_view *b,
-                                     char *why, size_t why_len) {
+coll_cuda_selection coll_cuda_select(const coll_cuda_view *a, const coll_cuda_view *b, char *why,
+                                     size_t why_len) {
   const char *w = NULL;
-  if (!a->ok || !b->ok) w = "one of the two ranks has no CUDA device path (no GPU, no driver, "
-                            "or its cuda_ipc setup failed)";
-  else if (a->host_id != b->host_id) w = "they run on different hosts (CUDA IPC is within one host)";
-  else if (a->pid == b->pid) w = "they are the same process (CUDA IPC handles cannot be opened "
-                                 "by the process that made them)";
+  if (!a->ok || !b->ok)
+    w = "one of the two ranks has no CUDA device path (no GPU, no driver, "
+        "or its cuda_ipc setup failed)";
+  else if (a->host_id != b->host_id)
+    w = "they run on different hosts (CUDA IPC is within one host)";
+  else if (a->pid == b->pid)
+    w = "they are the same process (CUDA IPC handles cannot be opened "
+        "by the process that made them)";
   else if (a->pci != b->pci && !(lists(a, b->pci) && lists(b, a->pci)))
     w = "their GPUs cannot access each other (no peer access between them)";
   if (why && why_len) snprintf(why, why_len, "%s", w ? w : "cuda_ipc");
@@ -75,30 +78,31 @@ static const char *kind_name(coll_mem_kind k) {
   return k == COLL_MEM_DEVICE ? "device memory" : k == COLL_MEM_HOST ? "host memory" : "NULL";
 }
 
-coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn,
-                                  coll_mem_kind sk, int sd, coll_mem_kind rk, int rd,
-                                  int comm_dev, const char *cuda_ready) {
+coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn, coll_mem_kind sk, int sd,
+                                  coll_mem_kind rk, int rd, int comm_dev, const char *cuda_ready) {
   int rank = comm ? comm->rank : -1;
   if (sk != COLL_MEM_DEVICE && rk != COLL_MEM_DEVICE) return COLL_OK;
   if (sk != COLL_MEM_NONE && rk != COLL_MEM_NONE && sk != rk)
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "%s on rank %d: sendbuf is %s but recvbuf is %s: both buffers must be "
-                     "device memory or both host memory", fn, rank, kind_name(sk), kind_name(rk));
+                     "device memory or both host memory",
+                     fn, rank, kind_name(sk), kind_name(rk));
   int dev = sk == COLL_MEM_DEVICE ? sd : rd;
   if (sk == COLL_MEM_DEVICE && rk == COLL_MEM_DEVICE && sd != rd)
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "%s on rank %d: sendbuf is on GPU %d but recvbuf on GPU %d: both must be "
-                     "on the communicator's GPU", fn, rank, sd, rd);
+                     "on the communicator's GPU",
+                     fn, rank, sd, rd);
   if (cuda_ready)
     return coll_fail(comm, COLL_ERR_UNSUPPORTED,
                      "%s on rank %d: the buffers are CUDA device memory (GPU %d), but this "
-                     "communicator cannot run a collective on device memory: %s", fn, rank,
-                     dev, cuda_ready);
+                     "communicator cannot run a collective on device memory: %s",
+                     fn, rank, dev, cuda_ready);
   if (dev != comm_dev)
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "%s on rank %d: the buffers are on GPU %d but the communicator was built "
-                     "on GPU %d (call cudaSetDevice before coll_comm_init_rank)", fn, rank, dev,
-                     comm_dev);
+                     "on GPU %d (call cudaSetDevice before coll_comm_init_rank)",
+                     fn, rank, dev, comm_dev);
   return COLL_OK;
 }
 
@@ -134,11 +138,12 @@ static void probe(void) {
     int drv = 0; /* the CUDA version the installed driver supports; 0: no driver */
     cudaDriverGetVersion(&drv);
     char has[64] = "no libcuda.so.1 was found";
-    if (drv) snprintf(has, sizeof has, "the driver supports CUDA %d.%d", drv / 1000, drv % 1000 / 10);
+    if (drv)
+      snprintf(has, sizeof has, "the driver supports CUDA %d.%d", drv / 1000, drv % 1000 / 10);
     snprintf(probe_why, sizeof probe_why,
              "no usable CUDA driver: libcoll was built with the CUDA %d.%d runtime, and %s "
-             "(cudaGetDeviceCount: %s)", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, has,
-             cudaGetErrorName(err));
+             "(cudaGetDeviceCount: %s)",
+             CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, has, cudaGetErrorName(err));
     cudaGetLastError();
     return;
   }
@@ -183,8 +188,8 @@ coll_mem_kind coll_cuda_classify(const void *p, int *device) {
   return COLL_MEM_HOST; /* unregistered, pinned host or managed: the CPU can touch it */
 }
 
-#define CUDA_FAIL(comm, code, err, what, ...)                                             \
-  coll_fail(comm, code, "rank %d: " what " failed: %s (%s)", (comm) ? (comm)->rank : -1,   \
+#define CUDA_FAIL(comm, code, err, what, ...)                                            \
+  coll_fail(comm, code, "rank %d: " what " failed: %s (%s)", (comm) ? (comm)->rank : -1, \
             ##__VA_ARGS__, cudaGetErrorName(err), cudaGetErrorString(err))
 
 /* ---- device memory ops ----------------------------------------------------------------- */
@@ -210,8 +215,7 @@ static coll_result dev_reduce(struct coll_comm *c, void *dst, const void *a, con
   return COLL_OK;
 }
 
-static coll_result dev_avg(struct coll_comm *c, void *buf, size_t n, coll_dtype dtype,
-                           int nranks) {
+static coll_result dev_avg(struct coll_comm *c, void *buf, size_t n, coll_dtype dtype, int nranks) {
   cudaError_t e = (cudaError_t)coll_cuda_launch_avg(buf, n, (int)dtype, nranks, c->cuda->stream);
   if (e != cudaSuccess)
     return CUDA_FAIL(c, COLL_ERR_SYSTEM, e, "launching the %s average kernel (%zu elements)",
@@ -239,8 +243,10 @@ static coll_result poll_done(struct coll_comm *c, query_fn q, void *arg, const c
       return coll_fail(c, COLL_ERR_REMOTE, "rank %d: communicator aborted while waiting for %s",
                        c->rank, what);
     if (c->timeout_ms && coll_now_ns() - start > (uint64_t)c->timeout_ms * 1000000u)
-      return coll_fail(c, COLL_ERR_TIMEOUT, "rank %d timed out after %d ms waiting for %s on "
-                       "GPU %d", c->rank, c->timeout_ms, what, comm_dev(c));
+      return coll_fail(c, COLL_ERR_TIMEOUT,
+                       "rank %d timed out after %d ms waiting for %s on "
+                       "GPU %d",
+                       c->rank, c->timeout_ms, what, comm_dev(c));
     sched_yield();
   }
 }
@@ -299,7 +305,8 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (e == cudaSuccess && major < 8) {
-    snprintf(cc->reason, sizeof cc->reason, "rank %d: GPU %d has compute capability %d.%d, but "
+    snprintf(cc->reason, sizeof cc->reason,
+             "rank %d: GPU %d has compute capability %d.%d, but "
              "libcoll's kernels are built for 8.0 and newer (sm_80, sm_90, compute_90 PTX)",
              comm->rank, dev, major, minor);
     return false;
@@ -310,15 +317,19 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
     if (e == cudaSuccess) cc->stream = s;
   }
   if (e != cudaSuccess) {
-    snprintf(cc->reason, sizeof cc->reason, "rank %d: creating a CUDA stream on GPU %d failed: "
-             "%s (%s)", comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
+    snprintf(cc->reason, sizeof cc->reason,
+             "rank %d: creating a CUDA stream on GPU %d failed: "
+             "%s (%s)",
+             comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
     cudaGetLastError();
     return false;
   }
   e = (cudaError_t)coll_cuda_preload_kernels();
   if (e != cudaSuccess) {
-    snprintf(cc->reason, sizeof cc->reason, "rank %d: loading libcoll's kernels on GPU %d "
-             "failed: %s (%s)", comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
+    snprintf(cc->reason, sizeof cc->reason,
+             "rank %d: loading libcoll's kernels on GPU %d "
+             "failed: %s (%s)",
+             comm->rank, dev, cudaGetErrorName(e), cudaGetErrorString(e));
     cudaGetLastError();
     return false;
   }
@@ -354,7 +365,8 @@ static coll_result lazy_setup(struct coll_comm *comm, int dev, coll_cuda_exchang
     free(all);
     if (r != COLL_OK) return r;
     uint8_t token = cc->ready ? 1 : 0, *tokens = calloc((size_t)n, 1);
-    if (!tokens) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
+    if (!tokens)
+      return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up the device path");
     r = xchg(comm, &token, tokens, 1);
     if (r == COLL_OK) agree(comm, tokens);
     free(tokens);
@@ -391,13 +403,17 @@ coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, cons
   }
   if (w->peer_exchange) return COLL_OK; /* peer.c decides what the call takes */
   if (!cc->ready)
-    return coll_fail(comm, COLL_ERR_UNSUPPORTED, "%s on rank %d: the buffers are CUDA device "
+    return coll_fail(comm, COLL_ERR_UNSUPPORTED,
+                     "%s on rank %d: the buffers are CUDA device "
                      "memory (GPU %d), but this communicator cannot run a collective on device "
-                     "memory: %s", fn, comm->rank, w->cuda_dev, cc->reason);
+                     "memory: %s",
+                     fn, comm->rank, w->cuda_dev, cc->reason);
   if (w->cuda_dev != cc->device)
-    return coll_fail(comm, COLL_ERR_INVALID_ARG, "%s on rank %d: the buffers are on GPU %d, but "
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "%s on rank %d: the buffers are on GPU %d, but "
                      "this communicator's device path is on GPU %d (set up by its first call "
-                     "on device memory)", fn, comm->rank, w->cuda_dev, cc->device);
+                     "on device memory)",
+                     fn, comm->rank, w->cuda_dev, cc->device);
   return COLL_OK;
 }
 
@@ -424,15 +440,15 @@ static coll_result connect_all(struct coll_comm *comm, const uint8_t *blobs, siz
       if (coll_cuda_select(&v[a], &v[b], why, sizeof why) != COLL_SEL_CUDA_IPC) {
         all = false;
         if (!cc->reason[0])
-          snprintf(cc->reason, sizeof cc->reason, "no cuda_ipc between rank %d and rank %d: %s",
-                   a, b, why);
+          snprintf(cc->reason, sizeof cc->reason, "no cuda_ipc between rank %d and rank %d: %s", a,
+                   b, why);
       }
   coll_result r = COLL_OK;
   if (all) {
     for (int p = 0; p < n && r == COLL_OK; p++) {
       if (p == comm->rank) continue;
-      r = coll_transport_cuda_ipc.connect(&comm->view, cc->ipc_ctx, p,
-                                          blobs + (size_t)p * stride, &cc->send[p], &cc->recv[p]);
+      r = coll_transport_cuda_ipc.connect(&comm->view, cc->ipc_ctx, p, blobs + (size_t)p * stride,
+                                          &cc->send[p], &cc->recv[p]);
     }
     for (int p = 0; p < n && r == COLL_OK; p++)
       if (cc->send[p] && (cc->slot_bytes == 0 || cc->send[p]->slot_bytes < cc->slot_bytes))
@@ -446,8 +462,10 @@ static coll_result connect_all(struct coll_comm *comm, const uint8_t *blobs, siz
       snprintf(cc->reason, sizeof cc->reason, "%s", comm->errbuf);
       for (int p = 0; p < n; p++) cc->send[p] = cc->recv[p] = NULL;
       cc->slot_bytes = 0;
-      COLL_WARN(comm->rank, "CUDA: %s; going on without the device path (device buffers are "
-                "refused)", cc->reason);
+      COLL_WARN(comm->rank,
+                "CUDA: %s; going on without the device path (device buffers are "
+                "refused)",
+                cc->reason);
       r = COLL_OK;
     }
   } else {
@@ -511,8 +529,10 @@ void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how) {
   if (!drained) {
     /* Freeing FIFOs under a running kernel could corrupt what a later allocation gets:
      * leave them (and the stream) to the process's exit. */
-    COLL_WARN(comm->rank, "CUDA: libcoll's stream on GPU %d did not drain within %d ms; "
-              "leaving its FIFO memory allocated", cc->device, comm->timeout_ms);
+    COLL_WARN(comm->rank,
+              "CUDA: libcoll's stream on GPU %d did not drain within %d ms; "
+              "leaving its FIFO memory allocated",
+              cc->device, comm->timeout_ms);
   } else {
     if (cc->ipc_ctx) coll_transport_cuda_ipc.close(&comm->view, cc->ipc_ctx, how);
     if (cc->stream) cudaStreamDestroy((cudaStream_t)cc->stream);
@@ -536,9 +556,9 @@ struct coll_cuda_stream {
   int device;
   _Atomic uint32_t *flag; /* pinned, mapped: tickets done, contiguously */
   CUdeviceptr flag_dev;
-  wait_value_fn wait_value; /* NULL: use the host-function fallback */
-  uint32_t issued;          /* last ticket handed out (under the stream's mutex) */
-  uint32_t published;       /* value in *flag */
+  wait_value_fn wait_value;  /* NULL: use the host-function fallback */
+  uint32_t issued;           /* last ticket handed out (under the stream's mutex) */
+  uint32_t published;        /* value in *flag */
   uint8_t done[TICKET_RING]; /* done[t % RING]: ticket t finished, not yet published */
 };
 
@@ -559,8 +579,7 @@ coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user) {
     cudaGetLastError();
     e = cudaGetDevice(&x->device);
   }
-  if (e == cudaSuccess)
-    e = cudaHostAlloc(&flag, 64, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e == cudaSuccess) e = cudaHostAlloc(&flag, 64, cudaHostAllocMapped | cudaHostAllocPortable);
   if (e != cudaSuccess) {
     free(x);
     return CUDA_FAIL((struct coll_comm *)NULL, COLL_ERR_SYSTEM, e,
@@ -579,8 +598,9 @@ coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user) {
   x->flag_dev = (CUdeviceptr)(uintptr_t)dptr;
   void *fn = NULL;
   enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
-                                       &q) == cudaSuccess && q == cudaDriverEntryPointSuccess)
+  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &q) ==
+          cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
     x->wait_value = (wait_value_fn)fn;
   cudaGetLastError();
   *out = x;
@@ -607,8 +627,10 @@ coll_result coll_cuda_stream_sync(struct coll_stream *s) {
   struct coll_cuda_stream *x = s->cuda;
   int timeout = coll_env_timeout_ms();
   if (drain(x->user, timeout)) return COLL_OK;
-  return coll_fail(NULL, COLL_ERR_TIMEOUT, "coll_stream_synchronize: the cudaStream_t did not "
-                   "finish within %d ms (COLL_TIMEOUT_MS)", timeout);
+  return coll_fail(NULL, COLL_ERR_TIMEOUT,
+                   "coll_stream_synchronize: the cudaStream_t did not "
+                   "finish within %d ms (COLL_TIMEOUT_MS)",
+                   timeout);
 }
 
 bool coll_cuda_stream_idle(struct coll_stream *s) {
@@ -635,7 +657,7 @@ void coll_cuda_stream_free(struct coll_stream *s) {
     cudaFreeHost((void *)x->flag);
   else
     COLL_WARN(-1, "CUDA: the cudaStream_t of a coll_stream_t did not reach its last wait "
-              "within COLL_TIMEOUT_MS; leaving its completion counter allocated");
+                  "within COLL_TIMEOUT_MS; leaving its completion counter allocated");
   if (old >= 0 && old != x->device) cudaSetDevice(old);
   cudaGetLastError();
   free(x);
@@ -749,7 +771,8 @@ coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, col
     cudaEvent_t ev = NULL;
     cudaError_t e = record_event(w->cuda_dev, cudaStreamLegacy, &ev);
     if (e != cudaSuccess)
-      return CUDA_FAIL(comm, COLL_ERR_SYSTEM, e, "%s: recording an event on the default stream", fn);
+      return CUDA_FAIL(comm, COLL_ERR_SYSTEM, e, "%s: recording an event on the default stream",
+                       fn);
     w->cuda_event = ev;
     return COLL_OK;
   }
@@ -762,7 +785,8 @@ coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, col
   /* A ticket; wait while the ring holds TICKET_RING unfinished ones (the queue of a
    * communicator holds far fewer, so this only waits with several communicators). */
   pthread_mutex_lock(&w->stream->mu);
-  while (x->issued + 1 - x->published >= TICKET_RING) pthread_cond_wait(&w->stream->cv, &w->stream->mu);
+  while (x->issued + 1 - x->published >= TICKET_RING)
+    pthread_cond_wait(&w->stream->cv, &w->stream->mu);
   w->cuda_ticket = ++x->issued;
   pthread_mutex_unlock(&w->stream->mu);
   return COLL_OK;
@@ -787,8 +811,10 @@ coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_re
     CUresult cr = x->wait_value((CUstream)x->user, x->flag_dev, w->cuda_ticket,
                                 CU_STREAM_WAIT_VALUE_GEQ);
     if (cr == CUDA_SUCCESS) return COLL_OK;
-    COLL_INFO(comm->rank, "cuStreamWaitValue32 refused (CUresult %d): ordering the cudaStream_t "
-              "with cudaLaunchHostFunc from now on", (int)cr);
+    COLL_INFO(comm->rank,
+              "cuStreamWaitValue32 refused (CUresult %d): ordering the cudaStream_t "
+              "with cudaLaunchHostFunc from now on",
+              (int)cr);
     x->wait_value = NULL; /* not supported here: use the fallback from now on */
   }
   host_wait_arg *a = malloc(sizeof *a);
@@ -815,8 +841,9 @@ coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
                                  const coll_mem_ops **ops, coll_conn ***send, coll_conn ***recv,
                                  size_t *slot_bytes) {
   struct coll_cuda_comm *cc = comm->cuda;
-  int dev = w->device && cc ? cc->device
-            : w->stream && w->stream->cuda ? w->stream->cuda->device : -1;
+  int dev = w->device && cc                ? cc->device
+            : w->stream && w->stream->cuda ? w->stream->cuda->device
+                                           : -1;
   saved_device = -1;
   if (dev >= 0) {
     cudaError_t e = cudaGetDevice(&saved_device);
@@ -836,9 +863,10 @@ coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
   }
   if (!w->device) return COLL_OK;
   if (!cc || !cc->ready)
-    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: %s #%llu on device memory reached the "
-                     "executor without a device path", comm->rank, coll_coll_name(w->coll),
-                     (unsigned long long)w->seq);
+    return coll_fail(comm, COLL_ERR_INTERNAL,
+                     "rank %d: %s #%llu on device memory reached the "
+                     "executor without a device path",
+                     comm->rank, coll_coll_name(w->coll), (unsigned long long)w->seq);
   *ops = &coll_mem_device;
   if (comm->nranks > 1) {
     *send = cc->send;
@@ -904,8 +932,14 @@ void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how) {
   comm->cuda = NULL;
 }
 void coll_cuda_stream_free(struct coll_stream *s) { (void)s; }
-coll_result coll_cuda_stream_sync(struct coll_stream *s) { (void)s; return COLL_OK; }
-bool coll_cuda_stream_idle(struct coll_stream *s) { (void)s; return true; }
+coll_result coll_cuda_stream_sync(struct coll_stream *s) {
+  (void)s;
+  return COLL_OK;
+}
+bool coll_cuda_stream_idle(struct coll_stream *s) {
+  (void)s;
+  return true;
+}
 coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work *w) {
   (void)comm, (void)fn;
   w->device = false;
@@ -917,8 +951,14 @@ coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, col
   (void)comm, (void)fn, (void)w;
   return COLL_OK;
 }
-bool coll_cuda_peer_wanted(struct coll_comm *comm) { (void)comm; return false; }
-void *coll_cuda_stream_user(struct coll_stream *s) { (void)s; return NULL; }
+bool coll_cuda_peer_wanted(struct coll_comm *comm) {
+  (void)comm;
+  return false;
+}
+void *coll_cuda_stream_user(struct coll_stream *s) {
+  (void)s;
+  return NULL;
+}
 coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what) {
   (void)event, (void)what;
   return coll_fail(comm, COLL_ERR_INTERNAL, "a device event in a build without CUDA");

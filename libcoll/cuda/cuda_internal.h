@@ -62,15 +62,14 @@ typedef enum { COLL_SEL_CUDA_IPC = 0, COLL_SEL_NONE = 1 } coll_cuda_selection;
  * ranks of a pair compute it from the same two views and must agree): cuda_ipc when
  * both set it up, they are separate processes on one host, and they share a GPU or
  * each GPU can reach the other's.  Otherwise NONE, with the reason in `why`. */
-coll_cuda_selection coll_cuda_select(const coll_cuda_view *a, const coll_cuda_view *b,
-                                     char *why, size_t why_len);
+coll_cuda_selection coll_cuda_select(const coll_cuda_view *a, const coll_cuda_view *b, char *why,
+                                     size_t why_len);
 
 /* The up-front check of a collective's buffers: both on the same side (and one GPU),
  * and device buffers only with CUDA available and cuda_ipc to every peer.  `cuda_ready`
  * is NULL when ready, else the reason the communicator has no device path. */
-coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn,
-                                  coll_mem_kind send_kind, int send_dev,
-                                  coll_mem_kind recv_kind, int recv_dev, int comm_dev,
+coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn, coll_mem_kind send_kind,
+                                  int send_dev, coll_mem_kind recv_kind, int recv_dev, int comm_dev,
                                   const char *cuda_ready);
 
 /* ---- the communicator's CUDA state (cuda.c), hooked into comm.c ---------------------- */
@@ -105,8 +104,9 @@ coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, col
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r);
 /* executor.c, at the start of a device collective: waits for the recorded event, binds
  * the device, and returns the ops, connectors and slice size to use. */
-coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w, const coll_mem_ops **ops,
-                                 coll_conn ***send, coll_conn ***recv, size_t *slot_bytes);
+coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
+                                 const coll_mem_ops **ops, coll_conn ***send, coll_conn ***recv,
+                                 size_t *slot_bytes);
 /* executor.c, at the end of every collective that called exec_begin: the final fence
  * (so no device work of a failed collective is left running); returns r, or the fence's
  * failure when r was COLL_OK. */
@@ -142,14 +142,14 @@ bool coll_cuda_peer_wanted(struct coll_comm *comm);
 
 /* The communicator's CUDA state (comm->cuda). */
 struct coll_cuda_comm {
-  _Atomic bool tried;    /* the first device call has set the path up (or failed to):
-                            the fields below are final once this reads true */
-  int device;            /* the GPU of the first call on device memory */
-  void *stream;          /* cudaStream_t: libcoll's own, non-blocking */
-  void *ipc_ctx;         /* cuda_ipc transport context */
+  _Atomic bool tried;       /* the first device call has set the path up (or failed to):
+                               the fields below are final once this reads true */
+  int device;               /* the GPU of the first call on device memory */
+  void *stream;             /* cudaStream_t: libcoll's own, non-blocking */
+  void *ipc_ctx;            /* cuda_ipc transport context */
   coll_conn **send, **recv; /* per peer, for device buffers */
   size_t slot_bytes;
-  bool ready;            /* every pair of ranks has cuda_ipc: device buffers can run */
+  bool ready;               /* every pair of ranks has cuda_ipc: device buffers can run */
   char reason[COLL_ERRBUF]; /* why not, when !ready */
 };
 

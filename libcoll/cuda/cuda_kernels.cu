@@ -62,8 +62,7 @@ static cudaError_t launch_reduce(void *dst, const void *a, const void *b, size_t
     cudaFuncAttributes fa;
     return cudaFuncGetAttributes(&fa, reduce_kernel<T, Op>);
   }
-  reduce_kernel<T, Op><<<blocks_for(n), kThreads, 0, s>>>((T *)dst, (const T *)a,
-                                                          (const T *)b, n);
+  reduce_kernel<T, Op><<<blocks_for(n), kThreads, 0, s>>>((T *)dst, (const T *)a, (const T *)b, n);
   return cudaGetLastError();
 }
 
@@ -121,8 +120,8 @@ static const avg_launcher avg_table[K_NUM_DTYPES] = {
     launch_avg<double, FAvg<double>>,
 };
 
-extern "C" int coll_cuda_launch_reduce(void *dst, const void *a, const void *b, size_t n,
-                                       int dtype, int op, void *stream) {
+extern "C" int coll_cuda_launch_reduce(void *dst, const void *a, const void *b, size_t n, int dtype,
+                                       int op, void *stream) {
   if (dtype < 0 || dtype >= K_NUM_DTYPES || op < 0 || op >= K_NUM_OPS)
     return (int)cudaErrorInvalidValue;
   if (n == 0) return (int)cudaSuccess;

@@ -46,8 +46,8 @@
 #include "cuda_internal.h"
 
 static _Atomic bool driver_seen;
-static _Atomic(struct link_map *) tail;       /* pinned; NULL before the first search */
-static _Atomic unsigned long long adds_seen;  /* the loader's count at the last search */
+static _Atomic(struct link_map *) tail;      /* pinned; NULL before the first search */
+static _Atomic unsigned long long adds_seen; /* the loader's count at the last search */
 static pthread_mutex_t search_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int first_object(struct dl_phdr_info *info, size_t size, void *adds) {

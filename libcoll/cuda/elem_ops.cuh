@@ -17,8 +17,19 @@
 #include <stdint.h>
 
 /* coll.h numbering, repeated here so this file needs no C header but its own. */
-enum { K_INT8, K_UINT8, K_INT32, K_UINT32, K_INT64, K_UINT64, K_FLOAT16, K_BFLOAT16,
-       K_FLOAT32, K_FLOAT64, K_NUM_DTYPES };
+enum {
+  K_INT8,
+  K_UINT8,
+  K_INT32,
+  K_UINT32,
+  K_INT64,
+  K_UINT64,
+  K_FLOAT16,
+  K_BFLOAT16,
+  K_FLOAT32,
+  K_FLOAT64,
+  K_NUM_DTYPES
+};
 enum { K_SUM, K_PROD, K_MIN, K_MAX, K_AVG, K_NUM_OPS };
 
 /* ---- conversions (transcribed from reduce.c) ---------------------------------------- */
@@ -48,7 +59,7 @@ __device__ __forceinline__ uint16_t float_to_half(float f) {
   float frac = s - (float)t;
   uint32_t up = (uint32_t)(frac > 0.5f) | ((uint32_t)(frac == 0.5f) & (uint32_t)t);
   uint32_t sub = (uint32_t)t + (up & 1u);
-  uint32_t r = ax > 0x7f800000u   ? nan
+  uint32_t r = ax > 0x7f800000u    ? nan
                : ax >= 0x47800000u ? 0x7c00u
                : ax >= 0x38800000u ? normal
                                    : sub;
@@ -99,28 +110,42 @@ __device__ __forceinline__ double max_f64(double x, double y) {
 
 /* ---- element operations, one functor per (type, op) ---------------------------------- */
 
-template <typename T, typename U> struct IntSum {
+template <typename T, typename U>
+struct IntSum {
   __device__ T operator()(T x, T y) const { return (T)(U)((U)x + (U)y); }
 };
-template <typename T, typename U> struct IntProd {
+template <typename T, typename U>
+struct IntProd {
   __device__ T operator()(T x, T y) const { return (T)(U)((U)x * (U)y); }
 };
-template <typename T> struct IntMin {
+template <typename T>
+struct IntMin {
   __device__ T operator()(T x, T y) const { return x < y ? x : y; }
 };
-template <typename T> struct IntMax {
+template <typename T>
+struct IntMax {
   __device__ T operator()(T x, T y) const { return x > y ? x : y; }
 };
-template <typename T> struct FSum {
+template <typename T>
+struct FSum {
   __device__ T operator()(T x, T y) const { return x + y; }
 };
-template <typename T> struct FProd {
+template <typename T>
+struct FProd {
   __device__ T operator()(T x, T y) const { return x * y; }
 };
-struct F32Min { __device__ float operator()(float x, float y) const { return min_f32(x, y); } };
-struct F32Max { __device__ float operator()(float x, float y) const { return max_f32(x, y); } };
-struct F64Min { __device__ double operator()(double x, double y) const { return min_f64(x, y); } };
-struct F64Max { __device__ double operator()(double x, double y) const { return max_f64(x, y); } };
+struct F32Min {
+  __device__ float operator()(float x, float y) const { return min_f32(x, y); }
+};
+struct F32Max {
+  __device__ float operator()(float x, float y) const { return max_f32(x, y); }
+};
+struct F64Min {
+  __device__ double operator()(double x, double y) const { return min_f64(x, y); }
+};
+struct F64Max {
+  __device__ double operator()(double x, double y) const { return max_f64(x, y); }
+};
 
 /* Half types: widen both, combine once in float, round back once. */
 struct HalfF16 {
@@ -131,28 +156,41 @@ struct HalfBF16 {
   __device__ static float in(uint16_t h) { return bf16_to_float(h); }
   __device__ static uint16_t out(float f) { return float_to_bf16(f); }
 };
-template <typename H> struct HSum {
-  __device__ uint16_t operator()(uint16_t x, uint16_t y) const { return H::out(H::in(x) + H::in(y)); }
+template <typename H>
+struct HSum {
+  __device__ uint16_t operator()(uint16_t x, uint16_t y) const {
+    return H::out(H::in(x) + H::in(y));
+  }
 };
-template <typename H> struct HProd {
-  __device__ uint16_t operator()(uint16_t x, uint16_t y) const { return H::out(H::in(x) * H::in(y)); }
+template <typename H>
+struct HProd {
+  __device__ uint16_t operator()(uint16_t x, uint16_t y) const { return H::out(H::in(x)*H::in(y)); }
 };
-template <typename H> struct HMin {
-  __device__ uint16_t operator()(uint16_t x, uint16_t y) const { return H::out(min_f32(H::in(x), H::in(y))); }
+template <typename H>
+struct HMin {
+  __device__ uint16_t operator()(uint16_t x, uint16_t y) const {
+    return H::out(min_f32(H::in(x), H::in(y)));
+  }
 };
-template <typename H> struct HMax {
-  __device__ uint16_t operator()(uint16_t x, uint16_t y) const { return H::out(max_f32(H::in(x), H::in(y))); }
+template <typename H>
+struct HMax {
+  __device__ uint16_t operator()(uint16_t x, uint16_t y) const {
+    return H::out(max_f32(H::in(x), H::in(y)));
+  }
 };
 
 /* Averages: reduce.c's INT_AVG (division in D, truncating), float / double true
  * division, half types divide in float. */
-template <typename T, typename D> struct IntAvg {
+template <typename T, typename D>
+struct IntAvg {
   __device__ T operator()(T v, int nranks) const { return (T)(v / (D)nranks); }
 };
-template <typename T> struct FAvg {
+template <typename T>
+struct FAvg {
   __device__ T operator()(T v, int nranks) const { return v / (T)nranks; }
 };
-template <typename H> struct HAvg {
+template <typename H>
+struct HAvg {
   __device__ uint16_t operator()(uint16_t v, int nranks) const {
     return H::out(H::in(v) / (float)nranks);
   }

@@ -54,8 +54,8 @@
 
 /* One rank's buffer as its peers need it. */
 typedef struct {
-  uint64_t id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: unique per allocation in a process */
-  uint64_t offset; /* of the buffer in its allocation */
+  uint64_t id;              /* CU_POINTER_ATTRIBUTE_BUFFER_ID: unique per allocation in a process */
+  uint64_t offset;          /* of the buffer in its allocation */
   unsigned char handle[64]; /* cudaIpcMemHandle_t of the allocation */
 } peer_buf;
 
@@ -141,7 +141,8 @@ static bool describe(const void *p, peer_buf *b, char *why, size_t why_len) {
     return false;
   }
   if (!legacy) {
-    snprintf(why, why_len, "the buffer is not shareable with cudaIpcGetMemHandle (memory from "
+    snprintf(why, why_len,
+             "the buffer is not shareable with cudaIpcGetMemHandle (memory from "
              "cudaMallocAsync pools or cuMemCreate)");
     return false;
   }
@@ -187,11 +188,15 @@ static coll_result import(struct coll_comm *comm, int peer, int32_t pid, const p
     cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      r = coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: opening rank %d's buffer (cudaIpcOpenMemHandle) "
-                    "failed: %s (%s)", comm->rank, peer, cudaGetErrorName(err), cudaGetErrorString(err));
+      r = coll_fail(comm, COLL_ERR_SYSTEM,
+                    "rank %d: opening rank %d's buffer (cudaIpcOpenMemHandle) "
+                    "failed: %s (%s)",
+                    comm->rank, peer, cudaGetErrorName(err), cudaGetErrorString(err));
     } else if (!(e = cache_add(&imported, &nimported))) {
-      r = coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: %d peer allocations are mapped already: "
-                    "no room for rank %d's", comm->rank, CACHE_MAX, peer);
+      r = coll_fail(comm, COLL_ERR_SYSTEM,
+                    "rank %d: %d peer allocations are mapped already: "
+                    "no room for rank %d's",
+                    comm->rank, CACHE_MAX, peer);
     } else {
       e->id = b->id;
       e->pid = pid;
@@ -205,7 +210,9 @@ static coll_result import(struct coll_comm *comm, int peer, int32_t pid, const p
 
 /* ---- set-up (from cuda.c's lazy set-up, on the executor's thread) ------------------------ */
 
-static size_t flags_bytes(int n) { return 4096 + (((size_t)n * COLL_PEER_FLAG_STRIDE * 4 + 4095) & ~(size_t)4095); }
+static size_t flags_bytes(int n) {
+  return 4096 + (((size_t)n * COLL_PEER_FLAG_STRIDE * 4 + 4095) & ~(size_t)4095);
+}
 
 /* This rank's half: map rank 0's flag page, find the driver functions, a scratch buffer,
  * a trial barrier with itself.  False with cc->why. */
@@ -213,7 +220,8 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   struct coll_peer *cc = comm->peer;
   pthread_once(&entry_once, load_entries);
   if (!batch_memop || !ptr_attrs) {
-    snprintf(cc->why, sizeof cc->why, "the CUDA driver lacks cuStreamBatchMemOp or "
+    snprintf(cc->why, sizeof cc->why,
+             "the CUDA driver lacks cuStreamBatchMemOp or "
              "cuPointerGetAttributes");
     return false;
   }
@@ -222,8 +230,8 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
     int fd = shm_open(name, O_RDWR, 0600);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || (size_t)st.st_size < size) {
-      snprintf(cc->why, sizeof cc->why, "rank %d: opening the flag page %s failed",
-               comm->rank, name);
+      snprintf(cc->why, sizeof cc->why, "rank %d: opening the flag page %s failed", comm->rank,
+               name);
       if (fd >= 0) close(fd);
       return false;
     }
@@ -236,7 +244,8 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
     cc->flag_base = p;
     cc->flag_size = size;
   }
-  cudaError_t e = cudaHostRegister(cc->flag_base, size, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  cudaError_t e = cudaHostRegister(cc->flag_base, size,
+                                   cudaHostRegisterMapped | cudaHostRegisterPortable);
   void *dptr = NULL;
   if (e == cudaSuccess) {
     cc->flag_registered = true;
@@ -246,11 +255,14 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   cudaEvent_t ev = NULL;
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
   int sms = 0;
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cc->device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cc->device);
   if (e == cudaSuccess) e = (cudaError_t)coll_cuda_preload_peer_kernels();
   if (e != cudaSuccess) {
-    snprintf(cc->why, sizeof cc->why, "rank %d: setting up the flags, scratch or "
-             "kernels failed: %s", comm->rank, cudaGetErrorName(e));
+    snprintf(cc->why, sizeof cc->why,
+             "rank %d: setting up the flags, scratch or "
+             "kernels failed: %s",
+             comm->rank, cudaGetErrorName(e));
     cudaGetLastError();
     if (ev) cudaEventDestroy(ev);
     return false;
@@ -263,7 +275,8 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
    * stream memory operations are off, the driver refuses here, not in a user's call. */
   CUstreamBatchMemOpParams ops[2];
   memset(ops, 0, sizeof ops);
-  uint64_t mine = cc->flags_dev + 4ull * ((uint64_t)comm->rank * COLL_PEER_FLAG_STRIDE + (uint64_t)comm->rank);
+  uint64_t mine = cc->flags_dev +
+                  4ull * ((uint64_t)comm->rank * COLL_PEER_FLAG_STRIDE + (uint64_t)comm->rank);
   ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
   ops[0].writeValue.address = (CUdeviceptr)mine;
   ops[0].writeValue.value = 0;
@@ -274,8 +287,10 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   CUresult cr = batch_memop((CUstream)cc->stream, 2, ops, 0);
   if (cr == CUDA_SUCCESS) e = cudaStreamSynchronize((cudaStream_t)cc->stream);
   if (cr != CUDA_SUCCESS || e != cudaSuccess) {
-    snprintf(cc->why, sizeof cc->why, "rank %d: stream memory operations on GPU %d "
-             "failed (CUresult %d, %s)", comm->rank, cc->device, (int)cr, cudaGetErrorName(e));
+    snprintf(cc->why, sizeof cc->why,
+             "rank %d: stream memory operations on GPU %d "
+             "failed (CUresult %d, %s)",
+             comm->rank, cc->device, (int)cr, cudaGetErrorName(e));
     cudaGetLastError();
     return false;
   }
@@ -287,13 +302,16 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg
   int n = comm->nranks;
   char name[64] = "";
   if (n > COLL_PEER_MAX) {
-    COLL_INFO(comm->rank, "CUDA: no device data path (%d ranks: its kernels read at most %d "
-              "buffers): device buffers take the host-driven path", n, COLL_PEER_MAX);
+    COLL_INFO(comm->rank,
+              "CUDA: no device data path (%d ranks: its kernels read at most %d "
+              "buffers): device buffers take the host-driven path",
+              n, COLL_PEER_MAX);
     return COLL_OK;
   }
   struct coll_peer *cc = calloc(1, sizeof *cc);
-  if (!cc) return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: out of memory for the device path",
-                            comm->rank);
+  if (!cc)
+    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: out of memory for the device path",
+                     comm->rank);
   cc->device = device;
   cc->stream = stream;
   comm->peer = cc;
@@ -326,12 +344,18 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg
   for (int p = 0; p < n; p++)
     if (!tokens[p]) {
       all = false;
-      if (ok) snprintf(cc->why, sizeof cc->why, "rank %d could not set the device "
-                       "path's flags up", p);
+      if (ok)
+        snprintf(cc->why, sizeof cc->why,
+                 "rank %d could not set the device "
+                 "path's flags up",
+                 p);
     }
   cc->ok = all;
-  if (!all) COLL_INFO(comm->rank, "CUDA: no device data path (%s): device buffers take the "
-                      "host-driven path", cc->why);
+  if (!all)
+    COLL_INFO(comm->rank,
+              "CUDA: no device data path (%s): device buffers take the "
+              "host-driven path",
+              cc->why);
   return COLL_OK;
 }
 
@@ -356,7 +380,7 @@ void coll_cuda_peer_free(struct coll_comm *comm) {
   }
   if (keep && cc->flag_base) {
     COLL_INFO(comm->rank, "CUDA: leaving the device path's flag page mapped (the "
-              "communicator failed, or its last call's stream did not finish)");
+                          "communicator failed, or its last call's stream did not finish)");
     cc->flag_registered = false;
     cc->flag_base = NULL;
   }
@@ -403,8 +427,10 @@ void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_
   mine.count = w->count;
   char why[160] = "no cuPointerGetAttributes in this driver";
   int old = -1; /* the driver queries need the buffers' GPU current */
-  if (cudaGetDevice(&old) == cudaSuccess && old != w->cuda_dev) cudaSetDevice(w->cuda_dev);
-  else old = -1;
+  if (cudaGetDevice(&old) == cudaSuccess && old != w->cuda_dev)
+    cudaSetDevice(w->cuda_dev);
+  else
+    old = -1;
   mine.ok = ptr_attrs && describe(w->sendbuf, &mine.buf[0], why, sizeof why) &&
             (w->recvbuf == w->sendbuf ? (mine.buf[1] = mine.buf[0], true)
                                       : describe(w->recvbuf, &mine.buf[1], why, sizeof why));
@@ -429,20 +455,24 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
   for (int p = 0; p < n; p++) {
     const peer_desc *d = &all[p];
     if (d->magic != DESC_MAGIC)
-      return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's device-path descriptor is "
-                       "corrupt", comm->rank, p);
+      return coll_fail(comm, COLL_ERR_INTERNAL,
+                       "rank %d: rank %d's device-path descriptor is "
+                       "corrupt",
+                       comm->rank, p);
     if (d->coll != mine->coll || d->dtype != mine->dtype || d->count != mine->count ||
-        ((w->coll == COLL_COLL_BROADCAST || w->coll == COLL_COLL_REDUCE) && d->root != mine->root) ||
+        ((w->coll == COLL_COLL_BROADCAST || w->coll == COLL_COLL_REDUCE) &&
+         d->root != mine->root) ||
         (w->coll != COLL_COLL_BROADCAST && w->coll != COLL_COLL_ALL_GATHER && d->op != mine->op)) {
       char a[96], b[96];
-      snprintf(a, sizeof a, "%s count %llu %s %s root %d", coll_coll_name((coll_coll_kind)mine->coll),
-               (unsigned long long)mine->count, coll_dtype_name((coll_dtype)mine->dtype),
-               coll_op_name((coll_op)mine->op), mine->root);
+      snprintf(a, sizeof a, "%s count %llu %s %s root %d",
+               coll_coll_name((coll_coll_kind)mine->coll), (unsigned long long)mine->count,
+               coll_dtype_name((coll_dtype)mine->dtype), coll_op_name((coll_op)mine->op),
+               mine->root);
       snprintf(b, sizeof b, "%s count %llu %s %s root %d", coll_coll_name((coll_coll_kind)d->coll),
                (unsigned long long)d->count, coll_dtype_name((coll_dtype)d->dtype),
                coll_op_name((coll_op)d->op), d->root);
-      return coll_fail(comm, COLL_ERR_MISMATCH, "%s: rank %d called %s, but rank %d called %s",
-                       fn, comm->rank, a, p, b);
+      return coll_fail(comm, COLL_ERR_MISMATCH, "%s: rank %d called %s, but rank %d called %s", fn,
+                       comm->rank, a, p, b);
     }
     ok &= d->ok;
   }
@@ -450,8 +480,10 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
   coll_dev_call *dc = &cc->call;
   memset(dc, 0, sizeof *dc);
   int old = -1;
-  if (cudaGetDevice(&old) == cudaSuccess && old != cc->device) cudaSetDevice(cc->device);
-  else old = -1;
+  if (cudaGetDevice(&old) == cudaSuccess && old != cc->device)
+    cudaSetDevice(cc->device);
+  else
+    old = -1;
   coll_result r = COLL_OK;
   for (int p = 0; p < n && r == COLL_OK; p++) {
     if (p == comm->rank) {
@@ -473,8 +505,10 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
     cudaError_t e = cudaStreamWaitEvent((cudaStream_t)dc->stream, (cudaEvent_t)cc->done_ev, 0);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      r = coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: ordering %s after the previous device "
-                    "call (cudaStreamWaitEvent) failed: %s", comm->rank, fn, cudaGetErrorName(e));
+      r = coll_fail(comm, COLL_ERR_SYSTEM,
+                    "rank %d: ordering %s after the previous device "
+                    "call (cudaStreamWaitEvent) failed: %s",
+                    comm->rank, fn, cudaGetErrorName(e));
     }
   }
   if (old >= 0) cudaSetDevice(old);
@@ -488,7 +522,8 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
 /* The calling thread's device is the caller's business: set for the enqueue, put back. */
 static int enter_device(struct coll_comm *comm) {
   int old = -1;
-  if (cudaGetDevice(&old) == cudaSuccess && old != comm->peer->device) cudaSetDevice(comm->peer->device);
+  if (cudaGetDevice(&old) == cudaSuccess && old != comm->peer->device)
+    cudaSetDevice(comm->peer->device);
   return old;
 }
 static void leave_device(struct coll_comm *comm, int old) {
@@ -524,14 +559,16 @@ coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d) {
     if (p == me) continue;
     CUstreamBatchMemOpParams *o = &ops[k++];
     o->writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    o->writeValue.address = (CUdeviceptr)(cc->flags_dev + 4ull * ((uint64_t)p * COLL_PEER_FLAG_STRIDE + (uint64_t)me));
+    o->writeValue.address =
+        (CUdeviceptr)(cc->flags_dev + 4ull * ((uint64_t)p * COLL_PEER_FLAG_STRIDE + (uint64_t)me));
     o->writeValue.value = epoch; /* default flags: ordered after the stream's earlier writes */
   }
   for (int p = 0; p < n; p++) {
     if (p == me) continue;
     CUstreamBatchMemOpParams *o = &ops[k++];
     o->waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    o->waitValue.address = (CUdeviceptr)(cc->flags_dev + 4ull * ((uint64_t)me * COLL_PEER_FLAG_STRIDE + (uint64_t)p));
+    o->waitValue.address =
+        (CUdeviceptr)(cc->flags_dev + 4ull * ((uint64_t)me * COLL_PEER_FLAG_STRIDE + (uint64_t)p));
     o->waitValue.value = epoch;
     o->waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
   }
@@ -539,8 +576,10 @@ coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d) {
   CUresult cr = batch_memop((CUstream)d->stream, (unsigned)k, ops, 0);
   leave_device(comm, old);
   if (cr != CUDA_SUCCESS)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: cuStreamBatchMemOp (a barrier of the "
-                     "device path) failed: CUresult %d", comm->rank, (int)cr);
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "rank %d: cuStreamBatchMemOp (a barrier of the "
+                     "device path) failed: CUresult %d",
+                     comm->rank, (int)cr);
   return COLL_OK;
 }
 
@@ -549,12 +588,15 @@ coll_result coll_dev_reduce(struct coll_comm *comm, const coll_dev_call *d, void
                             coll_op op) {
   int old = enter_device(comm);
   cudaError_t e = (cudaError_t)coll_cuda_launch_reduce_n(dst, src, nsrc, count, (int)dtype, (int)op,
-                                                         comm->nranks, comm->peer->max_blocks, d->stream);
+                                                         comm->nranks, comm->peer->max_blocks,
+                                                         d->stream);
   leave_device(comm, old);
   if (e != cudaSuccess)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: launching the %d-way %s %s reduction "
-                     "(%zu elements) failed: %s", comm->rank, nsrc, coll_dtype_name(dtype),
-                     coll_op_name(op), count, cudaGetErrorName(e));
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "rank %d: launching the %d-way %s %s reduction "
+                     "(%zu elements) failed: %s",
+                     comm->rank, nsrc, coll_dtype_name(dtype), coll_op_name(op), count,
+                     cudaGetErrorName(e));
   return COLL_OK;
 }
 
@@ -565,8 +607,10 @@ coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *
                                                        comm->peer->max_blocks, d->stream);
   leave_device(comm, old);
   if (e != cudaSuccess)
-    return coll_fail(comm, COLL_ERR_SYSTEM, "rank %d: launching the copy of %d segments failed: "
-                     "%s", comm->rank, nseg, cudaGetErrorName(e));
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "rank %d: launching the copy of %d segments failed: "
+                     "%s",
+                     comm->rank, nseg, cudaGetErrorName(e));
   return COLL_OK;
 }
 
@@ -597,7 +641,10 @@ coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_res
   (void)comm, (void)w;
   return r;
 }
-void *coll_cuda_peer_done_event(struct coll_comm *comm) { (void)comm; return NULL; }
+void *coll_cuda_peer_done_event(struct coll_comm *comm) {
+  (void)comm;
+  return NULL;
+}
 static coll_result no_cuda(struct coll_comm *comm) {
   return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: the device path in a build without CUDA",
                    comm->rank);
@@ -617,5 +664,8 @@ coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *
   (void)d, (void)dst, (void)src, (void)bytes, (void)nseg;
   return no_cuda(comm);
 }
-void *coll_dev_scratch(struct coll_comm *comm) { (void)comm; return NULL; }
+void *coll_dev_scratch(struct coll_comm *comm) {
+  (void)comm;
+  return NULL;
+}
 #endif

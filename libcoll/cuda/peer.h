@@ -50,8 +50,7 @@ void coll_cuda_peer_poison(struct coll_comm *comm);
 /* What this rank says about the call, COLL_PEER_DESC_BYTES into `out`: its shape and
  * its buffers (allocation, offset, IPC handle) — or that they cannot be shared. */
 #define COLL_PEER_DESC_BYTES 192
-void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
-                             void *out);
+void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w, void *out);
 /* After exec/submit.c's all-gather of every rank's description (whose first instance set the
  * path up): compares the calls (COLL_ERR_MISMATCH), then maps every peer's buffers.
  * w->peer_ok says whether the device rows may serve the call (w->dev holds the
@@ -77,24 +76,24 @@ void *coll_dev_scratch(struct coll_comm *comm);
 
 /* The communicator's device data path (comm->peer; peer.c's alone). */
 struct coll_peer {
-  bool ok;               /* set up on every rank: the device rows may run */
-  char why[192];         /* why not */
-  int device;            /* the communicator's GPU */
-  void *stream;          /* libcoll's own stream there (the set-up's trial) */
-  bool warned;           /* said once that a buffer could not be shared */
-  void *flag_base;       /* the flag page (host shared memory), its size, its name */
-  size_t flag_size;      /*   while rank 0 has not yet unlinked it */
+  bool ok;          /* set up on every rank: the device rows may run */
+  char why[192];    /* why not */
+  int device;       /* the communicator's GPU */
+  void *stream;     /* libcoll's own stream there (the set-up's trial) */
+  bool warned;      /* said once that a buffer could not be shared */
+  void *flag_base;  /* the flag page (host shared memory), its size, its name */
+  size_t flag_size; /*   while rank 0 has not yet unlinked it */
   char flag_name[64];
   bool flag_registered;
   _Atomic uint32_t *flags; /* [dst * COLL_PEER_FLAG_STRIDE + src], host view */
-  uint64_t flags_dev;    /* the same, as the GPU addresses it */
-  uint32_t epoch;        /* the last barrier's */
-  void *scratch;         /* COLL_DEV_SCRATCH bytes of device memory */
-  void *done_ev;         /* cudaEvent_t recorded after every call: a blocking call waits
-                            for it, the next call on another stream starts after it */
-  void *last_stream;     /* the stream of the last call */
-  unsigned max_blocks;   /* per kernel: 4 per multiprocessor */
-  coll_dev_call call;    /* the running call's buffers */
+  uint64_t flags_dev;      /* the same, as the GPU addresses it */
+  uint32_t epoch;          /* the last barrier's */
+  void *scratch;           /* COLL_DEV_SCRATCH bytes of device memory */
+  void *done_ev;           /* cudaEvent_t recorded after every call: a blocking call waits
+                              for it, the next call on another stream starts after it */
+  void *last_stream;       /* the stream of the last call */
+  unsigned max_blocks;     /* per kernel: 4 per multiprocessor */
+  coll_dev_call call;      /* the running call's buffers */
 };
 
 #endif

@@ -33,10 +33,14 @@ typedef struct {
 } segs_t;
 
 struct NoFinish {
-  template <typename T> __device__ T operator()(T v, int) const { return v; }
+  template <typename T>
+  __device__ T operator()(T v, int) const {
+    return v;
+  }
 };
 
-template <typename T> union Vec {
+template <typename T>
+union Vec {
   uint4 u;
   T t[16 / sizeof(T)];
 };
@@ -123,19 +127,23 @@ static cudaError_t launch_reduce_n(void *dst, const srcs_t &s, int nsrc, size_t 
   for (int k = 0; k < nsrc; k++) bits |= (uintptr_t)s.src[k];
   int vec = (bits & 15) == 0;
   size_t units = vec ? n / (16 / sizeof(T)) + 1 : n;
-  reduce_n_kernel<T, Op, Fin><<<blocks_for(units, max_blocks), kThreads, 0, st>>>(
-      (T *)dst, s, nsrc, n, nranks, vec);
+  reduce_n_kernel<T, Op, Fin>
+      <<<blocks_for(units, max_blocks), kThreads, 0, st>>>((T *)dst, s, nsrc, n, nranks, vec);
   return cudaGetLastError();
 }
 
-#define INT_ROW(T, U, D)                                                               \
-  { launch_reduce_n<T, IntSum<T, U>, NoFinish>, launch_reduce_n<T, IntProd<T, U>, NoFinish>, \
-    launch_reduce_n<T, IntMin<T>, NoFinish>, launch_reduce_n<T, IntMax<T>, NoFinish>,    \
-    launch_reduce_n<T, IntSum<T, U>, IntAvg<T, D>> }
-#define HALF_ROW(H)                                                                    \
-  { launch_reduce_n<uint16_t, HSum<H>, NoFinish>, launch_reduce_n<uint16_t, HProd<H>, NoFinish>, \
-    launch_reduce_n<uint16_t, HMin<H>, NoFinish>, launch_reduce_n<uint16_t, HMax<H>, NoFinish>,  \
-    launch_reduce_n<uint16_t, HSum<H>, HAvg<H>> }
+#define INT_ROW(T, U, D)                                                                     \
+  {                                                                                          \
+    launch_reduce_n<T, IntSum<T, U>, NoFinish>, launch_reduce_n<T, IntProd<T, U>, NoFinish>, \
+        launch_reduce_n<T, IntMin<T>, NoFinish>, launch_reduce_n<T, IntMax<T>, NoFinish>,    \
+        launch_reduce_n<T, IntSum<T, U>, IntAvg<T, D>>                                       \
+  }
+#define HALF_ROW(H)                                                                               \
+  {                                                                                               \
+    launch_reduce_n<uint16_t, HSum<H>, NoFinish>, launch_reduce_n<uint16_t, HProd<H>, NoFinish>,  \
+        launch_reduce_n<uint16_t, HMin<H>, NoFinish>,                                             \
+        launch_reduce_n<uint16_t, HMax<H>, NoFinish>, launch_reduce_n<uint16_t, HSum<H>, HAvg<H>> \
+  }
 
 /* [dtype][op] in coll.h order; the avg column sums, then divides by nranks in the same
  * pass (the averages of elem_ops.cuh, as reduce.c's coll_kernel_avg). */
@@ -152,8 +160,8 @@ static const reduce_n_launcher table[K_NUM_DTYPES][K_NUM_OPS] = {
      launch_reduce_n<float, F32Min, NoFinish>, launch_reduce_n<float, F32Max, NoFinish>,
      launch_reduce_n<float, FSum<float>, FAvg<float>>},
     {launch_reduce_n<double, FSum<double>, NoFinish>,
-     launch_reduce_n<double, FProd<double>, NoFinish>,
-     launch_reduce_n<double, F64Min, NoFinish>, launch_reduce_n<double, F64Max, NoFinish>,
+     launch_reduce_n<double, FProd<double>, NoFinish>, launch_reduce_n<double, F64Min, NoFinish>,
+     launch_reduce_n<double, F64Max, NoFinish>,
      launch_reduce_n<double, FSum<double>, FAvg<double>>},
 };
 

@@ -25,9 +25,11 @@ __attribute__((visibility("hidden"))) int coll_cuda_launch_reduce_n(
     unsigned max_blocks, void *stream);
 /* Copies bytes[i] from src[i] to dst[i] for i < nseg, in one launch (empty segments and
  * dst == src are skipped). */
-__attribute__((visibility("hidden"))) int coll_cuda_launch_copy_n(
-    void *const *dst, const void *const *src, const size_t *bytes, int nseg,
-    unsigned max_blocks, void *stream);
+__attribute__((visibility("hidden"))) int coll_cuda_launch_copy_n(void *const *dst,
+                                                                  const void *const *src,
+                                                                  const size_t *bytes, int nseg,
+                                                                  unsigned max_blocks,
+                                                                  void *stream);
 /* 1 when (dtype, op) has a kernel. */
 __attribute__((visibility("hidden"))) int coll_cuda_peer_kernel_present(int dtype, int op);
 /* Loads every kernel of this file (no launch); a cudaError_t. */

@@ -60,8 +60,8 @@ typedef struct {
   int32_t root;      /* collectives: root; point-to-point: the peer sent to, or -1 */
   int32_t recv_peer; /* point-to-point: the peer received from, or -1 */
   uint64_t seq;
-  uint64_t count;      /* point-to-point: elements sent (group: bytes) */
-  uint64_t recv_count; /* point-to-point: elements received (group: bytes) */
+  uint64_t count;        /* point-to-point: elements sent (group: bytes) */
+  uint64_t recv_count;   /* point-to-point: elements received (group: bytes) */
   uint32_t sends, recvs; /* group: messages to / from the one peer it describes */
 } desc;
 _Static_assert(sizeof(desc) == 48, "descriptor layout");
@@ -86,19 +86,37 @@ static bool rooted(int coll) {
 }
 
 static desc describe(const coll_work *w) {
-  desc d = {.magic = CHECK_MAGIC, .coll = (uint8_t)w->coll, .dtype = (uint8_t)w->dtype,
-            .op = (uint8_t)w->op, .root = -1, .recv_peer = -1, .seq = w->seq};
+  desc d = {.magic = CHECK_MAGIC,
+            .coll = (uint8_t)w->coll,
+            .dtype = (uint8_t)w->dtype,
+            .op = (uint8_t)w->op,
+            .root = -1,
+            .recv_peer = -1,
+            .seq = w->seq};
   switch (w->coll) {
-  case COLL_COLL_SEND: d.root = w->root; d.count = w->count; break;
-  case COLL_COLL_RECV: d.recv_peer = w->root; d.recv_count = w->count; break;
+  case COLL_COLL_SEND:
+    d.root = w->root;
+    d.count = w->count;
+    break;
+  case COLL_COLL_RECV:
+    d.recv_peer = w->root;
+    d.recv_count = w->count;
+    break;
   case COLL_COLL_SENDRECV:
     d.root = w->root;
     d.count = w->count;
     d.recv_peer = w->recv_peer;
     d.recv_count = w->recv_count;
     break;
-  case COLL_COLL_BARRIER: d.dtype = 0; d.op = 0; d.count = 0; break;
-  case COLL_COLL_ALL_TO_ALLV: d.op = 0; d.count = 0; break; /* per peer: check_collective */
+  case COLL_COLL_BARRIER:
+    d.dtype = 0;
+    d.op = 0;
+    d.count = 0;
+    break;
+  case COLL_COLL_ALL_TO_ALLV:
+    d.op = 0;
+    d.count = 0;
+    break; /* per peer: check_collective */
   default:
     d.count = w->count;
     if (!reducing(w->coll)) d.op = 0;
@@ -129,12 +147,14 @@ static void say(char *out, size_t len, const desc *d) {
     break;
   case COLL_COLL_SENDRECV:
     snprintf(out, len, " (send count %llu to rank %d, receive count %llu from rank %d, %s)",
-             (unsigned long long)d->count, d->root, (unsigned long long)d->recv_count,
-             d->recv_peer, dt);
+             (unsigned long long)d->count, d->root, (unsigned long long)d->recv_count, d->recv_peer,
+             dt);
     break;
   case COLL_COLL_GROUP_P2P:
-    snprintf(out, len, " (with rank %d: %u sends of %llu bytes in all, %u receives of %llu "
-             "bytes in all)", d->root, d->sends, (unsigned long long)d->count, d->recvs,
+    snprintf(out, len,
+             " (with rank %d: %u sends of %llu bytes in all, %u receives of %llu "
+             "bytes in all)",
+             d->root, d->sends, (unsigned long long)d->count, d->recvs,
              (unsigned long long)d->recv_count);
     break;
   case COLL_COLL_REDUCE:
@@ -146,9 +166,7 @@ static void say(char *out, size_t len, const desc *d) {
   case COLL_COLL_SCATTER:
     snprintf(out, len, " (count %llu, %s, root %d)", (unsigned long long)d->count, dt, d->root);
     break;
-  case COLL_COLL_ALL_TO_ALLV:
-    snprintf(out, len, " (%s)", dt);
-    break;
+  case COLL_COLL_ALL_TO_ALLV: snprintf(out, len, " (%s)", dt); break;
   default:
     if (reducing(d->coll))
       snprintf(out, len, " (count %llu, %s, %s)", (unsigned long long)d->count, dt, op);
@@ -163,14 +181,14 @@ static bool same(const desc *a, const desc *b) {
          a->count == b->count;
 }
 
-static coll_result mismatch(struct coll_comm *comm, int ra, const desc *a, int rb,
-                            const desc *b) {
+static coll_result mismatch(struct coll_comm *comm, int ra, const desc *a, int rb, const desc *b) {
   char sa[160], sb[160];
   say(sa, sizeof sa, a);
   say(sb, sizeof sb, b);
   return coll_fail(comm, COLL_ERR_MISMATCH,
                    "mismatched calls (COLL_CHECK, seen by rank %d): rank %d called %s but "
-                   "rank %d called %s", comm->rank, ra, sa, rb, sb);
+                   "rank %d called %s",
+                   comm->rank, ra, sa, rb, sb);
 }
 
 /* ---- bounded waits, as in the executor ---------------------------------------------- */
@@ -184,8 +202,7 @@ static coll_result too_long(struct coll_comm *comm, const coll_work *w, int peer
                    "descriptor exchange) of %s #%llu (count %zu, %s): 0 of %zu bytes of this "
                    "step had moved",
                    comm->rank, comm->timeout_ms, what, peer, coll_coll_name(w->coll),
-                   (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype),
-                   sizeof(desc));
+                   (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype), sizeof(desc));
 }
 
 static coll_result wait_once(struct coll_comm *comm, const coll_work *w, coll_conn *c,
@@ -234,8 +251,7 @@ static coll_result get(struct coll_comm *comm, const coll_work *w, int peer, des
                      "rank %d received a %u-byte slice from rank %d where the COLL_CHECK "
                      "descriptor of %s #%llu was expected: every rank must run with the same "
                      "COLL_CHECK setting",
-                     comm->rank, bytes, peer, coll_coll_name(w->coll),
-                     (unsigned long long)w->seq);
+                     comm->rank, bytes, peer, coll_coll_name(w->coll), (unsigned long long)w->seq);
   return COLL_OK;
 }
 
@@ -250,10 +266,10 @@ static coll_result v_pair(struct coll_comm *comm, const coll_work *w, int q, con
   bool sends = d->count != w->recvcounts[q];
   return coll_fail(comm, COLL_ERR_MISMATCH,
                    "mismatched calls (COLL_CHECK, seen by rank %d): in all_to_allv #%llu rank "
-                   "%d %s %llu elements %s rank %d, but rank %d's %s[%d] is %zu", me,
-                   (unsigned long long)w->seq, q, sends ? "sends" : "expects",
-                   (unsigned long long)(sends ? d->count : d->recv_count),
-                   sends ? "to" : "from", me, me, sends ? "recvcounts" : "sendcounts", q,
+                   "%d %s %llu elements %s rank %d, but rank %d's %s[%d] is %zu",
+                   me, (unsigned long long)w->seq, q, sends ? "sends" : "expects",
+                   (unsigned long long)(sends ? d->count : d->recv_count), sends ? "to" : "from",
+                   me, me, sends ? "recvcounts" : "sendcounts", q,
                    sends ? w->recvcounts[q] : w->sendcounts[q]);
 }
 
@@ -271,8 +287,10 @@ static coll_result check_collective(struct coll_comm *comm, const coll_work *w) 
   /* Receive everything even after a disagreement, so every rank reports the same first
    * one (between the lowest pair of neighbouring ranks that differ). */
   for (int p = 0; p < n; p++) {
-    if (p == comm->rank) cur = me;
-    else if ((r = get(comm, w, p, &cur)) != COLL_OK) return r;
+    if (p == comm->rank)
+      cur = me;
+    else if ((r = get(comm, w, p, &cur)) != COLL_OK)
+      return r;
     if (v && p != comm->rank && first == COLL_OK) first = v_pair(comm, w, p, &cur);
     if (cur.coll == COLL_COLL_ALL_TO_ALLV) cur.count = cur.recv_count = 0; /* compared above */
     if (p > 0 && first == COLL_OK && (is_p2p(cur.coll) || !same(&prev, &cur)))
@@ -283,7 +301,9 @@ static coll_result check_collective(struct coll_comm *comm, const coll_work *w) 
 }
 
 /* A point-to-point descriptor's traffic with rank q: messages and bytes to and from q. */
-typedef struct { uint64_t sends, sent, recvs, received; } traffic;
+typedef struct {
+  uint64_t sends, sent, recvs, received;
+} traffic;
 static traffic with(const desc *d, int q) {
   traffic t = {0, 0, 0, 0};
   if (d->coll == COLL_COLL_GROUP_P2P) /* it describes its traffic with q alone */
@@ -299,8 +319,7 @@ static bool pair_ok(int me_rank, const desc *me, int q, const desc *d) {
   if (!is_p2p(d->coll)) return false;
   if (me->coll == COLL_COLL_GROUP_P2P || d->coll == COLL_COLL_GROUP_P2P) {
     traffic a = with(me, q), b = with(d, me_rank);
-    return a.sends == b.recvs && a.sent == b.received && a.recvs == b.sends &&
-           a.received == b.sent;
+    return a.sends == b.recvs && a.sent == b.received && a.recvs == b.sends && a.received == b.sent;
   }
   if (d->dtype != me->dtype) return false;
   if (me->root == q && !(d->recv_peer == me_rank && d->recv_count == me->count)) return false;
@@ -313,7 +332,11 @@ static coll_result check_p2p(struct coll_comm *comm, const coll_work *w) {
   int peers[2], np = 0;
   if (me.root >= 0) peers[np++] = me.root;
   if (me.recv_peer >= 0 && me.recv_peer != me.root) peers[np++] = me.recv_peer;
-  if (np == 2 && peers[1] < peers[0]) { int t = peers[0]; peers[0] = peers[1]; peers[1] = t; }
+  if (np == 2 && peers[1] < peers[0]) {
+    int t = peers[0];
+    peers[0] = peers[1];
+    peers[1] = t;
+  }
   coll_result r, first = COLL_OK;
   for (int i = 0; i < np; i++)
     if ((r = put(comm, w, peers[i], &me)) != COLL_OK) return r;
@@ -328,15 +351,21 @@ static coll_result check_p2p(struct coll_comm *comm, const coll_work *w) {
 
 /* My group's descriptor for peer q: my traffic with q alone (bytes; copies excluded). */
 static desc describe_group(const coll_work *w, int q, bool *involved) {
-  desc d = {.magic = CHECK_MAGIC, .coll = COLL_COLL_GROUP_P2P, .dtype = COLL_UINT8,
-            .root = q, .recv_peer = q, .seq = w->seq};
+  desc d = {.magic = CHECK_MAGIC,
+            .coll = COLL_COLL_GROUP_P2P,
+            .dtype = COLL_UINT8,
+            .root = q,
+            .recv_peer = q,
+            .seq = w->seq};
   const coll_group_p2p *g = w->group;
   *involved = false;
   for (size_t i = 0; i < g->n; i++) {
     if (g->ops[i].peer != q || g->ops[i].kind == COLL_STEP_COPY) continue;
     *involved = true;
-    if (g->ops[i].kind == COLL_STEP_SEND) d.sends++, d.count += g->ops[i].count;
-    else d.recvs++, d.recv_count += g->ops[i].count;
+    if (g->ops[i].kind == COLL_STEP_SEND)
+      d.sends++, d.count += g->ops[i].count;
+    else
+      d.recvs++, d.recv_count += g->ops[i].count;
   }
   return d;
 }

@@ -60,10 +60,9 @@ static coll_result waited_too_long(wait_ctx *x, int peer, const char *what) {
   return coll_fail(c, COLL_ERR_TIMEOUT,
                    "rank %d timed out after %d ms waiting %s rank %d in step %d (%s, chunk %d)"
                    " of %s #%llu (count %zu, %s): %zu of %zu bytes of this step had moved",
-                   c->rank, c->timeout_ms, what, peer, x->step_index,
-                   coll_step_name(x->step->kind), x->step->chunk, coll_coll_name(x->w->coll),
-                   (unsigned long long)x->w->seq, x->w->count, coll_dtype_name(x->w->dtype),
-                   x->done_bytes, x->total_bytes);
+                   c->rank, c->timeout_ms, what, peer, x->step_index, coll_step_name(x->step->kind),
+                   x->step->chunk, coll_coll_name(x->w->coll), (unsigned long long)x->w->seq,
+                   x->w->count, coll_dtype_name(x->w->dtype), x->done_bytes, x->total_bytes);
 }
 
 /* The rank whose failure alone would doom `w`: its peer for point-to-point work, -1
@@ -150,8 +149,7 @@ static coll_result get_recv(wait_ctx *x, coll_conn *c, size_t want, const void *
 }
 
 /* Executes slice [off, off+n) (elements) of one step. */
-static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, size_t n,
-                             size_t es) {
+static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, size_t n, size_t es) {
   struct coll_comm *comm = x->comm;
   const coll_step *s = x->step;
   const coll_work *w = x->w;
@@ -167,7 +165,10 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
   coll_result r;
   /* Every op may fail (device ops return CUDA errors); `fence` makes the bytes final
    * before a slot is published to the peer or handed back to it. */
-#define M(call) do { if ((r = (call)) != COLL_OK) return r; } while (0)
+#define M(call)                            \
+  do {                                     \
+    if ((r = (call)) != COLL_OK) return r; \
+  } while (0)
 
   switch (s->kind) {
   case COLL_STEP_COPY:
@@ -259,19 +260,26 @@ static coll_result run_slice(wait_ctx *x, uint8_t *const bufs[2], size_t off, si
 
 /* A step's peer p (-1: none) readied for slices of `bytes`: one load once it is. */
 static inline coll_result use_peer(struct coll_comm *comm, int p, int dir, size_t bytes) {
-  return p < 0 || coll_comm_peer_ready(comm, p, dir, bytes) ? COLL_OK
-                                                            : comm->hooks->use_peer(comm, p, dir, bytes);
+  return p < 0 || coll_comm_peer_ready(comm, p, dir, bytes)
+             ? COLL_OK
+             : comm->hooks->use_peer(comm, p, dir, bytes);
 }
 
 /* One all-gather of `len` bytes per rank over the host path, as the library's own call
  * (no sequence number, no COLL_CHECK): handed to cuda.c for the device path's set-up. */
 static coll_result exchange(struct coll_comm *comm, const void *mine, void *all, size_t len) {
-  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all, .count = len,
-                 .dtype = COLL_UINT8, .internal = true};
+  coll_work x = {.coll = COLL_COLL_ALL_GATHER,
+                 .sendbuf = mine,
+                 .recvbuf = all,
+                 .count = len,
+                 .dtype = COLL_UINT8,
+                 .internal = true};
   coll_result r = coll_exec_run(comm, &x);
   if (r != COLL_OK)
-    return coll_fail(comm, r, "rank %d: setting up the device path: the exchange over the "
-                     "host path failed: %s", comm->rank, coll_comm_last_error(comm));
+    return coll_fail(comm, r,
+                     "rank %d: setting up the device path: the exchange over the "
+                     "host path failed: %s",
+                     comm->rank, coll_comm_last_error(comm));
   return COLL_OK;
 }
 
@@ -284,11 +292,12 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   if (wr != COLL_OK) return wr;
   /* COLL_CHECK, on the user's calls only */
   coll_result cr = comm->check && !w->internal && !w->peer_exchange ? coll_check_call(comm, w)
-                                                                   : COLL_OK;
+                                                                    : COLL_OK;
   if (cr != COLL_OK) return cr;
   /* The communicator's first call on device memory sets its device path up (cuda.c); a
    * device-path exchange (cuda/peer.c) is such a call. */
-  if ((w->device || w->peer_exchange) && (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll), exchange)) != COLL_OK)
+  if ((w->device || w->peer_exchange) &&
+      (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll), exchange)) != COLL_OK)
     return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
@@ -315,11 +324,19 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   coll_algo algo = e ? e->id : COLL_ALGO_RING;
   atomic_store_explicit(&comm->last_algo, (int)algo + 1, memory_order_relaxed);
   uint8_t *bufs[2] = {(uint8_t *)(uintptr_t)w->sendbuf, (uint8_t *)w->recvbuf};
-  coll_plan_args a = {.coll = w->coll, .algo = algo, .row = e, .count = w->count,
-                      .nranks = comm->nranks, .rank = comm->rank, .root = w->root,
-                      .recv_count = w->recv_count, .recv_peer = w->recv_peer,
-                      .slice = comm->slot_bytes / es, .sendcounts = w->sendcounts,
-                      .sdispls = w->sdispls, .recvcounts = w->recvcounts,
+  coll_plan_args a = {.coll = w->coll,
+                      .algo = algo,
+                      .row = e,
+                      .count = w->count,
+                      .nranks = comm->nranks,
+                      .rank = comm->rank,
+                      .root = w->root,
+                      .recv_count = w->recv_count,
+                      .recv_peer = w->recv_peer,
+                      .slice = comm->slot_bytes / es,
+                      .sendcounts = w->sendcounts,
+                      .sdispls = w->sdispls,
+                      .recvcounts = w->recvcounts,
                       .rdispls = w->rdispls};
   switch (w->coll) {
   case COLL_COLL_ALL_REDUCE: a.in_place = w->sendbuf == w->recvbuf; break;
@@ -357,7 +374,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   COLL_TRACE(comm->rank, "%s #%llu count %zu %s: %zu steps", coll_coll_name(w->coll),
              (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype), nsteps);
 
-  wait_ctx x = {.comm = comm, .w = w, .ops = &coll_mem_host, .conn_send = comm->conn_send,
+  wait_ctx x = {.comm = comm,
+                .w = w,
+                .ops = &coll_mem_host,
+                .conn_send = comm->conn_send,
                 .conn_recv = comm->conn_recv};
   size_t slot_bytes = comm->slot_bytes;
   /* Device buffers or a cudaStream_t: cuda.c swaps in its ops, connectors and slot.
@@ -370,10 +390,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   if (slot_bytes != comm->slot_bytes) { /* plans that cut by slice must cut like we do */
     a.slice = slot_bytes / es;
     if ((r = coll_plan_build(&a, comm->steps, &nsteps)) != COLL_OK)
-      return coll_cuda_exec_end(comm, w, coll_fail(comm, COLL_ERR_INTERNAL,
-                                                   "rank %d: no plan for %s #%llu", comm->rank,
-                                                   coll_coll_name(w->coll),
-                                                   (unsigned long long)w->seq));
+      return coll_cuda_exec_end(comm, w,
+                                coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no plan for %s #%llu",
+                                          comm->rank, coll_coll_name(w->coll),
+                                          (unsigned long long)w->seq));
   }
   /* Each direction a plan uses is readied the first time (a lazy transport's peer is
    * connected, shm's FIFO pages are made resident), so a communicator holds the
@@ -381,7 +401,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   for (size_t i = 0; !cuda && i < nsteps; i++) {
     const coll_step *s = &steps[i];
     size_t b = (s->count < slot_bytes / es ? s->count : slot_bytes / es) * es; /* its slices */
-    int in2 = s->kind == COLL_STEP_RECV2_REDUCE_SEND ? s->peer_in2 : -1; /* else unused */
+    int in2 = s->kind == COLL_STEP_RECV2_REDUCE_SEND ? s->peer_in2 : -1;       /* else unused */
     if ((r = use_peer(comm, s->peer_in, COLL_USE_RECV, b)) != COLL_OK ||
         (r = use_peer(comm, s->peer_out, COLL_USE_SEND, b)) != COLL_OK ||
         (r = use_peer(comm, in2, COLL_USE_RECV, b)) != COLL_OK)
@@ -685,7 +705,12 @@ coll_result coll_exec_submit(struct coll_comm *comm, const coll_work *wk) {
 
 coll_result coll_exec_bytes(struct coll_comm *comm, coll_coll_kind c, const void *sendbuf,
                             void *recvbuf, size_t bytes, coll_op op, int root) {
-  coll_work w = {.coll = c, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = bytes,
-                 .dtype = COLL_UINT8, .op = op, .root = root};
+  coll_work w = {.coll = c,
+                 .sendbuf = sendbuf,
+                 .recvbuf = recvbuf,
+                 .count = bytes,
+                 .dtype = COLL_UINT8,
+                 .op = op,
+                 .root = root};
   return coll_exec_submit(comm, &w);
 }

@@ -13,7 +13,8 @@
 #include "internal.h"
 
 coll_result coll_stream_create(coll_stream_t *s) {
-  if (!s) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_create: stream pointer is NULL");
+  if (!s)
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_create: stream pointer is NULL");
   struct coll_stream *st = calloc(1, sizeof *st);
   if (!st) return coll_fail(NULL, COLL_ERR_SYSTEM, "coll_stream_create: out of memory");
   pthread_mutex_init(&st->mu, NULL);
@@ -65,8 +66,7 @@ void coll_stream_enqueued(struct coll_stream *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg,
-                          uint32_t ticket) {
+void coll_stream_complete(struct coll_stream *s, coll_result r, const char *msg, uint32_t ticket) {
   pthread_mutex_lock(&s->mu);
   s->completed++;
   if (s->cuda) coll_cuda_ticket_done_locked(s, ticket); /* every work on it has one */

@@ -26,7 +26,8 @@ static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_
   return coll_fail(comm, COLL_ERR_UNSUPPORTED,
                    "%s on rank %d: %s, but all-to-all, gather and scatter run on host memory "
                    "and coll_stream_t streams only (no device path yet): stage the data "
-                   "through host buffers", fn, comm->rank,
+                   "through host buffers",
+                   fn, comm->rank,
                    w->device ? "the buffers are CUDA device memory"
                              : "the stream wraps a cudaStream_t");
 }
@@ -37,8 +38,7 @@ static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_
  * every rank's buffers, the tuner picks one of the table's device rows (algo/device.c),
  * which enqueues the call on the caller's stream.  *served false: the host-driven path
  * takes the call, on every rank alike. */
-static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work *w,
-                               bool *served) {
+static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work *w, bool *served) {
   *served = false;
   w->peer_ok = false;
   if (!coll_cuda_peer_wanted(comm)) return COLL_OK;
@@ -47,9 +47,14 @@ static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work
   if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "%s on rank %d: out of memory", fn, comm->rank);
   memset(mine, 0, sizeof mine);
   coll_cuda_peer_describe(comm, fn, w, mine);
-  coll_work x = {.coll = COLL_COLL_ALL_GATHER, .sendbuf = mine, .recvbuf = all,
-                 .count = COLL_PEER_DESC_BYTES, .dtype = COLL_UINT8, .peer_exchange = true,
-                 .cuda_dev = w->cuda_dev, .inner = true};
+  coll_work x = {.coll = COLL_COLL_ALL_GATHER,
+                 .sendbuf = mine,
+                 .recvbuf = all,
+                 .count = COLL_PEER_DESC_BYTES,
+                 .dtype = COLL_UINT8,
+                 .peer_exchange = true,
+                 .cuda_dev = w->cuda_dev,
+                 .inner = true};
   coll_result r = coll_exec_submit(comm, &x);
   bool exchanged = r == COLL_OK; /* a failed exchange has told the peers itself */
   if (r == COLL_OK)
@@ -99,8 +104,7 @@ coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
     /* On failure it releases the event; on success it makes a cudaStream_t wait.  A call
      * with neither (host memory, no cudaStream_t: prepare set no event) has nothing
      * there, and does not go back down into cuda.c after the executor for it. */
-    if (w->cuda_event || (w->stream && w->stream->cuda))
-      r = coll_cuda_after_submit(comm, w, r);
+    if (w->cuda_event || (w->stream && w->stream->cuda)) r = coll_cuda_after_submit(comm, w, r);
   }
   if (!enqueued) free(w->v_copy); /* else the executor frees it (finish()) */
   coll_comm_leave(comm);

@@ -29,8 +29,8 @@
 struct coll_trace {
   pthread_mutex_t mu;
   bool on;
-  bool text;        /* COLL_TRACE=text */
-  char path[512];   /* COLL_TRACE=FILE.json */
+  bool text;      /* COLL_TRACE=text */
+  char path[512]; /* COLL_TRACE=FILE.json */
   coll_trace_event *ev;
   size_t n, cap;
   uint64_t dropped;
@@ -95,8 +95,10 @@ void coll_trace_child_path(struct coll_comm *child, const struct coll_comm *pare
   if (json) base[n - 5] = 0;
   int k = snprintf(t->path, sizeof t->path, "%s.%s%s", base, tag, json ? ".json" : "");
   if (k < 0 || (size_t)k >= sizeof t->path) {
-    COLL_WARN(child->rank, "COLL_TRACE: the sub-communicator's path %s.%s.json is longer than "
-              "%zu bytes; not writing its trace", base, tag, sizeof t->path - 1);
+    COLL_WARN(child->rank,
+              "COLL_TRACE: the sub-communicator's path %s.%s.json is longer than "
+              "%zu bytes; not writing its trace",
+              base, tag, sizeof t->path - 1);
     t->path[0] = 0;
   }
 }
@@ -134,8 +136,8 @@ static bool reserve(coll_trace *t, size_t more) {
 static void log_text(struct coll_comm *comm, const coll_trace_event *e) {
   if (e->step < 0) {
     coll_log(COLL_LOG_INFO, comm->rank, "trace %s #%llu (%s, %llu elements, %d ranks): %.1f us",
-             e->coll, (unsigned long long)e->seq, e->algo, (unsigned long long)e->count,
-             e->nranks, (double)(e->t_end_ns - e->t_start_ns) / 1e3);
+             e->coll, (unsigned long long)e->seq, e->algo, (unsigned long long)e->count, e->nranks,
+             (double)(e->t_end_ns - e->t_start_ns) / 1e3);
     return;
   }
   char from[24] = "", to[24] = "";
@@ -187,7 +189,8 @@ void coll_trace_record(struct coll_comm *comm, const coll_work *w, coll_algo alg
       ev.count = s->count;
       /* A tree node with two children receives the range twice. */
       ev.bytes_in = (s->peer_in >= 0 ? s->count * es : 0) +
-                    (s->kind == COLL_STEP_RECV2_REDUCE_SEND && s->peer_in2 >= 0 ? s->count * es : 0);
+                    (s->kind == COLL_STEP_RECV2_REDUCE_SEND && s->peer_in2 >= 0 ? s->count * es
+                                                                                : 0);
       ev.bytes_out = s->peer_out >= 0 ? s->count * es : 0;
       ev.t_start_ns = t->t0[i - 1];
       ev.t_end_ns = t->t1[i - 1];
@@ -230,7 +233,9 @@ coll_result coll_trace_stop(coll_comm_t comm) {
 coll_result coll_trace_read(coll_comm_t comm, coll_trace_event *ev, size_t cap, size_t *n) {
   if (!comm || !n || (cap && !ev))
     return coll_fail(comm, COLL_ERR_INVALID_ARG, "coll_trace_read: %s is NULL",
-                     !comm ? "comm" : !n ? "n" : "ev");
+                     !comm ? "comm"
+                     : !n  ? "n"
+                           : "ev");
   *n = 0;
   if (!comm->trace) return COLL_OK;
   pthread_mutex_lock(&comm->trace->mu);
@@ -261,7 +266,10 @@ coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes, size_t
                      "coll_cost_predict: need a collective name, nranks >= 1, a slice size "
                      "and somewhere to put the result");
   char dummy[8];
-  if (!formula) { formula = dummy; formula_len = sizeof dummy; }
+  if (!formula) {
+    formula = dummy;
+    formula_len = sizeof dummy;
+  }
   for (int c = 0; c < COLL_NUM_COLLS; c++) {
     if (strcmp(coll, coll_coll_name((coll_coll_kind)c)) != 0) continue;
     /* The collective's default schedule: the ring, pairwise for all-to-all, linear for
@@ -270,8 +278,10 @@ coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes, size_t
                        (double)bytes, (double)slice_bytes, alpha, beta, 0, seconds, formula,
                        formula_len) == COLL_OK)
       return COLL_OK;
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_cost_predict: %s has no size every "
-                     "rank shares, so no single cost", coll);
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
+                     "coll_cost_predict: %s has no size every "
+                     "rank shares, so no single cost",
+                     coll);
   }
   return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_cost_predict: unknown collective \"%s\"",
                    coll);
@@ -287,14 +297,16 @@ static void json_event(FILE *f, const coll_trace_event *e, uint64_t t_base, bool
           e->rank, tid, ts, dur);
   *first = false;
   if (e->step < 0)
-    fprintf(f, "\"name\":\"%s #%llu\",\"cat\":\"call\",\"args\":{\"algo\":\"%s\",\"count\":%llu,"
-               "\"dtype\":\"%s\",\"nranks\":%d}}",
+    fprintf(f,
+            "\"name\":\"%s #%llu\",\"cat\":\"call\",\"args\":{\"algo\":\"%s\",\"count\":%llu,"
+            "\"dtype\":\"%s\",\"nranks\":%d}}",
             e->coll, (unsigned long long)e->seq, e->algo, (unsigned long long)e->count,
             coll_dtype_name((coll_dtype)e->dtype), e->nranks);
   else
-    fprintf(f, "\"name\":\"%s c%d\",\"cat\":\"step\",\"args\":{\"call\":\"%s #%llu\",\"step\":%d,"
-               "\"chunk\":%d,\"peer_in\":%d,\"peer_out\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,"
-               "\"count\":%llu,\"reduces\":%d}}",
+    fprintf(f,
+            "\"name\":\"%s c%d\",\"cat\":\"step\",\"args\":{\"call\":\"%s #%llu\",\"step\":%d,"
+            "\"chunk\":%d,\"peer_in\":%d,\"peer_out\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,"
+            "\"count\":%llu,\"reduces\":%d}}",
             e->what, e->chunk, e->coll, (unsigned long long)e->seq, e->step, e->chunk, e->peer_in,
             e->peer_out, (unsigned long long)e->bytes_in, (unsigned long long)e->bytes_out,
             (unsigned long long)e->count, e->reduces);
@@ -312,21 +324,29 @@ static bool write_json(const char *path, const coll_trace_event *ev, const uint6
   uint64_t base = UINT64_MAX;
   for (int r = 0; r < nranks; r++)
     for (uint64_t i = 0; i < counts[r]; i++)
-      if (ev[(size_t)r * stride + i].t_start_ns < base) base = ev[(size_t)r * stride + i].t_start_ns;
+      if (ev[(size_t)r * stride + i].t_start_ns < base)
+        base = ev[(size_t)r * stride + i].t_start_ns;
   if (base == UINT64_MAX) base = 0;
   fprintf(f, "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":\"libcoll COLL_TRACE\"},"
              "\"traceEvents\":[");
   bool first = true;
   for (int r = 0; r < nranks; r++) {
-    fprintf(f, "%s\n{\"ph\":\"M\",\"pid\":%d,\"name\":\"process_name\",\"args\":{\"name\":"
-               "\"rank %d\"}}", first ? "" : ",", r, r);
+    fprintf(f,
+            "%s\n{\"ph\":\"M\",\"pid\":%d,\"name\":\"process_name\",\"args\":{\"name\":"
+            "\"rank %d\"}}",
+            first ? "" : ",", r, r);
     first = false;
-    fprintf(f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"thread_name\",\"args\":{\"name\":"
-               "\"calls\"}}", r);
+    fprintf(f,
+            ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"thread_name\",\"args\":{\"name\":"
+            "\"calls\"}}",
+            r);
     for (int s = 0; s < max_steps; s++)
-      fprintf(f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":"
-                 "{\"name\":\"step %d\"}}", r, s + 1, s);
-    for (uint64_t i = 0; i < counts[r]; i++) json_event(f, &ev[(size_t)r * stride + i], base, &first);
+      fprintf(f,
+              ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":"
+              "{\"name\":\"step %d\"}}",
+              r, s + 1, s);
+    for (uint64_t i = 0; i < counts[r]; i++)
+      json_event(f, &ev[(size_t)r * stride + i], base, &first);
   }
   fprintf(f, "\n]}\n");
   bool ok = fflush(f) == 0 && !ferror(f);
@@ -350,17 +370,20 @@ void coll_trace_flush_json(struct coll_comm *comm) {
   bool gathered = false;
   if (counts && (n == 1 || atomic_load(&comm->aborted) == 0)) {
     coll_result r = n == 1 ? COLL_OK
-                           : comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, &mine, counts, sizeof mine, COLL_SUM, 0);
+                           : comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, &mine, counts,
+                                                   sizeof mine, COLL_SUM, 0);
     if (n == 1) counts[0] = mine;
     uint64_t most = 0;
-    for (int i = 0; r == COLL_OK && i < n; i++) if (counts[i] > most) most = counts[i];
+    for (int i = 0; r == COLL_OK && i < n; i++)
+      if (counts[i] > most) most = counts[i];
     size_t bytes = (size_t)most * sizeof(coll_trace_event);
     if (r == COLL_OK && (all = calloc((size_t)n * (most ? most : 1), sizeof *all))) {
       coll_trace_event *mine_padded = calloc(most ? most : 1, sizeof *mine_padded);
       if (mine_padded) {
         if (t->n) memcpy(mine_padded, t->ev, t->n * sizeof *t->ev);
         r = n == 1 ? COLL_OK
-                   : comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, mine_padded, all, bytes, COLL_SUM, 0);
+                   : comm->exec_ops->bytes(comm, COLL_COLL_ALL_GATHER, mine_padded, all, bytes,
+                                           COLL_SUM, 0);
         if (n == 1 && t->n) memcpy(all, t->ev, t->n * sizeof *t->ev);
         gathered = r == COLL_OK;
         free(mine_padded);

@@ -83,18 +83,23 @@ static bool price(struct coll_comm *comm, const coll_algo_entry *e, coll_coll_ki
   const coll_tune_params *t = &comm->tune;
   if (!e || !e->cost || !coll_algo_serves(e->id, c, comm->nranks)) return false;
   if (c == COLL_COLL_BARRIER && e->plan) c = COLL_COLL_ALL_REDUCE, n = 1;
-  coll_cost_model m = {.p = comm->nranks, .slice = (double)comm->slot_bytes,
+  coll_cost_model m = {.p = comm->nranks,
+                       .slice = (double)comm->slot_bytes,
                        .alpha = t->alpha_algo[e->id] > 0 ? t->alpha_algo[e->id] : t->alpha,
-                       .beta = t->beta, .gamma = t->gamma, .alpha_mb = t->alpha_mb,
-                       .beta_cma = t->beta_cma, .alpha_cma = t->alpha_cma};
+                       .beta = t->beta,
+                       .gamma = t->gamma,
+                       .alpha_mb = t->alpha_mb,
+                       .beta_cma = t->beta_cma,
+                       .alpha_cma = t->alpha_cma};
   return e->cost(c, n, &m, sec, formula, flen) == COLL_OK;
 }
 
 /* The elements of a call of c moving `bytes` (nccl-tests' size) of 1-byte elements. */
 static size_t count_of(struct coll_comm *comm, coll_coll_kind c, size_t bytes) {
-  return c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER ||
-                 c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER
-             ? bytes / (size_t)comm->nranks : bytes;
+  return c == COLL_COLL_ALL_GATHER || c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL ||
+                 c == COLL_COLL_GATHER || c == COLL_COLL_SCATTER
+             ? bytes / (size_t)comm->nranks
+             : bytes;
 }
 
 static void build_table(struct coll_comm *comm) {
@@ -107,7 +112,8 @@ static void build_table(struct coll_comm *comm) {
     for (int b = 0; b < COLL_TUNE_BUCKETS; b++) {
       double n = bucket_bytes(b), best = INFINITY, best_plan = INFINITY, s;
       coll_algo pick = coll_algo_default((coll_coll_kind)c), pick_plan = pick;
-      coll_work w = {.coll = (coll_coll_kind)c, .count = count_of(comm, (coll_coll_kind)c, (size_t)n),
+      coll_work w = {.coll = (coll_coll_kind)c,
+                     .count = count_of(comm, (coll_coll_kind)c, (size_t)n),
                      .dtype = COLL_UINT8};
       for (int a = 0; a < COLL_NUM_ALGOS; a++) {
         const coll_algo_entry *e = coll_algo_get((coll_algo)a);
@@ -128,8 +134,7 @@ static void build_table(struct coll_comm *comm) {
 
 /* ---- the choice, per call -------------------------------------------------------- */
 
-static coll_algo choose(struct coll_comm *comm, const coll_work *w, size_t es,
-                        uint32_t declined) {
+static coll_algo choose(struct coll_comm *comm, const coll_work *w, size_t es, uint32_t declined) {
   coll_coll_kind c = w->coll;
   if (!tabled(c) || comm->nranks == 1)
     return coll_algo_default(c); /* no algorithm: plan.c schedules these itself */
@@ -146,10 +151,11 @@ static coll_algo choose(struct coll_comm *comm, const coll_work *w, size_t es,
     if (coll_algo_usable(&coll_algo_table[f], comm, w, es)) return f;
     if (!comm->warned_forced[c]) {
       comm->warned_forced[c] = true;
-      COLL_WARN(comm->rank, "COLL_ALGO=%s cannot serve %s #%llu (%zu bytes, %d ranks%s%s); "
-                "using the tuner's choice instead", coll_algo_name(f), coll_coll_name(c),
-                (unsigned long long)w->seq, bytes, comm->nranks,
-                w->device || w->cuda_event ? ", device buffers" : "",
+      COLL_WARN(comm->rank,
+                "COLL_ALGO=%s cannot serve %s #%llu (%zu bytes, %d ranks%s%s); "
+                "using the tuner's choice instead",
+                coll_algo_name(f), coll_coll_name(c), (unsigned long long)w->seq, bytes,
+                comm->nranks, w->device || w->cuda_event ? ", device buffers" : "",
                 f == COLL_ALGO_ONESHOT && !comm->mailboxes ? ", not all on one host" : "");
     }
   }
@@ -286,9 +292,8 @@ static void defaults(coll_tune_params *t) {
 #define CACHE_FORMAT "libcoll-tune 4 "
 
 static void key_of(struct coll_comm *comm, char *key, size_t len) {
-  snprintf(key, len, "nranks=%d local=%d transport=%s slot=%zu", comm->nranks,
-           comm->local_ranks, comm->transport ? comm->transport->name : "none",
-           comm->slot_bytes);
+  snprintf(key, len, "nranks=%d local=%d transport=%s slot=%zu", comm->nranks, comm->local_ranks,
+           comm->transport ? comm->transport->name : "none", comm->slot_bytes);
 }
 
 /* COLL_TUNE_FILE, else $XDG_CACHE_HOME/libcoll/tune, else $HOME/.cache/libcoll/tune;
@@ -329,11 +334,12 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
     if ((size_t)(at - (line + fl)) != kl || strncmp(line + fl, key, kl)) continue;
     coll_tune_params x = {0};
     double *aa = x.alpha_algo;
-    if (sscanf(at, " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg beta_cma=%lg alpha_cma=%lg "
-                   "ring=%lg tree=%lg rd=%lg rhd=%lg pairwise=%lg linear=%lg",
+    if (sscanf(at,
+               " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg beta_cma=%lg alpha_cma=%lg "
+               "ring=%lg tree=%lg rd=%lg rhd=%lg pairwise=%lg linear=%lg",
                &x.alpha, &x.beta, &x.gamma, &x.alpha_mb, &x.beta_cma, &x.alpha_cma,
-               &aa[COLL_ALGO_RING], &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD],
-               &aa[COLL_ALGO_RHD], &aa[COLL_ALGO_PAIRWISE], &aa[COLL_ALGO_LINEAR]) == 12 &&
+               &aa[COLL_ALGO_RING], &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD], &aa[COLL_ALGO_RHD],
+               &aa[COLL_ALGO_PAIRWISE], &aa[COLL_ALGO_LINEAR]) == 12 &&
         x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0 && x.beta_cma > 0 &&
         x.alpha_cma >= 0) {
       *t = x;
@@ -354,8 +360,10 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= sizeof tmp) return;
   FILE *out = fopen(tmp, "w");
   if (!out) {
-    COLL_WARN(comm->rank, "the tuning cache %s cannot be written (%s); the measurement is "
-              "not cached (COLL_TUNE_FILE=none turns the cache off)", path, strerror(errno));
+    COLL_WARN(comm->rank,
+              "the tuning cache %s cannot be written (%s); the measurement is "
+              "not cached (COLL_TUNE_FILE=none turns the cache off)",
+              path, strerror(errno));
     return;
   }
   FILE *in = fopen(path, "r");
@@ -367,10 +375,11 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   }
   if (in) fclose(in);
   const double *aa = t->alpha_algo;
-  fprintf(out, CACHE_FORMAT "%s alpha=%.17g beta=%.17g gamma=%.17g alpha_mb=%.17g "
-          "beta_cma=%.17g alpha_cma=%.17g ring=%.17g tree=%.17g rd=%.17g rhd=%.17g "
-          "pairwise=%.17g linear=%.17g\n", key,
-          t->alpha, t->beta, t->gamma, t->alpha_mb, t->beta_cma, t->alpha_cma,
+  fprintf(out,
+          CACHE_FORMAT "%s alpha=%.17g beta=%.17g gamma=%.17g alpha_mb=%.17g "
+                       "beta_cma=%.17g alpha_cma=%.17g ring=%.17g tree=%.17g rd=%.17g rhd=%.17g "
+                       "pairwise=%.17g linear=%.17g\n",
+          key, t->alpha, t->beta, t->gamma, t->alpha_mb, t->beta_cma, t->alpha_cma,
           aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD],
           aa[COLL_ALGO_PAIRWISE], aa[COLL_ALGO_LINEAR]);
   bool ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
@@ -383,9 +392,7 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
 
 /* x rounded to a quarter octave: 2^(round(4·log2 x)/4).  Noise of a few percent between
  * runs then mostly gives the same figure, and so the same table. */
-static double quantize(double x) {
-  return x > 0 ? exp2(round(4 * log2(x)) / 4) : x;
-}
+static double quantize(double x) { return x > 0 ? exp2(round(4 * log2(x)) / 4) : x; }
 
 static void quantize_all(coll_tune_params *t) {
   t->alpha = quantize(t->alpha);
@@ -425,8 +432,12 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
       continue;
     comm->probe_algo = a;
     for (int k = -10; k < CAL_LAPS && r == COLL_OK; k++) {
-      coll_work w = {.coll = c, .sendbuf = in, .recvbuf = out, .count = count,
-                     .dtype = COLL_UINT8, .op = COLL_SUM};
+      coll_work w = {.coll = c,
+                     .sendbuf = in,
+                     .recvbuf = out,
+                     .count = count,
+                     .dtype = COLL_UINT8,
+                     .op = COLL_SUM};
       uint64_t t0 = coll_now_ns();
       r = comm->exec_ops->submit(comm, &w);
       if (k >= 0) v[k] = (double)(coll_now_ns() - t0) * 1e-9;
@@ -437,8 +448,8 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
     if (a == COLL_ALGO_ONESHOT) {
       t->alpha_mb = L;
     } else if (coll_algo_cost(a, c, comm->nranks, c == COLL_COLL_ALL_REDUCE ? 8.0 : (double)n,
-                              (double)comm->slot_bytes, 1.0, 0, 0, &unit, f, sizeof f) ==
-                   COLL_OK && unit > 0) {
+                              (double)comm->slot_bytes, 1.0, 0, 0, &unit, f, sizeof f) == COLL_OK &&
+               unit > 0) {
       t->alpha_algo[a] = L / unit;
     }
   }
@@ -516,8 +527,8 @@ coll_result coll_tune_init(struct coll_comm *comm) {
     } else {
       char names[160];
       coll_algo_names(names, sizeof names);
-      COLL_WARN(comm->rank, "COLL_ALGO=%s is not an algorithm (%s); choosing automatically",
-                e, names);
+      COLL_WARN(comm->rank, "COLL_ALGO=%s is not an algorithm (%s); choosing automatically", e,
+                names);
     }
   }
   long on = 1;
@@ -542,10 +553,13 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   pthread_mutex_lock(&comm->qmu);
   comm->next_seq = 0;
   pthread_mutex_unlock(&comm->qmu);
-  COLL_INFO(comm->rank, "tuned (%s): alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f "
-            "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B)", t.source == 2 ? "from the cache"
-            : t.source == 1 ? "measured" : "defaults", t.alpha * 1e6, t.beta * 1e9,
-            1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6,
+  COLL_INFO(comm->rank,
+            "tuned (%s): alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f "
+            "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B)",
+            t.source == 2   ? "from the cache"
+            : t.source == 1 ? "measured"
+                            : "defaults",
+            t.alpha * 1e6, t.beta * 1e9, 1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6,
             comm->direct_ok ? "allowed" : "not allowed", t.beta_cma * 1e9);
   return COLL_OK;
 }
@@ -592,8 +606,8 @@ const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
       if (!e || !coll_algo_usable(e, comm, &w, 1) ||
           !price(comm, e, (coll_coll_kind)c, (double)bytes, &s, f, sizeof f))
         continue;
-      int m = snprintf(why + used, why_len - used, "%s%s %.3g us", used ? ", " : "",
-                       e->name, s * 1e6);
+      int m = snprintf(why + used, why_len - used, "%s%s %.3g us", used ? ", " : "", e->name,
+                       s * 1e6);
       if (m < 0) break;
       used += (size_t)m;
       if (used >= why_len) break;
@@ -602,22 +616,25 @@ const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
   return coll_algo_name(a);
 }
 
-coll_result coll_comm_algo_cost(coll_comm_t comm, const char *coll, size_t bytes,
-                                const char *algo, double *seconds, char *formula,
-                                size_t formula_len) {
+coll_result coll_comm_algo_cost(coll_comm_t comm, const char *coll, size_t bytes, const char *algo,
+                                double *seconds, char *formula, size_t formula_len) {
   char dummy[8];
   if (!formula) formula = dummy, formula_len = sizeof dummy;
   if (!comm || !coll || !algo || !seconds)
-    return coll_fail(comm, COLL_ERR_INVALID_ARG, "coll_comm_algo_cost: comm, coll, algo and "
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "coll_comm_algo_cost: comm, coll, algo and "
                      "seconds must not be NULL");
   int c = -1;
   for (int i = 0; i < COLL_NUM_COLLS; i++)
     if (strcmp(coll_coll_name((coll_coll_kind)i), coll) == 0) c = i;
   bool ok = false;
   coll_algo a = coll_algo_from_name(algo, &ok);
-  if (c < 0 || !ok || !price(comm, coll_algo_get(a), (coll_coll_kind)c, (double)bytes, seconds,
-                             formula, formula_len))
-    return coll_fail(comm, COLL_ERR_INVALID_ARG, "coll_comm_algo_cost: \"%s\" has no row \"%s\" "
-                     "that serves it", coll, algo);
+  if (c < 0 || !ok ||
+      !price(comm, coll_algo_get(a), (coll_coll_kind)c, (double)bytes, seconds, formula,
+             formula_len))
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "coll_comm_algo_cost: \"%s\" has no row \"%s\" "
+                     "that serves it",
+                     coll, algo);
   return COLL_OK;
 }

@@ -32,19 +32,27 @@ extern "C" {
 
 typedef enum {
   COLL_OK = 0,
-  COLL_ERR_INVALID_ARG,  /* refused up front: nothing was sent */
-  COLL_ERR_SYSTEM,       /* an OS call failed (errno is in the sentence) */
-  COLL_ERR_REMOTE,       /* a peer died or reported an error */
-  COLL_ERR_TIMEOUT,      /* a wait took longer than COLL_TIMEOUT_MS */
-  COLL_ERR_MISMATCH,     /* ranks called different collectives / counts / types */
-  COLL_ERR_UNSUPPORTED,  /* valid, but not possible with this build or machine */
-  COLL_ERR_INTERNAL,     /* a bug in libcoll: please report the sentence */
-  COLL_IN_PROGRESS       /* coll_stream_query: work is still pending */
+  COLL_ERR_INVALID_ARG, /* refused up front: nothing was sent */
+  COLL_ERR_SYSTEM,      /* an OS call failed (errno is in the sentence) */
+  COLL_ERR_REMOTE,      /* a peer died or reported an error */
+  COLL_ERR_TIMEOUT,     /* a wait took longer than COLL_TIMEOUT_MS */
+  COLL_ERR_MISMATCH,    /* ranks called different collectives / counts / types */
+  COLL_ERR_UNSUPPORTED, /* valid, but not possible with this build or machine */
+  COLL_ERR_INTERNAL,    /* a bug in libcoll: please report the sentence */
+  COLL_IN_PROGRESS      /* coll_stream_query: work is still pending */
 } coll_result;
 
 typedef enum {
-  COLL_INT8, COLL_UINT8, COLL_INT32, COLL_UINT32, COLL_INT64, COLL_UINT64,
-  COLL_FLOAT16, COLL_BFLOAT16, COLL_FLOAT32, COLL_FLOAT64
+  COLL_INT8,
+  COLL_UINT8,
+  COLL_INT32,
+  COLL_UINT32,
+  COLL_INT64,
+  COLL_UINT64,
+  COLL_FLOAT16,
+  COLL_BFLOAT16,
+  COLL_FLOAT32,
+  COLL_FLOAT64
 } coll_dtype;
 #define COLL_NUM_DTYPES 10
 
@@ -53,7 +61,9 @@ typedef enum { COLL_SUM, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG } coll_op;
 
 typedef struct coll_comm *coll_comm_t;
 typedef struct coll_stream *coll_stream_t; /* NULL: the call blocks until done */
-typedef struct { unsigned char internal[128]; } coll_unique_id;
+typedef struct {
+  unsigned char internal[128];
+} coll_unique_id;
 
 /* --- communicators --------------------------------------------------------------- */
 
@@ -109,17 +119,15 @@ COLL_API coll_result coll_stream_query(coll_stream_t s);
 /* --- collectives ------------------------------------------------------------------- */
 
 COLL_API coll_result coll_broadcast(const void *sendbuf, void *recvbuf, size_t count,
-                                    coll_dtype dtype, int root, coll_comm_t comm,
-                                    coll_stream_t s);
-COLL_API coll_result coll_reduce(const void *sendbuf, void *recvbuf, size_t count,
-                                 coll_dtype dtype, coll_op op, int root, coll_comm_t comm,
-                                 coll_stream_t s);
+                                    coll_dtype dtype, int root, coll_comm_t comm, coll_stream_t s);
+COLL_API coll_result coll_reduce(const void *sendbuf, void *recvbuf, size_t count, coll_dtype dtype,
+                                 coll_op op, int root, coll_comm_t comm, coll_stream_t s);
 COLL_API coll_result coll_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
                                      coll_dtype dtype, coll_op op, coll_comm_t comm,
                                      coll_stream_t s);
-COLL_API coll_result coll_reduce_scatter(const void *sendbuf, void *recvbuf,
-                                         size_t recvcount, coll_dtype dtype, coll_op op,
-                                         coll_comm_t comm, coll_stream_t s);
+COLL_API coll_result coll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                         coll_dtype dtype, coll_op op, coll_comm_t comm,
+                                         coll_stream_t s);
 COLL_API coll_result coll_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                      coll_dtype dtype, coll_comm_t comm, coll_stream_t s);
 COLL_API coll_result coll_send(const void *buf, size_t count, coll_dtype dtype, int peer,
@@ -130,8 +138,8 @@ COLL_API coll_result coll_recv(void *buf, size_t count, coll_dtype dtype, int pe
  * so that a ring of exchanges cannot deadlock (like MPI_Sendrecv, or a NCCL group of one
  * send and one recv).  dst == src == own rank copies locally. */
 COLL_API coll_result coll_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf,
-                                   size_t recvcount, int src, coll_dtype dtype,
-                                   coll_comm_t comm, coll_stream_t s);
+                                   size_t recvcount, int src, coll_dtype dtype, coll_comm_t comm,
+                                   coll_stream_t s);
 COLL_API coll_result coll_barrier(coll_comm_t comm, coll_stream_t s);
 
 /* Block j of sendbuf (`count` elements, at j*count) goes to rank j; block i of recvbuf
@@ -156,14 +164,12 @@ COLL_API coll_result coll_all_to_allv(const void *sendbuf, const size_t *sendcou
  * (nranks*sendcount elements); recvbuf is ignored (may be NULL) elsewhere.  In place on
  * the root: sendbuf == recvbuf + root*sendcount elements (its block is already there). */
 COLL_API coll_result coll_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
-                                 coll_dtype dtype, int root, coll_comm_t comm,
-                                 coll_stream_t s);
+                                 coll_dtype dtype, int root, coll_comm_t comm, coll_stream_t s);
 /* The mirror of gather: block i of the root's sendbuf (nranks*recvcount elements) lands in
  * rank i's recvbuf (recvcount elements); sendbuf is ignored (may be NULL) off the root.
  * In place on the root: recvbuf == sendbuf + root*recvcount elements. */
 COLL_API coll_result coll_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
-                                  coll_dtype dtype, int root, coll_comm_t comm,
-                                  coll_stream_t s);
+                                  coll_dtype dtype, int root, coll_comm_t comm, coll_stream_t s);
 /* --- grouped calls, as ncclGroupStart / ncclGroupEnd ------------------------------
  * Between coll_group_start and coll_group_end (per thread; groups nest, the outermost
  * end counts) the calls above check their arguments and return: COLL_OK, or an argument
@@ -194,7 +200,7 @@ COLL_API coll_result coll_mem_free(coll_comm_t comm, void *ptr);
 
 /* --- small helpers users of the API keep asking for ------------------------------- */
 
-COLL_API size_t coll_dtype_size(coll_dtype dtype);     /* 0 for an invalid dtype */
+COLL_API size_t coll_dtype_size(coll_dtype dtype);      /* 0 for an invalid dtype */
 COLL_API const char *coll_dtype_name(coll_dtype dtype); /* "float32", ... or NULL */
 COLL_API const char *coll_op_name(coll_op op);          /* "sum", ... or NULL */
 

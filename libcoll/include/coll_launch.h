@@ -27,8 +27,8 @@ typedef int (*coll_rank_fn)(coll_comm_t comm, int rank, int nranks, void *arg);
  * Rank r is bound to the (r mod C)-th of the C CPUs the caller may run on, as mpirun
  * binds ranks to cores, and round-robin when ranks outnumber CPUs (COLL_LAUNCH_BIND=0:
  * not bound). */
-COLL_API int coll_launch_local(int nranks, coll_rank_fn fn, void *arg, int timeout_ms,
-                               char *why, size_t why_len);
+COLL_API int coll_launch_local(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why,
+                               size_t why_len);
 
 /* Same, but each child calls `fn` with comm == NULL and does not build a communicator:
  * for tests of init itself.  The child's environment has COLL_LAUNCH_RANK/NRANKS set and

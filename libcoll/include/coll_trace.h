@@ -22,23 +22,23 @@ extern "C" {
 #endif
 
 typedef struct {
-  uint64_t seq;            /* the call's sequence number on this communicator */
-  int32_t rank;            /* who ran it */
-  int32_t step;            /* index in the rank's schedule; -1: the whole call */
-  char coll[16];           /* "all_reduce", "broadcast", ... */
-  char algo[12];           /* "ring", ... */
-  char what[24];           /* step kind: "send", "recv-reduce-send", ...; "call" */
-  int32_t peer_in;         /* rank data came from, -1 if none */
-  int32_t peer_out;        /* rank data went to, -1 if none */
-  int32_t chunk;           /* chunk index the step moved, -1 if none */
-  int32_t reduces;         /* 1 when the step combined a received contribution */
-  int32_t dtype;           /* coll_dtype of the call */
+  uint64_t seq;     /* the call's sequence number on this communicator */
+  int32_t rank;     /* who ran it */
+  int32_t step;     /* index in the rank's schedule; -1: the whole call */
+  char coll[16];    /* "all_reduce", "broadcast", ... */
+  char algo[12];    /* "ring", ... */
+  char what[24];    /* step kind: "send", "recv-reduce-send", ...; "call" */
+  int32_t peer_in;  /* rank data came from, -1 if none */
+  int32_t peer_out; /* rank data went to, -1 if none */
+  int32_t chunk;    /* chunk index the step moved, -1 if none */
+  int32_t reduces;  /* 1 when the step combined a received contribution */
+  int32_t dtype;    /* coll_dtype of the call */
   int32_t nranks;
-  uint64_t count;          /* elements the step covered (the call's count for step -1) */
-  uint64_t bytes_in;       /* bytes received from peer_in */
-  uint64_t bytes_out;      /* bytes sent to peer_out */
-  uint64_t t_start_ns;     /* CLOCK_MONOTONIC: first slice began */
-  uint64_t t_end_ns;       /*                  last slice ended */
+  uint64_t count;      /* elements the step covered (the call's count for step -1) */
+  uint64_t bytes_in;   /* bytes received from peer_in */
+  uint64_t bytes_out;  /* bytes sent to peer_out */
+  uint64_t t_start_ns; /* CLOCK_MONOTONIC: first slice began */
+  uint64_t t_end_ns;   /*                  last slice ended */
 } coll_trace_event;
 
 /* Starts recording on this communicator (dropping what was recorded before). */
@@ -48,15 +48,14 @@ COLL_API coll_result coll_trace_stop(coll_comm_t comm);
 /* Copies up to `cap` recorded events (oldest first) into `ev`; *n gets how many were
  * recorded in all (more than cap means some were not copied).  Call it when no work is
  * in flight (after coll_stream_synchronize). */
-COLL_API coll_result coll_trace_read(coll_comm_t comm, coll_trace_event *ev, size_t cap,
-                                     size_t *n);
+COLL_API coll_result coll_trace_read(coll_comm_t comm, coll_trace_event *ev, size_t cap, size_t *n);
 
 /* The α-β cost model of the FIFO schedule libcoll runs for `coll` ("all_reduce", ...,
  * "sendrecv", "all_to_all", "gather", "scatter": the ring, pairwise or linear) on `nranks`
  * ranks moving `bytes` (nccl-tests' size convention: the whole buffer for all_gather /
- * reduce_scatter / gather / scatter, one rank's whole buffer for all_to_all), with slices of `slice_bytes`: *seconds gets
- * the predicted time for α seconds per message and β seconds per byte, and `formula`
- * (if not NULL) the formula with the numbers put in. */
+ * reduce_scatter / gather / scatter, one rank's whole buffer for all_to_all), with slices of
+ * `slice_bytes`: *seconds gets the predicted time for α seconds per message and β seconds per byte,
+ * and `formula` (if not NULL) the formula with the numbers put in. */
 COLL_API coll_result coll_cost_predict(const char *coll, int nranks, size_t bytes,
                                        size_t slice_bytes, double alpha, double beta,
                                        double *seconds, char *formula, size_t formula_len);
@@ -69,8 +68,8 @@ COLL_API coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, doub
  * nccl-tests counts them), honouring COLL_ALGO; `why` (may be NULL) gets every
  * candidate's predicted time, e.g. "ring 3.2 us, tree 2.1 us, oneshot 0.4 us".  NULL
  * for an unknown collective. */
-COLL_API const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes,
-                                        char *why, size_t why_len);
+COLL_API const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size_t bytes, char *why,
+                                        size_t why_len);
 /* Row `algo` of the algorithm table ("ring", "oneshot", ...) priced as the tuner prices
  * it on this communicator (its measured α, β, γ) for `coll` at `bytes`: *seconds gets the
  * prediction, `formula` (if not NULL) the row's formula with the numbers put in.

@@ -40,5 +40,4 @@ static coll_result host_fence(struct coll_comm *c) {
 }
 
 const coll_mem_ops coll_mem_host = {
-    .name = "host", .copy = host_copy, .reduce = host_reduce, .avg = host_avg,
-    .fence = host_fence};
+    .name = "host", .copy = host_copy, .reduce = host_reduce, .avg = host_avg, .fence = host_fence};

@@ -24,10 +24,9 @@ typedef struct coll_mem_ops {
   const char *name;
   coll_result (*copy)(struct coll_comm *comm, void *dst, const void *src, size_t bytes);
   /* dst = a OP b over n elements (COLL_AVG as COLL_SUM), as coll_kernel_reduce. */
-  coll_result (*reduce)(struct coll_comm *comm, void *dst, const void *a, const void *b,
-                        size_t n, coll_dtype dtype, coll_op op);
-  coll_result (*avg)(struct coll_comm *comm, void *buf, size_t n, coll_dtype dtype,
-                     int nranks);
+  coll_result (*reduce)(struct coll_comm *comm, void *dst, const void *a, const void *b, size_t n,
+                        coll_dtype dtype, coll_op op);
+  coll_result (*avg)(struct coll_comm *comm, void *buf, size_t n, coll_dtype dtype, int nranks);
   /* Everything issued so far has finished and is visible to the peer: called before a
    * slot is published or released, and once at the end of a collective. */
   coll_result (*fence)(struct coll_comm *comm);

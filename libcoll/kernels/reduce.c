@@ -51,8 +51,7 @@
  * for the CPU (an ifunc): every element is still one IEEE operation, so the bits are the
  * same whichever runs.  Not under ThreadSanitizer: the ifunc resolvers run before its
  * runtime is up and crash. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(__SANITIZE_THREAD__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define COLL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define COLL_CLONES
@@ -129,7 +128,7 @@ static inline uint16_t float_to_half(float f) {
   float frac = s - (float)t;
   uint32_t up = (uint32_t)(frac > 0.5f) | ((uint32_t)(frac == 0.5f) & (uint32_t)t);
   uint32_t sub = (uint32_t)t + (up & 1u);
-  uint32_t r = ax > 0x7f800000u   ? nan
+  uint32_t r = ax > 0x7f800000u    ? nan
                : ax >= 0x47800000u ? 0x7c00u /* >= 65536, or inf */
                : ax >= 0x38800000u ? normal
                                    : sub;
@@ -165,14 +164,14 @@ uint16_t coll_float_to_bf16(float f) { return float_to_bf16(f); }
  * AND-ing them gives +0 for max.  A NaN result is the NaN operand (x's if both are)
  * made quiet, as an arithmetic operation would return it. */
 
-#define FLOAT_MINMAX(name, F, U, BITS, FROM, QUIET, CMP, EQ_OP)                         \
-  static inline F name(F x, F y) {                                                     \
-    U bx = BITS(x), by = BITS(y);                                                      \
-    U nan = (x != x ? bx : by) | (QUIET);                                              \
-    U r = x CMP y ? bx : by;                                                           \
-    r = x == y ? (bx EQ_OP by) : r;                                                    \
-    r = __builtin_isunordered(x, y) ? nan : r;                                         \
-    return FROM(r);                                                                    \
+#define FLOAT_MINMAX(name, F, U, BITS, FROM, QUIET, CMP, EQ_OP) \
+  static inline F name(F x, F y) {                              \
+    U bx = BITS(x), by = BITS(y);                               \
+    U nan = (x != x ? bx : by) | (QUIET);                       \
+    U r = x CMP y ? bx : by;                                    \
+    r = x == y ? (bx EQ_OP by) : r;                             \
+    r = __builtin_isunordered(x, y) ? nan : r;                  \
+    return FROM(r);                                             \
   }
 
 FLOAT_MINMAX(min_f32, float, uint32_t, f32_bits, f32_from, 0x00400000u, <, |)
@@ -189,7 +188,7 @@ typedef void (*avg_fn)(void *buf, size_t n, int nranks);
 
 /* KERNEL(name, T, expr): dst[i] = expr, with x = a[i] and y = b[i] of type T. */
 #define KERNEL(name, T, expr)                                                          \
-  COLL_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n) {             \
+  COLL_CLONES static void name(void *dst_, const void *a_, const void *b_, size_t n) { \
     T *dst = dst_;                                                                     \
     const T *a = a_, *b = b_;                                                          \
     COLL_IVDEP                                                                         \
@@ -201,18 +200,18 @@ typedef void (*avg_fn)(void *buf, size_t n, int nranks);
 
 /* Integers: sum and product wrap, computed in the unsigned type U (no signed overflow,
  * hence no UB; converting back to a signed T is modulo 2^N in GCC and Clang). */
-#define INT_KERNELS(tag, T, U)                                                         \
-  KERNEL(sum_##tag, T, (T)(U)((U)x + (U)y))                                            \
-  KERNEL(prod_##tag, T, (T)(U)((U)x * (U)y))                                           \
-  KERNEL(min_##tag, T, x < y ? x : y)                                                  \
+#define INT_KERNELS(tag, T, U)               \
+  KERNEL(sum_##tag, T, (T)(U)((U)x + (U)y))  \
+  KERNEL(prod_##tag, T, (T)(U)((U)x * (U)y)) \
+  KERNEL(min_##tag, T, x < y ? x : y)        \
   KERNEL(max_##tag, T, x > y ? x : y)
 
 /* Integer average: C division truncates toward zero; nranks > 1 here. */
-#define INT_AVG(tag, T, D)                                                             \
-  static void avg_##tag(void *buf_, size_t n, int nranks) {                            \
-    T *buf = buf_;                                                                     \
-    D d = (D)nranks;                                                                   \
-    for (size_t i = 0; i < n; i++) buf[i] = (T)(buf[i] / d);                            \
+#define INT_AVG(tag, T, D)                                   \
+  static void avg_##tag(void *buf_, size_t n, int nranks) {  \
+    T *buf = buf_;                                           \
+    D d = (D)nranks;                                         \
+    for (size_t i = 0; i < n; i++) buf[i] = (T)(buf[i] / d); \
   }
 
 INT_KERNELS(i8, int8_t, uint8_t)
@@ -252,47 +251,47 @@ static void avg_f64(void *buf_, size_t n, int nranks) {
 }
 
 /* Half types: widen both operands to float, combine once, round back once. */
-#define HALF_KERNELS(tag, TO_F, FROM_F)                                                \
-  KERNEL(sum_##tag, uint16_t, FROM_F(TO_F(x) + TO_F(y)))                               \
-  KERNEL(prod_##tag, uint16_t, FROM_F(TO_F(x) * TO_F(y)))                              \
-  KERNEL(min_##tag, uint16_t, FROM_F(min_f32(TO_F(x), TO_F(y))))                       \
-  KERNEL(max_##tag, uint16_t, FROM_F(max_f32(TO_F(x), TO_F(y))))                       \
-  static void avg_##tag(void *buf_, size_t n, int nranks) {                            \
-    uint16_t *buf = buf_;                                                              \
-    float d = (float)nranks;                                                           \
-    for (size_t i = 0; i < n; i++) buf[i] = FROM_F(TO_F(buf[i]) / d);                  \
+#define HALF_KERNELS(tag, TO_F, FROM_F)                               \
+  KERNEL(sum_##tag, uint16_t, FROM_F(TO_F(x) + TO_F(y)))              \
+  KERNEL(prod_##tag, uint16_t, FROM_F(TO_F(x) * TO_F(y)))             \
+  KERNEL(min_##tag, uint16_t, FROM_F(min_f32(TO_F(x), TO_F(y))))      \
+  KERNEL(max_##tag, uint16_t, FROM_F(max_f32(TO_F(x), TO_F(y))))      \
+  static void avg_##tag(void *buf_, size_t n, int nranks) {           \
+    uint16_t *buf = buf_;                                             \
+    float d = (float)nranks;                                          \
+    for (size_t i = 0; i < n; i++) buf[i] = FROM_F(TO_F(buf[i]) / d); \
   }
 
 HALF_KERNELS(f16, half_to_float, float_to_half)
 HALF_KERNELS(bf16, bf16_to_float, float_to_bf16)
 
-#define ROW(tag)                                                                       \
-  {                                                                                    \
-    [COLL_SUM] = sum_##tag, [COLL_PROD] = prod_##tag, [COLL_MIN] = min_##tag,          \
-    [COLL_MAX] = max_##tag, [COLL_AVG] = sum_##tag                                     \
+#define ROW(tag)                                                              \
+  {                                                                           \
+    [COLL_SUM] = sum_##tag, [COLL_PROD] = prod_##tag, [COLL_MIN] = min_##tag, \
+    [COLL_MAX] = max_##tag, [COLL_AVG] = sum_##tag                            \
   }
-#define ROWK(tag)                                                                      \
-  {                                                                                    \
-    [COLL_SUM] = sum_##tag, [COLL_PROD] = prod_##tag, [COLL_MIN] = min_##tag##k,       \
-    [COLL_MAX] = max_##tag##k, [COLL_AVG] = sum_##tag                                  \
+#define ROWK(tag)                                                                \
+  {                                                                              \
+    [COLL_SUM] = sum_##tag, [COLL_PROD] = prod_##tag, [COLL_MIN] = min_##tag##k, \
+    [COLL_MAX] = max_##tag##k, [COLL_AVG] = sum_##tag                            \
   }
 
 static const reduce_fn reduce_table[COLL_NUM_DTYPES][COLL_NUM_OPS] = {
-    [COLL_INT8] = ROW(i8),       [COLL_UINT8] = ROW(u8),    [COLL_INT32] = ROW(i32),
-    [COLL_UINT32] = ROW(u32),    [COLL_INT64] = ROW(i64),   [COLL_UINT64] = ROW(u64),
-    [COLL_FLOAT16] = ROW(f16),   [COLL_BFLOAT16] = ROW(bf16),
-    [COLL_FLOAT32] = ROWK(f32),  [COLL_FLOAT64] = ROWK(f64),
+    [COLL_INT8] = ROW(i8),      [COLL_UINT8] = ROW(u8),      [COLL_INT32] = ROW(i32),
+    [COLL_UINT32] = ROW(u32),   [COLL_INT64] = ROW(i64),     [COLL_UINT64] = ROW(u64),
+    [COLL_FLOAT16] = ROW(f16),  [COLL_BFLOAT16] = ROW(bf16), [COLL_FLOAT32] = ROWK(f32),
+    [COLL_FLOAT64] = ROWK(f64),
 };
 
 static const avg_fn avg_table[COLL_NUM_DTYPES] = {
-    [COLL_INT8] = avg_i8,     [COLL_UINT8] = avg_u8,       [COLL_INT32] = avg_i32,
-    [COLL_UINT32] = avg_u32,  [COLL_INT64] = avg_i64,      [COLL_UINT64] = avg_u64,
-    [COLL_FLOAT16] = avg_f16, [COLL_BFLOAT16] = avg_bf16,  [COLL_FLOAT32] = avg_f32,
+    [COLL_INT8] = avg_i8,     [COLL_UINT8] = avg_u8,      [COLL_INT32] = avg_i32,
+    [COLL_UINT32] = avg_u32,  [COLL_INT64] = avg_i64,     [COLL_UINT64] = avg_u64,
+    [COLL_FLOAT16] = avg_f16, [COLL_BFLOAT16] = avg_bf16, [COLL_FLOAT32] = avg_f32,
     [COLL_FLOAT64] = avg_f64,
 };
 
-void coll_kernel_reduce(void *dst, const void *a, const void *b, size_t n,
-                        coll_dtype dtype, coll_op op) {
+void coll_kernel_reduce(void *dst, const void *a, const void *b, size_t n, coll_dtype dtype,
+                        coll_op op) {
   if (n == 0 || (unsigned)dtype >= COLL_NUM_DTYPES || (unsigned)op >= COLL_NUM_OPS) return;
   reduce_table[dtype][op](dst, a, b, n);
 }

@@ -20,8 +20,8 @@
 #include "coll.h"
 
 /* dst = a OP b over n elements (COLL_AVG behaves as COLL_SUM here). */
-void coll_kernel_reduce(void *dst, const void *a, const void *b, size_t n,
-                        coll_dtype dtype, coll_op op);
+void coll_kernel_reduce(void *dst, const void *a, const void *b, size_t n, coll_dtype dtype,
+                        coll_op op);
 /* buf[i] = buf[i] / nranks in place: the last step of COLL_AVG. */
 void coll_kernel_avg(void *buf, size_t n, coll_dtype dtype, int nranks);
 

@@ -114,8 +114,8 @@ typedef struct {
   cipc_conn *conns; /* [2p] send to p, [2p+1] recv from p */
 } cipc_ctx;
 
-#define CK_FAIL(view, e, what, ...)                                                     \
-  coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: " what " failed: %s (%s)",   \
+#define CK_FAIL(view, e, what, ...)                                                    \
+  coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: " what " failed: %s (%s)", \
                  (view)->rank, ##__VA_ARGS__, cudaGetErrorName(e), cudaGetErrorString(e))
 
 static size_t fifo_stride(void) { return (size_t)CIPC_NSLOTS * CIPC_SLOT_BYTES; }
@@ -160,8 +160,7 @@ static coll_result cipc_setup(const coll_comm_view *view, void **ctxp, void *blo
   /* The GPUs this one can reach with peer access, by PCI address (device ordinals differ
    * between processes with different CUDA_VISIBLE_DEVICES). */
   int ndev = 0;
-  if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess)
-    return CK_FAIL(view, e, "cudaGetDeviceCount");
+  if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess) return CK_FAIL(view, e, "cudaGetDeviceCount");
   for (int d = 0; d < ndev && b.npeers < 16; d++) {
     int can = 0;
     if (d == ctx->device) continue;
@@ -228,26 +227,32 @@ static coll_result cipc_connect(const coll_comm_view *view, void *vctx, int peer
   if (b.magic != CIPC_BLOB_MAGIC || !b.ok || b.nslots != CIPC_NSLOTS ||
       b.slot_bytes != CIPC_SLOT_BYTES || b.seg_size != seg_size(view->nranks) ||
       b.fifo_bytes != (uint64_t)view->nranks * fifo_stride())
-    return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: cuda_ipc: rank %d's connection info "
-                          "does not match this build (slots %u x %u bytes)", view->rank, peer,
-                          b.nslots, b.slot_bytes);
+    return coll_view_fail(view, COLL_ERR_INTERNAL,
+                          "rank %d: cuda_ipc: rank %d's connection info "
+                          "does not match this build (slots %u x %u bytes)",
+                          view->rank, peer, b.nslots, b.slot_bytes);
   int fd = shm_open(b.shm_name, O_RDWR, 0);
   if (fd < 0)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: opening rank %d's segment %s "
-                          "failed: %s", view->rank, peer, b.shm_name, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: cuda_ipc: opening rank %d's segment %s "
+                          "failed: %s",
+                          view->rank, peer, b.shm_name, strerror(errno));
   void *p = mmap(NULL, b.seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   close(fd);
   if (p == MAP_FAILED)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: cuda_ipc: mapping rank %d's segment "
-                          "failed: %s", view->rank, peer, strerror(err));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: cuda_ipc: mapping rank %d's segment "
+                          "failed: %s",
+                          view->rank, peer, strerror(err));
   ctx->peer_base[peer] = p;
   ctx->peer_size[peer] = b.seg_size;
   cipc_header *ph = p;
   if (ph->magic != CIPC_MAGIC || ph->nranks != (uint32_t)view->nranks || ph->owner_rank != peer)
     return coll_view_fail(view, COLL_ERR_INTERNAL,
                           "rank %d: cuda_ipc: rank %d's segment %s is not a valid libcoll "
-                          "segment for this communicator", view->rank, peer, b.shm_name);
+                          "segment for this communicator",
+                          view->rank, peer, b.shm_name);
   cudaIpcMemHandle_t h;
   memcpy(&h, b.handle, sizeof h);
   cudaError_t e = cudaSetDevice(ctx->device);
@@ -259,16 +264,26 @@ static coll_result cipc_connect(const coll_comm_view *view, void *vctx, int peer
   ctx->peer_fifo[peer] = pf;
 
   cipc_conn *s = &ctx->conns[2 * peer], *r = &ctx->conns[2 * peer + 1];
-  *s = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc, .peer = peer, .is_send = true,
-                            .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
+  *s = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc,
+                            .peer = peer,
+                            .is_send = true,
+                            .slot_bytes = CIPC_SLOT_BYTES,
+                            .nslots = CIPC_NSLOTS},
                    .ctl = ctl_of(p, view->rank),
                    .slots = (uint8_t *)pf + (size_t)view->rank * fifo_stride(),
-                   .stride = CIPC_SLOT_BYTES, .peer_closed = &ph->closed, .peer_pid = b.pid};
-  *r = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc, .peer = peer, .is_send = false,
-                            .slot_bytes = CIPC_SLOT_BYTES, .nslots = CIPC_NSLOTS},
+                   .stride = CIPC_SLOT_BYTES,
+                   .peer_closed = &ph->closed,
+                   .peer_pid = b.pid};
+  *r = (cipc_conn){.base = {.t = &coll_transport_cuda_ipc,
+                            .peer = peer,
+                            .is_send = false,
+                            .slot_bytes = CIPC_SLOT_BYTES,
+                            .nslots = CIPC_NSLOTS},
                    .ctl = ctl_of(ctx->base, peer),
                    .slots = ctx->fifo + (size_t)peer * fifo_stride(),
-                   .stride = CIPC_SLOT_BYTES, .peer_closed = &ph->closed, .peer_pid = b.pid};
+                   .stride = CIPC_SLOT_BYTES,
+                   .peer_closed = &ph->closed,
+                   .peer_pid = b.pid};
   *send = &s->base;
   *recv = &r->base;
   return COLL_OK;
@@ -337,7 +352,9 @@ static void none_close(const coll_comm_view *view, void *ctx, coll_comm_end how)
   (void)view, (void)ctx, (void)how;
 }
 
-const coll_transport coll_transport_cuda_ipc = {
-    .name = "cuda_ipc", .slot_bytes = CIPC_SLOT_BYTES, .can_connect = none_can_connect,
-    .setup = none_setup, .close = none_close};
+const coll_transport coll_transport_cuda_ipc = {.name = "cuda_ipc",
+                                                .slot_bytes = CIPC_SLOT_BYTES,
+                                                .can_connect = none_can_connect,
+                                                .setup = none_setup,
+                                                .close = none_close};
 #endif

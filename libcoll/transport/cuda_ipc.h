@@ -15,11 +15,11 @@
 
 /* What one rank says about itself in the init exchange, as the pair rule needs it. */
 typedef struct {
-  bool ok;          /* this rank set up cuda_ipc (a device, its FIFO, its handle) */
+  bool ok; /* this rank set up cuda_ipc (a device, its FIFO, its handle) */
   int32_t pid;
   uint64_t host_id;
-  uint32_t pci;     /* domain << 16 | bus << 8 | device of this rank's GPU */
-  uint32_t npeers;  /* GPUs (by pci) this rank's GPU can reach with peer access */
+  uint32_t pci;    /* domain << 16 | bus << 8 | device of this rank's GPU */
+  uint32_t npeers; /* GPUs (by pci) this rank's GPU can reach with peer access */
   uint32_t peers[16];
 } coll_cuda_view;
 

@@ -42,7 +42,7 @@ typedef struct {
 typedef struct {
   coll_conn base;
   coll_fifo_ctl *ctl;
-  uint8_t *slots;               /* slot i at slots + i * stride */
+  uint8_t *slots; /* slot i at slots + i * stride */
   size_t stride;
   uint32_t pos;                 /* sender: tail; receiver: head (kept locally too) */
   uint32_t cached;              /* sender: last head seen; receiver: last tail seen */

@@ -57,7 +57,8 @@
 
 #define IB_NSLOTS 8
 #define IB_SLOT_BYTES (128 * 1024)
-_Static_assert((IB_NSLOTS & (IB_NSLOTS - 1)) == 0, "slots index by counter % nslots across the wrap");
+_Static_assert((IB_NSLOTS & (IB_NSLOTS - 1)) == 0,
+               "slots index by counter % nslots across the wrap");
 #define IB_PAGE 4096
 #define IB_SQ_DEPTH (4 * IB_NSLOTS) /* data <= nslots, credits, probes */
 #define IB_RQ_DEPTH (IB_NSLOTS + 1)
@@ -87,11 +88,11 @@ typedef struct ib_peer {
   size_t mem_bytes;
   coll_ib_reg *reg;
   uint8_t *fifo, *staging;
-  volatile uint32_t *credit_in; /* sender side: the peer's head, written by its HCA */
+  volatile uint32_t *credit_in;  /* sender side: the peer's head, written by its HCA */
   volatile uint32_t *credit_out; /* receiver side: our head, source of the credit write */
   uint32_t recv_bytes[IB_NSLOTS];
-  uint32_t rtail; /* slices landed in our FIFO (completions seen) */
-  uint32_t shead; /* sender's view of the peer's head */
+  uint32_t rtail;  /* slices landed in our FIFO (completions seen) */
+  uint32_t shead;  /* sender's view of the peer's head */
   uint32_t sq_out; /* send work requests not yet completed */
   bool credit_pending;
   coll_ib_port_info rport;
@@ -165,8 +166,10 @@ static void probe_run(void) {
   struct ibv_device **list = ibv_get_device_list(&n);
   if (!list) {
     /* ENOSYS: the kernel has no RDMA subsystem (/sys/class/infiniband is missing). */
-    snprintf(probe_why, sizeof probe_why, "no InfiniBand device: ibv_get_device_list returned "
-             "0 devices (%s)", errno == ENOSYS ? "no RDMA support in this kernel" : strerror(errno));
+    snprintf(probe_why, sizeof probe_why,
+             "no InfiniBand device: ibv_get_device_list returned "
+             "0 devices (%s)",
+             errno == ENOSYS ? "no RDMA support in this kernel" : strerror(errno));
     goto out;
   }
   char want[IBV_SYSFS_NAME_MAX + 1] = "";
@@ -201,7 +204,7 @@ static void probe_run(void) {
       v->port = pt;
       v->active = pa.state == IBV_PORT_ACTIVE;
       v->link_layer = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? COLL_IB_LL_ETHERNET
-                                                                : COLL_IB_LL_INFINIBAND;
+                                                               : COLL_IB_LL_INFINIBAND;
       v->pd_ok = pd != NULL;
       v->gid_index = v->active ? port_gid_index(d, pt, &pa) : -1;
     }
@@ -220,8 +223,7 @@ static void probe_run(void) {
     probe_port = views[k].port;
     probe_ok = true;
   }
-  if (skipped[0])
-    COLL_WARN(-1, "ib: skipping a device that is present but unusable: %s", skipped);
+  if (skipped[0]) COLL_WARN(-1, "ib: skipping a device that is present but unusable: %s", skipped);
 out:
   free(views);
   if (list) ibv_free_device_list(list);
@@ -270,8 +272,9 @@ static coll_result pick_gid(const coll_comm_view *view, ib_ctx *ctx) {
       (want >= 0 && want >= ctx->pattr.gid_tbl_len))
     return coll_view_fail(view, COLL_ERR_INVALID_ARG,
                           "rank %d: COLL_IB_GID_INDEX=%s is not an index of %s port %d's GID table "
-                          "(0..%d)", view->rank, getenv("COLL_IB_GID_INDEX"), ctx->devname,
-                          ctx->port, ctx->pattr.gid_tbl_len - 1);
+                          "(0..%d)",
+                          view->rank, getenv("COLL_IB_GID_INDEX"), ctx->devname, ctx->port,
+                          ctx->pattr.gid_tbl_len - 1);
   int n = ctx->pattr.gid_tbl_len > 256 ? 256 : ctx->pattr.gid_tbl_len;
   coll_ib_gid_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
   if (!e) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory reading the GID table");
@@ -291,8 +294,8 @@ static coll_result pick_gid(const coll_comm_view *view, ib_ctx *ctx) {
   if (idx < 0)
     return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
                           "rank %d: %s port %d is RoCE but has no usable GID (is an IP address "
-                          "configured on its network interface?)", view->rank, ctx->devname,
-                          ctx->port);
+                          "configured on its network interface?)",
+                          view->rank, ctx->devname, ctx->port);
   if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, idx, &ctx->gid) != 0)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: reading GID %d of %s port %d failed: %s",
                           view->rank, idx, ctx->devname, ctx->port, strerror(errno));
@@ -308,8 +311,10 @@ static coll_result sideband_listen(const coll_comm_view *view, ib_ctx *ctx) {
   struct sockaddr_storage ss;
   memcpy(&ss, view->local, view->local_len);
   socklen_t sl = view->local_len;
-  if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
-  else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+  if (ss.ss_family == AF_INET)
+    ((struct sockaddr_in *)&ss)->sin_port = 0;
+  else
+    ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
   ctx->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (ctx->listen_fd < 0 || bind(ctx->listen_fd, (struct sockaddr *)&ss, sl) != 0 ||
       listen(ctx->listen_fd, 1024) != 0)
@@ -347,7 +352,8 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
   int n = 0;
   struct ibv_device **list = ibv_get_device_list(&n);
   for (int i = 0; list && i < n && !ctx->dev; i++)
-    if (strcmp(ibv_get_device_name(list[i]), ctx->devname) == 0) ctx->dev = ibv_open_device(list[i]);
+    if (strcmp(ibv_get_device_name(list[i]), ctx->devname) == 0)
+      ctx->dev = ibv_open_device(list[i]);
   if (list) ibv_free_device_list(list);
   if (!ctx->dev)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: opening InfiniBand device %s failed: %s",
@@ -358,9 +364,8 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
                           ctx->devname, ctx->port);
   ctx->pd = ibv_alloc_pd(ctx->dev);
   if (!ctx->pd)
-    return coll_view_fail(view, COLL_ERR_SYSTEM,
-                          "rank %d: ibv_alloc_pd on %s failed: %s", view->rank,
-                          ctx->devname, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_alloc_pd on %s failed: %s",
+                          view->rank, ctx->devname, strerror(errno));
   coll_result r = pick_gid(view, ctx);
   if (r != COLL_OK) return r;
   if ((r = sideband_listen(view, ctx)) != COLL_OK) return r;
@@ -371,15 +376,15 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
   ctx->me.lid = ctx->pattr.lid;
   ctx->me.port = (uint8_t)ctx->port;
   ctx->me.link_layer = ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? COLL_IB_LL_ETHERNET
-                                                                         : COLL_IB_LL_INFINIBAND;
+                                                                        : COLL_IB_LL_INFINIBAND;
   ctx->me.mtu = (uint8_t)ctx->pattr.active_mtu;
   ctx->me.gid_index = (uint8_t)ctx->gid_index;
   memcpy(ctx->me.gid, ctx->gid.raw, 16);
   _Static_assert(COLL_IB_PORT_BYTES <= COLL_CONN_BLOB, "port info fits the blob");
   coll_ib_port_encode(&ctx->me, blob);
-  COLL_INFO(view->rank, "ib: %s port %d, %s, LID %u, GID index %d, MTU %d", ctx->devname,
-            ctx->port, ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
-            ctx->me.lid, ctx->gid_index, 128 << ctx->me.mtu);
+  COLL_INFO(view->rank, "ib: %s port %d, %s, LID %u, GID index %d, MTU %d", ctx->devname, ctx->port,
+            ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand", ctx->me.lid,
+            ctx->gid_index, 128 << ctx->me.mtu);
   return COLL_OK;
 }
 
@@ -396,8 +401,8 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
   char why[160];
   coll_ib_port_info rp;
   if (!coll_ib_port_decode(peer_blob, COLL_CONN_BLOB, &rp, why, sizeof why))
-    return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
-                          "rank %d: rank %d cannot use InfiniBand: %s", view->rank, peer, why);
+    return coll_view_fail(view, COLL_ERR_UNSUPPORTED, "rank %d: rank %d cannot use InfiniBand: %s",
+                          view->rank, peer, why);
   if (rp.link_layer != ctx->me.link_layer)
     return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
                           "rank %d: rank %d's port is %s but this rank's is %s: they cannot talk",
@@ -417,8 +422,8 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
   size_t fifo = (size_t)IB_NSLOTS * IB_SLOT_BYTES;
   p->mem_bytes = 2 * fifo + IB_PAGE;
   p->mem = aligned_alloc(IB_PAGE, p->mem_bytes);
-  if (!p->mem) return coll_view_fail(view, COLL_ERR_SYSTEM,
-                                     "out of memory connecting to rank %d", peer);
+  if (!p->mem)
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
   /* First touch now (~10 us a page here), never on the data path. */
   memset(p->mem, 0, p->mem_bytes);
   p->fifo = p->mem;
@@ -433,17 +438,24 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
   if (!p->cq)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_create_cq for rank %d failed: %s",
                           view->rank, peer, strerror(errno));
-  struct ibv_qp_init_attr qa = {
-      .send_cq = p->cq, .recv_cq = p->cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
-      .cap = {.max_send_wr = IB_SQ_DEPTH, .max_recv_wr = IB_RQ_DEPTH, .max_send_sge = 1,
-              .max_recv_sge = 1}};
+  struct ibv_qp_init_attr qa = {.send_cq = p->cq,
+                                .recv_cq = p->cq,
+                                .qp_type = IBV_QPT_RC,
+                                .sq_sig_all = 1,
+                                .cap = {.max_send_wr = IB_SQ_DEPTH,
+                                        .max_recv_wr = IB_RQ_DEPTH,
+                                        .max_send_sge = 1,
+                                        .max_recv_sge = 1}};
   p->qp = ibv_create_qp(ctx->pd, &qa);
   if (!p->qp)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_create_qp for rank %d failed: %s",
                           view->rank, peer, strerror(errno));
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = (uint8_t)ctx->port,
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                          .pkey_index = 0,
+                          .port_num = (uint8_t)ctx->port,
                           .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
-  int e = ibv_modify_qp(p->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  int e = ibv_modify_qp(p->qp, &a,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   if (e)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: INIT failed: %s",
                           view->rank, peer, strerror(e));
@@ -453,10 +465,18 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
                             view->rank, peer);
   uint64_t seed = coll_now_ns() ^ ((uint64_t)view->rank << 32) ^ (uint64_t)peer;
   p->psn = (uint32_t)(seed * 0x9e3779b97f4a7c15ull >> 40) & 0xffffff;
-  p->send = (ib_conn){.base = {.t = &coll_transport_ib, .peer = peer, .is_send = true,
-                               .slot_bytes = IB_SLOT_BYTES, .nslots = IB_NSLOTS}, .p = p};
-  p->recv = (ib_conn){.base = {.t = &coll_transport_ib, .peer = peer, .is_send = false,
-                               .slot_bytes = IB_SLOT_BYTES, .nslots = IB_NSLOTS}, .p = p};
+  p->send = (ib_conn){.base = {.t = &coll_transport_ib,
+                               .peer = peer,
+                               .is_send = true,
+                               .slot_bytes = IB_SLOT_BYTES,
+                               .nslots = IB_NSLOTS},
+                      .p = p};
+  p->recv = (ib_conn){.base = {.t = &coll_transport_ib,
+                               .peer = peer,
+                               .is_send = false,
+                               .slot_bytes = IB_SLOT_BYTES,
+                               .nslots = IB_NSLOTS},
+                      .p = p};
   *send = &p->send.base;
   *recv = &p->recv.base;
   return COLL_OK;
@@ -512,11 +532,16 @@ static bool connect_until(int fd, const struct sockaddr *sa, socklen_t sl, uint6
 
 static void my_pair_info(ib_ctx *ctx, ib_peer *p, uint8_t *out) {
   const coll_comm_view *view = ctx->view;
-  coll_ib_pair_info pi = {
-      .from_rank = (uint32_t)view->rank, .to_rank = (uint32_t)p->rank, .qpn = p->qp->qp_num,
-      .psn = p->psn, .fifo_addr = (uint64_t)(uintptr_t)p->fifo, .fifo_rkey = p->reg->rkey,
-      .credit_addr = (uint64_t)(uintptr_t)p->credit_in, .credit_rkey = p->reg->rkey,
-      .nslots = IB_NSLOTS, .slot_bytes = IB_SLOT_BYTES};
+  coll_ib_pair_info pi = {.from_rank = (uint32_t)view->rank,
+                          .to_rank = (uint32_t)p->rank,
+                          .qpn = p->qp->qp_num,
+                          .psn = p->psn,
+                          .fifo_addr = (uint64_t)(uintptr_t)p->fifo,
+                          .fifo_rkey = p->reg->rkey,
+                          .credit_addr = (uint64_t)(uintptr_t)p->credit_in,
+                          .credit_rkey = p->reg->rkey,
+                          .nslots = IB_NSLOTS,
+                          .slot_bytes = IB_SLOT_BYTES};
   memcpy(pi.secret, view->secret, 16);
   coll_ib_pair_encode(&pi, out);
 }
@@ -539,8 +564,10 @@ static bool accept_pair(ib_ctx *ctx, const uint8_t *msg, int expect_from, ib_pee
   }
   ib_peer *p = ctx->peers[pi.from_rank];
   if (!p || p->have_remote || pi.nslots != IB_NSLOTS || pi.slot_bytes != IB_SLOT_BYTES) {
-    COLL_INFO(view->rank, "ib: dropped a sideband message from rank %u (unexpected, or a "
-              "different FIFO shape)", pi.from_rank);
+    COLL_INFO(view->rank,
+              "ib: dropped a sideband message from rank %u (unexpected, or a "
+              "different FIFO shape)",
+              pi.from_rank);
     return false;
   }
   p->remote = pi;
@@ -559,9 +586,12 @@ static coll_result to_rts(ib_ctx *ctx, ib_peer *p) {
   if (tc < 0 || tc > 255) tc = 0;
   if (to < 1 || to > 31) to = 14;
   int mtu = ctx->me.mtu < p->rport.mtu ? ctx->me.mtu : p->rport.mtu;
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = (enum ibv_mtu)mtu,
-                          .dest_qp_num = p->remote.qpn, .rq_psn = p->remote.psn,
-                          .max_dest_rd_atomic = 1, .min_rnr_timer = 12};
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                          .path_mtu = (enum ibv_mtu)mtu,
+                          .dest_qp_num = p->remote.qpn,
+                          .rq_psn = p->remote.psn,
+                          .max_dest_rd_atomic = 1,
+                          .min_rnr_timer = 12};
   a.ah_attr.dlid = p->rport.lid;
   a.ah_attr.sl = (uint8_t)sl;
   a.ah_attr.port_num = (uint8_t)ctx->port;
@@ -575,17 +605,23 @@ static coll_result to_rts(ib_ctx *ctx, ib_peer *p) {
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.grh.traffic_class = (uint8_t)tc;
   }
-  int e = ibv_modify_qp(p->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                       IBV_QP_MIN_RNR_TIMER);
+  int e = ibv_modify_qp(p->qp, &a,
+                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (e)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTR failed: %s "
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: queue pair to rank %d: RTR failed: %s "
                           "(check COLL_IB_GID_INDEX and that both ports are on one fabric)",
                           view->rank, p->rank, strerror(e));
-  struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS, .timeout = (uint8_t)to, .retry_cnt = 7,
-                          .rnr_retry = 7, .sq_psn = p->psn, .max_rd_atomic = 1};
-  e = ibv_modify_qp(p->qp, &b, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+  struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS,
+                          .timeout = (uint8_t)to,
+                          .retry_cnt = 7,
+                          .rnr_retry = 7,
+                          .sq_psn = p->psn,
+                          .max_rd_atomic = 1};
+  e = ibv_modify_qp(p->qp, &b,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
   if (e)
     return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTS failed: %s",
                           view->rank, p->rank, strerror(e));
@@ -630,19 +666,22 @@ static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
     p->sock = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (p->sock < 0 || !connect_until(p->sock, (struct sockaddr *)&ss, sl, deadline))
       return coll_view_fail(view, COLL_ERR_REMOTE,
-                            "rank %d: cannot reach rank %d's ib sideband: %s",
-                            view->rank, p->rank, strerror(errno));
+                            "rank %d: cannot reach rank %d's ib sideband: %s", view->rank, p->rank,
+                            strerror(errno));
     my_pair_info(ctx, p, msg);
     if (!io_all(p->sock, msg, sizeof msg, true, deadline))
-      return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: sending queue pair info to rank %d "
-                            "failed", view->rank, p->rank);
+      return coll_view_fail(view, COLL_ERR_REMOTE,
+                            "rank %d: sending queue pair info to rank %d "
+                            "failed",
+                            view->rank, p->rank);
   }
   for (int got = 0; got < lower;) {
     uint64_t now = coll_now_ns();
     if (now >= deadline)
       return coll_view_fail(view, COLL_ERR_TIMEOUT,
                             "rank %d: only %d of %d lower ranks sent their queue pair info "
-                            "within %d ms", view->rank, got, lower, view->timeout_ms);
+                            "within %d ms",
+                            view->rank, got, lower, view->timeout_ms);
     struct pollfd pf = {.fd = ctx->listen_fd, .events = POLLIN};
     uint64_t left = (deadline - now) / 1000000u + 1;
     if (poll(&pf, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
@@ -660,14 +699,17 @@ static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
     bool ok = io_all(fd, msg, sizeof msg, true, deadline);
     close(fd);
     if (!ok)
-      return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: replying to rank %d's queue pair info "
-                            "failed", view->rank, p->rank);
+      return coll_view_fail(view, COLL_ERR_REMOTE,
+                            "rank %d: replying to rank %d's queue pair info "
+                            "failed",
+                            view->rank, p->rank);
     got++;
   }
   for (int i = 0; i < ctx->npeers; i++) {
     ib_peer *p = ctx->peers[ctx->order[i]], *q = NULL;
     if (p->rank < view->rank) continue;
-    bool ok = io_all(p->sock, msg, sizeof msg, false, deadline) && accept_pair(ctx, msg, p->rank, &q);
+    bool ok = io_all(p->sock, msg, sizeof msg, false, deadline) &&
+              accept_pair(ctx, msg, p->rank, &q);
     close(p->sock);
     p->sock = -1;
     if (!ok)
@@ -707,7 +749,9 @@ static void lose(ib_peer *p, const char *fmt, ...) {
 static bool post_write(ib_peer *p, uint64_t id, void *src, uint32_t len, uint64_t raddr,
                        uint32_t rkey, bool imm, uint32_t imm_val) {
   struct ibv_sge sge = {.addr = (uintptr_t)src, .length = len, .lkey = p->reg->lkey};
-  struct ibv_send_wr wr = {.wr_id = id, .sg_list = &sge, .num_sge = len ? 1 : 0,
+  struct ibv_send_wr wr = {.wr_id = id,
+                           .sg_list = &sge,
+                           .num_sge = len ? 1 : 0,
                            .opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
                            .send_flags = IBV_SEND_SIGNALED},
                      *bad = NULL;
@@ -732,8 +776,8 @@ static void post_credit(ib_peer *p) {
   p->credit_pending = false;
   /* The source word may change before the HCA reads it: head only grows, so a later
    * value is still a true credit. */
-  post_write(p, WR_CREDIT, (void *)p->credit_out, 4, p->remote.credit_addr,
-             p->remote.credit_rkey, false, 0);
+  post_write(p, WR_CREDIT, (void *)p->credit_out, 4, p->remote.credit_addr, p->remote.credit_rkey,
+             false, 0);
 }
 
 /* Reaps completions of p's queue pair; never blocks. */
@@ -748,7 +792,8 @@ static void poll_cq(ib_peer *p) {
     }
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
-        lose(p, "rank %d: InfiniBand %s with rank %d failed: %s (status %d, vendor error "
+        lose(p,
+             "rank %d: InfiniBand %s with rank %d failed: %s (status %d, vendor error "
              "0x%x): the peer died, aborted, or the fabric dropped the link",
              p->ctx->view->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
              (int)wc[i].status, wc[i].vendor_err);
@@ -761,8 +806,10 @@ static void poll_cq(ib_peer *p) {
       }
       uint32_t bytes = ntohl(wc[i].imm_data);
       if (!coll_ib_imm_ok(bytes, IB_SLOT_BYTES)) {
-        lose(p, "rank %d: rank %d wrote a %u-byte slice (slot %u bytes): not a libcoll peer "
-             "of this version", p->ctx->view->rank, p->rank, bytes, (unsigned)IB_SLOT_BYTES);
+        lose(p,
+             "rank %d: rank %d wrote a %u-byte slice (slot %u bytes): not a libcoll peer "
+             "of this version",
+             p->ctx->view->rank, p->rank, bytes, (unsigned)IB_SLOT_BYTES);
         continue;
       }
       p->recv_bytes[coll_ib_slot(p->rtail, IB_NSLOTS)] = bytes;
@@ -790,8 +837,8 @@ static void ib_send_post(coll_conn *cc, uint32_t bytes) {
   ib_conn *c = (ib_conn *)cc;
   ib_peer *p = c->p;
   uint64_t off = coll_ib_slot_offset(c->pos, IB_NSLOTS, IB_SLOT_BYTES);
-  post_write(p, WR_DATA, p->staging + off, bytes, p->remote.fifo_addr + off,
-             p->remote.fifo_rkey, true, bytes);
+  post_write(p, WR_DATA, p->staging + off, bytes, p->remote.fifo_addr + off, p->remote.fifo_rkey,
+             true, bytes);
   c->pos++;
 }
 
@@ -905,12 +952,14 @@ static void ib_close(const coll_comm_view *view, void *vctx, coll_comm_end how) 
    * Not after an abort: nobody waits for those bytes, and the peer may be gone. */
   if (ctx->peers && ctx->npeers > 0 && how != COLL_END_ABORTED) {
     long ms = view->timeout_ms > 0 && view->timeout_ms < IB_DRAIN_MAX_MS ? view->timeout_ms
-                                                                          : IB_DRAIN_MAX_MS;
+                                                                         : IB_DRAIN_MAX_MS;
     int left = coll_ib_drain(ctx->npeers, drain_outstanding, drain_poll, drain_now, drain_relax,
                              ctx, coll_now_ns() + (uint64_t)ms * 1000000u);
     if (left)
-      COLL_WARN(view->rank, "ib: %d queue pair(s) still had writes in flight %ld ms into close; "
-                "destroying them anyway (a peer may miss the last slice)", left, ms);
+      COLL_WARN(view->rank,
+                "ib: %d queue pair(s) still had writes in flight %ld ms into close; "
+                "destroying them anyway (a peer may miss the last slice)",
+                left, ms);
   }
   if (ctx->peers)
     for (int i = 0; i < ctx->npeers; i++) {

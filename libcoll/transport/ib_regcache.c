@@ -11,11 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-int coll_ib_regcache_init(coll_ib_regcache *c, const coll_ib_reg_ops *ops, size_t page,
-                          int cap, size_t max_bytes) {
+int coll_ib_regcache_init(coll_ib_regcache *c, const coll_ib_reg_ops *ops, size_t page, int cap,
+                          size_t max_bytes) {
   memset(c, 0, sizeof *c);
-  if (!ops || !ops->reg || !ops->dereg || page == 0 || (page & (page - 1)) || cap < 1)
-    return -1;
+  if (!ops || !ops->reg || !ops->dereg || page == 0 || (page & (page - 1)) || cap < 1) return -1;
   c->ops = *ops;
   c->page = page;
   c->cap = cap;
@@ -37,8 +36,10 @@ static int upper(const coll_ib_regcache *c, uintptr_t addr) {
   int lo = 0, hi = c->n;
   while (lo < hi) {
     int mid = lo + (hi - lo) / 2;
-    if (c->sorted[mid]->start <= addr) lo = mid + 1;
-    else hi = mid;
+    if (c->sorted[mid]->start <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -127,8 +128,10 @@ coll_ib_reg *coll_ib_regcache_get(coll_ib_regcache *c, uintptr_t addr, size_t le
   while (c->n - absorbed + 1 > c->cap ||
          (c->max_bytes && c->bytes - absorbed_bytes + (b - a) > c->max_bytes)) {
     if (!evict_one(c, a, b)) {
-      snprintf(why, why_len, "the registration cache is full: %d regions (%zu bytes) are in "
-               "use", c->n, c->bytes);
+      snprintf(why, why_len,
+               "the registration cache is full: %d regions (%zu bytes) are in "
+               "use",
+               c->n, c->bytes);
       return NULL;
     }
   }
@@ -152,8 +155,14 @@ coll_ib_reg *coll_ib_regcache_get(coll_ib_regcache *c, uintptr_t addr, size_t le
   for (int i = 0; i < c->cap && !slot; i++)
     if (!c->pool[i].used) slot = &c->pool[i];
   /* The eviction loop left room: a free pool slot exists. */
-  *slot = (coll_ib_reg){.start = a, .end = b, .handle = h, .lkey = lkey, .rkey = rkey,
-                        .refs = 1, .used = true, .last_use = c->clock};
+  *slot = (coll_ib_reg){.start = a,
+                        .end = b,
+                        .handle = h,
+                        .lkey = lkey,
+                        .rkey = rkey,
+                        .refs = 1,
+                        .used = true,
+                        .last_use = c->clock};
   int at = upper(c, a);
   memmove(&c->sorted[at + 1], &c->sorted[at], (size_t)(c->n - at) * sizeof *c->sorted);
   c->sorted[at] = slot;

@@ -23,8 +23,8 @@
 
 typedef struct {
   /* Registers [start, start+len); returns 0 and fills handle/keys, or -1 with a reason. */
-  int (*reg)(void *arg, uintptr_t start, size_t len, void **handle, uint32_t *lkey,
-             uint32_t *rkey, char *why, size_t why_len);
+  int (*reg)(void *arg, uintptr_t start, size_t len, void **handle, uint32_t *lkey, uint32_t *rkey,
+             char *why, size_t why_len);
   void (*dereg)(void *arg, void *handle);
   void *arg;
 } coll_ib_reg_ops;
@@ -41,10 +41,10 @@ typedef struct {
 
 typedef struct {
   coll_ib_reg_ops ops;
-  size_t page;      /* power of two */
-  int cap;          /* most entries */
-  size_t max_bytes; /* most bytes registered through the cache; 0 = no limit */
-  coll_ib_reg *pool;   /* cap entries */
+  size_t page;          /* power of two */
+  int cap;              /* most entries */
+  size_t max_bytes;     /* most bytes registered through the cache; 0 = no limit */
+  coll_ib_reg *pool;    /* cap entries */
   coll_ib_reg **sorted; /* live entries by start address, n of them */
   int n;
   size_t bytes;
@@ -54,8 +54,8 @@ typedef struct {
 
 /* 0, or -1 when out of memory or the arguments are unusable (page not a power of two,
  * cap < 1). */
-int coll_ib_regcache_init(coll_ib_regcache *c, const coll_ib_reg_ops *ops, size_t page,
-                          int cap, size_t max_bytes);
+int coll_ib_regcache_init(coll_ib_regcache *c, const coll_ib_reg_ops *ops, size_t page, int cap,
+                          size_t max_bytes);
 /* A registration covering [addr, addr+len) (len 0 counts as 1), its reference count
  * raised; NULL with a reason if registering failed or every entry is in use. */
 coll_ib_reg *coll_ib_regcache_get(coll_ib_regcache *c, uintptr_t addr, size_t len, char *why,

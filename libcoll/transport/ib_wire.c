@@ -12,15 +12,39 @@
 
 /* Big-endian cursor helpers: every write/read moves the cursor by the field's size. */
 static void w8(uint8_t **p, uint8_t v) { *(*p)++ = v; }
-static void w16(uint8_t **p, uint16_t v) { w8(p, (uint8_t)(v >> 8)); w8(p, (uint8_t)v); }
-static void w32(uint8_t **p, uint32_t v) { w16(p, (uint16_t)(v >> 16)); w16(p, (uint16_t)v); }
-static void w64(uint8_t **p, uint64_t v) { w32(p, (uint32_t)(v >> 32)); w32(p, (uint32_t)v); }
-static void wb(uint8_t **p, const uint8_t *b, size_t n) { memcpy(*p, b, n); *p += n; }
+static void w16(uint8_t **p, uint16_t v) {
+  w8(p, (uint8_t)(v >> 8));
+  w8(p, (uint8_t)v);
+}
+static void w32(uint8_t **p, uint32_t v) {
+  w16(p, (uint16_t)(v >> 16));
+  w16(p, (uint16_t)v);
+}
+static void w64(uint8_t **p, uint64_t v) {
+  w32(p, (uint32_t)(v >> 32));
+  w32(p, (uint32_t)v);
+}
+static void wb(uint8_t **p, const uint8_t *b, size_t n) {
+  memcpy(*p, b, n);
+  *p += n;
+}
 static uint8_t r8(const uint8_t **p) { return *(*p)++; }
-static uint16_t r16(const uint8_t **p) { uint16_t h = r8(p); return (uint16_t)(h << 8 | r8(p)); }
-static uint32_t r32(const uint8_t **p) { uint32_t h = r16(p); return h << 16 | r16(p); }
-static uint64_t r64(const uint8_t **p) { uint64_t h = r32(p); return h << 32 | r32(p); }
-static void rb(const uint8_t **p, uint8_t *b, size_t n) { memcpy(b, *p, n); *p += n; }
+static uint16_t r16(const uint8_t **p) {
+  uint16_t h = r8(p);
+  return (uint16_t)(h << 8 | r8(p));
+}
+static uint32_t r32(const uint8_t **p) {
+  uint32_t h = r16(p);
+  return h << 16 | r16(p);
+}
+static uint64_t r64(const uint8_t **p) {
+  uint64_t h = r32(p);
+  return h << 32 | r32(p);
+}
+static void rb(const uint8_t **p, uint8_t *b, size_t n) {
+  memcpy(b, *p, n);
+  *p += n;
+}
 
 static bool fail(char *why, size_t len, const char *msg) {
   if (why && len) snprintf(why, len, "%s", msg);
@@ -50,7 +74,8 @@ bool coll_ib_port_decode(const uint8_t *in, size_t len, coll_ib_port_info *out, 
   if (!in || len < COLL_IB_PORT_BYTES) return fail(why, why_len, "port info is truncated");
   const uint8_t *p = in;
   if (r32(&p) != COLL_IB_MAGIC_PORT)
-    return fail(why, why_len, "port info has the wrong magic (the peer has no usable "
+    return fail(why, why_len,
+                "port info has the wrong magic (the peer has no usable "
                 "InfiniBand port, or is not libcoll)");
   if (r16(&p) != COLL_IB_WIRE_VERSION)
     return fail(why, why_len, "port info is from another libcoll version");
@@ -129,10 +154,12 @@ bool coll_ib_pair_decode(const uint8_t *in, size_t len, coll_ib_pair_info *out, 
     return fail(why, why_len, "queue pair info has a QP number outside 1..2^24-1");
   if (o.psn > 0xffffff) return fail(why, why_len, "queue pair info has a PSN wider than 24 bits");
   if (o.nslots < 1 || o.nslots > COLL_IB_MAX_SLOTS || (o.nslots & (o.nslots - 1)))
-    return fail(why, why_len, "queue pair info has a slot count that is not a power of two "
+    return fail(why, why_len,
+                "queue pair info has a slot count that is not a power of two "
                 "in 1..64");
   if (o.slot_bytes < 64 || o.slot_bytes > COLL_IB_MAX_SLOT_BYTES || o.slot_bytes % 64)
-    return fail(why, why_len, "queue pair info has a slot size that is not a multiple of 64 "
+    return fail(why, why_len,
+                "queue pair info has a slot size that is not a multiple of 64 "
                 "in 64 B..16 MiB");
   if (o.fifo_addr == 0 || o.credit_addr == 0)
     return fail(why, why_len, "queue pair info has a null FIFO or credit address");

@@ -19,9 +19,9 @@
 #define COLL_IB_MAGIC_PAIR 0x434c4951u /* "CLIQ": one queue pair's info (sideband) */
 #define COLL_IB_WIRE_VERSION 1u
 
-#define COLL_IB_PORT_BYTES 64  /* encoded coll_ib_port_info, fits COLL_CONN_BLOB */
-#define COLL_IB_PAIR_BYTES 96  /* encoded coll_ib_pair_info */
-#define COLL_IB_MAX_SLOTS 64   /* bounds accepted from a peer */
+#define COLL_IB_PORT_BYTES 64 /* encoded coll_ib_port_info, fits COLL_CONN_BLOB */
+#define COLL_IB_PAIR_BYTES 96 /* encoded coll_ib_pair_info */
+#define COLL_IB_MAX_SLOTS 64  /* bounds accepted from a peer */
 #define COLL_IB_MAX_SLOT_BYTES (16u << 20)
 
 /* Link layers as ibv_port_attr.link_layer spells them (IBV_LINK_LAYER_*). */
@@ -45,10 +45,10 @@ typedef struct {
 /* What the two ends of one queue pair tell each other (over the sideband socket). */
 typedef struct {
   uint32_t from_rank, to_rank;
-  uint8_t secret[16];  /* the communicator's: a stranger cannot inject a pair */
-  uint32_t qpn;        /* 24 bits */
-  uint32_t psn;        /* 24 bits */
-  uint64_t fifo_addr;  /* where the sender writes slot i: fifo_addr + i * slot_bytes */
+  uint8_t secret[16]; /* the communicator's: a stranger cannot inject a pair */
+  uint32_t qpn;       /* 24 bits */
+  uint32_t psn;       /* 24 bits */
+  uint64_t fifo_addr; /* where the sender writes slot i: fifo_addr + i * slot_bytes */
   uint32_t fifo_rkey;
   uint64_t credit_addr; /* where the receiver writes its head counter (4 bytes) */
   uint32_t credit_rkey;
@@ -75,11 +75,8 @@ bool coll_ib_pair_decode(const uint8_t *in, size_t len, coll_ib_pair_info *out, 
 static inline bool coll_ib_can_send(uint32_t tail, uint32_t head, uint32_t nslots) {
   return (uint32_t)(tail - head) < nslots;
 }
-static inline uint32_t coll_ib_slot(uint32_t counter, uint32_t nslots) {
-  return counter % nslots;
-}
-static inline uint64_t coll_ib_slot_offset(uint32_t counter, uint32_t nslots,
-                                           uint32_t slot_bytes) {
+static inline uint32_t coll_ib_slot(uint32_t counter, uint32_t nslots) { return counter % nslots; }
+static inline uint64_t coll_ib_slot_offset(uint32_t counter, uint32_t nslots, uint32_t slot_bytes) {
   return (uint64_t)(counter % nslots) * slot_bytes;
 }
 /* Slots the receiver has filled and not yet consumed. */
@@ -89,16 +86,13 @@ static inline uint32_t coll_ib_filled(uint32_t tail, uint32_t head) {
 /* A credit (the receiver's head, RDMA-written back) may move the sender's view of head
  * only forward, and never past what the sender has written: anything else is a stale or
  * corrupt write and is ignored.  Returns the head to use. */
-static inline uint32_t coll_ib_accept_credit(uint32_t known_head, uint32_t credit,
-                                             uint32_t tail) {
+static inline uint32_t coll_ib_accept_credit(uint32_t known_head, uint32_t credit, uint32_t tail) {
   uint32_t ahead = credit - known_head, outstanding = tail - known_head;
   return ahead <= outstanding ? credit : known_head;
 }
 /* The immediate of the write that fills a slot carries the slice's byte count; the
  * receiver refuses one larger than a slot. */
-static inline bool coll_ib_imm_ok(uint32_t imm, uint32_t slot_bytes) {
-  return imm <= slot_bytes;
-}
+static inline bool coll_ib_imm_ok(uint32_t imm, uint32_t slot_bytes) { return imm <= slot_bytes; }
 
 /* ---- device / port / GID choice ------------------------------------------------------ */
 

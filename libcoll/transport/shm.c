@@ -22,8 +22,8 @@
  * (32 ranks touching every FIFO at creation took 2 GiB).  Populating there, not on the
  * data path, keeps first-touch faults (~10 us a page here) out of the slices, and a full
  * /dev/shm is a sentence then, not a SIGBUS mid-copy.  Segments are unlinked as soon as
- * every rank has mapped them (ready()), so a crash later leaves nothing in /dev/shm.  A crash during
- * init can leave one, and env-based init without COLL_SECRET derives the same name again
+ * every rank has mapped them (ready()), so a crash later leaves nothing in /dev/shm.  A crash
+ * during init can leave one, and env-based init without COLL_SECRET derives the same name again
  * next run: every segment starts with its owner (pid and start time), and a rank that
  * finds its name taken removes the segment if that owner is dead and refuses, naming
  * it, if it is alive (coll_shm_create).
@@ -104,7 +104,9 @@ static shm_ctl *fifo_ctl(uint8_t *base, int from) {
 static coll_mailbox *mailbox_at(uint8_t *base, unsigned parity) {
   return (coll_mailbox *)(base + PAGE + (size_t)(parity & 1) * MB_STRIDE);
 }
-static uint8_t *fifo_slots(uint8_t *base, int from) { return (uint8_t *)fifo_ctl(base, from) + PAGE; }
+static uint8_t *fifo_slots(uint8_t *base, int from) {
+  return (uint8_t *)fifo_ctl(base, from) + PAGE;
+}
 
 static bool shm_can_connect(const coll_comm_view *view, int peer) {
   return view->host_ids[peer] == view->host_ids[view->rank];
@@ -177,7 +179,8 @@ static coll_result take_over(const coll_comm_view *view, const char *name) {
     if (errno == ENOENT) return COLL_OK; /* gone meanwhile */
     return coll_view_fail(view, COLL_ERR_SYSTEM,
                           "rank %d: shared segment %s already exists and cannot be opened (%s): "
-                          "another user's job with the same secret?", rank, name, strerror(errno));
+                          "another user's job with the same secret?",
+                          rank, name, strerror(errno));
   }
   int32_t pid = 0, orank = -1;
   uint64_t start = 0, deadline = coll_now_ns() + 1000000000ull;
@@ -208,8 +211,10 @@ static coll_result take_over(const coll_comm_view *view, const char *name) {
                           rank, name, (int)pid, (int)orank);
   COLL_INFO(rank, "removing shared segment %s left by a dead job: %s", name, gone);
   if (shm_unlink(name) != 0 && errno != ENOENT)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: removing the stale segment %s (%s) "
-                          "failed: %s", rank, name, gone, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: removing the stale segment %s (%s) "
+                          "failed: %s",
+                          rank, name, gone, strerror(errno));
   return COLL_OK;
 }
 
@@ -230,8 +235,8 @@ coll_result coll_shm_create(const coll_comm_view *view, const char *name, size_t
     int e = errno;
     close(fd);
     shm_unlink(name);
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s",
-                          rank, name, size, strerror(e));
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: sizing %s to %zu bytes failed: %s", rank,
+                          name, size, strerror(e));
   }
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
@@ -246,8 +251,10 @@ coll_result coll_shm_create(const coll_comm_view *view, const char *name, size_t
   if (pe) {
     munmap(p, size);
     shm_unlink(name);
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: no memory for shared segment %s: "
-                          "%s (is /dev/shm full?)", rank, name, strerror(pe));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: no memory for shared segment %s: "
+                          "%s (is /dev/shm full?)",
+                          rank, name, strerror(pe));
   }
   coll_seg_owner *o = p;
   char state;
@@ -278,9 +285,10 @@ static coll_result shm_setup(const coll_comm_view *view, void **ctxp, void *blob
    * The FIFOs stay sparse until warm().  Both start as zero, as a fresh page reads. */
   int pe = populate(ctx->base, fifos_off());
   if (pe)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: no memory for the header and "
-                          "mailboxes of %s (%zu bytes): %s (is /dev/shm full?)", view->rank,
-                          ctx->name, fifos_off(), strerror(pe));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: no memory for the header and "
+                          "mailboxes of %s (%zu bytes): %s (is /dev/shm full?)",
+                          view->rank, ctx->name, fifos_off(), strerror(pe));
   shm_header *h = (shm_header *)ctx->base;
   h->nranks = (uint32_t)n;
   h->nslots = SHM_NSLOTS;
@@ -323,23 +331,36 @@ static coll_result shm_connect(const coll_comm_view *view, void *vctx, int peer,
   ctx->peer_base[peer] = p;
   ctx->peer_size[peer] = b.size;
   shm_header *ph = p;
-  if (ph->magic != SHM_MAGIC || ph->nranks != (uint32_t)view->nranks ||
-      ph->owner_rank != peer)
-    return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: rank %d's segment %s is not a valid "
-                          "libcoll segment for this communicator", view->rank, peer, b.name);
+  if (ph->magic != SHM_MAGIC || ph->nranks != (uint32_t)view->nranks || ph->owner_rank != peer)
+    return coll_view_fail(view, COLL_ERR_INTERNAL,
+                          "rank %d: rank %d's segment %s is not a valid "
+                          "libcoll segment for this communicator",
+                          view->rank, peer, b.name);
 
   /* Both ends compute the same size: oversubscription is a fact of the host.  Nothing
    * is touched here: warm() does it when a plan first uses the connection. */
   size_t slot = view->oversubscribed ? SHM_SLOT_STRIDE : SHM_SLOT_SMALL;
   shm_conn *s = &ctx->conns[2 * peer], *r = &ctx->conns[2 * peer + 1];
-  *s = (shm_conn){.base = {.t = &coll_transport_shm, .peer = peer, .is_send = true,
-                           .slot_bytes = slot, .nslots = SHM_NSLOTS},
-                  .ctl = fifo_ctl(p, view->rank), .slots = fifo_slots(p, view->rank),
-                  .stride = SHM_SLOT_STRIDE, .peer_closed = &ph->closed, .peer_pid = b.pid};
-  *r = (shm_conn){.base = {.t = &coll_transport_shm, .peer = peer, .is_send = false,
-                           .slot_bytes = slot, .nslots = SHM_NSLOTS},
-                  .ctl = fifo_ctl(ctx->base, peer), .slots = fifo_slots(ctx->base, peer),
-                  .stride = SHM_SLOT_STRIDE, .peer_closed = &ph->closed, .peer_pid = b.pid};
+  *s = (shm_conn){.base = {.t = &coll_transport_shm,
+                           .peer = peer,
+                           .is_send = true,
+                           .slot_bytes = slot,
+                           .nslots = SHM_NSLOTS},
+                  .ctl = fifo_ctl(p, view->rank),
+                  .slots = fifo_slots(p, view->rank),
+                  .stride = SHM_SLOT_STRIDE,
+                  .peer_closed = &ph->closed,
+                  .peer_pid = b.pid};
+  *r = (shm_conn){.base = {.t = &coll_transport_shm,
+                           .peer = peer,
+                           .is_send = false,
+                           .slot_bytes = slot,
+                           .nslots = SHM_NSLOTS},
+                  .ctl = fifo_ctl(ctx->base, peer),
+                  .slots = fifo_slots(ctx->base, peer),
+                  .stride = SHM_SLOT_STRIDE,
+                  .peer_closed = &ph->closed,
+                  .peer_pid = b.pid};
   *send = &s->base;
   *recv = &r->base;
   return COLL_OK;
@@ -358,8 +379,8 @@ static coll_result shm_warm(const coll_comm_view *view, coll_conn *cc, size_t fr
   if (!e) return COLL_OK;
   return coll_view_fail(view, COLL_ERR_SYSTEM,
                         "rank %d: making %zu bytes of each slot of the FIFO %s rank %d resident "
-                        "failed: %s (is /dev/shm full?)", view->rank, hi,
-                        c->base.is_send ? "to" : "from", c->base.peer, strerror(e));
+                        "failed: %s (is /dev/shm full?)",
+                        view->rank, hi, c->base.is_send ? "to" : "from", c->base.peer, strerror(e));
 }
 
 static coll_result shm_ready(const coll_comm_view *view, void *vctx) {
@@ -390,16 +411,14 @@ static void shm_close(const coll_comm_view *view, void *vctx, coll_comm_end how)
 
 /* ---- one-shot mailboxes (used by oneshot.c) ----------------------------------------- */
 
-coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *vctx, int rank,
-                               unsigned parity) {
+coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *vctx, int rank, unsigned parity) {
   shm_ctx *ctx = vctx;
   if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
   uint8_t *base = rank == view->rank ? ctx->base : ctx->peer_base[rank];
   return base ? mailbox_at(base, parity) : NULL;
 }
 
-_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *vctx,
-                                           int rank) {
+_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *vctx, int rank) {
   shm_ctx *ctx = vctx;
   if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
   uint8_t *base = rank == view->rank ? ctx->base : ctx->peer_base[rank];

@@ -29,8 +29,7 @@ typedef struct {
 coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *shm_ctx, int rank,
                                unsigned parity);
 /* The count of ranks sleeping (futex) on one of `rank`'s mailboxes. */
-_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *shm_ctx,
-                                           int rank);
+_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *shm_ctx, int rank);
 /* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */
 coll_result coll_shm_peer_check(const coll_comm_view *view, void *shm_ctx, int peer);
 /* Bytes of the FIFO from rank `from` in this rank's segment that are resident (mincore:
@@ -62,8 +61,7 @@ typedef struct {
  * sentence naming the owner (two live jobs with the same secret on one host).  Memory
  * beyond the owner record is zero (fresh).  view NULL: no communicator (rank -1, the
  * sentence in this thread). */
-coll_result coll_shm_create(const coll_comm_view *view, const char *name, size_t size,
-                            void **base);
+coll_result coll_shm_create(const coll_comm_view *view, const char *name, size_t size, void **base);
 
 /* "coll-<job>-": how the names of one job's segments begin in /dev/shm (no leading
  * slash), from its secret; what the launcher's clean-up and the tests' leak checks match,

@@ -65,8 +65,8 @@
 #define TCP_GOODBYE 0xffffffffu
 #define TCP_IDLE_POLL_MS 1000
 #define TCP_DRAIN_MS 10000
-#define PENDING 32       /* accepted sockets waiting for their hello */
-#define HELLO_MS 10000   /* ...for at most this long */
+#define PENDING 32     /* accepted sockets waiting for their hello */
+#define HELLO_MS 10000 /* ...for at most this long */
 
 typedef struct {
   _Alignas(64) _Atomic uint32_t tail; /* slices filled (sender: by the executor) */
@@ -123,8 +123,8 @@ typedef struct tcp_ctx {
   struct sockaddr_storage addr;
   socklen_t addr_len;
   pthread_mutex_t mu; /* adding peers (the executor's connect, the proxy's accept) */
-  tcp_peer **peers; /* by rank; NULL until the peer is first used */
-  int *order;       /* ranks of tcp peers, in the order they were added */
+  tcp_peer **peers;   /* by rank; NULL until the peer is first used */
+  int *order;         /* ranks of tcp peers, in the order they were added */
   _Atomic int npeers; /* order[0..npeers) are stable once published */
   /* Accepted sockets whose hello has not arrived yet (the dialer may be descheduled
    * between its connect and its hello when ranks outnumber cores): read as it comes,
@@ -142,8 +142,8 @@ typedef struct tcp_ctx {
   tcp_peer **pfd_peer;
   pthread_t thread;
   bool thread_started;
-  _Atomic int stop;     /* 1: flush, say goodbye and leave; 2: leave now */
-  _Atomic int sleeping; /* the proxy is (about to be) in poll(): wake it via evfd */
+  _Atomic int stop;       /* 1: flush, say goodbye and leave; 2: leave now */
+  _Atomic int sleeping;   /* the proxy is (about to be) in poll(): wake it via evfd */
   _Atomic int first_dead; /* rank of the first peer lost, -1 while none */
 } tcp_ctx;
 
@@ -191,16 +191,19 @@ static coll_result pick_addr(const coll_comm_view *view, struct sockaddr_storage
     if (!found)
       return coll_view_fail(view, COLL_ERR_INVALID_ARG,
                             "rank %d: COLL_SOCKET_IFNAME=%s names no interface that is up with an "
-                            "IP address on this host", view->rank, want);
+                            "IP address on this host",
+                            view->rank, want);
   } else {
     if (view->local_len == 0)
-      return coll_view_fail(view, COLL_ERR_INTERNAL,
-                            "rank %d: no local address for TCP", view->rank);
+      return coll_view_fail(view, COLL_ERR_INTERNAL, "rank %d: no local address for TCP",
+                            view->rank);
     memcpy(ss, view->local, view->local_len);
     *len = view->local_len;
   }
-  if (ss->ss_family == AF_INET) ((struct sockaddr_in *)ss)->sin_port = 0;
-  else ((struct sockaddr_in6 *)ss)->sin6_port = 0;
+  if (ss->ss_family == AF_INET)
+    ((struct sockaddr_in *)ss)->sin_port = 0;
+  else
+    ((struct sockaddr_in6 *)ss)->sin6_port = 0;
   return COLL_OK;
 }
 
@@ -263,7 +266,6 @@ static coll_result tcp_setup(const coll_comm_view *view, void **ctxp, void *blob
 }
 
 
-
 static uint64_t setup_deadline(const coll_comm_view *view) {
   int ms = view->timeout_ms > 0 ? view->timeout_ms : 600000;
   return coll_now_ns() + (uint64_t)ms * 1000000u;
@@ -301,12 +303,22 @@ static tcp_peer *peer_entry(tcp_ctx *ctx, int peer) {
     p->out[k] = (tcp_sock){.fd = -1, .sseq = (uint32_t)k, .rseq = (uint32_t)k};
     p->in[k] = (tcp_sock){.fd = -1, .sseq = (uint32_t)k, .rseq = (uint32_t)k};
   }
-  p->send = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = true,
-                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
-                       .slots = mem, .peer = p, .ctx = ctx};
-  p->recv = (tcp_conn){.base = {.t = &coll_transport_tcp, .peer = peer, .is_send = false,
-                                .slot_bytes = TCP_SLOT_BYTES, .nslots = TCP_NSLOTS},
-                       .slots = mem + (size_t)TCP_NSLOTS * TCP_SLOT_BYTES, .peer = p, .ctx = ctx};
+  p->send = (tcp_conn){.base = {.t = &coll_transport_tcp,
+                                .peer = peer,
+                                .is_send = true,
+                                .slot_bytes = TCP_SLOT_BYTES,
+                                .nslots = TCP_NSLOTS},
+                       .slots = mem,
+                       .peer = p,
+                       .ctx = ctx};
+  p->recv = (tcp_conn){.base = {.t = &coll_transport_tcp,
+                                .peer = peer,
+                                .is_send = false,
+                                .slot_bytes = TCP_SLOT_BYTES,
+                                .nslots = TCP_NSLOTS},
+                       .slots = mem + (size_t)TCP_NSLOTS * TCP_SLOT_BYTES,
+                       .peer = p,
+                       .ctx = ctx};
   snprintf(p->addr, sizeof p->addr, "rank %d's listener", peer);
   ctx->peers[peer] = p;
   int i = atomic_load(&ctx->npeers);
@@ -329,8 +341,8 @@ static coll_result tcp_connect(const coll_comm_view *view, void *vctx, int peer,
   if ((int)b.nsocks != ctx->nsocks)
     return coll_view_fail(view, COLL_ERR_INVALID_ARG,
                           "rank %d: rank %d uses %u sockets per peer but this rank uses %d: set "
-                          "COLL_SOCKS_PER_PEER alike on every rank", view->rank, peer, b.nsocks,
-                          ctx->nsocks);
+                          "COLL_SOCKS_PER_PEER alike on every rank",
+                          view->rank, peer, b.nsocks, ctx->nsocks);
   tcp_peer *p = peer_entry(ctx, peer);
   if (!p) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
   coll_sockaddr_packed pk = {.family = b.family, .port = b.port};
@@ -351,8 +363,8 @@ static coll_result tcp_connect(const coll_comm_view *view, void *vctx, int peer,
         return coll_view_fail(view, COLL_ERR_REMOTE,
                               "rank %d: cannot open a TCP connection to rank "
                               "%d at %s: %s (is that address reachable from this host? set "
-                              "COLL_SOCKET_IFNAME to choose the interface)", view->rank, peer,
-                              p->addr, strerror(e));
+                              "COLL_SOCKET_IFNAME to choose the interface)",
+                              view->rank, peer, p->addr, strerror(e));
       p->out[k].fd = fd;
       uint8_t hello[TCP_HELLO_BYTES];
       put32(hello, TCP_HELLO_MAGIC);
@@ -360,8 +372,10 @@ static coll_result tcp_connect(const coll_comm_view *view, void *vctx, int peer,
       put32(hello + 20, (uint32_t)view->rank);
       put32(hello + 24, (uint32_t)k);
       if (!coll_sock_write_all(fd, hello, sizeof hello, deadline))
-        return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: sending the TCP hello to rank %d at "
-                              "%s failed", view->rank, peer, p->addr);
+        return coll_view_fail(view, COLL_ERR_REMOTE,
+                              "rank %d: sending the TCP hello to rank %d at "
+                              "%s failed",
+                              view->rank, peer, p->addr);
     }
     atomic_store_explicit(&p->out_ready, 1, memory_order_release);
     kick_proxy(ctx);
@@ -382,8 +396,8 @@ static void lose_peer(tcp_ctx *ctx, tcp_peer *p, const char *fmt, int err) {
   if (atomic_load(&p->dead)) return;
   const coll_comm_view *view = ctx->view;
   if (err)
-    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s: %s", view->rank,
-             p->rank, p->addr, fmt, strerror(err));
+    snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s: %s", view->rank, p->rank,
+             p->addr, fmt, strerror(err));
   else
     snprintf(p->why, sizeof p->why, "rank %d: lost rank %d (TCP %s): %s", view->rank, p->rank,
              p->addr, fmt);
@@ -428,7 +442,8 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
       if (so->soff < 4) iov[n++] = (struct iovec){so->shdr + so->soff, 4 - so->soff};
       uint32_t doff = so->soff < 4 ? 0 : so->soff - 4;
       if (len > doff)
-        iov[n++] = (struct iovec){s->slots + (size_t)(so->sseq % TCP_NSLOTS) * TCP_SLOT_BYTES + doff,
+        iov[n++] = (struct iovec){s->slots + (size_t)(so->sseq % TCP_NSLOTS) * TCP_SLOT_BYTES +
+                                      doff,
                                   len - doff};
       struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
       ssize_t w = sendmsg(so->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -459,8 +474,10 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
         got = recv(so->fd, dst + so->roff - 4, so->rlen - (so->roff - 4), MSG_DONTWAIT);
       }
       if (got == 0) {
-        lose_peer(ctx, p, "the connection was closed without a goodbye: the process died or "
-                  "aborted its communicator", 0);
+        lose_peer(ctx, p,
+                  "the connection was closed without a goodbye: the process died or "
+                  "aborted its communicator",
+                  0);
         return moved;
       }
       if (got < 0) {
@@ -482,8 +499,10 @@ static bool progress_peer(tcp_ctx *ctx, tcp_peer *p, bool *sends_pending) {
         }
         if (so->rlen > TCP_SLOT_BYTES) {
           char msg[96];
-          snprintf(msg, sizeof msg, "it sent a %u-byte slice (limit %u): not a libcoll peer of "
-                   "this version", so->rlen, TCP_SLOT_BYTES);
+          snprintf(msg, sizeof msg,
+                   "it sent a %u-byte slice (limit %u): not a libcoll peer of "
+                   "this version",
+                   so->rlen, TCP_SLOT_BYTES);
           lose_peer(ctx, p, msg, 0);
           return moved;
         }
@@ -552,8 +571,8 @@ static int build_poll(tcp_ctx *ctx) {
       }
       so = &p->in[k];
       if (so->fd >= 0 && !so->said_goodbye) {
-        ctx->pfds[n] = (struct pollfd){
-            .fd = so->fd, .events = so->rseq - rhead < TCP_NSLOTS ? POLLIN : 0};
+        ctx->pfds[n] = (struct pollfd){.fd = so->fd,
+                                       .events = so->rseq - rhead < TCP_NSLOTS ? POLLIN : 0};
         ctx->pfd_sock[n] = so;
         ctx->pfd_peer[n] = p;
         n++;
@@ -603,7 +622,8 @@ static void accept_peers(tcp_ctx *ctx) {
     uint32_t from = 0, sk = 0;
     if (done) {
       uint8_t diff = 0;
-      for (int j = 0; j < COLL_SECRET_BYTES; j++) diff |= (uint8_t)(h->buf[4 + j] ^ view->secret[j]);
+      for (int j = 0; j < COLL_SECRET_BYTES; j++)
+        diff |= (uint8_t)(h->buf[4 + j] ^ view->secret[j]);
       from = coll_get32(h->buf + 20);
       sk = coll_get32(h->buf + 24);
       if (!diff && coll_get32(h->buf) == TCP_HELLO_MAGIC && from < (uint32_t)view->nranks &&
@@ -699,8 +719,8 @@ static coll_result tcp_ready(const coll_comm_view *view, void *vctx) {
   int e = pthread_create(&ctx->thread, NULL, proxy_main, ctx);
   if (e)
     return coll_view_fail(view, COLL_ERR_SYSTEM,
-                          "rank %d: starting the tcp proxy thread failed: %s",
-                          view->rank, strerror(e));
+                          "rank %d: starting the tcp proxy thread failed: %s", view->rank,
+                          strerror(e));
   ctx->thread_started = true;
   return COLL_OK;
 }
@@ -752,15 +772,14 @@ static bool can_go(tcp_conn *c) {
 static coll_result peer_trouble(const coll_comm_view *view, tcp_conn *c) {
   tcp_ctx *ctx = c->ctx;
   int lost = atomic_load(&ctx->first_dead);
-  if (lost >= 0)
-    return coll_view_fail(view, COLL_ERR_REMOTE, "%s", ctx->peers[lost]->why);
+  if (lost >= 0) return coll_view_fail(view, COLL_ERR_REMOTE, "%s", ctx->peers[lost]->why);
   /* Gone, then the counter: the proxy publishes the last slices before `gone`, and a
    * caller that looked at the counter before `gone` was set may have missed them. */
   if (!c->base.is_send && atomic_load(&c->peer->gone) && !can_go(c))
     return coll_view_fail(view, COLL_ERR_REMOTE,
                           "rank %d: rank %d destroyed its communicator while this rank still waits "
-                          "for its data (did the ranks call different collectives?)", view->rank,
-                          c->peer->rank);
+                          "for its data (did the ranks call different collectives?)",
+                          view->rank, c->peer->rank);
   return COLL_OK;
 }
 

@@ -52,15 +52,14 @@ typedef struct coll_comm_view {
   /* This rank's address on the route to the rendezvous: TCP and IB listen there. */
   const struct sockaddr_storage *local;
   socklen_t local_len;
-  int cuda_device; /* the GPU of the device path (cuda_ipc), -1 before it is chosen */
+  int cuda_device;         /* the GPU of the device path (cuda_ipc), -1 before it is chosen */
   struct coll_comm *owner; /* opaque: whose sentence coll_view_fail sets */
 } coll_comm_view;
 
 /* Records `r` with a sentence on the view's communicator (view NULL: in this thread) and
  * returns r, as coll_fail does on the libcoll side (debug.c). */
-coll_result coll_view_fail_at(const coll_comm_view *view, coll_result r, const char *file,
-                              int line, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+coll_result coll_view_fail_at(const coll_comm_view *view, coll_result r, const char *file, int line,
+                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 #define coll_view_fail(view, r, ...) coll_view_fail_at(view, r, __FILE__, __LINE__, __VA_ARGS__)
 
 /* How a communicator ends, told to close(): transports decide from it whether to flush

@@ -32,842 +32,824 @@
 #include <time.h>
 #include <unistd.h>
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: coll-train [options]\n"
-        "model:\n"
-        "  --layers N        transformer blocks (4)\n"
-        "  --channels N      embedding width, divisible by --heads (128)\n"
-        "  --heads N         attention heads (4)\n"
-        "  --max-seq N       rows of the position table (256)\n"
-        "  --vocab N         vocabulary size; 256 = bytes (256)\n"
-        "training:\n"
-        "  --seq N           tokens per sequence, <= --max-seq (64)\n"
-        "  --batch N         sequences per step (16)\n"
-        "  --steps N         optimizer steps (400)\n"
-        "  --lr X            peak learning rate (3e-3)\n"
-        "  --warmup N        linear warmup steps (20)\n"
-        "  --min-lr-frac X   cosine floor as a fraction of --lr (0.1)\n"
-        "  --weight-decay X  AdamW decoupled weight decay (0.1)\n"
-        "  --clip X          clip the global gradient norm; 0 = off (1.0)\n"
-        "  --seed N          init, data order and sampling seed (1337)\n"
-        "  --device cpu|cuda (cpu)\n"
-        "  --threads N       CPU threads; 0 = all available (0)\n"
-        "data:\n"
-        "  --data FILE       token file (COLLTOK1) or raw text; default: embedded corpus\n"
-        "checkpoints:\n"
-        "  --ckpt-dir DIR    where checkpoints go (created if missing)\n"
-        "  --ckpt-every N    write one every N steps (0 = only at the end)\n"
-        "  --resume FILE     continue from a checkpoint, bit-exactly\n"
-        "  --stop-after N    stop after step N (the schedule still ends at --steps)\n"
-        "evaluation and output:\n"
-        "  --eval-every N    validation loss + a sample every N steps; 0 = off (100)\n"
-        "  --eval-batches N  validation batches per evaluation (8)\n"
-        "  --sample-len N    bytes generated per sample; 0 = none (120)\n"
-        "  --prompt TEXT     start of the sample (a newline)\n"
-        "  --plot FILE.svg   draw the loss curve at the end\n"
-        "  --quiet           only evaluations and the summary\n"
-        "data parallel:\n"
-        "  --parallel none|ddp|fsdp  (none)\n"
-        "  --zero 1|2|3      with fsdp: shard optimizer state (1), + gradients (2),\n"
-        "                    + parameters (3) (3)\n"
-        "  --ranks N         local ranks to start (1); under a launcher: its world size\n"
-        "  --backend coll|mpi|nccl  libcoll, Open MPI via mpirun.openmpi, or NCCL (needs\n"
-        "                    --device cuda; its id goes over libcoll's bootstrap) (coll)\n"
-        "  --bucket-mb X     gradient bucket cap in MiB; the first is 1 MiB (25)\n"
-        "  --no-overlap      all-reduce the buckets after backward, not during it\n"
-        "  --accum K         micro-steps per optimizer step; only the last syncs (1)\n"
-        "  --plan            print the memory/communication planner's table for this model,\n"
-        "                    --batch and --ranks (none, DDP, ZeRO-1/2/3) and exit\n"
-        "  --trace FILE.json timeline of compute and communication per rank (Perfetto)\n"
-        "tensor parallel:\n"
-        "  --tp T            split every block (heads, MLP rows) and the vocabulary over T\n"
-        "                    ranks (Megatron layout); --ranks N = T x D, --parallel along D\n"
-        "  --sp              with --tp: sequence parallelism (residual stream and\n"
-        "                    LayerNorms sharded along batch*seq over the TP group)\n"
-        "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
+static void usage(FILE *f) {
+  fprintf(f, "usage: coll-train [options]\n"
+             "model:\n"
+             "  --layers N        transformer blocks (4)\n"
+             "  --channels N      embedding width, divisible by --heads (128)\n"
+             "  --heads N         attention heads (4)\n"
+             "  --max-seq N       rows of the position table (256)\n"
+             "  --vocab N         vocabulary size; 256 = bytes (256)\n"
+             "training:\n"
+             "  --seq N           tokens per sequence, <= --max-seq (64)\n"
+             "  --batch N         sequences per step (16)\n"
+             "  --steps N         optimizer steps (400)\n"
+             "  --lr X            peak learning rate (3e-3)\n"
+             "  --warmup N        linear warmup steps (20)\n"
+             "  --min-lr-frac X   cosine floor as a fraction of --lr (0.1)\n"
+             "  --weight-decay X  AdamW decoupled weight decay (0.1)\n"
+             "  --clip X          clip the global gradient norm; 0 = off (1.0)\n"
+             "  --seed N          init, data order and sampling seed (1337)\n"
+             "  --device cpu|cuda (cpu)\n"
+             "  --threads N       CPU threads; 0 = all available (0)\n"
+             "data:\n"
+             "  --data FILE       token file (COLLTOK1) or raw text; default: embedded corpus\n"
+             "checkpoints:\n"
+             "  --ckpt-dir DIR    where checkpoints go (created if missing)\n"
+             "  --ckpt-every N    write one every N steps (0 = only at the end)\n"
+             "  --resume FILE     continue from a checkpoint, bit-exactly\n"
+             "  --stop-after N    stop after step N (the schedule still ends at --steps)\n"
+             "evaluation and output:\n"
+             "  --eval-every N    validation loss + a sample every N steps; 0 = off (100)\n"
+             "  --eval-batches N  validation batches per evaluation (8)\n"
+             "  --sample-len N    bytes generated per sample; 0 = none (120)\n"
+             "  --prompt TEXT     start of the sample (a newline)\n"
+             "  --plot FILE.svg   draw the loss curve at the end\n"
+             "  --quiet           only evaluations and the summary\n"
+             "data parallel:\n"
+             "  --parallel none|ddp|fsdp  (none)\n"
+             "  --zero 1|2|3      with fsdp: shard optimizer state (1), + gradients (2),\n"
+             "                    + parameters (3) (3)\n"
+             "  --ranks N         local ranks to start (1); under a launcher: its world size\n"
+             "  --backend coll|mpi|nccl  libcoll, Open MPI via mpirun.openmpi, or NCCL (needs\n"
+             "                    --device cuda; its id goes over libcoll's bootstrap) (coll)\n"
+             "  --bucket-mb X     gradient bucket cap in MiB; the first is 1 MiB (25)\n"
+             "  --no-overlap      all-reduce the buckets after backward, not during it\n"
+             "  --accum K         micro-steps per optimizer step; only the last syncs (1)\n"
+             "  --plan            print the memory/communication planner's table for this model,\n"
+             "                    --batch and --ranks (none, DDP, ZeRO-1/2/3) and exit\n"
+             "  --trace FILE.json timeline of compute and communication per rank (Perfetto)\n"
+             "tensor parallel:\n"
+             "  --tp T            split every block (heads, MLP rows) and the vocabulary over T\n"
+             "                    ranks (Megatron layout); --ranks N = T x D, --parallel along D\n"
+             "  --sp              with --tp: sequence parallelism (residual stream and\n"
+             "                    LayerNorms sharded along batch*seq over the TP group)\n"
+             "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void die(const char *msg)
-{
-    fprintf(stderr, "coll-train: %s\n", msg);
-    exit(1);
+static void die(const char *msg) {
+  fprintf(stderr, "coll-train: %s\n", msg);
+  exit(1);
 }
 
-static long parse_int(const char *flag, const char *s, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    char msg[TRAIN_ERRLEN];
-    if (errno || end == s || *end) {
-        snprintf(msg, sizeof msg, "%s: '%s' is not an integer", flag, s);
-        die(msg);
-    }
-    if (v < lo || v > hi) {
-        snprintf(msg, sizeof msg, "%s: %ld is out of range %ld..%ld", flag, v, lo, hi);
-        die(msg);
-    }
-    return v;
+static long parse_int(const char *flag, const char *s, long lo, long hi) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  char msg[TRAIN_ERRLEN];
+  if (errno || end == s || *end) {
+    snprintf(msg, sizeof msg, "%s: '%s' is not an integer", flag, s);
+    die(msg);
+  }
+  if (v < lo || v > hi) {
+    snprintf(msg, sizeof msg, "%s: %ld is out of range %ld..%ld", flag, v, lo, hi);
+    die(msg);
+  }
+  return v;
 }
 
-static float parse_float(const char *flag, const char *s, double lo, double hi)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    char msg[TRAIN_ERRLEN];
-    if (errno || end == s || *end || !isfinite(v)) {
-        snprintf(msg, sizeof msg, "%s: '%s' is not a number", flag, s);
-        die(msg);
-    }
-    if (v < lo || v > hi) {
-        snprintf(msg, sizeof msg, "%s: %g is out of range %g..%g", flag, v, lo, hi);
-        die(msg);
-    }
-    return (float)v;
+static float parse_float(const char *flag, const char *s, double lo, double hi) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  char msg[TRAIN_ERRLEN];
+  if (errno || end == s || *end || !isfinite(v)) {
+    snprintf(msg, sizeof msg, "%s: '%s' is not a number", flag, s);
+    die(msg);
+  }
+  if (v < lo || v > hi) {
+    snprintf(msg, sizeof msg, "%s: %g is out of range %g..%g", flag, v, lo, hi);
+    die(msg);
+  }
+  return (float)v;
 }
 
 /* Directory part of path must exist and be writable (checked before training). */
-static void check_writable_dir_of(const char *flag, const char *path)
-{
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        dir[1] = '\0';
-    else
-        *slash = '\0';
-    if (access(dir, W_OK) != 0) {
-        char msg[TRAIN_ERRLEN];
-        snprintf(msg, sizeof msg, "%s %s: directory %s is not writable: %s", flag, path, dir,
-                 strerror(errno));
-        die(msg);
-    }
+static void check_writable_dir_of(const char *flag, const char *path) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash)
+    strcpy(dir, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+  if (access(dir, W_OK) != 0) {
+    char msg[TRAIN_ERRLEN];
+    snprintf(msg, sizeof msg, "%s %s: directory %s is not writable: %s", flag, path, dir,
+             strerror(errno));
+    die(msg);
+  }
 }
 
-static void print_escaped(const char *s, int n)
-{
-    for (int i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n')
-            fputs("\n    ", stdout);
-        else if (c >= 32 && c < 127)
-            putchar(c);
-        else
-            printf("\\x%02x", c);
-    }
-    putchar('\n');
+static void print_escaped(const char *s, int n) {
+  for (int i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '\n')
+      fputs("\n    ", stdout);
+    else if (c >= 32 && c < 127)
+      putchar(c);
+    else
+      printf("\\x%02x", c);
+  }
+  putchar('\n');
 }
 
 enum {
-    O_LAYERS = 256, O_CHANNELS, O_HEADS, O_MAXSEQ, O_VOCAB, O_SEQ, O_BATCH, O_STEPS, O_LR,
-    O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_DEVICE, O_THREADS, O_DATA, O_CKPTDIR,
-    O_CKPTEVERY, O_RESUME, O_EVALEVERY, O_EVALBATCHES, O_SAMPLELEN, O_PROMPT, O_PLOT,
-    O_QUIET, O_HELP, O_STOPAFTER, O_PARALLEL, O_RANKS, O_BACKEND, O_BUCKETMB, O_NOOVERLAP,
-    O_ACCUM, O_TRACE, O_ZERO, O_PLAN, O_TP, O_SP, O_LOSSES
+  O_LAYERS = 256,
+  O_CHANNELS,
+  O_HEADS,
+  O_MAXSEQ,
+  O_VOCAB,
+  O_SEQ,
+  O_BATCH,
+  O_STEPS,
+  O_LR,
+  O_WARMUP,
+  O_MINLR,
+  O_WD,
+  O_CLIP,
+  O_SEED,
+  O_DEVICE,
+  O_THREADS,
+  O_DATA,
+  O_CKPTDIR,
+  O_CKPTEVERY,
+  O_RESUME,
+  O_EVALEVERY,
+  O_EVALBATCHES,
+  O_SAMPLELEN,
+  O_PROMPT,
+  O_PLOT,
+  O_QUIET,
+  O_HELP,
+  O_STOPAFTER,
+  O_PARALLEL,
+  O_RANKS,
+  O_BACKEND,
+  O_BUCKETMB,
+  O_NOOVERLAP,
+  O_ACCUM,
+  O_TRACE,
+  O_ZERO,
+  O_PLAN,
+  O_TP,
+  O_SP,
+  O_LOSSES
 };
 
 /* Everything parsed from the command line. */
 typedef struct cli {
-    train_options o;
-    const char *ckpt_dir, *resume, *plot, *prompt, *trace, *losses;
-    long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
-    int quiet;
-    int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
-    int tp, sp; /* tensor-parallel size (1: none), sequence parallelism */
-    double bucket_mb;
-    double fixed; /* resident bytes at start, before any model: the planner's fixed part */
-    char **argv;
+  train_options o;
+  const char *ckpt_dir, *resume, *plot, *prompt, *trace, *losses;
+  long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
+  int quiet;
+  int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
+  int tp, sp; /* tensor-parallel size (1: none), sequence parallelism */
+  double bucket_mb;
+  double fixed; /* resident bytes at start, before any model: the planner's fixed part */
+  char **argv;
 } cli;
 
 /* A failure on one rank: say which, leave the group at once so the others fail fast
  * instead of waiting for their timeout, and exit. */
-static void die_rank(train_backend *b, const char *msg)
-{
-    if (!b)
-        die(msg);
-    fprintf(stderr, "coll-train: rank %d of %d: %s\n", b->rank, b->nranks, msg);
-    fflush(stderr);
-    b->abort(b);
-    exit(1);
+static void die_rank(train_backend *b, const char *msg) {
+  if (!b) die(msg);
+  fprintf(stderr, "coll-train: rank %d of %d: %s\n", b->rank, b->nranks, msg);
+  fflush(stderr);
+  b->abort(b);
+  exit(1);
 }
 
 /* --plan: the table for every strategy. */
-static int print_plan(const train_options *o, int N, int accum, int tp, int sp, double fixed)
-{
-    char line[256], msg[TRAIN_ERRLEN];
-    size_t np = 0;
-    printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
-           "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
-           "step (ring); fixed = measured resident size of this process before any model (a run "
-           "adds libcoll's communicator, measured after start-up: ~8 MiB at 4 ranks)\n",
-           o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq,
-           o->batch, o->seq, N, N > 1 ? "s" : "", accum);
-    (void)np;
-    train_plan_header(line, sizeof line);
+static int print_plan(const train_options *o, int N, int accum, int tp, int sp, double fixed) {
+  char line[256], msg[TRAIN_ERRLEN];
+  size_t np = 0;
+  printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
+         "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
+         "step (ring); fixed = measured resident size of this process before any model (a run "
+         "adds libcoll's communicator, measured after start-up: ~8 MiB at 4 ranks)\n",
+         o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq, o->batch,
+         o->seq, N, N > 1 ? "s" : "", accum);
+  (void)np;
+  train_plan_header(line, sizeof line);
+  printf("%s\n", line);
+  for (int st = 0; st < TRAIN_PLAN_COUNT; st++) {
+    train_plan_row r;
+    if (train_plan(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, fixed, &r, msg) != 0)
+      die(msg);
+    train_plan_format(&r, line, sizeof line);
     printf("%s\n", line);
-    for (int st = 0; st < TRAIN_PLAN_COUNT; st++) {
-        train_plan_row r;
-        if (train_plan(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, fixed, &r,
-                       msg) != 0)
-            die(msg);
-        train_plan_format(&r, line, sizeof line);
-        printf("%s\n", line);
-    }
-    /* tensor parallel: T = --tp alone, and T x D = --ranks */
-    for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 5 : 1); k++) {
-        train_plan_row r;
-        long nb;
-        double ab;
-        int dp = k ? N / tp : 1, zero = k > 1 ? k - 1 : 0; /* TP, TPxDDP, TPxZ1..3 */
-        if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, fixed, &r, &nb, &ab,
-                          msg) != 0)
-            die(msg);
-        train_plan_format(&r, line, sizeof line);
-        printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
-               "bytes, %.2f MiB)\n", line, tp, dp, nb, ab, nb * ab / 1048576.0);
-    }
-    return 0;
+  }
+  /* tensor parallel: T = --tp alone, and T x D = --ranks */
+  for (int k = 0; tp > 1 && k < (N > tp && N % tp == 0 ? 5 : 1); k++) {
+    train_plan_row r;
+    long nb;
+    double ab;
+    int dp = k ? N / tp : 1, zero = k > 1 ? k - 1 : 0; /* TP, TPxDDP, TPxZ1..3 */
+    if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, fixed, &r, &nb, &ab, msg) != 0)
+      die(msg);
+    train_plan_format(&r, line, sizeof line);
+    printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
+           "bytes, %.2f MiB)\n",
+           line, tp, dp, nb, ab, nb * ab / 1048576.0);
+  }
+  return 0;
 }
 
-static int env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : dflt;
+static int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
 }
 
 /* Sums of the steps' reports (the loop's totals). */
-static void report_add(train_step_report *sum, const train_step_report *r)
-{
-    sum->fwd_ms += r->fwd_ms;
-    sum->bwd_ms += r->bwd_ms;
-    sum->wait_ms += r->wait_ms;
-    sum->comm_ms += r->comm_ms;
-    sum->sent_bytes += r->sent_bytes;
-    sum->measured_bytes += r->measured_bytes;
-    sum->tp_ms += r->tp_ms;
-    sum->tp_other_ms += r->tp_other_ms;
-    sum->tp_bytes += r->tp_bytes;
-    sum->tp_calls += r->tp_calls;
+static void report_add(train_step_report *sum, const train_step_report *r) {
+  sum->fwd_ms += r->fwd_ms;
+  sum->bwd_ms += r->bwd_ms;
+  sum->wait_ms += r->wait_ms;
+  sum->comm_ms += r->comm_ms;
+  sum->sent_bytes += r->sent_bytes;
+  sum->measured_bytes += r->measured_bytes;
+  sum->tp_ms += r->tp_ms;
+  sum->tp_other_ms += r->tp_other_ms;
+  sum->tp_bytes += r->tp_bytes;
+  sum->tp_calls += r->tp_calls;
 }
 
 /* The strategy's lines (several, each ending in '\n'), printed as they are. */
-static void print_lines(const char *text)
-{
-    fputs(text, stdout);
-}
+static void print_lines(const char *text) { fputs(text, stdout); }
 
 /* The planner's row of this run, or 0 when the planner cannot say. */
-static int plan_row(train_parallel *p, double fixed, train_plan_row *pr)
-{
-    char msg[TRAIN_ERRLEN];
-    return p->ops->plan(p, fixed, pr, msg) == 0;
+static int plan_row(train_parallel *p, double fixed, train_plan_row *pr) {
+  char msg[TRAIN_ERRLEN];
+  return p->ops->plan(p, fixed, pr, msg) == 0;
 }
 
 /* One process's run: the single-process trainer (b == NULL) or one rank of a job, under
  * whatever strategy the command line chose (parallel/strategy.h): the loop below is the
  * same for all of them. */
-static int run(const cli *c, train_backend *b)
-{
-    train_options o = c->o;
-    const char *ckpt_dir = c->ckpt_dir, *resume = c->resume, *plot = c->plot,
-               *prompt = c->prompt;
-    long stop_after = c->stop_after, ckpt_every = c->ckpt_every, eval_every = c->eval_every,
-         eval_batches = c->eval_batches, sample_len = c->sample_len;
-    int quiet = c->quiet;
-    int root = !b || b->rank == 0;
-    char msg[TRAIN_ERRLEN];
-    static char text[1 << 16]; /* a strategy's lines */
+static int run(const cli *c, train_backend *b) {
+  train_options o = c->o;
+  const char *ckpt_dir = c->ckpt_dir, *resume = c->resume, *plot = c->plot, *prompt = c->prompt;
+  long stop_after = c->stop_after, ckpt_every = c->ckpt_every, eval_every = c->eval_every,
+       eval_batches = c->eval_batches, sample_len = c->sample_len;
+  int quiet = c->quiet;
+  int root = !b || b->rank == 0;
+  char msg[TRAIN_ERRLEN];
+  static char text[1 << 16]; /* a strategy's lines */
 
-    if (b && c->tp > 1 && (b->nranks % c->tp != 0 || (!c->ddp && b->nranks != c->tp))) {
-        snprintf(msg, sizeof msg, "%d ranks cannot form --tp %d groups%s", b->nranks, c->tp,
-                 c->ddp ? "" : " without --parallel ddp");
-        die_rank(b, msg);
-    }
-    /* the job as T x D ranks: every group a split of b (tensor parallel innermost) */
-    train_grid g;
-    if (train_grid_create(&g, b, c->tp, msg) != 0)
-        die_rank(b, msg);
-    o.tp = g.T;
-    o.tp_rank = g.tp ? g.tp->rank : 0;
-    o.sp = c->sp;
-    if (b && o.threads == 0) { /* share the CPUs between the ranks on this machine */
-        int local = env_int("LOCAL_WORLD_SIZE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", b->nranks));
-        o.threads = train_cpu_threads() / (local > 0 ? local : 1);
-        if (o.threads < 1)
-            o.threads = 1;
-    }
+  if (b && c->tp > 1 && (b->nranks % c->tp != 0 || (!c->ddp && b->nranks != c->tp))) {
+    snprintf(msg, sizeof msg, "%d ranks cannot form --tp %d groups%s", b->nranks, c->tp,
+             c->ddp ? "" : " without --parallel ddp");
+    die_rank(b, msg);
+  }
+  /* the job as T x D ranks: every group a split of b (tensor parallel innermost) */
+  train_grid g;
+  if (train_grid_create(&g, b, c->tp, msg) != 0) die_rank(b, msg);
+  o.tp = g.T;
+  o.tp_rank = g.tp ? g.tp->rank : 0;
+  o.sp = c->sp;
+  if (b && o.threads == 0) { /* share the CPUs between the ranks on this machine */
+    int local = env_int("LOCAL_WORLD_SIZE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", b->nranks));
+    o.threads = train_cpu_threads() / (local > 0 ? local : 1);
+    if (o.threads < 1) o.threads = 1;
+  }
 
-    /* Everything that can fail on the input fails here, before any file is written. */
-    train_session *s = train_session_create(&o, msg);
-    if (!s)
-        die_rank(b, msg);
-    /* every strategy reads D * accum rows per step, and its checkpoints say so: a resume
-     * at another layout checks it reads the same global batch */
-    train_session_set_batch_mult(s, g.D * c->accum);
-    if (resume && train_session_load(s, resume, msg) != 0) {
+  /* Everything that can fail on the input fails here, before any file is written. */
+  train_session *s = train_session_create(&o, msg);
+  if (!s) die_rank(b, msg);
+  /* every strategy reads D * accum rows per step, and its checkpoints say so: a resume
+   * at another layout checks it reads the same global batch */
+  train_session_set_batch_mult(s, g.D * c->accum);
+  if (resume && train_session_load(s, resume, msg) != 0) {
+    train_session_free(s);
+    die_rank(b, msg);
+  }
+  if (ckpt_dir && root) {
+    struct stat st;
+    if (stat(ckpt_dir, &st) != 0) {
+      if (mkdir(ckpt_dir, 0755) != 0) {
+        snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir, strerror(errno));
         train_session_free(s);
         die_rank(b, msg);
+      }
+    } else if (!S_ISDIR(st.st_mode)) {
+      snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
+      train_session_free(s);
+      die_rank(b, msg);
     }
-    if (ckpt_dir && root) {
-        struct stat st;
-        if (stat(ckpt_dir, &st) != 0) {
-            if (mkdir(ckpt_dir, 0755) != 0) {
-                snprintf(msg, sizeof msg, "--ckpt-dir %s: cannot create: %s", ckpt_dir,
-                         strerror(errno));
-                train_session_free(s);
-                die_rank(b, msg);
-            }
-        } else if (!S_ISDIR(st.st_mode)) {
-            snprintf(msg, sizeof msg, "--ckpt-dir %s: not a directory", ckpt_dir);
-            train_session_free(s);
-            die_rank(b, msg);
-        }
-    }
+  }
 
-    train_parallel_options po = {
-        .data = c->fsdp ? "fsdp" : c->ddp ? "ddp" : "none",
-        .zero = c->zero,
-        .accum = c->accum,
-        .overlap = c->overlap,
-        .bucket_bytes = (size_t)(c->bucket_mb * 1048576.0),
-        .sp = c->sp,
-        .trace = c->trace != NULL,
-    };
-    train_parallel *p = train_parallel_create(s, &g, &po, msg);
-    if (!p)
+  train_parallel_options po = {
+      .data = c->fsdp  ? "fsdp"
+              : c->ddp ? "ddp"
+                       : "none",
+      .zero = c->zero,
+      .accum = c->accum,
+      .overlap = c->overlap,
+      .bucket_bytes = (size_t)(c->bucket_mb * 1048576.0),
+      .sp = c->sp,
+      .trace = c->trace != NULL,
+  };
+  train_parallel *p = train_parallel_create(s, &g, &po, msg);
+  if (!p) die_rank(b, msg);
+  /* the planner's fixed part: this process before any model, plus libcoll's
+   * communicator as the start-up broadcasts have left it resident */
+  double comm_rss = b ? train_comm_rss_bytes() : 0.0, fixed = c->fixed + comm_rss;
+  train_model *m = train_session_model(s);
+  const train_config *cfg = train_model_config(m);
+  size_t np = train_num_params(m);
+  const char *devname = "cpu";
+  char gpuname_err[TRAIN_ERRLEN];
+  if (o.device == TRAIN_DEVICE_CUDA) devname = train_cuda_device_name(gpuname_err);
+  double peak = o.device == TRAIN_DEVICE_CUDA ? train_cuda_peak_flops() : 0.0;
+  double fpt = train_flops_per_token(cfg, o.seq);
+  train_plan_row pr;
+  char line[256];
+  if (root) {
+    printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
+           "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
+           "activations)\n",
+           cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np, np * 4.0 / 1048576,
+           np * 4.0 / 1048576, np * 8.0 / 1048576, train_activation_bytes(m) / 1048576.0);
+    printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
+           "steps %d  lr %g  device %s",
+           o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
+           train_data_tokens(train_session_data(s)), o.batch, o.seq, o.hp.steps, o.hp.lr,
+           devname ? devname : "cuda");
+    if (o.device == TRAIN_DEVICE_CPU)
+      printf(" (%d threads)", o.threads ? o.threads : train_cpu_threads());
+    putchar('\n');
+    if (resume)
+      printf("coll-train: resumed from %s at step %ld\n", resume, train_session_step_count(s));
+    p->ops->describe(p, text, sizeof text);
+    print_lines(text);
+    if (plan_row(p, fixed, &pr)) {
+      train_plan_header(line, sizeof line);
+      printf("plan (MiB per rank): %s\n", line);
+      train_plan_format(&pr, line, sizeof line);
+      printf("plan (MiB per rank): %s\n", line);
+    }
+    fflush(stdout);
+  }
+
+  long first = train_session_step_count(s) + 1;
+  long total = o.hp.steps, last_step = total;
+  if (stop_after >= 0 && stop_after < last_step) last_step = stop_after;
+  long n = last_step >= first ? last_step - first + 1 : 0;
+  float *losses = calloc((size_t)n + 1, sizeof *losses);
+  long *vsteps = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vsteps);
+  float *vloss = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vloss);
+  long nv = 0;
+  char *sample = malloc((size_t)sample_len + 1);
+  double t_start = now_s();
+  double tok_total = 0, time_total = 0;
+  train_step_stats st = {0};
+  train_step_report later = {0}, all = {0}; /* sums: the steps after the first; every step */
+  long nlater = 0;
+  char path[4200];
+
+  for (long i = 0; i < n; i++) {
+    train_step_report r = {0};
+    if (p->ops->step(p, &r, msg) != 0) die_rank(b, msg);
+    st = r.step;
+    if (train_session_status(s, msg) != 0 || (p->ops->status && p->ops->status(p, msg) != 0))
+      die_rank(b, msg);
+    losses[i] = st.loss;
+    report_add(&all, &r);
+    if (st.step > first) { /* the first step warms caches; keep it out of the mean */
+      tok_total += (double)p->rows_mult * o.batch * o.seq;
+      time_total += st.ms * 1e-3;
+      report_add(&later, &r);
+      nlater++;
+    }
+    if (!quiet && root) {
+      printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s", st.step,
+             total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
+      if (peak > 0) printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
+      p->ops->step_line(p, &r, text, sizeof text);
+      printf("%s\n", text);
+    }
+    int last = st.step == last_step;
+    int eval_now = (eval_every && st.step % eval_every == 0) || (last && eval_every);
+    if (eval_now && p->ops->eval_begin && p->ops->eval_begin(p, msg) != 0) /* collective */
+      die_rank(b, msg);
+    if ((root || p->eval_everywhere) && eval_now) {
+      float vl = train_session_val_loss(s, (int)eval_batches);
+      if (p->ops->status && p->ops->status(p, msg) != 0) die_rank(b, msg);
+      vsteps[nv] = st.step;
+      vloss[nv++] = vl;
+      if (root) printf("eval step %ld | val loss %.6f\n", st.step, vl);
+      if (root && sample_len > 0 && p->can_sample) {
+        train_session_sample(s, prompt, (int)sample_len, sample);
+        printf("sample: ");
+        print_escaped(sample, (int)sample_len);
+      }
+    }
+    if (train_session_status(s, msg) != 0) /* validation and sampling ran on it too */
+      die_rank(b, msg);
+    if (ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
+      snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
+      if (p->ops->save(p, path, text, sizeof text, msg) != 0) /* collective */
         die_rank(b, msg);
-    /* the planner's fixed part: this process before any model, plus libcoll's
-     * communicator as the start-up broadcasts have left it resident */
-    double comm_rss = b ? train_comm_rss_bytes() : 0.0, fixed = c->fixed + comm_rss;
-    train_model *m = train_session_model(s);
-    const train_config *cfg = train_model_config(m);
-    size_t np = train_num_params(m);
-    const char *devname = "cpu";
-    char gpuname_err[TRAIN_ERRLEN];
-    if (o.device == TRAIN_DEVICE_CUDA)
-        devname = train_cuda_device_name(gpuname_err);
-    double peak = o.device == TRAIN_DEVICE_CUDA ? train_cuda_peak_flops() : 0.0;
-    double fpt = train_flops_per_token(cfg, o.seq);
-    train_plan_row pr;
-    char line[256];
-    if (root) {
-        printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
-               "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
-               "activations)\n",
-               cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np,
-               np * 4.0 / 1048576, np * 4.0 / 1048576, np * 8.0 / 1048576,
-               train_activation_bytes(m) / 1048576.0);
-        printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
-               "steps %d  lr %g  device %s",
-               o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
-               train_data_tokens(train_session_data(s)), o.batch, o.seq, o.hp.steps, o.hp.lr,
-               devname ? devname : "cuda");
-        if (o.device == TRAIN_DEVICE_CPU)
-            printf(" (%d threads)", o.threads ? o.threads : train_cpu_threads());
-        putchar('\n');
-        if (resume)
-            printf("coll-train: resumed from %s at step %ld\n", resume,
-                   train_session_step_count(s));
-        p->ops->describe(p, text, sizeof text);
-        print_lines(text);
-        if (plan_row(p, fixed, &pr)) {
-            train_plan_header(line, sizeof line);
-            printf("plan (MiB per rank): %s\n", line);
-            train_plan_format(&pr, line, sizeof line);
-            printf("plan (MiB per rank): %s\n", line);
-        }
-        fflush(stdout);
+      if (root) printf("checkpoint %s%s\n", path, text);
     }
-
-    long first = train_session_step_count(s) + 1;
-    long total = o.hp.steps, last_step = total;
-    if (stop_after >= 0 && stop_after < last_step)
-        last_step = stop_after;
-    long n = last_step >= first ? last_step - first + 1 : 0;
-    float *losses = calloc((size_t)n + 1, sizeof *losses);
-    long *vsteps = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vsteps);
-    float *vloss = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vloss);
-    long nv = 0;
-    char *sample = malloc((size_t)sample_len + 1);
-    double t_start = now_s();
-    double tok_total = 0, time_total = 0;
-    train_step_stats st = {0};
-    train_step_report later = {0}, all = {0}; /* sums: the steps after the first; every step */
-    long nlater = 0;
-    char path[4200];
-
-    for (long i = 0; i < n; i++) {
-        train_step_report r = {0};
-        if (p->ops->step(p, &r, msg) != 0)
-            die_rank(b, msg);
-        st = r.step;
-        if (train_session_status(s, msg) != 0 || (p->ops->status && p->ops->status(p, msg) != 0))
-            die_rank(b, msg);
-        losses[i] = st.loss;
-        report_add(&all, &r);
-        if (st.step > first) { /* the first step warms caches; keep it out of the mean */
-            tok_total += (double)p->rows_mult * o.batch * o.seq;
-            time_total += st.ms * 1e-3;
-            report_add(&later, &r);
-            nlater++;
-        }
-        if (!quiet && root) {
-            printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %7.1f ms | %8.0f tok/s",
-                   st.step, total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
-            if (peak > 0)
-                printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
-            p->ops->step_line(p, &r, text, sizeof text);
-            printf("%s\n", text);
-        }
-        int last = st.step == last_step;
-        int eval_now = (eval_every && st.step % eval_every == 0) || (last && eval_every);
-        if (eval_now && p->ops->eval_begin && p->ops->eval_begin(p, msg) != 0) /* collective */
-            die_rank(b, msg);
-        if ((root || p->eval_everywhere) && eval_now) {
-            float vl = train_session_val_loss(s, (int)eval_batches);
-            if (p->ops->status && p->ops->status(p, msg) != 0)
-                die_rank(b, msg);
-            vsteps[nv] = st.step;
-            vloss[nv++] = vl;
-            if (root)
-                printf("eval step %ld | val loss %.6f\n", st.step, vl);
-            if (root && sample_len > 0 && p->can_sample) {
-                train_session_sample(s, prompt, (int)sample_len, sample);
-                printf("sample: ");
-                print_escaped(sample, (int)sample_len);
-            }
-        }
-        if (train_session_status(s, msg) != 0) /* validation and sampling ran on it too */
-            die_rank(b, msg);
-        if (ckpt_dir && ((ckpt_every && st.step % ckpt_every == 0) || last)) {
-            snprintf(path, sizeof path, "%s/ckpt_%08ld.bin", ckpt_dir, st.step);
-            if (p->ops->save(p, path, text, sizeof text, msg) != 0) /* collective */
-                die_rank(b, msg);
-            if (root)
-                printf("checkpoint %s%s\n", path, text);
-        }
-        fflush(stdout);
+    fflush(stdout);
+  }
+  double wall = now_s() - t_start;
+  double peak_rss = train_peak_rss_bytes(), *peaks = NULL;
+  if (b) {
+    peaks = calloc((size_t)b->nranks, sizeof *peaks);
+    train_req preq;
+    if (!peaks || b->all_gather(b, &peak_rss, peaks, sizeof peak_rss, &preq) != 0 ||
+        b->wait(b, preq) != 0)
+      die_rank(b, peaks ? b->err : "out of memory gathering the peak memory");
+  }
+  if (p->ops->finish(p, c->trace, msg) != 0) /* collective: checks, the timeline */
+    die_rank(b, msg);
+  if (root) {
+    p->ops->summary(p, &later, nlater, time_total, &all, n, text, sizeof text);
+    print_lines(text);
+    if (plan_row(p, fixed, &pr)) {
+      printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
+             pr.total / 1048576.0, pr.name);
+      double mx = peak_rss;
+      for (int r = 0; b && r < b->nranks; r++) {
+        printf(" rank %d %.1f", r, peaks[r] / 1048576.0);
+        mx = peaks[r] > mx ? peaks[r] : mx;
+      }
+      if (!b) printf(" %.1f", peak_rss / 1048576.0);
+      printf(" MiB; largest / planned = %.3f\n", mx / pr.total);
+      printf("memory: fixed part %.1f MiB = process before any model %.1f + libcoll "
+             "communicator %.1f (after start-up; %.1f at the end on rank 0)\n",
+             fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
+             (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
     }
-    double wall = now_s() - t_start;
-    double peak_rss = train_peak_rss_bytes(), *peaks = NULL;
-    if (b) {
-        peaks = calloc((size_t)b->nranks, sizeof *peaks);
-        train_req preq;
-        if (!peaks || b->all_gather(b, &peak_rss, peaks, sizeof peak_rss, &preq) != 0 ||
-            b->wait(b, preq) != 0)
-            die_rank(b, peaks ? b->err : "out of memory gathering the peak memory");
+    if (c->trace) printf("trace %s\n", c->trace);
+    printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
+    if (nv) printf(" | val loss %.6f", vloss[nv - 1]);
+    if (time_total > 0) {
+      printf(" | %.0f tok/s", tok_total / time_total);
+      if (peak > 0) printf(" | MFU %.1f%%", 100.0 * fpt * (tok_total / time_total) / peak);
     }
-    if (p->ops->finish(p, c->trace, msg) != 0) /* collective: checks, the timeline */
+    putchar('\n');
+    if (c->losses) {
+      FILE *lf = fopen(c->losses, "w");
+      for (long i = 0; lf && i < n; i++) fprintf(lf, "%ld %a\n", first + i, losses[i]);
+      if (!lf || fclose(lf) != 0) {
+        snprintf(msg, sizeof msg, "--losses %s: cannot write: %s", c->losses, strerror(errno));
         die_rank(b, msg);
-    if (root) {
-        p->ops->summary(p, &later, nlater, time_total, &all, n, text, sizeof text);
-        print_lines(text);
-        if (plan_row(p, fixed, &pr)) {
-            printf("memory: planned %.1f MiB per rank (%s); measured peak resident (VmHWM)",
-                   pr.total / 1048576.0, pr.name);
-            double mx = peak_rss;
-            for (int r = 0; b && r < b->nranks; r++) {
-                printf(" rank %d %.1f", r, peaks[r] / 1048576.0);
-                mx = peaks[r] > mx ? peaks[r] : mx;
-            }
-            if (!b)
-                printf(" %.1f", peak_rss / 1048576.0);
-            printf(" MiB; largest / planned = %.3f\n", mx / pr.total);
-            printf("memory: fixed part %.1f MiB = process before any model %.1f + libcoll "
-                   "communicator %.1f (after start-up; %.1f at the end on rank 0)\n",
-                   fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
-                   (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
-        }
-        if (c->trace)
-            printf("trace %s\n", c->trace);
-        printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
-        if (nv)
-            printf(" | val loss %.6f", vloss[nv - 1]);
-        if (time_total > 0) {
-            printf(" | %.0f tok/s", tok_total / time_total);
-            if (peak > 0)
-                printf(" | MFU %.1f%%", 100.0 * fpt * (tok_total / time_total) / peak);
-        }
-        putchar('\n');
-        if (c->losses) {
-            FILE *lf = fopen(c->losses, "w");
-            for (long i = 0; lf && i < n; i++)
-                fprintf(lf, "%ld %a\n", first + i, losses[i]);
-            if (!lf || fclose(lf) != 0) {
-                snprintf(msg, sizeof msg, "--losses %s: cannot write: %s", c->losses,
-                         strerror(errno));
-                die_rank(b, msg);
-            }
-        }
-        if (plot) {
-            char title[256];
-            snprintf(title, sizeof title, "coll-train: L=%d C=%d H=%d, batch %d x %d, lr %g",
-                     cfg->layers, cfg->channels, cfg->heads, o.batch, o.seq, o.hp.lr);
-            if (train_plot_svg(plot, first, losses, n, vsteps, vloss, nv, title, msg) != 0)
-                die_rank(b, msg);
-            printf("plot %s\n", plot);
-        }
+      }
     }
-    free(peaks);
-    free(losses);
-    free(vsteps);
-    free(vloss);
-    free(sample);
-    train_parallel_free(p);
-    train_grid_free(&g);
-    train_session_free(s);
-    return 0;
+    if (plot) {
+      char title[256];
+      snprintf(title, sizeof title, "coll-train: L=%d C=%d H=%d, batch %d x %d, lr %g", cfg->layers,
+               cfg->channels, cfg->heads, o.batch, o.seq, o.hp.lr);
+      if (train_plot_svg(plot, first, losses, n, vsteps, vloss, nv, title, msg) != 0)
+        die_rank(b, msg);
+      printf("plot %s\n", plot);
+    }
+  }
+  free(peaks);
+  free(losses);
+  free(vsteps);
+  free(vloss);
+  free(sample);
+  train_parallel_free(p);
+  train_grid_free(&g);
+  train_session_free(s);
+  return 0;
 }
 
-static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg)
-{
-    (void)nranks;
-    char msg[TRAIN_ERRLEN];
-    const cli *c = arg;
-    /* forked on this machine: the rank is the local rank, which picks the GPU */
-    char lr[16];
-    snprintf(lr, sizeof lr, "%d", rank);
-    setenv("TRAIN_LOCAL_RANK", lr, 1);
-    train_backend *b =
-        c->nccl ? train_backend_nccl(comm, 0, msg) : train_backend_coll(comm, 0, msg);
-    if (!b)
-        die(msg);
-    int rc = run(arg, b);
-    if (b->destroy(b) != 0)
-        rc = 1;
-    return rc;
+static int rank_main(coll_comm_t comm, int rank, int nranks, void *arg) {
+  (void)nranks;
+  char msg[TRAIN_ERRLEN];
+  const cli *c = arg;
+  /* forked on this machine: the rank is the local rank, which picks the GPU */
+  char lr[16];
+  snprintf(lr, sizeof lr, "%d", rank);
+  setenv("TRAIN_LOCAL_RANK", lr, 1);
+  train_backend *b = c->nccl ? train_backend_nccl(comm, 0, msg) : train_backend_coll(comm, 0, msg);
+  if (!b) die(msg);
+  int rc = run(arg, b);
+  if (b->destroy(b) != 0) rc = 1;
+  return rc;
 }
 
-static int launched_by_someone(void)
-{
-    static const char *vars[] = {"COLL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                                 "SLURM_PROCID"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        if (getenv(vars[i]))
-            return 1;
-    return 0;
+static int launched_by_someone(void) {
+  static const char *vars[] = {"COLL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                               "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+    if (getenv(vars[i])) return 1;
+  return 0;
 }
 
 /* --parallel ddp: join the launcher's job, start mpirun, or fork local ranks. */
-static int run_ddp(cli *c)
-{
-    char msg[TRAIN_ERRLEN];
-    if (c->mpi && !getenv("OMPI_COMM_WORLD_SIZE")) {
-        /* start ourselves under Open MPI's launcher (mpirun may be MPICH's) */
-        int argc = 0;
-        while (c->argv[argc])
-            argc++;
-        char np[16];
-        snprintf(np, sizeof np, "%d", c->ranks);
-        char **av = calloc((size_t)argc + 12, sizeof *av);
-        int k = 0;
-        av[k++] = "mpirun.openmpi";
-        if (geteuid() == 0)
-            av[k++] = "--allow-run-as-root";
-        av[k++] = "--oversubscribe";
-        av[k++] = "--bind-to";
-        av[k++] = "none";
-        av[k++] = "-np";
-        av[k++] = np;
-        for (int i = 0; i < argc; i++)
-            av[k++] = c->argv[i];
-        av[k] = NULL;
-        fflush(stdout);
-        execvp(av[0], av);
-        snprintf(msg, sizeof msg, "--backend mpi: cannot run mpirun.openmpi: %s (install "
-                 "openmpi-bin)", strerror(errno));
-        die(msg);
-    }
-    if (c->mpi || launched_by_someone()) {
-        train_backend *b = NULL;
-        if (c->nccl) { /* NCCL's unique id travels over a libcoll communicator */
-            coll_comm_t boot;
-            if (coll_comm_init_from_env(&boot) != COLL_OK) {
-                snprintf(msg, sizeof msg, "libcoll: cannot join the job from the environment: %s",
-                         coll_comm_last_error(NULL));
-                die(msg);
-            }
-            b = train_backend_nccl(boot, 1, msg);
-            if (!b) {
-                coll_comm_abort(boot);
-                die(msg);
-            }
-        } else {
-            b = c->mpi ? train_backend_mpi(msg) : train_backend_coll_from_env(msg);
-        }
-        if (!b)
-            die(msg);
-        if (c->ranks_given && c->ranks != b->nranks) {
-            snprintf(msg, sizeof msg, "--ranks %d but the launcher started %d ranks",
-                     c->ranks, b->nranks);
-            die_rank(b, msg);
-        }
-        int rc = run(c, b);
-        if (b->destroy(b) != 0)
-            rc = 1;
-        return rc;
-    }
-    if (c->resume) { /* one line from here, not one per rank, for a bad checkpoint */
-        train_options o = c->o;
-        o.threads = 1;
-        train_session *s = train_session_create(&o, msg);
-        if (s) /* the global batch, as run() sets it */
-            train_session_set_batch_mult(s, c->ranks / c->tp * c->accum);
-        if (!s || train_session_load(s, c->resume, msg) != 0) {
-            train_session_free(s);
-            die(msg);
-        }
-        train_session_free(s);
-    }
+static int run_ddp(cli *c) {
+  char msg[TRAIN_ERRLEN];
+  if (c->mpi && !getenv("OMPI_COMM_WORLD_SIZE")) {
+    /* start ourselves under Open MPI's launcher (mpirun may be MPICH's) */
+    int argc = 0;
+    while (c->argv[argc]) argc++;
+    char np[16];
+    snprintf(np, sizeof np, "%d", c->ranks);
+    char **av = calloc((size_t)argc + 12, sizeof *av);
+    int k = 0;
+    av[k++] = "mpirun.openmpi";
+    if (geteuid() == 0) av[k++] = "--allow-run-as-root";
+    av[k++] = "--oversubscribe";
+    av[k++] = "--bind-to";
+    av[k++] = "none";
+    av[k++] = "-np";
+    av[k++] = np;
+    for (int i = 0; i < argc; i++) av[k++] = c->argv[i];
+    av[k] = NULL;
     fflush(stdout);
-    int rc = coll_launch_local(c->ranks, rank_main, c, 0, msg, sizeof msg);
-    if (rc != 0)
-        fprintf(stderr, "coll-train: %s\n", msg);
+    execvp(av[0], av);
+    snprintf(msg, sizeof msg,
+             "--backend mpi: cannot run mpirun.openmpi: %s (install "
+             "openmpi-bin)",
+             strerror(errno));
+    die(msg);
+  }
+  if (c->mpi || launched_by_someone()) {
+    train_backend *b = NULL;
+    if (c->nccl) { /* NCCL's unique id travels over a libcoll communicator */
+      coll_comm_t boot;
+      if (coll_comm_init_from_env(&boot) != COLL_OK) {
+        snprintf(msg, sizeof msg, "libcoll: cannot join the job from the environment: %s",
+                 coll_comm_last_error(NULL));
+        die(msg);
+      }
+      b = train_backend_nccl(boot, 1, msg);
+      if (!b) {
+        coll_comm_abort(boot);
+        die(msg);
+      }
+    } else {
+      b = c->mpi ? train_backend_mpi(msg) : train_backend_coll_from_env(msg);
+    }
+    if (!b) die(msg);
+    if (c->ranks_given && c->ranks != b->nranks) {
+      snprintf(msg, sizeof msg, "--ranks %d but the launcher started %d ranks", c->ranks,
+               b->nranks);
+      die_rank(b, msg);
+    }
+    int rc = run(c, b);
+    if (b->destroy(b) != 0) rc = 1;
     return rc;
+  }
+  if (c->resume) { /* one line from here, not one per rank, for a bad checkpoint */
+    train_options o = c->o;
+    o.threads = 1;
+    train_session *s = train_session_create(&o, msg);
+    if (s) /* the global batch, as run() sets it */
+      train_session_set_batch_mult(s, c->ranks / c->tp * c->accum);
+    if (!s || train_session_load(s, c->resume, msg) != 0) {
+      train_session_free(s);
+      die(msg);
+    }
+    train_session_free(s);
+  }
+  fflush(stdout);
+  int rc = coll_launch_local(c->ranks, rank_main, c, 0, msg, sizeof msg);
+  if (rc != 0) fprintf(stderr, "coll-train: %s\n", msg);
+  return rc;
 }
 
-int main(int argc, char **argv)
-{
-    static const struct option longopts[] = {
-        {"layers", required_argument, 0, O_LAYERS},
-        {"channels", required_argument, 0, O_CHANNELS},
-        {"heads", required_argument, 0, O_HEADS},
-        {"max-seq", required_argument, 0, O_MAXSEQ},
-        {"vocab", required_argument, 0, O_VOCAB},
-        {"seq", required_argument, 0, O_SEQ},
-        {"batch", required_argument, 0, O_BATCH},
-        {"steps", required_argument, 0, O_STEPS},
-        {"lr", required_argument, 0, O_LR},
-        {"warmup", required_argument, 0, O_WARMUP},
-        {"min-lr-frac", required_argument, 0, O_MINLR},
-        {"weight-decay", required_argument, 0, O_WD},
-        {"clip", required_argument, 0, O_CLIP},
-        {"seed", required_argument, 0, O_SEED},
-        {"device", required_argument, 0, O_DEVICE},
-        {"threads", required_argument, 0, O_THREADS},
-        {"data", required_argument, 0, O_DATA},
-        {"ckpt-dir", required_argument, 0, O_CKPTDIR},
-        {"ckpt-every", required_argument, 0, O_CKPTEVERY},
-        {"resume", required_argument, 0, O_RESUME},
-        {"eval-every", required_argument, 0, O_EVALEVERY},
-        {"eval-batches", required_argument, 0, O_EVALBATCHES},
-        {"sample-len", required_argument, 0, O_SAMPLELEN},
-        {"prompt", required_argument, 0, O_PROMPT},
-        {"plot", required_argument, 0, O_PLOT},
-        {"quiet", no_argument, 0, O_QUIET},
-        {"stop-after", required_argument, 0, O_STOPAFTER},
-        {"help", no_argument, 0, O_HELP},
-        {"parallel", required_argument, 0, O_PARALLEL},
-        {"ranks", required_argument, 0, O_RANKS},
-        {"backend", required_argument, 0, O_BACKEND},
-        {"bucket-mb", required_argument, 0, O_BUCKETMB},
-        {"no-overlap", no_argument, 0, O_NOOVERLAP},
-        {"accum", required_argument, 0, O_ACCUM},
-        {"trace", required_argument, 0, O_TRACE},
-        {"zero", required_argument, 0, O_ZERO},
-        {"plan", no_argument, 0, O_PLAN},
-        {"tp", required_argument, 0, O_TP},
-        {"sp", no_argument, 0, O_SP},
-        {"losses", required_argument, 0, O_LOSSES},
-        {0, 0, 0, 0},
-    };
-    train_options o = {
-        .cfg = {.vocab = 256, .max_seq = 256, .layers = 4, .channels = 128, .heads = 4},
-        .hp = train_hparams_default(),
-        .batch = 16,
-        .seq = 64,
-        .seed = 1337,
-        .device = TRAIN_DEVICE_CPU,
-        .threads = 0,
-        .data_path = NULL,
-    };
-    o.hp.steps = 400;
-    const char *ckpt_dir = NULL, *resume = NULL, *plot = NULL, *prompt = "\n";
-    long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
-    int quiet = 0;
-    char msg[TRAIN_ERRLEN];
-    int zero_given = 0, plan = 0;
-    double fixed = train_rss_bytes();
-    cli cl = {.tp = 1, .zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
+int main(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"layers", required_argument, 0, O_LAYERS},
+      {"channels", required_argument, 0, O_CHANNELS},
+      {"heads", required_argument, 0, O_HEADS},
+      {"max-seq", required_argument, 0, O_MAXSEQ},
+      {"vocab", required_argument, 0, O_VOCAB},
+      {"seq", required_argument, 0, O_SEQ},
+      {"batch", required_argument, 0, O_BATCH},
+      {"steps", required_argument, 0, O_STEPS},
+      {"lr", required_argument, 0, O_LR},
+      {"warmup", required_argument, 0, O_WARMUP},
+      {"min-lr-frac", required_argument, 0, O_MINLR},
+      {"weight-decay", required_argument, 0, O_WD},
+      {"clip", required_argument, 0, O_CLIP},
+      {"seed", required_argument, 0, O_SEED},
+      {"device", required_argument, 0, O_DEVICE},
+      {"threads", required_argument, 0, O_THREADS},
+      {"data", required_argument, 0, O_DATA},
+      {"ckpt-dir", required_argument, 0, O_CKPTDIR},
+      {"ckpt-every", required_argument, 0, O_CKPTEVERY},
+      {"resume", required_argument, 0, O_RESUME},
+      {"eval-every", required_argument, 0, O_EVALEVERY},
+      {"eval-batches", required_argument, 0, O_EVALBATCHES},
+      {"sample-len", required_argument, 0, O_SAMPLELEN},
+      {"prompt", required_argument, 0, O_PROMPT},
+      {"plot", required_argument, 0, O_PLOT},
+      {"quiet", no_argument, 0, O_QUIET},
+      {"stop-after", required_argument, 0, O_STOPAFTER},
+      {"help", no_argument, 0, O_HELP},
+      {"parallel", required_argument, 0, O_PARALLEL},
+      {"ranks", required_argument, 0, O_RANKS},
+      {"backend", required_argument, 0, O_BACKEND},
+      {"bucket-mb", required_argument, 0, O_BUCKETMB},
+      {"no-overlap", no_argument, 0, O_NOOVERLAP},
+      {"accum", required_argument, 0, O_ACCUM},
+      {"trace", required_argument, 0, O_TRACE},
+      {"zero", required_argument, 0, O_ZERO},
+      {"plan", no_argument, 0, O_PLAN},
+      {"tp", required_argument, 0, O_TP},
+      {"sp", no_argument, 0, O_SP},
+      {"losses", required_argument, 0, O_LOSSES},
+      {0, 0, 0, 0},
+  };
+  train_options o = {
+      .cfg = {.vocab = 256, .max_seq = 256, .layers = 4, .channels = 128, .heads = 4},
+      .hp = train_hparams_default(),
+      .batch = 16,
+      .seq = 64,
+      .seed = 1337,
+      .device = TRAIN_DEVICE_CPU,
+      .threads = 0,
+      .data_path = NULL,
+  };
+  o.hp.steps = 400;
+  const char *ckpt_dir = NULL, *resume = NULL, *plot = NULL, *prompt = "\n";
+  long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
+  int quiet = 0;
+  char msg[TRAIN_ERRLEN];
+  int zero_given = 0, plan = 0;
+  double fixed = train_rss_bytes();
+  cli cl = {
+      .tp = 1, .zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
 
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        const char *a = optarg;
-        switch (c) {
-        case O_LAYERS: o.cfg.layers = (int)parse_int("--layers", a, 1, 1024); break;
-        case O_CHANNELS: o.cfg.channels = (int)parse_int("--channels", a, 1, 65536); break;
-        case O_HEADS: o.cfg.heads = (int)parse_int("--heads", a, 1, 65536); break;
-        case O_MAXSEQ: o.cfg.max_seq = (int)parse_int("--max-seq", a, 1, 1 << 20); break;
-        case O_VOCAB: o.cfg.vocab = (int)parse_int("--vocab", a, 2, 65536); break;
-        case O_SEQ: o.seq = (int)parse_int("--seq", a, 1, 1 << 20); break;
-        case O_BATCH: o.batch = (int)parse_int("--batch", a, 1, 1 << 20); break;
-        case O_STEPS: o.hp.steps = (int)parse_int("--steps", a, 0, INT_MAX); break;
-        case O_LR: o.hp.lr = parse_float("--lr", a, 0.0, 10.0); break;
-        case O_WARMUP: o.hp.warmup = (int)parse_int("--warmup", a, 0, INT_MAX); break;
-        case O_MINLR: o.hp.min_lr_frac = parse_float("--min-lr-frac", a, 0.0, 1.0); break;
-        case O_WD: o.hp.weight_decay = parse_float("--weight-decay", a, 0.0, 10.0); break;
-        case O_CLIP: o.hp.grad_clip = parse_float("--clip", a, 0.0, 1e30); break;
-        case O_SEED: o.seed = (uint64_t)parse_int("--seed", a, 0, LONG_MAX); break;
-        case O_DEVICE:
-            if (strcmp(a, "cpu") == 0)
-                o.device = TRAIN_DEVICE_CPU;
-            else if (strcmp(a, "cuda") == 0)
-                o.device = TRAIN_DEVICE_CUDA;
-            else {
-                snprintf(msg, sizeof msg, "--device: '%s' is not cpu or cuda", a);
-                die(msg);
-            }
-            break;
-        case O_THREADS: o.threads = (int)parse_int("--threads", a, 0, 4096); break;
-        case O_DATA: o.data_path = a; break;
-        case O_CKPTDIR: ckpt_dir = a; break;
-        case O_CKPTEVERY: ckpt_every = parse_int("--ckpt-every", a, 0, LONG_MAX); break;
-        case O_RESUME: resume = a; break;
-        case O_EVALEVERY: eval_every = parse_int("--eval-every", a, 0, LONG_MAX); break;
-        case O_EVALBATCHES: eval_batches = parse_int("--eval-batches", a, 1, 1 << 20); break;
-        case O_SAMPLELEN: sample_len = parse_int("--sample-len", a, 0, 1 << 20); break;
-        case O_PROMPT: prompt = a; break;
-        case O_PLOT: plot = a; break;
-        case O_QUIET: quiet = 1; break;
-        case O_STOPAFTER: stop_after = parse_int("--stop-after", a, 0, LONG_MAX); break;
-        case O_PARALLEL:
-            cl.ddp = cl.fsdp = 0;
-            if (strcmp(a, "ddp") == 0)
-                cl.ddp = 1;
-            else if (strcmp(a, "fsdp") == 0)
-                cl.ddp = cl.fsdp = 1; /* launched like DDP */
-            else if (strcmp(a, "none") != 0) {
-                snprintf(msg, sizeof msg, "--parallel: '%s' is not none, ddp or fsdp", a);
-                die(msg);
-            }
-            break;
-        case O_RANKS:
-            cl.ranks = (int)parse_int("--ranks", a, 1, 1024);
-            cl.ranks_given = 1;
-            break;
-        case O_BACKEND:
-            cl.mpi = strcmp(a, "mpi") == 0;
-            cl.nccl = strcmp(a, "nccl") == 0;
-            if (!cl.mpi && !cl.nccl && strcmp(a, "coll") != 0) {
-                snprintf(msg, sizeof msg, "--backend: '%s' is not coll, mpi or nccl", a);
-                die(msg);
-            }
-            break;
-        case O_BUCKETMB: cl.bucket_mb = parse_float("--bucket-mb", a, 1e-6, 1e6); break;
-        case O_NOOVERLAP: cl.overlap = 0; break;
-        case O_ACCUM: cl.accum = (int)parse_int("--accum", a, 1, 1 << 20); break;
-        case O_TRACE: cl.trace = a; break;
-        case O_PLAN: plan = 1; break;
-        case O_TP: cl.tp = (int)parse_int("--tp", a, 1, 1024); break;
-        case O_SP: cl.sp = 1; break;
-        case O_LOSSES: cl.losses = a; break;
-        case O_ZERO:
-            cl.zero = (int)parse_int("--zero", a, 1, 3);
-            zero_given = 1;
-            break;
-        case O_HELP:
-        case 'h': usage(stdout); return 0;
-        default:
-            if (optopt)
-                snprintf(msg, sizeof msg, "option %s needs an argument (see --help)",
-                         argv[optind - 1]);
-            else
-                snprintf(msg, sizeof msg, "unknown option %s (see --help)", argv[optind - 1]);
-            die(msg);
-        }
-    }
-    if (optind < argc) {
-        snprintf(msg, sizeof msg, "unexpected argument '%s' (see --help)", argv[optind]);
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    const char *a = optarg;
+    switch (c) {
+    case O_LAYERS: o.cfg.layers = (int)parse_int("--layers", a, 1, 1024); break;
+    case O_CHANNELS: o.cfg.channels = (int)parse_int("--channels", a, 1, 65536); break;
+    case O_HEADS: o.cfg.heads = (int)parse_int("--heads", a, 1, 65536); break;
+    case O_MAXSEQ: o.cfg.max_seq = (int)parse_int("--max-seq", a, 1, 1 << 20); break;
+    case O_VOCAB: o.cfg.vocab = (int)parse_int("--vocab", a, 2, 65536); break;
+    case O_SEQ: o.seq = (int)parse_int("--seq", a, 1, 1 << 20); break;
+    case O_BATCH: o.batch = (int)parse_int("--batch", a, 1, 1 << 20); break;
+    case O_STEPS: o.hp.steps = (int)parse_int("--steps", a, 0, INT_MAX); break;
+    case O_LR: o.hp.lr = parse_float("--lr", a, 0.0, 10.0); break;
+    case O_WARMUP: o.hp.warmup = (int)parse_int("--warmup", a, 0, INT_MAX); break;
+    case O_MINLR: o.hp.min_lr_frac = parse_float("--min-lr-frac", a, 0.0, 1.0); break;
+    case O_WD: o.hp.weight_decay = parse_float("--weight-decay", a, 0.0, 10.0); break;
+    case O_CLIP: o.hp.grad_clip = parse_float("--clip", a, 0.0, 1e30); break;
+    case O_SEED: o.seed = (uint64_t)parse_int("--seed", a, 0, LONG_MAX); break;
+    case O_DEVICE:
+      if (strcmp(a, "cpu") == 0)
+        o.device = TRAIN_DEVICE_CPU;
+      else if (strcmp(a, "cuda") == 0)
+        o.device = TRAIN_DEVICE_CUDA;
+      else {
+        snprintf(msg, sizeof msg, "--device: '%s' is not cpu or cuda", a);
         die(msg);
+      }
+      break;
+    case O_THREADS: o.threads = (int)parse_int("--threads", a, 0, 4096); break;
+    case O_DATA: o.data_path = a; break;
+    case O_CKPTDIR: ckpt_dir = a; break;
+    case O_CKPTEVERY: ckpt_every = parse_int("--ckpt-every", a, 0, LONG_MAX); break;
+    case O_RESUME: resume = a; break;
+    case O_EVALEVERY: eval_every = parse_int("--eval-every", a, 0, LONG_MAX); break;
+    case O_EVALBATCHES: eval_batches = parse_int("--eval-batches", a, 1, 1 << 20); break;
+    case O_SAMPLELEN: sample_len = parse_int("--sample-len", a, 0, 1 << 20); break;
+    case O_PROMPT: prompt = a; break;
+    case O_PLOT: plot = a; break;
+    case O_QUIET: quiet = 1; break;
+    case O_STOPAFTER: stop_after = parse_int("--stop-after", a, 0, LONG_MAX); break;
+    case O_PARALLEL:
+      cl.ddp = cl.fsdp = 0;
+      if (strcmp(a, "ddp") == 0)
+        cl.ddp = 1;
+      else if (strcmp(a, "fsdp") == 0)
+        cl.ddp = cl.fsdp = 1; /* launched like DDP */
+      else if (strcmp(a, "none") != 0) {
+        snprintf(msg, sizeof msg, "--parallel: '%s' is not none, ddp or fsdp", a);
+        die(msg);
+      }
+      break;
+    case O_RANKS:
+      cl.ranks = (int)parse_int("--ranks", a, 1, 1024);
+      cl.ranks_given = 1;
+      break;
+    case O_BACKEND:
+      cl.mpi = strcmp(a, "mpi") == 0;
+      cl.nccl = strcmp(a, "nccl") == 0;
+      if (!cl.mpi && !cl.nccl && strcmp(a, "coll") != 0) {
+        snprintf(msg, sizeof msg, "--backend: '%s' is not coll, mpi or nccl", a);
+        die(msg);
+      }
+      break;
+    case O_BUCKETMB: cl.bucket_mb = parse_float("--bucket-mb", a, 1e-6, 1e6); break;
+    case O_NOOVERLAP: cl.overlap = 0; break;
+    case O_ACCUM: cl.accum = (int)parse_int("--accum", a, 1, 1 << 20); break;
+    case O_TRACE: cl.trace = a; break;
+    case O_PLAN: plan = 1; break;
+    case O_TP: cl.tp = (int)parse_int("--tp", a, 1, 1024); break;
+    case O_SP: cl.sp = 1; break;
+    case O_LOSSES: cl.losses = a; break;
+    case O_ZERO:
+      cl.zero = (int)parse_int("--zero", a, 1, 3);
+      zero_given = 1;
+      break;
+    case O_HELP:
+    case 'h': usage(stdout); return 0;
+    default:
+      if (optopt)
+        snprintf(msg, sizeof msg, "option %s needs an argument (see --help)", argv[optind - 1]);
+      else
+        snprintf(msg, sizeof msg, "unknown option %s (see --help)", argv[optind - 1]);
+      die(msg);
     }
-    if (ckpt_every > 0 && !ckpt_dir)
-        die("--ckpt-every needs --ckpt-dir");
-    if (plot)
-        check_writable_dir_of("--plot", plot);
+  }
+  if (optind < argc) {
+    snprintf(msg, sizeof msg, "unexpected argument '%s' (see --help)", argv[optind]);
+    die(msg);
+  }
+  if (ckpt_every > 0 && !ckpt_dir) die("--ckpt-every needs --ckpt-dir");
+  if (plot) check_writable_dir_of("--plot", plot);
 
-    if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
-        return print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
-    if (cl.sp && cl.tp < 2)
-        die("--sp needs --tp 2 or more: sequence parallelism shards the regions that tensor "
-            "parallelism leaves replicated");
-    if (cl.sp && ((long)o.batch * o.seq) % cl.tp != 0) {
-        snprintf(msg, sizeof msg, "--sp: batch x seq (%d x %d) is not a multiple of --tp %d: "
-                 "each rank holds batch*seq/T rows of the residual stream", o.batch, o.seq,
-                 cl.tp);
-        die(msg);
+  if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
+    return print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
+  if (cl.sp && cl.tp < 2)
+    die("--sp needs --tp 2 or more: sequence parallelism shards the regions that tensor "
+        "parallelism leaves replicated");
+  if (cl.sp && ((long)o.batch * o.seq) % cl.tp != 0) {
+    snprintf(msg, sizeof msg,
+             "--sp: batch x seq (%d x %d) is not a multiple of --tp %d: "
+             "each rank holds batch*seq/T rows of the residual stream",
+             o.batch, o.seq, cl.tp);
+    die(msg);
+  }
+  if (cl.tp > 1) {
+    if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0) die(msg);
+    /* under a launcher (or mpirun re-running us) the world size is checked by run() */
+    int launched = launched_by_someone() && !cl.ranks_given;
+    if (!cl.ranks_given && !launched) cl.ranks = cl.tp;
+    if (!launched && cl.ranks % cl.tp != 0) {
+      snprintf(msg, sizeof msg,
+               "--ranks %d is not a multiple of --tp %d: the ranks "
+               "form a T x D grid",
+               cl.ranks, cl.tp);
+      die(msg);
     }
-    if (cl.tp > 1) {
-        if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0)
-            die(msg);
-        /* under a launcher (or mpirun re-running us) the world size is checked by run() */
-        int launched = launched_by_someone() && !cl.ranks_given;
-        if (!cl.ranks_given && !launched)
-            cl.ranks = cl.tp;
-        if (!launched && cl.ranks % cl.tp != 0) {
-            snprintf(msg, sizeof msg, "--ranks %d is not a multiple of --tp %d: the ranks "
-                     "form a T x D grid", cl.ranks, cl.tp);
-            die(msg);
-        }
-        if (!launched && !cl.ddp && cl.ranks != cl.tp) {
-            snprintf(msg, sizeof msg, "--ranks %d with --tp %d makes %d data-parallel groups: "
-                     "say --parallel ddp (or --ranks %d)", cl.ranks, cl.tp, cl.ranks / cl.tp,
-                     cl.tp);
-            die(msg);
-        }
-        if (cl.nccl)
-            die("--tp runs on the CPU model over libcoll or Open MPI; --backend nccl is for "
-                "--parallel ddp");
-        if (cl.trace && cl.ddp)
-            die("--trace with --tp records the tensor-parallel collectives with --parallel "
-                "none only for now");
-        if (cl.accum > 1 && !cl.ddp)
-            die("--accum with --tp needs --parallel ddp");
+    if (!launched && !cl.ddp && cl.ranks != cl.tp) {
+      snprintf(msg, sizeof msg,
+               "--ranks %d with --tp %d makes %d data-parallel groups: "
+               "say --parallel ddp (or --ranks %d)",
+               cl.ranks, cl.tp, cl.ranks / cl.tp, cl.tp);
+      die(msg);
     }
-    if (!cl.ddp && cl.tp < 2 && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
-        die("--ranks, --accum and --trace need --parallel ddp or fsdp");
-    if (zero_given && !cl.fsdp)
-        die("--zero needs --parallel fsdp: it chooses what the fully sharded trainer shards");
-    if (cl.fsdp && cl.nccl)
-        die("--parallel fsdp runs on the CPU model over libcoll or Open MPI; --backend nccl "
-            "is for --parallel ddp");
-    if (cl.fsdp && o.device == TRAIN_DEVICE_CUDA)
-        die("--parallel fsdp runs on the CPU model only (--device cpu); use --parallel ddp "
-            "on GPUs");
-    if (cl.trace)
-        check_writable_dir_of("--trace", cl.trace);
-    if (cl.nccl && o.device != TRAIN_DEVICE_CUDA)
-        die("--backend nccl needs --device cuda: NCCL reduces GPU memory, and only the CUDA "
-            "model keeps its gradients there");
-    if (cl.nccl && !train_backend_nccl_built()) {
-        train_backend_nccl(NULL, 0, msg); /* the stub says why */
-        die(msg);
-    }
-    cl.fixed = fixed;
-    cl.o = o;
-    cl.ckpt_dir = ckpt_dir;
-    cl.resume = resume;
-    cl.plot = plot;
-    cl.prompt = prompt;
-    cl.stop_after = stop_after;
-    cl.ckpt_every = ckpt_every;
-    cl.eval_every = eval_every;
-    cl.eval_batches = eval_batches;
-    cl.sample_len = sample_len;
-    cl.quiet = quiet;
-    if (!cl.ddp && cl.tp < 2)
-        return run(&cl, NULL);
-    return run_ddp(&cl);
+    if (cl.nccl)
+      die("--tp runs on the CPU model over libcoll or Open MPI; --backend nccl is for "
+          "--parallel ddp");
+    if (cl.trace && cl.ddp)
+      die("--trace with --tp records the tensor-parallel collectives with --parallel "
+          "none only for now");
+    if (cl.accum > 1 && !cl.ddp) die("--accum with --tp needs --parallel ddp");
+  }
+  if (!cl.ddp && cl.tp < 2 && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
+    die("--ranks, --accum and --trace need --parallel ddp or fsdp");
+  if (zero_given && !cl.fsdp)
+    die("--zero needs --parallel fsdp: it chooses what the fully sharded trainer shards");
+  if (cl.fsdp && cl.nccl)
+    die("--parallel fsdp runs on the CPU model over libcoll or Open MPI; --backend nccl "
+        "is for --parallel ddp");
+  if (cl.fsdp && o.device == TRAIN_DEVICE_CUDA)
+    die("--parallel fsdp runs on the CPU model only (--device cpu); use --parallel ddp "
+        "on GPUs");
+  if (cl.trace) check_writable_dir_of("--trace", cl.trace);
+  if (cl.nccl && o.device != TRAIN_DEVICE_CUDA)
+    die("--backend nccl needs --device cuda: NCCL reduces GPU memory, and only the CUDA "
+        "model keeps its gradients there");
+  if (cl.nccl && !train_backend_nccl_built()) {
+    train_backend_nccl(NULL, 0, msg); /* the stub says why */
+    die(msg);
+  }
+  cl.fixed = fixed;
+  cl.o = o;
+  cl.ckpt_dir = ckpt_dir;
+  cl.resume = resume;
+  cl.plot = plot;
+  cl.prompt = prompt;
+  cl.stop_after = stop_after;
+  cl.ckpt_every = ckpt_every;
+  cl.eval_every = eval_every;
+  cl.eval_batches = eval_batches;
+  cl.sample_len = sample_len;
+  cl.quiet = quiet;
+  if (!cl.ddp && cl.tp < 2) return run(&cl, NULL);
+  return run_ddp(&cl);
 }

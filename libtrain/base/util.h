@@ -13,8 +13,8 @@
 #include <stdlib.h>
 
 uint64_t train_splitmix64(uint64_t *state);
-float train_rand_uniform(uint64_t *state);      /* [0,1) */
-float train_rand_normal(uint64_t *state);       /* N(0,1), Box-Muller */
+float train_rand_uniform(uint64_t *state); /* [0,1) */
+float train_rand_normal(uint64_t *state);  /* N(0,1), Box-Muller */
 uint64_t train_fnv1a(uint64_t h, const void *p, size_t n);
 #define TRAIN_FNV_INIT 0xcbf29ce484222325ULL
 void train_errf(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -24,29 +24,26 @@ int train_cpu_count(void);
 /* Atomic file write: open a temp file next to `path`; commit = fsync, rename, fsync dir;
  * abort = close and unlink. */
 typedef struct train_atomic {
-    FILE *f;
-    char path[4096];
-    char tmp[4200];
+  FILE *f;
+  char path[4096];
+  char tmp[4200];
 } train_atomic;
 int train_atomic_open(train_atomic *a, const char *path, char *err);
 int train_atomic_commit(train_atomic *a, char *err);
 void train_atomic_abort(train_atomic *a);
 
 
-
 /* This process's rank among the ranks on its machine, which picks its GPU (local rank mod
  * devices): coll-train's own forked ranks set TRAIN_LOCAL_RANK; launchers set one of the
  * others.  `fallback` when none is set (a one-host job whose rank is the local rank). */
-static inline int train_local_rank(int fallback)
-{
-    static const char *vars[] = {"TRAIN_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                 "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v)
-            return atoi(v);
-    }
-    return fallback;
+static inline int train_local_rank(int fallback) {
+  static const char *vars[] = {"TRAIN_LOCAL_RANK", "LOCAL_RANK",      "OMPI_COMM_WORLD_LOCAL_RANK",
+                               "SLURM_LOCALID",    "MPI_LOCALRANKID", "PMI_LOCAL_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return atoi(v);
+  }
+  return fallback;
 }
 
 

@@ -37,45 +37,43 @@ typedef int train_req;
 
 typedef struct train_backend train_backend;
 struct train_backend {
-    const char *name; /* "coll", "mpi" */
-    int rank, nranks;
-    void *impl;
-    char err[TRAIN_ERRLEN];
+  const char *name; /* "coll", "mpi" */
+  int rank, nranks;
+  void *impl;
+  char err[TRAIN_ERRLEN];
 
-    int (*all_reduce)(train_backend *b, float *buf, size_t count, train_reduce op,
-                      train_req *req);
-    /* recv (recvcount) = this rank's block of the reduction of send (nranks*recvcount) */
-    int (*reduce_scatter)(train_backend *b, const float *send, float *recv, size_t recvcount,
-                          train_reduce op, train_req *req);
-    /* recv (nranks*bytes) = every rank's send (bytes), in rank order */
-    int (*all_gather)(train_backend *b, const void *send, void *recv, size_t bytes,
-                      train_req *req);
-    int (*broadcast)(train_backend *b, void *buf, size_t bytes, int root, train_req *req);
-    int (*barrier)(train_backend *b); /* blocking */
-    /* 1: finished (a finished request may be tested again), 0: pending, -1: failed */
-    int (*test)(train_backend *b, train_req req);
-    int (*wait)(train_backend *b, train_req req);
-    /* Optional (NULL: the caller waits on the host instead): makes the operations started
-     * from now on wait, on the device, for `event` (a cudaEvent_t recorded on the model's
-     * compute stream) before they read their buffers, without blocking the host.  NCCL:
-     * cudaStreamWaitEvent on its communication stream. */
-    int (*order_after)(train_backend *b, void *event);
-    /* Optional (NULL: the library cannot split, and 2-D parallelism is refused): collective
-     * over b, like MPI_Comm_split: ranks passing the same color >= 0 form a new group,
-     * ranked by (key, rank in b), handed back in *out as a backend of its own (destroy it
-     * before b). libcoll: coll_comm_split; Open MPI: MPI_Comm_split. */
-    int (*split)(train_backend *b, int color, int key, train_backend **out);
-    /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
-    int (*destroy)(train_backend *b);
-    /* Fails pending work and leaves the group at once, from any state. */
-    void (*abort)(train_backend *b);
-    /* Optional, NULL where the library keeps no trace of its own (MPI, NCCL): start
-     * recording the library's collectives (dropping older records), stop, and copy up to
-     * `cap` records (*n gets how many there are). libcoll: coll_trace_start/stop/read, so
-     * a DDP timeline can show libcoll's calls and ring steps under the bucket they serve. */
-    int (*trace_start)(train_backend *b);
-    int (*trace_stop)(train_backend *b);
-    int (*trace_read)(train_backend *b, coll_trace_event *ev, size_t cap, size_t *n);
+  int (*all_reduce)(train_backend *b, float *buf, size_t count, train_reduce op, train_req *req);
+  /* recv (recvcount) = this rank's block of the reduction of send (nranks*recvcount) */
+  int (*reduce_scatter)(train_backend *b, const float *send, float *recv, size_t recvcount,
+                        train_reduce op, train_req *req);
+  /* recv (nranks*bytes) = every rank's send (bytes), in rank order */
+  int (*all_gather)(train_backend *b, const void *send, void *recv, size_t bytes, train_req *req);
+  int (*broadcast)(train_backend *b, void *buf, size_t bytes, int root, train_req *req);
+  int (*barrier)(train_backend *b); /* blocking */
+  /* 1: finished (a finished request may be tested again), 0: pending, -1: failed */
+  int (*test)(train_backend *b, train_req req);
+  int (*wait)(train_backend *b, train_req req);
+  /* Optional (NULL: the caller waits on the host instead): makes the operations started
+   * from now on wait, on the device, for `event` (a cudaEvent_t recorded on the model's
+   * compute stream) before they read their buffers, without blocking the host.  NCCL:
+   * cudaStreamWaitEvent on its communication stream. */
+  int (*order_after)(train_backend *b, void *event);
+  /* Optional (NULL: the library cannot split, and 2-D parallelism is refused): collective
+   * over b, like MPI_Comm_split: ranks passing the same color >= 0 form a new group,
+   * ranked by (key, rank in b), handed back in *out as a backend of its own (destroy it
+   * before b). libcoll: coll_comm_split; Open MPI: MPI_Comm_split. */
+  int (*split)(train_backend *b, int color, int key, train_backend **out);
+  /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
+  int (*destroy)(train_backend *b);
+  /* Fails pending work and leaves the group at once, from any state. */
+  void (*abort)(train_backend *b);
+  /* Optional, NULL where the library keeps no trace of its own (MPI, NCCL): start
+   * recording the library's collectives (dropping older records), stop, and copy up to
+   * `cap` records (*n gets how many there are). libcoll: coll_trace_start/stop/read, so
+   * a DDP timeline can show libcoll's calls and ring steps under the bucket they serve. */
+  int (*trace_start)(train_backend *b);
+  int (*trace_stop)(train_backend *b);
+  int (*trace_read)(train_backend *b, coll_trace_event *ev, size_t cap, size_t *n);
 };
 
 /* Wraps a libcoll communicator (from coll_launch_local or coll_comm_init_rank). With own,

@@ -19,265 +19,233 @@
 #include <string.h>
 
 typedef struct mpi_slot {
-    MPI_Request req;
-    int busy;
-    float *avg_buf; /* divide by nranks on completion (AVG), else NULL */
-    size_t avg_count;
+  MPI_Request req;
+  int busy;
+  float *avg_buf; /* divide by nranks on completion (AVG), else NULL */
+  size_t avg_count;
 } mpi_slot;
 
 typedef struct mpi_impl {
-    mpi_slot slot[TRAIN_BACKEND_MAX_REQS];
-    int next;
-    MPI_Comm comm; /* MPI_COMM_WORLD, or a split of it (freed by destroy) */
+  mpi_slot slot[TRAIN_BACKEND_MAX_REQS];
+  int next;
+  MPI_Comm comm; /* MPI_COMM_WORLD, or a split of it (freed by destroy) */
 } mpi_impl;
 
-static int fail(train_backend *b, const char *what, int code)
-{
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    msg[0] = '\0';
-    MPI_Error_string(code, msg, &len);
-    train_errf(b->err, "rank %d: MPI %s failed: %s", b->rank, what, msg);
-    return -1;
+static int fail(train_backend *b, const char *what, int code) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  msg[0] = '\0';
+  MPI_Error_string(code, msg, &len);
+  train_errf(b->err, "rank %d: MPI %s failed: %s", b->rank, what, msg);
+  return -1;
 }
 
-static void finish(train_backend *b, mpi_slot *s)
-{
-    if (s->avg_buf) {
-        float n = (float)b->nranks;
-        for (size_t i = 0; i < s->avg_count; i++)
-            s->avg_buf[i] /= n;
-    }
-    s->busy = 0;
-    s->avg_buf = NULL;
+static void finish(train_backend *b, mpi_slot *s) {
+  if (s->avg_buf) {
+    float n = (float)b->nranks;
+    for (size_t i = 0; i < s->avg_count; i++) s->avg_buf[i] /= n;
+  }
+  s->busy = 0;
+  s->avg_buf = NULL;
 }
 
-static int mp_wait(train_backend *b, train_req req)
-{
-    mpi_impl *p = b->impl;
-    if (req == TRAIN_REQ_DONE || !p->slot[req].busy)
-        return 0;
-    int rc = MPI_Wait(&p->slot[req].req, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-        p->slot[req].busy = 0;
-        return fail(b, "wait", rc);
-    }
-    finish(b, &p->slot[req]);
-    return 0;
+static int mp_wait(train_backend *b, train_req req) {
+  mpi_impl *p = b->impl;
+  if (req == TRAIN_REQ_DONE || !p->slot[req].busy) return 0;
+  int rc = MPI_Wait(&p->slot[req].req, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    p->slot[req].busy = 0;
+    return fail(b, "wait", rc);
+  }
+  finish(b, &p->slot[req]);
+  return 0;
 }
 
-static int mp_test(train_backend *b, train_req req)
-{
-    mpi_impl *p = b->impl;
-    if (req == TRAIN_REQ_DONE || !p->slot[req].busy)
-        return 1;
-    int done = 0;
-    int rc = MPI_Test(&p->slot[req].req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-        p->slot[req].busy = 0;
-        return fail(b, "test", rc);
-    }
-    if (done)
-        finish(b, &p->slot[req]);
-    return done;
+static int mp_test(train_backend *b, train_req req) {
+  mpi_impl *p = b->impl;
+  if (req == TRAIN_REQ_DONE || !p->slot[req].busy) return 1;
+  int done = 0;
+  int rc = MPI_Test(&p->slot[req].req, &done, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    p->slot[req].busy = 0;
+    return fail(b, "test", rc);
+  }
+  if (done) finish(b, &p->slot[req]);
+  return done;
 }
 
-static int take_slot(train_backend *b, int *slot)
-{
-    mpi_impl *p = b->impl;
-    int s = p->next;
-    if (p->slot[s].busy && mp_wait(b, s) != 0)
-        return -1;
-    p->next = (s + 1) % TRAIN_BACKEND_MAX_REQS;
-    p->slot[s].busy = 1;
-    p->slot[s].avg_buf = NULL;
-    *slot = s;
-    return 0;
+static int take_slot(train_backend *b, int *slot) {
+  mpi_impl *p = b->impl;
+  int s = p->next;
+  if (p->slot[s].busy && mp_wait(b, s) != 0) return -1;
+  p->next = (s + 1) % TRAIN_BACKEND_MAX_REQS;
+  p->slot[s].busy = 1;
+  p->slot[s].avg_buf = NULL;
+  *slot = s;
+  return 0;
 }
 
-static int started(train_backend *b, const char *what, int s, int rc, train_req *req)
-{
-    mpi_impl *p = b->impl;
-    if (rc != MPI_SUCCESS) {
-        p->slot[s].busy = 0;
-        return fail(b, what, rc);
-    }
-    *req = s;
-    return 0;
+static int started(train_backend *b, const char *what, int s, int rc, train_req *req) {
+  mpi_impl *p = b->impl;
+  if (rc != MPI_SUCCESS) {
+    p->slot[s].busy = 0;
+    return fail(b, what, rc);
+  }
+  *req = s;
+  return 0;
 }
 
 static int mp_all_reduce(train_backend *b, float *buf, size_t count, train_reduce op,
-                         train_req *req)
-{
-    mpi_impl *p = b->impl;
-    int s;
-    if (count > (size_t)INT32_MAX) {
-        train_errf(b->err, "rank %d: MPI all_reduce: count %zu does not fit an int", b->rank,
-                   count);
-        return -1;
-    }
-    if (take_slot(b, &s) != 0)
-        return -1;
-    if (op == TRAIN_REDUCE_AVG) {
-        p->slot[s].avg_buf = buf;
-        p->slot[s].avg_count = count;
-    }
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, p->comm,
-                            &p->slot[s].req);
-    return started(b, "Iallreduce", s, rc, req);
+                         train_req *req) {
+  mpi_impl *p = b->impl;
+  int s;
+  if (count > (size_t)INT32_MAX) {
+    train_errf(b->err, "rank %d: MPI all_reduce: count %zu does not fit an int", b->rank, count);
+    return -1;
+  }
+  if (take_slot(b, &s) != 0) return -1;
+  if (op == TRAIN_REDUCE_AVG) {
+    p->slot[s].avg_buf = buf;
+    p->slot[s].avg_count = count;
+  }
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, p->comm,
+                          &p->slot[s].req);
+  return started(b, "Iallreduce", s, rc, req);
 }
 
-static int mp_reduce_scatter(train_backend *b, const float *send, float *recv,
-                             size_t recvcount, train_reduce op, train_req *req)
-{
-    mpi_impl *p = b->impl;
-    int s;
-    if (recvcount > (size_t)INT32_MAX) {
-        train_errf(b->err, "rank %d: MPI reduce_scatter: count %zu does not fit an int",
-                   b->rank, recvcount);
-        return -1;
-    }
-    if (take_slot(b, &s) != 0)
-        return -1;
-    if (op == TRAIN_REDUCE_AVG) {
-        p->slot[s].avg_buf = recv;
-        p->slot[s].avg_count = recvcount;
-    }
-    int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, MPI_FLOAT, MPI_SUM,
-                                       p->comm, &p->slot[s].req);
-    return started(b, "Ireduce_scatter_block", s, rc, req);
+static int mp_reduce_scatter(train_backend *b, const float *send, float *recv, size_t recvcount,
+                             train_reduce op, train_req *req) {
+  mpi_impl *p = b->impl;
+  int s;
+  if (recvcount > (size_t)INT32_MAX) {
+    train_errf(b->err, "rank %d: MPI reduce_scatter: count %zu does not fit an int", b->rank,
+               recvcount);
+    return -1;
+  }
+  if (take_slot(b, &s) != 0) return -1;
+  if (op == TRAIN_REDUCE_AVG) {
+    p->slot[s].avg_buf = recv;
+    p->slot[s].avg_count = recvcount;
+  }
+  int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, MPI_FLOAT, MPI_SUM, p->comm,
+                                     &p->slot[s].req);
+  return started(b, "Ireduce_scatter_block", s, rc, req);
 }
 
 static int mp_all_gather(train_backend *b, const void *send, void *recv, size_t bytes,
-                         train_req *req)
-{
-    mpi_impl *p = b->impl;
-    int s;
-    if (bytes > (size_t)INT32_MAX) {
-        train_errf(b->err, "rank %d: MPI all_gather: %zu bytes do not fit an int", b->rank,
-                   bytes);
-        return -1;
-    }
-    if (take_slot(b, &s) != 0)
-        return -1;
-    int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE,
-                            p->comm, &p->slot[s].req);
-    return started(b, "Iallgather", s, rc, req);
+                         train_req *req) {
+  mpi_impl *p = b->impl;
+  int s;
+  if (bytes > (size_t)INT32_MAX) {
+    train_errf(b->err, "rank %d: MPI all_gather: %zu bytes do not fit an int", b->rank, bytes);
+    return -1;
+  }
+  if (take_slot(b, &s) != 0) return -1;
+  int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, p->comm,
+                          &p->slot[s].req);
+  return started(b, "Iallgather", s, rc, req);
 }
 
-static int mp_broadcast(train_backend *b, void *buf, size_t bytes, int root, train_req *req)
-{
-    mpi_impl *p = b->impl;
-    int s;
-    if (bytes > (size_t)INT32_MAX) {
-        train_errf(b->err, "rank %d: MPI broadcast: %zu bytes do not fit an int", b->rank,
-                   bytes);
-        return -1;
-    }
-    if (take_slot(b, &s) != 0)
-        return -1;
-    int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, p->comm, &p->slot[s].req);
-    return started(b, "Ibcast", s, rc, req);
+static int mp_broadcast(train_backend *b, void *buf, size_t bytes, int root, train_req *req) {
+  mpi_impl *p = b->impl;
+  int s;
+  if (bytes > (size_t)INT32_MAX) {
+    train_errf(b->err, "rank %d: MPI broadcast: %zu bytes do not fit an int", b->rank, bytes);
+    return -1;
+  }
+  if (take_slot(b, &s) != 0) return -1;
+  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, p->comm, &p->slot[s].req);
+  return started(b, "Ibcast", s, rc, req);
 }
 
-static int mp_barrier(train_backend *b)
-{
-    mpi_impl *p = b->impl;
-    int rc = MPI_Barrier(p->comm);
-    return rc == MPI_SUCCESS ? 0 : fail(b, "barrier", rc);
+static int mp_barrier(train_backend *b) {
+  mpi_impl *p = b->impl;
+  int rc = MPI_Barrier(p->comm);
+  return rc == MPI_SUCCESS ? 0 : fail(b, "barrier", rc);
 }
 
-static int mp_destroy(train_backend *b)
-{
-    mpi_impl *p = b->impl;
-    int rc = 0;
-    for (int i = 0; i < TRAIN_BACKEND_MAX_REQS; i++)
-        if (p->slot[i].busy && mp_wait(b, i) != 0)
-            rc = -1;
-    if (p->comm == MPI_COMM_WORLD)
-        MPI_Finalize();
-    else
-        MPI_Comm_free(&p->comm);
-    free(p);
-    free(b);
-    return rc;
+static int mp_destroy(train_backend *b) {
+  mpi_impl *p = b->impl;
+  int rc = 0;
+  for (int i = 0; i < TRAIN_BACKEND_MAX_REQS; i++)
+    if (p->slot[i].busy && mp_wait(b, i) != 0) rc = -1;
+  if (p->comm == MPI_COMM_WORLD)
+    MPI_Finalize();
+  else
+    MPI_Comm_free(&p->comm);
+  free(p);
+  free(b);
+  return rc;
 }
 
-static void mp_abort(train_backend *b)
-{
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    free(b->impl);
-    free(b);
+static void mp_abort(train_backend *b) {
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  free(b->impl);
+  free(b);
 }
 
 static train_backend *wrap(MPI_Comm comm, char *err);
 
-static int mp_split(train_backend *b, int color, int key, train_backend **out)
-{
-    mpi_impl *p = b->impl;
-    MPI_Comm nc = MPI_COMM_NULL;
-    *out = NULL;
-    int rc = MPI_Comm_split(p->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
-    if (rc != MPI_SUCCESS)
-        return fail(b, "Comm_split", rc);
-    if (nc == MPI_COMM_NULL)
-        return 0;
-    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
-    char err[TRAIN_ERRLEN];
-    *out = wrap(nc, err);
-    if (!*out) {
-        MPI_Comm_free(&nc);
-        train_errf(b->err, "rank %d: %s", b->rank, err);
-        return -1;
-    }
-    return 0;
+static int mp_split(train_backend *b, int color, int key, train_backend **out) {
+  mpi_impl *p = b->impl;
+  MPI_Comm nc = MPI_COMM_NULL;
+  *out = NULL;
+  int rc = MPI_Comm_split(p->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+  if (rc != MPI_SUCCESS) return fail(b, "Comm_split", rc);
+  if (nc == MPI_COMM_NULL) return 0;
+  MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+  char err[TRAIN_ERRLEN];
+  *out = wrap(nc, err);
+  if (!*out) {
+    MPI_Comm_free(&nc);
+    train_errf(b->err, "rank %d: %s", b->rank, err);
+    return -1;
+  }
+  return 0;
 }
 
-static train_backend *wrap(MPI_Comm comm, char *err)
-{
-    train_backend *b = calloc(1, sizeof *b);
-    mpi_impl *p = calloc(1, sizeof *p);
-    if (!b || !p) {
-        free(b);
-        free(p);
-        train_errf(err, "out of memory for the MPI backend");
-        return NULL;
-    }
-    p->comm = comm;
-    b->impl = p;
-    b->name = "mpi";
-    MPI_Comm_rank(comm, &b->rank);
-    MPI_Comm_size(comm, &b->nranks);
-    b->all_reduce = mp_all_reduce;
-    b->reduce_scatter = mp_reduce_scatter;
-    b->all_gather = mp_all_gather;
-    b->broadcast = mp_broadcast;
-    b->barrier = mp_barrier;
-    b->test = mp_test;
-    b->wait = mp_wait;
-    b->split = mp_split;
-    b->destroy = mp_destroy;
-    b->abort = mp_abort;
-    return b;
+static train_backend *wrap(MPI_Comm comm, char *err) {
+  train_backend *b = calloc(1, sizeof *b);
+  mpi_impl *p = calloc(1, sizeof *p);
+  if (!b || !p) {
+    free(b);
+    free(p);
+    train_errf(err, "out of memory for the MPI backend");
+    return NULL;
+  }
+  p->comm = comm;
+  b->impl = p;
+  b->name = "mpi";
+  MPI_Comm_rank(comm, &b->rank);
+  MPI_Comm_size(comm, &b->nranks);
+  b->all_reduce = mp_all_reduce;
+  b->reduce_scatter = mp_reduce_scatter;
+  b->all_gather = mp_all_gather;
+  b->broadcast = mp_broadcast;
+  b->barrier = mp_barrier;
+  b->test = mp_test;
+  b->wait = mp_wait;
+  b->split = mp_split;
+  b->destroy = mp_destroy;
+  b->abort = mp_abort;
+  return b;
 }
 
 int train_backend_mpi_built(void) { return 1; }
 
-train_backend *train_backend_mpi(char *err)
-{
-    if (!getenv("OMPI_COMM_WORLD_SIZE")) {
-        train_errf(err, "MPI backend: not started by Open MPI's mpirun (OMPI_COMM_WORLD_SIZE "
-                        "is not set); run under mpirun.openmpi");
-        return NULL;
-    }
-    int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-        train_errf(err, "MPI backend: MPI_Init_thread failed");
-        return NULL;
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    train_backend *b = wrap(MPI_COMM_WORLD, err);
-    if (!b)
-        MPI_Finalize();
-    return b;
+train_backend *train_backend_mpi(char *err) {
+  if (!getenv("OMPI_COMM_WORLD_SIZE")) {
+    train_errf(err, "MPI backend: not started by Open MPI's mpirun (OMPI_COMM_WORLD_SIZE "
+                    "is not set); run under mpirun.openmpi");
+    return NULL;
+  }
+  int provided = 0;
+  if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    train_errf(err, "MPI backend: MPI_Init_thread failed");
+    return NULL;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  train_backend *b = wrap(MPI_COMM_WORLD, err);
+  if (!b) MPI_Finalize();
+  return b;
 }

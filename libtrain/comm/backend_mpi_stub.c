@@ -7,9 +7,8 @@
 
 int train_backend_mpi_built(void) { return 0; }
 
-train_backend *train_backend_mpi(char *err)
-{
-    train_errf(err, "MPI backend: this build has no Open MPI (install libopenmpi-dev and "
-                    "reconfigure with meson)");
-    return NULL;
+train_backend *train_backend_mpi(char *err) {
+  train_errf(err, "MPI backend: this build has no Open MPI (install libopenmpi-dev and "
+                  "reconfigure with meson)");
+  return NULL;
 }

@@ -10,12 +10,11 @@ int train_backend_nccl_built(void) { return 0; }
 
 int train_nccl_device_count(void) { return 0; }
 
-train_backend *train_backend_nccl(coll_comm_t boot, int own, char *err)
-{
-    (void)boot;
-    (void)own;
-    train_errf(err, "--backend nccl: this build of libtrain has no NCCL backend (the CUDA "
-                    "toolkit, with nvcc on PATH, and nccl.h + libnccl were not found when it "
-                    "was configured)");
-    return NULL;
+train_backend *train_backend_nccl(coll_comm_t boot, int own, char *err) {
+  (void)boot;
+  (void)own;
+  train_errf(err, "--backend nccl: this build of libtrain has no NCCL backend (the CUDA "
+                  "toolkit, with nvcc on PATH, and nccl.h + libnccl were not found when it "
+                  "was configured)");
+  return NULL;
 }

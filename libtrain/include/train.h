@@ -37,24 +37,24 @@ extern "C" {
 /* ---- model ---------------------------------------------------------------------- */
 
 typedef struct train_config {
-    int vocab;    /* V: vocabulary size (256 for the byte tokenizer) */
-    int max_seq;  /* maxT: rows of the position table; the longest sequence the model takes */
-    int layers;   /* L: number of transformer blocks */
-    int channels; /* C: embedding width; must be divisible by heads */
-    int heads;    /* NH: attention heads; head size is C / NH */
+  int vocab;    /* V: vocabulary size (256 for the byte tokenizer) */
+  int max_seq;  /* maxT: rows of the position table; the longest sequence the model takes */
+  int layers;   /* L: number of transformer blocks */
+  int channels; /* C: embedding width; must be divisible by heads */
+  int heads;    /* NH: attention heads; head size is C / NH */
 } train_config;
 
 typedef enum train_device { TRAIN_DEVICE_CPU = 0, TRAIN_DEVICE_CUDA = 1 } train_device;
 
 /* One parameter tensor: a view into the flat parameter array. */
 typedef struct train_param {
-    char name[32];    /* e.g. "wte", "h.3.attn.qkv.w", "lnf.b" */
-    size_t offset;    /* in floats, from the start of the flat array */
-    size_t numel;
-    int ndim;         /* 1 or 2 */
-    int shape[2];     /* (rows, cols) for 2-D tensors; Linear weights are (out, in) */
-    int decay;        /* 1 if AdamW weight decay applies (matrices and embeddings) */
-    int layer;        /* block index, or -1 for embeddings / final LayerNorm */
+  char name[32]; /* e.g. "wte", "h.3.attn.qkv.w", "lnf.b" */
+  size_t offset; /* in floats, from the start of the flat array */
+  size_t numel;
+  int ndim;     /* 1 or 2 */
+  int shape[2]; /* (rows, cols) for 2-D tensors; Linear weights are (out, in) */
+  int decay;    /* 1 if AdamW weight decay applies (matrices and embeddings) */
+  int layer;    /* block index, or -1 for embeddings / final LayerNorm */
 } train_param;
 
 typedef struct train_model train_model;
@@ -65,9 +65,8 @@ TRAIN_API int train_config_check(const train_config *cfg, char *err);
 /* Creates a model able to run batches of up to B sequences of up to T tokens, with
  * parameters initialised from `seed` (GPT-2 init: N(0, 0.02), residual projections
  * scaled by 1/sqrt(2L), LayerNorm 1/0, biases 0). threads <= 0 means "all CPUs". */
-TRAIN_API train_model *train_model_create(const train_config *cfg, int B, int T,
-                                          train_device dev, int threads, uint64_t seed,
-                                          char *err);
+TRAIN_API train_model *train_model_create(const train_config *cfg, int B, int T, train_device dev,
+                                          int threads, uint64_t seed, char *err);
 TRAIN_API void train_model_free(train_model *m);
 
 TRAIN_API const train_config *train_model_config(const train_model *m);
@@ -88,8 +87,7 @@ TRAIN_API void train_copy_grads_to_host(const train_model *m, float *dst);
 /* Forward pass over inputs (B,T) of token ids. With targets (B,T) it also computes the
  * mean cross-entropy and returns it; without (targets == NULL) it returns 0 and only
  * the logits are valid. B and T may be smaller than at creation. */
-TRAIN_API float train_forward(train_model *m, const int *inputs, const int *targets,
-                              int B, int T);
+TRAIN_API float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T);
 /* Logits of the last forward, (B,T,V), copied to host memory `dst`. */
 TRAIN_API void train_copy_logits_to_host(const train_model *m, float *dst);
 TRAIN_API void train_zero_grad(train_model *m);
@@ -115,13 +113,13 @@ TRAIN_API void train_set_forward_hook(train_model *m, train_forward_hook fn, voi
 /* ---- optimizer ------------------------------------------------------------------ */
 
 typedef struct train_hparams {
-    float lr;           /* peak learning rate */
-    float min_lr_frac;  /* cosine decays to lr * min_lr_frac */
-    int warmup;         /* linear warmup steps */
-    int steps;          /* total steps (end of the cosine) */
-    float beta1, beta2, eps;
-    float weight_decay; /* decoupled, on tensors with decay == 1 */
-    float grad_clip;    /* clip the global gradient norm to this; <= 0 disables */
+  float lr;          /* peak learning rate */
+  float min_lr_frac; /* cosine decays to lr * min_lr_frac */
+  int warmup;        /* linear warmup steps */
+  int steps;         /* total steps (end of the cosine) */
+  float beta1, beta2, eps;
+  float weight_decay; /* decoupled, on tensors with decay == 1 */
+  float grad_clip;    /* clip the global gradient norm to this; <= 0 disables */
 } train_hparams;
 
 TRAIN_API train_hparams train_hparams_default(void);
@@ -161,8 +159,7 @@ TRAIN_API size_t train_data_tokens(const train_data *d);
 TRAIN_API uint64_t train_data_hash(const train_data *d);
 TRAIN_API const char *train_data_name(const train_data *d);
 /* Writes ids as a token file (temp file + fsync + rename). */
-TRAIN_API int train_tokfile_write(const char *path, const int *ids, size_t n, int vocab,
-                                  char *err);
+TRAIN_API int train_tokfile_write(const char *path, const int *ids, size_t n, int vocab, char *err);
 /* The embedded public-domain corpus (raw text). */
 TRAIN_API const char *train_corpus(size_t *len);
 
@@ -170,20 +167,20 @@ TRAIN_API const char *train_corpus(size_t *len);
  * a per-epoch random offset, and the windows are visited in a per-epoch random
  * permutation; both depend only on (seed, epoch). The position is (epoch, index). */
 typedef struct train_loader_state {
-    uint64_t seed;
-    uint64_t epoch;
-    uint64_t index;
+  uint64_t seed;
+  uint64_t epoch;
+  uint64_t index;
 } train_loader_state;
 
 /* Fills inputs (B,T) and targets (B,T) with the next training batch and advances st. */
-TRAIN_API void train_data_next_batch(train_data *d, train_loader_state *st, int B,
-                                     int T, int *inputs, int *targets);
+TRAIN_API void train_data_next_batch(train_data *d, train_loader_state *st, int B, int T,
+                                     int *inputs, int *targets);
 /* Rows [row0, row0 + nrows) of that same next batch of B rows (inputs and targets are
  * (nrows,T)), advancing st past all B rows: how a data-parallel rank reads its disjoint
  * slice of the global batch, so that N ranks together see exactly what one process
  * would. */
-TRAIN_API void train_data_next_rows(train_data *d, train_loader_state *st, int B, int T,
-                                    int row0, int nrows, int *inputs, int *targets);
+TRAIN_API void train_data_next_rows(train_data *d, train_loader_state *st, int B, int T, int row0,
+                                    int nrows, int *inputs, int *targets);
 /* Validation batch number k (deterministic, no state); returns 0 when k is past the end. */
 TRAIN_API int train_data_val_batch(const train_data *d, int k, int B, int T, int *inputs,
                                    int *targets);
@@ -191,26 +188,26 @@ TRAIN_API int train_data_val_batch(const train_data *d, int k, int B, int T, int
 /* ---- training session (model + data + optimizer + step), with checkpoints --------- */
 
 typedef struct train_options {
-    train_config cfg;
-    train_hparams hp;
-    int batch, seq;
-    uint64_t seed;
-    train_device device;
-    int threads;
-    const char *data_path; /* NULL: embedded corpus */
-    /* Tensor parallelism (tp.h): the model holds rank tp_rank's slice of a model split tp
-     * ways (0 or 1: the whole model). */
-    int tp, tp_rank;
-    int sp; /* with tp > 1: sequence parallelism (batch*seq a multiple of tp) */
+  train_config cfg;
+  train_hparams hp;
+  int batch, seq;
+  uint64_t seed;
+  train_device device;
+  int threads;
+  const char *data_path; /* NULL: embedded corpus */
+  /* Tensor parallelism (tp.h): the model holds rank tp_rank's slice of a model split tp
+   * ways (0 or 1: the whole model). */
+  int tp, tp_rank;
+  int sp; /* with tp > 1: sequence parallelism (batch*seq a multiple of tp) */
 } train_options;
 
 typedef struct train_step_stats {
-    long step;       /* 1-based number of the step just taken */
-    float loss;
-    float lr;
-    float grad_norm;
-    double ms;
-    double tokens_per_s;
+  long step; /* 1-based number of the step just taken */
+  float loss;
+  float lr;
+  float grad_norm;
+  double ms;
+  double tokens_per_s;
 } train_step_stats;
 
 typedef struct train_session train_session;
@@ -253,8 +250,8 @@ TRAIN_API void train_session_set_batch_mult(train_session *s, int mult);
 /* Writes the loss curve as an SVG (atomically): loss[i] is the training loss of step
  * first_step + i; val[j] the validation loss at step val_steps[j] (may be NULL/0). */
 TRAIN_API int train_plot_svg(const char *path, long first_step, const float *loss, long n,
-                             const long *val_steps, const float *val, long nval,
-                             const char *title, char *err);
+                             const long *val_steps, const float *val, long nval, const char *title,
+                             char *err);
 /* Model FLOPs per token for forward+backward at sequence length T (see model.c). */
 TRAIN_API double train_flops_per_token(const train_config *cfg, int T);
 /* CPUs this process may run on (the default thread count). */

@@ -9,85 +9,70 @@
 #include "model/model.h"
 
 static void embed_forward(train_model *m, float *out, const int *inp, const float *wte,
-                          const float *wpe, int B, int T, int C)
-{
-    m->ops->encoder_forward(out, inp, wte, wpe, B, T, C);
+                          const float *wpe, int B, int T, int C) {
+  m->ops->encoder_forward(out, inp, wte, wpe, B, T, C);
 }
 
 static void embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
-                           const int *inp, int B, int T, int C)
-{
-    m->ops->encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+                           const int *inp, int B, int T, int C) {
+  m->ops->encoder_backward(dwte, dwpe, dout, inp, B, T, C);
 }
 
 /* seq_rank is 0 here unless the model was made for a rank of a sequence-parallel group
  * (and then the group's operations replace these before a pass runs) */
 static void ln_forward(train_model *m, float *out, float *mean, float *rstd, const float *inp,
-                       const float *w, const float *b, int Nr, int C, const char *what)
-{
-    (void)what;
-    m->ops->layernorm_forward(out + (size_t)m->seq_rank * Nr * C, mean, rstd, inp, w, b, Nr,
-                              C);
+                       const float *w, const float *b, int Nr, int C, const char *what) {
+  (void)what;
+  m->ops->layernorm_forward(out + (size_t)m->seq_rank * Nr * C, mean, rstd, inp, w, b, Nr, C);
 }
 
 static void ln_backward(train_model *m, float *dinp, float *dw, float *db, const float *dout,
                         const float *inp, const float *w, const float *mean, const float *rstd,
-                        int Nr, int C, const char *what)
-{
-    (void)what;
-    m->ops->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, Nr, C);
+                        int Nr, int C, const char *what) {
+  (void)what;
+  m->ops->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, Nr, C);
 }
 
 static void linear_forward(train_model *m, float *out, const float *inp, const float *w,
-                           const float *b, int N, int C, int OC)
-{
-    m->ops->matmul_forward(out, inp, w, b, N, C, OC);
+                           const float *b, int N, int C, int OC) {
+  m->ops->matmul_forward(out, inp, w, b, N, C, OC);
 }
 
-static void linear_backward(train_model *m, float *dinp, float *dw, float *db,
-                            const float *dout, const float *inp, const float *w, int N, int C,
-                            int OC, const char *what)
-{
-    (void)what;
-    m->ops->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+static void linear_backward(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC,
+                            const char *what) {
+  (void)what;
+  m->ops->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
 }
 
 static void head_backward(train_model *m, float *dinp, float *dw, const float *dout,
-                          const float *inp, const float *w, int N, int C, int V)
-{
-    m->ops->matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, V);
+                          const float *inp, const float *w, int N, int C, int V) {
+  m->ops->matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, V);
 }
 
 /* one matmul with its bias, as the single-process pass always computed it */
 static void row_forward(train_model *m, float *out, const float *inp, const float *w,
-                        const float *b, int N, int C, int OC, const char *what)
-{
-    (void)what;
-    m->ops->matmul_forward(out, inp, w, b, N, C, OC);
+                        const float *b, int N, int C, int OC, const char *what) {
+  (void)what;
+  m->ops->matmul_forward(out, inp, w, b, N, C, OC);
 }
 
 static void xent_forward(train_model *m, float *losses, float *probs, const float *logits,
-                         const int *targets, int N)
-{
-    m->ops->crossentropy_forward(losses, probs, logits, targets, N, m->vocab_local);
+                         const int *targets, int N) {
+  m->ops->crossentropy_forward(losses, probs, logits, targets, N, m->vocab_local);
 }
 
-static void xent_backward(train_model *m, float *dlogits, const float *probs,
-                          const int *targets, float dloss, int N)
-{
-    m->ops->crossentropy_backward(dlogits, probs, targets, dloss, N, m->vocab_local);
+static void xent_backward(train_model *m, float *dlogits, const float *probs, const int *targets,
+                          float dloss, int N) {
+  m->ops->crossentropy_backward(dlogits, probs, targets, dloss, N, m->vocab_local);
 }
 
-static double grad_sumsq(train_model *m)
-{
-    return m->ops->sumsq(m->grads, m->nparams);
-}
+static double grad_sumsq(train_model *m) { return m->ops->sumsq(m->grads, m->nparams); }
 
 /* Nothing keeps a single process's failures: the pass that fails returns NaN. */
-static void fail(train_model *m, const char *msg)
-{
-    (void)m;
-    (void)msg;
+static void fail(train_model *m, const char *msg) {
+  (void)m;
+  (void)msg;
 }
 
 static const train_layer_ops local_ops = {

@@ -43,271 +43,248 @@
 
 #define BLOCK_TENSORS 12
 
-int train_config_check(const train_config *c, char *err)
-{
-    if (c->vocab < 2 || c->vocab > 65536) {
-        train_errf(err, "impossible config: vocab %d must be in 2..65536", c->vocab);
-        return -1;
-    }
-    if (c->layers < 1 || c->layers > 1024) {
-        train_errf(err, "impossible config: layers %d must be in 1..1024", c->layers);
-        return -1;
-    }
-    if (c->heads < 1) {
-        train_errf(err, "impossible config: heads %d must be at least 1", c->heads);
-        return -1;
-    }
-    if (c->channels < 1 || c->channels > 65536) {
-        train_errf(err, "impossible config: channels %d must be in 1..65536", c->channels);
-        return -1;
-    }
-    if (c->channels % c->heads != 0) {
-        train_errf(err, "impossible config: channels %d is not divisible by heads %d",
-                   c->channels, c->heads);
-        return -1;
-    }
-    if (c->max_seq < 1 || c->max_seq > 1 << 20) {
-        train_errf(err, "impossible config: max_seq %d must be in 1..1048576", c->max_seq);
-        return -1;
-    }
-    return 0;
+int train_config_check(const train_config *c, char *err) {
+  if (c->vocab < 2 || c->vocab > 65536) {
+    train_errf(err, "impossible config: vocab %d must be in 2..65536", c->vocab);
+    return -1;
+  }
+  if (c->layers < 1 || c->layers > 1024) {
+    train_errf(err, "impossible config: layers %d must be in 1..1024", c->layers);
+    return -1;
+  }
+  if (c->heads < 1) {
+    train_errf(err, "impossible config: heads %d must be at least 1", c->heads);
+    return -1;
+  }
+  if (c->channels < 1 || c->channels > 65536) {
+    train_errf(err, "impossible config: channels %d must be in 1..65536", c->channels);
+    return -1;
+  }
+  if (c->channels % c->heads != 0) {
+    train_errf(err, "impossible config: channels %d is not divisible by heads %d", c->channels,
+               c->heads);
+    return -1;
+  }
+  if (c->max_seq < 1 || c->max_seq > 1 << 20) {
+    train_errf(err, "impossible config: max_seq %d must be in 1..1048576", c->max_seq);
+    return -1;
+  }
+  return 0;
 }
 
 /* The splits of the layout below: heads, MLP rows and vocabulary rows, `ways` ways each
  * (the messages name the option that asks for them). */
-int train_model_split_check(const train_config *c, int ways, train_device dev, char *err)
-{
-    if (ways < 1) {
-        train_errf(err, "--tp %d: the tensor-parallel size must be at least 1", ways);
-        return -1;
-    }
-    if (c->heads % ways != 0) {
-        train_errf(err, "--tp %d: the %d attention heads cannot be split evenly over %d "
-                        "tensor-parallel ranks (heads must be a multiple of --tp)",
-                   ways, c->heads, ways);
-        return -1;
-    }
-    if (ways > c->vocab) {
-        train_errf(err, "--tp %d: more tensor-parallel ranks than vocabulary entries (%d)",
-                   ways, c->vocab);
-        return -1;
-    }
-    /* the tensor-parallel layer operations work on host memory */
-    if (ways > 1 && dev != TRAIN_DEVICE_CPU) {
-        train_errf(err, "--tp %d: tensor parallelism runs on the CPU model only (--device cpu)",
-                   ways);
-        return -1;
-    }
-    return 0;
+int train_model_split_check(const train_config *c, int ways, train_device dev, char *err) {
+  if (ways < 1) {
+    train_errf(err, "--tp %d: the tensor-parallel size must be at least 1", ways);
+    return -1;
+  }
+  if (c->heads % ways != 0) {
+    train_errf(err,
+               "--tp %d: the %d attention heads cannot be split evenly over %d "
+               "tensor-parallel ranks (heads must be a multiple of --tp)",
+               ways, c->heads, ways);
+    return -1;
+  }
+  if (ways > c->vocab) {
+    train_errf(err, "--tp %d: more tensor-parallel ranks than vocabulary entries (%d)", ways,
+               c->vocab);
+    return -1;
+  }
+  /* the tensor-parallel layer operations work on host memory */
+  if (ways > 1 && dev != TRAIN_DEVICE_CPU) {
+    train_errf(err, "--tp %d: tensor parallelism runs on the CPU model only (--device cpu)", ways);
+    return -1;
+  }
+  return 0;
 }
 
-static void add_tensor(train_model *m, const char *name, int layer, int rows, int cols,
-                       int decay)
-{
-    train_param *p = &m->tensors[m->ntensors++];
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->offset = m->nparams;
-    p->ndim = cols > 0 ? 2 : 1;
-    p->shape[0] = rows;
-    p->shape[1] = cols > 0 ? cols : 1;
-    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
-    p->decay = decay;
-    p->layer = layer;
-    m->nparams += p->numel;
+static void add_tensor(train_model *m, const char *name, int layer, int rows, int cols, int decay) {
+  train_param *p = &m->tensors[m->ntensors++];
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->offset = m->nparams;
+  p->ndim = cols > 0 ? 2 : 1;
+  p->shape[0] = rows;
+  p->shape[1] = cols > 0 ? cols : 1;
+  p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+  p->decay = decay;
+  p->layer = layer;
+  m->nparams += p->numel;
 }
 
 /* The shape of rank `rank` of a tensor-parallel group of tp (1, 0: the whole model), with
  * sp: sequence parallelism inside it. Every pass and layout reads these fields. */
-static void set_shape(train_model *m, int tp, int rank, int sp)
-{
-    m->tp = tp > 1 ? tp : 1;
-    m->tp_rank = tp > 1 ? rank : 0;
-    m->vocab_local = (m->cfg.vocab + m->tp - 1) / m->tp; /* V padded to a multiple of T */
-    m->heads_local = m->cfg.heads / m->tp;
-    m->width_local = m->cfg.channels / m->tp;
-    m->seq_shards = sp && m->tp > 1 ? m->tp : 1;
-    m->seq_rank = m->seq_shards > 1 ? m->tp_rank : 0;
+static void set_shape(train_model *m, int tp, int rank, int sp) {
+  m->tp = tp > 1 ? tp : 1;
+  m->tp_rank = tp > 1 ? rank : 0;
+  m->vocab_local = (m->cfg.vocab + m->tp - 1) / m->tp; /* V padded to a multiple of T */
+  m->heads_local = m->cfg.heads / m->tp;
+  m->width_local = m->cfg.channels / m->tp;
+  m->seq_shards = sp && m->tp > 1 ? m->tp : 1;
+  m->seq_rank = m->seq_shards > 1 ? m->tp_rank : 0;
 }
 
-static void build_layout(train_model *m)
-{
-    const train_config *c = &m->cfg;
-    int C = c->channels, Cl = m->width_local; /* Cl: this rank's attention width */
-    char nm[32];
-    m->tensors = calloc((size_t)c->layers * BLOCK_TENSORS + 4, sizeof *m->tensors);
-    add_tensor(m, "wte", -1, m->vocab_local, C, 1);
-    add_tensor(m, "wpe", -1, c->max_seq, C, 1);
-    for (int l = 0; l < c->layers; l++) {
-#define T_(suffix, rows, cols, decay)                                                      \
-    snprintf(nm, sizeof nm, "h.%d." suffix, l);                                            \
-    add_tensor(m, nm, l, rows, cols, decay)
-        T_("ln1.w", C, 0, 0);
-        T_("ln1.b", C, 0, 0);
-        T_("attn.qkv.w", 3 * Cl, C, 1);
-        T_("attn.qkv.b", 3 * Cl, 0, 0);
-        T_("attn.proj.w", C, Cl, 1);
-        T_("attn.proj.b", C, 0, 0);
-        T_("ln2.w", C, 0, 0);
-        T_("ln2.b", C, 0, 0);
-        T_("mlp.fc.w", 4 * Cl, C, 1);
-        T_("mlp.fc.b", 4 * Cl, 0, 0);
-        T_("mlp.proj.w", C, 4 * Cl, 1);
-        T_("mlp.proj.b", C, 0, 0);
+static void build_layout(train_model *m) {
+  const train_config *c = &m->cfg;
+  int C = c->channels, Cl = m->width_local; /* Cl: this rank's attention width */
+  char nm[32];
+  m->tensors = calloc((size_t)c->layers * BLOCK_TENSORS + 4, sizeof *m->tensors);
+  add_tensor(m, "wte", -1, m->vocab_local, C, 1);
+  add_tensor(m, "wpe", -1, c->max_seq, C, 1);
+  for (int l = 0; l < c->layers; l++) {
+#define T_(suffix, rows, cols, decay)         \
+  snprintf(nm, sizeof nm, "h.%d." suffix, l); \
+  add_tensor(m, nm, l, rows, cols, decay)
+    T_("ln1.w", C, 0, 0);
+    T_("ln1.b", C, 0, 0);
+    T_("attn.qkv.w", 3 * Cl, C, 1);
+    T_("attn.qkv.b", 3 * Cl, 0, 0);
+    T_("attn.proj.w", C, Cl, 1);
+    T_("attn.proj.b", C, 0, 0);
+    T_("ln2.w", C, 0, 0);
+    T_("ln2.b", C, 0, 0);
+    T_("mlp.fc.w", 4 * Cl, C, 1);
+    T_("mlp.fc.b", 4 * Cl, 0, 0);
+    T_("mlp.proj.w", C, 4 * Cl, 1);
+    T_("mlp.proj.b", C, 0, 0);
 #undef T_
-    }
-    add_tensor(m, "lnf.w", -1, C, 0, 0);
-    add_tensor(m, "lnf.b", -1, C, 0, 0);
+  }
+  add_tensor(m, "lnf.w", -1, C, 0, 0);
+  add_tensor(m, "lnf.b", -1, C, 0, 0);
 }
 
-void train_block_view(const train_model *m, float *base, int l, train_block *o)
-{
-    const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
-    float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw,  &o->qkvb,
-                                  &o->projw, &o->projb, &o->ln2w, &o->ln2b,
-                                  &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
-    for (int i = 0; i < BLOCK_TENSORS; i++)
-        *dst[i] = base + t[i].offset;
+void train_block_view(const train_model *m, float *base, int l, train_block *o) {
+  const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+  float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw, &o->qkvb, &o->projw,   &o->projb,
+                                &o->ln2w, &o->ln2b, &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
+  for (int i = 0; i < BLOCK_TENSORS; i++) *dst[i] = base + t[i].offset;
 }
 
-void train_block_params_view(const train_model *m, int l, train_block *o)
-{
-    if (!m->block_params || !m->block_params[l]) {
-        train_block_view(m, m->params, l, o);
-        return;
-    }
-    const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
-    float *base = m->block_params[l];
-    float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw,  &o->qkvb,
-                                  &o->projw, &o->projb, &o->ln2w, &o->ln2b,
-                                  &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
-    for (int i = 0; i < BLOCK_TENSORS; i++)
-        *dst[i] = base + (t[i].offset - t[0].offset);
+void train_block_params_view(const train_model *m, int l, train_block *o) {
+  if (!m->block_params || !m->block_params[l]) {
+    train_block_view(m, m->params, l, o);
+    return;
+  }
+  const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+  float *base = m->block_params[l];
+  float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw, &o->qkvb, &o->projw,   &o->projb,
+                                &o->ln2w, &o->ln2b, &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
+  for (int i = 0; i < BLOCK_TENSORS; i++) *dst[i] = base + (t[i].offset - t[0].offset);
 }
 
-float *train_tensor(const train_model *m, float *base, const char *name)
-{
-    for (int i = 0; i < m->ntensors; i++)
-        if (strcmp(m->tensors[i].name, name) == 0)
-            return base + m->tensors[i].offset;
-    return NULL;
+float *train_tensor(const train_model *m, float *base, const char *name) {
+  for (int i = 0; i < m->ntensors; i++)
+    if (strcmp(m->tensors[i].name, name) == 0) return base + m->tensors[i].offset;
+  return NULL;
 }
 
 /* Carves the activation views out of one allocation (or, with mem == NULL, counts). */
-static size_t layout_acts(train_model *m, float *mem)
-{
-    const train_config *c = &m->cfg;
-    size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = m->vocab_local,
-           NH = m->heads_local, Cl = m->width_local, BT = B * T;
-    size_t BTr = BT / m->seq_shards; /* rows of the residual stream held here */
-    size_t off = 0;
-    train_acts *a = &m->acts;
-#define A_(field, n)                                                                       \
-    a->field = mem ? mem + off : NULL;                                                     \
-    off += (n)
-    A_(encoded, BTr * C);
-    A_(ln1, L * BT * C);
-    A_(ln1_mean, L * BTr);
-    A_(ln1_rstd, L * BTr);
-    A_(qkv, L * BT * 3 * Cl);
-    A_(atty, L * BT * Cl);
-    A_(att, L * B * NH * T * T);
-    A_(residual2, L * BTr * C);
-    A_(ln2, L * BT * C);
-    A_(ln2_mean, L * BTr);
-    A_(ln2_rstd, L * BTr);
-    A_(fch, L * BT * 4 * Cl);
-    A_(fch_gelu, L * BT * 4 * Cl);
-    A_(residual3, L * BTr * C);
-    A_(lnf, BT * C);
-    A_(lnf_mean, BTr);
-    A_(lnf_rstd, BTr);
-    A_(logits, BT * V);
-    A_(probs, BT * V);
-    A_(losses, BT);
-    A_(branch, BT * C);
+static size_t layout_acts(train_model *m, float *mem) {
+  const train_config *c = &m->cfg;
+  size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = m->vocab_local,
+         NH = m->heads_local, Cl = m->width_local, BT = B * T;
+  size_t BTr = BT / m->seq_shards; /* rows of the residual stream held here */
+  size_t off = 0;
+  train_acts *a = &m->acts;
+#define A_(field, n)                 \
+  a->field = mem ? mem + off : NULL; \
+  off += (n)
+  A_(encoded, BTr * C);
+  A_(ln1, L * BT * C);
+  A_(ln1_mean, L * BTr);
+  A_(ln1_rstd, L * BTr);
+  A_(qkv, L * BT * 3 * Cl);
+  A_(atty, L * BT * Cl);
+  A_(att, L * B * NH * T * T);
+  A_(residual2, L * BTr * C);
+  A_(ln2, L * BT * C);
+  A_(ln2_mean, L * BTr);
+  A_(ln2_rstd, L * BTr);
+  A_(fch, L * BT * 4 * Cl);
+  A_(fch_gelu, L * BT * 4 * Cl);
+  A_(residual3, L * BTr * C);
+  A_(lnf, BT * C);
+  A_(lnf_mean, BTr);
+  A_(lnf_rstd, BTr);
+  A_(logits, BT * V);
+  A_(probs, BT * V);
+  A_(losses, BT);
+  A_(branch, BT * C);
 #undef A_
-    return off;
+  return off;
 }
 
-static size_t layout_scratch(train_model *m, float *mem)
-{
-    size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = m->vocab_local,
-           NH = m->heads_local, Cl = m->width_local, BT = B * T;
-    size_t off = 0;
-    train_scratch *s = &m->scr;
-#define S_(field, n)                                                                       \
-    s->field = mem ? mem + off : NULL;                                                     \
-    off += (n)
-    S_(dlogits, BT * V);
-    S_(dres, BT * C);
-    S_(dln, BT * C);
-    S_(datty, BT * Cl);
-    S_(dqkv, BT * 3 * Cl);
-    S_(dfch_gelu, BT * 4 * Cl);
-    S_(dfch, BT * 4 * Cl);
-    S_(datt, B * NH * T * T);
+static size_t layout_scratch(train_model *m, float *mem) {
+  size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = m->vocab_local, NH = m->heads_local,
+         Cl = m->width_local, BT = B * T;
+  size_t off = 0;
+  train_scratch *s = &m->scr;
+#define S_(field, n)                 \
+  s->field = mem ? mem + off : NULL; \
+  off += (n)
+  S_(dlogits, BT * V);
+  S_(dres, BT * C);
+  S_(dln, BT * C);
+  S_(datty, BT * Cl);
+  S_(dqkv, BT * 3 * Cl);
+  S_(dfch_gelu, BT * 4 * Cl);
+  S_(dfch, BT * 4 * Cl);
+  S_(datt, B * NH * T * T);
 #undef S_
-    return off;
+  return off;
 }
 
-int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
-                      size_t *act_bytes, size_t *unit_len)
-{
-    return train_model_sizes_tp(cfg, B, T, 1, 0, nparams, act_bytes, unit_len);
+int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams, size_t *act_bytes,
+                      size_t *unit_len) {
+  return train_model_sizes_tp(cfg, B, T, 1, 0, nparams, act_bytes, unit_len);
 }
 
-int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp,
-                         size_t *nparams, size_t *act_bytes, size_t *unit_len)
-{
-    train_model m;
-    memset(&m, 0, sizeof m);
-    m.cfg = *cfg;
-    set_shape(&m, tp, 0, sp && tp > 1 && (B * T) % tp == 0);
-    m.maxB = B;
-    m.maxT = T;
-    build_layout(&m);
-    if (!m.tensors)
-        return -1;
-    *nparams = m.nparams;
-    *act_bytes = (layout_acts(&m, NULL) + layout_scratch(&m, NULL)) * sizeof(float);
-    int L = cfg->layers;
-    if (unit_len) {
-        unit_len[0] = m.tensors[2].offset;
-        for (int l = 0; l < L; l++)
-            unit_len[l + 1] = m.tensors[2 + (l + 1) * BLOCK_TENSORS].offset -
-                              m.tensors[2 + l * BLOCK_TENSORS].offset;
-        unit_len[L + 1] = m.nparams - m.tensors[2 + L * BLOCK_TENSORS].offset;
-    }
-    free(m.tensors);
-    return 0;
+int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp, size_t *nparams,
+                         size_t *act_bytes, size_t *unit_len) {
+  train_model m;
+  memset(&m, 0, sizeof m);
+  m.cfg = *cfg;
+  set_shape(&m, tp, 0, sp && tp > 1 && (B * T) % tp == 0);
+  m.maxB = B;
+  m.maxT = T;
+  build_layout(&m);
+  if (!m.tensors) return -1;
+  *nparams = m.nparams;
+  *act_bytes = (layout_acts(&m, NULL) + layout_scratch(&m, NULL)) * sizeof(float);
+  int L = cfg->layers;
+  if (unit_len) {
+    unit_len[0] = m.tensors[2].offset;
+    for (int l = 0; l < L; l++)
+      unit_len[l + 1] = m.tensors[2 + (l + 1) * BLOCK_TENSORS].offset -
+                        m.tensors[2 + l * BLOCK_TENSORS].offset;
+    unit_len[L + 1] = m.nparams - m.tensors[2 + L * BLOCK_TENSORS].offset;
+  }
+  free(m.tensors);
+  return 0;
 }
 
 /* GPT-2 initialisation of one tensor p into x, drawing from rng. */
-static void init_tensor(const train_param *p, float *x, uint64_t *rng, float resid_std)
-{
-    const char *dot = strrchr(p->name, '.');
-    int is_ln = strstr(p->name, "ln") != NULL;
-    if (p->ndim == 2) {
-        int resid = strstr(p->name, "attn.proj.w") || strstr(p->name, "mlp.proj.w");
-        float std = resid ? resid_std : 0.02f;
-        for (size_t k = 0; k < p->numel; k++)
-            x[k] = std * train_rand_normal(rng);
-    } else if (is_ln && dot && strcmp(dot, ".w") == 0) {
-        for (size_t k = 0; k < p->numel; k++)
-            x[k] = 1.0f;
-    } else {
-        memset(x, 0, p->numel * sizeof *x);
-    }
+static void init_tensor(const train_param *p, float *x, uint64_t *rng, float resid_std) {
+  const char *dot = strrchr(p->name, '.');
+  int is_ln = strstr(p->name, "ln") != NULL;
+  if (p->ndim == 2) {
+    int resid = strstr(p->name, "attn.proj.w") || strstr(p->name, "mlp.proj.w");
+    float std = resid ? resid_std : 0.02f;
+    for (size_t k = 0; k < p->numel; k++) x[k] = std * train_rand_normal(rng);
+  } else if (is_ln && dot && strcmp(dot, ".w") == 0) {
+    for (size_t k = 0; k < p->numel; k++) x[k] = 1.0f;
+  } else {
+    memset(x, 0, p->numel * sizeof *x);
+  }
 }
 
 /* The weights of the column-parallel layers (attn.qkv, mlp.fc) are split by output rows,
  * those of the row-parallel ones (attn.proj, mlp.proj) by input columns, wte (embedding and
  * LM head) by vocabulary rows; the biases of row-parallel layers, the LayerNorms and wpe
  * are replicated. */
-int train_param_is_split(const char *name)
-{
-    return strcmp(name, "wte") == 0 || strstr(name, "attn.qkv.") || strstr(name, "attn.proj.w") ||
-           strstr(name, "mlp.fc.") || strstr(name, "mlp.proj.w");
+int train_param_is_split(const char *name) {
+  return strcmp(name, "wte") == 0 || strstr(name, "attn.qkv.") || strstr(name, "attn.proj.w") ||
+         strstr(name, "mlp.fc.") || strstr(name, "mlp.proj.w");
 }
 
 /* Rows split: local row c*Rl + i is full row c*Rc + rank*Rl + i, over `chunks` chunks
@@ -315,340 +292,314 @@ int train_param_is_split(const char *name)
  * are wte's padding (zero locally). Columns split: local column j of every row is full
  * column rank*Kl + j. */
 void train_param_slice(const train_param *fp, const train_param *lp, int rank, float *full,
-                       float *local, int to_local)
-{
-    size_t K = (size_t)lp->shape[1];
-    if (!train_param_is_split(lp->name)) {
-        if (to_local)
-            memcpy(local, full, lp->numel * sizeof(float));
-        else
-            memcpy(full, local, lp->numel * sizeof(float));
-        return;
+                       float *local, int to_local) {
+  size_t K = (size_t)lp->shape[1];
+  if (!train_param_is_split(lp->name)) {
+    if (to_local)
+      memcpy(local, full, lp->numel * sizeof(float));
+    else
+      memcpy(full, local, lp->numel * sizeof(float));
+    return;
+  }
+  if (fp->shape[1] != lp->shape[1]) { /* columns */
+    size_t Kf = (size_t)fp->shape[1], R = (size_t)lp->shape[0];
+    for (size_t j = 0; j < R; j++) {
+      float *f = full + j * Kf + (size_t)rank * K, *l = local + j * K;
+      if (to_local)
+        memcpy(l, f, K * sizeof(float));
+      else
+        memcpy(f, l, K * sizeof(float));
     }
-    if (fp->shape[1] != lp->shape[1]) { /* columns */
-        size_t Kf = (size_t)fp->shape[1], R = (size_t)lp->shape[0];
-        for (size_t j = 0; j < R; j++) {
-            float *f = full + j * Kf + (size_t)rank * K, *l = local + j * K;
-            if (to_local)
-                memcpy(l, f, K * sizeof(float));
-            else
-                memcpy(f, l, K * sizeof(float));
-        }
-        return;
+    return;
+  }
+  int chunks = strstr(lp->name, "attn.qkv.") ? 3 : 1;
+  size_t Rl = (size_t)lp->shape[0] / chunks, Rc = (size_t)fp->shape[0] / chunks;
+  for (int c = 0; c < chunks; c++)
+    for (size_t i = 0; i < Rl; i++) {
+      size_t grow = c * Rc + (size_t)rank * Rl + i;
+      float *l = local + (c * Rl + i) * K;
+      if (grow >= (size_t)fp->shape[0]) { /* vocabulary padding */
+        if (to_local) memset(l, 0, K * sizeof(float));
+        continue;
+      }
+      if (to_local)
+        memcpy(l, full + grow * K, K * sizeof(float));
+      else
+        memcpy(full + grow * K, l, K * sizeof(float));
     }
-    int chunks = strstr(lp->name, "attn.qkv.") ? 3 : 1;
-    size_t Rl = (size_t)lp->shape[0] / chunks, Rc = (size_t)fp->shape[0] / chunks;
-    for (int c = 0; c < chunks; c++)
-        for (size_t i = 0; i < Rl; i++) {
-            size_t grow = c * Rc + (size_t)rank * Rl + i;
-            float *l = local + (c * Rl + i) * K;
-            if (grow >= (size_t)fp->shape[0]) { /* vocabulary padding */
-                if (to_local)
-                    memset(l, 0, K * sizeof(float));
-                continue;
-            }
-            if (to_local)
-                memcpy(l, full + grow * K, K * sizeof(float));
-            else
-                memcpy(full + grow * K, l, K * sizeof(float));
-        }
 }
 
 /* Drawn in layout order from one splitmix64 stream. A tensor-parallel rank draws every
  * full-size tensor in the same order into `full` (room for the largest tensor) and keeps
  * its slice, so T ranks hold exactly the single-process model of the same seed. */
-static int init_params(const train_model *m, float *host, uint64_t seed)
-{
-    uint64_t rng = seed;
-    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
-    if (m->tp <= 1) {
-        for (int i = 0; i < m->ntensors; i++)
-            init_tensor(&m->tensors[i], host + m->tensors[i].offset, &rng, resid_std);
-        return 0;
-    }
-    train_model full;
-    memset(&full, 0, sizeof full);
-    full.cfg = m->cfg;
-    set_shape(&full, 1, 0, 0);
-    build_layout(&full);
-    size_t big = 0;
-    for (int i = 0; full.tensors && i < full.ntensors; i++)
-        big = full.tensors[i].numel > big ? full.tensors[i].numel : big;
-    float *x = full.tensors ? malloc(big * sizeof *x) : NULL;
-    if (!x) {
-        free(full.tensors);
-        return -1;
-    }
-    for (int i = 0; i < m->ntensors; i++) {
-        init_tensor(&full.tensors[i], x, &rng, resid_std);
-        train_param_slice(&full.tensors[i], &m->tensors[i], m->tp_rank, x,
-                          host + m->tensors[i].offset, 1);
-    }
-    free(x);
-    free(full.tensors);
+static int init_params(const train_model *m, float *host, uint64_t seed) {
+  uint64_t rng = seed;
+  float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
+  if (m->tp <= 1) {
+    for (int i = 0; i < m->ntensors; i++)
+      init_tensor(&m->tensors[i], host + m->tensors[i].offset, &rng, resid_std);
     return 0;
+  }
+  train_model full;
+  memset(&full, 0, sizeof full);
+  full.cfg = m->cfg;
+  set_shape(&full, 1, 0, 0);
+  build_layout(&full);
+  size_t big = 0;
+  for (int i = 0; full.tensors && i < full.ntensors; i++)
+    big = full.tensors[i].numel > big ? full.tensors[i].numel : big;
+  float *x = full.tensors ? malloc(big * sizeof *x) : NULL;
+  if (!x) {
+    free(full.tensors);
+    return -1;
+  }
+  for (int i = 0; i < m->ntensors; i++) {
+    init_tensor(&full.tensors[i], x, &rng, resid_std);
+    train_param_slice(&full.tensors[i], &m->tensors[i], m->tp_rank, x, host + m->tensors[i].offset,
+                      1);
+  }
+  free(x);
+  free(full.tensors);
+  return 0;
 }
 
 train_model *train_model_create(const train_config *cfg, int B, int T, train_device dev,
-                                int threads, uint64_t seed, char *err)
-{
-    return train_model_create_tp(cfg, B, T, dev, threads, seed, 1, 0, 0, err);
+                                int threads, uint64_t seed, char *err) {
+  return train_model_create_tp(cfg, B, T, dev, threads, seed, 1, 0, 0, err);
 }
 
 train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_device dev,
                                    int threads, uint64_t seed, int tp, int tp_rank, int sp,
-                                   char *err)
-{
-    if (train_config_check(cfg, err) != 0)
-        return NULL;
-    if (train_model_split_check(cfg, tp > 1 ? tp : 1, dev, err) != 0)
-        return NULL;
-    if (sp && (tp < 2 || (B * T) % tp != 0)) {
-        train_errf(err, "--sp: sequence parallelism needs --tp 2 or more and batch x seq "
-                        "(%d x %d) a multiple of --tp %d: each rank holds B*T/T rows", B, T,
-                   tp);
-        return NULL;
-    }
-    if (B < 1 || T < 1) {
-        train_errf(err, "impossible config: batch %d and sequence length %d must be >= 1", B,
-                   T);
-        return NULL;
-    }
-    if (T > cfg->max_seq) {
-        train_errf(err,
-                   "impossible config: sequence length %d is longer than the position "
-                   "table (max_seq %d)",
-                   T, cfg->max_seq);
-        return NULL;
-    }
-    const train_ops *ops = train_cpu_ops();
-    if (dev == TRAIN_DEVICE_CUDA) {
-        ops = train_cuda_ops(err);
-        if (!ops)
-            return NULL;
-    }
-    train_model *m = calloc(1, sizeof *m);
-    m->cfg = *cfg;
-    m->dev = dev;
-    m->ops = ops;
-    set_shape(m, tp, tp_rank, sp);
-    m->layer_ops = train_local_layer_ops(); /* a strategy's replace them when it attaches */
-    m->maxB = B;
-    m->maxT = T;
-    ops->set_threads(threads > 0 ? threads : train_cpu_count());
-    build_layout(m);
+                                   char *err) {
+  if (train_config_check(cfg, err) != 0) return NULL;
+  if (train_model_split_check(cfg, tp > 1 ? tp : 1, dev, err) != 0) return NULL;
+  if (sp && (tp < 2 || (B * T) % tp != 0)) {
+    train_errf(err,
+               "--sp: sequence parallelism needs --tp 2 or more and batch x seq "
+               "(%d x %d) a multiple of --tp %d: each rank holds B*T/T rows",
+               B, T, tp);
+    return NULL;
+  }
+  if (B < 1 || T < 1) {
+    train_errf(err, "impossible config: batch %d and sequence length %d must be >= 1", B, T);
+    return NULL;
+  }
+  if (T > cfg->max_seq) {
+    train_errf(err,
+               "impossible config: sequence length %d is longer than the position "
+               "table (max_seq %d)",
+               T, cfg->max_seq);
+    return NULL;
+  }
+  const train_ops *ops = train_cpu_ops();
+  if (dev == TRAIN_DEVICE_CUDA) {
+    ops = train_cuda_ops(err);
+    if (!ops) return NULL;
+  }
+  train_model *m = calloc(1, sizeof *m);
+  m->cfg = *cfg;
+  m->dev = dev;
+  m->ops = ops;
+  set_shape(m, tp, tp_rank, sp);
+  m->layer_ops = train_local_layer_ops(); /* a strategy's replace them when it attaches */
+  m->maxB = B;
+  m->maxT = T;
+  ops->set_threads(threads > 0 ? threads : train_cpu_count());
+  build_layout(m);
 
-    size_t pbytes = m->nparams * sizeof(float);
-    m->act_floats = layout_acts(m, NULL);
-    size_t sfloats = layout_scratch(m, NULL);
-    m->params = ops->alloc(pbytes);
-    m->grads = ops->alloc(pbytes);
-    m->actmem = ops->alloc(m->act_floats * sizeof(float));
-    m->scratchmem = ops->alloc(sfloats * sizeof(float));
-    m->inputs = ops->alloc((size_t)B * T * sizeof(int));
-    m->targets = ops->alloc((size_t)B * T * sizeof(int));
-    if (!m->params || !m->grads || !m->actmem || !m->scratchmem || !m->inputs ||
-        !m->targets) {
-        train_errf(err, "out of %s memory: %zu parameters and %zu activation floats "
-                        "need %.1f MiB",
-                   ops->name, m->nparams, m->act_floats,
-                   (2.0 * pbytes + (m->act_floats + sfloats) * 4.0) / 1048576.0);
-        train_model_free(m);
-        return NULL;
-    }
-    m->loss_scale = 1.0f;
-    layout_acts(m, m->actmem);
-    layout_scratch(m, m->scratchmem);
+  size_t pbytes = m->nparams * sizeof(float);
+  m->act_floats = layout_acts(m, NULL);
+  size_t sfloats = layout_scratch(m, NULL);
+  m->params = ops->alloc(pbytes);
+  m->grads = ops->alloc(pbytes);
+  m->actmem = ops->alloc(m->act_floats * sizeof(float));
+  m->scratchmem = ops->alloc(sfloats * sizeof(float));
+  m->inputs = ops->alloc((size_t)B * T * sizeof(int));
+  m->targets = ops->alloc((size_t)B * T * sizeof(int));
+  if (!m->params || !m->grads || !m->actmem || !m->scratchmem || !m->inputs || !m->targets) {
+    train_errf(err,
+               "out of %s memory: %zu parameters and %zu activation floats "
+               "need %.1f MiB",
+               ops->name, m->nparams, m->act_floats,
+               (2.0 * pbytes + (m->act_floats + sfloats) * 4.0) / 1048576.0);
+    train_model_free(m);
+    return NULL;
+  }
+  m->loss_scale = 1.0f;
+  layout_acts(m, m->actmem);
+  layout_scratch(m, m->scratchmem);
 
-    if (dev == TRAIN_DEVICE_CPU) { /* no second copy: it would count in the peak memory */
-        if (init_params(m, m->params, seed) != 0) {
-            train_errf(err, "out of host memory initialising %zu parameters", m->nparams);
-            train_model_free(m);
-            return NULL;
-        }
-        return m;
+  if (dev == TRAIN_DEVICE_CPU) { /* no second copy: it would count in the peak memory */
+    if (init_params(m, m->params, seed) != 0) {
+      train_errf(err, "out of host memory initialising %zu parameters", m->nparams);
+      train_model_free(m);
+      return NULL;
     }
-    float *host = malloc(pbytes);
-    if (!host) {
-        train_errf(err, "out of host memory for %zu parameters", m->nparams);
-        train_model_free(m);
-        return NULL;
-    }
-    if (init_params(m, host, seed) != 0) {
-        train_errf(err, "out of host memory initialising %zu parameters", m->nparams);
-        free(host);
-        train_model_free(m);
-        return NULL;
-    }
-    ops->to_device(m->params, host, pbytes);
-    free(host);
     return m;
+  }
+  float *host = malloc(pbytes);
+  if (!host) {
+    train_errf(err, "out of host memory for %zu parameters", m->nparams);
+    train_model_free(m);
+    return NULL;
+  }
+  if (init_params(m, host, seed) != 0) {
+    train_errf(err, "out of host memory initialising %zu parameters", m->nparams);
+    free(host);
+    train_model_free(m);
+    return NULL;
+  }
+  ops->to_device(m->params, host, pbytes);
+  free(host);
+  return m;
 }
 
-void train_model_free(train_model *m)
-{
-    if (!m)
-        return;
-    const train_ops *o = m->ops;
-    o->release(m->params);
-    o->release(m->grads);
-    o->release(m->adam_m);
-    o->release(m->adam_v);
-    o->release(m->actmem);
-    o->release(m->scratchmem);
-    o->release(m->inputs);
-    o->release(m->targets);
-    free(m->tensors);
-    free(m);
+void train_model_free(train_model *m) {
+  if (!m) return;
+  const train_ops *o = m->ops;
+  o->release(m->params);
+  o->release(m->grads);
+  o->release(m->adam_m);
+  o->release(m->adam_v);
+  o->release(m->actmem);
+  o->release(m->scratchmem);
+  o->release(m->inputs);
+  o->release(m->targets);
+  free(m->tensors);
+  free(m);
 }
 
 const train_config *train_model_config(const train_model *m) { return &m->cfg; }
 train_device train_model_device(const train_model *m) { return m->dev; }
 size_t train_num_params(const train_model *m) { return m->nparams; }
 int train_num_tensors(const train_model *m) { return m->ntensors; }
-const train_param *train_param_info(const train_model *m, int i)
-{
-    return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
+const train_param *train_param_info(const train_model *m, int i) {
+  return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
 }
 size_t train_activation_bytes(const train_model *m) { return m->act_floats * sizeof(float); }
 float *train_params(train_model *m) { return m->params; }
 float *train_grads(train_model *m) { return m->grads; }
 
-void train_copy_params_to_host(const train_model *m, float *dst)
-{
-    m->ops->to_host(dst, m->params, m->nparams * sizeof(float));
+void train_copy_params_to_host(const train_model *m, float *dst) {
+  m->ops->to_host(dst, m->params, m->nparams * sizeof(float));
 }
-void train_copy_params_from_host(train_model *m, const float *src)
-{
-    m->ops->to_device(m->params, src, m->nparams * sizeof(float));
+void train_copy_params_from_host(train_model *m, const float *src) {
+  m->ops->to_device(m->params, src, m->nparams * sizeof(float));
 }
-void train_copy_grads_to_host(const train_model *m, float *dst)
-{
-    m->ops->to_host(dst, m->grads, m->nparams * sizeof(float));
+void train_copy_grads_to_host(const train_model *m, float *dst) {
+  m->ops->to_host(dst, m->grads, m->nparams * sizeof(float));
 }
-void train_copy_logits_to_host(const train_model *m, float *dst)
-{
-    m->ops->to_host(dst, m->acts.logits,
-                    (size_t)m->lastB * m->lastT * m->vocab_local * sizeof(float));
+void train_copy_logits_to_host(const train_model *m, float *dst) {
+  m->ops->to_host(dst, m->acts.logits,
+                  (size_t)m->lastB * m->lastT * m->vocab_local * sizeof(float));
 }
 
-double train_flops_per_token(const train_config *c, int T)
-{
-    /* 2 FLOPs per multiply-add; backward costs twice the forward. Matmul weights per
-     * token: 12*L*C^2 (qkv 3C^2, proj C^2, fc 4C^2, fc proj 4C^2) plus the LM head V*C;
-     * attention does q k^T and att v: 2*T*C per layer and token (PaLM's accounting). */
-    double C = c->channels, L = c->layers, V = c->vocab;
-    double n = 12.0 * L * C * C + V * C;
-    return 6.0 * n + 6.0 * 2.0 * L * T * C;
+double train_flops_per_token(const train_config *c, int T) {
+  /* 2 FLOPs per multiply-add; backward costs twice the forward. Matmul weights per
+   * token: 12*L*C^2 (qkv 3C^2, proj C^2, fc 4C^2, fc proj 4C^2) plus the LM head V*C;
+   * attention does q k^T and att v: 2*T*C per layer and token (PaLM's accounting). */
+  double C = c->channels, L = c->layers, V = c->vocab;
+  double n = 12.0 * L * C * C + V * C;
+  return 6.0 * n + 6.0 * 2.0 * L * T * C;
 }
 
 /* ---- forward --------------------------------------------------------------------- */
 
-void train_set_forward_hook(train_model *m, train_forward_hook fn, void *arg)
-{
-    m->fwd_hook = fn;
-    m->fwd_hook_arg = arg;
+void train_set_forward_hook(train_model *m, train_forward_hook fn, void *arg) {
+  m->fwd_hook = fn;
+  m->fwd_hook_arg = arg;
 }
 
-static void forward_stage_done(train_model *m, int stage)
-{
-    if (!m->fwd_hook)
-        return;
-    m->ops->sync();
-    m->fwd_hook(m->fwd_hook_arg, stage);
+static void forward_stage_done(train_model *m, int stage) {
+  if (!m->fwd_hook) return;
+  m->ops->sync();
+  m->fwd_hook(m->fwd_hook_arg, stage);
 }
 
-float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T)
-{
-    const train_ops *o = m->ops;
-    const train_layer_ops *lo = m->layer_ops;
-    const train_config *c = &m->cfg;
-    /* Cl, NH: this rank's attention width and heads; V its vocabulary rows (all on one
-     * process) */
-    int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local,
-        Cl = m->width_local;
-    int N = B * T, Nr = N / m->seq_shards; /* rows of the residual stream held here */
-    size_t bt = (size_t)m->maxB * m->maxT;           /* per-layer stride of (B,T) buffers */
-    size_t btr = bt / m->seq_shards;                 /* ... and of (Nr) buffers */
-    size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
-    train_acts *a = &m->acts;
-    if (N % m->seq_shards != 0) {
-        char msg[TRAIN_ERRLEN];
-        snprintf(msg, sizeof msg,
-                 "sequence parallel forward of %d x %d rows: not a multiple of --tp", B, T);
-        lo->fail(m, msg);
-        return NAN;
-    }
+float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T) {
+  const train_ops *o = m->ops;
+  const train_layer_ops *lo = m->layer_ops;
+  const train_config *c = &m->cfg;
+  /* Cl, NH: this rank's attention width and heads; V its vocabulary rows (all on one
+   * process) */
+  int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local, Cl = m->width_local;
+  int N = B * T, Nr = N / m->seq_shards; /* rows of the residual stream held here */
+  size_t bt = (size_t)m->maxB * m->maxT; /* per-layer stride of (B,T) buffers */
+  size_t btr = bt / m->seq_shards;       /* ... and of (Nr) buffers */
+  size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
+  train_acts *a = &m->acts;
+  if (N % m->seq_shards != 0) {
+    char msg[TRAIN_ERRLEN];
+    snprintf(msg, sizeof msg, "sequence parallel forward of %d x %d rows: not a multiple of --tp",
+             B, T);
+    lo->fail(m, msg);
+    return NAN;
+  }
 
-    o->to_device(m->inputs, inputs, (size_t)N * sizeof(int));
-    if (targets)
-        o->to_device(m->targets, targets, (size_t)N * sizeof(int));
-    m->lastB = B;
-    m->lastT = T;
-    m->have_targets = targets != NULL;
+  o->to_device(m->inputs, inputs, (size_t)N * sizeof(int));
+  if (targets) o->to_device(m->targets, targets, (size_t)N * sizeof(int));
+  m->lastB = B;
+  m->lastT = T;
+  m->have_targets = targets != NULL;
 
-    float *wte = m->params + m->tensors[0].offset;
-    float *wpe = m->params + m->tensors[1].offset;
-    lo->embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
-    forward_stage_done(m, -1);
+  float *wte = m->params + m->tensors[0].offset;
+  float *wpe = m->params + m->tensors[1].offset;
+  lo->embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
+  forward_stage_done(m, -1);
 
-    float *x = a->encoded; /* (Nr,C) input of the current block */
-    for (int l = 0; l < L; l++) {
-        train_block w;
-        train_block_params_view(m, l, &w);
-        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
-              *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
-              *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
-              *res2 = a->residual2 + l * btr * C,
-              *ln2 = a->ln2 + l * bt * C, *ln2_mean = a->ln2_mean + l * btr,
-              *ln2_rstd = a->ln2_rstd + l * btr, *fch = a->fch + l * bt * 4 * Cl,
-              *fch_gelu = a->fch_gelu + l * bt * 4 * Cl, *res3 = a->residual3 + l * btr * C;
+  float *x = a->encoded; /* (Nr,C) input of the current block */
+  for (int l = 0; l < L; l++) {
+    train_block w;
+    train_block_params_view(m, l, &w);
+    float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
+          *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
+          *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
+          *res2 = a->residual2 + l * btr * C, *ln2 = a->ln2 + l * bt * C,
+          *ln2_mean = a->ln2_mean + l * btr, *ln2_rstd = a->ln2_rstd + l * btr,
+          *fch = a->fch + l * bt * 4 * Cl, *fch_gelu = a->fch_gelu + l * bt * 4 * Cl,
+          *res3 = a->residual3 + l * btr * C;
 
-        /* ln1 into the parallel region (f), qkv column-parallel, attention on the local
-         * heads, proj row-parallel (its partial products summed by g, then its bias) */
-        lo->ln_forward(m, ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, Nr, C, "f attn");
-        lo->col_forward(m, qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
-        o->attention_forward(atty, att, qkv, B, T, Cl, NH);
-        lo->row_forward(m, a->branch, atty, w.projw, w.projb, N, Cl, C, "g attn");
-        o->residual_forward(res2, x, a->branch, (size_t)Nr * C);
-        /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel */
-        lo->ln_forward(m, ln2, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, Nr, C, "f mlp");
-        lo->col_forward(m, fch, ln2, w.fcw, w.fcb, N, C, 4 * Cl);
-        o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cl);
-        lo->row_forward(m, a->branch, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * Cl, C, "g mlp");
-        o->residual_forward(res3, res2, a->branch, (size_t)Nr * C);
-        x = res3;
-        forward_stage_done(m, l);
-    }
-    float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
-    float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
-    lo->ln_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nr, C, "f head");
-    lo->col_forward(m, a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
-    if (!targets) {
-        m->last_loss = 0.0f;
-        forward_stage_done(m, L);
-        return 0.0f;
-    }
-    /* vocabulary-parallel: the full logits never need to exist on one rank */
-    lo->xent_forward(m, a->losses, a->probs, a->logits, m->targets, N);
-    m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
+    /* ln1 into the parallel region (f), qkv column-parallel, attention on the local
+     * heads, proj row-parallel (its partial products summed by g, then its bias) */
+    lo->ln_forward(m, ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, Nr, C, "f attn");
+    lo->col_forward(m, qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
+    o->attention_forward(atty, att, qkv, B, T, Cl, NH);
+    lo->row_forward(m, a->branch, atty, w.projw, w.projb, N, Cl, C, "g attn");
+    o->residual_forward(res2, x, a->branch, (size_t)Nr * C);
+    /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel */
+    lo->ln_forward(m, ln2, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, Nr, C, "f mlp");
+    lo->col_forward(m, fch, ln2, w.fcw, w.fcb, N, C, 4 * Cl);
+    o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cl);
+    lo->row_forward(m, a->branch, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * Cl, C, "g mlp");
+    o->residual_forward(res3, res2, a->branch, (size_t)Nr * C);
+    x = res3;
+    forward_stage_done(m, l);
+  }
+  float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
+  float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
+  lo->ln_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nr, C, "f head");
+  lo->col_forward(m, a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
+  if (!targets) {
+    m->last_loss = 0.0f;
     forward_stage_done(m, L);
-    return m->last_loss;
+    return 0.0f;
+  }
+  /* vocabulary-parallel: the full logits never need to exist on one rank */
+  lo->xent_forward(m, a->losses, a->probs, a->logits, m->targets, N);
+  m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
+  forward_stage_done(m, L);
+  return m->last_loss;
 }
 
 /* ---- backward -------------------------------------------------------------------- */
 
-void train_zero_grad(train_model *m)
-{
-    m->ops->zero(m->grads, m->nparams * sizeof(float));
-}
+void train_zero_grad(train_model *m) { m->ops->zero(m->grads, m->nparams * sizeof(float)); }
 
 void train_set_loss_scale(train_model *m, float scale) { m->loss_scale = scale; }
 
-void train_set_backward_hook(train_model *m, train_backward_hook fn, void *arg)
-{
-    m->bwd_hook = fn;
-    m->bwd_hook_arg = arg;
+void train_set_backward_hook(train_model *m, train_backward_hook fn, void *arg) {
+  m->bwd_hook = fn;
+  m->bwd_hook_arg = arg;
 }
 
 /* Tells the hook that gradients from `from` on are final.  On a device they are final
@@ -656,90 +607,83 @@ void train_set_backward_hook(train_model *m, train_backward_hook fn, void *arg)
  * after that mark (on the device where the backend can, else by waiting on the host for
  * the compute stream alone) — never by a device-wide sync, which would also wait for the
  * communication already in flight and so serialise it with the rest of backward. */
-static void gradients_final(train_model *m, size_t from, int layer)
-{
-    if (!m->bwd_hook)
-        return;
-    m->grad_mark = m->ops->mark ? m->ops->mark() : NULL;
-    m->bwd_hook(m->bwd_hook_arg, from, layer);
+static void gradients_final(train_model *m, size_t from, int layer) {
+  if (!m->bwd_hook) return;
+  m->grad_mark = m->ops->mark ? m->ops->mark() : NULL;
+  m->bwd_hook(m->bwd_hook_arg, from, layer);
 }
 
-void train_backward(train_model *m)
-{
-    if (!m->have_targets)
-        return;
-    const train_ops *o = m->ops;
-    const train_layer_ops *lo = m->layer_ops;
-    const train_config *c = &m->cfg;
-    int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local,
-        Cl = m->width_local;
-    int B = m->lastB, T = m->lastT, N = B * T;
-    size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
-    /* dres holds this rank's Nr rows of the residual stream's gradient */
-    int Nr = N / m->seq_shards;
-    size_t bt = (size_t)m->maxB * m->maxT, btr = bt / m->seq_shards;
-    size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
-    train_acts *a = &m->acts;
-    train_scratch *s = &m->scr;
+void train_backward(train_model *m) {
+  if (!m->have_targets) return;
+  const train_ops *o = m->ops;
+  const train_layer_ops *lo = m->layer_ops;
+  const train_config *c = &m->cfg;
+  int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local, Cl = m->width_local;
+  int B = m->lastB, T = m->lastT, N = B * T;
+  size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
+  /* dres holds this rank's Nr rows of the residual stream's gradient */
+  int Nr = N / m->seq_shards;
+  size_t bt = (size_t)m->maxB * m->maxT, btr = bt / m->seq_shards;
+  size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
+  train_acts *a = &m->acts;
+  train_scratch *s = &m->scr;
 
-    float *wte = m->params + m->tensors[0].offset;
-    float *dwte = m->grads + m->tensors[0].offset;
-    float *dwpe = m->grads + m->tensors[1].offset;
-    float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
-    float *dlnfw = m->grads + m->tensors[m->ntensors - 2].offset;
-    float *dlnfb = m->grads + m->tensors[m->ntensors - 1].offset;
-    float *xlast = L > 0 ? a->residual3 + (L - 1) * btr * C : a->encoded;
+  float *wte = m->params + m->tensors[0].offset;
+  float *dwte = m->grads + m->tensors[0].offset;
+  float *dwpe = m->grads + m->tensors[1].offset;
+  float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
+  float *dlnfw = m->grads + m->tensors[m->ntensors - 2].offset;
+  float *dlnfb = m->grads + m->tensors[m->ntensors - 1].offset;
+  float *xlast = L > 0 ? a->residual3 + (L - 1) * btr * C : a->encoded;
 
-    /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
-    o->zero(s->dlogits, (size_t)N * V * sizeof(float));
-    lo->xent_backward(m, s->dlogits, a->probs, m->targets, m->loss_scale / N, N);
+  /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
+  o->zero(s->dlogits, (size_t)N * V * sizeof(float));
+  lo->xent_backward(m, s->dlogits, a->probs, m->targets, m->loss_scale / N, N);
+  o->zero(s->dln, NC * sizeof(float));
+  lo->head_backward(m, s->dln, dwte, s->dlogits, a->lnf, wte, N, C, V);
+  o->zero(s->dres, NC * sizeof(float));
+  lo->ln_backward(m, s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean, a->lnf_rstd, Nr, C,
+                  "lnf grads");
+  gradients_final(m, m->tensors[m->ntensors - 2].offset, L);
+
+  /* s->dres now holds dloss/d(output of block L-1); walk the blocks top-down. The
+   * residual connections pass dres straight through; each branch adds its part. */
+  for (int l = L - 1; l >= 0; l--) {
+    train_block w, g;
+    train_block_params_view(m, l, &w);
+    train_block_view(m, m->grads, l, &g);
+    float *x = l == 0 ? a->encoded : a->residual3 + (l - 1) * btr * C;
+    float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
+          *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
+          *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
+          *res2 = a->residual2 + l * btr * C, *ln2 = a->ln2 + l * bt * C,
+          *ln2_mean = a->ln2_mean + l * btr, *ln2_rstd = a->ln2_rstd + l * btr,
+          *fch = a->fch + l * bt * 4 * Cl, *fch_gelu = a->fch_gelu + l * bt * 4 * Cl;
+
+    /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))). The row-parallel proj sees
+     * the whole output gradient on every rank, so its replicated bias gets the same
+     * gradient everywhere; fc's input gradient is a partial sum until its f. */
+    o->zero(s->dfch_gelu, NCl * 4 * sizeof(float));
+    lo->row_backward(m, s->dfch_gelu, g.fcprojw, g.fcprojb, s->dres, fch_gelu, w.fcprojw, N, 4 * Cl,
+                     C, "g mlp");
+    o->zero(s->dfch, NCl * 4 * sizeof(float));
+    o->gelu_backward(s->dfch, fch, s->dfch_gelu, NCl * 4);
     o->zero(s->dln, NC * sizeof(float));
-    lo->head_backward(m, s->dln, dwte, s->dlogits, a->lnf, wte, N, C, V);
-    o->zero(s->dres, NC * sizeof(float));
-    lo->ln_backward(m, s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean, a->lnf_rstd,
-                    Nr, C, "lnf grads");
-    gradients_final(m, m->tensors[m->ntensors - 2].offset, L);
+    lo->col_backward(m, s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * Cl, "f mlp");
+    lo->ln_backward(m, s->dres, g.ln2w, g.ln2b, s->dln, res2, w.ln2w, ln2_mean, ln2_rstd, Nr, C,
+                    "ln2 grads");
 
-    /* s->dres now holds dloss/d(output of block L-1); walk the blocks top-down. The
-     * residual connections pass dres straight through; each branch adds its part. */
-    for (int l = L - 1; l >= 0; l--) {
-        train_block w, g;
-        train_block_params_view(m, l, &w);
-        train_block_view(m, m->grads, l, &g);
-        float *x = l == 0 ? a->encoded : a->residual3 + (l - 1) * btr * C;
-        float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
-              *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
-              *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
-              *res2 = a->residual2 + l * btr * C, *ln2 = a->ln2 + l * bt * C,
-              *ln2_mean = a->ln2_mean + l * btr, *ln2_rstd = a->ln2_rstd + l * btr,
-              *fch = a->fch + l * bt * 4 * Cl, *fch_gelu = a->fch_gelu + l * bt * 4 * Cl;
-
-        /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))). The row-parallel proj sees
-         * the whole output gradient on every rank, so its replicated bias gets the same
-         * gradient everywhere; fc's input gradient is a partial sum until its f. */
-        o->zero(s->dfch_gelu, NCl * 4 * sizeof(float));
-        lo->row_backward(m, s->dfch_gelu, g.fcprojw, g.fcprojb, s->dres, fch_gelu, w.fcprojw,
-                         N, 4 * Cl, C, "g mlp");
-        o->zero(s->dfch, NCl * 4 * sizeof(float));
-        o->gelu_backward(s->dfch, fch, s->dfch_gelu, NCl * 4);
-        o->zero(s->dln, NC * sizeof(float));
-        lo->col_backward(m, s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * Cl, "f mlp");
-        lo->ln_backward(m, s->dres, g.ln2w, g.ln2b, s->dln, res2, w.ln2w, ln2_mean, ln2_rstd,
-                        Nr, C, "ln2 grads");
-
-        /* attention branch: res2 = x + proj(attention(qkv(ln1(x)))) */
-        o->zero(s->datty, NCl * sizeof(float));
-        lo->row_backward(m, s->datty, g.projw, g.projb, s->dres, atty, w.projw, N, Cl, C,
-                         "g attn");
-        o->zero(s->dqkv, NCl * 3 * sizeof(float));
-        o->attention_backward(s->dqkv, s->datt, s->datty, qkv, att, B, T, Cl, NH);
-        o->zero(s->dln, NC * sizeof(float));
-        lo->col_backward(m, s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * Cl,
-                         "f attn");
-        lo->ln_backward(m, s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean, ln1_rstd, Nr,
-                        C, "ln1 grads");
-        gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
-    }
-    lo->embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
-    gradients_final(m, 0, -1);
+    /* attention branch: res2 = x + proj(attention(qkv(ln1(x)))) */
+    o->zero(s->datty, NCl * sizeof(float));
+    lo->row_backward(m, s->datty, g.projw, g.projb, s->dres, atty, w.projw, N, Cl, C, "g attn");
+    o->zero(s->dqkv, NCl * 3 * sizeof(float));
+    o->attention_backward(s->dqkv, s->datt, s->datty, qkv, att, B, T, Cl, NH);
+    o->zero(s->dln, NC * sizeof(float));
+    lo->col_backward(m, s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * Cl, "f attn");
+    lo->ln_backward(m, s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean, ln1_rstd, Nr, C,
+                    "ln1 grads");
+    gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
+  }
+  lo->embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
+  gradients_final(m, 0, -1);
 }

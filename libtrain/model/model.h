@@ -23,73 +23,70 @@
 /* Layer kernels. Shapes in the comments: N = B*T rows. All backward kernels ACCUMULATE
  * (+=) into their outputs. Pointers are device pointers on the GPU. */
 typedef struct train_ops {
-    const char *name;
-    void *(*alloc)(size_t bytes);        /* zero-filled */
-    void (*release)(void *p);
-    void (*zero)(void *p, size_t bytes);
-    void (*to_host)(void *dst, const void *src, size_t bytes);
-    void (*to_device)(void *dst, const void *src, size_t bytes);
-    void (*set_threads)(int threads);
+  const char *name;
+  void *(*alloc)(size_t bytes); /* zero-filled */
+  void (*release)(void *p);
+  void (*zero)(void *p, size_t bytes);
+  void (*to_host)(void *dst, const void *src, size_t bytes);
+  void (*to_device)(void *dst, const void *src, size_t bytes);
+  void (*set_threads)(int threads);
 
-    /* out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) ids */
-    void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe,
-                            int B, int T, int C);
-    /* dwte, dwpe += scatter of dout (B,T,C) */
-    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp,
-                             int B, int T, int C);
-    /* out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N) */
-    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *b, int N, int C);
-    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C);
-    /* out (N,OC) = inp (N,C) @ w (OC,C)^T + b (OC), b may be NULL */
-    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *b,
-                           int N, int C, int OC);
-    /* dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp; db (OC) += sum_rows dout */
-    void (*matmul_backward)(float *dinp, float *dw, float *db, const float *dout,
-                            const float *inp, const float *w, int N, int C, int OC);
-    /* qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) saves the softmax probabilities */
-    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
-                              int NH);
-    /* dqkv (B,T,3C) +=; datt (B,NH,T,T) is scratch (overwritten) */
-    void (*attention_backward)(float *dqkv, float *datt, const float *dout,
-                               const float *qkv, const float *att, int B, int T, int C,
-                               int NH);
-    /* out (n) = gelu_tanh(inp) */
-    void (*gelu_forward)(float *out, const float *inp, size_t n);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
-    /* out (n) = a + b */
-    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
-    /* probs (N,V) = softmax(logits); losses (N) = -log probs[target] */
-    void (*crossentropy_forward)(float *losses, float *probs, const float *logits,
-                                 const int *targets, int N, int V);
-    /* dlogits (N,V) += (probs - onehot(target)) * dloss */
-    void (*crossentropy_backward)(float *dlogits, const float *probs, const int *targets,
-                                  float dloss, int N, int V);
-    /* sum of losses (N), accumulated in double */
-    double (*sum)(const float *x, size_t n);
-    /* sum of squares, accumulated in double */
-    double (*sumsq)(const float *x, size_t n);
-    void (*scale)(float *x, float s, size_t n);
-    /* AdamW on one range [0,n) (one tensor); wd = 0 for tensors without decay;
-     * bc1, bc2 are the bias corrections 1 - beta^t (formula in layers_cpu.c) */
-    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float wd, float bc1, float bc2);
-    void (*sync)(void);
-    /* Device ops only (NULL on the CPU, where work is done when its call returns): mark
-     * records an event on the compute stream after the work issued so far and returns it
-     * (from a ring the ops own: valid for the next 256 marks); wait_mark blocks the host
-     * until the compute stream has passed it — that stream alone, never the streams that
-     * communication runs on (sync, cudaDeviceSynchronize, would wait for those too, and
-     * so serialise communication with backward).  0, or -1 with a sentence in err. */
-    void *(*mark)(void);
-    int (*wait_mark)(void *mark, char *err);
-    /* Device ops only (NULL on the CPU, whose calls cannot fail): 0, or -1 with the
-     * sentence of the first device call that failed.  Sticky: a device's results after a
-     * failure are not to be trusted, so the trainer checks it after every step
-     * (train_session_status) and stops with that sentence. */
-    int (*error)(char *err);
+  /* out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) ids */
+  void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                          int T, int C);
+  /* dwte, dwpe += scatter of dout (B,T,C) */
+  void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                           int T, int C);
+  /* out (N,C) = (inp - mean) * rstd * w + b; saves mean, rstd (N) */
+  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                            const float *b, int N, int C);
+  void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                             const float *w, const float *mean, const float *rstd, int N, int C);
+  /* out (N,OC) = inp (N,C) @ w (OC,C)^T + b (OC), b may be NULL */
+  void (*matmul_forward)(float *out, const float *inp, const float *w, const float *b, int N, int C,
+                         int OC);
+  /* dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp; db (OC) += sum_rows dout */
+  void (*matmul_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                          const float *w, int N, int C, int OC);
+  /* qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) saves the softmax probabilities */
+  void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+  /* dqkv (B,T,3C) +=; datt (B,NH,T,T) is scratch (overwritten) */
+  void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
+                             const float *att, int B, int T, int C, int NH);
+  /* out (n) = gelu_tanh(inp) */
+  void (*gelu_forward)(float *out, const float *inp, size_t n);
+  void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+  /* out (n) = a + b */
+  void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+  /* probs (N,V) = softmax(logits); losses (N) = -log probs[target] */
+  void (*crossentropy_forward)(float *losses, float *probs, const float *logits, const int *targets,
+                               int N, int V);
+  /* dlogits (N,V) += (probs - onehot(target)) * dloss */
+  void (*crossentropy_backward)(float *dlogits, const float *probs, const int *targets, float dloss,
+                                int N, int V);
+  /* sum of losses (N), accumulated in double */
+  double (*sum)(const float *x, size_t n);
+  /* sum of squares, accumulated in double */
+  double (*sumsq)(const float *x, size_t n);
+  void (*scale)(float *x, float s, size_t n);
+  /* AdamW on one range [0,n) (one tensor); wd = 0 for tensors without decay;
+   * bc1, bc2 are the bias corrections 1 - beta^t (formula in layers_cpu.c) */
+  void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                float beta2, float eps, float wd, float bc1, float bc2);
+  void (*sync)(void);
+  /* Device ops only (NULL on the CPU, where work is done when its call returns): mark
+   * records an event on the compute stream after the work issued so far and returns it
+   * (from a ring the ops own: valid for the next 256 marks); wait_mark blocks the host
+   * until the compute stream has passed it — that stream alone, never the streams that
+   * communication runs on (sync, cudaDeviceSynchronize, would wait for those too, and
+   * so serialise communication with backward).  0, or -1 with a sentence in err. */
+  void *(*mark)(void);
+  int (*wait_mark)(void *mark, char *err);
+  /* Device ops only (NULL on the CPU, whose calls cannot fail): 0, or -1 with the
+   * sentence of the first device call that failed.  Sticky: a device's results after a
+   * failure are not to be trusted, so the trainer checks it after every step
+   * (train_session_status) and stops with that sentence. */
+  int (*error)(char *err);
 } train_ops;
 
 const train_ops *train_cpu_ops(void);
@@ -98,47 +95,47 @@ TRAIN_API const train_ops *train_cuda_ops(char *err); /* exported: cuda_dlopen.c
 
 /* Forward activations, views into one allocation (sizes for the B,T of creation). */
 typedef struct train_acts {
-    float *encoded;   /* (B,T,C) */
-    float *ln1;       /* (L,B,T,C) */
-    float *ln1_mean;  /* (L,B,T) */
-    float *ln1_rstd;  /* (L,B,T) */
-    float *qkv;       /* (L,B,T,3C) */
-    float *atty;      /* (L,B,T,C) */
-    float *att;       /* (L,B,NH,T,T) */
-    float *residual2; /* (L,B,T,C) */
-    float *ln2;       /* (L,B,T,C) */
-    float *ln2_mean;  /* (L,B,T) */
-    float *ln2_rstd;  /* (L,B,T) */
-    float *fch;       /* (L,B,T,4C) */
-    float *fch_gelu;  /* (L,B,T,4C) */
-    float *residual3; /* (L,B,T,C) */
-    float *lnf;       /* (B,T,C) */
-    float *lnf_mean;  /* (B,T) */
-    float *lnf_rstd;  /* (B,T) */
-    float *logits;    /* (B,T,V) */
-    float *probs;     /* (B,T,V) */
-    float *losses;    /* (B,T) */
-    float *branch;    /* (B,T,C) output of a block's attention or MLP projection before it
-                       * is added to the residual stream: not needed by backward, so one
-                       * buffer serves every block */
+  float *encoded;   /* (B,T,C) */
+  float *ln1;       /* (L,B,T,C) */
+  float *ln1_mean;  /* (L,B,T) */
+  float *ln1_rstd;  /* (L,B,T) */
+  float *qkv;       /* (L,B,T,3C) */
+  float *atty;      /* (L,B,T,C) */
+  float *att;       /* (L,B,NH,T,T) */
+  float *residual2; /* (L,B,T,C) */
+  float *ln2;       /* (L,B,T,C) */
+  float *ln2_mean;  /* (L,B,T) */
+  float *ln2_rstd;  /* (L,B,T) */
+  float *fch;       /* (L,B,T,4C) */
+  float *fch_gelu;  /* (L,B,T,4C) */
+  float *residual3; /* (L,B,T,C) */
+  float *lnf;       /* (B,T,C) */
+  float *lnf_mean;  /* (B,T) */
+  float *lnf_rstd;  /* (B,T) */
+  float *logits;    /* (B,T,V) */
+  float *probs;     /* (B,T,V) */
+  float *losses;    /* (B,T) */
+  float *branch;    /* (B,T,C) output of a block's attention or MLP projection before it
+                     * is added to the residual stream: not needed by backward, so one
+                     * buffer serves every block */
 } train_acts;
 
 /* Backward scratch: one block's worth, reused from the top block down. */
 typedef struct train_scratch {
-    float *dlogits;   /* (B,T,V) */
-    float *dres;      /* (B,T,C) gradient of the residual stream */
-    float *dln;       /* (B,T,C) */
-    float *datty;     /* (B,T,C) */
-    float *dqkv;      /* (B,T,3C) */
-    float *dfch_gelu; /* (B,T,4C) */
-    float *dfch;      /* (B,T,4C) */
-    float *datt;      /* (B,NH,T,T) */
+  float *dlogits;   /* (B,T,V) */
+  float *dres;      /* (B,T,C) gradient of the residual stream */
+  float *dln;       /* (B,T,C) */
+  float *datty;     /* (B,T,C) */
+  float *dqkv;      /* (B,T,3C) */
+  float *dfch_gelu; /* (B,T,4C) */
+  float *dfch;      /* (B,T,4C) */
+  float *datt;      /* (B,NH,T,T) */
 } train_scratch;
 
 /* Parameter tensors of one block, as pointers into a flat array. */
 typedef struct train_block {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb;
-    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb;
+  float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } train_block;
 
 /* ---- layer operations ----------------------------------------------------------------
@@ -156,103 +153,100 @@ typedef struct train_block {
  * a pass: the installed table keeps it for its strategy's status call and later
  * collectives do nothing. */
 typedef struct train_layer_ops {
-    const char *name;
-    /* out (Nr,C): this rank's rows of wte[inp] + wpe[t] (wte: the vocabulary rows held
-     * here); backward: dwte (those rows), dwpe += the scatter of dout (Nr,C) */
-    void (*embed_forward)(train_model *m, float *out, const int *inp, const float *wte,
-                          const float *wpe, int B, int T, int C);
-    void (*embed_backward)(train_model *m, float *dwte, float *dwpe, const float *dout,
-                           const int *inp, int B, int T, int C);
-    /* LayerNorm of inp (Nr,C) into rows [seq_rank*Nr, +Nr) of out (N,C), mean and rstd
-     * (Nr); then the parallel region is entered: all N rows of out on every rank (f
-     * forward: an all-gather under sequence parallelism, else nothing to do) */
-    void (*ln_forward)(train_model *m, float *out, float *mean, float *rstd,
-                       const float *inp, const float *w, const float *b, int Nr, int C,
-                       const char *what);
-    /* dinp (Nr,C) +=; dw, db (C) += the weight gradients over all N rows (under sequence
-     * parallelism the sum over the group of each rank's partial sums over its rows) */
-    void (*ln_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
-                        const float *inp, const float *w, const float *mean,
-                        const float *rstd, int Nr, int C, const char *what);
-    /* column-parallel Linear: out (N,OC) = inp (N,C) @ w^T + b (b may be NULL), OC this
-     * rank's output columns; backward: the matmul's, then f backward: dinp (N,C) summed
-     * over the group (under sequence parallelism reduce-scattered: its first Nr rows) */
-    void (*col_forward)(train_model *m, float *out, const float *inp, const float *w,
-                        const float *b, int N, int C, int OC);
-    void (*col_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
-                         const float *inp, const float *w, int N, int C, int OC,
-                         const char *what);
-    /* the tied LM head's backward (column-parallel over the vocabulary, no bias): as
-     * col_backward, its f counted apart from the blocks' */
-    void (*head_backward)(train_model *m, float *dinp, float *dw, const float *dout,
-                          const float *inp, const float *w, int N, int C, int V);
-    /* row-parallel Linear: out = g(inp (N,C) @ w^T) + b, C this rank's input columns; g
-     * forward sums the partial products over the group (under sequence parallelism
-     * reduce-scatters them: out's first Nr rows), then the bias is added once. Backward:
-     * g backward (the identity; under sequence parallelism the all-gather of dout (Nr,OC)
-     * to N rows), then the matmul's. */
-    void (*row_forward)(train_model *m, float *out, const float *inp, const float *w,
-                        const float *b, int N, int C, int OC, const char *what);
-    void (*row_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
-                         const float *inp, const float *w, int N, int C, int OC,
-                         const char *what);
-    /* cross-entropy over the logits (N,vocab_local) of the vocabulary rows held here:
-     * probs (N,vocab_local), losses (N); backward: dlogits += (probs - onehot) * dloss */
-    void (*xent_forward)(train_model *m, float *losses, float *probs, const float *logits,
-                         const int *targets, int N);
-    void (*xent_backward)(train_model *m, float *dlogits, const float *probs,
-                          const int *targets, float dloss, int N);
-    /* squared norm of the whole model's gradient (split tensors summed over the group,
-     * replicated ones counted once) */
-    double (*grad_sumsq)(train_model *m);
-    /* a pass cannot go on (msg: a sentence): kept for the strategy's status */
-    void (*fail)(train_model *m, const char *msg);
+  const char *name;
+  /* out (Nr,C): this rank's rows of wte[inp] + wpe[t] (wte: the vocabulary rows held
+   * here); backward: dwte (those rows), dwpe += the scatter of dout (Nr,C) */
+  void (*embed_forward)(train_model *m, float *out, const int *inp, const float *wte,
+                        const float *wpe, int B, int T, int C);
+  void (*embed_backward)(train_model *m, float *dwte, float *dwpe, const float *dout,
+                         const int *inp, int B, int T, int C);
+  /* LayerNorm of inp (Nr,C) into rows [seq_rank*Nr, +Nr) of out (N,C), mean and rstd
+   * (Nr); then the parallel region is entered: all N rows of out on every rank (f
+   * forward: an all-gather under sequence parallelism, else nothing to do) */
+  void (*ln_forward)(train_model *m, float *out, float *mean, float *rstd, const float *inp,
+                     const float *w, const float *b, int Nr, int C, const char *what);
+  /* dinp (Nr,C) +=; dw, db (C) += the weight gradients over all N rows (under sequence
+   * parallelism the sum over the group of each rank's partial sums over its rows) */
+  void (*ln_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                      const float *inp, const float *w, const float *mean, const float *rstd,
+                      int Nr, int C, const char *what);
+  /* column-parallel Linear: out (N,OC) = inp (N,C) @ w^T + b (b may be NULL), OC this
+   * rank's output columns; backward: the matmul's, then f backward: dinp (N,C) summed
+   * over the group (under sequence parallelism reduce-scattered: its first Nr rows) */
+  void (*col_forward)(train_model *m, float *out, const float *inp, const float *w, const float *b,
+                      int N, int C, int OC);
+  void (*col_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC, const char *what);
+  /* the tied LM head's backward (column-parallel over the vocabulary, no bias): as
+   * col_backward, its f counted apart from the blocks' */
+  void (*head_backward)(train_model *m, float *dinp, float *dw, const float *dout, const float *inp,
+                        const float *w, int N, int C, int V);
+  /* row-parallel Linear: out = g(inp (N,C) @ w^T) + b, C this rank's input columns; g
+   * forward sums the partial products over the group (under sequence parallelism
+   * reduce-scatters them: out's first Nr rows), then the bias is added once. Backward:
+   * g backward (the identity; under sequence parallelism the all-gather of dout (Nr,OC)
+   * to N rows), then the matmul's. */
+  void (*row_forward)(train_model *m, float *out, const float *inp, const float *w, const float *b,
+                      int N, int C, int OC, const char *what);
+  void (*row_backward)(train_model *m, float *dinp, float *dw, float *db, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC, const char *what);
+  /* cross-entropy over the logits (N,vocab_local) of the vocabulary rows held here:
+   * probs (N,vocab_local), losses (N); backward: dlogits += (probs - onehot) * dloss */
+  void (*xent_forward)(train_model *m, float *losses, float *probs, const float *logits,
+                       const int *targets, int N);
+  void (*xent_backward)(train_model *m, float *dlogits, const float *probs, const int *targets,
+                        float dloss, int N);
+  /* squared norm of the whole model's gradient (split tensors summed over the group,
+   * replicated ones counted once) */
+  double (*grad_sumsq)(train_model *m);
+  /* a pass cannot go on (msg: a sentence): kept for the strategy's status */
+  void (*fail)(train_model *m, const char *msg);
 } train_layer_ops;
 
 /* The single-process operations (layers_local.c). */
 const train_layer_ops *train_local_layer_ops(void);
 
 struct train_model {
-    train_config cfg;
-    /* Tensor-parallel shape (1, 0 on a single process): this rank holds heads
-     * [tp_rank*NH/tp, +NH/tp), MLP rows [tp_rank*4C/tp, +4C/tp) and vocabulary rows
-     * [tp_rank*vocab_local, +vocab_local) of the vocabulary padded to tp*vocab_local;
-     * heads_local = NH/tp heads of width_local = C/tp channels in all. */
-    int tp, tp_rank, vocab_local, heads_local, width_local;
-    /* Rows of the residual stream held here (model.c's top): of N = B*T rows, Nr =
-     * N/seq_shards from row seq_rank*Nr; seq_shards = tp under sequence parallelism,
-     * else 1 (and seq_rank 0). */
-    int seq_shards, seq_rank;
-    const train_layer_ops *layer_ops; /* train_local_layer_ops() unless a strategy's */
-    void *layer_ctx;       /* the installed operations' context (NULL: the local ones) */
-    train_device dev;
-    const train_ops *ops;
-    int maxB, maxT;        /* batch shape the buffers were sized for */
-    int ntensors;
-    train_param *tensors;
-    size_t nparams;
-    float *params, *grads; /* device */
-    float *adam_m, *adam_v;/* device, allocated on the first step */
-    float *actmem;         /* device */
-    size_t act_floats;
-    train_acts acts;
-    float *scratchmem;
-    train_scratch scr;
-    int *inputs, *targets; /* device (B,T) */
-    int lastB, lastT, have_targets;
-    float last_loss;
-    float loss_scale;            /* dloss multiplier in backward (1; 1/K for accumulation) */
-    train_backward_hook bwd_hook;/* called as gradients become final (DDP), may be NULL */
-    void *bwd_hook_arg;
-    void *grad_mark;             /* device: ops->mark() taken just before bwd_hook is called:
-                                    the gradients it declares final are written once the
-                                    compute stream passes it (NULL on the CPU) */
-    train_forward_hook fwd_hook; /* called as forward stages finish (timelines), may be NULL */
-    void *fwd_hook_arg;
-    /* FSDP (ZeRO-3): block l's parameters are read from block_params[l] (its tensors at
-     * the same offsets relative to the block's first tensor) instead of from `params`,
-     * where that block's range is then not kept. NULL (the array or an entry): `params`. */
-    float **block_params;
+  train_config cfg;
+  /* Tensor-parallel shape (1, 0 on a single process): this rank holds heads
+   * [tp_rank*NH/tp, +NH/tp), MLP rows [tp_rank*4C/tp, +4C/tp) and vocabulary rows
+   * [tp_rank*vocab_local, +vocab_local) of the vocabulary padded to tp*vocab_local;
+   * heads_local = NH/tp heads of width_local = C/tp channels in all. */
+  int tp, tp_rank, vocab_local, heads_local, width_local;
+  /* Rows of the residual stream held here (model.c's top): of N = B*T rows, Nr =
+   * N/seq_shards from row seq_rank*Nr; seq_shards = tp under sequence parallelism,
+   * else 1 (and seq_rank 0). */
+  int seq_shards, seq_rank;
+  const train_layer_ops *layer_ops; /* train_local_layer_ops() unless a strategy's */
+  void *layer_ctx;                  /* the installed operations' context (NULL: the local ones) */
+  train_device dev;
+  const train_ops *ops;
+  int maxB, maxT; /* batch shape the buffers were sized for */
+  int ntensors;
+  train_param *tensors;
+  size_t nparams;
+  float *params, *grads;  /* device */
+  float *adam_m, *adam_v; /* device, allocated on the first step */
+  float *actmem;          /* device */
+  size_t act_floats;
+  train_acts acts;
+  float *scratchmem;
+  train_scratch scr;
+  int *inputs, *targets; /* device (B,T) */
+  int lastB, lastT, have_targets;
+  float last_loss;
+  float loss_scale;             /* dloss multiplier in backward (1; 1/K for accumulation) */
+  train_backward_hook bwd_hook; /* called as gradients become final (DDP), may be NULL */
+  void *bwd_hook_arg;
+  void *grad_mark;             /* device: ops->mark() taken just before bwd_hook is called:
+                                  the gradients it declares final are written once the
+                                  compute stream passes it (NULL on the CPU) */
+  train_forward_hook fwd_hook; /* called as forward stages finish (timelines), may be NULL */
+  void *fwd_hook_arg;
+  /* FSDP (ZeRO-3): block l's parameters are read from block_params[l] (its tensors at
+   * the same offsets relative to the block's first tensor) instead of from `params`,
+   * where that block's range is then not kept. NULL (the array or an entry): `params`. */
+  float **block_params;
 };
 
 /* Views of block l (or of embeddings / final LayerNorm) inside a flat array `base`. */
@@ -260,11 +254,11 @@ void train_block_view(const train_model *m, float *base, int l, train_block *out
 /* Without allocating: parameter count, activation + backward scratch bytes at (B,T), and
  * (unit_len: L+2 entries, may be NULL) the lengths of the embeddings, each block and the
  * final LayerNorm. -1 when out of memory. */
-int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams,
-                      size_t *act_bytes, size_t *unit_len);
+int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams, size_t *act_bytes,
+                      size_t *unit_len);
 /* The same for rank 0 of a tensor-parallel group of tp (local shapes). */
-int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp,
-                         size_t *nparams, size_t *act_bytes, size_t *unit_len);
+int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp, size_t *nparams,
+                         size_t *act_bytes, size_t *unit_len);
 /* Block l's parameters, wherever they live (block_params[l] or params). */
 void train_block_params_view(const train_model *m, int l, train_block *out);
 float *train_tensor(const train_model *m, float *base, const char *name);
@@ -288,16 +282,16 @@ int train_model_split_check(const train_config *cfg, int ways, train_device dev,
 
 /* ---- session (session.c), shared with the checkpoint code (parallel/checkpoint.c) ---- */
 struct train_session {
-    train_options opt;
-    char data_path[4096];
-    train_model *model;
-    train_data *data;
-    train_loader_state pos; /* data position */
-    long step;              /* optimizer steps taken */
-    uint64_t sample_rng;    /* state of the sampling RNG */
-    int *inputs, *targets;  /* host (B,T) */
-    float *logits;          /* host (T,V), for sampling */
-    int batch_mult;         /* rows per optimizer step = batch * batch_mult (0: 1); what a
-                             * checkpoint records as its batch */
+  train_options opt;
+  char data_path[4096];
+  train_model *model;
+  train_data *data;
+  train_loader_state pos; /* data position */
+  long step;              /* optimizer steps taken */
+  uint64_t sample_rng;    /* state of the sampling RNG */
+  int *inputs, *targets;  /* host (B,T) */
+  float *logits;          /* host (T,V), for sampling */
+  int batch_mult;         /* rows per optimizer step = batch * batch_mult (0: 1); what a
+                           * checkpoint records as its batch */
 };
 #endif

@@ -19,15 +19,15 @@ void train_shard_path(char *out, size_t n, const char *manifest, int t, int s, i
  * data-parallel shards by FSDP's units), which shard this rank holds, and that shard's
  * count floats of parameters, AdamW m and AdamW v. */
 typedef struct train_ckpt_part {
-    int T, S;               /* the grid */
-    int t, s;               /* this rank's shard */
-    int writes;             /* 0: another rank writes the same shard (a DDP copy) */
-    const float *p, *m, *v; /* count floats each (when writes) */
-    size_t count;
-    const size_t *unit_len; /* the L+2 unit lengths the pieces were cut by (FSDP's own), to
-                             * be checked against the model's slice; NULL: not cut (S = 1) */
-    const char *failed;     /* non-NULL: this rank could not even prepare its shard (the
-                             * sentence); it still takes part so that everyone learns */
+  int T, S;               /* the grid */
+  int t, s;               /* this rank's shard */
+  int writes;             /* 0: another rank writes the same shard (a DDP copy) */
+  const float *p, *m, *v; /* count floats each (when writes) */
+  size_t count;
+  const size_t *unit_len; /* the L+2 unit lengths the pieces were cut by (FSDP's own), to
+                           * be checked against the model's slice; NULL: not cut (S = 1) */
+  const char *failed;     /* non-NULL: this rank could not even prepare its shard (the
+                           * sentence); it still takes part so that everyone learns */
 } train_ckpt_part;
 
 /* Collective over `world` (every rank of the job; NULL: this process alone, a 1 x 1 grid):

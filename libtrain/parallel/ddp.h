@@ -25,31 +25,31 @@
 #include "train.h"
 
 typedef struct train_ddp_options {
-    size_t bucket_bytes;       /* cap of every bucket but the first (25 MiB) */
-    size_t first_bucket_bytes; /* cap of the first bucket (1 MiB) */
-    int overlap;               /* 1: launch buckets during backward; 0: after it */
-    int accum;                 /* micro-steps per optimizer step (1) */
-    int trace;                 /* record a timeline (train_ddp_write_trace) */
+  size_t bucket_bytes;       /* cap of every bucket but the first (25 MiB) */
+  size_t first_bucket_bytes; /* cap of the first bucket (1 MiB) */
+  int overlap;               /* 1: launch buckets during backward; 0: after it */
+  int accum;                 /* micro-steps per optimizer step (1) */
+  int trace;                 /* record a timeline (train_ddp_write_trace) */
 } train_ddp_options;
 
 TRAIN_API train_ddp_options train_ddp_options_default(void);
 
 typedef struct train_ddp_bucket {
-    size_t start, count;     /* range of the flat gradient array, in floats */
-    int first_tensor, ntensors;
-    int layer;               /* the stage that makes it final: L = final LN, l, -1 */
+  size_t start, count; /* range of the flat gradient array, in floats */
+  int first_tensor, ntensors;
+  int layer; /* the stage that makes it final: L = final LN, l, -1 */
 } train_ddp_bucket;
 
 typedef struct train_ddp_stats {
-    train_step_stats step;  /* loss: mean over all ranks and micro-steps; tokens/s: global */
-    double fwd_ms;          /* forward, all micro-steps */
-    double bwd_ms;          /* backward compute, all micro-steps (launch calls excluded) */
-    double wait_ms;         /* exposed communication: time inside the all-reduce launch
-                             * calls plus the wait for them after backward */
-    double comm_ms;         /* first bucket launched .. last bucket seen done */
-    double hidden;          /* 1 - wait_ms / comm_ms, clamped to [0, 1]: the share of the
-                             * communication time that backward compute covered */
-    double opt_ms;          /* clip + AdamW */
+  train_step_stats step; /* loss: mean over all ranks and micro-steps; tokens/s: global */
+  double fwd_ms;         /* forward, all micro-steps */
+  double bwd_ms;         /* backward compute, all micro-steps (launch calls excluded) */
+  double wait_ms;        /* exposed communication: time inside the all-reduce launch
+                          * calls plus the wait for them after backward */
+  double comm_ms;        /* first bucket launched .. last bucket seen done */
+  double hidden;         /* 1 - wait_ms / comm_ms, clamped to [0, 1]: the share of the
+                          * communication time that backward compute covered */
+  double opt_ms;         /* clip + AdamW */
 } train_ddp_stats;
 
 typedef struct train_ddp train_ddp;

@@ -39,22 +39,22 @@
 #include "train.h"
 
 typedef struct train_fsdp_options {
-    int zero;   /* 1, 2 or 3 (3) */
-    int accum;  /* micro-steps per optimizer step (1) */
-    int trace;  /* record a timeline (train_fsdp_write_trace) */
+  int zero;  /* 1, 2 or 3 (3) */
+  int accum; /* micro-steps per optimizer step (1) */
+  int trace; /* record a timeline (train_fsdp_write_trace) */
 } train_fsdp_options;
 
 TRAIN_API train_fsdp_options train_fsdp_options_default(void);
 
 typedef struct train_fsdp_stats {
-    train_step_stats step; /* loss: mean over ranks and micro-steps; tokens/s: global */
-    double fwd_ms, bwd_ms; /* compute, including the waits for gathers inside the hooks */
-    double wait_ms;        /* exposed communication: time blocked on the backend */
-    double opt_ms;         /* clip + AdamW + parameter gather after the step */
-    uint64_t sent_bytes;   /* bytes this rank sent this step (ring formulas per call) */
-    uint64_t measured_bytes; /* the same, measured: the bytes_out of every step libcoll's
-                              * trace recorded for this rank's calls in this step (0 when
-                              * the backend keeps no trace, or with --trace, which uses it) */
+  train_step_stats step;   /* loss: mean over ranks and micro-steps; tokens/s: global */
+  double fwd_ms, bwd_ms;   /* compute, including the waits for gathers inside the hooks */
+  double wait_ms;          /* exposed communication: time blocked on the backend */
+  double opt_ms;           /* clip + AdamW + parameter gather after the step */
+  uint64_t sent_bytes;     /* bytes this rank sent this step (ring formulas per call) */
+  uint64_t measured_bytes; /* the same, measured: the bytes_out of every step libcoll's
+                            * trace recorded for this rank's calls in this step (0 when
+                            * the backend keeps no trace, or with --trace, which uses it) */
 } train_fsdp_stats;
 
 typedef struct train_fsdp train_fsdp;

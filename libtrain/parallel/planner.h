@@ -19,24 +19,24 @@
 #include "train.h"
 
 typedef enum {
-    TRAIN_PLAN_NONE = 0,
-    TRAIN_PLAN_DDP,
-    TRAIN_PLAN_ZERO1,
-    TRAIN_PLAN_ZERO2,
-    TRAIN_PLAN_ZERO3,
-    TRAIN_PLAN_COUNT
+  TRAIN_PLAN_NONE = 0,
+  TRAIN_PLAN_DDP,
+  TRAIN_PLAN_ZERO1,
+  TRAIN_PLAN_ZERO2,
+  TRAIN_PLAN_ZERO3,
+  TRAIN_PLAN_COUNT
 } train_strategy;
 
 typedef struct train_plan_row {
-    const char *name;
-    double params, grads, optim, acts, working, fixed, total; /* bytes per rank */
-    double sent;                                               /* bytes per rank per step */
+  const char *name;
+  double params, grads, optim, acts, working, fixed, total; /* bytes per rank */
+  double sent;                                              /* bytes per rank per step */
 } train_plan_row;
 
 /* One row; `fixed` is the measured fixed part (train_rss_bytes at start). -1 with err on
  * an impossible config. */
-TRAIN_API int train_plan(const train_config *cfg, int B, int T, int N, int accum,
-                         train_strategy st, double fixed, train_plan_row *out, char *err);
+TRAIN_API int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_strategy st,
+                         double fixed, train_plan_row *out, char *err);
 /* Resident bytes now (VmRSS) and the peak so far (VmHWM), from /proc/self/status; 0 when
  * unavailable. */
 TRAIN_API double train_rss_bytes(void);

@@ -32,10 +32,10 @@
 
 /* The job as a grid of T x D ranks (grid.c). world == NULL: one process (T = D = 1). */
 typedef struct train_grid {
-    train_backend *world; /* every rank of the job, or NULL */
-    train_backend *tp;    /* the T ranks of this rank's tensor-parallel group (NULL: T = 1) */
-    train_backend *dp;    /* the D ranks holding the same slice (the world when T = 1) */
-    int T, D;
+  train_backend *world; /* every rank of the job, or NULL */
+  train_backend *tp;    /* the T ranks of this rank's tensor-parallel group (NULL: T = 1) */
+  train_backend *dp;    /* the D ranks holding the same slice (the world when T = 1) */
+  int T, D;
 } train_grid;
 
 /* Splits world into the T x D grid (collective over world); T = 1 needs no split. */
@@ -45,77 +45,75 @@ TRAIN_API void train_grid_free(train_grid *g);
 
 /* What the command line chose, for every strategy (each reads its own fields). */
 typedef struct train_parallel_options {
-    const char *data;   /* the data-parallel strategy: "none", "ddp" or "fsdp" */
-    int zero;           /* fsdp: ZeRO stage 1..3 */
-    int accum;          /* micro-steps per optimizer step */
-    int overlap;        /* ddp: all-reduce buckets during backward */
-    size_t bucket_bytes;/* ddp: bucket cap */
-    int sp;             /* tp: sequence parallelism */
-    int trace;          /* record a timeline (--trace) */
+  const char *data;    /* the data-parallel strategy: "none", "ddp" or "fsdp" */
+  int zero;            /* fsdp: ZeRO stage 1..3 */
+  int accum;           /* micro-steps per optimizer step */
+  int overlap;         /* ddp: all-reduce buckets during backward */
+  size_t bucket_bytes; /* ddp: bucket cap */
+  int sp;              /* tp: sequence parallelism */
+  int trace;           /* record a timeline (--trace) */
 } train_parallel_options;
 
 /* One step as the strategy saw it: what the loop prints and sums. */
 typedef struct train_step_report {
-    train_step_stats step;    /* loss: mean over the ranks and micro-steps */
-    double fwd_ms, bwd_ms;    /* compute */
-    double wait_ms;           /* exposed communication */
-    double comm_ms;           /* first collective launched .. last seen done (ddp) */
-    double hidden;            /* 1 - wait / comm (ddp) */
-    double sent_bytes;        /* this rank, this step, by the ring formulas (fsdp) */
-    double measured_bytes;    /* the same from libcoll's trace counters (fsdp) */
-    double tp_ms, tp_other_ms;/* blocked in the tensor-parallel collectives: in blocks, other */
-    double tp_bytes;          /* bytes of the in-block collectives */
-    long tp_calls;            /* in-block collectives */
+  train_step_stats step;     /* loss: mean over the ranks and micro-steps */
+  double fwd_ms, bwd_ms;     /* compute */
+  double wait_ms;            /* exposed communication */
+  double comm_ms;            /* first collective launched .. last seen done (ddp) */
+  double hidden;             /* 1 - wait / comm (ddp) */
+  double sent_bytes;         /* this rank, this step, by the ring formulas (fsdp) */
+  double measured_bytes;     /* the same from libcoll's trace counters (fsdp) */
+  double tp_ms, tp_other_ms; /* blocked in the tensor-parallel collectives: in blocks, other */
+  double tp_bytes;           /* bytes of the in-block collectives */
+  long tp_calls;             /* in-block collectives */
 } train_step_report;
 
 typedef struct train_parallel train_parallel;
 
 typedef struct train_parallel_ops {
-    const char *name;
-    /* One optimizer step (collective). */
-    int (*step)(train_parallel *p, train_step_report *r, char *err);
-    /* Collective, before an evaluation: makes the model whole where the evaluating ranks
-     * need it (fsdp gathers the parameters). NULL: nothing to do. */
-    int (*eval_begin)(train_parallel *p, char *err);
-    /* Collective: a checkpoint at path (parallel/checkpoint.c's format); `what` (n bytes)
-     * gets a few words on its files for the run's line ("" when there is nothing to add). */
-    int (*save)(train_parallel *p, const char *path, char *what, size_t n, char *err);
-    /* Collective over the job: the data-parallel strategy's part of a tensor-parallel
-     * checkpoint (tp's save hands it the world and the TP group): its slice's shards. */
-    int (*save_slice)(train_parallel *p, train_backend *world, train_backend *tp,
-                      const char *path, char *err);
-    /* Collective, after the last step: checks (ranks hold the same weights) and the
-     * timeline (written to trace_path on rank 0 when not NULL). */
-    int (*finish)(train_parallel *p, const char *trace_path, char *err);
-    /* Lines describing the strategy at the start (each ends in '\n'); *out = '\0' if none. */
-    void (*describe)(train_parallel *p, char *out, size_t n);
-    /* The end of one step's line (" | bwd ... ms"). */
-    void (*step_line)(const train_parallel *p, const train_step_report *r, char *out,
-                      size_t n);
-    /* The summary after the run: `later` sums the steps after the first (nlater of them,
-     * `seconds` their time; the first warms caches), `all` every step (nall). */
-    void (*summary)(const train_parallel *p, const train_step_report *later, long nlater,
-                    double seconds, const train_step_report *all, long nall, char *out,
-                    size_t n);
-    /* 0, or -1 with the first failure inside the model's passes (tp: a collective inside
-     * forward or backward, which cannot return errors themselves). NULL: always 0. */
-    int (*status)(const train_parallel *p, char *err);
-    /* The planner's row of this run's layout. */
-    int (*plan)(const train_parallel *p, double fixed, train_plan_row *out, char *err);
-    void (*free)(train_parallel *p);
+  const char *name;
+  /* One optimizer step (collective). */
+  int (*step)(train_parallel *p, train_step_report *r, char *err);
+  /* Collective, before an evaluation: makes the model whole where the evaluating ranks
+   * need it (fsdp gathers the parameters). NULL: nothing to do. */
+  int (*eval_begin)(train_parallel *p, char *err);
+  /* Collective: a checkpoint at path (parallel/checkpoint.c's format); `what` (n bytes)
+   * gets a few words on its files for the run's line ("" when there is nothing to add). */
+  int (*save)(train_parallel *p, const char *path, char *what, size_t n, char *err);
+  /* Collective over the job: the data-parallel strategy's part of a tensor-parallel
+   * checkpoint (tp's save hands it the world and the TP group): its slice's shards. */
+  int (*save_slice)(train_parallel *p, train_backend *world, train_backend *tp, const char *path,
+                    char *err);
+  /* Collective, after the last step: checks (ranks hold the same weights) and the
+   * timeline (written to trace_path on rank 0 when not NULL). */
+  int (*finish)(train_parallel *p, const char *trace_path, char *err);
+  /* Lines describing the strategy at the start (each ends in '\n'); *out = '\0' if none. */
+  void (*describe)(train_parallel *p, char *out, size_t n);
+  /* The end of one step's line (" | bwd ... ms"). */
+  void (*step_line)(const train_parallel *p, const train_step_report *r, char *out, size_t n);
+  /* The summary after the run: `later` sums the steps after the first (nlater of them,
+   * `seconds` their time; the first warms caches), `all` every step (nall). */
+  void (*summary)(const train_parallel *p, const train_step_report *later, long nlater,
+                  double seconds, const train_step_report *all, long nall, char *out, size_t n);
+  /* 0, or -1 with the first failure inside the model's passes (tp: a collective inside
+   * forward or backward, which cannot return errors themselves). NULL: always 0. */
+  int (*status)(const train_parallel *p, char *err);
+  /* The planner's row of this run's layout. */
+  int (*plan)(const train_parallel *p, double fixed, train_plan_row *out, char *err);
+  void (*free)(train_parallel *p);
 } train_parallel_ops;
 
 struct train_parallel {
-    const train_parallel_ops *ops;
-    train_session *s;
-    train_grid *grid;
-    train_parallel_options opt;
-    train_parallel *inner; /* tp: the data-parallel strategy it hands steps to */
-    int eval_everywhere;   /* 1: evaluation is collective (tp: every rank runs the forward) */
-    int can_sample;        /* 0: the model cannot generate on one rank (tp holds V/T logits) */
-    int rows_mult;         /* sequences per step = batch * rows_mult (data ranks x accum) */
-    int zero;              /* the ZeRO stage the strategy shards by (fsdp), else 0 */
-    void *impl;
+  const train_parallel_ops *ops;
+  train_session *s;
+  train_grid *grid;
+  train_parallel_options opt;
+  train_parallel *inner; /* tp: the data-parallel strategy it hands steps to */
+  int eval_everywhere;   /* 1: evaluation is collective (tp: every rank runs the forward) */
+  int can_sample;        /* 0: the model cannot generate on one rank (tp holds V/T logits) */
+  int rows_mult;         /* sequences per step = batch * rows_mult (data ranks x accum) */
+  int zero;              /* the ZeRO stage the strategy shards by (fsdp), else 0 */
+  void *impl;
 };
 
 /* Creates the strategies the grid and opt ask for (tp over the data-parallel one when
@@ -129,8 +127,7 @@ TRAIN_API void train_parallel_free(train_parallel *p);
 
 /* The rows of the table (strategy.c); each strategy's file defines its create. */
 typedef train_parallel *(*train_parallel_create_fn)(train_session *s, train_grid *g,
-                                                    const train_parallel_options *opt,
-                                                    char *err);
+                                                    const train_parallel_options *opt, char *err);
 train_parallel *train_none_create(train_session *s, train_grid *g,
                                   const train_parallel_options *opt, char *err);
 train_parallel *train_ddp_strategy_create(train_session *s, train_grid *g,
@@ -144,11 +141,10 @@ train_parallel *train_tp_strategy_create(train_session *s, train_grid *g,
                                          train_parallel_create_fn inner, char *err);
 
 /* A train_parallel with ops and the common fields filled (impl NULL), or NULL. */
-train_parallel *train_parallel_new(const train_parallel_ops *ops, train_session *s,
-                                   train_grid *g, const train_parallel_options *opt);
+train_parallel *train_parallel_new(const train_parallel_ops *ops, train_session *s, train_grid *g,
+                                   const train_parallel_options *opt);
 
 /* Appends printf-style text to out (of n bytes) after what it holds. */
-void train_appendf(char *out, size_t n, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void train_appendf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #endif

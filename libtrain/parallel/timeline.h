@@ -30,14 +30,14 @@
 #define TRAIN_TRACE_LIB 2 /* libcoll's calls; its step s is on TRAIN_TRACE_LIB + 1 + s */
 
 typedef struct train_trace_event {
-    double ts_us, dur_us;
-    int32_t rank, tid;
-    char name[40];
+  double ts_us, dur_us;
+  int32_t rank, tid;
+  char name[40];
 } train_trace_event; /* 64 bytes, plain data: ranks exchange them as bytes */
 
 typedef struct train_trace {
-    train_trace_event *ev;
-    size_t n, cap, dropped;
+  train_trace_event *ev;
+  size_t n, cap, dropped;
 } train_trace;
 
 /* Seconds (train_now) to a slice [t0, t1] on thread tid of `rank`. */
@@ -47,8 +47,7 @@ TRAIN_API void train_trace_free(train_trace *t);
 /* Writes the ranks' events ev[0..n) and libcoll records lib[0..nlib) (of any rank, either
  * may be empty) as {"traceEvents": [...]}, times relative to the earliest of them all. */
 TRAIN_API int train_trace_write(const char *path, const train_trace_event *ev, size_t n,
-                                const coll_trace_event *lib, size_t nlib, int nranks,
-                                char *err);
+                                const coll_trace_event *lib, size_t nlib, int nranks, char *err);
 
 typedef struct train_backend train_backend;
 /* Collective: gathers every rank's events `t` and the backend's own records (when it keeps

@@ -53,8 +53,7 @@ static inline int train_dp_rank_of(int rank, int tp) { return rank / tp; }
 
 /* 0, or -1 with a sentence when the model cannot be split T ways (heads not a multiple of
  * T, T beyond the vocabulary, a device other than the CPU). */
-TRAIN_API int train_tp_config_check(const train_config *cfg, int tp, train_device dev,
-                                    char *err);
+TRAIN_API int train_tp_config_check(const train_config *cfg, int tp, train_device dev, char *err);
 
 /* Collective over `tp` (the session's model must have been created with
  * opt.tp == tp->nranks, opt.tp_rank == tp->rank): checks every rank holds bitwise the same
@@ -69,11 +68,11 @@ TRAIN_API void train_tp_detach(train_session *s);
 TRAIN_API int train_tp_status(const train_session *s, char *err);
 
 typedef struct train_tp_stats {
-    long calls;      /* all-reduces and all-gathers made inside forward/backward */
-    long block_calls;/* of which the f/g all-reduces in blocks */
-    double bytes;    /* bytes reduced inside blocks (B·T·C·4 per call) */
-    double ms;       /* time blocked in the block all-reduces */
-    double other_ms; /* time blocked in the embedding / head / loss / norm collectives */
+  long calls;       /* all-reduces and all-gathers made inside forward/backward */
+  long block_calls; /* of which the f/g all-reduces in blocks */
+  double bytes;     /* bytes reduced inside blocks (B·T·C·4 per call) */
+  double ms;        /* time blocked in the block all-reduces */
+  double other_ms;  /* time blocked in the embedding / head / loss / norm collectives */
 } train_tp_stats;
 /* Counters since the last reset (reset = 1 zeroes them after reading). */
 TRAIN_API void train_tp_stats_read(train_session *s, train_tp_stats *out, int reset);
@@ -102,9 +101,9 @@ TRAIN_API int train_tp_g_backward(train_backend *b, float *dx, size_t n);
  * zero 1..3 (with dp > 1): TP x FSDP, ZeRO-`zero` along D over the rank's slice — the FSDP
  * row of the slice's units (train_plan's formulas) plus TP's traffic; 0: DDP (or none). */
 #include "parallel/planner.h"
-TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
-                            int zero, double fixed, train_plan_row *out, long *inblock,
-                            double *inblock_bytes, char *err);
+TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp, int zero,
+                            double fixed, train_plan_row *out, long *inblock, double *inblock_bytes,
+                            char *err);
 
 /* Parameter conversion between the single-process layout (full: train_num_params of the
  * T = 1 model) and rank r's local layout: shard copies r's slice out of full; unshard

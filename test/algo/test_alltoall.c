@@ -25,13 +25,16 @@
 #include "coll_test.h"
 
 #define POISON 0xA5
-#define GUARD 64 /* bytes after every receive buffer that nothing may write */
+#define GUARD 64               /* bytes after every receive buffer that nothing may write */
 #define BIG_BLOCK (256u << 10) /* the largest FIFO slot (shm with ranks > cores, tcp) */
 
 /* ---- data ----------------------------------------------------------------------------- */
 
 static uint64_t mix(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
   return x ^ (x >> 33);
 }
 
@@ -59,8 +62,8 @@ static int expect(const uint8_t *p, size_t es, uint64_t seed, int s, int d, size
 static int untouched(const uint8_t *p, size_t from, size_t to, const char *what, int rank) {
   for (size_t i = from; i < to; i++)
     if (p[i] != POISON)
-      return t_failf("rank %d: %s: byte %zu was written but lies outside every block", rank,
-                     what, i);
+      return t_failf("rank %d: %s: byte %zu was written but lies outside every block", rank, what,
+                     i);
   return 0;
 }
 
@@ -122,7 +125,7 @@ static const char *expected_algo(const ctx *c, const char *kind, size_t bytes_wh
     return c->in_place ? NULL : "direct";
   }
   if (strcmp(c->algo, "mapped") == 0) { /* buffers from coll_mem_alloc (matrix_arg.mapped) */
-    if (v) return "pairwise"; /* all-to-allv has no mapped path */
+    if (v) return "pairwise";           /* all-to-allv has no mapped path */
     return a2a && c->in_place ? NULL : "mapped"; /* in place: the tuner's choice */
   }
   return NULL;
@@ -135,7 +138,8 @@ static int do_all_to_all(ctx *c) {
   describe(c, "all_to_all", what, sizeof what);
   memset(recv, POISON, tot + GUARD);
   for (int j = 0; j < c->n; j++) fill(send + (size_t)j * blk, es, c->seed, c->rank, j, c->count);
-  coll_result r = wait_for(c->stream, coll_all_to_all(send, recv, c->count, c->d, c->comm, c->stream));
+  coll_result r = wait_for(c->stream,
+                           coll_all_to_all(send, recv, c->count, c->d, c->comm, c->stream));
   if (r != COLL_OK)
     return t_failf("rank %d: %s: %s: %s", c->rank, what, coll_result_string(r),
                    coll_comm_last_error(c->stream ? NULL : c->comm));
@@ -144,7 +148,8 @@ static int do_all_to_all(ctx *c) {
   if (untouched(recv, tot, tot + GUARD, what, c->rank)) return 1;
   if (!c->in_place)
     for (int j = 0; j < c->n; j++)
-      if (expect(send + (size_t)j * blk, es, c->seed, c->rank, j, c->count, "send buffer changed", c->rank))
+      if (expect(send + (size_t)j * blk, es, c->seed, c->rank, j, c->count, "send buffer changed",
+                 c->rank))
         return 1;
   return ran_on(c, what, expected_algo(c, "all_to_all", tot));
 }
@@ -161,7 +166,8 @@ static int do_gather(ctx *c) {
   /* Off the root the receive buffer is ignored: NULL on odd ranks, a poisoned buffer
    * (which must stay so) on even ones. */
   void *rb = root || c->rank % 2 == 0 ? recv : NULL;
-  coll_result r = wait_for(c->stream, coll_gather(send, rb, c->count, c->d, c->root, c->comm, c->stream));
+  coll_result r = wait_for(c->stream,
+                           coll_gather(send, rb, c->count, c->d, c->root, c->comm, c->stream));
   if (r != COLL_OK)
     return t_failf("rank %d: %s: %s: %s", c->rank, what, coll_result_string(r),
                    coll_comm_last_error(c->stream ? NULL : c->comm));
@@ -183,7 +189,8 @@ static int do_scatter(ctx *c) {
   if (root)
     for (int q = 0; q < c->n; q++) fill(send + (size_t)q * blk, es, c->seed, c->root, q, c->count);
   const void *sb = root ? send : c->rank % 2 ? NULL : c->a; /* ignored off the root */
-  coll_result r = wait_for(c->stream, coll_scatter(sb, recv, c->count, c->d, c->root, c->comm, c->stream));
+  coll_result r = wait_for(c->stream,
+                           coll_scatter(sb, recv, c->count, c->d, c->root, c->comm, c->stream));
   if (r != COLL_OK)
     return t_failf("rank %d: %s: %s: %s", c->rank, what, coll_result_string(r),
                    coll_comm_last_error(c->stream ? NULL : c->comm));
@@ -191,7 +198,8 @@ static int do_scatter(ctx *c) {
   if (!(c->in_place && root) && untouched(recv, blk, blk + GUARD, what, c->rank)) return 1;
   if (root)
     for (int q = 0; q < c->n; q++)
-      if (expect(send + (size_t)q * blk, es, c->seed, c->root, q, c->count, "send buffer changed", c->rank))
+      if (expect(send + (size_t)q * blk, es, c->seed, c->root, q, c->count, "send buffer changed",
+                 c->rank))
         return 1;
   return ran_on(c, what, expected_algo(c, "scatter", tot));
 }
@@ -319,8 +327,10 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
     c.d = ma->big ? big_types[ti] : (coll_dtype)ti;
     size_t es = coll_dtype_size(c.d);
     size_t counts[3], nc = 0;
-    if (ma->big) counts[nc++] = BIG_BLOCK / es + 7;
-    else for (size_t i = 0; i < 3; i++) counts[nc++] = small[i];
+    if (ma->big)
+      counts[nc++] = BIG_BLOCK / es + 7;
+    else
+      for (size_t i = 0; i < 3; i++) counts[nc++] = small[i];
     for (size_t ci = 0; ci < nc && fails < 3; ci++) {
       c.count = counts[ci];
       for (int ip = 0; ip < 2; ip++) {
@@ -352,7 +362,9 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
 
 static void run(int n, bool big, unsigned kinds, const char *algo, const char *transport,
                 bool streams) {
-  matrix_arg a = {.big = big, .kinds = kinds, .streams = streams,
+  matrix_arg a = {.big = big,
+                  .kinds = kinds,
+                  .streams = streams,
                   .mapped = algo && strcmp(algo, "mapped") == 0};
   char why[256];
   if (algo) setenv("COLL_ALGO", algo, 1);
@@ -363,7 +375,8 @@ static void run(int n, bool big, unsigned kinds, const char *algo, const char *t
   unsetenv("COLL_TRANSPORT");
   unsetenv("COLL_TIMEOUT_MS");
   cr_assert_eq(rc, 0, "n=%d %s COLL_ALGO=%s COLL_TRANSPORT=%s%s: %s", n, big ? "big" : "small",
-               algo ? algo : "auto", transport ? transport : "auto", streams ? " streams" : "", why);
+               algo ? algo : "auto", transport ? transport : "auto", streams ? " streams" : "",
+               why);
   T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
@@ -437,7 +450,8 @@ static int queued(coll_comm_t comm, int rank, int n, void *arg) {
                                      COLL_FLOAT32, comm, s);
     memset(v, 0xff, 4 * un * sizeof *v);
     free(v);
-    if (r != COLL_OK) return t_failf("rank %d: enqueue %d: %s", rank, k, coll_comm_last_error(comm));
+    if (r != COLL_OK)
+      return t_failf("rank %d: enqueue %d: %s", rank, k, coll_comm_last_error(comm));
   }
   coll_result r = coll_stream_synchronize(s);
   if (r != COLL_OK) return t_failf("rank %d: synchronize: %s", rank, coll_comm_last_error(NULL));
@@ -445,7 +459,8 @@ static int queued(coll_comm_t comm, int rank, int n, void *arg) {
   for (int k = 0; k < CALLS; k++) {
     size_t *rc = keep[k] + 2 * un, *rd = keep[k] + 3 * un;
     for (size_t q = 0; q < un && !bad; q++)
-      bad = expect(bufs[k][1] + rd[q] * 4, 4, (uint64_t)k, (int)q, rank, rc[q], "queued all_to_allv", rank);
+      bad = expect(bufs[k][1] + rd[q] * 4, 4, (uint64_t)k, (int)q, rank, rc[q],
+                   "queued all_to_allv", rank);
     free(bufs[k][0]);
     free(bufs[k][1]);
     free(keep[k]);
@@ -561,8 +576,7 @@ static int bad_args(coll_comm_t comm, int rank, int n, void *arg) {
   }
   R(coll_scatter(buf, out, 2, COLL_FLOAT32, n, comm, NULL), "coll_scatter", "root");
   R(coll_scatter(buf, NULL, 2, COLL_FLOAT32, 0, comm, NULL), "coll_scatter", "recvbuf");
-  R(coll_scatter(buf, out, SIZE_MAX / 2, COLL_FLOAT32, 0, comm, NULL), "coll_scatter",
-    "overflows");
+  R(coll_scatter(buf, out, SIZE_MAX / 2, COLL_FLOAT32, 0, comm, NULL), "coll_scatter", "overflows");
   if (rank == 0) {
     R(coll_scatter(NULL, out, 2, COLL_FLOAT32, 0, comm, NULL), "coll_scatter", "sendbuf");
     R(coll_scatter(buf, buf + 1, 2, COLL_FLOAT32, 0, comm, NULL), "coll_scatter", "overlap");

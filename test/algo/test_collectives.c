@@ -25,7 +25,10 @@
 /* ---- inputs --------------------------------------------------------------------- */
 
 static uint64_t mix(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
   return x ^ (x >> 33);
 }
 
@@ -33,13 +36,21 @@ static uint64_t mix(uint64_t x) {
  * (non-integer), near 1 for products. */
 static double fval(coll_op op, int rank, size_t i, uint64_t seed) {
   uint64_t h = mix(seed ^ mix((uint64_t)rank * 0x9e37u + i));
-  if (op == COLL_PROD) return (h % 2) ? 1.0 + (double)(h >> 8 & 3) / 8 : 1.0 - (double)(h >> 8 & 3) / 16;
+  if (op == COLL_PROD)
+    return (h % 2) ? 1.0 + (double)(h >> 8 & 3) / 8 : 1.0 - (double)(h >> 8 & 3) / 16;
   return ((double)(h % 128) - 64) / 8;
 }
-static uint64_t ival(int rank, size_t i, uint64_t seed) { return mix(seed ^ mix((uint64_t)rank * 0x9e37u + i) ^ 0xabcdef); }
+static uint64_t ival(int rank, size_t i, uint64_t seed) {
+  return mix(seed ^ mix((uint64_t)rank * 0x9e37u + i) ^ 0xabcdef);
+}
 
 /* Independent half/bfloat16 encoders for the exactly representable inputs above. */
-static uint16_t to_bf16(double d) { float f = (float)d; uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
+static uint16_t to_bf16(double d) {
+  float f = (float)d;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16);
+}
 static uint16_t to_half(double d) {
   if (d == 0) return 0;
   uint16_t sign = d < 0 ? 0x8000 : 0;
@@ -56,7 +67,12 @@ static double from_half(uint16_t h) {
   double v = e == 0 ? ldexp(f, -24) : e == 31 ? (f ? NAN : INFINITY) : ldexp(1024 + f, e - 25);
   return (h & 0x8000) ? -v : v;
 }
-static double from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static double from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 
 static bool is_float(coll_dtype d) { return d >= COLL_FLOAT16; }
 
@@ -67,9 +83,18 @@ static void gen1(uint8_t *dst, coll_dtype d, coll_op op, int rank, size_t i, uin
     uint16_t h;
     float f;
     switch (d) {
-    case COLL_FLOAT16: h = to_half(v); memcpy(dst, &h, 2); break;
-    case COLL_BFLOAT16: h = to_bf16(v); memcpy(dst, &h, 2); break;
-    case COLL_FLOAT32: f = (float)v; memcpy(dst, &f, 4); break;
+    case COLL_FLOAT16:
+      h = to_half(v);
+      memcpy(dst, &h, 2);
+      break;
+    case COLL_BFLOAT16:
+      h = to_bf16(v);
+      memcpy(dst, &h, 2);
+      break;
+    case COLL_FLOAT32:
+      f = (float)v;
+      memcpy(dst, &f, 4);
+      break;
     default: memcpy(dst, &v, 8); break;
     }
     return;
@@ -131,8 +156,8 @@ static double eps_of(coll_dtype d) {
 }
 
 /* Checks out[i] against the reduction of element `src_i` over ranks; returns true if ok. */
-static bool check_reduced(const void *out, size_t i, size_t src_i, coll_dtype d, coll_op op,
-                          int n, uint64_t seed, char *msg, size_t mlen) {
+static bool check_reduced(const void *out, size_t i, size_t src_i, coll_dtype d, coll_op op, int n,
+                          uint64_t seed, char *msg, size_t mlen) {
   if (is_float(d)) {
     double ref = op == COLL_PROD ? 1 : op == COLL_MIN ? INFINITY : op == COLL_MAX ? -INFINITY : 0;
     double mag = 0;
@@ -145,11 +170,17 @@ static bool check_reduced(const void *out, size_t i, size_t src_i, coll_dtype d,
       default: ref += x; mag += fabs(x);
       }
     }
-    if (op == COLL_AVG) { ref /= n; mag /= n; }
+    if (op == COLL_AVG) {
+      ref /= n;
+      mag /= n;
+    }
     double got = getf(out, i, d), tol;
-    if (op == COLL_MIN || op == COLL_MAX) tol = 0;
-    else if (op == COLL_PROD) tol = (n + 1) * eps_of(d) * fabs(ref);
-    else tol = (n + 1) * eps_of(d) * mag;
+    if (op == COLL_MIN || op == COLL_MAX)
+      tol = 0;
+    else if (op == COLL_PROD)
+      tol = (n + 1) * eps_of(d) * fabs(ref);
+    else
+      tol = (n + 1) * eps_of(d) * mag;
     if (!(fabs(got - ref) <= tol)) {
       snprintf(msg, mlen, "element %zu is %.9g, expected %.9g (tolerance %.3g)", i, got, ref, tol);
       return false;
@@ -169,9 +200,12 @@ static bool check_reduced(const void *out, size_t i, size_t src_i, coll_dtype d,
     case COLL_MIN:
     case COLL_MAX: {
       bool better;
-      if (r == 0) better = true;
-      else if (is_signed) better = op == COLL_MIN ? sv < best : sv > best;
-      else better = op == COLL_MIN ? (uint64_t)sv < (uint64_t)best : (uint64_t)sv > (uint64_t)best;
+      if (r == 0)
+        better = true;
+      else if (is_signed)
+        better = op == COLL_MIN ? sv < best : sv > best;
+      else
+        better = op == COLL_MIN ? (uint64_t)sv < (uint64_t)best : (uint64_t)sv > (uint64_t)best;
       if (better) best = sv;
       break;
     }
@@ -179,11 +213,15 @@ static bool check_reduced(const void *out, size_t i, size_t src_i, coll_dtype d,
     }
   }
   uint64_t want;
-  if (op == COLL_MIN || op == COLL_MAX) want = (uint64_t)best & m;
+  if (op == COLL_MIN || op == COLL_MAX)
+    want = (uint64_t)best & m;
   else if (op == COLL_AVG) {
-    if (is_signed) want = (uint64_t)(geti_signed(acc, d) / n) & m;
-    else want = (acc / (uint64_t)n) & m;
-  } else want = acc;
+    if (is_signed)
+      want = (uint64_t)(geti_signed(acc, d) / n) & m;
+    else
+      want = (acc / (uint64_t)n) & m;
+  } else
+    want = acc;
   uint64_t got = geti_raw(out, i, d);
   if (got != want) {
     snprintf(msg, mlen, "element %zu is %#llx, expected %#llx", i, (unsigned long long)got,
@@ -217,8 +255,8 @@ typedef struct {
   uint64_t seed;
 } call;
 
-static const char *kind_name[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                  "reduce", "sendrecv"};
+static const char *kind_name[] = {"all_reduce", "reduce_scatter", "all_gather",
+                                  "broadcast",  "reduce",         "sendrecv"};
 
 static uint64_t fnv_bytes(const void *p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -230,14 +268,14 @@ static uint64_t fnv_bytes(const void *p, size_t n) {
 typedef struct {
   uint8_t *a, *b;
   size_t cap;
-  bool mapped; /* from coll_mem_alloc: every call but sendrecv must take the mapped path */
+  bool mapped;      /* from coll_mem_alloc: every call but sendrecv must take the mapped path */
   coll_algo forced; /* COLL_ALGO's row: every call it can serve must have run on it */
 } bufs;
 
 /* The kind numbers of this file as the library's collectives. */
 static const coll_coll_kind kind_coll[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
                                            COLL_COLL_ALL_GATHER, COLL_COLL_BROADCAST,
-                                           COLL_COLL_REDUCE, COLL_COLL_SENDRECV};
+                                           COLL_COLL_REDUCE,     COLL_COLL_SENDRECV};
 
 static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
   size_t es = coll_dtype_size(c->d), cnt = c->count;
@@ -246,9 +284,14 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
   if (c->kind == 2) out_len = cnt * (size_t)n;
   uint8_t *send = B->a, *recv = B->b;
   if (c->in_place) {
-    if (c->kind == 1) { send = B->a; recv = B->a + (size_t)rank * cnt * es; }
-    else if (c->kind == 2) { recv = B->a; send = B->a + (size_t)rank * cnt * es; }
-    else recv = send;
+    if (c->kind == 1) {
+      send = B->a;
+      recv = B->a + (size_t)rank * cnt * es;
+    } else if (c->kind == 2) {
+      recv = B->a;
+      send = B->a + (size_t)rank * cnt * es;
+    } else
+      recv = send;
   }
   memset(recv, 0xA5, out_len * es);
   for (size_t i = 0; i < in_len; i++) put(send, i, c->d, c->op, rank, c->seed);
@@ -258,13 +301,17 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
   case 1: r = coll_reduce_scatter(send, recv, cnt, c->d, c->op, comm, NULL); break;
   case 2: r = coll_all_gather(send, recv, cnt, c->d, comm, NULL); break;
   case 3: r = coll_broadcast(send, recv, cnt, c->d, c->root, comm, NULL); break;
-  case 4: r = coll_reduce(send, rank == c->root ? recv : NULL, cnt, c->d, c->op, c->root, comm, NULL); break;
-  case 5: r = coll_sendrecv(send, cnt, (rank + 1) % n, recv, cnt, (rank + n - 1) % n, c->d, comm, NULL); break;
+  case 4:
+    r = coll_reduce(send, rank == c->root ? recv : NULL, cnt, c->d, c->op, c->root, comm, NULL);
+    break;
+  case 5:
+    r = coll_sendrecv(send, cnt, (rank + 1) % n, recv, cnt, (rank + n - 1) % n, c->d, comm, NULL);
+    break;
   }
   char what[160], msg[200];
   snprintf(what, sizeof what, "%s %s %s %s n=%d count=%zu root=%d", kind_name[c->kind],
-           coll_dtype_name(c->d), coll_op_name(c->op), c->in_place ? "in-place" : "out-of-place",
-           n, cnt, c->root);
+           coll_dtype_name(c->d), coll_op_name(c->op), c->in_place ? "in-place" : "out-of-place", n,
+           cnt, c->root);
   if (r != COLL_OK)
     return t_failf("rank %d: %s returned %s: %s", rank, what, coll_result_string(r),
                    coll_comm_last_error(comm));
@@ -286,11 +333,17 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
     bool ok = true;
     switch (c->kind) {
     case 0: ok = check_reduced(recv, i, i, c->d, c->op, n, c->seed, msg, sizeof msg); break;
-    case 1: ok = check_reduced(recv, i, (size_t)rank * cnt + i, c->d, c->op, n, c->seed, msg, sizeof msg); break;
-    case 2: ok = check_copy(recv, i, c->d, (int)(i / cnt), i % cnt, c->seed, msg, sizeof msg); break;
+    case 1:
+      ok = check_reduced(recv, i, (size_t)rank * cnt + i, c->d, c->op, n, c->seed, msg, sizeof msg);
+      break;
+    case 2:
+      ok = check_copy(recv, i, c->d, (int)(i / cnt), i % cnt, c->seed, msg, sizeof msg);
+      break;
     case 3: ok = check_copy(recv, i, c->d, c->root, i, c->seed, msg, sizeof msg); break;
-    case 4: if (rank != c->root) return 0;
-            ok = check_reduced(recv, i, i, c->d, c->op, n, c->seed, msg, sizeof msg); break;
+    case 4:
+      if (rank != c->root) return 0;
+      ok = check_reduced(recv, i, i, c->d, c->op, n, c->seed, msg, sizeof msg);
+      break;
     case 5: ok = check_copy(recv, i, c->d, (rank + n - 1) % n, i, c->seed, msg, sizeof msg); break;
     }
     if (!ok) return t_failf("rank %d: %s: %s", rank, what, msg);
@@ -299,7 +352,10 @@ static int run_call(coll_comm_t comm, int rank, int n, const call *c, bufs *B) {
   if (c->kind == 0 && is_float(c->d) && n > 1) {
     uint64_t h = fnv_bytes(recv, out_len * es), *all = calloc((size_t)n, 8);
     r = coll_all_gather(&h, all, 1, COLL_UINT64, comm, NULL);
-    if (r != COLL_OK) { free(all); return t_failf("rank %d: hash gather failed", rank); }
+    if (r != COLL_OK) {
+      free(all);
+      return t_failf("rank %d: hash gather failed", rank);
+    }
     for (int q = 0; q < n; q++)
       if (all[q] != h) {
         free(all);
@@ -356,8 +412,7 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
          * (n*_small); the plain build runs everything with every dtype. */
         bool one_per_size = d == COLL_INT8 || d == COLL_FLOAT16 || d == COLL_FLOAT32 ||
                             d == COLL_FLOAT64;
-        if (T_SANITIZED && (ma->forced != COLL_ALGO_AUTO || ma->big) && !one_per_size)
-          continue;
+        if (T_SANITIZED && (ma->forced != COLL_ALGO_AUTO || ma->big) && !one_per_size) continue;
         if (ma->big) {
           /* Big buffers: every dtype with sum and avg, every op on float32. */
           if (reducing && op != COLL_SUM && op != COLL_AVG && d != COLL_FLOAT32) continue;
@@ -377,8 +432,12 @@ static int matrix(coll_comm_t comm, int rank, int n, void *varg) {
             bool rooted = kind == 3 || kind == 4;
             int nroots = rooted ? (ma->big ? 1 : n) : 1;
             for (int root = 0; root < nroots; root++) {
-              call c = {.kind = kind, .d = (coll_dtype)d, .op = (coll_op)op, .in_place = ip,
-                        .root = rooted && ma->big ? n - 1 : root, .count = counts[ci],
+              call c = {.kind = kind,
+                        .d = (coll_dtype)d,
+                        .op = (coll_op)op,
+                        .in_place = ip,
+                        .root = rooted && ma->big ? n - 1 : root,
+                        .count = counts[ci],
                         .seed = seed++};
               if (run_call(comm, rank, n, &c, &B)) {
                 if (++fails >= 3) goto out;
@@ -403,7 +462,9 @@ out:
 static void run_matrix_kinds(int n, bool big, const char *algo, unsigned kinds) {
   bool known = false;
   coll_algo forced = algo ? coll_algo_from_name(algo, &known) : COLL_ALGO_AUTO;
-  matrix_arg a = {.big = big, .kinds = kinds, .mapped = algo && strcmp(algo, "mapped") == 0,
+  matrix_arg a = {.big = big,
+                  .kinds = kinds,
+                  .mapped = algo && strcmp(algo, "mapped") == 0,
                   .forced = known ? (int)forced : COLL_ALGO_AUTO};
   char why[256];
   /* The ranks are forked by t_launch and read COLL_ALGO at every call. */
@@ -464,11 +525,11 @@ static void forced_big(coll_algo a, int n1, int n2) {
  * for all-to-all, gather and scatter.  A row added to the table without a forced test
  * fails here. */
 Test(collectives, every_table_row_is_forced) {
-  static const coll_algo here[] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_RD, COLL_ALGO_RHD,
-                                   COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT, COLL_ALGO_MAPPED};
-  static const coll_algo in_alltoall[] = {COLL_ALGO_PAIRWISE, COLL_ALGO_LINEAR,
-                                          COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
-                                          COLL_ALGO_MAPPED};
+  static const coll_algo here[] = {COLL_ALGO_RING,  COLL_ALGO_TREE,    COLL_ALGO_RD,
+                                   COLL_ALGO_RHD,   COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
+                                   COLL_ALGO_MAPPED};
+  static const coll_algo in_alltoall[] = {COLL_ALGO_PAIRWISE, COLL_ALGO_LINEAR, COLL_ALGO_ONESHOT,
+                                          COLL_ALGO_DIRECT, COLL_ALGO_MAPPED};
   for (int a = 1; a < COLL_NUM_ALGOS; a++) {
     /* The device rows run on device buffers only: test_cuda's matrices force each of them
      * (matrix_*_ranks_dev_oneshot / _dev_twoshot), on a machine with a GPU. */

@@ -3,9 +3,9 @@
  * A small model of the executor runs all ranks' plans in one process: each directed
  * pair is a FIFO of CAP slices, each rank walks its plan round by round exactly as
  * executor.c does, and a rank may take its next slice only when the FIFO it reads has
- * data and the one it writes has room (a slot being read still counts as taken).  If at some point no rank can move and not all
- * are done, the schedule deadlocks.  Every message carries its length, so a send paired
- * with a receive of another length is caught.
+ * data and the one it writes has room (a slot being read still counts as taken).  If at some point
+ * no rank can move and not all are done, the schedule deadlocks.  Every message carries its length,
+ * so a send paired with a receive of another length is caught.
  *
  * Values make double counting visible: rank r contributes (k << 32) + 4^r to element k.
  * A correct reduction of element k over N ranks is exactly (N·k << 32) + Σ 4^r: each
@@ -46,7 +46,11 @@ typedef struct {
 #define DIVIDED (1ull << 36)
 #define DIV_MASK (15ull << 36)
 static uint64_t contrib(int r, size_t k) { return ((uint64_t)k << HI) + (1ull << (2 * r)); }
-static uint64_t digits(int n) { uint64_t s = 0; for (int r = 0; r < n; r++) s += 1ull << (2 * r); return s; }
+static uint64_t digits(int n) {
+  uint64_t s = 0;
+  for (int r = 0; r < n; r++) s += 1ull << (2 * r);
+  return s;
+}
 
 typedef struct {
   coll_coll_kind coll;
@@ -143,13 +147,24 @@ static uint64_t run_sim(const sim_case *c) {
     store[2 * r + 1] = calloc(recv_len + 1, 8);
     uint64_t *s = store[2 * r], *d = store[2 * r + 1];
     if (c->in_place) {
-      if (c->coll == COLL_COLL_REDUCE_SCATTER) { s = store[2 * r]; d = s + (size_t)r * cnt; }
-      else if (c->coll == COLL_COLL_ALL_GATHER) { d = store[2 * r + 1]; s = d + (size_t)r * cnt; }
-      else if (c->coll == COLL_COLL_GATHER) {
-        if (r == c->root) { d = store[2 * r + 1]; s = d + (size_t)r * cnt; }
+      if (c->coll == COLL_COLL_REDUCE_SCATTER) {
+        s = store[2 * r];
+        d = s + (size_t)r * cnt;
+      } else if (c->coll == COLL_COLL_ALL_GATHER) {
+        d = store[2 * r + 1];
+        s = d + (size_t)r * cnt;
+      } else if (c->coll == COLL_COLL_GATHER) {
+        if (r == c->root) {
+          d = store[2 * r + 1];
+          s = d + (size_t)r * cnt;
+        }
       } else if (c->coll == COLL_COLL_SCATTER) {
-        if (r == c->root) { s = store[2 * r]; d = s + (size_t)r * cnt; }
-      } else s = d;
+        if (r == c->root) {
+          s = store[2 * r];
+          d = s + (size_t)r * cnt;
+        }
+      } else
+        s = d;
     }
     /* Garbage first, then the contributions: when the buffers alias (in place) the
      * contributions win exactly where the API says the input lives. */
@@ -161,8 +176,14 @@ static uint64_t run_sim(const sim_case *c) {
     rs[r].bufs[COLL_BUF_SEND] = s;
     rs[r].bufs[COLL_BUF_RECV] = d;
     rs[r].steps = calloc(maxs, sizeof(coll_step));
-    coll_plan_args a = {.coll = c->coll, .algo = c->algo, .count = cnt, .nranks = n,
-                        .rank = r, .root = c->root, .in_place = c->in_place, .slice = c->slice};
+    coll_plan_args a = {.coll = c->coll,
+                        .algo = c->algo,
+                        .count = cnt,
+                        .nranks = n,
+                        .rank = r,
+                        .root = c->root,
+                        .in_place = c->in_place,
+                        .slice = c->slice};
     if (c->coll == COLL_COLL_ALL_TO_ALLV) {
       a.sendcounts = c->v[r], a.sdispls = c->v[r] + n, a.recvcounts = c->v[r] + 2 * n;
       a.rdispls = c->v[r] + 3 * n;
@@ -227,8 +248,9 @@ static uint64_t run_sim(const sim_case *c) {
           for (int q = 0; q < 2; q++)
             if (ins[q] && (ins[q]->head == ins[q]->tail ||
                            (c->tick_mode && ins[q]->q[ins[q]->head % ins[q]->cap].tick +
-                                                (c->latency ? c->latency : 1) > now)))
-              ready = false; /* nothing (yet) to read */
+                                                    (c->latency ? c->latency : 1) >
+                                                now)))
+              ready = false;                                           /* nothing (yet) to read */
           if (out && out->tail - out->head == out->cap) ready = false; /* no room */
           if (!ready) break;
           uint64_t *src = s->bufs[st->src_buf] + st->src_off + off;
@@ -249,7 +271,10 @@ static uint64_t run_sim(const sim_case *c) {
           case COLL_STEP_COPY: memmove(dst, src, m * 8); break;
           case COLL_STEP_SEND: result = src; break;
           case COLL_STEP_RECV: memcpy(dst, got[0], m * 8); break;
-          case COLL_STEP_RECV_COPY_SEND: memcpy(dst, got[0], m * 8); result = dst; break;
+          case COLL_STEP_RECV_COPY_SEND:
+            memcpy(dst, got[0], m * 8);
+            result = dst;
+            break;
           case COLL_STEP_RECV_REDUCE_SEND:
             for (size_t k = 0; k < m; k++) tmp[k] = add_checked(got[0][k], src[k], c, r);
             result = tmp;
@@ -295,9 +320,11 @@ static uint64_t run_sim(const sim_case *c) {
         moved = true;
     if (!moved && getenv("SIM_DEBUG")) {
       for (int r = 0; r < n; r++)
-        fprintf(stderr, "rank %d round %zu idx %zu done %d\n", r, rs[r].round, rs[r].idx, rs[r].done);
+        fprintf(stderr, "rank %d round %zu idx %zu done %d\n", r, rs[r].round, rs[r].idx,
+                rs[r].done);
       for (int i = 0; i < n * n; i++)
-        if (fq[i].tail != fq[i].head) fprintf(stderr, "fifo %d->%d holds %zu\n", i / n, i % n, fq[i].tail - fq[i].head);
+        if (fq[i].tail != fq[i].head)
+          fprintf(stderr, "fifo %d->%d holds %zu\n", i / n, i % n, fq[i].tail - fq[i].head);
     }
     if (!moved)
       cr_assert_fail("deadlock: %s/%s n=%d count=%zu root=%d slice=%zu cap=%zu",
@@ -305,8 +332,8 @@ static uint64_t run_sim(const sim_case *c) {
                      c->cap);
   }
   for (size_t i = 0; i < (size_t)n * (size_t)n; i++) {
-    if (fq[i].head != fq[i].tail) cr_assert_fail("unreceived message from %zu to %zu", i / (size_t)n,
-                 i % (size_t)n);
+    if (fq[i].head != fq[i].tail)
+      cr_assert_fail("unreceived message from %zu to %zu", i / (size_t)n, i % (size_t)n);
     for (size_t k = 0; k < c->cap; k++) free(fq[i].q[k].data);
     free(fq[i].q);
   }
@@ -332,14 +359,17 @@ static uint64_t run_sim(const sim_case *c) {
         want = ((uint64_t)n * k << HI) + all;
         break;
       case COLL_COLL_BROADCAST: want = contrib(c->root, k); break;
-      case COLL_COLL_REDUCE_SCATTER: want = ((uint64_t)n * ((size_t)r * cnt + k) << HI) + all; break;
+      case COLL_COLL_REDUCE_SCATTER:
+        want = ((uint64_t)n * ((size_t)r * cnt + k) << HI) + all;
+        break;
       case COLL_COLL_ALL_GATHER: want = contrib((int)(k / cnt), k % cnt); break;
       default: want = 0;
       }
       if (d[k] != want)
         cr_assert_fail("%s/%s n=%d count=%zu root=%d in_place=%d slice=%zu: rank %d element %zu "
-                       "is %#llx, want %#llx", coll_algo_name(c->algo), coll_coll_name(c->coll),
-                       n, cnt, c->root, c->in_place, c->slice, r, k, (unsigned long long)d[k],
+                       "is %#llx, want %#llx",
+                       coll_algo_name(c->algo), coll_coll_name(c->coll), n, cnt, c->root,
+                       c->in_place, c->slice, r, k, (unsigned long long)d[k],
                        (unsigned long long)want);
     }
   }
@@ -353,8 +383,7 @@ static uint64_t run_sim(const sim_case *c) {
 }
 
 static const coll_coll_kind colls[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_REDUCE_SCATTER,
-                                       COLL_COLL_ALL_GATHER, COLL_COLL_BROADCAST,
-                                       COLL_COLL_REDUCE};
+                                       COLL_COLL_ALL_GATHER, COLL_COLL_BROADCAST, COLL_COLL_REDUCE};
 
 /* Every collective `algo` serves (the others fall back to the ring, tested as the ring),
  * every root, in place and not. */
@@ -364,8 +393,14 @@ static void sweep_algo(coll_algo algo, int n, size_t count, size_t slice, size_t
     bool rooted = colls[ci] == COLL_COLL_BROADCAST || colls[ci] == COLL_COLL_REDUCE;
     for (int root = 0; root < (rooted ? n : 1); root++)
       for (int ip = 0; ip < 2; ip++) {
-        sim_case c = {.coll = colls[ci], .algo = algo, .n = n, .root = root, .in_place = ip,
-                      .count = count, .slice = slice, .cap = cap};
+        sim_case c = {.coll = colls[ci],
+                      .algo = algo,
+                      .n = n,
+                      .root = root,
+                      .in_place = ip,
+                      .count = count,
+                      .slice = slice,
+                      .cap = cap};
         run_sim(&c);
       }
   }
@@ -409,9 +444,16 @@ Test(plan, a_million_and_three, .timeout = 240) {
     size_t big = BIG;
     for (size_t ci = 0; ci < sizeof colls / sizeof *colls; ci++) {
       coll_coll_kind k = colls[ci];
-      size_t cnt = (k == COLL_COLL_REDUCE_SCATTER || k == COLL_COLL_ALL_GATHER) ? big / (size_t)n + 1 : big;
-      sim_case c = {.coll = k, .n = n, .root = n / 2, .in_place = n % 2, .count = cnt,
-                    .slice = 16384, .cap = 4};
+      size_t cnt = (k == COLL_COLL_REDUCE_SCATTER || k == COLL_COLL_ALL_GATHER)
+                       ? big / (size_t)n + 1
+                       : big;
+      sim_case c = {.coll = k,
+                    .n = n,
+                    .root = n / 2,
+                    .in_place = n % 2,
+                    .count = cnt,
+                    .slice = 16384,
+                    .cap = 4};
       run_sim(&c);
     }
   }
@@ -526,9 +568,17 @@ Test(plan, algos_a_million_and_three, .timeout = 240) {
       for (size_t ci = 0; ci < sizeof colls / sizeof *colls; ci++) {
         coll_coll_kind k = colls[ci];
         if (!coll_algo_serves(algos[ai], k, n)) continue;
-        size_t cnt = (k == COLL_COLL_REDUCE_SCATTER || k == COLL_COLL_ALL_GATHER) ? big / (size_t)n + 1 : big;
-        sim_case c = {.coll = k, .algo = algos[ai], .n = n, .root = n / 2, .in_place = n % 2,
-                      .count = cnt, .slice = 16384, .cap = 4};
+        size_t cnt = (k == COLL_COLL_REDUCE_SCATTER || k == COLL_COLL_ALL_GATHER)
+                         ? big / (size_t)n + 1
+                         : big;
+        sim_case c = {.coll = k,
+                      .algo = algos[ai],
+                      .n = n,
+                      .root = n / 2,
+                      .in_place = n % 2,
+                      .count = cnt,
+                      .slice = 16384,
+                      .cap = 4};
         run_sim(&c);
       }
     }
@@ -556,8 +606,8 @@ Test(plan, tree_shape) {
           if (par >= 0) {
             int pp, pc[2], pd;
             coll_tree_node(p, root, t, par, &pp, pc, &pd);
-            cr_assert(pc[0] == r || pc[1] == r, "p=%d t=%d: %d is not a child of its parent %d",
-                      p, t, r, par);
+            cr_assert(pc[0] == r || pc[1] == r, "p=%d t=%d: %d is not a child of its parent %d", p,
+                      t, r, par);
             cr_assert_eq(pd, d - 1);
           }
           for (int i = 0; i < 2; i++)
@@ -569,7 +619,8 @@ Test(plan, tree_shape) {
         }
         cr_assert_eq(deepest, H, "p=%d: the height is reached", p);
       }
-      for (int r = 0; r < p; r++) cr_assert_leq(interior[r], 1, "p=%d rank %d interior twice", p, r);
+      for (int r = 0; r < p; r++)
+        cr_assert_leq(interior[r], 1, "p=%d rank %d interior twice", p, r);
     }
 }
 
@@ -581,13 +632,21 @@ Test(plan, tree_delays_decouple_up_and_down) {
   for (int n = 2; n <= 17; n++) {
     size_t k = 200, H = (size_t)coll_tree_height(n);
     for (size_t cap = 4; cap <= 8; cap += 4) {
-      sim_case c = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_TREE, .n = n, .count = 2 * k,
-                    .slice = 1, .cap = cap, .tick_mode = true, .latency = 10};
+      sim_case c = {.coll = COLL_COLL_ALL_REDUCE,
+                    .algo = COLL_ALGO_TREE,
+                    .n = n,
+                    .count = 2 * k,
+                    .slice = 1,
+                    .cap = cap,
+                    .tick_mode = true,
+                    .latency = 10};
       uint64_t with = run_sim(&c);
       c.zero_delays = true;
       uint64_t without = run_sim(&c);
-      cr_log_info("tree all-reduce n=%d H=%zu cap=%zu, %zu slices per tree: %llu sweeps with delays, "
-                  "%llu without", n, H, cap, k, (unsigned long long)with, (unsigned long long)without);
+      cr_log_info(
+          "tree all-reduce n=%d H=%zu cap=%zu, %zu slices per tree: %llu sweeps with delays, "
+          "%llu without",
+          n, H, cap, k, (unsigned long long)with, (unsigned long long)without);
       cr_assert_lt(with, 11 * k + 4 * H * c.latency, "n=%d: %llu sweeps", n,
                    (unsigned long long)with);
       cr_assert_lt((n >= 5 ? 4 : 2) * with, without, "n=%d: delays buy little (%llu vs %llu)", n,
@@ -601,8 +660,12 @@ Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
     for (int r = 0; r < n; r++) {
       coll_step a_st[64], b_st[64];
       size_t na, nb;
-      coll_plan_args a = {.coll = COLL_COLL_REDUCE_SCATTER, .algo = COLL_ALGO_TREE, .count = 7,
-                          .nranks = n, .rank = r, .slice = 4};
+      coll_plan_args a = {.coll = COLL_COLL_REDUCE_SCATTER,
+                          .algo = COLL_ALGO_TREE,
+                          .count = 7,
+                          .nranks = n,
+                          .rank = r,
+                          .slice = 4};
       coll_plan_args b = a;
       b.algo = COLL_ALGO_RING;
       cr_assert(!coll_algo_serves(COLL_ALGO_TREE, COLL_COLL_REDUCE_SCATTER, n));
@@ -614,8 +677,8 @@ Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
 }
 
 Test(plan, algo_names_and_table) {
-  const char *names[] = {"auto", "ring", "tree", "rd", "rhd", "oneshot", "direct", "mapped",
-                         "pairwise", "linear", "dev_oneshot", "dev_twoshot"};
+  const char *names[] = {"auto",   "ring",   "tree",     "rd",     "rhd",         "oneshot",
+                         "direct", "mapped", "pairwise", "linear", "dev_oneshot", "dev_twoshot"};
   for (int a = 0; a < COLL_NUM_ALGOS; a++) {
     bool ok = false;
     cr_assert_str_eq(coll_algo_name((coll_algo)a), names[a]);
@@ -639,7 +702,8 @@ Test(plan, algo_names_and_table) {
   cr_assert(coll_algo_serves(COLL_ALGO_ONESHOT, COLL_COLL_ALL_REDUCE, 2));
   cr_assert(!coll_algo_has_plan(COLL_ALGO_ONESHOT), "one-shot is a run function, not a schedule");
   cr_assert(coll_algo_has_plan(COLL_ALGO_RHD));
-  cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 1), "one rank: no algorithm needed");
+  cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_REDUCE_SCATTER, 1),
+            "one rank: no algorithm needed");
   cr_assert(coll_algo_serves(COLL_ALGO_RHD, COLL_COLL_SEND, 4));
   cr_assert(!coll_algo_serves((coll_algo)99, COLL_COLL_ALL_REDUCE, 4));
   for (int n = 1; n <= 200; n++) cr_assert_geq(coll_plan_max_steps(n), 8);
@@ -664,7 +728,8 @@ Test(plan, costs) {
         coll_algo a = algos[ai];
         if (!coll_algo_serves(a, colls[ci], p)) {
           double t;
-          cr_assert_eq(coll_algo_cost(a, colls[ci], p, 1024, 65536, 1e-6, 1e-10, 0, &t, f, sizeof f),
+          cr_assert_eq(coll_algo_cost(a, colls[ci], p, 1024, 65536, 1e-6, 1e-10, 0, &t, f,
+                                      sizeof f),
                        COLL_ERR_INVALID_ARG);
           continue;
         }
@@ -703,11 +768,13 @@ Test(plan, costs) {
   cr_assert(strstr(f, "2(p-1)") && strstr(f, "reduced"), "%s", f);
   /* Exact values: rd at p = 4, 8 B: 2 latencies, 2*8 B moved, 2*8 B reduced. */
   double t;
-  cr_assert_eq(coll_algo_cost(COLL_ALGO_RD, COLL_COLL_ALL_REDUCE, 4, 8, 65536, 1e-6, 1e-9, 1e-9,
-                              &t, f, sizeof f), COLL_OK);
+  cr_assert_eq(coll_algo_cost(COLL_ALGO_RD, COLL_COLL_ALL_REDUCE, 4, 8, 65536, 1e-6, 1e-9, 1e-9, &t,
+                              f, sizeof f),
+               COLL_OK);
   cr_assert_float_eq(t, 2e-6 + 16e-9 + 16e-9, 1e-15);
-  cr_assert_eq(coll_algo_cost(COLL_ALGO_AUTO, COLL_COLL_ALL_REDUCE, 4, 8, 65536, 1e-6, 1e-9, 0,
-                              &t, f, sizeof f), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_algo_cost(COLL_ALGO_AUTO, COLL_COLL_ALL_REDUCE, 4, 8, 65536, 1e-6, 1e-9, 0, &t,
+                              f, sizeof f),
+               COLL_ERR_INVALID_ARG);
 }
 
 /* ---- a group's point-to-point plan (plan.c's plan_group) ---------------------------
@@ -719,7 +786,10 @@ Test(plan, costs) {
  * every slice must meet the receive of its own message at its own offset, and no
  * connection may carry two slices in one round. */
 
-typedef struct { int k; size_t off, n; } gmsg; /* the k-th message of the connection */
+typedef struct {
+  int k;
+  size_t off, n;
+} gmsg; /* the k-th message of the connection */
 
 static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
   enum { MAXM = 4 };
@@ -731,7 +801,9 @@ static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
       nm[a][b] = a == b ? 0 : (int)(t_rand(&rng) % (MAXM + 1));
       for (int k = 0; k < nm[a][b]; k++) {
         uint64_t h = t_rand(&rng);
-        len[a][b][k] = h % 4 == 0 ? 0 : h % 4 == 1 ? (h >> 8) % (5 * slice + 1) : (h >> 8) % slice + 1;
+        len[a][b][k] = h % 4 == 0   ? 0
+                       : h % 4 == 1 ? (h >> 8) % (5 * slice + 1)
+                                    : (h >> 8) % slice + 1;
       }
     }
   coll_group_op *ops[17];
@@ -759,8 +831,13 @@ static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
         ops[r][i++] = (coll_group_op){COLL_STEP_RECV, p, len[p][r][next_r[p]++]};
       }
     }
-    coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P, .nranks = n, .rank = r, .slice = slice,
-                        .group = ops[r], .ngroup = m, .scratch = scratch};
+    coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P,
+                        .nranks = n,
+                        .rank = r,
+                        .slice = slice,
+                        .group = ops[r],
+                        .ngroup = m,
+                        .scratch = scratch};
     cr_assert_eq(coll_plan_build(&a, steps[r], &nsteps[r]), COLL_OK);
     /* Sends before receives; at most one slice per connection per round. */
     bool seen_recv = false;
@@ -781,7 +858,8 @@ static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
   }
   /* Run them.  fifo[a * n + b]: slices from a to b. */
   gmsg *fifo = calloc((size_t)n * (size_t)n * cap, sizeof *fifo);
-  size_t *head = calloc((size_t)n * (size_t)n, sizeof *head), *tail = calloc((size_t)n * (size_t)n, sizeof *tail);
+  size_t *head = calloc((size_t)n * (size_t)n, sizeof *head),
+         *tail = calloc((size_t)n * (size_t)n, sizeof *tail);
   size_t round[17] = {0}, idx[17] = {0}, rounds[17] = {0};
   int left = 0;
   for (int r = 0; r < n; r++) {
@@ -798,7 +876,8 @@ static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
         const coll_step *st = &steps[r][idx[r]];
         size_t j = round[r];
         if (j >= st->delay && (j - st->delay) * slice < st->count && st->kind != COLL_STEP_COPY) {
-          size_t off = (j - st->delay) * slice, m = st->count - off < slice ? st->count - off : slice;
+          size_t off = (j - st->delay) * slice,
+                 m = st->count - off < slice ? st->count - off : slice;
           int k = ks[r][st->item];
           if (st->kind == COLL_STEP_SEND) {
             size_t q = (size_t)r * (size_t)n + (size_t)st->peer_out;
@@ -810,8 +889,8 @@ static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
             gmsg g = fifo[q * cap + head[q]++ % cap];
             cr_assert(g.k == k && g.off == off && g.n == m,
                       "n=%d seed=%llu: rank %d got slice (message %d, offset %zu, %zu) from %d, "
-                      "expected (%d, %zu, %zu)", n, (unsigned long long)seed, r, g.k, g.off, g.n,
-                      st->peer_in, k, off, m);
+                      "expected (%d, %zu, %zu)",
+                      n, (unsigned long long)seed, r, g.k, g.off, g.n, st->peer_in, k, off, m);
           }
         }
         moved = true;
@@ -838,7 +917,8 @@ static void group_sim(int n, size_t slice, size_t cap, uint64_t seed) {
 Test(plan, group_p2p_interleaves_without_deadlock, .timeout = 240) {
   for (int n = 1; n <= 17; n++)
     for (uint64_t seed = 1; seed <= 40; seed++)
-      for (size_t cap = 1; cap <= 2; cap++) group_sim(n, seed % 3 ? 4 : 1, cap, seed * 7919 + (uint64_t)n);
+      for (size_t cap = 1; cap <= 2; cap++)
+        group_sim(n, seed % 3 ? 4 : 1, cap, seed * 7919 + (uint64_t)n);
 }
 
 Test(plan, group_p2p_refuses_bad_operations) {
@@ -848,8 +928,13 @@ Test(plan, group_p2p_refuses_bad_operations) {
                 copy_away = {COLL_STEP_COPY, 0, 10}, reduce = {COLL_STEP_RECV_REDUCE_COPY, 0, 1};
   coll_group_op *bad[] = {&bad_peer, &to_self, &copy_away, &reduce};
   for (size_t i = 0; i < 4; i++) {
-    coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P, .nranks = 4, .rank = 1, .slice = 8,
-                        .group = bad[i], .ngroup = 1, .scratch = scratch};
+    coll_plan_args a = {.coll = COLL_COLL_GROUP_P2P,
+                        .nranks = 4,
+                        .rank = 1,
+                        .slice = 8,
+                        .group = bad[i],
+                        .ngroup = 1,
+                        .scratch = scratch};
     cr_assert_eq(coll_plan_build(&a, st, &ns), COLL_ERR_INVALID_ARG, "case %zu", i);
   }
 }
@@ -865,8 +950,14 @@ static void newer_sweep(int n, size_t count, size_t slice, size_t cap) {
     bool rooted = kinds[ki] != COLL_COLL_ALL_TO_ALL;
     for (int root = 0; root < (rooted ? n : 1); root++)
       for (int ip = 0; ip < 2; ip++) {
-        sim_case c = {.coll = kinds[ki], .algo = coll_algo_default(kinds[ki]), .n = n,
-                      .root = root, .in_place = ip, .count = count, .slice = slice, .cap = cap};
+        sim_case c = {.coll = kinds[ki],
+                      .algo = coll_algo_default(kinds[ki]),
+                      .n = n,
+                      .root = root,
+                      .in_place = ip,
+                      .count = count,
+                      .slice = slice,
+                      .cap = cap};
         run_sim(&c);
       }
   }
@@ -892,7 +983,7 @@ static void v_case(int n, unsigned seed, size_t slice, size_t cap) {
   for (int r = 0; r < n; r++)
     for (int q = 0; q < n; q++) {
       size_t m = (size_t)((r * 7 + q * 3 + (int)seed) % 5) * (seed % 3 + 1); /* r sends q */
-      v[r][q] = m;             /* sendcounts */
+      v[r][q] = m;                                                           /* sendcounts */
       v[q][2 * un + (size_t)r] = m; /* q's recvcounts from r */
     }
   for (int r = 0; r < n; r++) {
@@ -909,8 +1000,12 @@ static void v_case(int n, unsigned seed, size_t slice, size_t cap) {
       at += v[r][2 * un + q] + 1 + q % 3;
     }
   }
-  sim_case c = {.coll = COLL_COLL_ALL_TO_ALLV, .algo = COLL_ALGO_PAIRWISE, .n = n,
-                .slice = slice, .cap = cap, .v = v};
+  sim_case c = {.coll = COLL_COLL_ALL_TO_ALLV,
+                .algo = COLL_ALGO_PAIRWISE,
+                .n = n,
+                .slice = slice,
+                .cap = cap,
+                .v = v};
   run_sim(&c);
   for (int r = 0; r < n; r++) free(v[r]);
 }
@@ -943,7 +1038,8 @@ Test(plan, newer_collectives_shapes) {
         cr_assert(st[i].kind == COLL_STEP_SEND && st[i].peer_out == q, "send %zu", i);
         cr_assert_eq(st[i].src_off, (size_t)q * 3, "block q goes to q");
         cr_assert(st[n + i].kind == COLL_STEP_RECV && st[n + i].peer_in == q &&
-                  st[n + i].dst_off == (size_t)q * 3, "the receives in the same order");
+                      st[n + i].dst_off == (size_t)q * 3,
+                  "the receives in the same order");
         sent += st[i++].count;
       }
       cr_assert_eq(st[n - 1].kind, COLL_STEP_COPY, "the own block between the two");
@@ -953,8 +1049,8 @@ Test(plan, newer_collectives_shapes) {
       cr_assert_eq(ns, 2 * (size_t)n - 2, "in place: no copy of the own block");
       /* Linear gather and scatter: the root has a step per peer (and its copy). */
       for (int root = 0; root < n; root++) {
-        coll_plan_args g = {.coll = COLL_COLL_GATHER, .count = 2, .nranks = n, .rank = r,
-                            .root = root};
+        coll_plan_args g = {
+            .coll = COLL_COLL_GATHER, .count = 2, .nranks = n, .rank = r, .root = root};
         cr_assert_eq(coll_plan_build(&g, st, &ns), COLL_OK);
         cr_assert_eq(ns, r == root ? (size_t)n : 1);
         g.coll = COLL_COLL_SCATTER;
@@ -982,8 +1078,8 @@ Test(plan, newer_collectives_shapes) {
   cr_assert(coll_algo_serves(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_TO_ALLV, 4));
   cr_assert(!coll_algo_serves(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_REDUCE, 4));
   cr_assert(coll_algo_serves(COLL_ALGO_LINEAR, COLL_COLL_SCATTER, 4));
-  coll_plan_args t = {.coll = COLL_COLL_ALL_TO_ALL, .algo = COLL_ALGO_TREE, .count = 3,
-                      .nranks = 4, .rank = 1};
+  coll_plan_args t = {
+      .coll = COLL_COLL_ALL_TO_ALL, .algo = COLL_ALGO_TREE, .count = 3, .nranks = 4, .rank = 1};
   cr_assert_eq(coll_plan_build(&t, st, &ns), COLL_OK);
   cr_assert_eq(ns, 7);
 }
@@ -1001,17 +1097,20 @@ Test(plan, newer_collectives_costs) {
         cr_assert_gt(t, prev);
         prev = t;
         cr_assert(strstr(f, ki ? "(p-1)*a + (p-1)/p*n*b" : "(p-1)*a + 2(p-1)/p*n*b") &&
-                  strstr(f, " us"), "%s", f);
+                      strstr(f, " us"),
+                  "%s", f);
       }
       /* (p-1) alphas + (p-1)/p*n betas, exactly; pairwise's rank copies twice as much
        * (its sends into slots and its receives out of them) */
       cr_assert_eq(coll_algo_cost(a, kinds[ki], p, 1000, 65536, 1e-6, 1e-9, 0, &t, f, sizeof f),
                    COLL_OK);
       cr_assert_float_eq(t, (p - 1) * 1e-6 + (ki ? 1 : 2) * (p - 1) * 1000.0 / p * 1e-9, 1e-15);
-      cr_assert_eq(coll_algo_cost(COLL_ALGO_RING, kinds[ki], p, 1000, 65536, 1e-6, 1e-9, 0, &t,
-                                  f, sizeof f), COLL_ERR_INVALID_ARG);
+      cr_assert_eq(coll_algo_cost(COLL_ALGO_RING, kinds[ki], p, 1000, 65536, 1e-6, 1e-9, 0, &t, f,
+                                  sizeof f),
+                   COLL_ERR_INVALID_ARG);
     }
   /* all-to-allv has no single n: not priced. */
-  cr_assert_eq(coll_algo_cost(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_TO_ALLV, 4, 1000, 65536, 1e-6,
-                              1e-9, 0, &t, f, sizeof f), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_algo_cost(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_TO_ALLV, 4, 1000, 65536, 1e-6, 1e-9,
+                              0, &t, f, sizeof f),
+               COLL_ERR_INVALID_ARG);
 }

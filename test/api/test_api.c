@@ -15,16 +15,15 @@
 
 #include "coll_test.h"
 
-#define EXPECT_INVALID(call, needle)                                                        \
-  do {                                                                                      \
-    coll_result r_ = (call);                                                                \
-    if (r_ != COLL_ERR_INVALID_ARG)                                                         \
-      return t_failf("rank %d: %s returned %s, expected invalid argument", rank, #call,     \
-                     coll_result_string(r_));                                               \
-    const char *m_ = coll_comm_last_error(comm);                                            \
-    if (!strstr(m_, needle))                                                                \
-      return t_failf("rank %d: %s: sentence '%s' does not mention '%s'", rank, #call, m_,   \
-                     needle);                                                               \
+#define EXPECT_INVALID(call, needle)                                                               \
+  do {                                                                                             \
+    coll_result r_ = (call);                                                                       \
+    if (r_ != COLL_ERR_INVALID_ARG)                                                                \
+      return t_failf("rank %d: %s returned %s, expected invalid argument", rank, #call,            \
+                     coll_result_string(r_));                                                      \
+    const char *m_ = coll_comm_last_error(comm);                                                   \
+    if (!strstr(m_, needle))                                                                       \
+      return t_failf("rank %d: %s: sentence '%s' does not mention '%s'", rank, #call, m_, needle); \
   } while (0)
 
 static int bad_args(coll_comm_t comm, int rank, int n, void *arg) {
@@ -32,14 +31,18 @@ static int bad_args(coll_comm_t comm, int rank, int n, void *arg) {
   float buf[64] = {0}, out[64 * 8] = {0};
   EXPECT_INVALID(coll_all_reduce(buf, out, 4, (coll_dtype)99, COLL_SUM, comm, NULL), "dtype");
   EXPECT_INVALID(coll_all_reduce(buf, out, 4, COLL_FLOAT32, (coll_op)-1, comm, NULL), "op");
-  EXPECT_INVALID(coll_all_reduce(NULL, out, 4, COLL_FLOAT32, COLL_SUM, comm, NULL), "sendbuf is NULL");
-  EXPECT_INVALID(coll_all_reduce(buf, NULL, 4, COLL_FLOAT32, COLL_SUM, comm, NULL), "recvbuf is NULL");
-  EXPECT_INVALID(coll_all_reduce(buf, out, SIZE_MAX / 2, COLL_FLOAT32, COLL_SUM, comm, NULL), "overflows");
+  EXPECT_INVALID(coll_all_reduce(NULL, out, 4, COLL_FLOAT32, COLL_SUM, comm, NULL),
+                 "sendbuf is NULL");
+  EXPECT_INVALID(coll_all_reduce(buf, NULL, 4, COLL_FLOAT32, COLL_SUM, comm, NULL),
+                 "recvbuf is NULL");
+  EXPECT_INVALID(coll_all_reduce(buf, out, SIZE_MAX / 2, COLL_FLOAT32, COLL_SUM, comm, NULL),
+                 "overflows");
   EXPECT_INVALID(coll_all_reduce(buf, buf + 1, 8, COLL_FLOAT32, COLL_SUM, comm, NULL), "overlap");
   EXPECT_INVALID(coll_broadcast(buf, out, 4, COLL_FLOAT32, n, comm, NULL), "root");
   EXPECT_INVALID(coll_broadcast(buf, out, 4, COLL_FLOAT32, -1, comm, NULL), "root");
   EXPECT_INVALID(coll_reduce(buf, out, 4, COLL_FLOAT32, COLL_SUM, n + 5, comm, NULL), "root");
-  EXPECT_INVALID(coll_reduce_scatter(buf, out, SIZE_MAX / 8, COLL_FLOAT64, COLL_SUM, comm, NULL), "overflows");
+  EXPECT_INVALID(coll_reduce_scatter(buf, out, SIZE_MAX / 8, COLL_FLOAT64, COLL_SUM, comm, NULL),
+                 "overflows");
   EXPECT_INVALID(coll_all_gather(buf, out, 4, (coll_dtype)10, comm, NULL), "dtype");
   EXPECT_INVALID(coll_send(buf, 4, COLL_FLOAT32, n, comm, NULL), "peer");
   EXPECT_INVALID(coll_send(buf, 4, COLL_FLOAT32, rank, comm, NULL), "itself");
@@ -47,12 +50,14 @@ static int bad_args(coll_comm_t comm, int rank, int n, void *arg) {
   EXPECT_INVALID(coll_sendrecv(buf, 4, n, out, 4, 0, COLL_FLOAT32, comm, NULL), "dst");
   /* A NULL buffer is fine when nothing moves. */
   coll_result r = coll_all_reduce(NULL, NULL, 0, COLL_FLOAT32, COLL_SUM, comm, NULL);
-  if (r != COLL_OK) return t_failf("rank %d: zero-count all-reduce with NULL: %s", rank, coll_result_string(r));
+  if (r != COLL_OK)
+    return t_failf("rank %d: zero-count all-reduce with NULL: %s", rank, coll_result_string(r));
   /* After all those refusals the communicator still works. */
   for (int i = 0; i < 4; i++) buf[i] = (float)rank;
   r = coll_all_reduce(buf, out, 4, COLL_FLOAT32, COLL_SUM, comm, NULL);
   if (r != COLL_OK || out[3] != (float)(n * (n - 1) / 2))
-    return t_failf("rank %d: all-reduce after refusals: %s %g", rank, coll_result_string(r), out[3]);
+    return t_failf("rank %d: all-reduce after refusals: %s %g", rank, coll_result_string(r),
+                   out[3]);
   return 0;
 }
 
@@ -64,7 +69,8 @@ Test(api, invalid_arguments_on_every_rank, .timeout = 60) {
 
 Test(api, null_communicator_and_bad_init) {
   float x = 0;
-  cr_assert_eq(coll_all_reduce(&x, &x, 1, COLL_FLOAT32, COLL_SUM, NULL, NULL), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_all_reduce(&x, &x, 1, COLL_FLOAT32, COLL_SUM, NULL, NULL),
+               COLL_ERR_INVALID_ARG);
   cr_assert(strstr(coll_comm_last_error(NULL), "comm is NULL"));
   cr_assert_eq(coll_barrier(NULL, NULL), COLL_ERR_INVALID_ARG);
   int v;
@@ -87,9 +93,19 @@ Test(api, null_communicator_and_bad_init) {
 
 Test(api, init_from_env_says_what_is_missing) {
   coll_comm_t c;
-  const char *vars[] = {"COLL_RANK", "COLL_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
-                        "SLURM_NTASKS", "COLL_ADDR", "MASTER_ADDR", "MASTER_PORT"};
+  const char *vars[] = {"COLL_RANK",
+                        "COLL_WORLD_SIZE",
+                        "RANK",
+                        "WORLD_SIZE",
+                        "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE",
+                        "PMI_RANK",
+                        "PMI_SIZE",
+                        "SLURM_PROCID",
+                        "SLURM_NTASKS",
+                        "COLL_ADDR",
+                        "MASTER_ADDR",
+                        "MASTER_PORT"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
   cr_assert_eq(coll_comm_init_from_env(&c), COLL_ERR_INVALID_ARG);
   cr_assert(strstr(coll_comm_last_error(NULL), "WORLD_SIZE"), "%s", coll_comm_last_error(NULL));
@@ -126,17 +142,21 @@ static int streams(coll_comm_t comm, int rank, int n, void *arg) {
   }
   coll_result q = coll_stream_query(s);
   if (q != COLL_OK && q != COLL_IN_PROGRESS) return t_failf("query: %s", coll_result_string(q));
-  if (coll_stream_synchronize(s) != COLL_OK) return t_failf("rank %d sync: %s", rank, coll_comm_last_error(NULL));
+  if (coll_stream_synchronize(s) != COLL_OK)
+    return t_failf("rank %d sync: %s", rank, coll_comm_last_error(NULL));
   if (coll_stream_query(s) != COLL_OK) return t_failf("query after sync");
   for (int k = 0; k < K; k++)
     for (int i = 0; i < C; i++) {
       int32_t want = n * (n - 1) / 2 + n * (k + i);
-      if (bufs[k * C + i] != want) return t_failf("rank %d: buffer %d elem %d is %d, want %d", rank, k, i, bufs[k * C + i], want);
+      if (bufs[k * C + i] != want)
+        return t_failf("rank %d: buffer %d elem %d is %d, want %d", rank, k, i, bufs[k * C + i],
+                       want);
     }
   /* Mixing a blocking call after queued work keeps call order. */
   int64_t v = rank, w = 0;
   coll_all_reduce(bufs, bufs, C, COLL_INT32, COLL_MAX, comm, s);
-  if (coll_all_reduce(&v, &w, 1, COLL_INT64, COLL_SUM, comm, NULL) != COLL_OK || w != n * (n - 1) / 2)
+  if (coll_all_reduce(&v, &w, 1, COLL_INT64, COLL_SUM, comm, NULL) != COLL_OK ||
+      w != n * (n - 1) / 2)
     return t_failf("rank %d: blocking call after queued work", rank);
   if (coll_stream_destroy(s) != COLL_OK) return t_failf("destroy");
   free(bufs);
@@ -175,7 +195,8 @@ static int stuck_then_abort(coll_comm_t comm, int rank, int n, void *varg) {
   if (coll_stream_query(s) != COLL_IN_PROGRESS) return t_failf("work finished without rank 1?");
   if (coll_comm_abort(comm) != COLL_OK) return t_failf("abort failed");
   r = coll_stream_synchronize(s);
-  if (r != COLL_ERR_REMOTE) return t_failf("stuck all-reduce returned %s after abort", coll_result_string(r));
+  if (r != COLL_ERR_REMOTE)
+    return t_failf("stuck all-reduce returned %s after abort", coll_result_string(r));
   if (!strstr(coll_comm_last_error(NULL), "abort"))
     return t_failf("sentence does not mention the abort: %s", coll_comm_last_error(NULL));
   coll_stream_destroy(s);

@@ -6,15 +6,14 @@
  * and 1,000 repetitions each (250 under ASan+UBSan: the plain build runs the 1,000,
  * the sanitizers need the paths, not the count); most messages are small (0..~600
  * bytes, mixed dtypes), one repetition in 25 sends messages of one to three FIFO slots
- * and a bit, so slicing and the per-connection delays run.  Every received byte is checked against a value
- * computed from (source, destination, repetition, index), and the byte after each
- * message must still hold its sentinel.  Around it: several sends to one peer (they
- * meet the peer's receives in call order), nesting (nothing runs before the outermost
- * end: the inner end would deadlock otherwise), a group over two communicators,
- * collectives inside a group, a pipeline stage sending forward and backward at once,
- * streams, COLL_CHECK with groups, the trace, and the errors (end without start, a bad
- * peer inside a group, ranks whose grouped messages disagree).  No segment of the test's
- * jobs may be left in /dev/shm.
+ * and a bit, so slicing and the per-connection delays run.  Every received byte is checked against
+ * a value computed from (source, destination, repetition, index), and the byte after each message
+ * must still hold its sentinel.  Around it: several sends to one peer (they meet the peer's
+ * receives in call order), nesting (nothing runs before the outermost end: the inner end would
+ * deadlock otherwise), a group over two communicators, collectives inside a group, a pipeline stage
+ * sending forward and backward at once, streams, COLL_CHECK with groups, the trace, and the errors
+ * (end without start, a bad peer inside a group, ranks whose grouped messages disagree).  No
+ * segment of the test's jobs may be left in /dev/shm.
  *
  * Messages "larger than a FIFO's capacity" (all slots of a connection) are what makes
  * the deadlock cases real: with blocking calls in the orders used here they would hang,
@@ -34,7 +33,10 @@
 #define TIMEOUT_MS 600000
 
 static uint64_t mix(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
   return x ^ (x >> 33);
 }
 
@@ -56,11 +58,12 @@ static int check(const uint8_t *p, size_t bytes, size_t cap, int src, int dst, u
   for (size_t i = 0; i < bytes; i++)
     if (p[i] != val(src, dst, rep, tag, i))
       return t_failf("rank %d: message %d from rank %d (rep %llu, %zu bytes): byte %zu is %u, "
-                     "expected %u", dst, tag, src, (unsigned long long)rep, bytes, i, p[i],
+                     "expected %u",
+                     dst, tag, src, (unsigned long long)rep, bytes, i, p[i],
                      val(src, dst, rep, tag, i));
   if (bytes < cap && p[bytes] != SENTINEL)
-    return t_failf("rank %d: message %d from rank %d (rep %llu): wrote past its %zu bytes",
-                   dst, tag, src, (unsigned long long)rep, bytes);
+    return t_failf("rank %d: message %d from rank %d (rep %llu): wrote past its %zu bytes", dst,
+                   tag, src, (unsigned long long)rep, bytes);
   return 0;
 }
 
@@ -87,12 +90,12 @@ static void run_ranks(int n, coll_rank_fn fn, void *arg) {
   T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
-#define TRY(call)                                                                            \
-  do {                                                                                     \
-    coll_result r_ = (call);                                                               \
-    if (r_ != COLL_OK)                                                                     \
-      return t_failf("rank %d: %s failed (%s): %s", rank, #call, coll_result_string(r_),  \
-                     coll_comm_last_error(comm));                                          \
+#define TRY(call)                                                                        \
+  do {                                                                                   \
+    coll_result r_ = (call);                                                             \
+    if (r_ != COLL_OK)                                                                   \
+      return t_failf("rank %d: %s failed (%s): %s", rank, #call, coll_result_string(r_), \
+                     coll_comm_last_error(comm));                                        \
   } while (0)
 
 /* ---- every rank with every rank, shuffled -------------------------------------------- */
@@ -108,7 +111,9 @@ static void msg(int src, int dst, uint64_t rep, size_t slot, coll_dtype *dt, siz
   *count = bytes / es;
 }
 
-typedef struct { int reps; } a2a_arg;
+typedef struct {
+  int reps;
+} a2a_arg;
 
 static int a2a_body(coll_comm_t comm, int rank, int n, void *argp) {
   const a2a_arg *arg = argp;
@@ -126,8 +131,8 @@ static int a2a_body(coll_comm_t comm, int rank, int n, void *argp) {
       msg(rank, p, (uint64_t)rep, slot, &dt, &count);
       fill(sb + (size_t)p * cap, count * coll_dtype_size(dt), rank, p, (uint64_t)rep, 0);
       memset(rb + (size_t)p * cap, SENTINEL, cap);
-      order[nops++] = p;      /* send to p */
-      order[nops++] = n + p;  /* receive from p */
+      order[nops++] = p;     /* send to p */
+      order[nops++] = n + p; /* receive from p */
     }
     shuffle(order, nops, &rng);
     TRY(coll_group_start());
@@ -159,10 +164,10 @@ static int a2a_body(coll_comm_t comm, int rank, int n, void *argp) {
   return 0;
 }
 
-#define A2A(N)                                                                               \
-  Test(group, all_to_all_shuffled_n##N, .timeout = 900) {                                  \
-    a2a_arg a = {T_SANITIZED ? 250 : 1000};                                                \
-    run_ranks(N, a2a_body, &a);                                                            \
+#define A2A(N)                                            \
+  Test(group, all_to_all_shuffled_n##N, .timeout = 900) { \
+    a2a_arg a = {T_SANITIZED ? 250 : 1000};               \
+    run_ranks(N, a2a_body, &a);                           \
   }
 A2A(2)
 A2A(3)
@@ -339,8 +344,8 @@ static int colls_body(coll_comm_t comm, int rank, int n, void *argp) {
     if (where == 0) TRY(coll_recv(in, bytes, COLL_UINT8, prev, comm, NULL));
     TRY(coll_all_reduce(ar, ar, AR, COLL_INT64, COLL_SUM, comm, NULL));
     if (where == 1) TRY(coll_recv(in, bytes, COLL_UINT8, prev, comm, NULL));
-    TRY(coll_sendrecv(self_out, sizeof self_out, rank, self_in, sizeof self_in, rank,
-                      COLL_UINT8, comm, NULL));
+    TRY(coll_sendrecv(self_out, sizeof self_out, rank, self_in, sizeof self_in, rank, COLL_UINT8,
+                      comm, NULL));
     TRY(coll_send(out, bytes, COLL_UINT8, next, comm, NULL));
     TRY(coll_broadcast(bc, bc, AR, COLL_INT64, 1 % n, comm, NULL));
     if (where == 2) TRY(coll_recv(in, bytes, COLL_UINT8, prev, comm, NULL));
@@ -348,8 +353,8 @@ static int colls_body(coll_comm_t comm, int rank, int n, void *argp) {
     for (int k = 0; k < AR; k++) {
       int64_t want = 1000 * (int64_t)n * (n - 1) / 2 + (int64_t)n * k;
       if (ar[k] != want)
-        return t_failf("rank %d: all_reduce[%d] = %lld, expected %lld", rank, k,
-                       (long long)ar[k], (long long)want);
+        return t_failf("rank %d: all_reduce[%d] = %lld, expected %lld", rank, k, (long long)ar[k],
+                       (long long)want);
       if (bc[k] != k * 7)
         return t_failf("rank %d: broadcast[%d] = %lld, expected %d", rank, k, (long long)bc[k],
                        k * 7);
@@ -514,10 +519,11 @@ static int bad_peer_body(coll_comm_t comm, int rank, int n, void *argp) {
   /* Refused at once, with a sentence; the group stays usable. */
   coll_result r = coll_send(out, 10, COLL_UINT8, n, comm, NULL);
   if (r != COLL_ERR_INVALID_ARG || !strstr(coll_comm_last_error(comm), "peer"))
-    return t_failf("rank %d: a bad peer inside a group gave %s: %s", rank,
-                   coll_result_string(r), coll_comm_last_error(comm));
+    return t_failf("rank %d: a bad peer inside a group gave %s: %s", rank, coll_result_string(r),
+                   coll_comm_last_error(comm));
   r = coll_recv(in, 10, COLL_UINT8, rank, comm, NULL);
-  if (r != COLL_ERR_INVALID_ARG) return t_failf("rank %d: a receive from itself was accepted", rank);
+  if (r != COLL_ERR_INVALID_ARG)
+    return t_failf("rank %d: a receive from itself was accepted", rank);
   TRY(coll_recv(in, sizeof out, COLL_UINT8, prev, comm, NULL));
   TRY(coll_group_end());
   if (check(in, sizeof out, sizeof in, prev, rank, 0, 9)) return 1;
@@ -526,8 +532,10 @@ static int bad_peer_body(coll_comm_t comm, int rank, int n, void *argp) {
    * with COLL_CHECK on, rank 0 is told too). */
   if (rank > 1) return 0;
   TRY(coll_group_start());
-  if (rank == 0) TRY(coll_send(out, 100, COLL_UINT8, 1, comm, NULL));
-  else TRY(coll_recv(in, 50, COLL_UINT8, 0, comm, NULL));
+  if (rank == 0)
+    TRY(coll_send(out, 100, COLL_UINT8, 1, comm, NULL));
+  else
+    TRY(coll_recv(in, 50, COLL_UINT8, 0, comm, NULL));
   r = coll_group_end();
   if (rank == 1 && (r != COLL_ERR_MISMATCH || !strstr(coll_comm_last_error(comm), "rank 0")))
     return t_failf("rank 1: a group that disagrees with rank 0 ended with %s: %s",

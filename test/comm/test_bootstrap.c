@@ -107,7 +107,8 @@ static int finish(job *j, char *lines, size_t len) {
 
 static int dial(const job *j) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(j->f.port),
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons(j->f.port),
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
   return fd;
@@ -159,7 +160,8 @@ Test(bootstrap, strangers_and_garbage_are_dropped_job_completes, .timeout = 60) 
     fd = dial(&j);
     say(fd, buf, n);
     if (n >= COLL_AUTH_BYTES)
-      cr_expect(closed_by_root(fd, 3000), "the root kept a connection that sent %zu random bytes", n);
+      cr_expect(closed_by_root(fd, 3000), "the root kept a connection that sent %zu random bytes",
+                n);
     close(fd);
   }
   /* 4. truncated: part of a valid auth message, the connection left open (the root
@@ -186,7 +188,7 @@ Test(bootstrap, strangers_and_garbage_are_dropped_job_completes, .timeout = 60) 
  * allocating, and the real rank that waits for it fails at once with a sentence. */
 Test(bootstrap, oversize_length_is_refused, .timeout = 60) {
   job j;
-  start(&j, 2); /* rank 1 is played by this process; rank 0 is real... */
+  start(&j, 2);            /* rank 1 is played by this process; rank 0 is real... */
   kill(j.pid[1], SIGKILL); /* ...so the forked rank 1 goes */
   waitpid(j.pid[1], NULL, 0);
   j.pid[1] = 0;

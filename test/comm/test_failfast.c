@@ -117,7 +117,7 @@ static int child(job *j, int rank) {
   if (victim) {
     char g;
     if (read(j->go[0], &g, 1) != 1) return 8; /* a fault must not hit the first call */
-    if (j->f == F_INVALID) { /* the others call it with a valid dtype */
+    if (j->f == F_INVALID) {                  /* the others call it with a valid dtype */
       if (coll_all_reduce(x, x, COUNT, (coll_dtype)99, COLL_SUM, comm, NULL) !=
           COLL_ERR_INVALID_ARG)
         return 4;
@@ -221,23 +221,22 @@ static void run_case(int n, fault f, const char *transport) {
   cr_assert(ok, "a rank failed or did not report (%d of %d reports)", nrep, n - 1);
   for (int k = 0; k < nrep; k++) {
     report *r = &rep[k];
-    fprintf(stderr, "  %s n=%d fault %d rank %d: %s in %d ms: %s\n", transport, n, (int)f,
-            r->rank, coll_result_string((coll_result)r->pending), r->ms, r->msg);
+    fprintf(stderr, "  %s n=%d fault %d rank %d: %s in %d ms: %s\n", transport, n, (int)f, r->rank,
+            coll_result_string((coll_result)r->pending), r->ms, r->msg);
     cr_expect(r->later != COLL_OK, "rank %d: a later call succeeded", r->rank);
     if (f == F_STOP) {
-      cr_expect(r->pending == COLL_ERR_TIMEOUT || r->pending == COLL_ERR_REMOTE,
-                "rank %d: %s", r->rank, coll_result_string((coll_result)r->pending));
+      cr_expect(r->pending == COLL_ERR_TIMEOUT || r->pending == COLL_ERR_REMOTE, "rank %d: %s",
+                r->rank, coll_result_string((coll_result)r->pending));
       cr_expect(r->ms >= STOP_MS - 100 && r->ms < STOP_MS + 2000,
-                "rank %d: the stopped rank was given up after %d ms (COLL_TIMEOUT_MS %d)",
-                r->rank, r->ms, STOP_MS);
+                "rank %d: the stopped rank was given up after %d ms (COLL_TIMEOUT_MS %d)", r->rank,
+                r->ms, STOP_MS);
       continue;
     }
     cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: %s, expected remote error", r->rank,
               coll_result_string((coll_result)r->pending));
     cr_expect(r->ms < 2000, "rank %d: the failure took %d ms to arrive", r->rank, r->ms);
-    cr_expect(strstr(r->msg, "rank 1 ") || strstr(r->msg, "rank 1:") ||
-              strstr(r->msg, "rank 1)"), "rank %d's sentence does not name rank 1: %s",
-              r->rank, r->msg);
+    cr_expect(strstr(r->msg, "rank 1 ") || strstr(r->msg, "rank 1:") || strstr(r->msg, "rank 1)"),
+              "rank %d's sentence does not name rank 1: %s", r->rank, r->msg);
   }
   if (f == F_STOP) {
     int timeouts = 0;
@@ -247,12 +246,27 @@ static void run_case(int n, fault f, const char *transport) {
   cr_expect_eq(left, 0, "the job left %d shared segments in /dev/shm", left);
 }
 
-#define CASES(tr, name)                                                                     \
-  Test(failfast, name##_invalid_call, .timeout = 60) { run_case(4, F_INVALID, tr); run_case(8, F_INVALID, tr); } \
-  Test(failfast, name##_abort, .timeout = 60) { run_case(4, F_ABORT, tr); run_case(8, F_ABORT, tr); } \
-  Test(failfast, name##_sigkill, .timeout = 60) { run_case(4, F_KILL, tr); run_case(8, F_KILL, tr); } \
-  Test(failfast, name##_exit_in_init, .timeout = 60) { run_case(4, F_INIT, tr); run_case(8, F_INIT, tr); } \
-  Test(failfast, name##_sigstop_times_out, .timeout = 60) { run_case(4, F_STOP, tr); run_case(8, F_STOP, tr); }
+#define CASES(tr, name)                                     \
+  Test(failfast, name##_invalid_call, .timeout = 60) {      \
+    run_case(4, F_INVALID, tr);                             \
+    run_case(8, F_INVALID, tr);                             \
+  }                                                         \
+  Test(failfast, name##_abort, .timeout = 60) {             \
+    run_case(4, F_ABORT, tr);                               \
+    run_case(8, F_ABORT, tr);                               \
+  }                                                         \
+  Test(failfast, name##_sigkill, .timeout = 60) {           \
+    run_case(4, F_KILL, tr);                                \
+    run_case(8, F_KILL, tr);                                \
+  }                                                         \
+  Test(failfast, name##_exit_in_init, .timeout = 60) {      \
+    run_case(4, F_INIT, tr);                                \
+    run_case(8, F_INIT, tr);                                \
+  }                                                         \
+  Test(failfast, name##_sigstop_times_out, .timeout = 60) { \
+    run_case(4, F_STOP, tr);                                \
+    run_case(8, F_STOP, tr);                                \
+  }
 
 CASES("shm", shm)
 CASES("tcp", tcp)

@@ -185,7 +185,8 @@ static void scenario(int n, int vic, int sig, const char *transport, outcome *o)
   /* Not reaped yet: a zombie after SIGKILL, once the kernel has torn it down.  The
    * survivors may report before that (the watch hears the links close while the victim
    * still exits), so wait for it, bounded. */
-  for (int k = 0; k < 500 && (o->victim_state = proc_state(o->pid[vic])) != 'Z' && sig == SIGKILL; k++) {
+  for (int k = 0; k < 500 && (o->victim_state = proc_state(o->pid[vic])) != 'Z' && sig == SIGKILL;
+       k++) {
     struct timespec nap = {0, 10000000L};
     nanosleep(&nap, NULL);
   }
@@ -279,7 +280,8 @@ Test(faults, sigstop_times_out_tcp, .timeout = 40) {
               coll_result_string((coll_result)r->pending), r->msg);
     cr_expect(strstr(r->msg, "all_reduce") && strstr(r->msg, "step") && strstr(r->msg, "bytes"),
               "rank %d: sentence lacks collective/step/bytes: %s", r->rank, r->msg);
-    cr_expect(r->ms >= 1900 && r->ms < 2000 + 1500, "rank %d: timed out after %d ms", r->rank, r->ms);
+    cr_expect(r->ms >= 1900 && r->ms < 2000 + 1500, "rank %d: timed out after %d ms", r->rank,
+              r->ms);
     named += strstr(r->msg, "rank 1 in step") != NULL;
   }
   cr_expect(timeouts >= 1, "no survivor timed out waiting for the stalled rank");

@@ -15,10 +15,13 @@ Test(fuzz, bootstrap_parser, .timeout = 90) {
   const char *why = getenv("COLL_FUZZ_WHY");
   if (!exe || !*exe)
     cr_skip_test("no fuzz target: %s (install clang and libclang-rt-14-dev, then "
-                 "reconfigure)", why && *why ? why : "COLL_FUZZ_BOOTSTRAP is not set");
+                 "reconfigure)",
+                 why && *why ? why : "COLL_FUZZ_BOOTSTRAP is not set");
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s -seed=1 -runs=2000000 -max_total_time=25 -timeout=10 "
-           "-rss_limit_mb=1024 -max_len=4096 2>&1", exe);
+  snprintf(cmd, sizeof cmd,
+           "%s -seed=1 -runs=2000000 -max_total_time=25 -timeout=10 "
+           "-rss_limit_mb=1024 -max_len=4096 2>&1",
+           exe);
   FILE *p = popen(cmd, "r");
   cr_assert(p, "cannot run %s", cmd);
   char line[1024], last[4][1024] = {{0}};
@@ -31,6 +34,6 @@ Test(fuzz, bootstrap_parser, .timeout = 90) {
   }
   int st = pclose(p);
   for (int i = 0; i < 4 && i < nl; i++) fprintf(stderr, "  | %s", last[(nl + i) % 4]);
-  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the fuzzer found a crash (status %d): see above",
-            st);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "the fuzzer found a crash (status %d): see above", st);
 }

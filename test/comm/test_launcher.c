@@ -55,7 +55,7 @@ static int run_count_ok(const char *cmd, int *status) {
 Test(launcher, mpirun_np4, .timeout = 120) {
   /* Debian's Open MPI, even where MPICH owns the `mpirun` alternative. */
   const char *mpirun = system("command -v mpirun.openmpi >/dev/null 2>&1") == 0 ? "mpirun.openmpi"
-                       : system("command -v mpirun >/dev/null 2>&1") == 0      ? "mpirun"
+                       : system("command -v mpirun >/dev/null 2>&1") == 0       ? "mpirun"
                                                                                 : NULL;
   if (!mpirun) cr_skip_test("mpirun not found: install Debian's openmpi-bin to run this test");
   /* A secret of this run's own, so that the leak check below can name the job's
@@ -67,7 +67,8 @@ Test(launcher, mpirun_np4, .timeout = 120) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd,
            "%s --allow-run-as-root --oversubscribe -np 4 -x COLL_ADDR=127.0.0.1:%d "
-           "-x COLL_SECRET %s", mpirun, t_free_port(), prog());
+           "-x COLL_SECRET %s",
+           mpirun, t_free_port(), prog());
   int st;
   int ok = run_count_ok(cmd, &st);
   cr_assert_eq(ok, 4, "expected 4 ranks to say ok (exit %d)", st);
@@ -154,14 +155,17 @@ Test(launcher, localhost_without_etc_hosts, .timeout = 90) {
   cr_assert_eq(m, 0, "bind-mounting over /etc/hosts: %s", strerror(errno));
   env_job_on("PMI_RANK", "PMI_SIZE", 3, false, t_free_port(), "localhost");
 }
-Test(launcher, slurm_style_env, .timeout = 90) { env_job("SLURM_PROCID", "SLURM_NTASKS", 2, false); }
+Test(launcher, slurm_style_env, .timeout = 90) {
+  env_job("SLURM_PROCID", "SLURM_NTASKS", 2, false);
+}
 Test(launcher, pmi_style_env, .timeout = 90) { env_job("PMI_RANK", "PMI_SIZE", 4, false); }
 
 /* ---- the leak check counts the job's own segments, and sees a leak ------------------ */
 
 /* Rank 0 leaves a segment named like one of its job's (coll-<job>-leak0) behind. */
 static int leak_one(coll_comm_t comm, int rank, int n, void *arg) {
-  (void)n; (void)arg;
+  (void)n;
+  (void)arg;
   if (rank != 0) return 0;
   char prefix[40], name[64];
   coll_job_prefix(prefix, sizeof prefix, comm->secret);
@@ -303,8 +307,10 @@ Test(launcher, segment_of_a_live_owner_is_refused) {
   munmap(a, 4096);
   if (b) munmap(b, 4096);
   cr_assert_eq(r, COLL_ERR_SYSTEM, "a live owner's segment was taken over");
-  cr_assert(strstr(msg, want) && strstr(msg, "running"), "the sentence does not name the live "
-            "owner: %s", msg);
+  cr_assert(strstr(msg, want) && strstr(msg, "running"),
+            "the sentence does not name the live "
+            "owner: %s",
+            msg);
   cr_assert_eq(r2, COLL_OK, "a reused pid's segment was not replaced: %s",
                coll_comm_last_error(NULL));
 }
@@ -335,8 +341,8 @@ static void expect_placement(int n, int cpus, const char *how) {
   cr_assert_eq(rc, 0, "%s: %s", how, why);
   for (int r = 0; r < n; r++) {
     cr_assert_eq(got[2 * r + 1], n, "%s: rank %d counted %d local ranks", how, r, got[2 * r + 1]);
-    cr_assert_eq(got[2 * r], n > cpus, "%s: rank %d of %d on %d CPU(s) says oversubscribed=%d",
-                 how, r, n, cpus, got[2 * r]);
+    cr_assert_eq(got[2 * r], n > cpus, "%s: rank %d of %d on %d CPU(s) says oversubscribed=%d", how,
+                 r, n, cpus, got[2 * r]);
   }
 }
 
@@ -350,7 +356,10 @@ Test(launcher, oversubscription_counts_the_cpus_ranks_may_use, .timeout = 90) {
   int cpus = CPU_COUNT(&all);
   CPU_ZERO(&one);
   for (int c = 0; c < CPU_SETSIZE; c++)
-    if (CPU_ISSET(c, &all)) { CPU_SET(c, &one); break; }
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
   cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0);
   expect_placement(2, 1, "2 ranks under a 1-CPU affinity");
   cr_assert_eq(sched_setaffinity(0, sizeof all, &all), 0);

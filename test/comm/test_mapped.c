@@ -39,8 +39,7 @@ static int all_reduce_checked(coll_comm_t comm, int rank, int n, float *send, fl
   for (size_t i = 0; i < count; i++) send[i] = (float)(rank + (int)(i % 7));
   coll_result r = coll_all_reduce(send, recv, count, COLL_FLOAT32, COLL_SUM, comm, s);
   if (r == COLL_OK && s) r = coll_stream_synchronize(s);
-  if (r != COLL_OK)
-    return t_failf("rank %d: all_reduce: %s", rank, coll_comm_last_error(comm));
+  if (r != COLL_OK) return t_failf("rank %d: all_reduce: %s", rank, coll_comm_last_error(comm));
   for (size_t i = 0; i < count; i++) {
     float want = (float)(n * (n - 1) / 2 + n * (int)(i % 7));
     if (recv[i] != want)
@@ -66,8 +65,7 @@ static int auto_takes_mapped(coll_comm_t comm, int rank, int n, void *arg) {
     return t_failf("rank %d: windows are not page-aligned", rank);
   int bad = all_reduce_checked(comm, rank, n, a, b, BIG, NULL);
   if (!bad && !ran(comm, "mapped"))
-    bad = t_failf("rank %d: a 4 MiB all-reduce on windows ran %s", rank,
-                  coll_comm_last_algo(comm));
+    bad = t_failf("rank %d: a 4 MiB all-reduce on windows ran %s", rank, coll_comm_last_algo(comm));
   /* In place, and at offsets that differ per rank (the ranks name their buffers to each
    * other as window + offset). */
   float *at = (float *)b + 16 * rank;
@@ -128,8 +126,7 @@ static int one_rank_unregistered(coll_comm_t comm, int rank, int n, void *arg) {
   if (!plain) return 1;
   int bad = all_reduce_checked(comm, rank, n, a, rank == odd ? plain : b, BIG, NULL);
   if (!bad && ran(comm, "mapped"))
-    bad = t_failf("rank %d: took the mapped path although rank %d's buffer is malloc'd", rank,
-                  odd);
+    bad = t_failf("rank %d: took the mapped path although rank %d's buffer is malloc'd", rank, odd);
   /* Back on windows everywhere: mapped again. */
   if (!bad) bad = all_reduce_checked(comm, rank, n, a, b, BIG, NULL);
   if (!bad && !ran(comm, "mapped")) bad = t_failf("rank %d: not mapped afterwards", rank);
@@ -159,8 +156,8 @@ static int bad_frees(coll_comm_t comm, int rank, int n, void *arg) {
   r = coll_mem_free(comm, rank == n - 1 ? (void *)&local : a);
   if (r == COLL_OK)
     bad = t_failf("rank %d: a free with a foreign pointer on rank %d succeeded", rank, n - 1);
-  if (rank == n - 1 && (r != COLL_ERR_INVALID_ARG || !strstr(coll_comm_last_error(comm),
-                                                             "did not come from coll_mem_alloc")))
+  if (rank == n - 1 && (r != COLL_ERR_INVALID_ARG ||
+                        !strstr(coll_comm_last_error(comm), "did not come from coll_mem_alloc")))
     bad = t_failf("rank %d: foreign pointer: %s: %s", rank, coll_result_string(r),
                   coll_comm_last_error(comm));
   float *f = b;

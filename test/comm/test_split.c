@@ -67,7 +67,8 @@ static int64_t val(int prank, size_t i, uint64_t salt) {
 static int job_segments(coll_comm_t comm) {
   char prefix[32];
   int n = snprintf(prefix, sizeof prefix, "coll-");
-  for (int i = 0; i < 8; i++) n += snprintf(prefix + n, sizeof prefix - (size_t)n, "%02x", comm->secret[i]);
+  for (int i = 0; i < 8; i++)
+    n += snprintf(prefix + n, sizeof prefix - (size_t)n, "%02x", comm->secret[i]);
   DIR *d = opendir("/dev/shm");
   if (!d) return 0;
   int c = 0;
@@ -80,11 +81,13 @@ static int job_segments(coll_comm_t comm) {
 /* Checks `child` against the members computed above.  my_prank: this rank in the parent. */
 static int check_child(coll_comm_t child, const int *members, int k, int my_prank, uint64_t salt) {
   int me = -1, cr = -1, cn = -1;
-  for (int i = 0; i < k; i++) if (members[i] == my_prank) me = i;
+  for (int i = 0; i < k; i++)
+    if (members[i] == my_prank) me = i;
   if (coll_comm_rank(child, &cr) != COLL_OK || coll_comm_size(child, &cn) != COLL_OK)
     return t_failf("parent rank %d: rank/size failed", my_prank);
   if (cn != k || cr != me)
-    return t_failf("parent rank %d: child rank %d of %d, expected %d of %d", my_prank, cr, cn, me, k);
+    return t_failf("parent rank %d: child rank %d of %d, expected %d of %d", my_prank, cr, cn, me,
+                   k);
   int32_t mine = my_prank, got[64] = {0};
   if (coll_all_gather(&mine, got, 1, COLL_INT32, child, NULL) != COLL_OK)
     return t_failf("parent rank %d: all_gather: %s", my_prank, coll_comm_last_error(child));
@@ -154,14 +157,32 @@ static int split_and_check(coll_comm_t comm, int rank, int n, color_fn cf, key_f
   return bad ? bad : check_parent(comm, rank, n, salt + 1);
 }
 
-static int c_zero(int r, int n) { (void)r, (void)n; return 0; }
-static int c_self(int r, int n) { (void)n; return r; }
-static int c_parity(int r, int n) { (void)n; return r % 2; }
-static int c_some_none(int r, int n) { (void)n; return r % 3 == 1 ? COLL_SPLIT_NOCOLOR : r % 3; }
+static int c_zero(int r, int n) {
+  (void)r, (void)n;
+  return 0;
+}
+static int c_self(int r, int n) {
+  (void)n;
+  return r;
+}
+static int c_parity(int r, int n) {
+  (void)n;
+  return r % 2;
+}
+static int c_some_none(int r, int n) {
+  (void)n;
+  return r % 3 == 1 ? COLL_SPLIT_NOCOLOR : r % 3;
+}
 static int c_halves(int r, int n) { return r < n / 2 ? 0 : 1; }
-static int k_rank(int r, int n) { (void)n; return r; }
+static int k_rank(int r, int n) {
+  (void)n;
+  return r;
+}
 static int k_reversed(int r, int n) { return n - r; }
-static int k_equal(int r, int n) { (void)r, (void)n; return 5; }
+static int k_equal(int r, int n) {
+  (void)r, (void)n;
+  return 5;
+}
 static int k_scrambled(int r, int n) { return (r * 5 + 3) % n - n / 2; }
 
 typedef struct {
@@ -207,14 +228,35 @@ static void sweep(int lo, int hi, color_fn cf, key_fn kf) {
 
 /* Creating communicators measures links (tuning) — slow with 8 ranks on 2 cores: the
  * sweeps skip the measurement (COLL_TUNE=0; coll_tune_init still runs), one case keeps it. */
-Test(split, one_color_n1_to_8, .timeout = 600) { setenv("COLL_TUNE", "0", 1); sweep(1, 8, c_zero, k_rank); }
+Test(split, one_color_n1_to_8, .timeout = 600) {
+  setenv("COLL_TUNE", "0", 1);
+  sweep(1, 8, c_zero, k_rank);
+}
 Test(split, one_color_tuned_n4, .timeout = 300) { sweep(4, 4, c_zero, k_rank); }
-Test(split, color_per_rank_n1_to_8, .timeout = 600) { setenv("COLL_TUNE", "0", 1); sweep(1, 8, c_self, k_rank); }
-Test(split, even_odd_n2_to_8, .timeout = 600) { setenv("COLL_TUNE", "0", 1); sweep(2, 8, c_parity, k_rank); }
-Test(split, nocolor_n1_to_8, .timeout = 600) { setenv("COLL_TUNE", "0", 1); sweep(1, 8, c_some_none, k_rank); }
-Test(split, reversed_keys_n1_to_8, .timeout = 600) { setenv("COLL_TUNE", "0", 1); sweep(1, 8, c_zero, k_reversed); }
-Test(split, equal_keys_keep_parent_order, .timeout = 300) { setenv("COLL_TUNE", "0", 1); sweep(5, 5, c_parity, k_equal); }
-Test(split, scrambled_keys_halves, .timeout = 300) { setenv("COLL_TUNE", "0", 1); sweep(7, 8, c_halves, k_scrambled); }
+Test(split, color_per_rank_n1_to_8, .timeout = 600) {
+  setenv("COLL_TUNE", "0", 1);
+  sweep(1, 8, c_self, k_rank);
+}
+Test(split, even_odd_n2_to_8, .timeout = 600) {
+  setenv("COLL_TUNE", "0", 1);
+  sweep(2, 8, c_parity, k_rank);
+}
+Test(split, nocolor_n1_to_8, .timeout = 600) {
+  setenv("COLL_TUNE", "0", 1);
+  sweep(1, 8, c_some_none, k_rank);
+}
+Test(split, reversed_keys_n1_to_8, .timeout = 600) {
+  setenv("COLL_TUNE", "0", 1);
+  sweep(1, 8, c_zero, k_reversed);
+}
+Test(split, equal_keys_keep_parent_order, .timeout = 300) {
+  setenv("COLL_TUNE", "0", 1);
+  sweep(5, 5, c_parity, k_equal);
+}
+Test(split, scrambled_keys_halves, .timeout = 300) {
+  setenv("COLL_TUNE", "0", 1);
+  sweep(7, 8, c_halves, k_scrambled);
+}
 
 static int all_nocolor(coll_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
@@ -223,7 +265,10 @@ static int all_nocolor(coll_comm_t comm, int rank, int n, void *arg) {
     return t_failf("rank %d: all-NOCOLOR split: %s", rank, coll_comm_last_error(comm));
   return check_parent(comm, rank, n, 3);
 }
-Test(split, every_rank_nocolor, .timeout = 120) { setenv("COLL_TUNE", "0", 1); run(3, all_nocolor, NULL); }
+Test(split, every_rank_nocolor, .timeout = 120) {
+  setenv("COLL_TUNE", "0", 1);
+  run(3, all_nocolor, NULL);
+}
 
 /* ---- nested splits and dup ----------------------------------------------------------- */
 
@@ -310,8 +355,10 @@ static int alternate(coll_comm_t comm, int rank, int n, void *arg) {
     if (ya != wa || yb != wb || yp != wp) return t_failf("rank %d: iteration %d wrong", rank, it);
     /* broadcast from child root 0 of b (parent rank n-1) */
     int64_t v = br == 0 ? val(rank, 1, (uint64_t)it) : 0;
-    if (coll_broadcast(&v, &v, 1, COLL_INT64, 0, b, NULL) != COLL_OK || v != val(bm[0], 1, (uint64_t)it))
-      return t_failf("rank %d: iteration %d: broadcast from b's root gave %lld", rank, it, (long long)v);
+    if (coll_broadcast(&v, &v, 1, COLL_INT64, 0, b, NULL) != COLL_OK ||
+        v != val(bm[0], 1, (uint64_t)it))
+      return t_failf("rank %d: iteration %d: broadcast from b's root gave %lld", rank, it,
+                     (long long)v);
   }
   /* On streams: every call of the three communicators enqueued, then one wait each. */
   enum { K = 12 };
@@ -367,13 +414,17 @@ static void *child_loop(void *p) {
     size_t cnt = BIG / 8;
     for (size_t i = 0; i < cnt; i++) x[i] = val(t->rank, i, (uint64_t)it + 500);
     if (coll_all_reduce(x, y, cnt, COLL_INT64, COLL_SUM, t->comm, NULL) != COLL_OK) {
-      t->bad = t_failf("rank %d: child all_reduce from a thread: %s", t->rank, coll_comm_last_error(t->comm));
+      t->bad = t_failf("rank %d: child all_reduce from a thread: %s", t->rank,
+                       coll_comm_last_error(t->comm));
       break;
     }
     for (size_t i = 0; i < cnt; i += 97) {
       int64_t w = 0;
       for (int m = 0; m < t->k; m++) w += val(t->members[m], i, (uint64_t)it + 500);
-      if (y[i] != w) { t->bad = t_failf("rank %d: child result wrong in thread", t->rank); break; }
+      if (y[i] != w) {
+        t->bad = t_failf("rank %d: child result wrong in thread", t->rank);
+        break;
+      }
     }
   }
   return NULL;
@@ -402,7 +453,10 @@ static int concurrent(coll_comm_t comm, int rank, int n, void *arg) {
     for (size_t i = 0; i < cnt; i += 97) {
       int64_t w = 0;
       for (int p = 0; p < n; p++) w += val(p, i, (uint64_t)it + 900);
-      if (y[i] != w) { bad = t_failf("rank %d: parent result wrong", rank); break; }
+      if (y[i] != w) {
+        bad = t_failf("rank %d: parent result wrong", rank);
+        break;
+      }
     }
   }
   pthread_join(th, NULL);
@@ -435,7 +489,8 @@ static int bad_args(coll_comm_t comm, int rank, int n, void *arg) {
     return t_failf("rank %d: sentence: %s", rank, msg);
   char want[32];
   snprintf(want, sizeof want, "rank %d", victim);
-  if (!strstr(msg, want)) return t_failf("rank %d: sentence does not name rank %d: %s", rank, victim, msg);
+  if (!strstr(msg, want))
+    return t_failf("rank %d: sentence does not name rank %d: %s", rank, victim, msg);
   /* A NULL newcomm on rank 0. */
   c = (coll_comm_t)&c;
   r = coll_comm_split(comm, 1, 0, rank == 0 ? NULL : &c);
@@ -443,7 +498,8 @@ static int bad_args(coll_comm_t comm, int rank, int n, void *arg) {
   if (r != COLL_ERR_INVALID_ARG || (rank != 0 && c != NULL) || !strstr(msg, "newcomm is NULL"))
     return t_failf("rank %d: NULL newcomm gave %s: %s", rank, coll_result_string(r), msg);
   r = coll_comm_dup(comm, NULL); /* everywhere */
-  if (r != COLL_ERR_INVALID_ARG) return t_failf("rank %d: dup(comm, NULL) gave %s", rank, coll_result_string(r));
+  if (r != COLL_ERR_INVALID_ARG)
+    return t_failf("rank %d: dup(comm, NULL) gave %s", rank, coll_result_string(r));
   /* No communicator: refused locally, nobody waits (every rank does it). */
   if (coll_comm_split(NULL, 0, 0, &c) != COLL_ERR_INVALID_ARG ||
       !strstr(coll_comm_last_error(NULL), "comm is NULL") ||
@@ -478,13 +534,15 @@ static int one_fails(coll_comm_t comm, int rank, int n, void *arg) {
   const char *msg = coll_comm_last_error(comm);
   if (rank == victim) unsetenv(how);
   if (r == COLL_OK || c != NULL) return t_failf("rank %d: split succeeded", rank);
-  if (took > 10) return t_failf("rank %d: took %.1f s to fail (COLL_TIMEOUT_MS is 30 s)", rank, took);
+  if (took > 10)
+    return t_failf("rank %d: took %.1f s to fail (COLL_TIMEOUT_MS is 30 s)", rank, took);
   if (!strstr(msg, how)) return t_failf("rank %d: sentence does not say why: %s", rank, msg);
   if (rank == victim ? r != COLL_ERR_INVALID_ARG : r != COLL_ERR_REMOTE)
     return t_failf("rank %d: %s: %s", rank, coll_result_string(r), msg);
   char want[48];
   snprintf(want, sizeof want, "parent rank %d", victim);
-  if (rank != victim && !strstr(msg, want)) return t_failf("rank %d: does not name rank %d: %s", rank, victim, msg);
+  if (rank != victim && !strstr(msg, want))
+    return t_failf("rank %d: does not name rank %d: %s", rank, victim, msg);
   if (job_segments(comm)) return t_failf("rank %d: segments left after a failed split", rank);
   if (check_parent(comm, rank, n, 61)) return 1;
   return split_and_check(comm, rank, n, c_some_none, k_rank, 62);
@@ -535,9 +593,11 @@ static int mismatch_after(coll_comm_t comm, int rank, int n, void *arg) {
   coll_comm_destroy(c);
   int32_t x[4] = {1, 2, 3, 4}, y[4];
   coll_result r = coll_all_reduce(x, y, rank == 0 ? 3 : 4, COLL_INT32, COLL_SUM, comm, NULL);
-  if (r != COLL_ERR_MISMATCH) return t_failf("rank %d: mismatch not caught: %s", rank, coll_result_string(r));
+  if (r != COLL_ERR_MISMATCH)
+    return t_failf("rank %d: mismatch not caught: %s", rank, coll_result_string(r));
   if (!strstr(coll_comm_last_error(comm), "all_reduce #0"))
-    return t_failf("rank %d: the user's first call is not #0: %s", rank, coll_comm_last_error(comm));
+    return t_failf("rank %d: the user's first call is not #0: %s", rank,
+                   coll_comm_last_error(comm));
   return 0;
 }
 Test(split, check_catches_mismatch_after_split, .timeout = 120) {
@@ -578,7 +638,8 @@ static int tcp_rank(coll_comm_t comm, int rank, int n, void *arg) {
   if (coll_comm_split(comm, rank % 2, -rank, &c) != COLL_OK)
     return t_failf("rank %d: split over tcp: %s", rank, coll_comm_last_error(comm));
   int m[64], k = 0;
-  for (int p = n - 1; p >= 0; p--) if (p % 2 == rank % 2) m[k++] = p;
+  for (int p = n - 1; p >= 0; p--)
+    if (p % 2 == rank % 2) m[k++] = p;
   if (k > 1 && strcmp(coll_comm_transport_name(c), "tcp") != 0)
     return t_failf("rank %d: child uses %s", rank, coll_comm_transport_name(c));
   int bad = check_child(c, m, k, rank, 91) + check_parent(comm, rank, n, 92);

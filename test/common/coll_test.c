@@ -54,7 +54,8 @@ int t_job_leftovers(char *names, size_t len) {
     coll_job_prefix(prefix, sizeof prefix, f.secret);
     n += t_prefix_segments(prefix, 1, still, sizeof still);
   }
-  if (names && len) snprintf(names, len, "%s%s%s", removed, removed[0] && still[0] ? " " : "", still);
+  if (names && len)
+    snprintf(names, len, "%s%s%s", removed, removed[0] && still[0] ? " " : "", still);
   return n;
 }
 
@@ -67,7 +68,8 @@ void t_env_job_prefix(char *out, size_t len, const char *addr, int size) {
 static bool port_free(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return false;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port),
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t l = sizeof a;
   bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&

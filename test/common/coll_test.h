@@ -34,12 +34,11 @@ int t_launch(int n, coll_rank_fn fn, void *arg, int timeout_ms, char *why, size_
 int t_job_leftovers(char *names, size_t len);
 /* Criterion's assert that the last launched job left no segment (for the test process,
  * not for rank functions). */
-#define T_ASSERT_NO_LEFTOVERS(what)                                                          \
-  do {                                                                                     \
-    char left_[512];                                                                       \
-    int n_ = t_job_leftovers(left_, sizeof left_);                                         \
-    cr_assert_eq(n_, 0, "%s: %d segment(s) of the job left in /dev/shm: %s", what, n_,     \
-                 left_);                                                                   \
+#define T_ASSERT_NO_LEFTOVERS(what)                                                            \
+  do {                                                                                         \
+    char left_[512];                                                                           \
+    int n_ = t_job_leftovers(left_, sizeof left_);                                             \
+    cr_assert_eq(n_, 0, "%s: %d segment(s) of the job left in /dev/shm: %s", what, n_, left_); \
   } while (0)
 /* Segments in /dev/shm whose names begin with `prefix` (coll-<job>-), removed when
  * `remove` is true.  Names into `names` as above. */

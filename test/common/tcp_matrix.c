@@ -16,24 +16,32 @@
 #include <string.h>
 
 enum { K_ALL_REDUCE, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_REDUCE, K_SENDRECV, K_N };
-static const char *kname[K_N] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                 "reduce", "sendrecv"};
-static const coll_dtype dtypes[] = {COLL_INT32, COLL_UINT8, COLL_INT64, COLL_FLOAT32,
-                                    COLL_FLOAT64, COLL_BFLOAT16};
+static const char *kname[K_N] = {"all_reduce", "reduce_scatter", "all_gather",
+                                 "broadcast",  "reduce",         "sendrecv"};
+static const coll_dtype dtypes[] = {COLL_INT32,   COLL_UINT8,   COLL_INT64,
+                                    COLL_FLOAT32, COLL_FLOAT64, COLL_BFLOAT16};
 
 static uint64_t hash3(uint64_t seed, int rank, size_t i) {
   uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)rank * 0xbf58476d1ce4e5b9ull ^ (uint64_t)i;
-  x ^= x >> 31; x *= 0x94d049bb133111ebull; x ^= x >> 29; x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 31;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
   return x ^ (x >> 32);
 }
 
-static bool is_float(coll_dtype d) { return d == COLL_FLOAT32 || d == COLL_FLOAT64 || d == COLL_BFLOAT16; }
+static bool is_float(coll_dtype d) {
+  return d == COLL_FLOAT32 || d == COLL_FLOAT64 || d == COLL_BFLOAT16;
+}
 static bool is_signed(coll_dtype d) { return d == COLL_INT32 || d == COLL_INT64; }
 
 /* Rank r's input element i as a number (floats) or as raw bits (integers). */
 static double fin(coll_op op, uint64_t seed, int r, size_t i) {
   uint64_t h = hash3(seed, r, i);
-  if (op == COLL_PROD) { static const double f[4] = {1, -1, 2, 0.5}; return f[h % 4]; }
+  if (op == COLL_PROD) {
+    static const double f[4] = {1, -1, 2, 0.5};
+    return f[h % 4];
+  }
   return (double)(int)(h % 9) - 4;
 }
 static uint64_t iin(coll_op op, uint64_t seed, int r, size_t i) {
@@ -43,11 +51,26 @@ static uint64_t iin(coll_op op, uint64_t seed, int r, size_t i) {
 
 static void store(uint8_t *p, coll_dtype d, double fv, uint64_t iv) {
   switch (d) {
-  case COLL_FLOAT32: { float f = (float)fv; memcpy(p, &f, 4); break; }
+  case COLL_FLOAT32: {
+    float f = (float)fv;
+    memcpy(p, &f, 4);
+    break;
+  }
   case COLL_FLOAT64: memcpy(p, &fv, 8); break;
-  case COLL_BFLOAT16: { float f = (float)fv; uint32_t u; memcpy(&u, &f, 4); uint16_t h = (uint16_t)(u >> 16); memcpy(p, &h, 2); break; }
+  case COLL_BFLOAT16: {
+    float f = (float)fv;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t h = (uint16_t)(u >> 16);
+    memcpy(p, &h, 2);
+    break;
+  }
   case COLL_UINT8: *p = (uint8_t)iv; break;
-  case COLL_INT32: { uint32_t v = (uint32_t)iv; memcpy(p, &v, 4); break; }
+  case COLL_INT32: {
+    uint32_t v = (uint32_t)iv;
+    memcpy(p, &v, 4);
+    break;
+  }
   default: memcpy(p, &iv, 8); break;
   }
 }
@@ -58,9 +81,24 @@ static void gen(uint8_t *p, coll_dtype d, coll_op op, uint64_t seed, int r, size
 
 static double loadf(const uint8_t *p, coll_dtype d) {
   switch (d) {
-  case COLL_FLOAT32: { float f; memcpy(&f, p, 4); return f; }
-  case COLL_FLOAT64: { double v; memcpy(&v, p, 8); return v; }
-  default: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+  case COLL_FLOAT32: {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+  }
+  case COLL_FLOAT64: {
+    double v;
+    memcpy(&v, p, 8);
+    return v;
+  }
+  default: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
   }
 }
 
@@ -90,8 +128,12 @@ static void reduced(uint8_t *want, coll_dtype d, coll_op op, uint64_t seed, int 
     bool less = is_signed(d) ? (int64_t)(x << sh) < (int64_t)(acc << sh) : x < acc;
     switch (op) {
     case COLL_PROD: acc = (acc * x) & mask; break;
-    case COLL_MIN: if (less) acc = x; break;
-    case COLL_MAX: if (!less && x != acc) acc = x; break;
+    case COLL_MIN:
+      if (less) acc = x;
+      break;
+    case COLL_MAX:
+      if (!less && x != acc) acc = x;
+      break;
     default: acc = (acc + x) & mask;
     }
   }
@@ -114,8 +156,11 @@ static int check(const tm_call_t *c, const uint8_t *out, size_t out_len, int ran
   for (size_t i = 0; i < out_len; i++) {
     const uint8_t *got = out + i * es;
     switch (c->kind) {
-    case K_ALL_REDUCE: case K_REDUCE: reduced(want, c->d, c->op, c->seed, n, i); break;
-    case K_REDUCE_SCATTER: reduced(want, c->d, c->op, c->seed, n, (size_t)rank * c->count + i); break;
+    case K_ALL_REDUCE:
+    case K_REDUCE: reduced(want, c->d, c->op, c->seed, n, i); break;
+    case K_REDUCE_SCATTER:
+      reduced(want, c->d, c->op, c->seed, n, (size_t)rank * c->count + i);
+      break;
     case K_ALL_GATHER: gen(want, c->d, COLL_SUM, c->seed, (int)(i / c->count), i % c->count); break;
     case K_BROADCAST: gen(want, c->d, COLL_SUM, c->seed, c->root, i); break;
     default: gen(want, c->d, COLL_SUM, c->seed, (rank + n - 1) % n, i); break;
@@ -127,8 +172,8 @@ static int check(const tm_call_t *c, const uint8_t *out, size_t out_len, int ran
       ok = fabs(g - w) <= 2 * eps * fabs(w);
     }
     if (!ok) {
-      fprintf(stderr, "rank %d: %s %s %s %s n=%d count=%zu root=%d: element %zu is wrong\n",
-              rank, kname[c->kind], coll_dtype_name(c->d), coll_op_name(c->op),
+      fprintf(stderr, "rank %d: %s %s %s %s n=%d count=%zu root=%d: element %zu is wrong\n", rank,
+              kname[c->kind], coll_dtype_name(c->d), coll_op_name(c->op),
               c->in_place ? "in-place" : "out-of-place", n, c->count, c->root, i);
       return 1;
     }
@@ -142,9 +187,13 @@ static int one(coll_comm_t comm, int rank, int n, const tm_call_t *c, uint8_t *a
   size_t out_len = c->kind == K_ALL_GATHER ? cnt * (size_t)n : cnt;
   uint8_t *send = a, *recv = b;
   if (c->in_place) {
-    if (c->kind == K_REDUCE_SCATTER) recv = a + (size_t)rank * cnt * es;
-    else if (c->kind == K_ALL_GATHER) { recv = a; send = a + (size_t)rank * cnt * es; }
-    else recv = a;
+    if (c->kind == K_REDUCE_SCATTER)
+      recv = a + (size_t)rank * cnt * es;
+    else if (c->kind == K_ALL_GATHER) {
+      recv = a;
+      send = a + (size_t)rank * cnt * es;
+    } else
+      recv = a;
   }
   memset(recv, 0x5a, out_len * es);
   for (size_t i = 0; i < in_len; i++) gen(send + i * es, c->d, c->op, c->seed, rank, i);
@@ -170,17 +219,27 @@ static int one(coll_comm_t comm, int rank, int n, const tm_call_t *c, uint8_t *a
   return check(c, recv, out_len, rank, n);
 }
 
-int tm_call(coll_comm_t comm, int rank, int n, int kind, coll_dtype d, coll_op op,
-            bool in_place, size_t count, int root, uint64_t seed, uint8_t *a, uint8_t *b) {
-  tm_call_t c = {.kind = kind, .d = d, .op = op, .in_place = in_place, .count = count,
-                 .root = root, .seed = seed};
+int tm_call(coll_comm_t comm, int rank, int n, int kind, coll_dtype d, coll_op op, bool in_place,
+            size_t count, int root, uint64_t seed, uint8_t *a, uint8_t *b) {
+  tm_call_t c = {.kind = kind,
+                 .d = d,
+                 .op = op,
+                 .in_place = in_place,
+                 .count = count,
+                 .root = root,
+                 .seed = seed};
   return one(comm, rank, n, &c, a, b);
 }
 
 int tm_run(coll_comm_t comm, int rank, int n, bool big) {
   size_t cap = ((size_t)1 << 20) * (size_t)n + 4096 * 8;
   uint8_t *a = malloc(cap), *b = malloc(cap);
-  if (!a || !b) { free(a); free(b); fprintf(stderr, "rank %d: out of memory\n", rank); return 1; }
+  if (!a || !b) {
+    free(a);
+    free(b);
+    fprintf(stderr, "rank %d: out of memory\n", rank);
+    return 1;
+  }
   memset(a, 0, cap);
   memset(b, 0, cap);
   int fails = 0;
@@ -209,8 +268,13 @@ int tm_run(coll_comm_t comm, int rank, int n, bool big) {
           for (size_t ci = 0; ci < nc; ci++) {
             bool rooted = kind == K_BROADCAST || kind == K_REDUCE;
             for (int ri = 0; ri < (rooted && n > 1 ? 2 : 1); ri++) {
-              tm_call_t c = {.kind = kind, .d = d, .op = (coll_op)op, .in_place = ip,
-                           .count = counts[ci], .root = ri ? n - 1 : 0, .seed = seed++};
+              tm_call_t c = {.kind = kind,
+                             .d = d,
+                             .op = (coll_op)op,
+                             .in_place = ip,
+                             .count = counts[ci],
+                             .root = ri ? n - 1 : 0,
+                             .seed = seed++};
               fails += one(comm, rank, n, &c, a, b);
             }
           }

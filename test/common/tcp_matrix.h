@@ -15,6 +15,6 @@ int tm_run(coll_comm_t comm, int rank, int n, bool big);
  * reduce_scatter, all_gather, broadcast, reduce, sendrecv (to rank+1, from rank-1).
  * `a` and `b` must hold count*n elements of `d`.  Returns 0 when it was right. */
 #define TM_KINDS 6
-int tm_call(coll_comm_t comm, int rank, int n, int kind, coll_dtype d, coll_op op,
-            bool in_place, size_t count, int root, uint64_t seed, uint8_t *a, uint8_t *b);
+int tm_call(coll_comm_t comm, int rank, int n, int kind, coll_dtype d, coll_op op, bool in_place,
+            size_t count, int root, uint64_t seed, uint8_t *a, uint8_t *b);
 #endif

@@ -194,27 +194,32 @@ Test(cuda, kernel_table_complete) {
 Test(cuda, device_buffer_sentences) {
   const char *why = "no usable CUDA driver or GPU (cudaGetDeviceCount: cudaErrorNoDevice)";
   /* device buffers, CUDA unavailable */
-  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_all_reduce", COLL_MEM_DEVICE, 0,
-                                     COLL_MEM_DEVICE, 0, -1, why), COLL_ERR_UNSUPPORTED);
+  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_all_reduce", COLL_MEM_DEVICE, 0, COLL_MEM_DEVICE,
+                                     0, -1, why),
+               COLL_ERR_UNSUPPORTED);
   const char *s = coll_comm_last_error(NULL);
   cr_assert(strstr(s, "coll_all_reduce") && strstr(s, "CUDA device memory") && strstr(s, why),
             "sentence: %s", s);
   /* one device buffer (the other NULL) is enough to need the device path */
-  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_reduce", COLL_MEM_DEVICE, 1, COLL_MEM_NONE,
-                                     -1, -1, why), COLL_ERR_UNSUPPORTED);
+  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_reduce", COLL_MEM_DEVICE, 1, COLL_MEM_NONE, -1, -1,
+                                     why),
+               COLL_ERR_UNSUPPORTED);
   cr_assert(strstr(coll_comm_last_error(NULL), "GPU 1"));
   /* mixed host and device */
-  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_all_gather", COLL_MEM_HOST, -1,
-                                     COLL_MEM_DEVICE, 0, 0, NULL), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_all_gather", COLL_MEM_HOST, -1, COLL_MEM_DEVICE, 0,
+                                     0, NULL),
+               COLL_ERR_INVALID_ARG);
   s = coll_comm_last_error(NULL);
   cr_assert(strstr(s, "sendbuf is host memory but recvbuf is device memory"), "sentence: %s", s);
   /* two GPUs */
-  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_broadcast", COLL_MEM_DEVICE, 0,
-                                     COLL_MEM_DEVICE, 1, 0, NULL), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_broadcast", COLL_MEM_DEVICE, 0, COLL_MEM_DEVICE, 1,
+                                     0, NULL),
+               COLL_ERR_INVALID_ARG);
   cr_assert(strstr(coll_comm_last_error(NULL), "GPU 0 but recvbuf on GPU 1"));
   /* not the communicator's GPU */
-  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_all_reduce", COLL_MEM_DEVICE, 1,
-                                     COLL_MEM_DEVICE, 1, 0, NULL), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_cuda_check_kinds(NULL, "coll_all_reduce", COLL_MEM_DEVICE, 1, COLL_MEM_DEVICE,
+                                     1, 0, NULL),
+               COLL_ERR_INVALID_ARG);
   cr_assert(strstr(coll_comm_last_error(NULL), "cudaSetDevice"));
   /* what is allowed */
   cr_assert_eq(coll_cuda_check_kinds(NULL, "f", COLL_MEM_HOST, -1, COLL_MEM_HOST, -1, -1, why),
@@ -335,8 +340,8 @@ Test(cuda, host_path_with_cuda_auto, .timeout = 60) {
  * from the crossover on, which comes sooner the more ranks read N inputs each; a
  * communicator whose path is not up (peer_ok false) never gets them. */
 static coll_algo device_choice(struct coll_comm *c, coll_coll_kind k, size_t count, bool peer_ok) {
-  coll_work w = {.coll = k, .count = count, .dtype = COLL_FLOAT32, .device = true,
-                 .peer_ok = peer_ok};
+  coll_work w = {
+      .coll = k, .count = count, .dtype = COLL_FLOAT32, .device = true, .peer_ok = peer_ok};
   return coll_tune_choose(c, &w, 4);
 }
 
@@ -363,21 +368,33 @@ Test(cuda, device_rows_priced_and_chosen) {
   cr_assert(coll_algo_usable(one, c, &mapped, 4));
   /* the choice by size and ranks */
   cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, 2, true), COLL_ALGO_DEV_ONESHOT);
-  cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, (256u << 20) / 4, true), COLL_ALGO_DEV_TWOSHOT);
-  cr_assert_eq(device_choice(c, COLL_COLL_ALL_GATHER, (64u << 20) / 4, true), COLL_ALGO_DEV_ONESHOT);
+  cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, (256u << 20) / 4, true),
+               COLL_ALGO_DEV_TWOSHOT);
+  cr_assert_eq(device_choice(c, COLL_COLL_ALL_GATHER, (64u << 20) / 4, true),
+               COLL_ALGO_DEV_ONESHOT);
   double s1, s2, s8a, s8b;
   char f[160];
-  cr_assert_eq(coll_dev_oneshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 2}, &s1, f, sizeof f), COLL_OK);
-  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 2}, &s2, f, sizeof f), COLL_OK);
+  cr_assert_eq(coll_dev_oneshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 2}, &s1, f,
+                                     sizeof f),
+               COLL_OK);
+  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 2}, &s2, f,
+                                     sizeof f),
+               COLL_OK);
   cr_assert(s1 < s2, "2 ranks, 16 MB: one-shot %g s should beat two-shot %g s", s1, s2);
-  cr_assert_eq(coll_dev_oneshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 8}, &s8a, f, sizeof f), COLL_OK);
-  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 8}, &s8b, f, sizeof f), COLL_OK);
+  cr_assert_eq(coll_dev_oneshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 8}, &s8a,
+                                     f, sizeof f),
+               COLL_OK);
+  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_ALL_REDUCE, 16e6, &(coll_cost_model){.p = 8}, &s8b,
+                                     f, sizeof f),
+               COLL_OK);
   cr_assert(s8b < s8a, "8 ranks, 16 MB: two-shot %g s should beat one-shot %g s", s8b, s8a);
   cr_assert(strstr(f, "barriers"), "the formula names its parts: %s", f);
-  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_BROADCAST, 1e6, &(coll_cost_model){.p = 2}, &s1, f, sizeof f),
+  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_BROADCAST, 1e6, &(coll_cost_model){.p = 2}, &s1, f,
+                                     sizeof f),
                COLL_ERR_INVALID_ARG);
   c->nranks = 8;
-  cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, (16u << 20) / 4, true), COLL_ALGO_DEV_TWOSHOT);
+  cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, (16u << 20) / 4, true),
+               COLL_ALGO_DEV_TWOSHOT);
   /* more ranks than one kernel reads, or a path that is not up: the host-driven rows */
   c->nranks = COLL_PEER_MAX + 1;
   cr_assert(!coll_algo_usable(one, c, &mapped, 4));
@@ -446,7 +463,10 @@ static bool gpu_in_child(char *why, size_t len) {
 }
 
 static uint64_t mixh(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
   return x ^ (x >> 33);
 }
 
@@ -459,15 +479,19 @@ static void fill_special(void *buf, size_t n, coll_dtype d, uint64_t seed) {
     memcpy(p + i * es, &h, es);
     if (d == COLL_FLOAT32 && h % 8 == 0) {
       static const uint32_t sp[] = {0x7fc00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
-                                    0x80000000u, 0u, 0x00000001u, 0x807fffffu};
+                                    0x80000000u, 0u,          0x00000001u, 0x807fffffu};
       memcpy(p + i * es, &sp[(h >> 8) % 8], 4);
     } else if ((d == COLL_FLOAT16 || d == COLL_BFLOAT16) && h % 8 == 0) {
       static const uint16_t sh[] = {0x7e00u, 0x7c01u, 0x7c00u, 0xfc00u, 0x8000u, 0u, 1u, 0x7bffu};
       static const uint16_t sb[] = {0x7fc0u, 0x7f81u, 0x7f80u, 0xff80u, 0x8000u, 0u, 1u, 0x7f7fu};
       memcpy(p + i * es, d == COLL_FLOAT16 ? &sh[(h >> 8) % 8] : &sb[(h >> 8) % 8], 2);
     } else if (d == COLL_FLOAT64 && h % 8 == 0) {
-      static const uint64_t sd[] = {0x7ff8000000000000ull, 0x7ff0000000000001ull,
-                                    0x7ff0000000000000ull, 0x8000000000000000ull, 0, 1};
+      static const uint64_t sd[] = {0x7ff8000000000000ull,
+                                    0x7ff0000000000001ull,
+                                    0x7ff0000000000000ull,
+                                    0x8000000000000000ull,
+                                    0,
+                                    1};
       memcpy(p + i * es, &sd[(h >> 8) % 6], 8);
     }
   }
@@ -475,10 +499,26 @@ static void fill_special(void *buf, size_t n, coll_dtype d, uint64_t seed) {
 
 static bool is_nan_elem(const uint8_t *p, coll_dtype d) {
   switch (d) {
-  case COLL_FLOAT32: { float f; memcpy(&f, p, 4); return f != f; }
-  case COLL_FLOAT64: { double f; memcpy(&f, p, 8); return f != f; }
-  case COLL_FLOAT16: { uint16_t h; memcpy(&h, p, 2); return (h & 0x7fff) > 0x7c00; }
-  case COLL_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); return (h & 0x7fff) > 0x7f80; }
+  case COLL_FLOAT32: {
+    float f;
+    memcpy(&f, p, 4);
+    return f != f;
+  }
+  case COLL_FLOAT64: {
+    double f;
+    memcpy(&f, p, 8);
+    return f != f;
+  }
+  case COLL_FLOAT16: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (h & 0x7fff) > 0x7c00;
+  }
+  case COLL_BFLOAT16: {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (h & 0x7fff) > 0x7f80;
+  }
   default: return false;
   }
 }
@@ -486,8 +526,7 @@ static bool is_nan_elem(const uint8_t *p, coll_dtype d) {
 /* Bit for bit, except the payload of a NaN made by arithmetic (sum, prod, avg): IEEE
  * leaves it to the hardware (x86 keeps an operand's, NVIDIA GPUs return the canonical
  * one).  min/max pick an operand's NaN in integer code and must match exactly. */
-static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n, coll_dtype d,
-                         bool arith) {
+static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n, coll_dtype d, bool arith) {
   size_t es = coll_dtype_size(d);
   for (size_t i = 0; i < n; i++) {
     if (memcmp(a + i * es, b + i * es, es) == 0) continue;
@@ -526,10 +565,10 @@ static size_t first_far(const uint8_t *a, const uint8_t *b, size_t n, coll_dtype
   return n;
 }
 
-#define CK(call)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (call);                                                              \
-    cr_assert_eq(e_, cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));              \
+#define CK(call)                                                            \
+  do {                                                                      \
+    cudaError_t e_ = (call);                                                \
+    cr_assert_eq(e_, cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_)); \
   } while (0)
 
 Test(cuda, kernels_match_cpu, .timeout = 300) {
@@ -591,10 +630,17 @@ Test(cuda, kernels_match_cpu, .timeout = 300) {
 
 /* ---- the device correctness matrix, ranks sharing the GPUs ------------------------------- */
 
-typedef enum { C_ALL_REDUCE, C_REDUCE, C_BROADCAST, C_REDUCE_SCATTER, C_ALL_GATHER, C_SENDRECV,
-               C_NUM } mcoll;
-static const char *mname[] = {"all_reduce", "reduce", "broadcast", "reduce_scatter",
-                              "all_gather", "sendrecv"};
+typedef enum {
+  C_ALL_REDUCE,
+  C_REDUCE,
+  C_BROADCAST,
+  C_REDUCE_SCATTER,
+  C_ALL_GATHER,
+  C_SENDRECV,
+  C_NUM
+} mcoll;
+static const char *mname[] = {"all_reduce",     "reduce",     "broadcast",
+                              "reduce_scatter", "all_gather", "sendrecv"};
 
 typedef struct {
   bool use_stream;
@@ -610,14 +656,27 @@ static void gen(void *dst, size_t n, coll_dtype d, coll_op op, int rank, uint64_
     // grid need 10 (seen on the GPU: 8-rank bfloat16 sums rounded in another order), so
     // its values are in [-2, 2), whose sums over 8 ranks need 8.
     double span = d == COLL_BFLOAT16 ? 32 : 128;
-    double v = op == COLL_PROD ? ((h % 2) ? 1.0 + (double)(h >> 8 & 3) / 8 : 1.0 - (double)(h >> 8 & 3) / 16)
-                               : ((double)(h % (uint64_t)span) - span / 2) / 8;
+    double v = op == COLL_PROD
+                   ? ((h % 2) ? 1.0 + (double)(h >> 8 & 3) / 8 : 1.0 - (double)(h >> 8 & 3) / 16)
+                   : ((double)(h % (uint64_t)span) - span / 2) / 8;
     uint8_t *p = (uint8_t *)dst + i * es;
     switch (d) {
-    case COLL_FLOAT32: { float f = (float)v; memcpy(p, &f, 4); break; }
+    case COLL_FLOAT32: {
+      float f = (float)v;
+      memcpy(p, &f, 4);
+      break;
+    }
     case COLL_FLOAT64: memcpy(p, &v, 8); break;
-    case COLL_FLOAT16: { uint16_t x = coll_float_to_half((float)v); memcpy(p, &x, 2); break; }
-    case COLL_BFLOAT16: { uint16_t x = coll_float_to_bf16((float)v); memcpy(p, &x, 2); break; }
+    case COLL_FLOAT16: {
+      uint16_t x = coll_float_to_half((float)v);
+      memcpy(p, &x, 2);
+      break;
+    }
+    case COLL_BFLOAT16: {
+      uint16_t x = coll_float_to_bf16((float)v);
+      memcpy(p, &x, 2);
+      break;
+    }
     default: memcpy(p, &h, es); break;
     }
   }
@@ -683,7 +742,8 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
     /* Through the cudaStream_t: the result is copied back on the same stream, so the
      * copy must wait for the collective. */
     res = call(m, c, ds, dr, count, d, op, root, m->s);
-    if (res != COLL_OK) return t_failf("device %s enqueue: %s", mname[c], coll_comm_last_error(m->comm));
+    if (res != COLL_OK)
+      return t_failf("device %s enqueue: %s", mname[c], coll_comm_last_error(m->comm));
     e = cudaMemcpyAsync(m->back, m->dr, big, cudaMemcpyDeviceToHost, m->cs);
     if (e == cudaSuccess) e = cudaStreamSynchronize(m->cs);
     if (e != cudaSuccess) return t_failf("copy back on the stream: %s", cudaGetErrorString(e));
@@ -699,7 +759,8 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
   /* which path ran it: the device data path's rows unless COLL_ALGO named a host-driven
    * schedule (sendrecv always takes the host-driven path) */
   if (count > 0 && c != C_SENDRECV) {
-    const char *want = getenv("COLL_ALGO") && strcmp(getenv("COLL_ALGO"), "ring") == 0 ? "ring" : "dev_";
+    const char *want = getenv("COLL_ALGO") && strcmp(getenv("COLL_ALGO"), "ring") == 0 ? "ring"
+                                                                                       : "dev_";
     const char *ran = coll_comm_last_algo(m->comm);
     if (!ran || strncmp(ran, want, strlen(want)) != 0)
       return t_failf("rank %d/%d: %s %s count %zu ran on %s, expected %s...", r, n, mname[c],
@@ -710,7 +771,8 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
   bool rounds = op == COLL_PROD &&
                 (d == COLL_FLOAT16 || d == COLL_BFLOAT16 || (d == COLL_FLOAT32 && n > 6)) &&
                 (c == C_ALL_REDUCE || c == C_REDUCE || c == C_REDUCE_SCATTER);
-  size_t i = rounds ? first_far(m->hr, m->back, cmpn, d, n) : first_diff(m->hr, m->back, cmpn, d, false);
+  size_t i = rounds ? first_far(m->hr, m->back, cmpn, d, n)
+                    : first_diff(m->hr, m->back, cmpn, d, false);
   if (i != cmpn) {
     size_t ndiff = 0, last = i;
     for (size_t k = i; k < cmpn; k++)
@@ -719,8 +781,8 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
     memcpy(&hv, m->hr + i * es, es < 8 ? es : 8);
     memcpy(&dv, m->back + i * es, es < 8 ? es : 8);
     return t_failf("rank %d/%d: %s %s %s count %zu %s root %d: device element %zu differs from "
-                   "host (bits 0x%llx, host 0x%llx; %zu elements differ, the last %zu)", r, n,
-                   mname[c], coll_dtype_name(d), coll_op_name(op), count,
+                   "host (bits 0x%llx, host 0x%llx; %zu elements differ, the last %zu)",
+                   r, n, mname[c], coll_dtype_name(d), coll_op_name(op), count,
                    in_place ? "in-place" : "out-of-place", root, i, (unsigned long long)dv,
                    (unsigned long long)hv, ndiff, last);
   }
@@ -778,8 +840,7 @@ static int matrix_rank(coll_comm_t unused, int rank, int n, void *varg) {
         for (size_t ci = 0; ci < sizeof counts / sizeof *counts && !fails; ci++) {
           size_t count = counts[ci];
           /* the multi-slot count for a few dtypes only: it is the slow one */
-          if (count > 1000 && d != COLL_FLOAT32 && d != COLL_BFLOAT16 && d != COLL_INT64)
-            continue;
+          if (count > 1000 && d != COLL_FLOAT32 && d != COLL_BFLOAT16 && d != COLL_INT64) continue;
           for (int ip = 0; ip < (c == C_SENDRECV ? 1 : 2) && !fails; ip++)
             for (int root = 0; root < (rooted ? n : 1) && !fails; root += (n > 1 ? n - 1 : 1)) {
               fails += one_case(&m, (mcoll)c, (coll_dtype)d, (coll_op)op, count, ip == 1, root,
@@ -791,8 +852,8 @@ static int matrix_rank(coll_comm_t unused, int rank, int n, void *varg) {
   /* the first device call set the path up on this rank's GPU */
   if (!fails && (!m.comm->cuda->ready || m.comm->cuda->device != rank % ndev))
     fails += t_failf("rank %d: device path %s on GPU %d, expected ready on GPU %d (%s)", rank,
-                     m.comm->cuda->ready ? "ready" : "not ready", m.comm->cuda->device,
-                     rank % ndev, m.comm->cuda->reason);
+                     m.comm->cuda->ready ? "ready" : "not ready", m.comm->cuda->device, rank % ndev,
+                     m.comm->cuda->reason);
   /* mixed host and device buffers are refused up front, on every rank alike */
   if (!fails) {
     coll_result r = coll_all_reduce(m.hs, m.dr, 4, COLL_FLOAT32, COLL_SUM, m.comm, NULL);
@@ -821,8 +882,10 @@ static void run_matrix_algo(int n, bool stream, const char *algo) {
   if (!gpu_in_child(why, sizeof why)) cr_skip_test("%s", why);
   setenv("COLL_TIMEOUT_MS", "60000", 1);
   unsetenv("COLL_CUDA");
-  if (algo) setenv("COLL_ALGO", algo, 1);
-  else unsetenv("COLL_ALGO");
+  if (algo)
+    setenv("COLL_ALGO", algo, 1);
+  else
+    unsetenv("COLL_ALGO");
   marg a = {.use_stream = stream};
   int rc = coll_launch_local_raw(n, matrix_rank, &a, 900000, why, sizeof why);
   unsetenv("COLL_ALGO");
@@ -864,7 +927,8 @@ typedef enum { DEV_KILL, DEV_ABORT } dev_fault;
 static int fault_child(coll_unique_id id, int rank, int n, dev_fault f, int gate) {
   alarm(120);
   int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 || cudaSetDevice(rank % ndev) != cudaSuccess)
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 ||
+      cudaSetDevice(rank % ndev) != cudaSuccess)
     return 10;
   coll_comm_t comm;
   if (coll_comm_init_rank(&comm, n, id, rank) != COLL_OK) {
@@ -946,7 +1010,8 @@ static void run_fault(dev_fault f) {
   waitpid(pid[1], NULL, 0);
   coll_bootstrap_root_stop(root);
   cr_assert_eq(ready, n, "only %d of %d ranks got through the first device all-reduce", ready, n);
-  cr_assert_eq(failed, 0, "%d survivor(s) did not hear of rank 1 in time (stderr says how)", failed);
+  cr_assert_eq(failed, 0, "%d survivor(s) did not hear of rank 1 in time (stderr says how)",
+               failed);
   T_ASSERT_NO_LEFTOVERS("after the job");
 }
 

@@ -54,7 +54,10 @@ static int sum_ok(const int64_t *b, int n, int k) {
 static void *phase_a(void *p) { /* own communicator */
   th *x = p;
   coll_stream_t s;
-  if (coll_stream_create(&s) != COLL_OK) { x->bad = 1; return NULL; }
+  if (coll_stream_create(&s) != COLL_OK) {
+    x->bad = 1;
+    return NULL;
+  }
   int64_t a[CNT], b[CNT], qa[CNT], qb[CNT];
   for (int k = 0; k < CALLS_A && !x->bad; k++) {
     bool queued = k % 4 == 0;
@@ -72,8 +75,10 @@ static void *phase_a(void *p) { /* own communicator */
       fail(x, "wrong all-reduce result", k);
     }
     if (queued && !x->bad) {
-      if (coll_stream_synchronize(s) != COLL_OK) fail(x, "stream", k);
-      else if (!sum_ok(qb, x->n, k + 7)) fail(x, "wrong queued result", k);
+      if (coll_stream_synchronize(s) != COLL_OK)
+        fail(x, "stream", k);
+      else if (!sum_ok(qb, x->n, k + 7))
+        fail(x, "wrong queued result", k);
     }
   }
   coll_stream_destroy(s);
@@ -83,7 +88,10 @@ static void *phase_a(void *p) { /* own communicator */
 static void *phase_b(void *p) { /* one communicator, calls in turn under our lock */
   th *x = p;
   coll_stream_t s;
-  if (coll_stream_create(&s) != COLL_OK) { x->bad = 1; return NULL; }
+  if (coll_stream_create(&s) != COLL_OK) {
+    x->bad = 1;
+    return NULL;
+  }
   int64_t a[CNT], b[CNT], qa[CNT], qb[CNT];
   int pending = -1; /* the call k whose result waits on our stream */
   for (int k = x->t; k < CALLS_B; k += T) {
@@ -110,14 +118,18 @@ static void *phase_b(void *p) { /* one communicator, calls in turn under our loc
     pthread_mutex_unlock(x->mu);
     /* Outside the lock: other threads' calls go on while ours completes. */
     if (pending >= 0 && (k / T) % 2 == 1) {
-      if (coll_stream_synchronize(s) != COLL_OK) fail(x, "stream", pending);
-      else if (!sum_ok(qb, x->n, pending)) fail(x, "wrong queued result", pending);
+      if (coll_stream_synchronize(s) != COLL_OK)
+        fail(x, "stream", pending);
+      else if (!sum_ok(qb, x->n, pending))
+        fail(x, "wrong queued result", pending);
       pending = -1;
     }
   }
   if (pending >= 0) {
-    if (coll_stream_synchronize(s) != COLL_OK) fail(x, "stream", pending);
-    else if (!sum_ok(qb, x->n, pending)) fail(x, "wrong queued result", pending);
+    if (coll_stream_synchronize(s) != COLL_OK)
+      fail(x, "stream", pending);
+    else if (!sum_ok(qb, x->n, pending))
+      fail(x, "wrong queued result", pending);
   }
   coll_stream_destroy(s);
   return NULL;
@@ -148,8 +160,8 @@ static int run_phase(void *(*fn)(void *), coll_comm_t *comms, int rank, int n) {
   th x[T];
   pthread_t tid[T];
   for (int t = 0; t < T; t++) {
-    x[t] = (th){.comm = comms[t], .rank = rank, .n = n, .t = t, .mu = &mu, .cv = &cv,
-                .turn = &turn};
+    x[t] =
+        (th){.comm = comms[t], .rank = rank, .n = n, .t = t, .mu = &mu, .cv = &cv, .turn = &turn};
     if (pthread_create(&tid[t], NULL, fn, &x[t]) != 0) return 1;
   }
   for (int t = 0; t < T; t++) {

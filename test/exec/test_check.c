@@ -21,8 +21,16 @@
 #include "internal.h"
 #include "tcp_matrix.h"
 
-typedef enum { C_ALL_REDUCE, C_BROADCAST, C_REDUCE, C_ALL_GATHER, C_SEND, C_RECV, C_SENDRECV,
-               C_BARRIER } call_kind;
+typedef enum {
+  C_ALL_REDUCE,
+  C_BROADCAST,
+  C_REDUCE,
+  C_ALL_GATHER,
+  C_SEND,
+  C_RECV,
+  C_SENDRECV,
+  C_BARRIER
+} call_kind;
 
 typedef struct {
   call_kind kind;
@@ -77,7 +85,8 @@ static int mismatch_rank(coll_comm_t comm, int rank, int n, void *arg) {
   uint8_t *a = calloc(1, bytes), *b = calloc(1, bytes);
   if (!a || !b) return t_failf("rank %d: out of memory", rank);
   coll_result r = coll_all_reduce(a, b, 16, COLL_FLOAT32, COLL_SUM, comm, NULL); /* #0 */
-  if (r != COLL_OK) return t_failf("rank %d: agreeing call failed: %s", rank, coll_comm_last_error(comm));
+  if (r != COLL_OK)
+    return t_failf("rank %d: agreeing call failed: %s", rank, coll_comm_last_error(comm));
   if (mc->idle_from && rank >= mc->idle_from) {
     free(a);
     free(b);
@@ -119,8 +128,10 @@ static void run_case(int n, const mcase *mc, const char *transport) {
   cr_assert_eq(rc, 0, "%d ranks over %s: %s", n, transport, why);
 }
 
-#define AR(cnt, dt, o) {.kind = C_ALL_REDUCE, .count = cnt, .dtype = dt, .op = o}
-#define BC(cnt, dt, r) {.kind = C_BROADCAST, .count = cnt, .dtype = dt, .root = r}
+#define AR(cnt, dt, o) \
+  { .kind = C_ALL_REDUCE, .count = cnt, .dtype = dt, .op = o }
+#define BC(cnt, dt, r) \
+  { .kind = C_BROADCAST, .count = cnt, .dtype = dt, .root = r }
 
 static const mcase k_coll = {AR(1000, COLL_FLOAT32, COLL_SUM), BC(1000, COLL_FLOAT32, 0),
                              "all_reduce #1 (count 1000, float32, sum)",
@@ -141,12 +152,17 @@ static const mcase k_root = {BC(70000, COLL_FLOAT32, 0), BC(70000, COLL_FLOAT32,
 static const mcase k_reduce_root = {
     {.kind = C_REDUCE, .count = 5, .dtype = COLL_INT64, .op = COLL_PROD, .root = 1},
     {.kind = C_REDUCE, .count = 5, .dtype = COLL_INT64, .op = COLL_PROD, .root = 0},
-    "reduce #1 (count 5, int64, prod, root 1)", "reduce #1 (count 5, int64, prod, root 0)", 0};
-static const mcase k_barrier = {{.kind = C_BARRIER}, AR(1, COLL_UINT8, COLL_MAX), "barrier #1",
-                                "all_reduce #1 (count 1, uint8, max)", 0};
+    "reduce #1 (count 5, int64, prod, root 1)",
+    "reduce #1 (count 5, int64, prod, root 0)",
+    0};
+static const mcase k_barrier = {{.kind = C_BARRIER},
+                                AR(1, COLL_UINT8, COLL_MAX),
+                                "barrier #1",
+                                "all_reduce #1 (count 1, uint8, max)",
+                                0};
 
-#define BOTH(name, mc)                                                               \
-  Test(check, name##_2ranks, .timeout = 60) { run_case(2, &mc, "auto"); }             \
+#define BOTH(name, mc)                                                    \
+  Test(check, name##_2ranks, .timeout = 60) { run_case(2, &mc, "auto"); } \
   Test(check, name##_3ranks, .timeout = 60) { run_case(3, &mc, "auto"); }
 BOTH(collective, k_coll)
 BOTH(count, k_count)
@@ -158,19 +174,22 @@ BOTH(barrier_vs_all_reduce, k_barrier)
 Test(check, count_3ranks_tcp, .timeout = 60) { run_case(3, &k_count, "tcp"); }
 
 /* Point-to-point: only the pair checks; rank 2 (when there is one) takes no part. */
-static const mcase k_p2p_count = {
-    {.kind = C_SEND, .count = 10, .dtype = COLL_FLOAT32, .root = 1},
-    {.kind = C_RECV, .count = 20, .dtype = COLL_FLOAT32, .root = 0},
-    "send #1 (count 10, float32, to rank 1)", "recv #1 (count 20, float32, from rank 0)", 2};
+static const mcase k_p2p_count = {{.kind = C_SEND, .count = 10, .dtype = COLL_FLOAT32, .root = 1},
+                                  {.kind = C_RECV, .count = 20, .dtype = COLL_FLOAT32, .root = 0},
+                                  "send #1 (count 10, float32, to rank 1)",
+                                  "recv #1 (count 20, float32, from rank 0)",
+                                  2};
 static const mcase k_p2p_dtype = {
     {.kind = C_SENDRECV, .count = 8, .recv_count = 8, .dtype = COLL_INT32, .root = 1, .src = 1},
     {.kind = C_SENDRECV, .count = 8, .recv_count = 8, .dtype = COLL_UINT32, .root = 0, .src = 0},
     "sendrecv #1 (send count 8 to rank 1, receive count 8 from rank 1, int32)",
-    "sendrecv #1 (send count 8 to rank 0, receive count 8 from rank 0, uint32)", 2};
-static const mcase k_p2p_vs_coll = {
-    {.kind = C_SEND, .count = 10, .dtype = COLL_FLOAT32, .root = 1},
-    AR(10, COLL_FLOAT32, COLL_SUM), "send #1 (count 10, float32, to rank 1)",
-    "all_reduce #1 (count 10, float32, sum)", 0};
+    "sendrecv #1 (send count 8 to rank 0, receive count 8 from rank 0, uint32)",
+    2};
+static const mcase k_p2p_vs_coll = {{.kind = C_SEND, .count = 10, .dtype = COLL_FLOAT32, .root = 1},
+                                    AR(10, COLL_FLOAT32, COLL_SUM),
+                                    "send #1 (count 10, float32, to rank 1)",
+                                    "all_reduce #1 (count 10, float32, sum)",
+                                    0};
 Test(check, p2p_count_2ranks, .timeout = 60) { run_case(2, &k_p2p_count, "auto"); }
 Test(check, p2p_count_3ranks, .timeout = 60) { run_case(3, &k_p2p_count, "auto"); }
 Test(check, p2p_dtype_sendrecv, .timeout = 60) { run_case(2, &k_p2p_dtype, "auto"); }
@@ -224,7 +243,8 @@ static int setting_rank(coll_comm_t comm, int rank, int n, void *arg) {
   char msg[COLL_ERRBUF];
   snprintf(msg, sizeof msg, "%s", coll_comm_last_error(comm));
   meet(n);
-  if (r != COLL_ERR_MISMATCH) return t_failf("rank %d: got %s: %s", rank, coll_result_string(r), msg);
+  if (r != COLL_ERR_MISMATCH)
+    return t_failf("rank %d: got %s: %s", rank, coll_result_string(r), msg);
   const char *want = rank == 0 ? "where the COLL_CHECK descriptor of all_reduce #0 was expected"
                                : "received a 48-byte slice from rank 0";
   if (!strstr(msg, want)) return t_failf("rank %d: sentence lacks \"%s\": %s", rank, want, msg);

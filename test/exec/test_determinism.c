@@ -111,8 +111,8 @@ static void five_runs(int n) {
   for (int r = 1; r < RUNS; r++) {
     run_once(n, &o);
     for (int k = 0; k < SIZES; k++) {
-      cr_expect_str_eq(o.algo[k], first.algo[k], "N=%d, %zu bytes: run %d chose %s, run 0 %s",
-                       n, (size_t)1024 << k, r, o.algo[k], first.algo[k]);
+      cr_expect_str_eq(o.algo[k], first.algo[k], "N=%d, %zu bytes: run %d chose %s, run 0 %s", n,
+                       (size_t)1024 << k, r, o.algo[k], first.algo[k]);
       cr_expect_eq(o.hash[k], first.hash[k], "N=%d, %zu bytes (%s): run %d gave other bits", n,
                    (size_t)1024 << k, o.algo[k], r);
     }

@@ -10,7 +10,8 @@ static int stress(coll_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   enum { CALLS = 1000, MAXC = 1 << 17 };
   uint64_t seed = 777; /* same on every rank: every rank draws the same call sequence */
-  int64_t *in = malloc(sizeof(int64_t) * MAXC * (size_t)n), *out = malloc(sizeof(int64_t) * MAXC * (size_t)n);
+  int64_t *in = malloc(sizeof(int64_t) * MAXC * (size_t)n),
+          *out = malloc(sizeof(int64_t) * MAXC * (size_t)n);
   coll_stream_t s;
   coll_stream_create(&s);
   for (int call = 0; call < CALLS; call++) {
@@ -40,12 +41,16 @@ static int stress(coll_comm_t comm, int rank, int n, void *arg) {
       case 2: want = (int64_t)(i / count) * 1000003 + call + (int64_t)(i % count); break;
       case 3: want = root * 1000003 + call + (int64_t)i; break;
       default:
-        if (rank != root) { want = out[i]; break; }
+        if (rank != root) {
+          want = out[i];
+          break;
+        }
         want = base + (int64_t)n * (int64_t)i;
       }
       if (out[i] != want)
-        return t_failf("rank %d call %d (kind %d count %zu root %d): element %zu is %lld, want %lld",
-                       rank, call, kind, count, root, i, (long long)out[i], (long long)want);
+        return t_failf(
+            "rank %d call %d (kind %d count %zu root %d): element %zu is %lld, want %lld", rank,
+            call, kind, count, root, i, (long long)out[i], (long long)want);
     }
   }
   coll_stream_destroy(s);

@@ -15,8 +15,7 @@
 #include "coll_trace.h"
 #include "coll_test.h"
 
-static const char *colls[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                              "reduce"};
+static const char *colls[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"};
 
 /* Every rank hashes its choices over sizes 1 B .. 1 GiB; all hashes must agree, and the
  * choice at 8 B / 256 MiB must be what the test expects. */
@@ -49,7 +48,8 @@ static int agree(coll_comm_t comm, int rank, int n, void *arg) {
     bad = t_failf("rank %d: 256 MiB cannot go through a mailbox but chose oneshot", rank);
   if (ex->large && strcmp(l, ex->large) != 0)
     bad = t_failf("rank %d: all_reduce 256 MiB chose %s, want %s", rank, l, ex->large);
-  if (!strstr(why, "ring")) bad = t_failf("rank %d: the reasons do not price the ring: %s", rank, why);
+  if (!strstr(why, "ring"))
+    bad = t_failf("rank %d: the reasons do not price the ring: %s", rank, why);
   return bad;
 }
 
@@ -106,7 +106,8 @@ static int sums(coll_comm_t comm, int rank, int n, void *arg) {
     if (r != COLL_OK) bad = t_failf("rank %d: all_reduce %zu: %s", rank, c, coll_result_string(r));
     for (size_t k = 0; k < c && !bad; k++) {
       int32_t want = (int32_t)(k * 3 * (size_t)n + (size_t)(n * (n - 1) / 2));
-      if (out[k] != want) bad = t_failf("rank %d: count %zu element %zu = %d, want %d", rank, c, k, out[k], want);
+      if (out[k] != want)
+        bad = t_failf("rank %d: count %zu element %zu = %d, want %d", rank, c, k, out[k], want);
     }
     free(in);
     free(out);
@@ -239,7 +240,8 @@ static int sequence(coll_comm_t comm, int rank, int n, void *arg) {
         if (x[0] != f) bad = t_failf("it %d prod = %lld", it, (long long)x[0]);
       }
     }
-    if (r != COLL_OK) bad = t_failf("rank %d it %d kind %d: %s", rank, it, kind, coll_comm_last_error(comm));
+    if (r != COLL_OK)
+      bad = t_failf("rank %d it %d kind %d: %s", rank, it, kind, coll_comm_last_error(comm));
     if (buf) {
       free(buf);
       free(o);
@@ -268,4 +270,3 @@ Test(tune, direct_reads_give_exact_results, .timeout = 300) {
   run(3, sums, NULL);
   unsetenv("COLL_ALGO");
 }
-

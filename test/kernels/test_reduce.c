@@ -301,15 +301,14 @@ static void fill_random(coll_dtype dt, void *buf, size_t n) {
       }
       continue;
     }
-    static const double specials[] = {
-        0.0,     -0.0,    1.0,     -1.0,    INFINITY, -INFINITY, NAN,      -NAN, 65504.0,
-        65520.0, 0x1p-24, 0x1p-25, 0x1p-14, FLT_MAX,  FLT_MIN,   0x1p-149, 3.0,  0.5};
+    static const double specials[] = {0.0,     -0.0,    1.0,     -1.0,     INFINITY, -INFINITY,
+                                      NAN,     -NAN,    65504.0, 65520.0,  0x1p-24,  0x1p-25,
+                                      0x1p-14, FLT_MAX, FLT_MIN, 0x1p-149, 3.0,      0.5};
     size_t nspecial = sizeof specials / sizeof specials[0];
     switch (dt) {
     case COLL_FLOAT16:
     case COLL_BFLOAT16: {
-      int eb = dt == COLL_FLOAT16 ? F16_EB : BF_EB,
-          mb = dt == COLL_FLOAT16 ? F16_MB : BF_MB;
+      int eb = dt == COLL_FLOAT16 ? F16_EB : BF_EB, mb = dt == COLL_FLOAT16 ? F16_MB : BF_MB;
       uint16_t h;
       if (pick < 45)
         h = (uint16_t)bits;
@@ -361,8 +360,7 @@ static void fmt_elem(char *s, size_t cap, coll_dtype dt, const void *p, size_t i
   else if (dt_is_int(dt))
     snprintf(s, cap, "%" PRIu64, bits);
   else
-    snprintf(s, cap, "%.17g (0x%0*" PRIx64 ")", get_f(dt, p, i), (int)dt_size(dt) * 2,
-             bits);
+    snprintf(s, cap, "%.17g (0x%0*" PRIx64 ")", get_f(dt, p, i), (int)dt_size(dt) * 2, bits);
 }
 
 /* Index of the first element that differs, or n. */
@@ -401,8 +399,7 @@ static void check_dtype(coll_dtype dt) {
       ref_reduce(dt, (coll_op)op, A, B, want, n);
       for (int mode = 0; mode < 4; mode++) {
         /* mode 0: dst, a, b distinct; 1: dst == a; 2: dst == b; 3: dst == a == b. */
-        unsigned char *pa = wa + GUARD + mis, *pb = wb + GUARD + mis,
-                      *pd = wd + GUARD + mis;
+        unsigned char *pa = wa + GUARD + mis, *pb = wb + GUARD + mis, *pd = wd + GUARD + mis;
         const unsigned char *srcb = B;
         if (mode == 3) srcb = A;
         size_t span = n * sz + 2 * GUARD + 8; /* the part of each buffer in play */
@@ -434,8 +431,7 @@ static void check_dtype(coll_dtype dt) {
           fmt_elem(x, sizeof x, dt, A, bad);
           fmt_elem(y, sizeof y, dt, mode == 3 ? A : B, bad);
         }
-        cr_expect(bad == n,
-                  "%s %s n=%zu alias mode %d: element %zu: %s OP %s gave %s, want %s",
+        cr_expect(bad == n, "%s %s n=%zu alias mode %d: element %zu: %s OP %s gave %s, want %s",
                   dt_name(dt), op_name((coll_op)op), n, mode, bad, x, y, g, w);
         free(want3);
 
@@ -446,13 +442,12 @@ static void check_dtype(coll_dtype dt) {
         int clobbered = 0;
         for (size_t k = 0; k < GUARD + mis; k++) clobbered |= base[k] != 0xa5;
         for (size_t k = GUARD + mis + n * sz; k < span; k++) clobbered |= base[k] != 0xa5;
-        cr_expect(!clobbered, "%s %s n=%zu alias mode %d: wrote outside dst[0..n)",
-                  dt_name(dt), op_name((coll_op)op), n, mode);
+        cr_expect(!clobbered, "%s %s n=%zu alias mode %d: wrote outside dst[0..n)", dt_name(dt),
+                  op_name((coll_op)op), n, mode);
         /* An input that is not dst is left alone. */
         if (mode == 0) {
           cr_expect(memcmp(pa, A, n * sz) == 0 && memcmp(pb, B, n * sz) == 0,
-                    "%s %s n=%zu: an input was modified", dt_name(dt), op_name((coll_op)op),
-                    n);
+                    "%s %s n=%zu: an input was modified", dt_name(dt), op_name((coll_op)op), n);
         }
       }
     }
@@ -480,8 +475,7 @@ static void check_dtype(coll_dtype dt) {
   for (int nr = -1; nr <= 1; nr++) {
     memcpy(wd, a0, 1001 * sz);
     coll_kernel_avg(wd, 1001, dt, nr);
-    cr_expect(memcmp(wd, a0, 1001 * sz) == 0, "%s avg nranks=%d changed the data",
-              dt_name(dt), nr);
+    cr_expect(memcmp(wd, a0, 1001 * sz) == 0, "%s avg nranks=%d changed the data", dt_name(dt), nr);
   }
   coll_kernel_avg(NULL, 0, dt, 4);
 
@@ -503,8 +497,7 @@ Test(reduce_sweep, float64) { check_dtype(COLL_FLOAT64); }
 
 /* to-float: exact value for every non-NaN pattern (sign of zero included); a NaN comes
  * back as a quiet float NaN with the same sign and the payload in the top bits. */
-static void check_to_float_exhaustive(float (*conv)(uint16_t), int eb, int mb,
-                                      const char *name) {
+static void check_to_float_exhaustive(float (*conv)(uint16_t), int eb, int mb, const char *name) {
   int bad = 0;
   for (uint32_t h = 0; h < 65536; h++) {
     float f = conv((uint16_t)h);
@@ -520,8 +513,7 @@ static void check_to_float_exhaustive(float (*conv)(uint16_t), int eb, int mb,
       ok = (double)f == want && !signbit(f) == !signbit(want);
     }
     if (!ok && bad++ < 5)
-      cr_expect(ok, "%s_to_float(0x%04x) = %a (0x%08x), want %a", name, h, (double)f, fb,
-                want);
+      cr_expect(ok, "%s_to_float(0x%04x) = %a (0x%08x), want %a", name, h, (double)f, fb, want);
   }
   cr_expect(bad == 0, "%s_to_float: %d of 65536 patterns wrong", name, bad);
 }
@@ -549,8 +541,7 @@ static int check_from_float(uint16_t (*conv)(float), int eb, int mb, float f) {
   return ok;
 }
 
-static void check_from_float_sweep(uint16_t (*conv)(float), int eb, int mb,
-                                   const char *name) {
+static void check_from_float_sweep(uint16_t (*conv)(float), int eb, int mb, const char *name) {
   /* Every float with every combination of the bits that are kept (sign, exponent and
    * the top mb mantissa bits), times the dropped-bit patterns that decide rounding:
    * exact, just above, just below half, exactly half, just above half, all ones. */
@@ -565,8 +556,8 @@ static void check_from_float_sweep(uint16_t (*conv)(float), int eb, int mb,
       float f = ffrom((pre << drop) | lows[k]);
       total++;
       if (!check_from_float(conv, eb, mb, f) && bad++ < 5)
-        cr_expect(0, "float_to_%s(%a = 0x%08x) = 0x%04x, want 0x%04x", name, (double)f,
-                  fbits(f), conv(f), ref_encode((double)f, eb, mb));
+        cr_expect(0, "float_to_%s(%a = 0x%08x) = 0x%04x, want 0x%04x", name, (double)f, fbits(f),
+                  conv(f), ref_encode((double)f, eb, mb));
     }
   }
   /* And random floats of every kind. */
@@ -574,8 +565,8 @@ static void check_from_float_sweep(uint16_t (*conv)(float), int eb, int mb,
     float f = ffrom((uint32_t)rng());
     total++;
     if (!check_from_float(conv, eb, mb, f) && bad++ < 5)
-      cr_expect(0, "float_to_%s(%a = 0x%08x) = 0x%04x, want 0x%04x", name, (double)f,
-                fbits(f), conv(f), ref_encode((double)f, eb, mb));
+      cr_expect(0, "float_to_%s(%a = 0x%08x) = 0x%04x, want 0x%04x", name, (double)f, fbits(f),
+                conv(f), ref_encode((double)f, eb, mb));
   }
   cr_expect(bad == 0, "float_to_%s: %ld of %ld wrong", name, bad, total);
 }
@@ -606,8 +597,8 @@ static void check_ties(uint16_t (*conv)(float), int eb, int mb, const char *name
       float fm = (float)mid;
       uint16_t even = (lo & 1) ? hi : lo;
       float below = nextafterf(fm, (float)vlo), above = nextafterf(fm, (float)vhi);
-      int ok = (double)fm == mid && conv(fm) == even && conv(below) == lo &&
-               conv(above) == hi && conv((float)vlo) == lo;
+      int ok = (double)fm == mid && conv(fm) == even && conv(below) == lo && conv(above) == hi &&
+               conv((float)vlo) == lo;
       if (!ok && bad++ < 5)
         cr_expect(ok,
                   "%s ties between 0x%04x and 0x%04x: mid->0x%04x (want 0x%04x), "
@@ -643,8 +634,7 @@ Test(half, f16_named_cases) {
   uint16_t q = coll_float_to_half(NAN), s = coll_float_to_half(ffrom(0x7f800001u));
   cr_expect((q & 0x7e00) == 0x7e00, "NaN -> 0x%04x is not a quiet NaN", q);
   cr_expect((s & 0x7e00) == 0x7e00, "signalling NaN -> 0x%04x is not a quiet NaN", s);
-  cr_expect(isnan(coll_half_to_float(0x7c01)) &&
-                (fbits(coll_half_to_float(0x7c01)) & 0x00400000u),
+  cr_expect(isnan(coll_half_to_float(0x7c01)) && (fbits(coll_half_to_float(0x7c01)) & 0x00400000u),
             "half sNaN must widen to a quiet NaN");
   /* Round trip of every non-NaN half. */
   for (uint32_t h = 0; h < 65536; h++) {
@@ -659,11 +649,10 @@ Test(half, bf16_named_cases) {
     float f;
     uint16_t h;
   } cases[] = {
-      {0.0f, 0x0000},        {-0.0f, 0x8000},     {1.0f, 0x3f80},
-      {0x1.01p0f, 0x3f80},   {0x1.03p0f, 0x3f82}, {0x1.0101p0f, 0x3f81},
-      {FLT_MAX, 0x7f80},     {-FLT_MAX, 0xff80},  {0x1.fep127f, 0x7f7f},
-      {INFINITY, 0x7f80},    {0x1p-149f, 0x0000}, {0x1p-133f, 0x0001},
-      {0x1.8p-133f, 0x0002}, {FLT_MIN, 0x0080},   {0.1f, 0x3dcd},
+      {0.0f, 0x0000},        {-0.0f, 0x8000},       {1.0f, 0x3f80},      {0x1.01p0f, 0x3f80},
+      {0x1.03p0f, 0x3f82},   {0x1.0101p0f, 0x3f81}, {FLT_MAX, 0x7f80},   {-FLT_MAX, 0xff80},
+      {0x1.fep127f, 0x7f7f}, {INFINITY, 0x7f80},    {0x1p-149f, 0x0000}, {0x1p-133f, 0x0001},
+      {0x1.8p-133f, 0x0002}, {FLT_MIN, 0x0080},     {0.1f, 0x3dcd},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     cr_expect(coll_float_to_bf16(cases[i].f) == cases[i].h,
@@ -708,8 +697,8 @@ static void run_float_cases(coll_dtype dt, coll_op op, const double *x, const do
         size_t c = (i + i / nc) % nc;
         char g[96];
         fmt_elem(g, sizeof g, dt, dst, i);
-        cr_expect(0, "%s %s(%g, %g) = %s, want %g (mode %d, index %zu)", dt_name(dt),
-                  op_name(op), x[c], y[c], g, want[c], mode, i);
+        cr_expect(0, "%s %s(%g, %g) = %s, want %g (mode %d, index %zu)", dt_name(dt), op_name(op),
+                  x[c], y[c], g, want[c], mode, i);
         break;
       }
     }
@@ -772,9 +761,7 @@ static void run_int_cases(coll_dtype dt, coll_op op, const uint64_t *x, const ui
     size_t c = (i + i / nc) % nc;
     uint64_t mask = sz == 8 ? ~0ull : (1ull << (sz * 8)) - 1;
     if (get_bits(dt, d, i) != (want[c] & mask)) {
-      cr_expect(0,
-                "%s %s case %zu (0x%" PRIx64 ", 0x%" PRIx64 ") = 0x%" PRIx64
-                ", want 0x%" PRIx64,
+      cr_expect(0, "%s %s case %zu (0x%" PRIx64 ", 0x%" PRIx64 ") = 0x%" PRIx64 ", want 0x%" PRIx64,
                 dt_name(dt), op_name(op), c, x[c] & mask, y[c] & mask, get_bits(dt, d, i),
                 want[c] & mask);
       break;
@@ -861,12 +848,10 @@ Test(semantics, avg_truncates_toward_zero) {
     cr_expect(i8[i] == w8[i], "int8 avg[%zu] = %d, want %d", i, i8[i], w8[i]);
   int8_t t8[] = {-128, -7, 127};
   coll_kernel_avg(t8, 3, COLL_INT8, 3);
-  cr_expect(t8[0] == -42 && t8[1] == -2 && t8[2] == 42, "int8 /3: %d %d %d", t8[0], t8[1],
-            t8[2]);
+  cr_expect(t8[0] == -42 && t8[1] == -2 && t8[2] == 42, "int8 /3: %d %d %d", t8[0], t8[1], t8[2]);
   uint8_t u8[] = {255, 7, 1};
   coll_kernel_avg(u8, 3, COLL_UINT8, 2);
-  cr_expect(u8[0] == 127 && u8[1] == 3 && u8[2] == 0, "uint8 avg: %u %u %u", u8[0], u8[1],
-            u8[2]);
+  cr_expect(u8[0] == 127 && u8[1] == 3 && u8[2] == 0, "uint8 avg: %u %u %u", u8[0], u8[1], u8[2]);
 
   int32_t i32[33];
   for (int i = 0; i < 33; i++) i32[i] = i % 2 ? -7 : INT32_MIN;
@@ -879,10 +864,9 @@ Test(semantics, avg_truncates_toward_zero) {
 
   int64_t i64[] = {-7, INT64_MIN, INT64_MAX, -1};
   coll_kernel_avg(i64, 4, COLL_INT64, 2);
-  cr_expect(i64[0] == -3 && i64[1] == INT64_MIN / 2 && i64[2] == INT64_MAX / 2 &&
-                i64[3] == 0,
-            "int64 avg: %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64, i64[0], i64[1],
-            i64[2], i64[3]);
+  cr_expect(i64[0] == -3 && i64[1] == INT64_MIN / 2 && i64[2] == INT64_MAX / 2 && i64[3] == 0,
+            "int64 avg: %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64, i64[0], i64[1], i64[2],
+            i64[3]);
   uint64_t u64[] = {UINT64_MAX, 9};
   coll_kernel_avg(u64, 2, COLL_UINT64, 3);
   cr_expect(u64[0] == UINT64_MAX / 3 && u64[1] == 3, "uint64 avg");

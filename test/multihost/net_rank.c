@@ -105,10 +105,9 @@ static double now_ms(void) {
 static void report(int rank, int n, const char *host, const char *how, coll_result r, int ms,
                    const char *msg) {
   bool named = strstr(msg, "rank 1 ") || strstr(msg, "rank 1:") || strstr(msg, "rank 1)");
-  bool good = strcmp(how, "stop") == 0
-                  ? (r == COLL_ERR_TIMEOUT || r == COLL_ERR_REMOTE) && ms >= STOP_MS - 100 &&
-                        ms < STOP_MS + 2000
-                  : r == COLL_ERR_REMOTE && ms < 2000 && named;
+  bool good = strcmp(how, "stop") == 0 ? (r == COLL_ERR_TIMEOUT || r == COLL_ERR_REMOTE) &&
+                                             ms >= STOP_MS - 100 && ms < STOP_MS + 2000
+                                       : r == COLL_ERR_REMOTE && ms < 2000 && named;
   printf("rank %d of %d on %s: %s (%s after %s in %d ms: %s)\n", rank, n, host,
          good ? "ok" : "WRONG", coll_result_string(r), how, ms, msg);
   fflush(stdout);
@@ -209,6 +208,8 @@ int main(void) {
   if (coll_comm_destroy(comm) != COLL_OK) fails++;
   int left = shm_leftovers();
   printf("rank %d of %d on %s: %s\n", rank, n, host,
-         fails ? "WRONG" : left ? "LEFT SEGMENTS IN /dev/shm" : "ok");
+         fails  ? "WRONG"
+         : left ? "LEFT SEGMENTS IN /dev/shm"
+                : "ok");
   return fails || left ? 1 : 0;
 }

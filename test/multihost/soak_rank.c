@@ -73,7 +73,7 @@ int main(void) {
   int rank, n;
   coll_comm_rank(comm, &rank);
   coll_comm_size(comm, &n);
-  static const coll_dtype dtypes[] = {COLL_INT32, COLL_UINT8, COLL_INT64, COLL_UINT64,
+  static const coll_dtype dtypes[] = {COLL_INT32,   COLL_UINT8,   COLL_INT64,   COLL_UINT64,
                                       COLL_FLOAT32, COLL_FLOAT64, COLL_BFLOAT16};
   size_t cap = ((size_t)1 << 20) * (size_t)n + 4096;
   uint8_t *a = malloc(cap), *b = malloc(cap);
@@ -98,9 +98,12 @@ int main(void) {
     size_t es = coll_dtype_size(d), count;
     unsigned p = (unsigned)((r >> 24) % 100);
     uint64_t r2 = next(&seed);
-    if (p < 85) count = r2 % 1025;
-    else if (p < 99) count = r2 % 65537;
-    else count = r2 % ((1u << 20) / es + 1);
+    if (p < 85)
+      count = r2 % 1025;
+    else if (p < 99)
+      count = r2 % 65537;
+    else
+      count = r2 % ((1u << 20) / es + 1);
     if (kind == 1 || kind == 2) count /= (size_t)n; /* per-rank pieces: keep totals alike */
     bool reducing = kind == 0 || kind == 1 || kind == 4;
     if (!reducing) op = COLL_SUM; /* the checker's inputs for moves are op-independent */
@@ -131,6 +134,8 @@ int main(void) {
          "%ld -> %ld kB (tolerance +%ld), fds %d -> %d: %s\n",
          rank, n, host, done, secs, kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5],
          kinds[6], wrong, rss0, rss1, rss_tol, fd0, fd1,
-         wrong ? "WRONG" : !flat ? "NOT FLAT" : "ok");
+         wrong   ? "WRONG"
+         : !flat ? "NOT FLAT"
+                 : "ok");
   return wrong || !flat ? 1 : 0;
 }

@@ -20,8 +20,10 @@ static void across(int hosts, const char *extra, const char *env) {
     cr_skip_test("the multi-host test bed needs root (ip netns, tc): run the suite as root");
   const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "%s/scripts/netns.sh -q -k %d -t 100 %s -- env COLL_TIMEOUT_MS=30000 %s "
-           "%s/test/multihost/net_rank 2>&1", src ? src : ".", hosts, extra, env, build ? build : ".");
+  snprintf(cmd, sizeof cmd,
+           "%s/scripts/netns.sh -q -k %d -t 100 %s -- env COLL_TIMEOUT_MS=30000 %s "
+           "%s/test/multihost/net_rank 2>&1",
+           src ? src : ".", hosts, extra, env, build ? build : ".");
   FILE *p = popen(cmd, "r");
   cr_assert(p, "cannot run %s", cmd);
   char line[1024];
@@ -32,7 +34,8 @@ static void across(int hosts, const char *extra, const char *env) {
   }
   int st = pclose(p);
   int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  if (code == 77) cr_skip_test("network namespaces are not available here (netns.sh said why above)");
+  if (code == 77)
+    cr_skip_test("network namespaces are not available here (netns.sh said why above)");
   cr_assert_eq(code, 0, "%s exited with %d", cmd, code);
   cr_assert_eq(ok, hosts, "%d of %d hosts said ok", ok, hosts);
 }
@@ -57,8 +60,10 @@ Test(netns, shm_refused_across_hosts, .timeout = 60) {
   if (geteuid() != 0) cr_skip_test("the multi-host test bed needs root (ip netns, tc)");
   const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s/scripts/netns.sh -q -k 2 -t 30 -- env COLL_TIMEOUT_MS=10000 "
-           "COLL_TRANSPORT=shm %s/test/comm/env_rank 2>&1", src ? src : ".", build ? build : ".");
+  snprintf(cmd, sizeof cmd,
+           "%s/scripts/netns.sh -q -k 2 -t 30 -- env COLL_TIMEOUT_MS=10000 "
+           "COLL_TRANSPORT=shm %s/test/comm/env_rank 2>&1",
+           src ? src : ".", build ? build : ".");
   FILE *p = popen(cmd, "r");
   cr_assert(p);
   char line[1024];
@@ -86,9 +91,10 @@ static void fault_across(int hosts, const char *how) {
   const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
   bool stop = strcmp(how, "stop") == 0;
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "%s/scripts/netns.sh -q -k %d -t 60 -- env COLL_TIMEOUT_MS=%d "
-           "NET_RANK_FAULT=%s %s/test/multihost/net_rank 2>&1", src ? src : ".", hosts,
-           stop ? 2000 : 20000, how, build ? build : ".");
+  snprintf(cmd, sizeof cmd,
+           "%s/scripts/netns.sh -q -k %d -t 60 -- env COLL_TIMEOUT_MS=%d "
+           "NET_RANK_FAULT=%s %s/test/multihost/net_rank 2>&1",
+           src ? src : ".", hosts, stop ? 2000 : 20000, how, build ? build : ".");
   FILE *p = popen(cmd, "r");
   cr_assert(p, "cannot run %s", cmd);
   char line[1024];
@@ -101,15 +107,32 @@ static void fault_across(int hosts, const char *how) {
   }
   int st = pclose(p);
   int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  if (code == 77) cr_skip_test("network namespaces are not available here (netns.sh said why above)");
+  if (code == 77)
+    cr_skip_test("network namespaces are not available here (netns.sh said why above)");
   cr_assert_eq(wrong, 0, "%d hosts: a survivor did not hear of rank 1's %s in time", hosts, how);
-  cr_assert_eq(ok, hosts - 1, "%d hosts: %d of %d survivors said ok after rank 1's %s", hosts,
-               ok, hosts - 1, how);
-  if (stop) cr_assert_geq(timeouts, 1, "%d hosts: no survivor timed out on the stopped rank", hosts);
+  cr_assert_eq(ok, hosts - 1, "%d hosts: %d of %d survivors said ok after rank 1's %s", hosts, ok,
+               hosts - 1, how);
+  if (stop)
+    cr_assert_geq(timeouts, 1, "%d hosts: no survivor timed out on the stopped rank", hosts);
 }
 
-Test(netns, fault_invalid_call, .timeout = 120) { fault_across(4, "invalid"); fault_across(8, "invalid"); }
-Test(netns, fault_abort, .timeout = 120) { fault_across(4, "abort"); fault_across(8, "abort"); }
-Test(netns, fault_sigkill, .timeout = 120) { fault_across(4, "kill"); fault_across(8, "kill"); }
-Test(netns, fault_exit_in_init, .timeout = 120) { fault_across(4, "init"); fault_across(8, "init"); }
-Test(netns, fault_sigstop_times_out, .timeout = 120) { fault_across(4, "stop"); fault_across(8, "stop"); }
+Test(netns, fault_invalid_call, .timeout = 120) {
+  fault_across(4, "invalid");
+  fault_across(8, "invalid");
+}
+Test(netns, fault_abort, .timeout = 120) {
+  fault_across(4, "abort");
+  fault_across(8, "abort");
+}
+Test(netns, fault_sigkill, .timeout = 120) {
+  fault_across(4, "kill");
+  fault_across(8, "kill");
+}
+Test(netns, fault_exit_in_init, .timeout = 120) {
+  fault_across(4, "init");
+  fault_across(8, "init");
+}
+Test(netns, fault_sigstop_times_out, .timeout = 120) {
+  fault_across(4, "stop");
+  fault_across(8, "stop");
+}

@@ -17,8 +17,10 @@ static void soak(const char *env) {
                  "run the suite as root");
   const char *src = getenv("COLL_TEST_SOURCE_DIR"), *build = getenv("COLL_TEST_BUILD_DIR");
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "%s/scripts/netns.sh -q -k 4 -t 240 -- env COLL_TIMEOUT_MS=30000 %s "
-           "%s/test/multihost/soak_rank 2>&1", src ? src : ".", env, build ? build : ".");
+  snprintf(cmd, sizeof cmd,
+           "%s/scripts/netns.sh -q -k 4 -t 240 -- env COLL_TIMEOUT_MS=30000 %s "
+           "%s/test/multihost/soak_rank 2>&1",
+           src ? src : ".", env, build ? build : ".");
   FILE *p = popen(cmd, "r");
   cr_assert(p, "cannot run %s", cmd);
   char line[1024];
@@ -29,7 +31,8 @@ static void soak(const char *env) {
   }
   int st = pclose(p);
   int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  if (code == 77) cr_skip_test("network namespaces are not available here (netns.sh said why above)");
+  if (code == 77)
+    cr_skip_test("network namespaces are not available here (netns.sh said why above)");
   cr_assert_eq(code, 0, "%s exited with %d", cmd, code);
   cr_assert_eq(ok, 4, "%d of 4 hosts said ok", ok);
 }

@@ -27,7 +27,7 @@ void shim_register(const char *suite, const char *name, void (*fn)(void), struct
 struct criterion_test_set *criterion_initialize(void) {
   const char *want = getenv("SHIM_CASE");
   if (!want) return (struct criterion_test_set *)shim_cases;  // the runner: an opaque token
-  for (int i = 0; i < shim_ncases; i++) {  // a case's process: run it and exit
+  for (int i = 0; i < shim_ncases; i++) {                     // a case's process: run it and exit
     struct shim_case *c = &shim_cases[i];
     snprintf(shim_current, sizeof shim_current, "%s::%s", c->suite, c->name);
     if (strcmp(shim_current, want) != 0) continue;
@@ -83,8 +83,7 @@ int criterion_run_all_tests(struct criterion_test_set *tests) {
       _exit(2);
     }
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0) {
-    }
+    while (waitpid(pid, &st, 0) < 0) {}
     kill(-pid, SIGKILL);  // whatever the case left running
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;

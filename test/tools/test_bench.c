@@ -31,9 +31,9 @@
 /* An assertion that reaches Criterion only when it fails: the loops below check millions
  * of values, and `meson test` runs with --full-stats, which reports every passed
  * assertion through a pipe. */
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (!(cond)) cr_assert_fail(__VA_ARGS__);     \
+#define CHECK(cond, ...)                      \
+  do {                                        \
+    if (!(cond)) cr_assert_fail(__VA_ARGS__); \
   } while (0)
 
 /* ===================================================================================== */
@@ -41,18 +41,39 @@
 /* ===================================================================================== */
 
 Test(bench_units, parse_size) {
-  static const struct { const char *s; size_t v; } good[] = {
-      {"0", 0},           {"8", 8},           {"1K", 1024},      {"1k", 1024},
-      {"64M", 64u << 20}, {"1G", 1u << 30},   {"4KiB", 4096},    {"16B", 16},
-      {"3m", 3u << 20},   {"2GB", 2ull << 30}, {"1048576", 1048576},
+  static const struct {
+    const char *s;
+    size_t v;
+  } good[] = {
+      {"0", 0},
+      {"8", 8},
+      {"1K", 1024},
+      {"1k", 1024},
+      {"64M", 64u << 20},
+      {"1G", 1u << 30},
+      {"4KiB", 4096},
+      {"16B", 16},
+      {"3m", 3u << 20},
+      {"2GB", 2ull << 30},
+      {"1048576", 1048576},
   };
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     size_t v = 12345;
     cr_assert(bench_parse_size(good[i].s, &v), "'%s' should parse", good[i].s);
     cr_assert_eq(v, good[i].v, "'%s' -> %zu, want %zu", good[i].s, v, good[i].v);
   }
-  static const char *const bad[] = {"", "-1", "K", "1X", "1.5M", " 8", "8 ", "1KK",
-                                    "1Ki", "99999999999999999999", "17179869184G", "0x10"};
+  static const char *const bad[] = {"",
+                                    "-1",
+                                    "K",
+                                    "1X",
+                                    "1.5M",
+                                    " 8",
+                                    "8 ",
+                                    "1KK",
+                                    "1Ki",
+                                    "99999999999999999999",
+                                    "17179869184G",
+                                    "0x10"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     size_t v;
     cr_assert_not(bench_parse_size(bad[i], &v), "'%s' should be refused", bad[i]);
@@ -72,13 +93,28 @@ Test(bench_units, parse_names) {
   cr_assert_eq(bench_parse_coll("scatter"), BENCH_SCATTER);
   cr_assert_eq(bench_parse_coll("alltoallv"), -2);
 
-  static const struct { const char *s; int t; } types[] = {
-      {"int8", COLL_INT8},       {"char", COLL_INT8},        {"uint8", COLL_UINT8},
-      {"int32", COLL_INT32},     {"int", COLL_INT32},        {"uint32", COLL_UINT32},
-      {"int64", COLL_INT64},     {"uint64", COLL_UINT64},    {"float16", COLL_FLOAT16},
-      {"half", COLL_FLOAT16},    {"bfloat16", COLL_BFLOAT16}, {"bf16", COLL_BFLOAT16},
-      {"float32", COLL_FLOAT32}, {"float", COLL_FLOAT32},    {"float64", COLL_FLOAT64},
-      {"double", COLL_FLOAT64},  {"all", -1},                {"float8", -2},
+  static const struct {
+    const char *s;
+    int t;
+  } types[] = {
+      {"int8", COLL_INT8},
+      {"char", COLL_INT8},
+      {"uint8", COLL_UINT8},
+      {"int32", COLL_INT32},
+      {"int", COLL_INT32},
+      {"uint32", COLL_UINT32},
+      {"int64", COLL_INT64},
+      {"uint64", COLL_UINT64},
+      {"float16", COLL_FLOAT16},
+      {"half", COLL_FLOAT16},
+      {"bfloat16", COLL_BFLOAT16},
+      {"bf16", COLL_BFLOAT16},
+      {"float32", COLL_FLOAT32},
+      {"float", COLL_FLOAT32},
+      {"float64", COLL_FLOAT64},
+      {"double", COLL_FLOAT64},
+      {"all", -1},
+      {"float8", -2},
   };
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
     cr_assert_eq(bench_parse_dtype(types[i].s), types[i].t, "dtype '%s'", types[i].s);
@@ -87,15 +123,14 @@ Test(bench_units, parse_names) {
     cr_assert_eq(bench_dtype_size((coll_dtype)t), coll_dtype_size((coll_dtype)t),
                  "size of %s disagrees with libcoll", bench_dtype_name((coll_dtype)t));
   }
-  for (int o = 0; o < COLL_NUM_OPS; o++)
-    cr_assert_eq(bench_parse_op(bench_op_name((coll_op)o)), o);
+  for (int o = 0; o < COLL_NUM_OPS; o++) cr_assert_eq(bench_parse_op(bench_op_name((coll_op)o)), o);
   cr_assert_eq(bench_parse_op("all"), -1);
   cr_assert_eq(bench_parse_op("xor"), -2);
 }
 
 static void assert_close(double got, double want, const char *what) {
-  cr_assert(fabs(got - want) <= 1e-12 * fmax(1.0, fabs(want)), "%s: got %.15g, want %.15g",
-            what, got, want);
+  cr_assert(fabs(got - want) <= 1e-12 * fmax(1.0, fabs(want)), "%s: got %.15g, want %.15g", what,
+            got, want);
 }
 
 Test(bench_units, bus_factors) {
@@ -125,8 +160,8 @@ Test(bench_units, algbw_busbw_by_hand) {
   /* 64 MiB in 10 ms: 67108864 / 1e9 / 0.01 = 6.7108864 GB/s */
   assert_close(bench_algbw(67108864u, 10000.0), 6.7108864, "64 MiB in 10 ms");
   /* all_reduce of 64 MiB on 4 ranks in 10 ms: busbw = 6.7108864 * 1.5 = 10.0663296 */
-  assert_close(bench_algbw(67108864u, 10000.0) * bench_bus_factor(BENCH_ALL_REDUCE, 4),
-               10.0663296, "all_reduce busbw");
+  assert_close(bench_algbw(67108864u, 10000.0) * bench_bus_factor(BENCH_ALL_REDUCE, 4), 10.0663296,
+               "all_reduce busbw");
   /* all_gather of 3 MiB total on 3 ranks in 1 ms: algbw 3.145728, busbw 2.097152 */
   assert_close(bench_algbw(3145728u, 1000.0) * bench_bus_factor(BENCH_ALL_GATHER, 3), 2.097152,
                "all_gather busbw");
@@ -213,7 +248,8 @@ static double simulate(const bench_data *d, size_t j) {
   for (int r = 1; r < d->nranks; r++) {
     double v = bench_input_value(d, r, j);
     switch (d->op) {
-    case COLL_SUM: case COLL_AVG: acc = acc + v; break;
+    case COLL_SUM:
+    case COLL_AVG: acc = acc + v; break;
     case COLL_PROD: acc = acc * v; break;
     case COLL_MIN: acc = fmin(acc, v); break;
     case COLL_MAX: acc = fmax(acc, v); break;
@@ -245,13 +281,13 @@ Test(bench_units, patterns_are_exact_in_every_dtype) {
           for (int r = 0; r < d.nranks; r++) {
             double v = bench_input_value(&d, r, j);
             CHECK(v >= 0 && v <= dtype_max(d.dtype) && in_dtype(d.dtype, v) == v,
-                      "input %g not exact: %s %s n=%d", v, bench_dtype_name(d.dtype),
-                      bench_op_name(d.op), d.nranks);
+                  "input %g not exact: %s %s n=%d", v, bench_dtype_name(d.dtype),
+                  bench_op_name(d.op), d.nranks);
           }
           double want = bench_expected_value(&d, 0, 0, j);
           double got = simulate(&d, j);
           CHECK(got == want, "%s %s n=%d j=%zu: simulated %g, expected %g",
-                       bench_dtype_name(d.dtype), bench_op_name(d.op), d.nranks, j, got, want);
+                bench_dtype_name(d.dtype), bench_op_name(d.op), d.nranks, j, got, want);
           CHECK(want <= dtype_max(d.dtype), "expected %g out of range", want);
         }
       }
@@ -334,7 +370,10 @@ static const char *bench_path(void) {
   const char *dir = getenv("COLL_TEST_BUILD_DIR");
   cr_assert(dir && *dir, "COLL_TEST_BUILD_DIR is not set (run through meson test)");
   snprintf(path, sizeof path, "%s/bench/coll-bench", dir);
-  cr_assert(access(path, X_OK) == 0, "%s is not built (meson test builds only what the selected tests depend on: run ninja first)", path);
+  cr_assert(
+      access(path, X_OK) == 0,
+      "%s is not built (meson test builds only what the selected tests depend on: run ninja first)",
+      path);
   return path;
 }
 
@@ -373,13 +412,14 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
   bool in_table = false, saw_header = false;
   const char *cur = NULL;
   static const char *const names[] = {"all_reduce", "all_gather", "reduce_scatter",
-                                      "broadcast", "reduce", "sendrecv", "all_to_all",
-                                      "gather", "scatter"};
+                                      "broadcast",  "reduce",     "sendrecv",
+                                      "all_to_all", "gather",     "scatter"};
   for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
     if (strncmp(line, "# Collective: ", 14) == 0) {
       cur = NULL;
       for (int i = 0; i < 9; i++)
-        if (strncmp(line + 14, names[i], strlen(names[i])) == 0 && line[14 + strlen(names[i])] == ' ')
+        if (strncmp(line + 14, names[i], strlen(names[i])) == 0 &&
+            line[14 + strlen(names[i])] == ' ')
           cur = names[i];
       CHECK(cur, "unknown collective line: %s", line);
       if (coll) CHECK(strcmp(cur, coll) == 0, "table of %s, want %s", cur, coll);
@@ -390,7 +430,10 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
       }
       continue;
     }
-    if (strstr(line, "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong") == line) {
+    if (strstr(
+            line,
+            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong") ==
+        line) {
       CHECK(in_table, "column header outside a table");
       saw_header = true;
       continue;
@@ -412,8 +455,8 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     int nf = split(copy, f, 32);
     CHECK(nf == (stats ? 22 : 14), "row has %d fields: %s", nf, line);
     {
-      static const char *const algos[] = {"ring", "tree", "rd", "rhd", "oneshot", "direct",
-                                          "mapped", "p2p", "pairwise", "linear"};
+      static const char *const algos[] = {"ring",   "tree",   "rd",  "rhd",      "oneshot",
+                                          "direct", "mapped", "p2p", "pairwise", "linear"};
       bool known = false;
       for (int i = 0; i < 10; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
       CHECK(known, "unknown algorithm column: %s", line);
@@ -424,12 +467,15 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     size_t per = strcmp(cur, "all_gather") == 0 || strcmp(cur, "reduce_scatter") == 0 ||
                          strcmp(cur, "all_to_all") == 0 || strcmp(cur, "gather") == 0 ||
                          strcmp(cur, "scatter") == 0
-                     ? (size_t)nranks : 1;
+                     ? (size_t)nranks
+                     : 1;
     CHECK(size == count * per * bench_dtype_size(t), "size/count mismatch: %s", line);
     bool reduces = strcmp(cur, "all_reduce") == 0 || strcmp(cur, "reduce") == 0 ||
                    strcmp(cur, "reduce_scatter") == 0;
-    if (!reduces) CHECK(strcmp(f[3], "none") == 0, "redop of %s: %s", cur, line);
-    else CHECK(bench_parse_op(f[3]) >= 0, "bad redop column: %s", line);
+    if (!reduces)
+      CHECK(strcmp(f[3], "none") == 0, "redop of %s: %s", cur, line);
+    else
+      CHECK(bench_parse_op(f[3]) >= 0, "bad redop column: %s", line);
     bool rooted = strcmp(cur, "broadcast") == 0 || strcmp(cur, "reduce") == 0 ||
                   strcmp(cur, "gather") == 0 || strcmp(cur, "scatter") == 0;
     if (!rooted) CHECK(strcmp(f[4], "-1") == 0, "root of %s: %s", cur, line);
@@ -445,8 +491,8 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
       double mn = strtod(f[13], NULL), p50 = strtod(f[14], NULL), p99 = strtod(f[15], NULL),
              mx = strtod(f[16], NULL), mean = strtod(f[5], NULL);
       CHECK(mn <= p50 && p50 <= p99 && p99 <= mx, "stats out of order: %s", line);
-      CHECK(mn <= mean * 1.001 + 0.01 && mean <= mx * 1.001 + 0.01,
-                "mean outside [min, max]: %s", line);
+      CHECK(mn <= mean * 1.001 + 0.01 && mean <= mx * 1.001 + 0.01, "mean outside [min, max]: %s",
+            line);
     }
     s.rows++;
   }
@@ -455,14 +501,14 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
 }
 
 static const char *const all_colls[] = {"all_reduce", "all_gather", "reduce_scatter",
-                                        "broadcast", "reduce", "sendrecv", "all_to_all",
-                                        "gather", "scatter"};
+                                        "broadcast",  "reduce",     "sendrecv",
+                                        "all_to_all", "gather",     "scatter"};
 #define NCOLLS ((int)(sizeof all_colls / sizeof *all_colls))
 
 static void run_and_check(const char *coll, const char *ranks, const char *const *extra,
                           int want_rows) {
-  const char *args[40] = {coll, "--ranks", ranks, "-b", "8", "-e", "4K", "-f", "4", "-n", "3",
-                          "-w", "1"};
+  const char *args[40] = {coll, "--ranks", ranks, "-b", "8",  "-e", "4K",
+                          "-f", "4",       "-n",  "3",  "-w", "1"};
   int n = 13;
   for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
   args[n] = NULL;
@@ -501,8 +547,8 @@ Test(bench_run, blocking_and_other_roots, .timeout = 300) {
  * sendrecv must run on the mapped path (the algo column says what ran), and be right. */
 Test(bench_run, registered_buffers_take_the_mapped_path, .timeout = 300) {
   for (int i = 0; i < NCOLLS; i++) {
-    const char *args[] = {all_colls[i], "--ranks", "3", "-b", "24", "-e", "1M", "-f", "32",
-                          "-n", "3", "-w", "1", "-R", "1", "-A", "mapped", NULL};
+    const char *args[] = {all_colls[i], "--ranks", "3",  "-b", "24", "-e", "1M", "-f",     "32",
+                          "-n",         "3",       "-w", "1",  "-R", "1",  "-A", "mapped", NULL};
     run_result r = run_bench(args, NULL, 120);
     cr_assert_eq(r.status, 0, "-R 1 %s: status %d\n%s\n%s", all_colls[i], r.status, r.out, r.err);
     table_summary s = check_tables(r.out, all_colls[i], 3, false);
@@ -523,13 +569,13 @@ Test(bench_run, registered_buffers_take_the_mapped_path, .timeout = 300) {
 /* --explain on windows: no FIFO steps to list, and it says so and why (not the
  * one-shot exchanges of the call dressed up as steps). */
 Test(bench_explain, registered_buffers_explain_the_mapped_path, .timeout = 120) {
-  const char *args[] = {"all_reduce", "--ranks", "3", "--explain", "-b", "1M", "-e", "1M",
-                        "-n", "3", "-R", "1", NULL};
+  const char *args[] = {"all_reduce", "--ranks", "3", "--explain", "-b", "1M", "-e",
+                        "1M",         "-n",      "3", "-R",        "1",  NULL};
   run_result r = run_bench(args, NULL, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   cr_assert(strstr(r.out, "algorithm mapped"), "%s", r.out);
-  cr_assert(strstr(r.out, "# No FIFO steps: every rank's buffers are coll_mem_alloc memory"),
-            "%s", r.out);
+  cr_assert(strstr(r.out, "# No FIFO steps: every rank's buffers are coll_mem_alloc memory"), "%s",
+            r.out);
   cr_assert(strstr(r.out, "(N-1)/N*S = 699051 B from other ranks' memory"), "%s", r.out);
   cr_assert(!strstr(r.out, "# Steps, as the executor ran them"), "%s", r.out);
   free_run(&r);
@@ -545,8 +591,8 @@ Test(bench_run, all_dtypes_and_ops, .timeout = 300) {
 }
 
 Test(bench_run, all_collectives_in_one_run, .timeout = 300) {
-  const char *args[] = {"all", "--ranks", "2", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2",
-                        "-w", "1", "-d", "bf16", "-o", "avg", NULL};
+  const char *args[] = {"all", "--ranks", "2",  "-b", "1K", "-e",   "64K", "-f",  "8",
+                        "-n",  "2",       "-w", "1",  "-d", "bf16", "-o",  "avg", NULL};
   run_result r = run_bench(args, NULL, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   table_summary s = check_tables(r.out, NULL, 2, false);
@@ -563,8 +609,8 @@ Test(bench_run, all_collectives_in_one_run, .timeout = 300) {
 }
 
 Test(bench_run, stats_columns, .timeout = 120) {
-  const char *args[] = {"all_reduce", "--ranks", "2", "-b", "64", "-e", "64K", "-f", "32",
-                        "-n", "10", "--stats", NULL};
+  const char *args[] = {"all_reduce", "--ranks", "2",  "-b", "64",      "-e", "64K",
+                        "-f",         "32",      "-n", "10", "--stats", NULL};
   run_result r = run_bench(args, NULL, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   table_summary s = check_tables(r.out, "all_reduce", 2, true);
@@ -575,8 +621,8 @@ Test(bench_run, stats_columns, .timeout = 120) {
 /* A deliberately wrong element must be counted in #wrong, fail the footer and the exit
  * status, and be printed. */
 Test(bench_run, wrong_result_fails, .timeout = 120) {
-  const char *args[] = {"all_reduce", "--ranks", "3", "-b", "1K", "-e", "4K", "-f", "4",
-                        "-n", "2", "-w", "0", NULL};
+  const char *args[] = {"all_reduce", "--ranks", "3",  "-b", "1K", "-e", "4K",
+                        "-f",         "4",       "-n", "2",  "-w", "0",  NULL};
   const char *env[] = {"COLL_BENCH_FAULT=1:7", NULL};
   run_result r = run_bench(args, env, 120);
   cr_assert_eq(r.status, 1, "status %d\n%s\n%s", r.status, r.out, r.err);
@@ -611,8 +657,8 @@ Test(bench_run, csv_and_json, .timeout = 120) {
   char csv[] = "/tmp/test_bench_csv_XXXXXX", json[] = "/tmp/test_bench_json_XXXXXX";
   close(mkstemp(csv));
   close(mkstemp(json));
-  const char *args[] = {"all", "--ranks", "3", "-b", "8K", "-e", "32K", "-f", "4", "-n", "3",
-                        "--csv", csv, "--json", json, NULL};
+  const char *args[] = {"all", "--ranks", "3", "-b",    "8K", "-e",     "32K", "-f",
+                        "4",   "-n",      "3", "--csv", csv,  "--json", json,  NULL};
   run_result r = run_bench(args, NULL, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   free_run(&r);
@@ -643,11 +689,14 @@ Test(bench_run, csv_and_json, .timeout = 120) {
     double size = strtod(f[7], NULL), t = strtod(f[9], NULL), alg = strtod(f[10], NULL),
            bus = strtod(f[11], NULL);
     cr_assert(t > 0);
-    cr_assert(fabs(alg - size / 1e3 / t) <= 1e-6 * alg, "%s: algbw %g != %g / %g us", f[0], alg, size, t);
+    cr_assert(fabs(alg - size / 1e3 / t) <= 1e-6 * alg, "%s: algbw %g != %g / %g us", f[0], alg,
+              size, t);
     cr_assert(fabs(bus - alg * bench_bus_factor(bc, 3)) <= 1e-6 * alg, "%s: busbw %g", f[0], bus);
     cr_assert_str_eq(f[12], "0");
-    if (bc == BENCH_SENDRECV) cr_assert_str_eq(f[13], "");
-    else cr_assert_str_eq(f[16], "0");
+    if (bc == BENCH_SENDRECV)
+      cr_assert_str_eq(f[13], "");
+    else
+      cr_assert_str_eq(f[16], "0");
   }
   free(c);
 
@@ -670,8 +719,8 @@ Test(bench_run, csv_and_json, .timeout = 120) {
 }
 
 Test(bench_run, csv_to_stdout_moves_the_table, .timeout = 120) {
-  const char *args[] = {"broadcast", "--ranks", "2", "-b", "1K", "-e", "2K", "-f", "2", "--csv",
-                        NULL};
+  const char *args[] = {"broadcast", "--ranks", "2", "-b",    "1K", "-e",
+                        "2K",        "-f",      "2", "--csv", NULL};
   run_result r = run_bench(args, NULL, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   cr_assert(strncmp(r.out, "collective,", 11) == 0, "%s", r.out);
@@ -683,8 +732,20 @@ Test(bench_run, csv_to_stdout_moves_the_table, .timeout = 120) {
 static bool have_gnuplot(void) { return system("command -v gnuplot >/dev/null 2>&1") == 0; }
 
 Test(bench_run, plot, .timeout = 120) {
-  const char *args[] = {"all", "--ranks", "2", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2",
-                        "--plot", "/tmp/test_bench_plot.svg", NULL};
+  const char *args[] = {"all",
+                        "--ranks",
+                        "2",
+                        "-b",
+                        "1K",
+                        "-e",
+                        "64K",
+                        "-f",
+                        "8",
+                        "-n",
+                        "2",
+                        "--plot",
+                        "/tmp/test_bench_plot.svg",
+                        NULL};
   if (have_gnuplot()) {
     unlink("/tmp/test_bench_plot.svg");
     run_result r = run_bench(args, NULL, 120);
@@ -768,8 +829,8 @@ Test(bench_explain, all_reduce_byte_totals, .timeout = 300) {
       snprintf(ranks, sizeof ranks, "%d", n);
       snprintf(size, sizeof size, "%zu", S);
       /* The ring's accounting: force it (small sizes would go one-shot). */
-      const char *args[] = {"all_reduce", "--ranks", ranks, "--explain", "-b", size, "-e", size,
-                            "-n", "2", "-w", "1", "-A", "ring", NULL};
+      const char *args[] = {"all_reduce", "--ranks", ranks, "--explain", "-b", size,   "-e", size,
+                            "-n",         "2",       "-w",  "1",         "-A", "ring", NULL};
       run_result r = run_bench(args, NULL, 120);
       if (r.status != 0) free_run(&r);
       cr_assert_eq(r.status, 0, "--explain N=%d S=%zu: status %d", n, S, r.status);
@@ -793,8 +854,8 @@ Test(bench_explain, all_reduce_byte_totals, .timeout = 300) {
       for (int rk = 0; rk < n; rk++) {
         unsigned long long want = 2ull * S - 4ull * (chunk_len(count, n, rk) +
                                                      chunk_len(count, n, (rk + 1) % n));
-        cr_expect_eq(sent[rk], want, "N=%d S=%zu rank %d sent %llu, want %llu", n, S, rk,
-                     sent[rk], want);
+        cr_expect_eq(sent[rk], want, "N=%d S=%zu rank %d sent %llu, want %llu", n, S, rk, sent[rk],
+                     want);
         cr_expect_eq(recv[rk], sent[(rk + n - 1) % n], "N=%d rank %d received %llu", n, rk,
                      recv[rk]);
         if (count % (size_t)n == 0)
@@ -810,8 +871,8 @@ Test(bench_explain, all_reduce_byte_totals, .timeout = 300) {
 
 Test(bench_explain, every_collective, .timeout = 300) {
   for (int i = 0; i < NCOLLS; i++) {
-    const char *args[] = {all_colls[i], "--ranks", "3", "--explain", "-b", "3K", "-e", "3K",
-                          "-n", "2", "-w", "1", "-r", "1", NULL};
+    const char *args[] = {all_colls[i], "--ranks", "3",  "--explain", "-b", "3K", "-e", "3K",
+                          "-n",         "2",       "-w", "1",         "-r", "1",  NULL};
     run_result r = run_bench(args, NULL, 120);
     if (r.status != 0) free_run(&r);
     cr_assert_eq(r.status, 0, "--explain %s: status %d", all_colls[i], r.status);
@@ -831,29 +892,30 @@ Test(bench_explain, json_trace_is_valid_chrome_trace, .timeout = 300) {
   char env_trace[600];
   snprintf(env_trace, sizeof env_trace, "COLL_TRACE=%s", path);
   const char *env[] = {env_trace, NULL};
-  const char *args[] = {"all_reduce", "--ranks", "3", "-b", "1K", "-e", "1M", "-f", "32",
-                        "-n", "2", "-w", "1", NULL};
+  const char *args[] = {"all_reduce", "--ranks", "3",  "-b", "1K", "-e", "1M",
+                        "-f",         "32",      "-n", "2",  "-w", "1",  NULL};
   run_result r = run_bench(args, env, 120);
   int status = r.status;
   free_run(&r);
   cr_assert_eq(status, 0);
   char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "python3 -c '\n"
-           "import json, sys\n"
-           "d = json.load(open(\"%s\"))\n"
-           "ev = d[\"traceEvents\"]\n"
-           "x = [e for e in ev if e[\"ph\"] == \"X\"]\n"
-           "assert all(isinstance(e[\"ts\"], (int, float)) and e[\"dur\"] >= 0 and \"name\" in e "
-           "and \"tid\" in e for e in x)\n"
-           "for r in range(3):\n"
-           "  calls = [e for e in x if e[\"pid\"] == r and e[\"cat\"] == \"call\"]\n"
-           "  steps = [e for e in x if e[\"pid\"] == r and e[\"cat\"] == \"step\"]\n"
-           "  assert len(calls) > 0 and len(steps) > 0, r\n"
-           "  assert all(\"bytes_out\" in e[\"args\"] and \"peer_in\" in e[\"args\"] for e in steps)\n"
-           "assert any(e[\"ph\"] == \"M\" and e[\"name\"] == \"process_name\" for e in ev)\n"
-           "'",
-           path);
+  snprintf(
+      cmd, sizeof cmd,
+      "python3 -c '\n"
+      "import json, sys\n"
+      "d = json.load(open(\"%s\"))\n"
+      "ev = d[\"traceEvents\"]\n"
+      "x = [e for e in ev if e[\"ph\"] == \"X\"]\n"
+      "assert all(isinstance(e[\"ts\"], (int, float)) and e[\"dur\"] >= 0 and \"name\" in e "
+      "and \"tid\" in e for e in x)\n"
+      "for r in range(3):\n"
+      "  calls = [e for e in x if e[\"pid\"] == r and e[\"cat\"] == \"call\"]\n"
+      "  steps = [e for e in x if e[\"pid\"] == r and e[\"cat\"] == \"step\"]\n"
+      "  assert len(calls) > 0 and len(steps) > 0, r\n"
+      "  assert all(\"bytes_out\" in e[\"args\"] and \"peer_in\" in e[\"args\"] for e in steps)\n"
+      "assert any(e[\"ph\"] == \"M\" and e[\"name\"] == \"process_name\" for e in ev)\n"
+      "'",
+      path);
   int rc = system(cmd);
   unlink(path);
   cr_assert_eq(rc, 0, "the trace is not valid Chrome-trace JSON (python3 said so above)");
@@ -861,8 +923,8 @@ Test(bench_explain, json_trace_is_valid_chrome_trace, .timeout = 300) {
 
 Test(bench_explain, text_trace_logs_steps, .timeout = 120) {
   const char *env[] = {"COLL_TRACE=text", NULL};
-  const char *args[] = {"broadcast", "--ranks", "2", "-b", "64", "-e", "64", "-n", "1", "-w", "0",
-                        NULL};
+  const char *args[] = {"broadcast", "--ranks", "2", "-b", "64", "-e",
+                        "64",        "-n",      "1", "-w", "0",  NULL};
   run_result r = run_bench(args, env, 60);
   bool ok = r.status == 0 && strstr(r.err, "trace broadcast #") && strstr(r.err, " step 0: ");
   if (!ok) fprintf(stderr, "status %d, stderr:\n%s\n", r.status, r.err);
@@ -874,8 +936,8 @@ Test(bench_explain, text_trace_logs_steps, .timeout = 120) {
  * crossovers, and for every size why the chosen algorithm won; the table's algo column
  * agrees with the explanation. */
 Test(bench_explain, shows_the_choice_and_why, .timeout = 120) {
-  const char *args[] = {"all_reduce", "--ranks", "3", "--explain", "-b", "8", "-e", "4M",
-                        "-f", "512", "-n", "2", "-w", "1", NULL};
+  const char *args[] = {"all_reduce", "--ranks", "3",  "--explain", "-b", "8", "-e", "4M",
+                        "-f",         "512",     "-n", "2",         "-w", "1", NULL};
   run_result r = run_bench(args, NULL, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   cr_assert(strstr(r.out, "# libcoll's own model, measured at communicator creation"), "%s", r.out);
@@ -891,7 +953,8 @@ Test(bench_explain, shows_the_choice_and_why, .timeout = 120) {
   int whys = 0;
   for (const char *p = r.out; (p = strstr(p, "# Why ")); p++) {
     whys++;
-    cr_assert(strncmp(strstr(p, ": ") ? strstr(p, "the tuner's predictions at") : "", "the tuner", 9) == 0,
+    cr_assert(strncmp(strstr(p, ": ") ? strstr(p, "the tuner's predictions at") : "", "the tuner",
+                      9) == 0,
               "why line without predictions: %.120s", p);
   }
   cr_assert_eq(whys, 3, "one 'Why' per size (8 B, 4 KiB, 2 MiB), got %d:\n%s", whys, r.out);

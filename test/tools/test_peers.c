@@ -119,7 +119,8 @@ static table_summary check_tables(const char *out, int nranks) {
     if (strncmp(line, "# Collective: ", 14) == 0) {
       cur = -1;
       for (int i = 0; i < NCOLLS; i++)
-        if (strncmp(line + 14, colls[i], strlen(colls[i])) == 0 && line[14 + strlen(colls[i])] == ' ')
+        if (strncmp(line + 14, colls[i], strlen(colls[i])) == 0 &&
+            line[14 + strlen(colls[i])] == ' ')
           cur = i;
       CHECK(cur >= 0, "unknown collective line: %s", line);
       char want[64];
@@ -155,8 +156,7 @@ static table_summary check_tables(const char *out, int nranks) {
     size_t bytes = strtoull(f[0], NULL, 10), count = strtoull(f[1], NULL, 10);
     size_t es = type_size(f[2]);
     CHECK(es > 0, "bad type column: %s", line);
-    CHECK(bytes == count * es * (blocked(c) ? (size_t)nranks : 1), "size/count mismatch: %s",
-          line);
+    CHECK(bytes == count * es * (blocked(c) ? (size_t)nranks : 1), "size/count mismatch: %s", line);
     CHECK(reduces(c) ? strcmp(f[3], "none") != 0 : strcmp(f[3], "none") == 0, "redop: %s", line);
     CHECK(rooted(c) ? atoi(f[4]) >= 0 : strcmp(f[4], "-1") == 0, "root: %s", line);
     int places = 0;
@@ -208,7 +208,8 @@ static int mpi_peers(mpi_peer *p, int max) {
     snprintf(p[n].bench, sizeof p[n].bench, "%s/bench/peers/mpi_coll_bench.%s", dir, tok);
     cr_assert(access(p[n].bench, X_OK) == 0,
               "%s is not built (meson test builds only what the selected tests depend on: run "
-              "ninja first)", p[n].bench);
+              "ninja first)",
+              p[n].bench);
     n++;
   }
   free(dup);
@@ -249,8 +250,8 @@ Test(peers_mpi, every_collective_2_ranks, .timeout = 300) {
   mpi_peer p[4];
   int n = mpi_peers(p, 4);
   /* 64, 512, 4096 bytes */
-  static const char *const args[] = {"all", "-b", "64", "-e", "4K", "-f", "8", "-n", "2",
-                                     "-w", "1", NULL};
+  static const char *const args[] = {"all", "-b", "64", "-e", "4K", "-f",
+                                     "8",   "-n", "2",  "-w", "1",  NULL};
   for (int i = 0; i < n; i++) {
     run_result r = run_mpi(&p[i], 2, args, NULL);
     cr_assert_eq(r.status, 0, "%s: status %d\nstdout:\n%s\nstderr:\n%s", p[i].flavour, r.status,
@@ -275,8 +276,8 @@ Test(peers_mpi, every_collective_2_ranks, .timeout = 300) {
 Test(peers_mpi, odd_ranks_every_dtype_and_op, .timeout = 300) {
   mpi_peer p[4];
   mpi_peers(p, 4);
-  static const char *const args[] = {"all", "-b", "96", "-e", "200", "-i", "100", "-n", "1",
-                                     "-w", "0", "-d", "all", "-o", "all", "-r", "2", NULL};
+  static const char *const args[] = {"all", "-b", "96", "-e",  "200", "-i",  "100", "-n", "1",
+                                     "-w",  "0",  "-d", "all", "-o",  "all", "-r",  "2",  NULL};
   run_result r = run_mpi(&p[0], 3, args, NULL);
   cr_assert_eq(r.status, 0, "%s: status %d\nstdout:\n%s\nstderr:\n%s", p[0].flavour, r.status,
                r.out, r.err);
@@ -293,8 +294,8 @@ Test(peers_mpi, odd_ranks_every_dtype_and_op, .timeout = 300) {
 Test(peers_mpi, wrong_result_counted, .timeout = 120) {
   mpi_peer p[4];
   int n = mpi_peers(p, 4);
-  static const char *const args[] = {"all_to_all,gather", "-b", "64", "-e", "64", "-n", "1",
-                                     "-w", "0", "-r", "1", NULL};
+  static const char *const args[] = {
+      "all_to_all,gather", "-b", "64", "-e", "64", "-n", "1", "-w", "0", "-r", "1", NULL};
   static const char *const env[] = {"PEERS_BENCH_FAULT=1:3", NULL};
   for (int i = 0; i < n; i++) {
     run_result r = run_mpi(&p[i], 2, args, env);
@@ -306,7 +307,8 @@ Test(peers_mpi, wrong_result_counted, .timeout = 120) {
                  r.out);
     cr_assert(strstr(r.out, "# Out of bounds values : 2 FAILED"), "%s", r.out);
     cr_assert(strstr(r.err, "rank 1: all_to_all float32 none size 64 out-of-place: first wrong "
-                            "element at index 3"), "%s", r.err);
+                            "element at index 3"),
+              "%s", r.err);
     free_run(&r);
   }
 }
@@ -361,12 +363,11 @@ static const char *gloo_script(void) {
  * #wrong is counted and fails the exit status. */
 Test(peers_gloo, tables_and_wrong_results, .timeout = 300) {
   const char *py = gloo_python();
-  const char *argv[] = {py, gloo_script(), "all", "--ranks", "2", "-s", "64,1K", "-n", "2",
-                        "-w", "1", NULL};
+  const char *argv[] = {py,      gloo_script(), "all", "--ranks", "2", "-s",
+                        "64,1K", "-n",          "2",   "-w",      "1", NULL};
   static const char *const env[] = {"PEERS_BENCH_FAULT=1:200", NULL};
   run_result r = run(argv, env, 120);
-  cr_assert_eq(r.status, 1, "status %d, want 1\nstdout:\n%s\nstderr:\n%s", r.status, r.out,
-               r.err);
+  cr_assert_eq(r.status, 1, "status %d, want 1\nstdout:\n%s\nstderr:\n%s", r.status, r.out, r.err);
   table_summary s = check_tables(r.out, 2);
   cr_assert_eq(s.tables, NCOLLS, "%d tables\n%s", s.tables, r.out);
   for (int c = 0; c < NCOLLS; c++) {

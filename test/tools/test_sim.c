@@ -24,8 +24,8 @@
 static void must_pass(coll_coll_kind c, coll_algo a, int n, int in_place, int root) {
   size_t count, slice;
   sim_validation_case(c, a, n, &count, &slice);
-  sim_call call = {.coll = c, .algo = a, .count = count, .es = 1, .root = root,
-                   .in_place = in_place};
+  sim_call call = {
+      .coll = c, .algo = a, .count = count, .es = 1, .root = root, .in_place = in_place};
   sim_model m = {.nranks = n, .per_host = n, .slot = slice, .depth = 4};
   sim_result res;
   char why[512] = "";
@@ -35,10 +35,10 @@ static void must_pass(coll_coll_kind c, coll_algo a, int n, int in_place, int ro
   cr_assert_gt(res.messages, 0);
 }
 
-static const coll_coll_kind colls[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_ALL_GATHER,
+static const coll_coll_kind colls[] = {COLL_COLL_ALL_REDUCE,     COLL_COLL_ALL_GATHER,
                                        COLL_COLL_REDUCE_SCATTER, COLL_COLL_BROADCAST,
-                                       COLL_COLL_REDUCE, COLL_COLL_ALL_TO_ALL,
-                                       COLL_COLL_GATHER, COLL_COLL_SCATTER};
+                                       COLL_COLL_REDUCE,         COLL_COLL_ALL_TO_ALL,
+                                       COLL_COLL_GATHER,         COLL_COLL_SCATTER};
 
 Test(sim, every_plan_small_n) {
   const int ns[] = {2, 3, 4, 5, 7, 8, 13, 16, 17, 33, 64};
@@ -93,7 +93,8 @@ static double ring_time(int n, int per_host, size_t count, size_t slot, double *
   sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = count, .es = 4};
   sim_result res;
   char why[512];
-  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why), COLL_OK, "%s",
+               why);
   return res.seconds;
 }
 
@@ -108,15 +109,15 @@ Test(sim, ring_matches_closed_form) {
       double t = ring_time(n, net ? 1 : n, count, 65536, &a, &b);
       double bytes = 4.0 * (double)count;
       double want = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * bytes * b;
-      cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d %s: simulated %.6g s, closed form %.6g s",
-                n, net ? "net" : "shm", t, want);
+      cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d %s: simulated %.6g s, closed form %.6g s", n,
+                net ? "net" : "shm", t, want);
       /* Chunks of k = 4 slices: each round is a wave of 2(N-1) hops. */
       count = (size_t)n * 65536; /* chunk 256 KiB = 4 slices */
       t = ring_time(n, net ? 1 : n, count, 65536, &a, &b);
       bytes = 4.0 * (double)count;
       want = 2.0 * (n - 1) * (4 * a + bytes / n * b);
-      cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d %s k=4: simulated %.6g s, formula %.6g s",
-                n, net ? "net" : "shm", t, want);
+      cr_assert(fabs(t - want) <= 1e-9 * want, "N=%d %s k=4: simulated %.6g s, formula %.6g s", n,
+                net ? "net" : "shm", t, want);
     }
 }
 
@@ -133,14 +134,21 @@ static double cpu_ring(int n, size_t count, sim_cpu cpu) {
   sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = count, .es = 4};
   sim_result res;
   char why[512];
-  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &res, why, sizeof why), COLL_OK, "%s",
+               why);
   return res.seconds;
 }
 
 Test(sim, cpu_model_closed_form) {
   const double x = 0.05e-9, y = 0.08e-9, op = 0.3e-6, call = 5e-6;
-  sim_cpu cpu = {.on = true, .copy = {x, 1e-9}, .nt_copy = {x, 1e-9}, .reduce = {y, 2e-9},
-                 .cache_bytes = 1e12, .op = op, .call = call, .nt_bytes = 1e12};
+  sim_cpu cpu = {.on = true,
+                 .copy = {x, 1e-9},
+                 .nt_copy = {x, 1e-9},
+                 .reduce = {y, 2e-9},
+                 .cache_bytes = 1e12,
+                 .op = op,
+                 .call = call,
+                 .nt_bytes = 1e12};
   const int ns[] = {2, 3, 8, 64};
   for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
     int n = ns[i];
@@ -155,8 +163,8 @@ Test(sim, cpu_model_closed_form) {
     half.cache_bytes = w / 2;
     mean.copy[0] = mean.nt_copy[0] = (x + 1e-9) / 2, mean.reduce[0] = (y + 2e-9) / 2;
     double th = cpu_ring(n, count, half), tm = cpu_ring(n, count, mean);
-    cr_assert(fabs(th - tm) <= 1e-9 * tm, "N=%d: C = W/2 gives %.6g s, the mean figures %.6g s",
-              n, th, tm);
+    cr_assert(fabs(th - tm) <= 1e-9 * tm, "N=%d: C = W/2 gives %.6g s, the mean figures %.6g s", n,
+              th, tm);
     cr_assert(th > t);
   }
 }
@@ -208,22 +216,28 @@ Test(sim, shared_resources) {
   sim_call call = {.coll = COLL_COLL_ALL_GATHER, .algo = COLL_ALGO_RING, .count = 16384, .es = 4};
   sim_result r1, r2;
   char why[512];
-  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r1, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r1, why, sizeof why), COLL_OK, "%s",
+               why);
   cr_assert(r1.seconds > 0 && r1.net_bytes > 0);
   /* All-to-all: both ranks of a host send across it at once: twice the NIC time of one. */
   call.coll = COLL_COLL_ALL_TO_ALL, call.algo = COLL_ALGO_PAIRWISE, call.count = 16384;
-  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r2, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r2, why, sizeof why), COLL_OK, "%s",
+               why);
   /* each host sends 2 ranks x 6 remote blocks x 64 KiB through one NIC */
   double nic = 2 * 6 * 65536.0 * 1e-9;
-  cr_assert(fabs(r2.busiest_nic - nic) < 1e-12, "busiest NIC %.9g s, want %.9g", r2.busiest_nic, nic);
+  cr_assert(fabs(r2.busiest_nic - nic) < 1e-12, "busiest NIC %.9g s, want %.9g", r2.busiest_nic,
+            nic);
   cr_assert(r2.seconds >= nic - 1e-12);
 
   sim_model c = {.nranks = 8, .per_host = 8, .cores = 8, .slot = 65536, .depth = 8};
   c.alpha[SIM_SHM] = 1e-6, c.beta[SIM_SHM] = 1.0 / 5e9, c.gamma = 1.0 / 10e9;
-  call = (sim_call){.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = 1 << 20, .es = 4};
-  cr_assert_eq(sim_call_run(&c, &call, false, NULL, NULL, &r1, why, sizeof why), COLL_OK, "%s", why);
+  call =
+      (sim_call){.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = 1 << 20, .es = 4};
+  cr_assert_eq(sim_call_run(&c, &call, false, NULL, NULL, &r1, why, sizeof why), COLL_OK, "%s",
+               why);
   c.cores = 2;
-  cr_assert_eq(sim_call_run(&c, &call, false, NULL, NULL, &r2, why, sizeof why), COLL_OK, "%s", why);
+  cr_assert_eq(sim_call_run(&c, &call, false, NULL, NULL, &r2, why, sizeof why), COLL_OK, "%s",
+               why);
   cr_assert(r2.seconds > 2 * r1.seconds, "2 cores %.3g s, 8 cores %.3g s", r2.seconds, r1.seconds);
 }
 
@@ -242,19 +256,20 @@ Test(sim, nic_bucket_and_back_to_back_calls) {
   m.beta_line = 1e-10;
   sim_call call = {.coll = COLL_COLL_ALL_GATHER, .algo = COLL_ALGO_RING, .count = 16384, .es = 4};
   const double b = 65536.0, rate = b * 1e-9, line = b * 1e-10;
-  struct { double burst; int calls, warmup; double want; } cases[] = {
-      {0, 1, 0, rate},
-      {b, 1, 0, line},
-      {b / 2, 1, 0, (b / 2) * 1e-10 + (b / 2) * 1e-9},
-      {0, 12, 2, rate},
-      {b, 12, 2, rate},
-      {b, 12, 0, (line + 11 * rate) / 12},
+  struct {
+    double burst;
+    int calls, warmup;
+    double want;
+  } cases[] = {
+      {0, 1, 0, rate},  {b, 1, 0, line},  {b / 2, 1, 0, (b / 2) * 1e-10 + (b / 2) * 1e-9},
+      {0, 12, 2, rate}, {b, 12, 2, rate}, {b, 12, 0, (line + 11 * rate) / 12},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     m.burst = cases[i].burst, m.calls = cases[i].calls, m.warmup = cases[i].warmup;
     sim_result r;
     char why[512];
-    cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r, why, sizeof why), COLL_OK, "%s", why);
+    cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &r, why, sizeof why), COLL_OK, "%s",
+                 why);
     cr_assert(fabs(r.seconds - cases[i].want) < 1e-12, "case %zu: %.9g s, want %.9g", i, r.seconds,
               cases[i].want);
   }
@@ -264,18 +279,23 @@ Test(sim, nic_bucket_and_back_to_back_calls) {
   m.burst = 0, m.calls = 0, m.warmup = 0;
   sim_result one, loop;
   char lwhy[512] = "";
-  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &one, lwhy, sizeof lwhy), COLL_OK, "%s", lwhy);
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &one, lwhy, sizeof lwhy), COLL_OK, "%s",
+               lwhy);
   m.loop = 7;
-  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &loop, lwhy, sizeof lwhy), COLL_OK, "%s", lwhy);
-  cr_assert(fabs(loop.seconds - one.seconds) < 1e-12, "loop %.9g s per call, one call %.9g", loop.seconds, one.seconds);
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &loop, lwhy, sizeof lwhy), COLL_OK, "%s",
+               lwhy);
+  cr_assert(fabs(loop.seconds - one.seconds) < 1e-12, "loop %.9g s per call, one call %.9g",
+            loop.seconds, one.seconds);
   m.calls = 2;
-  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &loop, lwhy, sizeof lwhy), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(sim_call_run(&m, &call, false, NULL, NULL, &loop, lwhy, sizeof lwhy),
+               COLL_ERR_INVALID_ARG);
   m.loop = 0;
   /* Contents cannot be checked across calls: refused with a sentence. */
   m.calls = 2, m.warmup = 0;
   sim_result r;
   char why[512] = "";
-  cr_assert_eq(sim_call_run(&m, &call, true, NULL, NULL, &r, why, sizeof why), COLL_ERR_INVALID_ARG);
+  cr_assert_eq(sim_call_run(&m, &call, true, NULL, NULL, &r, why, sizeof why),
+               COLL_ERR_INVALID_ARG);
   cr_assert(strstr(why, "one call"), "%s", why);
 }
 
@@ -303,9 +323,16 @@ static double sched_run(sim_model *m, const sim_call *call) {
 
 Test(sim, scheduler) {
   const double x = 0.1e-9, alpha = 0.2e-6, ys = 1.6e-6, ya = 0.5e-6, wake = 23e-6;
-  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
-                 .cache_bytes = 1e12, .nt_bytes = 1e12, .yield_switch = ys,
-                 .yield_alone = ya, .wake_idle = wake, .spin_yields = 64};
+  sim_cpu cpu = {.on = true,
+                 .copy = {x, x},
+                 .nt_copy = {x, x},
+                 .reduce = {x, x},
+                 .cache_bytes = 1e12,
+                 .nt_bytes = 1e12,
+                 .yield_switch = ys,
+                 .yield_alone = ya,
+                 .wake_idle = wake,
+                 .spin_yields = 64};
   sim_model m = {.nranks = 4, .per_host = 4, .cores = 4, .slot = 65536, .depth = 8, .cpu = cpu};
   m.alpha[SIM_SHM] = alpha;
   sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = 1 << 18, .es = 4};
@@ -315,8 +342,12 @@ Test(sim, scheduler) {
 
   sim_model two = {.nranks = 2, .per_host = 2, .cores = 1, .slot = 65536, .depth = 8, .cpu = cpu};
   two.alpha[SIM_SHM] = alpha;
-  sim_call bc = {.coll = COLL_COLL_BROADCAST, .algo = COLL_ALGO_RING, .count = 4096, .es = 4,
-                 .root = 1, .in_place = 1}; /* in place: the root has no copy of its own */
+  sim_call bc = {.coll = COLL_COLL_BROADCAST,
+                 .algo = COLL_ALGO_RING,
+                 .count = 4096,
+                 .es = 4,
+                 .root = 1,
+                 .in_place = 1}; /* in place: the root has no copy of its own */
   double b = 4096 * 4, pool = 2 * b * x + alpha;
   cr_assert(fabs(sched_run(&two, &bc) - pool) < 1e-12, "pool of cores: %.9g s, want %.9g",
             sched_run(&two, &bc), pool);
@@ -330,8 +361,8 @@ Test(sim, scheduler) {
   t = sched_run(&two, &bc), want = 2 * ys + 2 * b * x + 2.3e-6;
   cr_assert(fabs(t - want) < 1e-12, "sleep, a wake that costs: %.9g s, want %.9g", t, want);
 
-  sim_model eight = {.nranks = 8, .per_host = 8, .cores = 2, .slot = 262144, .depth = 8,
-                     .cpu = cpu};
+  sim_model eight = {
+      .nranks = 8, .per_host = 8, .cores = 2, .slot = 262144, .depth = 8, .cpu = cpu};
   eight.alpha[SIM_SHM] = alpha;
   eight.cpu.sched = true;
   const coll_coll_kind cs[] = {COLL_COLL_ALL_REDUCE, COLL_COLL_BROADCAST, COLL_COLL_ALL_GATHER,
@@ -360,12 +391,21 @@ Test(sim, scheduler) {
  * changes. */
 Test(sim, footprint) {
   const double x = 0.1e-9, alpha = 0.2e-6, xfp = 0.035e-9, b = 4096 * 4;
-  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
-                 .cache_bytes = 8 * b, .nt_bytes = 1e12, .footprint = xfp};
+  sim_cpu cpu = {.on = true,
+                 .copy = {x, x},
+                 .nt_copy = {x, x},
+                 .reduce = {x, x},
+                 .cache_bytes = 8 * b,
+                 .nt_bytes = 1e12,
+                 .footprint = xfp};
   sim_model m = {.nranks = 2, .per_host = 2, .slot = 65536, .depth = 8, .cpu = cpu};
   m.alpha[SIM_SHM] = alpha;
-  sim_call bc = {.coll = COLL_COLL_BROADCAST, .algo = COLL_ALGO_RING, .count = 4096, .es = 4,
-                 .root = 1, .in_place = 1};
+  sim_call bc = {.coll = COLL_COLL_BROADCAST,
+                 .algo = COLL_ALGO_RING,
+                 .count = 4096,
+                 .es = 4,
+                 .root = 1,
+                 .in_place = 1};
   double t = sched_run(&m, &bc), want = 2 * b * x + alpha;
   cr_assert(fabs(t - want) < 1e-12, "F = C: %.9g s, want %.9g", t, want);
   const double cs[] = {4 * b, 2 * b};
@@ -389,27 +429,43 @@ Test(sim, footprint) {
  *     one call alone writes a slot nobody read, and costs nothing more. */
 Test(sim, placement_memory_and_rfo) {
   const double x = 0.1e-9, alpha = 0.2e-6, b = 4096 * 4;
-  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
-                 .cache_bytes = 1e12, .nt_bytes = 1e12, .yield_switch = 1.3e-6,
-                 .yield_alone = 0.5e-6, .wake_idle = 20e-6, .wake_cost = 1.8e-6,
-                 .spin_yields = 64, .sched = true};
-  sim_model three = {.nranks = 3, .per_host = 3, .cores = 2, .slot = 65536, .depth = 8,
-                     .cpu = cpu};
+  sim_cpu cpu = {.on = true,
+                 .copy = {x, x},
+                 .nt_copy = {x, x},
+                 .reduce = {x, x},
+                 .cache_bytes = 1e12,
+                 .nt_bytes = 1e12,
+                 .yield_switch = 1.3e-6,
+                 .yield_alone = 0.5e-6,
+                 .wake_idle = 20e-6,
+                 .wake_cost = 1.8e-6,
+                 .spin_yields = 64,
+                 .sched = true};
+  sim_model three = {.nranks = 3, .per_host = 3, .cores = 2, .slot = 65536, .depth = 8, .cpu = cpu};
   three.alpha[SIM_SHM] = alpha;
   sim_call ar = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_RING, .count = 3 << 16, .es = 4};
   double kernel = sched_run(&three, &ar);
   three.cpu.bound = true;
   double bound = sched_run(&three, &ar);
-  cr_assert(bound > 1.2 * kernel, "3 ranks on 2 cores: bound %.9g s, placed freely %.9g s",
-            bound, kernel);
+  cr_assert(bound > 1.2 * kernel, "3 ranks on 2 cores: bound %.9g s, placed freely %.9g s", bound,
+            kernel);
   cr_assert_eq(sched_run(&three, &ar), bound, "the same run twice differs");
 
-  sim_cpu mem = {.on = true, .copy = {0, x}, .nt_copy = {0, x}, .reduce = {0, x},
-                 .cache_bytes = 0, .nt_bytes = 1e12, .mem_alone = 0.64};
+  sim_cpu mem = {.on = true,
+                 .copy = {0, x},
+                 .nt_copy = {0, x},
+                 .reduce = {0, x},
+                 .cache_bytes = 0,
+                 .nt_bytes = 1e12,
+                 .mem_alone = 0.64};
   sim_model two = {.nranks = 2, .per_host = 2, .slot = 65536, .depth = 8, .cpu = mem};
   two.alpha[SIM_SHM] = alpha;
-  sim_call bc = {.coll = COLL_COLL_BROADCAST, .algo = COLL_ALGO_RING, .count = 4096, .es = 4,
-                 .root = 1, .in_place = 1};
+  sim_call bc = {.coll = COLL_COLL_BROADCAST,
+                 .algo = COLL_ALGO_RING,
+                 .count = 4096,
+                 .es = 4,
+                 .root = 1,
+                 .in_place = 1};
   double t = sched_run(&two, &bc), want = 2 * b * x * 0.64 + alpha;
   cr_assert(fabs(t - want) < 1e-12, "memory alone: %.9g s, want %.9g", t, want);
   two.cpu.mem_alone = 1;
@@ -417,8 +473,14 @@ Test(sim, placement_memory_and_rfo) {
   cr_assert(fabs(t - want) < 1e-12, "memory shared: %.9g s, want %.9g", t, want);
 
   const double rfo = 0.09e-9;
-  sim_cpu warm = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
-                  .cache_bytes = 1e12, .nt_bytes = 1e12, .rfo = rfo, .l2_bytes = 1 << 20};
+  sim_cpu warm = {.on = true,
+                  .copy = {x, x},
+                  .nt_copy = {x, x},
+                  .reduce = {x, x},
+                  .cache_bytes = 1e12,
+                  .nt_bytes = 1e12,
+                  .rfo = rfo,
+                  .l2_bytes = 1 << 20};
   sim_model one = {.nranks = 2, .per_host = 2, .slot = 65536, .depth = 1, .cpu = warm};
   one.alpha[SIM_SHM] = alpha;
   t = sched_run(&one, &bc), want = 2 * b * x + alpha;
@@ -456,10 +518,19 @@ Test(sim, placement_memory_and_rfo) {
  * 0 never hold it at once; the last call ends at the makespan. */
 Test(sim, trace) {
   const double x = 0.1e-9;
-  sim_cpu cpu = {.on = true, .copy = {x, x}, .nt_copy = {x, x}, .reduce = {x, x},
-                 .cache_bytes = 1e12, .nt_bytes = 1e12, .yield_switch = 1.3e-6,
-                 .yield_alone = 0.5e-6, .wake_idle = 20e-6, .wake_cost = 1.8e-6,
-                 .spin_yields = 64, .sched = true, .bound = true};
+  sim_cpu cpu = {.on = true,
+                 .copy = {x, x},
+                 .nt_copy = {x, x},
+                 .reduce = {x, x},
+                 .cache_bytes = 1e12,
+                 .nt_bytes = 1e12,
+                 .yield_switch = 1.3e-6,
+                 .yield_alone = 0.5e-6,
+                 .wake_idle = 20e-6,
+                 .wake_cost = 1.8e-6,
+                 .spin_yields = 64,
+                 .sched = true,
+                 .bound = true};
   sim_model m = {.nranks = 3, .per_host = 3, .cores = 2, .slot = 262144, .depth = 8, .cpu = cpu};
   m.alpha[SIM_SHM] = 0.2e-6;
   sim_call call = {.coll = COLL_COLL_ALL_REDUCE, .algo = COLL_ALGO_TREE, .count = 16384, .es = 4};
@@ -473,7 +544,10 @@ Test(sim, trace) {
   cr_assert_eq(tr.pid, 3, "the next run's first pid: %d", tr.pid);
   rewind(tr.f);
   enum { MAXEV = 256 };
-  struct { int pid, tid; double t0, t1; } ev[MAXEV];
+  struct {
+    int pid, tid;
+    double t0, t1;
+  } ev[MAXEV];
   int nev = 0, ops = 0, names = 0;
   char line[512];
   while (fgets(line, sizeof line, tr.f)) {
@@ -481,8 +555,8 @@ Test(sim, trace) {
     int pid, tid;
     double ts, dur;
     if (strstr(l, "\"process_name\"")) names++;
-    if (sscanf(l, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%lf,\"dur\":%lf", &pid, &tid,
-               &ts, &dur) != 4)
+    if (sscanf(l, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%lf,\"dur\":%lf", &pid, &tid, &ts,
+               &dur) != 4)
       continue;
     cr_assert(nev < MAXEV && dur >= 0 && pid >= 0 && pid < 3, "event %d: %s", nev, l);
     ev[nev].pid = pid, ev[nev].tid = tid, ev[nev].t0 = ts, ev[nev].t1 = ts + dur;
@@ -501,8 +575,8 @@ Test(sim, trace) {
       /* the file has ns (3 decimals of us): a span may end 1 ns past the next one's start */
       bool overlap = ev[i].t0 < ev[j].t1 - 2e-3 && ev[j].t0 < ev[i].t1 - 2e-3;
       if (ev[i].tid == 1 && ev[j].tid == 1 && ev[i].pid == ev[j].pid)
-        cr_assert(!overlap, "rank %d runs two operations at once: %.3f-%.3f, %.3f-%.3f",
-                  ev[i].pid, ev[i].t0, ev[i].t1, ev[j].t0, ev[j].t1);
+        cr_assert(!overlap, "rank %d runs two operations at once: %.3f-%.3f, %.3f-%.3f", ev[i].pid,
+                  ev[i].t0, ev[i].t1, ev[j].t0, ev[j].t1);
       if (ev[i].tid == 2 && ev[j].tid == 2 && ev[i].pid != ev[j].pid && ev[i].pid % 2 == 0 &&
           ev[j].pid % 2 == 0)
         cr_assert(!overlap, "ranks %d and %d hold core 0 at once", ev[i].pid, ev[j].pid);
@@ -557,19 +631,20 @@ Test(sim, broken_plans_are_caught, .timeout = 120) {
   for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
     char why[512] = "";
     int n = ns[i];
-    cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){1, 0}, why, sizeof why), COLL_ERR_MISMATCH,
-                 "N=%d: a dropped send went unnoticed", n);
+    cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){1, 0}, why, sizeof why),
+                 COLL_ERR_MISMATCH, "N=%d: a dropped send went unnoticed", n);
     cr_assert(strstr(why, "deadlock") || strstr(why, "pair"), "N=%d: %s", n, why);
     if (n > 64) continue;
-    cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){2, 1}, why, sizeof why), COLL_ERR_MISMATCH,
-                 "N=%d: a dropped receive went unnoticed", n);
+    cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){2, 1}, why, sizeof why),
+                 COLL_ERR_MISMATCH, "N=%d: a dropped receive went unnoticed", n);
     cr_assert(strstr(why, "never received") || strstr(why, "pair") || strstr(why, "deadlock"),
               "N=%d: %s", n, why);
     cr_assert_eq(run_broken(n, COLL_ALGO_RING, (breakage){n - 1, 2}, why, sizeof why),
-                 COLL_ERR_MISMATCH, "N=%d: a contribution from the wrong element went unnoticed", n);
+                 COLL_ERR_MISMATCH, "N=%d: a contribution from the wrong element went unnoticed",
+                 n);
     cr_assert(strstr(why, "exactly once"), "N=%d: %s", n, why);
-    cr_assert_eq(run_broken(n, COLL_ALGO_TREE, (breakage){1, 0}, why, sizeof why), COLL_ERR_MISMATCH,
-                 "N=%d: a tree leaf without its first send went unnoticed", n);
+    cr_assert_eq(run_broken(n, COLL_ALGO_TREE, (breakage){1, 0}, why, sizeof why),
+                 COLL_ERR_MISMATCH, "N=%d: a tree leaf without its first send went unnoticed", n);
   }
 }
 

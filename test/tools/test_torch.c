@@ -68,7 +68,8 @@ Test(torch, ops_3, .timeout = 160) { run_ok("ops", "3"); }
 Test(torch, ops_4, .timeout = 160) { run_ok("ops", "4"); }
 static void run_async(const char *n) {
   t_run_result r = check("async", n);
-  cr_expect(strstr(r.out, "libcoll recv: did not finish within 100 ms (Work.wait timeout)"), "%s", r.out);
+  cr_expect(strstr(r.out, "libcoll recv: did not finish within 100 ms (Work.wait timeout)"), "%s",
+            r.out);
   t_run_free(&r);
 }
 
@@ -89,12 +90,14 @@ Test(torch, killed_rank_raises, .timeout = 160) {
   t_run_result r = check("kill", "3");
   for (int rank = 0; rank < 2; rank++) {
     char want[96];
-    snprintf(want, sizeof want, "rank %d: all_reduce with a dead rank raised: libcoll all_reduce failed", rank);
+    snprintf(want, sizeof want,
+             "rank %d: all_reduce with a dead rank raised: libcoll all_reduce failed", rank);
     cr_expect(strstr(r.out, want), "rank %d did not raise libcoll's sentence:\n%s", rank, r.out);
   }
   /* libcoll's sentence names the dead rank: "peer rank 2 (pid P) has died" where the call
    * ran on the caller's thread, "rank 2 died or was killed" from the progress thread */
-  cr_expect(strstr(r.out, "peer rank 2 (pid") || strstr(r.out, "rank 2 died or was killed"), "%s", r.out);
+  cr_expect(strstr(r.out, "peer rank 2 (pid") || strstr(r.out, "rank 2 died or was killed"), "%s",
+            r.out);
   cr_expect(!strstr(r.out, "peer rank 0") && !strstr(r.out, "peer rank 1"), "%s", r.out);
   t_run_free(&r);
 }
@@ -104,9 +107,15 @@ Test(torch, killed_rank_raises, .timeout = 160) {
  * interpreters: ~3 s a test here when idle, up to 8 s at a load of 10).
  * Exact names: "*." anchors the pattern at the test's name in unittest's -k matching. */
 static const char *const suite_part[] = {
-    "*.test_all_reduce_sum",   "*.test_all_reduce_sum_async", "*.test_all_reduce_sum_complex",
-    "*.test_reduce_sum",       "*.test_broadcast",            "*.test_all_gather_coalesced_simple",
-    "*.test_scatter",          "*.test_send_recv_with_tag",   "*.test_barrier",
+    "*.test_all_reduce_sum",
+    "*.test_all_reduce_sum_async",
+    "*.test_all_reduce_sum_complex",
+    "*.test_reduce_sum",
+    "*.test_broadcast",
+    "*.test_all_gather_coalesced_simple",
+    "*.test_scatter",
+    "*.test_send_recv_with_tag",
+    "*.test_barrier",
     "*.test_DistributedDataParallelCPU",
 };
 
@@ -129,8 +138,9 @@ Test(torch, pytorch_suite_part, .timeout = 160) {
   char ran[64];
   snprintf(ran, sizeof ran, "Ran %d tests", N_PART);
   /* unittest reports on stderr: every selected test ran, none failed or was skipped */
-  cr_expect(r.status == 0 && strstr(r.err, ran) && strstr(r.err, "\nOK\n"),
-            "torch_dist_suite.py: status %d, expected \"%s\" and OK with no skips\n--- stderr (tail)\n%s",
-            r.status, ran, strlen(r.err) > 6000 ? r.err + strlen(r.err) - 6000 : r.err);
+  cr_expect(
+      r.status == 0 && strstr(r.err, ran) && strstr(r.err, "\nOK\n"),
+      "torch_dist_suite.py: status %d, expected \"%s\" and OK with no skips\n--- stderr (tail)\n%s",
+      r.status, ran, strlen(r.err) > 6000 ? r.err + strlen(r.err) - 6000 : r.err);
   t_run_free(&r);
 }

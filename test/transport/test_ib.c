@@ -31,8 +31,13 @@
 /* ---- port info ------------------------------------------------------------------------ */
 
 static coll_ib_port_info good_port(int ll) {
-  coll_ib_port_info p = {.lid = 7, .port = 1, .link_layer = (uint8_t)ll, .mtu = 5,
-                         .gid_index = 3, .tcp_family = AF_INET, .tcp_port = 40000};
+  coll_ib_port_info p = {.lid = 7,
+                         .port = 1,
+                         .link_layer = (uint8_t)ll,
+                         .mtu = 5,
+                         .gid_index = 3,
+                         .tcp_family = AF_INET,
+                         .tcp_port = 40000};
   for (int i = 0; i < 16; i++) p.gid[i] = (uint8_t)(0xa0 + i);
   p.tcp_addr[0] = 10;
   p.tcp_addr[3] = 9;
@@ -95,13 +100,16 @@ static void m_roce_nogid(coll_ib_port_info *p) {
   p->lid = 0;
   memset(p->gid, 0, 16);
 }
-static void m_roce_lid0(coll_ib_port_info *p) { p->link_layer = COLL_IB_LL_ETHERNET; p->lid = 0; }
+static void m_roce_lid0(coll_ib_port_info *p) {
+  p->link_layer = COLL_IB_LL_ETHERNET;
+  p->lid = 0;
+}
 static void m_v6(coll_ib_port_info *p) { p->tcp_family = AF_INET6; }
 static void m_mtu1(coll_ib_port_info *p) { p->mtu = 1; }
 
 Test(ib_wire, port_bounds) {
-  void (*bad[])(coll_ib_port_info *) = {m_port0, m_ll0, m_ll3, m_mtu0, m_mtu6, m_fam,
-                                        m_tport, m_lid0, m_lidmc, m_roce_nogid};
+  void (*bad[])(coll_ib_port_info *) = {m_port0, m_ll0,   m_ll3,  m_mtu0,  m_mtu6,
+                                        m_fam,   m_tport, m_lid0, m_lidmc, m_roce_nogid};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     cr_assert(!port_ok_with(bad[i]), "bad port info #%zu accepted", i);
   void (*good[])(coll_ib_port_info *) = {m_roce_lid0, m_v6, m_mtu1};
@@ -112,10 +120,16 @@ Test(ib_wire, port_bounds) {
 /* ---- pair info ------------------------------------------------------------------------ */
 
 static coll_ib_pair_info good_pair(void) {
-  coll_ib_pair_info p = {.from_rank = 3, .to_rank = 65535, .qpn = 0x123456, .psn = 0xabcdef,
-                         .fifo_addr = 0x7f0000001000ull, .fifo_rkey = 0xdeadbeef,
-                         .credit_addr = 0x7f0000900000ull, .credit_rkey = 0x01020304,
-                         .nslots = 8, .slot_bytes = 128 * 1024};
+  coll_ib_pair_info p = {.from_rank = 3,
+                         .to_rank = 65535,
+                         .qpn = 0x123456,
+                         .psn = 0xabcdef,
+                         .fifo_addr = 0x7f0000001000ull,
+                         .fifo_rkey = 0xdeadbeef,
+                         .credit_addr = 0x7f0000900000ull,
+                         .credit_rkey = 0x01020304,
+                         .nslots = 8,
+                         .slot_bytes = 128 * 1024};
   for (int i = 0; i < 16; i++) p.secret[i] = (uint8_t)(i * 17);
   return p;
 }
@@ -156,8 +170,18 @@ static bool pair_ok(coll_ib_pair_info p) {
 
 Test(ib_wire, pair_bounds) {
   coll_ib_pair_info p;
-#define BAD(stmt) do { p = good_pair(); stmt; cr_assert(!pair_ok(p), "accepted: " #stmt); } while (0)
-#define GOOD(stmt) do { p = good_pair(); stmt; cr_assert(pair_ok(p), "refused: " #stmt); } while (0)
+#define BAD(stmt)                               \
+  do {                                          \
+    p = good_pair();                            \
+    stmt;                                       \
+    cr_assert(!pair_ok(p), "accepted: " #stmt); \
+  } while (0)
+#define GOOD(stmt)                            \
+  do {                                        \
+    p = good_pair();                          \
+    stmt;                                     \
+    cr_assert(pair_ok(p), "refused: " #stmt); \
+  } while (0)
   BAD(p.qpn = 0);
   BAD(p.qpn = 0x1000000);
   GOOD(p.qpn = 0xffffff);
@@ -242,7 +266,8 @@ Test(ib_fifo, credit_acceptance) {
    * future, wrapped) is ignored. */
   for (uint32_t base = 0xfffffff0u; base != 0x20u; base++) {
     uint32_t known = base, tail = base + 4;
-    for (uint32_t d = 0; d <= 4; d++) cr_assert_eq(coll_ib_accept_credit(known, base + d, tail), base + d);
+    for (uint32_t d = 0; d <= 4; d++)
+      cr_assert_eq(coll_ib_accept_credit(known, base + d, tail), base + d);
     cr_assert_eq(coll_ib_accept_credit(known, base - 1, tail), known);
     cr_assert_eq(coll_ib_accept_credit(known, base + 5, tail), known);
     cr_assert_eq(coll_ib_accept_credit(known, base + 0x80000000u, tail), known);
@@ -315,8 +340,18 @@ Test(ib_choice, parse_hca) {
   cr_assert_eq(port, 0);
   cr_assert(coll_ib_parse_hca("rxe0:255", name, sizeof name, &port));
   cr_assert_eq(port, 255);
-  const char *bad[] = {"", ":1", "mlx5_0:", "mlx5_0:0", "mlx5_0:256", "mlx5_0:1x", "mlx5_0:-1",
-                       "a,b", "mlx5 0", "a/b", "way_too_long_device_name:1", "mlx5_0:99999999999"};
+  const char *bad[] = {"",
+                       ":1",
+                       "mlx5_0:",
+                       "mlx5_0:0",
+                       "mlx5_0:256",
+                       "mlx5_0:1x",
+                       "mlx5_0:-1",
+                       "a,b",
+                       "mlx5 0",
+                       "a/b",
+                       "way_too_long_device_name:1",
+                       "mlx5_0:99999999999"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     cr_assert(!coll_ib_parse_hca(bad[i], name, sizeof name, &port), "accepted '%s'", bad[i]);
   cr_assert(!coll_ib_parse_hca(NULL, name, sizeof name, &port));
@@ -377,8 +412,8 @@ Test(ib_choice, pick_gid) {
  * with none usable the probe says why and the job goes on without ib. */
 static coll_ib_port_view port_view(const char *dev, int port, bool active, int ll, int gid,
                                    bool pd) {
-  coll_ib_port_view v = {.port = port, .active = active, .link_layer = ll, .gid_index = gid,
-                         .pd_ok = pd};
+  coll_ib_port_view v = {
+      .port = port, .active = active, .link_layer = ll, .gid_index = gid, .pd_ok = pd};
   snprintf(v.dev, sizeof v.dev, "%s", dev);
   return v;
 }
@@ -397,7 +432,8 @@ Test(ib_choice, unusable_ports_are_skipped) {
   /* Only unusable ones: none is taken, and the reason names each. */
   cr_assert_eq(coll_ib_choose_port(v, 3, "", 0, skipped, sizeof skipped, why, sizeof why), -1);
   cr_assert(strstr(why, "roce0 port 1 is RoCE without a usable GID") &&
-            strstr(why, "mlx5_0 port 1 not active"), "%s", why);
+                strstr(why, "mlx5_0 port 1 not active"),
+            "%s", why);
   /* The RoCE port alone, as on a host whose RoCE NIC has no address. */
   cr_assert_eq(coll_ib_choose_port(v, 1, "", 0, skipped, sizeof skipped, why, sizeof why), -1);
   cr_assert(strstr(why, "without a usable GID"), "%s", why);
@@ -415,10 +451,10 @@ Test(ib_choice, unusable_ports_are_skipped) {
 /* ---- close drains posted writes, within a bound ------------------------------------ */
 
 typedef struct {
-  uint32_t out[4];  /* writes outstanding per queue */
-  bool stuck[4];    /* this queue's completions never come */
+  uint32_t out[4]; /* writes outstanding per queue */
+  bool stuck[4];   /* this queue's completions never come */
   int polls[4];
-  uint64_t clock;   /* advances 1 per look, so the bound is reached without sleeping */
+  uint64_t clock; /* advances 1 per look, so the bound is reached without sleeping */
   int relaxes;
 } fake_queues;
 
@@ -685,7 +721,12 @@ Test(ib_regcache, randomized_invariants) {
     size_t maxb = cfg == 3 ? 24 * PG : 0;
     coll_ib_regcache c;
     fake_hca *f = fake_new(&c, cap, maxb);
-    typedef struct { coll_ib_reg *r; uintptr_t a; size_t len; int handle; } held_t;
+    typedef struct {
+      coll_ib_reg *r;
+      uintptr_t a;
+      size_t len;
+      int handle;
+    } held_t;
     held_t held[64];
     int nheld = 0;
     uint64_t st = 7 + (uint64_t)cfg;
@@ -750,13 +791,15 @@ Test(ib_select, every_combination) {
           int t = coll_select_transport((coll_transport_mode)m, same, here, peer);
           int want;
           switch (m) {
-          case COLL_MODE_AUTO: want = same ? COLL_T_SHM : (here && peer) ? COLL_T_IB : COLL_T_TCP; break;
+          case COLL_MODE_AUTO:
+            want = same ? COLL_T_SHM : (here && peer) ? COLL_T_IB : COLL_T_TCP;
+            break;
           case COLL_MODE_SHM: want = same ? COLL_T_SHM : -1; break;
           case COLL_MODE_TCP: want = COLL_T_TCP; break;
           default: want = here && peer ? COLL_T_IB : -1; break;
           }
-          cr_assert_eq(t, want, "mode %d same_host %d ib_here %d ib_peer %d: got %d", m, same,
-                       here, peer, t);
+          cr_assert_eq(t, want, "mode %d same_host %d ib_here %d ib_peer %d: got %d", m, same, here,
+                       peer, t);
           cr_assert_eq(t, coll_select_transport((coll_transport_mode)m, same, peer, here),
                        "both ends of a pair must choose alike");
         }
@@ -787,7 +830,8 @@ static bool ib_present(char *why, size_t len) {
 }
 
 static int init_must_fail(coll_comm_t comm, int rank, int n, void *arg) {
-  (void)comm; (void)arg;
+  (void)comm;
+  (void)arg;
   coll_unique_id id = coll_launch_unique_id();
   coll_comm_t c = NULL;
   coll_result r = coll_comm_init_rank(&c, n, id, rank);
@@ -831,7 +875,8 @@ Test(ib_proc, probe_reason_is_stable) {
   if (x) cr_skip_test("an InfiniBand device is present");
   cr_assert_str_eq(a, b);
   cr_assert(strstr(a, "no InfiniBand device") || strstr(a, "without libibverbs") ||
-            strstr(a, "active port"), "%s", a);
+                strstr(a, "active port"),
+            "%s", a);
 }
 
 /* "Says so once at INFO level": three probes, one line. */
@@ -854,7 +899,8 @@ Test(ib_proc, no_device_said_once_at_info) {
   char line[512];
   int said = 0;
 #if COLL_HAVE_IBVERBS
-  while (fgets(line, sizeof line, tmp)) said += strstr(line, "[coll INFO] ib: transport not available") != NULL;
+  while (fgets(line, sizeof line, tmp))
+    said += strstr(line, "[coll INFO] ib: transport not available") != NULL;
   cr_assert_eq(said, 1, "the missing device was reported %d times", said);
 #else
   (void)line;

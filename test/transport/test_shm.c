@@ -102,7 +102,8 @@ static int rank_fn(coll_comm_t comm, int rank, int n, void *arg) {
   if (coll_all_to_all(s, r, 1, COLL_INT32, comm, NULL) != COLL_OK)
     return t_failf("rank %d: all-to-all: %s\n", rank, coll_comm_last_error(comm));
   for (int j = 0; j < n; j++)
-    if (r[j] != j * 100 + rank) return t_failf("rank %d: all-to-all block %d is %d\n", rank, j, r[j]);
+    if (r[j] != j * 100 + rank)
+      return t_failf("rank %d: all-to-all block %d is %d\n", rank, j, r[j]);
   if (check_resident(comm, "after a one-int all-to-all", ring, exact, small, exact)) return 1;
   free(x), free(y), free(s), free(r);
   return 0;

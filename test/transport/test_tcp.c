@@ -147,7 +147,9 @@ Test(tcp, goodbye_right_behind_the_last_data, .timeout = 120) {
 /* ---- transport selection ------------------------------------------------------------ */
 
 static int init_only(coll_comm_t comm, int rank, int n, void *arg) {
-  (void)comm; (void)n; (void)arg;
+  (void)comm;
+  (void)n;
+  (void)arg;
   coll_unique_id id = coll_launch_unique_id();
   coll_comm_t c;
   coll_result r = coll_comm_init_rank(&c, 2, id, rank);
@@ -159,9 +161,11 @@ static int init_only(coll_comm_t comm, int rank, int n, void *arg) {
     coll_comm_destroy(c);
     return r == COLL_OK && y == 3 ? 0 : t_failf("rank %d: all-reduce gave %d", rank, y);
   }
-  if (r != COLL_ERR_INVALID_ARG) return t_failf("rank %d: init returned %s", rank, coll_result_string(r));
+  if (r != COLL_ERR_INVALID_ARG)
+    return t_failf("rank %d: init returned %s", rank, coll_result_string(r));
   if (!strstr(coll_comm_last_error(NULL), "COLL_TRANSPORT"))
-    return t_failf("rank %d: sentence does not name COLL_TRANSPORT: %s", rank, coll_comm_last_error(NULL));
+    return t_failf("rank %d: sentence does not name COLL_TRANSPORT: %s", rank,
+                   coll_comm_last_error(NULL));
   return 0;
 }
 

@@ -26,125 +26,123 @@
 #define STEPS 10
 #define TOL 1e-5
 
-static float *read_floats(const char *dir, const char *name, size_t want)
-{
-    char *path = th_fmt("%s/%s", dir, name);
-    size_t len = 0;
-    char *buf = th_read(path, &len);
-    cr_assert(buf, "reference did not write %s", path);
-    free(path);
-    cr_assert_eq(len, want * sizeof(float), "%s: %zu bytes, expected %zu", name, len,
-                 want * sizeof(float));
-    return (float *)buf;
+static float *read_floats(const char *dir, const char *name, size_t want) {
+  char *path = th_fmt("%s/%s", dir, name);
+  size_t len = 0;
+  char *buf = th_read(path, &len);
+  cr_assert(buf, "reference did not write %s", path);
+  free(path);
+  cr_assert_eq(len, want * sizeof(float), "%s: %zu bytes, expected %zu", name, len,
+               want * sizeof(float));
+  return (float *)buf;
 }
 
-Test(parity, pytorch_forward_backward_and_adamw, .timeout = 120)
-{
-    const char *py = getenv("TRAIN_PYTHON") ? getenv("TRAIN_PYTHON") : "/usr/bin/python3";
-    const char *ref = getenv("TRAIN_REFERENCE");
-    cr_assert(ref, "TRAIN_REFERENCE (path of tools/reference.py) is not set");
-    char *cmd = th_fmt("%s -c 'import torch, numpy' >/dev/null 2>&1", py);
-    if (system(cmd) != 0)
-        cr_assert_fail("%s cannot import torch and numpy: install python3-torch "
-                       "python3-numpy (Debian) to run the PyTorch parity test", py);
+Test(parity, pytorch_forward_backward_and_adamw, .timeout = 120) {
+  const char *py = getenv("TRAIN_PYTHON") ? getenv("TRAIN_PYTHON") : "/usr/bin/python3";
+  const char *ref = getenv("TRAIN_REFERENCE");
+  cr_assert(ref, "TRAIN_REFERENCE (path of tools/reference.py) is not set");
+  char *cmd = th_fmt("%s -c 'import torch, numpy' >/dev/null 2>&1", py);
+  if (system(cmd) != 0)
+    cr_assert_fail("%s cannot import torch and numpy: install python3-torch "
+                   "python3-numpy (Debian) to run the PyTorch parity test",
+                   py);
 
-    char *dir = th_tmpdir();
-    cr_assert(dir);
-    char err[TRAIN_ERRLEN];
-    train_config cfg = {.vocab = 256, .max_seq = 32, .layers = 2, .channels = 64, .heads = 4};
-    /* lr 1e-2: large enough that ten steps move the loss a lot */
-    train_options o = th_options(cfg, B, T, 42, STEPS, 3, 1e-2f);
-    train_session *s = train_session_create(&o, err);
-    cr_assert(s, "%s", err);
-    train_model *m = train_session_model(s);
-    size_t np = train_num_params(m);
+  char *dir = th_tmpdir();
+  cr_assert(dir);
+  char err[TRAIN_ERRLEN];
+  train_config cfg = {.vocab = 256, .max_seq = 32, .layers = 2, .channels = 64, .heads = 4};
+  /* lr 1e-2: large enough that ten steps move the loss a lot */
+  train_options o = th_options(cfg, B, T, 42, STEPS, 3, 1e-2f);
+  train_session *s = train_session_create(&o, err);
+  cr_assert(s, "%s", err);
+  train_model *m = train_session_model(s);
+  size_t np = train_num_params(m);
 
-    char *ckpt = th_fmt("%s/init.ckpt", dir), *inp = th_fmt("%s/inputs.bin", dir),
-         *tgt = th_fmt("%s/targets.bin", dir);
-    cr_assert_eq(train_session_save(s, ckpt, err), 0, "%s", err);
+  char *ckpt = th_fmt("%s/init.ckpt", dir), *inp = th_fmt("%s/inputs.bin", dir),
+       *tgt = th_fmt("%s/targets.bin", dir);
+  cr_assert_eq(train_session_save(s, ckpt, err), 0, "%s", err);
 
-    /* the batches the session will draw: same loader, same seed */
-    static int in[STEPS][B * T], tg[STEPS][B * T];
-    train_loader_state ls = {.seed = o.seed};
-    for (int k = 0; k < STEPS; k++)
-        train_data_next_batch(train_session_data(s), &ls, B, T, in[k], tg[k]);
-    cr_assert_eq(th_write(inp, in, sizeof in), 0);
-    cr_assert_eq(th_write(tgt, tg, sizeof tg), 0);
+  /* the batches the session will draw: same loader, same seed */
+  static int in[STEPS][B * T], tg[STEPS][B * T];
+  train_loader_state ls = {.seed = o.seed};
+  for (int k = 0; k < STEPS; k++)
+    train_data_next_batch(train_session_data(s), &ls, B, T, in[k], tg[k]);
+  cr_assert_eq(th_write(inp, in, sizeof in), 0);
+  cr_assert_eq(th_write(tgt, tg, sizeof tg), 0);
 
-    char *out = th_fmt("%s/ref.out", dir), *errf = th_fmt("%s/ref.err", dir);
-    free(cmd);
-    cmd = th_fmt("%s %s --ckpt %s --inputs %s --targets %s --batch %d --seq %d --steps %d "
-                 "--out %s",
-                 py, ref, ckpt, inp, tgt, B, T, STEPS, dir);
-    int rc = th_run(cmd, out, errf);
-    char *msg = th_read(errf, NULL);
-    cr_assert_eq(rc, 0, "reference.py failed (%d): %s", rc, msg ? msg : "");
-    free(msg);
+  char *out = th_fmt("%s/ref.out", dir), *errf = th_fmt("%s/ref.err", dir);
+  free(cmd);
+  cmd = th_fmt("%s %s --ckpt %s --inputs %s --targets %s --batch %d --seq %d --steps %d "
+               "--out %s",
+               py, ref, ckpt, inp, tgt, B, T, STEPS, dir);
+  int rc = th_run(cmd, out, errf);
+  char *msg = th_read(errf, NULL);
+  cr_assert_eq(rc, 0, "reference.py failed (%d): %s", rc, msg ? msg : "");
+  free(msg);
 
-    /* 1. forward + backward of batch 0 */
-    int V = o.cfg.vocab;
-    float *rlogits = read_floats(dir, "logits.bin", (size_t)B * T * V);
-    float *rloss = read_floats(dir, "loss.bin", 1);
-    float *rgrads = read_floats(dir, "grads.bin", np);
-    float loss = train_forward(m, in[0], tg[0], B, T);
-    train_zero_grad(m);
-    train_backward(m);
-    float *logits = malloc((size_t)B * T * V * sizeof(float));
-    float *grads = malloc(np * sizeof(float));
-    train_copy_logits_to_host(m, logits);
-    train_copy_grads_to_host(m, grads);
+  /* 1. forward + backward of batch 0 */
+  int V = o.cfg.vocab;
+  float *rlogits = read_floats(dir, "logits.bin", (size_t)B * T * V);
+  float *rloss = read_floats(dir, "loss.bin", 1);
+  float *rgrads = read_floats(dir, "grads.bin", np);
+  float loss = train_forward(m, in[0], tg[0], B, T);
+  train_zero_grad(m);
+  train_backward(m);
+  float *logits = malloc((size_t)B * T * V * sizeof(float));
+  float *grads = malloc(np * sizeof(float));
+  train_copy_logits_to_host(m, logits);
+  train_copy_grads_to_host(m, grads);
 
-    double e = th_relerr(logits, rlogits, (size_t)B * T * V);
-    cr_log_info("logits: rel err %.2e", e);
-    cr_expect(e <= TOL, "logits: relative error %.3e > %.0e", e, TOL);
-    e = fabs((double)loss - rloss[0]) / fabs(rloss[0]);
-    cr_log_info("loss: C %.7f torch %.7f rel err %.2e", loss, rloss[0], e);
-    cr_expect(e <= TOL, "loss: C %.8f torch %.8f relative error %.3e", loss, rloss[0], e);
-    double worst = 0;
-    const char *worst_name = "";
-    for (int i = 0; i < train_num_tensors(m); i++) {
-        const train_param *p = train_param_info(m, i);
-        e = th_relerr(grads + p->offset, rgrads + p->offset, p->numel);
-        cr_expect(e <= TOL, "gradient of %s: relative error %.3e > %.0e", p->name, e, TOL);
-        if (e > worst) {
-            worst = e;
-            worst_name = p->name;
-        }
+  double e = th_relerr(logits, rlogits, (size_t)B * T * V);
+  cr_log_info("logits: rel err %.2e", e);
+  cr_expect(e <= TOL, "logits: relative error %.3e > %.0e", e, TOL);
+  e = fabs((double)loss - rloss[0]) / fabs(rloss[0]);
+  cr_log_info("loss: C %.7f torch %.7f rel err %.2e", loss, rloss[0], e);
+  cr_expect(e <= TOL, "loss: C %.8f torch %.8f relative error %.3e", loss, rloss[0], e);
+  double worst = 0;
+  const char *worst_name = "";
+  for (int i = 0; i < train_num_tensors(m); i++) {
+    const train_param *p = train_param_info(m, i);
+    e = th_relerr(grads + p->offset, rgrads + p->offset, p->numel);
+    cr_expect(e <= TOL, "gradient of %s: relative error %.3e > %.0e", p->name, e, TOL);
+    if (e > worst) {
+      worst = e;
+      worst_name = p->name;
     }
-    cr_log_info("gradients: %d tensors, worst rel err %.2e (%s)", train_num_tensors(m),
-                worst, worst_name);
+  }
+  cr_log_info("gradients: %d tensors, worst rel err %.2e (%s)", train_num_tensors(m), worst,
+              worst_name);
 
-    /* 2. ten AdamW steps (warmup + cosine lr, clipping, weight decay) */
-    float *rlosses = read_floats(dir, "losses.bin", STEPS);
-    float *rnorms = read_floats(dir, "norms.bin", STEPS);
-    for (int k = 0; k < STEPS; k++) {
-        train_step_stats st = train_session_step(s);
-        double el = fabs((double)st.loss - rlosses[k]) / fabs(rlosses[k]);
-        double en = fabs((double)st.grad_norm - rnorms[k]) / fabs(rnorms[k]);
-        cr_log_info("step %2d: loss C %.7f torch %.7f (rel %.1e)  norm C %.5f torch %.5f "
-                    "(rel %.1e)",
-                    k + 1, st.loss, rlosses[k], el, st.grad_norm, rnorms[k], en);
-        cr_expect(el <= TOL, "step %d loss: C %.8f torch %.8f relative error %.3e", k + 1,
-                  st.loss, rlosses[k], el);
-        cr_expect(en <= 1e-4, "step %d grad norm: C %.6f torch %.6f", k + 1, st.grad_norm,
-                  rnorms[k]);
-    }
-    cr_expect(rlosses[STEPS - 1] < rlosses[0] - 0.5f, "ten steps should reduce the loss");
+  /* 2. ten AdamW steps (warmup + cosine lr, clipping, weight decay) */
+  float *rlosses = read_floats(dir, "losses.bin", STEPS);
+  float *rnorms = read_floats(dir, "norms.bin", STEPS);
+  for (int k = 0; k < STEPS; k++) {
+    train_step_stats st = train_session_step(s);
+    double el = fabs((double)st.loss - rlosses[k]) / fabs(rlosses[k]);
+    double en = fabs((double)st.grad_norm - rnorms[k]) / fabs(rnorms[k]);
+    cr_log_info("step %2d: loss C %.7f torch %.7f (rel %.1e)  norm C %.5f torch %.5f "
+                "(rel %.1e)",
+                k + 1, st.loss, rlosses[k], el, st.grad_norm, rnorms[k], en);
+    cr_expect(el <= TOL, "step %d loss: C %.8f torch %.8f relative error %.3e", k + 1, st.loss,
+              rlosses[k], el);
+    cr_expect(en <= 1e-4, "step %d grad norm: C %.6f torch %.6f", k + 1, st.grad_norm, rnorms[k]);
+  }
+  cr_expect(rlosses[STEPS - 1] < rlosses[0] - 0.5f, "ten steps should reduce the loss");
 
-    free(rlogits);
-    free(rloss);
-    free(rgrads);
-    free(rlosses);
-    free(rnorms);
-    free(logits);
-    free(grads);
-    free(cmd);
-    free(out);
-    free(errf);
-    free(ckpt);
-    free(inp);
-    free(tgt);
-    train_session_free(s);
-    th_rmrf(dir);
-    free(dir);
+  free(rlogits);
+  free(rloss);
+  free(rgrads);
+  free(rlosses);
+  free(rnorms);
+  free(logits);
+  free(grads);
+  free(cmd);
+  free(out);
+  free(errf);
+  free(ckpt);
+  free(inp);
+  free(tgt);
+  train_session_free(s);
+  th_rmrf(dir);
+  free(dir);
 }

@@ -46,16 +46,15 @@ int criterion_handle_args(int argc, char *argv[], bool handle_unknown_arg);
 int criterion_run_all_tests(struct criterion_test_set *tests);
 void criterion_finalize(struct criterion_test_set *tests);
 
-#define Test(suite, name, ...)                                                         \
-  static void shim_##suite##_##name(void);                                             \
-  __attribute__((constructor)) static void shim_reg_##suite##_##name(void) {           \
-    shim_register(#suite, #name, shim_##suite##_##name,                                \
-                  (struct shim_opts){.unused_ = 0, __VA_ARGS__});                      \
-  }                                                                                    \
+#define Test(suite, name, ...)                                               \
+  static void shim_##suite##_##name(void);                                   \
+  __attribute__((constructor)) static void shim_reg_##suite##_##name(void) { \
+    shim_register(#suite, #name, shim_##suite##_##name,                      \
+                  (struct shim_opts){.unused_ = 0, __VA_ARGS__});            \
+  }                                                                          \
   static void shim_##suite##_##name(void)
 
-static inline void shim_report(const char *file, int line, const char *expr, const char *fmt,
-                               ...) {
+static inline void shim_report(const char *file, int line, const char *expr, const char *fmt, ...) {
   fprintf(stderr, "%s:%d: Assertion failed: %s", file, line, expr);
   if (fmt && *fmt) {
     va_list ap;
@@ -69,19 +68,19 @@ static inline void shim_report(const char *file, int line, const char *expr, con
 }
 
 // "" __VA_ARGS__ makes an absent message an empty format (messages are literals).
-#define cr_assert(cond, ...)                                                        \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      shim_report(__FILE__, __LINE__, #cond, "" __VA_ARGS__);                       \
-      _exit(1);                                                                     \
-    }                                                                               \
+#define cr_assert(cond, ...)                                  \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      shim_report(__FILE__, __LINE__, #cond, "" __VA_ARGS__); \
+      _exit(1);                                               \
+    }                                                         \
   } while (0)
-#define cr_expect(cond, ...)                                                        \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      shim_report(__FILE__, __LINE__, #cond, "" __VA_ARGS__);                       \
-      shim_expect_failed = 1;                                                       \
-    }                                                                               \
+#define cr_expect(cond, ...)                                  \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      shim_report(__FILE__, __LINE__, #cond, "" __VA_ARGS__); \
+      shim_expect_failed = 1;                                 \
+    }                                                         \
   } while (0)
 #define cr_assert_not(cond, ...) cr_assert(!(cond), __VA_ARGS__)
 #define cr_assert_eq(a, b, ...) cr_assert((a) == (b), __VA_ARGS__)
@@ -89,18 +88,18 @@ static inline void shim_report(const char *file, int line, const char *expr, con
 #define cr_assert_null(p, ...) cr_assert((p) == NULL, __VA_ARGS__)
 #define cr_assert_str_eq(a, b, ...) cr_assert(strcmp((a), (b)) == 0, __VA_ARGS__)
 #define cr_assert_fail(...) cr_assert(0, __VA_ARGS__)
-#define cr_log_info(...)                                                            \
-  do {                                                                              \
-    fprintf(stderr, "[----] " __VA_ARGS__);                                         \
-    fputc('\n', stderr);                                                            \
+#define cr_log_info(...)                    \
+  do {                                      \
+    fprintf(stderr, "[----] " __VA_ARGS__); \
+    fputc('\n', stderr);                    \
   } while (0)
-#define cr_skip_test(...)                                                           \
-  do {                                                                              \
-    fprintf(stderr, "[SKIP] %s: ", shim_current);                                   \
-    fprintf(stderr, "" __VA_ARGS__);                                                \
-    fputc('\n', stderr);                                                            \
-    fflush(stderr);                                                                 \
-    _exit(SHIM_SKIP_STATUS);                                                        \
+#define cr_skip_test(...)                         \
+  do {                                            \
+    fprintf(stderr, "[SKIP] %s: ", shim_current); \
+    fprintf(stderr, "" __VA_ARGS__);              \
+    fputc('\n', stderr);                          \
+    fflush(stderr);                               \
+    _exit(SHIM_SKIP_STATUS);                      \
   } while (0)
 
 #endif
