@@ -5,7 +5,10 @@
  * slice through connectors (libcoll/transport/); reduce.c does arithmetic; bootstrap.c
  * only runs during init.  A lower layer reaches a higher one only through comm->hooks
  * and comm->exec_ops below.  Nothing in here may print and exit: every failure becomes
- * a coll_result plus a sentence in the communicator.
+ * a coll_result plus a sentence in the communicator.  Every layer includes this file, so
+ * it includes headers of include/, base/ and transport/ only, never a layer's
+ * (layers.rules holds it so): a schedule's types are base/schedule.h's, the bootstrap's
+ * state comm/bootstrap.h's.
  */
 #ifndef COLL_INTERNAL_H
 #define COLL_INTERNAL_H
@@ -20,10 +23,10 @@
 
 #include "base.h"
 #include "coll.h"
-#include "plan.h"
-#include "ring_link.h"
+#include "schedule.h"
 #include "shm.h"
 #include "transport.h"
+#include "vocab.h"
 
 #define COLL_ERRBUF 512
 #define COLL_QUEUE_SLOTS 1024 /* asynchronous operations in flight per communicator */
@@ -78,31 +81,6 @@ void coll_bootstrap_root_discard(coll_root *r);
 void coll_bootstrap_root_forget(coll_root *r);
 /* A fresh id; with `held`, the listening root is handed back without a thread. */
 coll_result coll_make_unique_id(coll_unique_id *id, coll_root **held);
-
-/* A rank's side of the bootstrap (bootstrap.c): its listener and ring links. */
-typedef struct {
-  int rank, nranks;
-  int timeout_ms;
-  coll_ring_link link;
-  struct sockaddr_storage local; /* this end of the route to the root */
-  socklen_t local_len;
-  coll_sockaddr_packed next_addr; /* from the root's note */
-  bool have_next, next_done, failed, formed;
-  uint64_t end_ns;              /* init's deadline */
-  char why[COLL_LINK_NOTE_MAX]; /* failed: what the neighbours were told */
-  coll_frame_tx tx;
-  coll_frame_rx rx_prev, rx_next;
-} coll_bootstrap;
-
-coll_result coll_bootstrap_connect(struct coll_comm *comm, coll_bootstrap *b,
-                                   const coll_id_fields *f, int rank, int nranks);
-/* Every rank contributes `len` bytes (same len on all ranks); `all` receives nranks*len
- * bytes, rank i's at offset i*len. */
-coll_result coll_bootstrap_allgather(struct coll_comm *comm, coll_bootstrap *b, const void *mine,
-                                     void *all, size_t len);
-void coll_bootstrap_close(coll_bootstrap *b);
-/* Init failed on this rank: the ring hears why (sentence in comm->errbuf). */
-void coll_bootstrap_fail(struct coll_comm *comm, coll_bootstrap *b);
 
 /* ---- env-based init (init_env.c) ------------------------------------------------------ */
 

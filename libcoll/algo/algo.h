@@ -26,6 +26,7 @@
 #define COLL_ALGO_H
 
 #include "internal.h"
+#include "plan.h"
 
 #define COLL_BIT(kind) (1u << (kind))
 

@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "plan.h"
 
 typedef struct {
   struct coll_comm *comm;

@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "bootstrap_wire.h"
+#include "bootstrap.h"
 #include "internal.h"
 #include "ring_link.h"
 #include "sock.h"

@@ -29,6 +29,7 @@
 #include "coll_config.h"
 #include "ib_wire.h"
 #include "cuda_internal.h"
+#include "bootstrap.h"
 #include "internal.h"
 #include "watch.h"
 #if COLL_HAVE_IBVERBS

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "coll_test.h"
+#include "bootstrap.h"
 #include "internal.h"
 
 #define COUNT (1u << 16) /* floats: 256 KiB, a few FIFO slots */

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap.h"
 #include "internal.h"
 #include "tcp_matrix.h"
 
