@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -112,14 +113,30 @@ int coll_select_transport(coll_transport_mode mode, bool same_host, bool ib_here
 
 /* ---- operations, streams and the executor --------------------------------------- */
 
+struct coll_device_ops; /* kernels/device_ops.h */
+
 struct coll_stream {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t enqueued, completed;
   coll_result err;
   char errmsg[COLL_ERRBUF];
+  /* The device back end that made the stream (device_ops.h): coll_device_host for
+   * coll_stream_create's, cuda/'s for coll_stream_create_cuda's.  stream.c waits and
+   * frees through it: a stream is waited on without a communicator. */
+  const struct coll_device_ops *dev;
   struct coll_cuda_stream *cuda; /* wraps a cudaStream_t (coll_cuda.h), else NULL */
 };
+
+/* A stream's lock, condition and back end, the rest zero: for every place that makes one
+ * (exec/stream.c's coll_stream_create; cuda/cuda.c's coll_stream_create_cuda, which may
+ * not call up into exec/; api/group.c's stream on its stack for calls without one). */
+static inline void coll_stream_init(struct coll_stream *s, const struct coll_device_ops *dev) {
+  memset(s, 0, sizeof *s);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->dev = dev;
+}
 
 /* COLL_COLL_GROUP_P2P: the point-to-point calls of one group on one communicator,
  * merged into one work.  group.c allocates it (one block) and builds its plan at
@@ -227,7 +244,10 @@ struct coll_comm {
   int rank, nranks;
   const coll_comm_hooks *hooks;  /* comm.c's, for the layers below */
   const coll_exec_ops *exec_ops; /* executor.c's, for the rows that run themselves */
-  struct coll_peer *peer;        /* the device data path (cuda/peer.c), once set up */
+  /* The device back end (kernels/device_ops.h), chosen once at creation (comm.c): cuda/'s
+   * in a build with CUDA, else coll_device_host.  exec/ reaches devices only through it. */
+  const struct coll_device_ops *dev;
+  struct coll_peer *peer; /* the device data path (cuda/peer.c), once set up */
   uint8_t secret[COLL_SECRET_BYTES];
   int timeout_ms;
   pid_t *pids;        /* per rank, for liveness checks on this host */
@@ -308,7 +328,7 @@ struct coll_comm {
   /* every row's predicted seconds × handicap per bucket (INFINITY: cannot serve) */
   double cost_at[COLL_NUM_ALGOS][COLL_NUM_COLLS][COLL_TUNE_BUCKETS];
   uint32_t per_call_rows;      /* bit a: row a is usable only call by call (algo.h) */
-  struct coll_cuda_comm *cuda; /* device path (cuda.c); NULL until init sets it up */
+  struct coll_cuda_comm *cuda; /* cuda/'s state (comm->dev's comm_setup), else NULL */
 
   struct coll_trace *trace; /* NULL unless COLL_TRACE or coll_trace_start (trace.c) */
   bool check;               /* COLL_CHECK: exchange call descriptors before each call (check.c) */

@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_ops.h"
 #include "internal.h"
 #include "plan.h"
 
@@ -223,10 +224,8 @@ static coll_result submit_p2p(struct coll_comm *comm, const rec *recs, size_t fr
 /* Enqueues every recorded call (see the top comment) and waits for those that had no
  * stream.  Returns the first error. */
 static coll_result run(rec *recs, size_t n) {
-  struct coll_stream local; /* the calls made with a NULL stream */
-  memset(&local, 0, sizeof local);
-  pthread_mutex_init(&local.mu, NULL);
-  pthread_cond_init(&local.cv, NULL);
+  struct coll_stream local; /* the calls made with a NULL stream: a host stream */
+  coll_stream_init(&local, &coll_device_host);
   coll_result first = COLL_OK, r;
   for (size_t i = 0; i < n; i++) {
     struct coll_comm *comm = recs[i].comm;

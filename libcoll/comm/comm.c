@@ -10,13 +10,15 @@
  * coll_comm_use_peer when the executor first needs that peer, which is also when shm's
  * FIFO pages for that peer become resident (warm) — meet again so that
  * every rank has mapped everything, let the transports finish (shm unlinks its segment, tcp starts
- * its proxy), start the progress thread, tune.  No CUDA call: a communicator's device path is set
- * up by its first call on device memory (cuda.c).  The rendezvous is the TCP bootstrap for a new
- * job (coll_comm_build) or the parent communicator for a split (split.c): coll_comm_build_rv only
- * sees its two allgather rounds.  After init nothing talks to the rendezvous again. Must never
- * leave a half-built communicator behind: a failure frees everything it made, shared segments
- * included, tells the rendezvous and the watch why, and marks it aborted so that peers already
- * connected fail fast.
+ * its proxy), start the progress thread, tune.  No CUDA call: the communicator gets its device
+ * table (comm->dev, kernels/device_ops.h) here — cuda/'s, asked through device_cuda.h, the one
+ * thing comm/ may ask of cuda/ (layers.rules), or the host table — and its device path is set
+ * up by its first call on device memory, through that table.  The rendezvous is the TCP bootstrap
+ * for a new job (coll_comm_build) or the parent communicator for a split (split.c):
+ * coll_comm_build_rv only sees its two allgather rounds.  After init nothing talks to the
+ * rendezvous again. Must never leave a half-built communicator behind: a failure frees everything
+ * it made, shared segments included, tells the rendezvous and the watch why, and marks it aborted
+ * so that peers already connected fail fast.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -28,8 +30,9 @@
 #include "bootstrap_wire.h"
 #include "coll_config.h"
 #include "ib_wire.h"
-#include "cuda_internal.h"
 #include "bootstrap.h"
+#include "device_cuda.h"
+#include "device_ops.h"
 #include "internal.h"
 #include "watch.h"
 #if COLL_HAVE_IBVERBS
@@ -133,7 +136,7 @@ void coll_comm_free(struct coll_comm *comm) {
   if (!comm) return;
   coll_exec_stop(comm);
   coll_watch_stop(comm, atomic_load(&comm->aborted) ? COLL_WATCH_ABORT : COLL_WATCH_BYE);
-  coll_cuda_comm_free(comm, coll_comm_ending(comm));
+  comm->dev->comm_free(comm, coll_comm_ending(comm));
   coll_trace_free(comm);
   coll_comm_end how = coll_comm_ending(comm);
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
@@ -176,6 +179,12 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
                                const uint8_t secret[COLL_SECRET_BYTES], coll_rendezvous *rv) {
   struct coll_comm *comm = calloc(1, sizeof *comm);
   if (comm) comm->hooks = &comm_hooks;
+  /* The device back end, once, before anything can fail (coll_comm_free calls it): CUDA's
+   * table in a build with CUDA — COLL_CUDA=off, no driver or no GPU are decided inside it,
+   * lazily and once per process, as a creation that makes no CUDA call must leave them —
+   * else the host table.  Asking is no CUDA call. */
+  const coll_device_ops *cuda = coll_cuda_device();
+  if (comm) comm->dev = cuda ? cuda : &coll_device_host;
   if (!comm) {
     rv->leave(rv);
     return coll_fail(NULL, COLL_ERR_SYSTEM, "out of memory creating a communicator");
@@ -270,7 +279,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
         (comm->slot_bytes == 0 || comm->transports[t]->slot_bytes < comm->slot_bytes))
       comm->slot_bytes = comm->transports[t]->slot_bytes;
   /* No CUDA call here: the device path is set up by the first call on device memory. */
-  if ((r = coll_cuda_comm_setup(comm)) != COLL_OK) goto fail;
+  if ((r = comm->dev->comm_setup(comm)) != COLL_OK) goto fail;
   if ((r = coll_watch_listen(comm, &me.watch)) != COLL_OK) goto fail;
   if ((r = rv->allgather(rv, comm, &me, all, sizeof me)) != COLL_OK) goto fail;
   /* From here a failure on any rank reaches every other rank at once (watch.c). */

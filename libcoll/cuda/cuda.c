@@ -1,8 +1,13 @@
 /* cuda.c — device buffers: detection, the device memory ops, the communicator's CUDA
  * state, and collectives enqueued on a cudaStream_t.
  *
+ * The layers above never call this file by name: device_cuda.c gathers its hooks (and
+ * peer.c's) into the CUDA device table (kernels/device_ops.h), which a communicator
+ * holds as comm->dev and a stream made here (coll_stream_create_cuda) as stream->dev.
+ *
  * Data path.  The executor runs the same plan for device buffers as for host buffers;
- * only its memory ops and connectors change (coll_cuda_exec_begin hands them over).
+ * only its memory ops and connectors change (coll_cuda_exec_begin, the table's
+ * exec_begin, hands them over).
  * Device ops issue cudaMemcpyAsync and the kernels of cuda_kernels.cu on the
  * communicator's own non-blocking stream, and `fence` waits for that stream (polling
  * cudaStreamQuery, bounded by COLL_TIMEOUT_MS and the abort flag) before the executor
@@ -47,6 +52,7 @@
 
 #include "coll_config.h"
 #include "cuda_internal.h"
+#include "device_cuda.h"
 
 /* ---- pure parts ------------------------------------------------------------------------ */
 
@@ -346,7 +352,7 @@ static bool setup_local(struct coll_comm *comm, int dev, void *blob) {
 static coll_result connect_all(struct coll_comm *comm, const uint8_t *blobs, size_t stride);
 static void agree(struct coll_comm *comm, const uint8_t *flags);
 
-static coll_result lazy_setup(struct coll_comm *comm, int dev, coll_cuda_exchange xchg) {
+static coll_result lazy_setup(struct coll_comm *comm, int dev, coll_device_exchange xchg) {
   struct coll_cuda_comm *cc = comm->cuda;
   int n = comm->nranks;
   if (!coll_cuda_available()) {
@@ -386,7 +392,7 @@ static coll_result lazy_setup(struct coll_comm *comm, int dev, coll_cuda_exchang
 }
 
 coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn,
-                                coll_cuda_exchange xchg) {
+                                coll_device_exchange xchg) {
   struct coll_cuda_comm *cc = comm->cuda;
   if (!cc) return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no CUDA state", comm->rank);
   if (!atomic_load_explicit(&cc->tried, memory_order_acquire)) {
@@ -562,7 +568,7 @@ struct coll_cuda_stream {
   uint8_t done[TICKET_RING]; /* done[t % RING]: ticket t finished, not yet published */
 };
 
-coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user) {
+static coll_result stream_new(struct coll_cuda_stream **out, void *user) {
   cudaStream_t cs = (cudaStream_t)user;
   *out = NULL;
   if (!coll_cuda_available())
@@ -607,7 +613,7 @@ coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user) {
   return COLL_OK;
 }
 
-void coll_cuda_stream_discard(struct coll_cuda_stream *x) {
+static void stream_discard(struct coll_cuda_stream *x) {
   if (!x) return;
   cudaFreeHost((void *)x->flag);
   free(x);
@@ -615,6 +621,43 @@ void coll_cuda_stream_discard(struct coll_cuda_stream *x) {
 
 static bool drain(cudaStream_t s, int timeout_ms);
 void *coll_cuda_stream_user(struct coll_stream *s) { return (void *)s->cuda->user; }
+
+/* coll_cuda.h's: a stream of exec/stream.c's kind with a CUDA part, carrying the CUDA
+ * device table (device_cuda.c) for stream.c to wait, query and free it through.  Here,
+ * not in api/: api/ never names cuda/ (layers.rules), and cuda/ may not call up into
+ * exec/stream.c's coll_stream_create, so the stream is made here with internal.h's
+ * coll_stream_init, as stream.c makes it, and with coll_stream_create's sentence. */
+coll_result coll_stream_create_cuda(coll_stream_t *out, cudaStream_t cs) {
+  if (!out)
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_create_cuda: stream pointer is NULL");
+  *out = NULL;
+  if (!coll_cuda_available())
+    return coll_fail(NULL, COLL_ERR_UNSUPPORTED, "coll_stream_create_cuda: %s",
+                     coll_cuda_unavailable_reason());
+  struct coll_cuda_stream *x = NULL;
+  coll_result r = stream_new(&x, (void *)cs);
+  if (r != COLL_OK) return r;
+  struct coll_stream *st = malloc(sizeof *st);
+  if (!st) {
+    stream_discard(x);
+    return coll_fail(NULL, COLL_ERR_SYSTEM, "coll_stream_create: out of memory");
+  }
+  coll_stream_init(st, coll_cuda_device());
+  st->cuda = x;
+  *out = st;
+  return COLL_OK;
+}
+
+coll_result coll_stream_get_cuda(coll_stream_t s, cudaStream_t *cs) {
+  if (!s || !cs)
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_get_cuda: %s is NULL",
+                     s ? "cs" : "stream");
+  if (!s->cuda)
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
+                     "coll_stream_get_cuda: the stream was not made by coll_stream_create_cuda");
+  *cs = s->cuda->user;
+  return COLL_OK;
+}
 
 bool coll_cuda_peer_wanted(struct coll_comm *comm) {
   struct coll_cuda_comm *cc = comm->cuda;
@@ -899,7 +942,9 @@ void coll_cuda_work_done(coll_work *w) {
 
 #else
 /* ======================================================================================
- * Without CUDA: the same functions, saying so
+ * Without CUDA: what the tests and the pure parts ask, saying so.  The device table is
+ * the host one then (device_cuda.c answers NULL, comm.c takes kernels/device_host.c),
+ * so nothing of the per-communicator and per-call code above is needed.
  * ====================================================================================== */
 
 bool coll_cuda_built(void) { return false; }
@@ -911,73 +956,5 @@ coll_mem_kind coll_cuda_classify(const void *p, int *device) {
   *device = -1;
   return p ? COLL_MEM_HOST : COLL_MEM_NONE;
 }
-coll_result coll_cuda_comm_setup(struct coll_comm *comm) {
-  struct coll_cuda_comm *cc = calloc(1, sizeof *cc);
-  if (!cc) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up CUDA");
-  cc->device = -1;
-  snprintf(cc->reason, sizeof cc->reason, "%s", coll_cuda_unavailable_reason());
-  comm->cuda = cc;
-  return COLL_OK;
-}
-coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn,
-                                coll_cuda_exchange xchg) {
-  (void)w, (void)xchg;
-  return coll_fail(comm, COLL_ERR_INTERNAL, "%s: device work in a build without CUDA", fn);
-}
 bool coll_cuda_probed(void) { return false; }
-void coll_cuda_comm_wake(struct coll_comm *comm) { (void)comm; }
-void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how) {
-  (void)how;
-  free(comm->cuda);
-  comm->cuda = NULL;
-}
-void coll_cuda_stream_free(struct coll_stream *s) { (void)s; }
-coll_result coll_cuda_stream_sync(struct coll_stream *s) {
-  (void)s;
-  return COLL_OK;
-}
-bool coll_cuda_stream_idle(struct coll_stream *s) {
-  (void)s;
-  return true;
-}
-coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work *w) {
-  (void)comm, (void)fn;
-  w->device = false;
-  w->cuda_event = NULL;
-  w->cuda_ticket = 0;
-  return COLL_OK;
-}
-coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, coll_work *w) {
-  (void)comm, (void)fn, (void)w;
-  return COLL_OK;
-}
-bool coll_cuda_peer_wanted(struct coll_comm *comm) {
-  (void)comm;
-  return false;
-}
-void *coll_cuda_stream_user(struct coll_stream *s) {
-  (void)s;
-  return NULL;
-}
-coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what) {
-  (void)event, (void)what;
-  return coll_fail(comm, COLL_ERR_INTERNAL, "a device event in a build without CUDA");
-}
-coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r) {
-  (void)comm, (void)w;
-  return r;
-}
-coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
-                                 const coll_mem_ops **ops, coll_conn ***send, coll_conn ***recv,
-                                 size_t *slot_bytes) {
-  (void)ops, (void)send, (void)recv, (void)slot_bytes;
-  if (!w->device) return COLL_OK;
-  return coll_fail(comm, COLL_ERR_INTERNAL, "device work in a build without CUDA");
-}
-coll_result coll_cuda_exec_end(struct coll_comm *comm, const coll_work *w, coll_result r) {
-  (void)comm, (void)w;
-  return r;
-}
-void coll_cuda_work_done(coll_work *w) { (void)w; }
-void coll_cuda_ticket_done_locked(struct coll_stream *s, uint32_t t) { (void)s, (void)t; }
 #endif

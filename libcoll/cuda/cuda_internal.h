@@ -1,15 +1,22 @@
-/* cuda_internal.h — what the rest of libcoll sees of CUDA (cuda.c; the transport's own
- * part, libcoll/transport/cuda_ipc.c, is declared in libcoll/transport/cuda_ipc.h).
+/* cuda_internal.h — cuda.c's functions, as the cuda layer's files (device_cuda.c, which
+ * gathers the hooks into the CUDA device table; driver.c; peer.c) and the tests see them
+ * (the transport's own part, libcoll/transport/cuda_ipc.c, is declared in
+ * libcoll/transport/cuda_ipc.h).  The layers above never include it: they reach CUDA
+ * through the device table (kernels/device_ops.h, comm->dev), and comm.c asks for that
+ * table through device_cuda.h alone (layers.rules).
  *
- * No CUDA type appears here, so every file can include it in every build; without nvcc
- * (COLL_HAVE_CUDA == 0) cuda.c provides the same functions as stubs that say "no CUDA".
+ * No CUDA type appears here, so every file can include it in every build.  Without nvcc
+ * (COLL_HAVE_CUDA == 0) cuda.c provides the process-wide and pure functions only (the
+ * first two sections below), saying "no CUDA": the communicator's and the calls' hooks
+ * are then the host table's (kernels/device_host.c), and are not defined here.
  *
  * The pieces:
  *  - the device memory ops: the table type (coll_mem_ops) and the host table are the
  *    kernels layer's (kernels/mem_ops.h, mem_host.c); cuda.c's device table is
  *    cudaMemcpyAsync and cuda_kernels.cu on the communicator's own CUDA stream, with
  *    `fence` waiting for that stream before a slot is published (send_post) or handed
- *    back (recv_release), and coll_cuda_exec_begin hands it to the executor.
+ *    back (recv_release), and coll_cuda_exec_begin (the table's exec_begin) hands it to
+ *    the executor.
  *  - pointer classification: only in a process where the CUDA driver is loaded (someone
  *    used CUDA: a process that never did can have no device memory), then
  *    cudaPointerGetAttributes once a probe found a device (cached per process).
@@ -72,8 +79,7 @@ coll_result coll_cuda_check_kinds(struct coll_comm *comm, const char *fn, coll_m
                                   int send_dev, coll_mem_kind recv_kind, int recv_dev, int comm_dev,
                                   const char *cuda_ready);
 
-/* ---- the communicator's CUDA state (cuda.c), hooked into comm.c ---------------------- */
-
+/* ---- the communicator's CUDA state (cuda.c): the CUDA table's comm_* hooks ----------- */
 
 /* At creation: the communicator's CUDA state, empty.  Makes no CUDA call (nothing is
  * set up until a collective is handed device memory). */
@@ -83,13 +89,13 @@ coll_result coll_cuda_comm_setup(struct coll_comm *comm);
  * other rank (cuda.c's "Lazy" comment says how); then refuses, with a sentence, a call
  * the path cannot serve.  Collective on that first call: every rank must make it. */
 coll_result coll_cuda_comm_lazy(struct coll_comm *comm, const coll_work *w, const char *fn,
-                                coll_cuda_exchange xchg);
+                                coll_device_exchange xchg);
 /* `how` the communicator ends, for cuda_ipc's close (comm.c knows). */
 void coll_cuda_comm_free(struct coll_comm *comm, coll_comm_end how);
 /* Wakes threads waiting on cuda_ipc connectors (abort). */
 void coll_cuda_comm_wake(struct coll_comm *comm);
 
-/* ---- per collective (exec/submit.c, executor.c) ------------------------------------- */
+/* ---- per collective: the CUDA table's hooks for exec/submit.c, executor.c, stream.c -- */
 
 /* exec/submit.c, before enqueueing: classifies the buffers of `w` (sets w->device), refuses
  * what cannot run, and sets w->peer_candidate for a call the device data path (peer.c)
@@ -126,13 +132,7 @@ void coll_cuda_stream_free(struct coll_stream *s);
 /* A bounded wait for a cudaEvent_t (exec/submit.c waits for a blocking call of the
  * device data path with it). */
 coll_result coll_cuda_wait_event(struct coll_comm *comm, void *event, const char *what);
-/* api/stream_cuda.c's coll_stream_create_cuda: the CUDA part of a stream wrapping the
- * cudaStream_t `user` (its completion counter, the driver's wait function), and its
- * release when the stream could not be made after all. */
-struct coll_cuda_stream;
-coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user);
-void coll_cuda_stream_discard(struct coll_cuda_stream *x);
-/* The cudaStream_t (as void *) a stream of coll_stream_create_cuda wraps. */
+/* The cudaStream_t (as void *) a stream of coll_stream_create_cuda (cuda.c) wraps. */
 void *coll_cuda_stream_user(struct coll_stream *s);
 
 /* exec/submit.c, for a w->peer_candidate: whether to try the device data path at all —

@@ -1,7 +1,8 @@
 /* peer.c — the device data path: collectives whose bytes move in GPU kernels that read
  * the other ranks' buffers directly (CUDA IPC), ordered on the caller's cudaStream_t.
  *
- * The path of one call (exec/submit.c drives it and does step 2; algo/device.c holds the
+ * The path of one call (exec/submit.c drives it through the device table, comm->dev,
+ * whose peer hooks device_cuda.c points here, and does step 2; algo/device.c holds the
  * schedules):
  *   1. describe: each rank names its send and receive buffers as (allocation id, offset,
  *      IPC handle) — cuPointerGetAttributes and cudaIpcGetMemHandle, cached per
@@ -297,7 +298,7 @@ static bool setup_local(struct coll_comm *comm, const char *name) {
   return true;
 }
 
-coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg, int device,
+coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_device_exchange xchg, int device,
                                  void *stream) {
   int n = comm->nranks;
   char name[64] = "";
@@ -617,34 +618,9 @@ coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *
 void *coll_dev_scratch(struct coll_comm *comm) { return comm->peer->scratch; }
 
 #else
-/* Without CUDA: nothing is ever a device buffer, so none of this is reached; the
- * functions exist so that the layers above link the same way in every build. */
-coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg, int device,
-                                 void *stream) {
-  (void)comm, (void)xchg, (void)device, (void)stream;
-  return COLL_OK;
-}
-void coll_cuda_peer_free(struct coll_comm *comm) { (void)comm; }
-void coll_cuda_peer_poison(struct coll_comm *comm) { (void)comm; }
-void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w,
-                             void *out) {
-  (void)comm, (void)fn, (void)w;
-  memset(out, 0, COLL_PEER_DESC_BYTES);
-}
-coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
-                               const void *descs, void *stream) {
-  (void)comm, (void)fn, (void)descs, (void)stream;
-  w->peer_ok = false;
-  return COLL_OK;
-}
-coll_result coll_cuda_peer_finish(struct coll_comm *comm, coll_work *w, coll_result r) {
-  (void)comm, (void)w;
-  return r;
-}
-void *coll_cuda_peer_done_event(struct coll_comm *comm) {
-  (void)comm;
-  return NULL;
-}
+/* Without CUDA: nothing is ever a device buffer, so none of this is reached.  The hooks
+ * of exec/submit.c are the host table's then (kernels/device_host.c); the primitives
+ * below exist so that algo/device.c links the same way in every build. */
 static coll_result no_cuda(struct coll_comm *comm) {
   return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: the device path in a build without CUDA",
                    comm->rank);

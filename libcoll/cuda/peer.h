@@ -1,8 +1,10 @@
-/* peer.h — the device data path (peer.c): what exec/submit.c drives, what cuda.c sets up
- * and tears down, and the primitives algo/device.c schedules with.
+/* peer.h — the device data path (peer.c): what exec/submit.c drives through the device
+ * table (comm->dev's peer hooks, gathered in device_cuda.c), what cuda.c sets up and
+ * tears down, and the primitives algo/device.c schedules with.
  *
  * No CUDA types (streams and events are void *), so every file can include it in every
- * build; without nvcc peer.c provides the same functions, never reached.
+ * build; without nvcc peer.c provides the primitives only (never reached: nothing is a
+ * device buffer there), and the host table (kernels/device_host.c) answers the hooks.
  *
  * Must never: name struct coll_cuda_comm (cuda.c's state): the path's own state is
  * struct coll_peer, in the communicator.
@@ -15,14 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device_ops.h"
 #include "internal.h"
 #include "peer_kernels.h"
-
-/* An all-gather of `len` bytes per rank over the host path, handed down by the executor
- * for the set-up's exchanges (cuda/ never calls up into exec/). */
-typedef coll_result (*coll_cuda_exchange)(struct coll_comm *comm, const void *mine, void *all,
-                                          size_t len);
-
 
 /* The flags of the device path's barriers: one row of this many 32-bit words per rank. */
 #define COLL_PEER_FLAG_STRIDE 16
@@ -42,14 +39,14 @@ typedef struct coll_dev_call {
  * libcoll's own stream: the barrier flags (a page of host shared memory every GPU can
  * reach), scratch, a trial.  Makes comm->peer, ok on every rank alike or on none (the
  * reason in its `why`); COLL_OK where the path simply cannot run. */
-coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_cuda_exchange xchg, int device,
+coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_device_exchange xchg, int device,
                                  void *stream);
 void coll_cuda_peer_free(struct coll_comm *comm);
 /* Ends every wait of the device path (abort, a poisoned communicator). */
 void coll_cuda_peer_poison(struct coll_comm *comm);
 /* What this rank says about the call, COLL_PEER_DESC_BYTES into `out`: its shape and
  * its buffers (allocation, offset, IPC handle) — or that they cannot be shared. */
-#define COLL_PEER_DESC_BYTES 192
+#define COLL_PEER_DESC_BYTES COLL_DEVICE_DESC_BYTES /* device_ops.h: submit.c sizes it */
 void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_work *w, void *out);
 /* After exec/submit.c's all-gather of every rank's description (whose first instance set the
  * path up): compares the calls (COLL_ERR_MISMATCH), then maps every peer's buffers.

@@ -16,6 +16,11 @@
  * already built: one step per grouped send or receive, each over its own buffer (the
  * step's `item`), in bytes.  It runs through the same rounds.
  *
+ * Device work (device buffers, or a call waiting for a cudaStream_t's event) runs the same
+ * plan: only the memory ops, connectors and slot size change, handed over by the
+ * communicator's device table (comm->dev->exec_begin, kernels/device_ops.h; cuda.c's).
+ * This file never calls cuda/ by name.
+ *
  * Must never: allocate or take a lock on the data path, wait without a bound (every
  * wait is cut into slices of at most 100 ms to look at abort, deadline and peer health),
  * or touch a user buffer outside the ranges the plan names.
@@ -27,7 +32,7 @@
 #include <string.h>
 
 #include "algo.h"
-#include "cuda_internal.h"
+#include "device_ops.h"
 #include "mem_ops.h"
 #include "reduce.h"
 
@@ -40,8 +45,8 @@ typedef struct {
   int step_index;
   size_t done_bytes, total_bytes;
   bool nt; /* non-temporal: final copies into user buffers bypass the cache (copy.c) */
-  /* How bytes move (host: kernels/mem_host.c; device: cuda.c) and over which
-   * connectors (host: shm/tcp; device: cuda_ipc). */
+  /* How bytes move (host: kernels/mem_host.c; device: what comm->dev's exec_begin hands
+   * over, cuda.c's) and over which connectors (host: shm/tcp; device: cuda_ipc). */
   const coll_mem_ops *ops;
   coll_conn **conn_send, **conn_recv;
 } wait_ctx;
@@ -266,7 +271,8 @@ static inline coll_result use_peer(struct coll_comm *comm, int p, int dir, size_
 }
 
 /* One all-gather of `len` bytes per rank over the host path, as the library's own call
- * (no sequence number, no COLL_CHECK): handed to cuda.c for the device path's set-up. */
+ * (no sequence number, no COLL_CHECK): handed to the device back end (comm->dev's
+ * comm_lazy) for the device path's set-up. */
 static coll_result exchange(struct coll_comm *comm, const void *mine, void *all, size_t len) {
   coll_work x = {.coll = COLL_COLL_ALL_GATHER,
                  .sendbuf = mine,
@@ -294,10 +300,10 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   coll_result cr = comm->check && !w->internal && !w->peer_exchange ? coll_check_call(comm, w)
                                                                     : COLL_OK;
   if (cr != COLL_OK) return cr;
-  /* The communicator's first call on device memory sets its device path up (cuda.c); a
-   * device-path exchange (cuda/peer.c) is such a call. */
+  /* The communicator's first call on device memory sets its device path up (comm->dev:
+   * cuda.c); a device-path exchange (cuda/peer.c) is such a call. */
   if ((w->device || w->peer_exchange) &&
-      (cr = coll_cuda_comm_lazy(comm, w, coll_coll_name(w->coll), exchange)) != COLL_OK)
+      (cr = comm->dev->comm_lazy(comm, w, coll_coll_name(w->coll), exchange)) != COLL_OK)
     return cr;
 
   size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
@@ -380,25 +386,27 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
                 .conn_send = comm->conn_send,
                 .conn_recv = comm->conn_recv};
   size_t slot_bytes = comm->slot_bytes;
-  /* Device buffers or a cudaStream_t: cuda.c swaps in its ops, connectors and slot.
+  /* Device buffers or a cudaStream_t: the device back end (comm->dev, cuda.c) swaps in
+   * its ops, connectors and slot.
    * (Never a group's point-to-point work: group.c refuses device memory there, and its
    * plan was cut by comm->slot_bytes.) */
-  bool cuda = w->device || w->cuda_event;
-  if (cuda && (r = coll_cuda_exec_begin(comm, w, &x.ops, &x.conn_send, &x.conn_recv,
-                                        &slot_bytes)) != COLL_OK)
-    return coll_cuda_exec_end(comm, w, r);
+  const coll_device_ops *dev = comm->dev;
+  bool on_dev = w->device || w->cuda_event;
+  if (on_dev &&
+      (r = dev->exec_begin(comm, w, &x.ops, &x.conn_send, &x.conn_recv, &slot_bytes)) != COLL_OK)
+    return dev->exec_end(comm, w, r);
   if (slot_bytes != comm->slot_bytes) { /* plans that cut by slice must cut like we do */
     a.slice = slot_bytes / es;
     if ((r = coll_plan_build(&a, comm->steps, &nsteps)) != COLL_OK)
-      return coll_cuda_exec_end(comm, w,
-                                coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no plan for %s #%llu",
-                                          comm->rank, coll_coll_name(w->coll),
-                                          (unsigned long long)w->seq));
+      return dev->exec_end(comm, w,
+                           coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: no plan for %s #%llu",
+                                     comm->rank, coll_coll_name(w->coll),
+                                     (unsigned long long)w->seq));
   }
   /* Each direction a plan uses is readied the first time (a lazy transport's peer is
    * connected, shm's FIFO pages are made resident), so a communicator holds the
    * connections and memory of the peers its algorithms use, not of all N-1. */
-  for (size_t i = 0; !cuda && i < nsteps; i++) {
+  for (size_t i = 0; !on_dev && i < nsteps; i++) {
     const coll_step *s = &steps[i];
     size_t b = (s->count < slot_bytes / es ? s->count : slot_bytes / es) * es; /* its slices */
     int in2 = s->kind == COLL_STEP_RECV2_REDUCE_SEND ? s->peer_in2 : -1;       /* else unused */
@@ -449,12 +457,12 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       }
       if (t0 && off == 0 && i < traced) t0[i] = coll_now_ns();
       if ((r = run_slice(&x, g ? own : bufs, off, n, es)) != COLL_OK)
-        return cuda ? coll_cuda_exec_end(comm, w, r) : r;
+        return on_dev ? dev->exec_end(comm, w, r) : r;
       if (t1 && off + n == s->count && i < traced) t1[i] = coll_now_ns();
     }
   }
   if (x.nt) coll_copy_nt_fence(); /* non-temporal output before the completion */
-  if (cuda && (r = coll_cuda_exec_end(comm, w, COLL_OK)) != COLL_OK) return r;
+  if (on_dev && (r = dev->exec_end(comm, w, COLL_OK)) != COLL_OK) return r;
   if (t0) coll_trace_record(comm, w, a.algo, steps, traced, es, t_call, coll_now_ns());
   return COLL_OK;
 }
@@ -467,7 +475,7 @@ static void finish(struct coll_comm *comm, coll_work *w, coll_result r, coll_wor
   w->group = NULL;
   free(w->v_copy); /* all_to_allv's arrays, copied at the enqueue (api.c) */
   w->v_copy = NULL;
-  coll_cuda_work_done(w); /* its cudaStream_t event, if any */
+  comm->dev->work_done(w); /* its cudaStream_t event, if any */
   if (w->stream) {
     const char *msg = r == COLL_OK ? "" : coll_comm_last_error(comm);
     coll_stream_complete(w->stream, r, msg, w->cuda_ticket);
@@ -619,7 +627,7 @@ void coll_exec_wake_all(struct coll_comm *comm) {
     if (comm->conn_recv && comm->conn_recv[p]) comm->conn_recv[p]->t->wake(comm->conn_recv[p]);
   }
   pthread_mutex_unlock(&comm->connmu);
-  coll_cuda_comm_wake(comm);
+  comm->dev->comm_wake(comm); /* cuda_ipc's connectors, the device data path's waits */
   pthread_mutex_lock(&comm->qmu);
   pthread_cond_broadcast(&comm->qcv);
   pthread_cond_broadcast(&comm->donecv);

@@ -1,11 +1,13 @@
 /* submit.c — where a checked call enters the executor: device buffers recognised (and
  * refused when they cannot run), the device data path tried first where it may serve
- * (cuda/peer.c maps every rank's buffers; the table's device rows, algo/device.c,
+ * (the back end maps every rank's buffers; the table's device rows, algo/device.c,
  * enqueue the call on the caller's stream), else the queue (executor.c), with the
- * cudaStream_t's event before and its wait after.
+ * cudaStream_t's event before and its wait after.  Every device question goes through
+ * the communicator's device table, comm->dev (kernels/device_ops.h: cuda/'s in a build
+ * with CUDA, else the host table, whose answers are "host memory" and "nothing to do").
  *
  * api.c and group.c hand every call here, and only here: the layers below them (exec,
- * algo, cuda) are reached from this file down.
+ * algo, and the device back end through comm->dev) are reached from this file down.
  *
  * Must never: run a collective itself, or let a call that was not enqueued leak what it
  * owns (all_to_allv's copied arrays).
@@ -14,7 +16,7 @@
 #include <string.h>
 
 #include "algo.h"
-#include "cuda_internal.h"
+#include "device_ops.h"
 #include "internal.h"
 
 /* All-to-all, gather and scatter have no device path yet: cuda.c's executor hooks were
@@ -32,33 +34,33 @@ static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_
                              : "the stream wraps a cudaStream_t");
 }
 
-/* The device data path: every rank describes its buffers (cuda/peer.c), one all-gather
- * of the descriptions over the host path (numbered as the user's call, not COLL_CHECKed:
- * peer.c compares the calls itself; the first one sets the device path up), peer.c maps
- * every rank's buffers, the tuner picks one of the table's device rows (algo/device.c),
+/* The device data path: every rank describes its buffers (comm->dev: cuda/peer.c), one
+ * all-gather of the descriptions over the host path (numbered as the user's call, not
+ * COLL_CHECKed: peer.c compares the calls itself; the first one sets the device path up),
+ * peer.c maps every rank's buffers, the tuner picks one of the table's device rows (algo/device.c),
  * which enqueues the call on the caller's stream.  *served false: the host-driven path
  * takes the call, on every rank alike. */
 static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work *w, bool *served) {
   *served = false;
   w->peer_ok = false;
-  if (!coll_cuda_peer_wanted(comm)) return COLL_OK;
+  const coll_device_ops *dev = comm->dev;
+  if (!dev->peer_wanted(comm)) return COLL_OK;
   size_t n = (size_t)comm->nranks;
-  uint8_t mine[COLL_PEER_DESC_BYTES], *all = malloc(n * COLL_PEER_DESC_BYTES);
+  uint8_t mine[COLL_DEVICE_DESC_BYTES], *all = malloc(n * COLL_DEVICE_DESC_BYTES);
   if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "%s on rank %d: out of memory", fn, comm->rank);
   memset(mine, 0, sizeof mine);
-  coll_cuda_peer_describe(comm, fn, w, mine);
+  dev->peer_describe(comm, fn, w, mine);
   coll_work x = {.coll = COLL_COLL_ALL_GATHER,
                  .sendbuf = mine,
                  .recvbuf = all,
-                 .count = COLL_PEER_DESC_BYTES,
+                 .count = COLL_DEVICE_DESC_BYTES,
                  .dtype = COLL_UINT8,
                  .peer_exchange = true,
                  .cuda_dev = w->cuda_dev,
                  .inner = true};
   coll_result r = coll_exec_submit(comm, &x);
   bool exchanged = r == COLL_OK; /* a failed exchange has told the peers itself */
-  if (r == COLL_OK)
-    r = coll_cuda_peer_map(comm, fn, w, all, w->stream ? coll_cuda_stream_user(w->stream) : NULL);
+  if (r == COLL_OK) r = dev->peer_map(comm, fn, w, all);
   free(all);
   if (r == COLL_OK && w->peer_ok) {
     const coll_algo_entry *e = coll_tune_row(comm, w, coll_dtype_size(w->dtype), 0);
@@ -66,12 +68,12 @@ static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work
       bool ran = true;
       *served = true;
       atomic_store_explicit(&comm->last_algo, (int)e->id + 1, memory_order_relaxed);
-      r = coll_cuda_peer_finish(comm, w, e->run(comm, w, &ran));
+      r = dev->peer_finish(comm, w, e->run(comm, w, &ran));
       /* A blocking call returns with its result in place (bounded by the timeout). */
       if (r == COLL_OK && !w->stream &&
-          (r = coll_cuda_wait_event(comm, coll_cuda_peer_done_event(comm),
-                                    coll_coll_name(w->coll))) != COLL_OK)
-        coll_cuda_peer_poison(comm);
+          (r = dev->wait_event(comm, dev->peer_done_event(comm), coll_coll_name(w->coll))) !=
+              COLL_OK)
+        dev->peer_poison(comm);
     }
   }
   /* Past the exchange every peer is in this call: a failure here must reach them. */
@@ -81,9 +83,10 @@ static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work
 
 coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
   coll_comm_enter(comm);
-  /* cuda.c: device buffers are recognised (and refused when they cannot run) here; a
-   * cudaStream_t gets its event before and its wait after the enqueue. */
-  coll_result r = coll_cuda_prepare(comm, fn, w);
+  /* The device back end (cuda.c, or the host table): device buffers are recognised (and
+   * refused when they cannot run) here; a cudaStream_t gets its event before and its
+   * wait after the enqueue. */
+  coll_result r = comm->dev->prepare(comm, fn, w);
   bool enqueued = false;
   if (r == COLL_OK && w->peer_candidate) {
     bool served = false;
@@ -92,7 +95,7 @@ coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
       coll_comm_leave(comm);
       return r;
     }
-    r = coll_cuda_prepare_stream(comm, fn, w);
+    r = comm->dev->prepare_stream(comm, fn, w);
     if (r != COLL_OK) {
       coll_comm_leave(comm);
       return r;
@@ -103,8 +106,8 @@ coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
     if (r == COLL_OK) r = coll_exec_submit(comm, w), enqueued = true;
     /* On failure it releases the event; on success it makes a cudaStream_t wait.  A call
      * with neither (host memory, no cudaStream_t: prepare set no event) has nothing
-     * there, and does not go back down into cuda.c after the executor for it. */
-    if (w->cuda_event || (w->stream && w->stream->cuda)) r = coll_cuda_after_submit(comm, w, r);
+     * there, and does not go back down into the back end after the executor for it. */
+    if (w->cuda_event || (w->stream && w->stream->cuda)) r = comm->dev->after_submit(comm, w, r);
   }
   if (!enqueued) free(w->v_copy); /* else the executor frees it (finish()) */
   coll_comm_leave(comm);
@@ -113,7 +116,7 @@ coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w) {
 
 
 coll_result coll_submit_classify(struct coll_comm *comm, const char *fn, coll_work *w) {
-  coll_result r = coll_cuda_prepare(comm, fn, w);
-  coll_cuda_work_done(w); /* the event a device call gets: a probe runs nothing */
+  coll_result r = comm->dev->prepare(comm, fn, w);
+  comm->dev->work_done(w); /* the event a device call gets: a probe runs nothing */
   return r;
 }

@@ -40,6 +40,8 @@
 #include "algo.h"
 #include "cuda_internal.h"
 #include "coll_test.h"
+#include "device_cuda.h"
+#include "device_ops.h"
 #include "internal.h"
 #include "reduce.h"
 
@@ -291,6 +293,12 @@ static int host_rank(coll_comm_t comm, int rank, int n, void *arg) {
     return t_failf("all_reduce: %s", coll_comm_last_error(comm));
   for (int i = 0; i < 5; i++)
     if (v[i] != want) return t_failf("element %d is %d, expected %d", i, v[i], want);
+  if (!coll_cuda_built()) { /* the host device table: no CUDA state at all */
+    if (comm->dev != &coll_device_host || comm->cuda)
+      return t_failf("a build without CUDA runs on the host device table");
+    return 0;
+  }
+  if (comm->dev != coll_cuda_device()) return t_failf("a build with CUDA has the CUDA table");
   if (!comm->cuda) return t_failf("no CUDA state on the communicator");
   if (comm->cuda->ready) return t_failf("COLL_CUDA=off, yet the device path is ready");
   if (coll_cuda_probed()) return t_failf("a host-only job probed for CUDA");
@@ -314,7 +322,9 @@ static int host_rank_auto(coll_comm_t comm, int rank, int n, void *arg) {
   /* Host buffers in a process that never loaded the CUDA driver: no CUDA call at all —
    * no probe, no context, no device FIFO — whether or not the machine has a GPU. */
   if (coll_cuda_probed()) return t_failf("a host-only job probed for CUDA");
-  if (atomic_load(&comm->cuda->tried) || comm->cuda->ready || comm->cuda->stream)
+  if (!coll_cuda_built()
+          ? comm->dev != &coll_device_host || comm->cuda
+          : atomic_load(&comm->cuda->tried) || comm->cuda->ready || comm->cuda->stream)
     return t_failf("a host-only job set a device path up");
   float g[8] = {0};
   g[rank] = (float)rank + 1; /* in place: this rank's block is already in the output */
