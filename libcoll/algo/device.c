@@ -94,7 +94,7 @@ static void *chunk(void *b, int k, size_t count, size_t es) {
 static coll_result all_reduce_twoshot(struct coll_comm *comm, const coll_work *w) {
   const coll_dev_call *d = w->dev;
   int n = comm->nranks, me = comm->rank;
-  size_t es = coll_dtype_size(w->dtype);
+  size_t es = coll_elem_bytes(w->dtype);
   /* chunk k: elements [k*q + min(k, rem), ...), the first `rem` chunks one longer */
   size_t q = w->count / (size_t)n, rem = w->count % (size_t)n;
   size_t off[COLL_PEER_MAX + 1];
@@ -124,7 +124,7 @@ static coll_result all_reduce_twoshot(struct coll_comm *comm, const coll_work *w
 static coll_result oneshot(struct coll_comm *comm, const coll_work *w) {
   const coll_dev_call *d = w->dev;
   int n = comm->nranks, me = comm->rank;
-  size_t es = coll_dtype_size(w->dtype), bytes = w->count * es;
+  size_t es = coll_elem_bytes(w->dtype), bytes = w->count * es;
   const void *src[COLL_PEER_MAX];
   void *dst[COLL_PEER_MAX];
   size_t len[COLL_PEER_MAX];
@@ -182,7 +182,7 @@ coll_result coll_dev_oneshot_run(struct coll_comm *comm, const coll_work *w, boo
                      comm->rank);
   /* In place, past the scratch: the two-shot, which never overwrites what a peer reads. */
   if (w->coll == COLL_COLL_ALL_REDUCE && w->sendbuf == w->recvbuf &&
-      w->count * coll_dtype_size(w->dtype) > COLL_DEV_SCRATCH)
+      w->count * coll_elem_bytes(w->dtype) > COLL_DEV_SCRATCH)
     return all_reduce_twoshot(comm, w);
   return oneshot(comm, w);
 }

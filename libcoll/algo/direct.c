@@ -107,7 +107,7 @@ static coll_result barrier(struct coll_comm *comm, const coll_work *w) {
 static coll_result reduce_block(struct coll_comm *comm, const coll_work *w, const addr_pair *ap,
                                 const uint8_t *mine, size_t off, size_t cnt, uint8_t *out) {
   int n = comm->nranks, me = comm->rank;
-  size_t es = coll_dtype_size(w->dtype), per = PIECE / es;
+  size_t es = coll_elem_bytes(w->dtype), per = PIECE / es;
   uint8_t *s0 = comm->direct_scratch, *s1 = s0 + PIECE, *own = s1 + PIECE;
   coll_result r;
   for (size_t done = 0; done < cnt; done += per) {
@@ -151,7 +151,7 @@ static coll_result reduce_block(struct coll_comm *comm, const coll_work *w, cons
 /* All-to-all(v): block `me` of every peer's send buffer into this rank's blocks. */
 static coll_result all_to_all(struct coll_comm *comm, const coll_work *w, const addr_pair *ap) {
   int n = comm->nranks, me = comm->rank;
-  size_t es = coll_dtype_size(w->dtype);
+  size_t es = coll_elem_bytes(w->dtype);
   const uint8_t *src = w->sendbuf;
   uint8_t *dst = w->recvbuf;
   bool v = w->coll == COLL_COLL_ALL_TO_ALLV;
@@ -179,7 +179,7 @@ static coll_result all_to_all(struct coll_comm *comm, const coll_work *w, const 
 
 static coll_result run_call(struct coll_comm *comm, const coll_work *w, addr_pair *ap, bool *ran) {
   int n = comm->nranks, me = comm->rank;
-  size_t es = coll_dtype_size(w->dtype);
+  size_t es = coll_elem_bytes(w->dtype);
   const uint8_t *src = w->sendbuf;
   uint8_t *dst = w->recvbuf;
   coll_result r;
@@ -261,7 +261,7 @@ bool coll_direct_serves(struct coll_comm *comm, coll_coll_kind c) {
  * (all timed as the whole call).  A pull moves nothing out: a peer's reads of this
  * rank's buffers are that peer's steps. */
 static void record(struct coll_comm *comm, const coll_work *w, uint64_t t_start, uint64_t t_end) {
-  size_t es = coll_dtype_size(w->dtype), ns = 0;
+  size_t es = coll_elem_bytes(w->dtype), ns = 0;
   coll_step *st = comm->steps;
   uint64_t *t0 = comm->exec_ops->trace_t0(comm), *t1 = comm->exec_ops->trace_t1(comm);
   for (int p = 0; p < comm->nranks && ns < coll_plan_max_steps(comm->nranks); p++) {

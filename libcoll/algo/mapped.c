@@ -70,7 +70,7 @@ bool coll_mapped_serves(coll_coll_kind c) {
 
 /* Bytes of the send and receive ranges of this rank's call. */
 static void ranges(const struct coll_comm *comm, const coll_work *w, size_t *sb, size_t *rb) {
-  size_t b = w->count * coll_dtype_size(w->dtype), p = (size_t)comm->nranks;
+  size_t b = w->count * coll_elem_bytes(w->dtype), p = (size_t)comm->nranks;
   *sb = *rb = b;
   if (w->coll == COLL_COLL_REDUCE_SCATTER || w->coll == COLL_COLL_SCATTER) *sb = b * p;
   if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_GATHER) *rb = b * p;
@@ -91,7 +91,7 @@ static void reduce_piece(const struct coll_comm *comm, const coll_work *w, uint8
                          size_t at, size_t k, uint8_t *scratch, uint8_t *const *out, int nout,
                          size_t out_at, bool nt) {
   int n = comm->nranks;
-  size_t es = coll_dtype_size(w->dtype);
+  size_t es = coll_elem_bytes(w->dtype);
   coll_kernel_reduce(scratch, in[0] + at, in[1] + at, k, w->dtype, w->op);
   for (int q = 2; q < n; q++) coll_kernel_reduce(scratch, scratch, in[q] + at, k, w->dtype, w->op);
   if (w->op == COLL_AVG) coll_kernel_avg(scratch, k, w->dtype, n);
@@ -107,7 +107,7 @@ static void reduce_piece(const struct coll_comm *comm, const coll_work *w, uint8
 static void reduce_block(const struct coll_comm *comm, const coll_work *w, uint8_t *const *in,
                          size_t off, size_t cnt, uint8_t *const *out, int nout, size_t out_off,
                          bool nt) {
-  size_t es = coll_dtype_size(w->dtype), per = PIECE / es;
+  size_t es = coll_elem_bytes(w->dtype), per = PIECE / es;
   uint8_t *scratch = comm->scratch; /* executor.c's slice scratch: idle during this call */
   for (size_t d = 0; d < cnt; d += per) {
     size_t k = cnt - d < per ? cnt - d : per;
@@ -140,7 +140,7 @@ static void copy_out(const uint8_t *src, size_t bytes, uint8_t *const *out, int 
 
 static coll_result run(struct coll_comm *comm, const coll_work *w, const where *at) {
   int n = comm->nranks, me = comm->rank;
-  size_t es = coll_dtype_size(w->dtype), sb, rb;
+  size_t es = coll_elem_bytes(w->dtype), sb, rb;
   ranges(comm, w, &sb, &rb);
   uint8_t *in[COLL_MAX_RANKS_MAPPED], *out[COLL_MAX_RANKS_MAPPED];
   pthread_mutex_lock(&comm->winmu);
@@ -262,7 +262,7 @@ coll_result coll_mapped_run(struct coll_comm *comm, const coll_work *w, bool *ra
   r = run(comm, w, at);
   if (t0 && r == COLL_OK)
     comm->exec_ops->trace_record(comm, w, COLL_ALGO_MAPPED, comm->steps, 0,
-                                 coll_dtype_size(w->dtype), t0, coll_now_ns());
+                                 coll_elem_bytes(w->dtype), t0, coll_now_ns());
   return r;
 }
 

@@ -222,7 +222,7 @@ static bool reads_mailbox_of(const coll_work *w, int me, int p) {
 static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mailbox *mine,
                             uint32_t k) {
   int n = comm->nranks, me = comm->rank;
-  size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
+  size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_elem_bytes(w->dtype);
   const uint8_t *src = w->sendbuf;
   uint8_t *dst = w->recvbuf;
   size_t bytes = w->count * es;
@@ -328,7 +328,7 @@ coll_result coll_oneshot_run(struct coll_comm *comm, const coll_work *w) {
   coll_result r = run_call(comm, w, mine, k);
   wake_sleepers(comm, mine);
   if (t_start && r == COLL_OK && !w->inner)
-    record(comm, w, w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype), t_start,
+    record(comm, w, w->coll == COLL_COLL_BARRIER ? 1 : coll_elem_bytes(w->dtype), t_start,
            coll_now_ns());
   return r;
 }

@@ -57,7 +57,7 @@ static coll_result check_rank_arg(ctx *c, int r, const char *what) {
 /* bytes = count * elem * mult, refusing anything that does not fit a size_t or a pointer
  * range (count near SIZE_MAX is a classic negative-int-cast bug in callers). */
 static coll_result check_bytes(ctx *c, size_t count, coll_dtype d, size_t mult, size_t *bytes) {
-  size_t es = coll_dtype_size(d), b;
+  size_t es = coll_elem_bytes(d), b;
   if (__builtin_mul_overflow(count, es, &b) || __builtin_mul_overflow(b, mult, &b) ||
       b > (size_t)PTRDIFF_MAX)
     return BAD(c, "%s on rank %d: count %zu of %s%s overflows the address space", c->fn,
@@ -313,7 +313,7 @@ coll_result coll_all_to_all(const void *sendbuf, void *recvbuf, size_t count, co
  * whose end does not fit the address space. */
 static coll_result v_extent(ctx *c, const size_t *counts, const size_t *displs, const char *cname,
                             const char *dname, coll_dtype d, size_t *extent) {
-  size_t es = coll_dtype_size(d), end, bytes;
+  size_t es = coll_elem_bytes(d), end, bytes;
   *extent = 0;
   for (int j = 0; j < c->comm->nranks; j++) {
     if (counts[j] == 0) continue;

@@ -173,7 +173,7 @@ static coll_result submit_p2p(struct coll_comm *comm, const rec *recs, size_t fr
   for (size_t k = from; k < n; k++) {
     const coll_work *w = &recs[k].w;
     if (recs[k].comm != comm || !is_p2p(w->coll)) continue;
-    size_t es = coll_dtype_size(w->dtype); /* api.c checked count * es fits */
+    size_t es = coll_elem_bytes(w->dtype); /* api.c checked count * es fits */
     switch (w->coll) {
     case COLL_COLL_SEND:
       g->ops[i] = (coll_group_op){COLL_STEP_SEND, w->root, w->count * es};

@@ -29,7 +29,31 @@ typedef enum {
 } coll_coll_kind;
 #define COLL_NUM_COLLS 14
 
-/* "all_reduce", ... ("?" out of range). */
-const char *coll_coll_name(coll_coll_kind c);
+/* "all_reduce", ... ("?" out of range). Inline, as coll_elem_bytes: asked on every call. */
+static inline const char *coll_coll_name(coll_coll_kind c) {
+  static const char *const names[] = {"broadcast",  "reduce",     "all_reduce",  "reduce_scatter",
+                                      "all_gather", "send",       "recv",        "barrier",
+                                      "sendrecv",   "all_to_all", "all_to_allv", "gather",
+                                      "scatter",    "group"};
+  return (unsigned)c < COLL_NUM_COLLS ? names[c] : "?";
+}
+
+/* Bytes of one element of d, 0 for an invalid dtype: coll_dtype_size (coll.h) for the
+ * layers, inline because every call asks it on its way down. */
+static inline size_t coll_elem_bytes(coll_dtype d) {
+  switch (d) {
+  case COLL_INT8:
+  case COLL_UINT8: return 1;
+  case COLL_FLOAT16:
+  case COLL_BFLOAT16: return 2;
+  case COLL_INT32:
+  case COLL_UINT32:
+  case COLL_FLOAT32: return 4;
+  case COLL_INT64:
+  case COLL_UINT64:
+  case COLL_FLOAT64: return 8;
+  }
+  return 0;
+}
 
 #endif

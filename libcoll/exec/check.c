@@ -308,7 +308,7 @@ static traffic with(const desc *d, int q) {
   traffic t = {0, 0, 0, 0};
   if (d->coll == COLL_COLL_GROUP_P2P) /* it describes its traffic with q alone */
     return (traffic){d->sends, d->count, d->recvs, d->recv_count};
-  uint64_t es = coll_dtype_size((coll_dtype)d->dtype);
+  uint64_t es = coll_elem_bytes((coll_dtype)d->dtype);
   if (d->root == q) t.sends = 1, t.sent = d->count * es;
   if (d->recv_peer == q) t.recvs = 1, t.received = d->recv_count * es;
   return t;

@@ -306,7 +306,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
       (cr = comm->dev->comm_lazy(comm, w, coll_coll_name(w->coll), exchange)) != COLL_OK)
     return cr;
 
-  size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_dtype_size(w->dtype);
+  size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_elem_bytes(w->dtype);
   /* A group's point-to-point work (api/group.c) carries its plan: no algorithm.  Else
    * the tuner picks a row of the algorithm table (algo.h) and returns the row itself.  A
    * row with a run function runs the call itself; one that finds, with every other rank,

@@ -63,7 +63,7 @@ static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work
   if (r == COLL_OK) r = dev->peer_map(comm, fn, w, all);
   free(all);
   if (r == COLL_OK && w->peer_ok) {
-    const coll_algo_entry *e = coll_tune_row(comm, w, coll_dtype_size(w->dtype), 0);
+    const coll_algo_entry *e = coll_tune_row(comm, w, coll_elem_bytes(w->dtype), 0);
     if (e->device_only) { /* else COLL_ALGO named a host-driven schedule */
       bool ran = true;
       *served = true;
