@@ -52,7 +52,6 @@
 
 #include "coll_config.h"
 #include "cuda_internal.h"
-#include "device_cuda.h"
 
 /* ---- pure parts ------------------------------------------------------------------------ */
 
@@ -568,7 +567,7 @@ struct coll_cuda_stream {
   uint8_t done[TICKET_RING]; /* done[t % RING]: ticket t finished, not yet published */
 };
 
-static coll_result stream_new(struct coll_cuda_stream **out, void *user) {
+coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user) {
   cudaStream_t cs = (cudaStream_t)user;
   *out = NULL;
   if (!coll_cuda_available())
@@ -613,7 +612,7 @@ static coll_result stream_new(struct coll_cuda_stream **out, void *user) {
   return COLL_OK;
 }
 
-static void stream_discard(struct coll_cuda_stream *x) {
+void coll_cuda_stream_discard(struct coll_cuda_stream *x) {
   if (!x) return;
   cudaFreeHost((void *)x->flag);
   free(x);
@@ -621,43 +620,6 @@ static void stream_discard(struct coll_cuda_stream *x) {
 
 static bool drain(cudaStream_t s, int timeout_ms);
 void *coll_cuda_stream_user(struct coll_stream *s) { return (void *)s->cuda->user; }
-
-/* coll_cuda.h's: a stream of exec/stream.c's kind with a CUDA part, carrying the CUDA
- * device table (device_cuda.c) for stream.c to wait, query and free it through.  Here,
- * not in api/: api/ never names cuda/ (layers.rules), and cuda/ may not call up into
- * exec/stream.c's coll_stream_create, so the stream is made here with internal.h's
- * coll_stream_init, as stream.c makes it, and with coll_stream_create's sentence. */
-coll_result coll_stream_create_cuda(coll_stream_t *out, cudaStream_t cs) {
-  if (!out)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_create_cuda: stream pointer is NULL");
-  *out = NULL;
-  if (!coll_cuda_available())
-    return coll_fail(NULL, COLL_ERR_UNSUPPORTED, "coll_stream_create_cuda: %s",
-                     coll_cuda_unavailable_reason());
-  struct coll_cuda_stream *x = NULL;
-  coll_result r = stream_new(&x, (void *)cs);
-  if (r != COLL_OK) return r;
-  struct coll_stream *st = malloc(sizeof *st);
-  if (!st) {
-    stream_discard(x);
-    return coll_fail(NULL, COLL_ERR_SYSTEM, "coll_stream_create: out of memory");
-  }
-  coll_stream_init(st, coll_cuda_device());
-  st->cuda = x;
-  *out = st;
-  return COLL_OK;
-}
-
-coll_result coll_stream_get_cuda(coll_stream_t s, cudaStream_t *cs) {
-  if (!s || !cs)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_get_cuda: %s is NULL",
-                     s ? "cs" : "stream");
-  if (!s->cuda)
-    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
-                     "coll_stream_get_cuda: the stream was not made by coll_stream_create_cuda");
-  *cs = s->cuda->user;
-  return COLL_OK;
-}
 
 bool coll_cuda_peer_wanted(struct coll_comm *comm) {
   struct coll_cuda_comm *cc = comm->cuda;

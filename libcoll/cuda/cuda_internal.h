@@ -110,6 +110,12 @@ coll_result coll_cuda_prepare_stream(struct coll_comm *comm, const char *fn, col
 coll_result coll_cuda_after_submit(struct coll_comm *comm, coll_work *w, coll_result r);
 /* executor.c, at the start of a device collective: waits for the recorded event, binds
  * the device, and returns the ops, connectors and slice size to use. */
+/* A stream's CUDA part (its completion counter in mapped host memory, the user's
+ * cudaStream_t), made and discarded for device_cuda.c's coll_stream_create_cuda. */
+struct coll_cuda_stream;
+coll_result coll_cuda_stream_new(struct coll_cuda_stream **out, void *user);
+void coll_cuda_stream_discard(struct coll_cuda_stream *x);
+
 coll_result coll_cuda_exec_begin(struct coll_comm *comm, const coll_work *w,
                                  const coll_mem_ops **ops, coll_conn ***send, coll_conn ***recv,
                                  size_t *slot_bytes);

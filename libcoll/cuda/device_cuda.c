@@ -1,6 +1,7 @@
 /* device_cuda.c — the CUDA device table (kernels/device_ops.h): cuda.c's and peer.c's
  * hooks gathered into the one table comm.c hands every communicator of a build with CUDA
- * (comm->dev), and coll_stream_create_cuda every stream it makes (stream->dev).
+ * (comm->dev), and the public calls that make and read a stream carrying it
+ * (coll_stream_create_cuda, coll_stream_get_cuda: stream->dev).
  *
  * A separate file so that the one arrow comm/ may draw into cuda/ (layers.rules' allow)
  * ends here and at device_cuda.h, not at cuda.c: comm.c cannot call cuda.c's functions
@@ -13,6 +14,9 @@
 #include "device_cuda.h"
 
 #if COLL_HAVE_CUDA
+#include <stdlib.h>
+
+#include "coll_cuda.h"
 #include "cuda_internal.h"
 
 /* The device data path maps the peers' buffers for the caller's cudaStream_t, the one
@@ -49,6 +53,44 @@ static const coll_device_ops cuda_device = {
 };
 
 const coll_device_ops *coll_cuda_device(void) { return &cuda_device; }
+
+/* coll_cuda.h's: a stream of exec/stream.c's kind with a CUDA part (cuda.c's
+ * coll_cuda_stream_new), carrying this table for stream.c to wait, query and free it
+ * through.  Here, beside the table, so that cuda.c never needs to ask for it; not in api/:
+ * api/ never names cuda/ (layers.rules), and cuda/ may not call up into exec/stream.c's
+ * coll_stream_create, so the stream is made with internal.h's coll_stream_init, as
+ * stream.c makes it, and with coll_stream_create's sentence. */
+coll_result coll_stream_create_cuda(coll_stream_t *out, cudaStream_t cs) {
+  if (!out)
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_create_cuda: stream pointer is NULL");
+  *out = NULL;
+  if (!coll_cuda_available())
+    return coll_fail(NULL, COLL_ERR_UNSUPPORTED, "coll_stream_create_cuda: %s",
+                     coll_cuda_unavailable_reason());
+  struct coll_cuda_stream *x = NULL;
+  coll_result r = coll_cuda_stream_new(&x, (void *)cs);
+  if (r != COLL_OK) return r;
+  struct coll_stream *st = malloc(sizeof *st);
+  if (!st) {
+    coll_cuda_stream_discard(x);
+    return coll_fail(NULL, COLL_ERR_SYSTEM, "coll_stream_create: out of memory");
+  }
+  coll_stream_init(st, &cuda_device);
+  st->cuda = x;
+  *out = st;
+  return COLL_OK;
+}
+
+coll_result coll_stream_get_cuda(coll_stream_t s, cudaStream_t *cs) {
+  if (!s || !cs)
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_stream_get_cuda: %s is NULL",
+                     s ? "cs" : "stream");
+  if (!s->cuda)
+    return coll_fail(NULL, COLL_ERR_INVALID_ARG,
+                     "coll_stream_get_cuda: the stream was not made by coll_stream_create_cuda");
+  *cs = (cudaStream_t)coll_cuda_stream_user(s);
+  return COLL_OK;
+}
 #else
 const coll_device_ops *coll_cuda_device(void) { return NULL; }
 #endif

@@ -1,25 +1,13 @@
 /*
- * strategy.c — the table of strategies and the grid their groups come from (strategy.h).
- *
- * The table names each data-parallel strategy once; tensor parallelism is the one
- * dimension that composes with them (it wraps the row the table picked), so it is applied
- * here, after the row, when the grid has T > 1. Nothing here knows what a strategy does.
+ * strategy.c — what every strategy shares (strategy.h): the grid their groups come from,
+ * a new strategy object, its free, and the appending of its lines. The bottom of
+ * parallel/: it names no strategy (the table of them is strategies.c).
  */
 #include "parallel/strategy.h"
-#include "parallel/tp.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const struct {
-  const char *name;
-  train_parallel_create_fn create;
-} rows[] = {
-    {"none", train_none_create},
-    {"ddp", train_ddp_strategy_create},
-    {"fsdp", train_fsdp_strategy_create},
-};
 
 int train_grid_create(train_grid *g, train_backend *world, int T, char *err) {
   memset(g, 0, sizeof *g);
@@ -76,18 +64,6 @@ train_parallel *train_parallel_new(const train_parallel_ops *ops, train_session 
   p->can_sample = 1;
   p->rows_mult = 1;
   return p;
-}
-
-train_parallel *train_parallel_create(train_session *s, train_grid *g,
-                                      const train_parallel_options *opt, char *err) {
-  train_parallel_create_fn create = NULL;
-  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-    if (strcmp(rows[i].name, opt->data) == 0) create = rows[i].create;
-  if (!create) {
-    train_errf(err, "--parallel: '%s' is not none, ddp or fsdp", opt->data);
-    return NULL;
-  }
-  return g->T > 1 ? train_tp_strategy_create(s, g, opt, create, err) : create(s, g, opt, err);
 }
 
 void train_parallel_free(train_parallel *p) {

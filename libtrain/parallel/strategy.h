@@ -3,7 +3,7 @@
  * that coll-train's loop (app/coll_train.c) is one loop: it asks the strategy for a step,
  * for its checkpoint, for its lines of output, and never asks which strategy it is.
  *
- * A strategy is a row of the table in strategy.c (name, create) and a table of operations
+ * A strategy is a row of the table in strategies.c (name, create) and a table of operations
  * (train_parallel_ops) in the strategy's own file: none.c (one process, or one rank that
  * only steps its session), ddp.c, fsdp.c — the data-parallel strategies, over the grid's
  * data-parallel group — and tp.c, tensor parallelism, which wraps one of those: it
@@ -37,6 +37,11 @@ typedef struct train_grid {
   train_backend *dp;    /* the D ranks holding the same slice (the world when T = 1) */
   int T, D;
 } train_grid;
+
+/* Ranks of a T x D grid: tensor-parallel groups of T consecutive ranks, data-parallel
+ * groups across them: rank = d*T + t. */
+static inline int train_tp_rank_of(int rank, int tp) { return rank % tp; }
+static inline int train_dp_rank_of(int rank, int tp) { return rank / tp; }
 
 /* Splits world into the T x D grid (collective over world); T = 1 needs no split. */
 TRAIN_API int train_grid_create(train_grid *g, train_backend *world, int T, char *err);
@@ -125,7 +130,7 @@ TRAIN_API train_parallel *train_parallel_create(train_session *s, train_grid *g,
                                                 const train_parallel_options *opt, char *err);
 TRAIN_API void train_parallel_free(train_parallel *p);
 
-/* The rows of the table (strategy.c); each strategy's file defines its create. */
+/* The rows of the table (strategies.c); each strategy's file defines its create. */
 typedef train_parallel *(*train_parallel_create_fn)(train_session *s, train_grid *g,
                                                     const train_parallel_options *opt, char *err);
 train_parallel *train_none_create(train_session *s, train_grid *g,

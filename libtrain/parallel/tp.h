@@ -44,12 +44,9 @@
 #define TRAIN_PARALLEL_TP_H
 
 #include "comm/backend.h"
+#include "parallel/strategy.h"
 #include "train.h"
 
-/* Ranks of a T x D grid: tensor-parallel groups of T consecutive ranks, data-parallel
- * groups across them: rank = d*T + t. */
-static inline int train_tp_rank_of(int rank, int tp) { return rank % tp; }
-static inline int train_dp_rank_of(int rank, int tp) { return rank / tp; }
 
 /* 0, or -1 with a sentence when the model cannot be split T ways (heads not a multiple of
  * T, T beyond the vocabulary, a device other than the CPU). */

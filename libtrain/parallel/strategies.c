@@ -1,0 +1,33 @@
+/*
+ * strategies.c — the table of strategies (strategy.h): the one place that names them.
+ *
+ * The table names each data-parallel strategy once; tensor parallelism is the one
+ * dimension that composes with them (it wraps the row the table picked), so it is applied
+ * here, around the row, when the grid has T > 1. Nothing here knows what a strategy does;
+ * the strategies do not know this file (they use strategy.c), so the table sits on top.
+ */
+#include "parallel/strategy.h"
+
+#include <string.h>
+
+static const struct {
+  const char *name;
+  train_parallel_create_fn create;
+} rows[] = {
+    {"none", train_none_create},
+    {"ddp", train_ddp_strategy_create},
+    {"fsdp", train_fsdp_strategy_create},
+};
+
+train_parallel *train_parallel_create(train_session *s, train_grid *g,
+                                      const train_parallel_options *opt, char *err) {
+  train_parallel_create_fn create = NULL;
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    if (strcmp(rows[i].name, opt->data) == 0) create = rows[i].create;
+  if (!create) {
+    train_errf(err, "--parallel: '%s' is not none, ddp or fsdp", opt->data);
+    return NULL;
+  }
+  return g->T > 1 ? train_tp_strategy_create(s, g, opt, create, err) : create(s, g, opt, err);
+}
+
