@@ -30,4 +30,3 @@ train_parallel *train_parallel_create(train_session *s, train_grid *g,
   }
   return g->T > 1 ? train_tp_strategy_create(s, g, opt, create, err) : create(s, g, opt, err);
 }
-
