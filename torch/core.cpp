@@ -386,7 +386,7 @@ Core::WorkPtr Core::broadcast(Tensors &tensors, const c10d::BroadcastOptions &op
   at::Tensor t = tensors[0], w = wire_of(t);
   return launch(
       c10d::OpType::BROADCAST, what, {t}, {w},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_broadcast(w.data_ptr(), w.data_ptr(), nbytes(w), COLL_UINT8, root, comm_, s);
       },
       [=] { copy_back(t, w); });
@@ -401,7 +401,7 @@ Core::WorkPtr Core::allreduce(Tensors &tensors, const c10d::AllreduceOptions &op
   if (red.premul) w = wire_of(scaled(red, w));
   return launch(
       c10d::OpType::ALLREDUCE, what, {t}, {w},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(red, w), red.ty.dtype, red.op,
                                comm_, s);
       },
@@ -444,7 +444,7 @@ Core::WorkPtr Core::allreduce_coalesced(Tensors &tensors,
   }
   return launch(
       c10d::OpType::ALLREDUCE_COALESCED, what, users, keep,
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         for (auto &b : buckets) {
           coll_result r = coll_all_reduce(b.flat.data_ptr(), b.flat.data_ptr(),
                                           count_of(b.red, b.flat), b.red.ty.dtype, b.red.op, comm_,
@@ -492,7 +492,7 @@ Core::WorkPtr Core::reduce(Tensors &tensors, const c10d::ReduceOptions &opts) {
   bool is_root = rank_ == root;
   return launch(
       c10d::OpType::REDUCE, what, {t}, {w, send},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_reduce(send.data_ptr(), is_root ? w.data_ptr() : nullptr, count_of(red, w),
                            red.ty.dtype, red.op, root, comm_, s);
       },
@@ -517,7 +517,7 @@ Core::WorkPtr Core::allgather(TensorLists &outputs, Tensors &inputs,
   Tensors outs = outputs[0];
   return launch(
       c10d::OpType::ALLGATHER, what, outs, {in, flat},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_all_gather(in.data_ptr(), flat.data_ptr(), b, COLL_UINT8, comm_, s);
       },
       [=] {
@@ -536,7 +536,7 @@ Core::WorkPtr Core::allgather_base(at::Tensor &output, at::Tensor &input,
   at::Tensor in = wire_of(input), out = wire_of(output), user = output;
   return launch(
       c10d::OpType::_ALLGATHER_BASE, what, {user}, {in, out},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), COLL_UINT8, comm_, s);
       },
       [=] { copy_back(user, out); });
@@ -571,7 +571,7 @@ Core::WorkPtr Core::allgather_coalesced(TensorLists &outputs, Tensors &inputs,
   TensorLists lists = outputs;
   return launch(
       c10d::OpType::ALLGATHER_COALESCED, what, outs, {in, flat},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_all_gather(in.data_ptr(), flat.data_ptr(), total, COLL_UINT8, comm_, s);
       },
       [=] {
@@ -608,7 +608,7 @@ Core::WorkPtr Core::gather(TensorLists &outputs, Tensors &inputs, const c10d::Ga
   }
   return launch(
       c10d::OpType::GATHER, what, outs, {in, flat},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_gather(in.data_ptr(), is_root ? flat.data_ptr() : nullptr, b, COLL_UINT8, root,
                            comm_, s);
       },
@@ -640,7 +640,7 @@ Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs,
   }
   return launch(
       c10d::OpType::SCATTER, what, {user}, {out, flat},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_scatter(is_root ? flat.data_ptr() : nullptr, out.data_ptr(), b, COLL_UINT8,
                             root, comm_, s);
       },
@@ -665,7 +665,7 @@ Core::WorkPtr Core::reduce_scatter(Tensors &outputs, TensorLists &inputs,
   if (red.premul) flat = wire_of(scaled(red, flat));
   return launch(
       c10d::OpType::REDUCE_SCATTER, what, {user}, {out, flat},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_reduce_scatter(flat.data_ptr(), out.data_ptr(), count_of(red, out),
                                    red.ty.dtype, red.op, comm_, s);
       },
@@ -684,7 +684,7 @@ Core::WorkPtr Core::reduce_scatter_base(at::Tensor &output, at::Tensor &input,
   at::Tensor user = output, out = wire_of(output), in = wire_of(scaled(red, wire_of(input)));
   return launch(
       c10d::OpType::_REDUCE_SCATTER_BASE, what, {user}, {in, out},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_reduce_scatter(in.data_ptr(), out.data_ptr(), count_of(red, out), red.ty.dtype,
                                    red.op, comm_, s);
       },
@@ -744,7 +744,7 @@ Core::WorkPtr Core::alltoall_base(at::Tensor &output, at::Tensor &input,
   splits_to_bytes(out, output_splits, size_, what, "output", rc, rd);
   return launch(
       c10d::OpType::ALLTOALL_BASE, what, {user}, {in, out},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_all_to_allv(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(),
                                 rd.data(), COLL_UINT8, comm_, s);
       },
@@ -772,7 +772,7 @@ Core::WorkPtr Core::alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllT
   Tensors outs = outputs;
   return launch(
       c10d::OpType::ALLTOALL, what, outs, {in, out},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_all_to_allv(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(),
                                 rd.data(), COLL_UINT8, comm_, s);
       },
@@ -786,7 +786,7 @@ Core::WorkPtr Core::send(Tensors &tensors, int dst, int) {
   const char *what = "send";
   check_one(tensors, what);
   at::Tensor w = wire_of(tensors[0]);
-  return launch(c10d::OpType::SEND, what, {tensors[0]}, {w}, [=](coll_stream_t s) {
+  return launch(c10d::OpType::SEND, what, {tensors[0]}, {w}, [=, this](coll_stream_t s) {
     return coll_send(w.data_ptr(), nbytes(w), COLL_UINT8, dst, comm_, s);
   });
 }
@@ -797,7 +797,7 @@ Core::WorkPtr Core::recv(Tensors &tensors, int src, int) {
   at::Tensor t = tensors[0], w = wire_of(t);
   return launch(
       c10d::OpType::RECV, what, {t}, {w},
-      [=](coll_stream_t s) {
+      [=, this](coll_stream_t s) {
         return coll_recv(w.data_ptr(), nbytes(w), COLL_UINT8, src, comm_, s);
       },
       [=] { copy_back(t, w); });
@@ -810,7 +810,7 @@ Core::WorkPtr Core::recv_anysource(Tensors &, int) {
 
 Core::WorkPtr Core::barrier(const c10d::BarrierOptions &) {
   return launch(c10d::OpType::BARRIER, "barrier", {}, {},
-                [=](coll_stream_t s) { return coll_barrier(comm_, s); });
+                [=, this](coll_stream_t s) { return coll_barrier(comm_, s); });
 }
 
 }  // namespace libcoll_torch
