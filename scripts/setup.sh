@@ -10,8 +10,7 @@ PKGS=(
   openmpi-bin libopenmpi-dev                      # mpirun launch test, MPI backend, MPI peer
   mpich libmpich-dev                              # the MPICH peer (bench/peers)
   python3 python3-torch python3-numpy             # PyTorch reference for libtrain
-  libtorch-dev pybind11-dev                       # the PyTorch binding (torch/)
-  python3-setuptools python3-pip                  # torch.utils.cpp_extension; pip for expecttest
+  python3-venv                                    # the venv of the PyTorch binding (below)
   gnuplot-nox                                     # coll-bench --plot
   clang libclang-rt-14-dev                        # sanitizers' runtime, fuzzing
   clang-format                                    # scripts/format.sh (Debian 12: version 14)
@@ -27,8 +26,22 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# PyTorch's own distributed test suite (scripts/torch_dist_suite.py) needs expecttest.
-if ! /usr/bin/python3 -c 'import expecttest' 2>/dev/null; then
-  echo "setup: installing expecttest (pip)"
-  /usr/bin/python3 -m pip install -q --break-system-packages expecttest
+# The PyTorch binding (torch/, docs/pytorch.md) is built against torch 2.15 from PyPI, in a
+# venv of its own (COLL_TORCH_VENV, default /opt/libcoll/torch-2.15: meson's default
+# -Dtorch_python), every package pinned in scripts/torch-requirements.txt.  Made only when
+# that venv does not import exactly these versions; about 1 GB downloaded the first time.
+venv=${COLL_TORCH_VENV:-/opt/libcoll/torch-2.15}
+reqs="$(dirname "$0")/torch-requirements.txt"
+if ! "$venv/bin/python3" - "$reqs" 2>/dev/null <<'PY'
+import sys, importlib.metadata as md
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, want = line.split("==")
+        assert md.version(name) == want, name
+PY
+then
+  echo "setup: making the torch 2.15 venv $venv (pip, about 1 GB)"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$reqs"
 fi

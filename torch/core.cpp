@@ -26,6 +26,19 @@ std::runtime_error error(const std::string &what, const std::string &sentence) {
   return std::runtime_error("libcoll " + what + ": " + sentence);
 }
 
+// libcoll's sentence for a failed wait, saying first that it was the process group's
+// timeout when it was (torch's callers look for the word, as Gloo's "Timed out" gives it).
+std::string failure(coll_result r, const char *sentence) {
+  std::string s = sentence && *sentence ? sentence : coll_result_string(r);
+  return r == COLL_ERR_TIMEOUT ? "its timeout passed: " + s : s;
+}
+
+StreamPtr new_stream(const char *what) {
+  coll_stream_t st;
+  if (coll_stream_create(&st) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
+  return StreamPtr(st, [](coll_stream_t x) { coll_stream_destroy(x); });
+}
+
 void check_cpu(const at::Tensor &t, const char *what) {
   if (!t.device().is_cpu())
     throw error(what,
@@ -99,18 +112,6 @@ Typed typed(at::ScalarType t, const char *what) {
   }
 }
 
-// PREMUL_SUM's factor as a tensor, or an undefined tensor when it is a double.  torch 1.x
-// keeps a vector `tensor_factors`, torch 2.x one `tensor_factor`: the first overload
-// exists only where the member does, and an exact match on 0 prefers it.
-template <class S>
-auto premul_factor_tensor(const S &s, int) -> decltype(s.tensor_factor) {
-  return s.tensor_factor;
-}
-template <class S>
-at::Tensor premul_factor_tensor(const S &s, long) {
-  return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors[0];
-}
-
 const char *op_name(c10d::ReduceOp::RedOpType op) {
   switch (op) {
   case c10d::ReduceOp::SUM: return "SUM";
@@ -168,7 +169,7 @@ Reduction reduction(const c10d::ReduceOp &rop, at::ScalarType t, const char *wha
     if (!s) return refuse(" without its factor");
     r.premul = true;
     r.op = COLL_SUM;
-    r.factor_tensor = premul_factor_tensor(*s, 0);
+    r.factor_tensor = s->tensor_factor;
     if (!r.factor_tensor.defined()) r.factor = s->double_factor;
     break;
   }
@@ -207,22 +208,37 @@ int check_root(int64_t root, int size, const char *what) {
 
 // ---------------------------------------------------------------------------- Work
 
-Work::Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
+Work::Work(int rank, c10d::OpType type, StreamPtr stream, std::string what,
            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
-           std::function<void()> after)
-    : c10d::Work(rank, type), stream_(stream), what_(std::move(what)), outputs_(std::move(outputs)),
-      keep_(std::move(keep)), after_(std::move(after)),
+           std::function<void()> after, bool held)
+    : c10d::Work(rank, type), held_(held), stream_(std::move(stream)), what_(std::move(what)),
+      outputs_(std::move(outputs)), keep_(std::move(keep)), after_(std::move(after)),
       future_(
           c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
 }
 
-Work::~Work() { coll_stream_destroy(stream_); }
+Work::~Work() = default;  // the last Work on a stream destroys it (StreamPtr)
+
+void Work::release() {
+  std::lock_guard<std::mutex> g(settle_mu_);
+  held_ = false;
+}
+
+void Work::settle_failed(const std::string &sentence) {
+  {
+    std::lock_guard<std::mutex> g(settle_mu_);
+    held_ = false;
+    if (settled_) return;
+    after_ = nullptr;  // nothing ran: nothing to copy back
+    record(COLL_ERR_INVALID_ARG, sentence.c_str());
+  }
+  complete_future();
+}
 
 void Work::record(coll_result r, const char *sentence) {
   std::exception_ptr e;
   if (r != COLL_OK) {
-    e = std::make_exception_ptr(
-        error(what_ + " failed", sentence ? sentence : coll_result_string(r)));
+    e = std::make_exception_ptr(error(what_ + " failed", failure(r, sentence)));
   } else if (after_) {
     try {
       after_();
@@ -248,7 +264,10 @@ void Work::settle() {
   {
     std::lock_guard<std::mutex> g(settle_mu_);
     if (settled_) return;
-    coll_result r = coll_stream_synchronize(stream_);
+    if (held_)
+      throw error(what_, "was waited for inside its coalescing block, before the block was "
+                         "issued (end the block first)");
+    coll_result r = coll_stream_synchronize(stream_.get());
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
   }
   complete_future();
@@ -259,7 +278,8 @@ bool Work::isCompleted() {
     std::unique_lock<std::mutex> g(settle_mu_, std::try_to_lock);
     if (!g.owns_lock()) return false;  // another thread is synchronizing it right now
     if (settled_) return true;
-    coll_result r = coll_stream_query(stream_);
+    if (held_) return false;
+    coll_result r = coll_stream_query(stream_.get());
     if (r == COLL_IN_PROGRESS) return false;
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
   }
@@ -356,25 +376,93 @@ void Core::fail(const char *what, coll_result r) const {
   throw error(what, s && *s ? s : coll_result_string(r));
 }
 
+namespace {
+// Set by Core::now around one operation on this thread: launch runs it blocking.
+thread_local bool blocking_now = false;
+}  // namespace
+
+void Core::now(const std::function<void()> &op) {
+  if (coalescing_)
+    throw error("a blocking call",
+                "cannot run inside a coalescing block (it would block the block)");
+  blocking_now = true;
+  try {
+    op();
+  } catch (...) {
+    blocking_now = false;
+    throw;
+  }
+  blocking_now = false;
+}
+
 Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
                            std::function<coll_result(coll_stream_t)> enqueue,
                            std::function<void()> after) {
-  coll_stream_t st;
-  if (coll_stream_create(&st) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
-  coll_result r = enqueue(st);
+  if (blocking_now) {  // Core::now: libcoll's blocking call (a NULL stream), then the copy back
+    coll_result r = enqueue(nullptr);
+    if (r != COLL_OK)
+      throw error(std::string(what) + " failed", failure(r, coll_comm_last_error(comm_)));
+    if (after) after();
+    return WorkPtr();
+  }
+  // Inside a coalescing block the call joins the open libcoll group on the block's stream
+  // (libcoll defers it to coll_group_end) and its Work is held until then.
+  StreamPtr st = coalescing_ ? batch_ : new_stream(what);
+  coll_result r = enqueue(st.get());
   if (r != COLL_OK) {
     std::string s = coll_comm_last_error(comm_);
-    coll_stream_destroy(st);  // waits for what an earlier call of this op enqueued
-    throw error(what, s.empty() ? coll_result_string(r) : s);
+    throw error(what,
+                s.empty() ? coll_result_string(r) : s);  // a refused call: the group stays open
   }
-  auto w = c10::make_intrusive<Work>(rank_, type, st, what, std::move(outputs), std::move(keep),
-                                     std::move(after));
+  auto w = c10::make_intrusive<Work>(rank_, type, std::move(st), what, std::move(outputs),
+                                     std::move(keep), std::move(after), coalescing_);
+  if (coalescing_) {
+    held_.push_back(w);
+    return w;
+  }
   {
     std::lock_guard<std::mutex> g(qmu_);
     queue_.push_back(w);
   }
   qcv_.notify_one();
   return w;
+}
+
+void Core::start_coalescing() {
+  if (coalescing_)
+    throw error("startCoalescing", "a coalescing block is already open on this process group");
+  StreamPtr st = new_stream("startCoalescing");
+  if (coll_group_start() != COLL_OK) throw error("startCoalescing", coll_comm_last_error(nullptr));
+  batch_ = std::move(st);
+  coalescing_ = true;
+}
+
+Core::WorkPtr Core::end_coalescing() {
+  if (!coalescing_)
+    throw error("endCoalescing", "no coalescing block is open on this process group");
+  coalescing_ = false;
+  std::vector<c10::intrusive_ptr<Work>> works = std::move(held_);
+  held_.clear();
+  StreamPtr st = std::move(batch_);
+  coll_result r = coll_group_end();
+  if (r != COLL_OK) {
+    std::string s = failure(r, coll_comm_last_error(comm_));
+    for (auto &w : works) w->settle_failed("its coalescing block was not issued: " + s);
+    throw error("endCoalescing", s);
+  }
+  // The block's Work: done when the stream is, which carries every call of the block.
+  auto block = c10::make_intrusive<Work>(rank_, c10d::OpType::COALESCED, st, "coalesced block",
+                                         Tensors{}, Tensors{}, nullptr);
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    for (auto &w : works) {
+      w->release();
+      queue_.push_back(w);
+    }
+    queue_.push_back(block);
+  }
+  qcv_.notify_one();
+  return block;
 }
 
 // ---------------------------------------------------------------------------- operations
@@ -464,21 +552,6 @@ Core::WorkPtr Core::allreduce_coalesced(Tensors &tensors,
           }
         }
       });
-}
-
-void Core::allreduce_now(Tensors &tensors, const c10d::AllreduceOptions &opts) {
-  const char *what = "all_reduce";
-  check_one(tensors, what);
-  at::Tensor t = tensors[0];
-  Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
-  at::Tensor w = wire_of(scaled(red, wire_of(t)));
-  coll_result r = coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(red, w), red.ty.dtype,
-                                  red.op, comm_, nullptr);
-  if (r != COLL_OK) {
-    const char *s = coll_comm_last_error(comm_);
-    throw error("all_reduce failed", s && *s ? s : coll_result_string(r));
-  }
-  copy_back(t, w);
 }
 
 Core::WorkPtr Core::reduce(Tensors &tensors, const c10d::ReduceOptions &opts) {

@@ -2,15 +2,15 @@
 // a libcoll communicator made through a c10d store, every torch collective mapped onto
 // libcoll calls enqueued on a coll_stream, and the Work that waits for that stream.
 //
-// An adapter (pg_1x.cpp for torch 1.x's c10d::ProcessGroup, backend_2x.cpp for torch
-// 2.x's c10d::Backend) only forwards its virtual methods here.  This file must never
-// include anything version-specific (ProcessGroup.hpp, Backend.hpp) nor touch Python.
+// The adapter (backend.cpp, torch 2.x's c10d::Backend) only forwards its virtual methods
+// here.  This file must never include the adapter's headers (Backend.hpp) nor touch Python.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -26,14 +26,20 @@
 
 namespace libcoll_torch {
 
+// A libcoll stream shared by the Works enqueued on it (the operations of one coalescing
+// block share one); the last owner destroys it, which waits for what is left on it.
+using StreamPtr = std::shared_ptr<std::remove_pointer_t<coll_stream_t>>;
+
 // One enqueued operation: the stream it went on, the tensors it must keep alive, what to
 // do once it finished (copy results back into non-contiguous tensors), and its future.
 // The stream is synchronized exactly once, by whichever comes first: wait(), or the
 // core's completion thread (which is what completes getFuture() without anyone waiting).
+// A Work made inside a coalescing block is held (not yet issued) until the block ends.
 class Work : public c10d::Work {
  public:
-  Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
-       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after);
+  Work(int rank, c10d::OpType type, StreamPtr stream, std::string what,
+       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after,
+       bool held = false);
   ~Work() override;
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
@@ -41,6 +47,10 @@ class Work : public c10d::Work {
   std::vector<at::Tensor> result() override;
   // Blocks until the stream is done, then finishes the Work and completes the future.
   void settle();
+  // The coalescing block this Work was made in has been issued: it may be waited for.
+  void release();
+  // The block was not issued (coll_group_end failed): finish with that sentence.
+  void settle_failed(const std::string &sentence);
 
  private:
   // With settle_mu_ held: record the stream's result, run `after`, finish.  Returns
@@ -50,7 +60,8 @@ class Work : public c10d::Work {
 
   std::mutex settle_mu_;
   bool settled_ = false;
-  coll_stream_t stream_;
+  bool held_;
+  StreamPtr stream_;
   std::string what_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
@@ -94,10 +105,20 @@ class Core {
   WorkPtr recv_anysource(Tensors &tensors, int tag);
   WorkPtr barrier(const c10d::BarrierOptions &opts);
 
-  // dist.all_reduce(..., async_op=False) without a Work: libcoll's blocking call on the
-  // caller's thread (no stream, no hand-off to libcoll's progress thread nor to the
-  // completion thread).  Ordered after every operation launched before it.
-  void allreduce_now(Tensors &tensors, const c10d::AllreduceOptions &opts);
+  // A coalescing block (torch's _coalescing_manager, hence batch_isend_irecv): the
+  // operations between start and end are one libcoll group (coll_group_start/end) on one
+  // stream, so a batch of sends and receives in any order cannot deadlock; end issues it
+  // and returns the Work of the whole block.  Per thread, as libcoll's groups are.
+  void start_coalescing();
+  WorkPtr end_coalescing();
+
+  // The blocking path of dist.all_reduce, all_gather_into_tensor, reduce_scatter_tensor and
+  // all_to_all_single with async_op=False (backend.cpp's Python wrappers): `op` calls one
+  // of the methods above, which then runs libcoll's blocking call on the caller's thread —
+  // no stream, no Work, no hand-off to libcoll's progress thread nor to the completion
+  // thread — and returns a null Work.  Ordered after every operation launched before it
+  // (libcoll runs a communicator's calls in call order).  Throws libcoll's sentence.
+  void now(const std::function<void()> &op);
 
   // Stops the completion thread and destroys the communicator; idempotent (the
   // destructor calls it too).  The completion thread may need the GIL: dropping the last
@@ -120,6 +141,10 @@ class Core {
 
   int rank_, size_;
   coll_comm_t comm_ = nullptr;
+  // The open coalescing block: its stream and its Works, held until end_coalescing.
+  bool coalescing_ = false;
+  StreamPtr batch_;
+  std::vector<c10::intrusive_ptr<Work>> held_;
   std::mutex qmu_;
   std::condition_variable qcv_;
   std::deque<c10::intrusive_ptr<Work>> queue_;
