@@ -21,8 +21,9 @@ with the size; --iters-scale scales it, at least 3); rank 0's mean time per call
 run's figure.  The table holds the median over repeats per op x N x size, Gloo / libcoll,
 and the acceptance: Gloo / libcoll >= 3 up to 64 KiB and >= 2 from 1 MiB (sizes between
 have none).  --async times `op(..., async_op=True).wait()` (the binding's Work path).
---coll-bench adds libcoll's own coll-bench at the same shapes (blocking, unchecked,
-in-place time where the op has one), the library's floor under the binding.
+--coll-bench adds libcoll's own coll-bench at the same shapes (blocking, unchecked; the
+in-place time for all_reduce, out-of-place for the others, as torch calls them), the
+library's floor under the binding.
 
 It must never leave a rank running (every child is reaped, killed past --timeout), never
 leave its store files behind, and never report a figure from a run whose check failed.
@@ -35,11 +36,12 @@ import torch
 import torch.distributed as dist
 
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
-# coll-bench's name of each op and its -b for a SIZE of this script's convention.
-COLL_BENCH = {"all_reduce": ("all_reduce", lambda s, n: s),
-              "all_gather_into_tensor": ("all_gather", lambda s, n: s * n),
-              "reduce_scatter_tensor": ("reduce_scatter", lambda s, n: s),
-              "all_to_all_single": ("all_to_all", lambda s, n: s)}
+# coll-bench's name of each op, its -b for a SIZE of this script's convention, and the
+# column that matches the torch call (all_reduce here is in place, the others are not).
+COLL_BENCH = {"all_reduce": ("all_reduce", lambda s, n: s, "ip_time_us"),
+              "all_gather_into_tensor": ("all_gather", lambda s, n: s * n, "oop_time_us"),
+              "reduce_scatter_tensor": ("reduce_scatter", lambda s, n: s, "oop_time_us"),
+              "all_to_all_single": ("all_to_all", lambda s, n: s, "oop_time_us")}
 
 
 def parse_size(s):
@@ -175,7 +177,7 @@ def run(backend, n, ops, sizes, a):
 def run_coll_bench(exe, n, ops, sizes, scale, timeout):
     out = {}
     for op in ops:
-        name, bytes_of = COLL_BENCH[op]
+        name, bytes_of, column = COLL_BENCH[op]
         for size in sizes:
             b = str(bytes_of(size, n))
             p = subprocess.run([exe, name, "--ranks", str(n), "-b", b, "-e", b, "-z", "1",
@@ -184,8 +186,7 @@ def run_coll_bench(exe, n, ops, sizes, scale, timeout):
             if p.returncode != 0:
                 sys.exit(f"collective_bench: coll-bench {name} failed: {p.stderr}")
             row = next(csv.DictReader(io.StringIO(p.stdout)))
-            t = row.get("ip_time_us") or row.get("oop_time_us")
-            out[f"{op}/{size}"] = float(t) * 1e-6
+            out[f"{op}/{size}"] = float(row[column]) * 1e-6
     return out
 
 
