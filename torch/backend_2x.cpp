@@ -72,6 +72,16 @@ class BackendLibcoll : public c10d::Backend {
                                const c10d::ReduceScatterOptions &o) override {
     return core_.reduce_scatter_base(out, in, o);
   }
+  // The names torch 2.x has had since 2.1; newer torch's all_gather_single_coalesced and
+  // reduce_scatter_single_coalesced forward to them by default.
+  WorkPtr allgather_into_tensor_coalesced(Tensors &out, Tensors &in,
+                                          const c10d::AllgatherOptions &o) override {
+    return core_.allgather_into_tensor_coalesced(out, in, o);
+  }
+  WorkPtr reduce_scatter_tensor_coalesced(Tensors &out, Tensors &in,
+                                          const c10d::ReduceScatterOptions &o) override {
+    return core_.reduce_scatter_tensor_coalesced(out, in, o);
+  }
   WorkPtr alltoall_base(at::Tensor &out, at::Tensor &in, std::vector<int64_t> &os,
                         std::vector<int64_t> &is, const c10d::AllToAllOptions &o) override {
     return core_.alltoall_base(out, in, os, is, o);

@@ -691,6 +691,85 @@ Core::WorkPtr Core::reduce_scatter_base(at::Tensor &output, at::Tensor &input,
       [=] { copy_back(user, out); });
 }
 
+// Each input gathered into its output (size_ times its elements): one libcoll all-gather
+// per pair, all on one stream, so they run in call order and finish as one Work.
+Core::WorkPtr Core::allgather_into_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                                    const c10d::AllgatherOptions &) {
+  const char *what = "all_gather_into_tensor_coalesced";
+  if (outputs.size() != inputs.size())
+    throw error(what, "takes one output tensor per input tensor, got " +
+                          std::to_string(outputs.size()) + " outputs for " +
+                          std::to_string(inputs.size()) + " inputs");
+  Tensors users = outputs, ins, outs, keep;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    check_cpu(outputs[i], what);
+    check_cpu(inputs[i], what);
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        outputs[i].numel() != inputs[i].numel() * size_)
+      throw error(what, "output tensor " + std::to_string(i) + " must hold " +
+                            std::to_string(size_) +
+                            " times its input's elements, of the same dtype");
+    ins.push_back(wire_of(inputs[i]));
+    outs.push_back(wire_of(outputs[i]));
+  }
+  keep = ins;
+  keep.insert(keep.end(), outs.begin(), outs.end());
+  return launch(
+      c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, what, users, keep,
+      [=, this](coll_stream_t s) {
+        for (size_t i = 0; i < ins.size(); i++) {
+          coll_result r = coll_all_gather(ins[i].data_ptr(), outs[i].data_ptr(), nbytes(ins[i]),
+                                          COLL_UINT8, comm_, s);
+          if (r != COLL_OK) return r;
+        }
+        return COLL_OK;
+      },
+      [=] {
+        for (size_t i = 0; i < users.size(); i++) copy_back(users[i], outs[i]);
+      });
+}
+
+// Each input (size_ times its output's elements) reduce-scattered into its output, each
+// pair with its own dtype's reduction: one libcoll reduce-scatter per pair on one stream.
+Core::WorkPtr Core::reduce_scatter_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                                    const c10d::ReduceScatterOptions &opts) {
+  const char *what = "reduce_scatter_tensor_coalesced";
+  if (outputs.size() != inputs.size())
+    throw error(what, "takes one output tensor per input tensor, got " +
+                          std::to_string(outputs.size()) + " outputs for " +
+                          std::to_string(inputs.size()) + " inputs");
+  Tensors users = outputs, ins, outs, keep;
+  std::vector<Reduction> reds;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    check_cpu(outputs[i], what);
+    check_cpu(inputs[i], what);
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        inputs[i].numel() != outputs[i].numel() * size_)
+      throw error(what, "input tensor " + std::to_string(i) + " must hold " +
+                            std::to_string(size_) +
+                            " times its output's elements, of the same dtype");
+    reds.push_back(reduction(opts.reduceOp, outputs[i].scalar_type(), what));
+    ins.push_back(wire_of(scaled(reds.back(), wire_of(inputs[i]))));
+    outs.push_back(wire_of(outputs[i]));
+  }
+  keep = ins;
+  keep.insert(keep.end(), outs.begin(), outs.end());
+  return launch(
+      c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, what, users, keep,
+      [=, this](coll_stream_t s) {
+        for (size_t i = 0; i < ins.size(); i++) {
+          coll_result r = coll_reduce_scatter(ins[i].data_ptr(), outs[i].data_ptr(),
+                                              count_of(reds[i], outs[i]), reds[i].ty.dtype,
+                                              reds[i].op, comm_, s);
+          if (r != COLL_OK) return r;
+        }
+        return COLL_OK;
+      },
+      [=] {
+        for (size_t i = 0; i < users.size(); i++) copy_back(users[i], outs[i]);
+      });
+}
+
 namespace {
 // Byte counts and displacements of an all-to-all split along dim 0 ("rows").
 void splits_to_bytes(const at::Tensor &t, const std::vector<int64_t> &splits, int size,

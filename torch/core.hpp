@@ -86,6 +86,12 @@ class Core {
                          const c10d::ReduceScatterOptions &opts);
   WorkPtr reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                               const c10d::ReduceScatterOptions &opts);
+  // One tensor per operation, several operations in one Work: the functional collectives
+  // (funcol, hence DTensor and tensor parallelism) call these even for a single tensor.
+  WorkPtr allgather_into_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                          const c10d::AllgatherOptions &opts);
+  WorkPtr reduce_scatter_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                          const c10d::ReduceScatterOptions &opts);
   WorkPtr alltoall_base(at::Tensor &output, at::Tensor &input, std::vector<int64_t> &output_splits,
                         std::vector<int64_t> &input_splits, const c10d::AllToAllOptions &opts);
   WorkPtr alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllToAllOptions &opts);
