@@ -39,8 +39,11 @@ DistTestCases.skip_collective["sendrecv anysource"].add("libcoll")
 # torch 1.13's TestDistBackend._run turns on DDP's experimental ReplicatedTensor path,
 # which imports torch.distributed._shard: that fails on Debian's Python 3.11 (a dataclass
 # with a mutable default, for every backend, Gloo too).  Leave DDP on its default path.
-import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
-_rt._set_ddp_with_replicated_tensor = lambda value: None
+try:
+    import torch.nn.parallel._replicated_tensor_ddp_utils as _rt  # noqa: E402
+    _rt._set_ddp_with_replicated_tensor = lambda value: None
+except ImportError:  # torch 2.x has no such path
+    pass
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
