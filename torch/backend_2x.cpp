@@ -94,6 +94,12 @@ class BackendLibcoll : public c10d::Backend {
   WorkPtr recvAnysource(Tensors &t, int tag) override { return core_.recv_anysource(t, tag); }
   WorkPtr barrier(const c10d::BarrierOptions &o) override { return core_.barrier(o); }
 
+  // batch_isend_irecv coalesces only where the backend says it can; without, its sends
+  // and receives run one at a time and two ranks' crossing large sends deadlock.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override { core_.start_coalescing(); }
+  WorkPtr endCoalescing() override { return core_.end_coalescing(); }
+
  private:
   Core core_;
 };

@@ -207,16 +207,14 @@ int check_root(int64_t root, int size, const char *what) {
 
 // ---------------------------------------------------------------------------- Work
 
-Work::Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
+Work::Work(int rank, c10d::OpType type, Stream stream, std::string what,
            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
-           std::function<void()> after)
-    : c10d::Work(rank, type), stream_(stream), what_(std::move(what)), outputs_(std::move(outputs)),
-      keep_(std::move(keep)), after_(std::move(after)),
+           std::function<void()> after, bool armed)
+    : c10d::Work(rank, type), armed_(armed), stream_(std::move(stream)), what_(std::move(what)),
+      outputs_(std::move(outputs)), keep_(std::move(keep)), after_(std::move(after)),
       future_(
           c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
 }
-
-Work::~Work() { coll_stream_destroy(stream_); }
 
 void Work::record(coll_result r, const char *sentence) {
   std::exception_ptr e;
@@ -247,19 +245,30 @@ void Work::complete_future() {
 void Work::settle() {
   {
     std::lock_guard<std::mutex> g(settle_mu_);
-    if (settled_) return;
-    coll_result r = coll_stream_synchronize(stream_);
+    if (settled_ || !armed_) return;
+    coll_result r = coll_stream_synchronize(stream_.get());
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
   }
   complete_future();
 }
 
+void Work::abandon(coll_result r, const std::string &sentence) {
+  {
+    std::lock_guard<std::mutex> g(settle_mu_);
+    if (settled_) return;
+    after_ = nullptr;  // nothing ran: nothing to copy back
+    record(r, sentence.c_str());
+  }
+  complete_future();
+}
+
 bool Work::isCompleted() {
+  if (!armed_) return false;
   {
     std::unique_lock<std::mutex> g(settle_mu_, std::try_to_lock);
     if (!g.owns_lock()) return false;  // another thread is synchronizing it right now
     if (settled_) return true;
-    coll_result r = coll_stream_query(stream_);
+    coll_result r = coll_stream_query(stream_.get());
     if (r == COLL_IN_PROGRESS) return false;
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
   }
@@ -268,6 +277,9 @@ bool Work::isCompleted() {
 }
 
 bool Work::wait(std::chrono::milliseconds timeout) {
+  if (!armed_)
+    throw error(what_, "was waited for inside its coalescing region: its libcoll calls run only "
+                       "once the region ends (endCoalescing), so wait for it after that");
   if (timeout == std::chrono::milliseconds(0)) {
     settle();
   } else {
@@ -356,21 +368,92 @@ void Core::fail(const char *what, coll_result r) const {
   throw error(what, s && *s ? s : coll_result_string(r));
 }
 
+namespace {
+Stream new_stream(const char *what) {
+  coll_stream_t s;
+  if (coll_stream_create(&s) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
+  return Stream(s, [](coll_stream_t p) { coll_stream_destroy(p); });  // synchronizes first
+}
+}  // namespace
+
 Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
                            std::function<coll_result(coll_stream_t)> enqueue,
                            std::function<void()> after) {
-  coll_stream_t st;
-  if (coll_stream_create(&st) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
-  coll_result r = enqueue(st);
+  const bool grouped = co_thread_.load() == std::this_thread::get_id();
+  Stream st = grouped ? co_stream_ : new_stream(what);
+  coll_result r = enqueue(st.get());
   if (r != COLL_OK) {
+    // Outside a region the stream goes with `st` (waiting for what an earlier call of this
+    // op enqueued); inside one libcoll left the refused call out and the region stays open.
     std::string s = coll_comm_last_error(comm_);
-    coll_stream_destroy(st);  // waits for what an earlier call of this op enqueued
     throw error(what, s.empty() ? coll_result_string(r) : s);
   }
   auto w = c10::make_intrusive<Work>(rank_, type, st, what, std::move(outputs), std::move(keep),
-                                     std::move(after));
+                                     std::move(after), !grouped);
+  if (grouped) {
+    co_parts_.push_back(w);  // armed and queued by end_coalescing
+    return w;
+  }
   {
     std::lock_guard<std::mutex> g(qmu_);
+    queue_.push_back(w);
+  }
+  qcv_.notify_one();
+  return w;
+}
+
+void Core::start_coalescing() {
+  if (co_thread_.load() != std::thread::id())
+    throw error("startCoalescing", "a coalescing region is already open on this process group "
+                                   "(regions do not nest)");
+  Stream st = new_stream("startCoalescing");
+  coll_result r = coll_group_start();
+  if (r != COLL_OK) {
+    const char *s = coll_comm_last_error(nullptr);
+    throw error("startCoalescing", s && *s ? s : coll_result_string(r));
+  }
+  co_stream_ = std::move(st);
+  co_parts_.clear();
+  co_thread_ = std::this_thread::get_id();
+}
+
+// Runs the region's libcoll group, then hands its operations' Works to the completion
+// thread, followed by the region's own Work: it carries every operation's outputs and,
+// once the stream is done, settles each of them (copies back non-contiguous results)
+// before it completes, so waiting for it is waiting for all of them.
+Core::WorkPtr Core::end_coalescing() {
+  const char *what = "endCoalescing";
+  std::thread::id opener = co_thread_.load();
+  if (opener == std::thread::id())
+    throw error(what, "no coalescing region is open on this process group");
+  if (opener != std::this_thread::get_id())
+    throw error(what, "the coalescing region was opened on another thread, and libcoll's "
+                      "groups belong to the thread that opens them");
+  co_thread_ = std::thread::id();
+  Stream st = std::move(co_stream_);
+  std::vector<c10::intrusive_ptr<Work>> parts = std::move(co_parts_);
+  co_parts_.clear();
+  coll_result r = coll_group_end();
+  if (r != COLL_OK) {
+    const char *c = coll_comm_last_error(comm_);
+    std::string s = c && *c ? c : coll_comm_last_error(nullptr);
+    if (s.empty()) s = coll_result_string(r);
+    for (auto &p : parts) p->abandon(r, "its coalescing region failed: " + s);
+    throw error(what, s);
+  }
+  Tensors outputs;
+  for (auto &p : parts) {
+    Tensors o = p->result();
+    outputs.insert(outputs.end(), o.begin(), o.end());
+    p->arm();
+  }
+  auto w = c10::make_intrusive<Work>(rank_, c10d::OpType::COALESCED, st, "coalesced operations",
+                                     outputs, Tensors{}, [parts] {
+                                       for (auto &p : parts) p->settle();
+                                     });
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    for (auto &p : parts) queue_.push_back(p);
     queue_.push_back(w);
   }
   qcv_.notify_one();

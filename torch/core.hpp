@@ -7,10 +7,12 @@
 // include anything version-specific (ProcessGroup.hpp, Backend.hpp) nor touch Python.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -26,21 +28,31 @@
 
 namespace libcoll_torch {
 
+// A coll_stream, destroyed (after it synchronized) with its last owner: the operations of
+// a coalescing region share one.
+using Stream = std::shared_ptr<coll_stream>;
+
 // One enqueued operation: the stream it went on, the tensors it must keep alive, what to
 // do once it finished (copy results back into non-contiguous tensors), and its future.
 // The stream is synchronized exactly once, by whichever comes first: wait(), or the
 // core's completion thread (which is what completes getFuture() without anyone waiting).
+// An operation of a coalescing region is made unarmed: its libcoll calls run only once the
+// region ends, so until arm() it is not complete and cannot be waited for.
 class Work : public c10d::Work {
  public:
-  Work(int rank, c10d::OpType type, coll_stream_t stream, std::string what,
-       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after);
-  ~Work() override;
+  Work(int rank, c10d::OpType type, Stream stream, std::string what,
+       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after,
+       bool armed = true);
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   // Blocks until the stream is done, then finishes the Work and completes the future.
   void settle();
+  // Its region ended: the stream now carries its calls.
+  void arm() { armed_ = true; }
+  // Its region failed to run: finishes it with that sentence (nothing ran).
+  void abandon(coll_result r, const std::string &sentence);
 
  private:
   // With settle_mu_ held: record the stream's result, run `after`, finish.  Returns
@@ -50,7 +62,8 @@ class Work : public c10d::Work {
 
   std::mutex settle_mu_;
   bool settled_ = false;
-  coll_stream_t stream_;
+  std::atomic<bool> armed_;
+  Stream stream_;
   std::string what_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
@@ -100,6 +113,18 @@ class Core {
   WorkPtr recv_anysource(Tensors &tensors, int tag);
   WorkPtr barrier(const c10d::BarrierOptions &opts);
 
+  // c10d's coalescing (batch_isend_irecv, _coalescing_manager with a device): every
+  // operation the calling thread issues on this group until end_coalescing goes on one
+  // stream inside a libcoll group (coll_group_start/end), so its sends and receives move
+  // as one operation: crossing sends cannot deadlock whatever their size or order (one at
+  // a time, libcoll runs a communicator's operations in call order, and a large send
+  // waits for its receive).  end_coalescing returns the Work of the whole region; each
+  // operation's own Work completes with it.  Regions do not nest, and one is opened,
+  // filled and closed on one thread (libcoll's groups are per thread); other threads'
+  // operations meanwhile run as usual.
+  void start_coalescing();
+  WorkPtr end_coalescing();
+
   // dist.all_reduce(..., async_op=False) without a Work: libcoll's blocking call on the
   // caller's thread (no stream, no hand-off to libcoll's progress thread nor to the
   // completion thread).  Ordered after every operation launched before it.
@@ -117,7 +142,8 @@ class Core {
 
  private:
   // Makes a stream, lets `enqueue` put libcoll calls on it, hands the Work to the
-  // completion thread.  A call libcoll refuses throws its sentence.
+  // completion thread (in a coalescing region: the region's stream, and the Work waits
+  // for end_coalescing).  A call libcoll refuses throws its sentence.
   WorkPtr launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
                  std::function<coll_result(coll_stream_t)> enqueue,
                  std::function<void()> after = nullptr);
@@ -131,6 +157,11 @@ class Core {
   std::deque<c10::intrusive_ptr<Work>> queue_;
   bool stop_ = false;
   std::thread thread_;
+  // The open coalescing region: the thread that opened it (none: no region), its stream
+  // and its operations, touched only by that thread.
+  std::atomic<std::thread::id> co_thread_{};
+  Stream co_stream_;
+  std::vector<c10::intrusive_ptr<Work>> co_parts_;
 };
 
 }  // namespace libcoll_torch

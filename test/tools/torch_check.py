@@ -271,6 +271,31 @@ def run_ops(group, ranks, tag):
         for q in reqs:
             q.wait()
         same(got, inp((r - 1) % n, 4, torch.float32), f"{tag} isend/irecv")
+    # torch 2.x: batch_isend_irecv coalesces (one libcoll group), so 8 MB sends to both
+    # neighbours at once, which cross, cannot deadlock; a non-contiguous receive.  Then a
+    # region of _coalescing_manager with an all_reduce and a send/recv pair: an operation
+    # waited for inside its region raises, after it completes with the region
+    if n > 1 and int(torch.__version__.split(".")[0]) >= 2:
+        big = 1 << 21
+        a, b = torch.zeros(big), torch.zeros(2 * big)[::2]
+        ops = [dist.P2POp(dist.isend, torch.full((big,), float(r)), nxt, group),
+               dist.P2POp(dist.isend, torch.full((big,), r + 0.5), prv, group),
+               dist.P2POp(dist.irecv, a, prv, group), dist.P2POp(dist.irecv, b, nxt, group)]
+        for q in dist.batch_isend_irecv(ops):
+            q.wait()
+        same(a, torch.full((big,), float((r - 1) % n)), f"{tag} batch_isend_irecv from the previous rank")
+        same(b, torch.full((big,), (r + 1) % n + 0.5), f"{tag} batch_isend_irecv from the next rank (non-contiguous)")
+        x, got = inp(r, 6, torch.float32), torch.zeros(3)
+        with dist._coalescing_manager(group=group, device=torch.device("cpu"), async_ops=True) as cm:
+            dist.all_reduce(x, group=group, async_op=True)
+            ws = dist.isend(inp(r, 3, torch.float32, 9), dst=nxt, group=group)
+            wr = dist.irecv(got, src=prv, group=group)
+            expect_raise(wr.wait, ["inside its coalescing region"], f"{tag} wait inside a coalescing region")
+        cm.wait()
+        ws.wait()
+        wr.wait()
+        same(x, reduce_expect([inp(i, 6, torch.float32) for i in range(n)], "sum"), f"{tag} all_reduce in a coalescing region")
+        same(got, inp((r - 1) % n, 3, torch.float32, 9), f"{tag} send/recv in a coalescing region")
     dist.barrier(group=group)
 
 
