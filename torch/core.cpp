@@ -209,12 +209,11 @@ int check_root(int64_t root, int size, const char *what) {
 
 Work::Work(int rank, c10d::OpType type, Stream stream, std::string what,
            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
-           std::function<void()> after, bool armed)
-    : c10d::Work(rank, type), armed_(armed), stream_(std::move(stream)), what_(std::move(what)),
-      outputs_(std::move(outputs)), keep_(std::move(keep)), after_(std::move(after)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
-}
+           std::function<void()> after, bool in_region)
+    : c10d::Work(rank, type), armed_(!in_region), follower_(in_region), stream_(std::move(stream)),
+      what_(std::move(what)), outputs_(std::move(outputs)), keep_(std::move(keep)),
+      after_(std::move(after)), future_(c10::make_intrusive<c10::ivalue::Future>(
+                                    c10::ListType::create(c10::TensorType::get()))) {}
 
 void Work::record(coll_result r, const char *sentence) {
   std::exception_ptr e;
@@ -230,6 +229,10 @@ void Work::record(coll_result r, const char *sentence) {
   }
   after_ = nullptr;
   keep_.clear();
+  // The region's operations share its result, and finish before the region does: waiting
+  // for the region is waiting for their copies back too.
+  for (auto &f : followers_) f->follow(r, sentence);
+  followers_.clear();
   settled_ = true;
   finish(e);
 }
@@ -243,27 +246,31 @@ void Work::complete_future() {
 }
 
 void Work::settle() {
+  if (follower_) return;  // its region's Work settles it
   {
     std::lock_guard<std::mutex> g(settle_mu_);
-    if (settled_ || !armed_) return;
+    if (settled_) return;
     coll_result r = coll_stream_synchronize(stream_.get());
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
   }
   complete_future();
 }
 
-void Work::abandon(coll_result r, const std::string &sentence) {
+void Work::follow(coll_result r, const char *sentence) {
   {
     std::lock_guard<std::mutex> g(settle_mu_);
     if (settled_) return;
-    after_ = nullptr;  // nothing ran: nothing to copy back
-    record(r, sentence.c_str());
+    armed_ = true;
+    record(r, sentence);
   }
   complete_future();
 }
 
 bool Work::isCompleted() {
-  if (!armed_) return false;
+  if (follower_) {
+    std::lock_guard<std::mutex> g(mutex_);
+    return completed_;
+  }
   {
     std::unique_lock<std::mutex> g(settle_mu_, std::try_to_lock);
     if (!g.owns_lock()) return false;  // another thread is synchronizing it right now
@@ -280,8 +287,11 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   if (!armed_)
     throw error(what_, "was waited for inside its coalescing region: its libcoll calls run only "
                        "once the region ends (endCoalescing), so wait for it after that");
-  if (timeout == std::chrono::milliseconds(0)) {
+  if (timeout == std::chrono::milliseconds(0) && !follower_) {
     settle();
+  } else if (timeout == std::chrono::milliseconds(0)) {
+    std::unique_lock<std::mutex> g(mutex_);
+    cv_.wait(g, [this] { return completed_; });  // the stream is the region's: see follow()
   } else {
     // The completion thread settles every Work (finish() then signals the base class's
     // cv_): wait for that, up to the deadline, without polling.  The communicator's own
@@ -389,7 +399,7 @@ Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs,
     throw error(what, s.empty() ? coll_result_string(r) : s);
   }
   auto w = c10::make_intrusive<Work>(rank_, type, st, what, std::move(outputs), std::move(keep),
-                                     std::move(after), !grouped);
+                                     std::move(after), grouped);
   if (grouped) {
     co_parts_.push_back(w);  // armed and queued by end_coalescing
     return w;
@@ -417,10 +427,11 @@ void Core::start_coalescing() {
   co_thread_ = std::this_thread::get_id();
 }
 
-// Runs the region's libcoll group, then hands its operations' Works to the completion
-// thread, followed by the region's own Work: it carries every operation's outputs and,
-// once the stream is done, settles each of them (copies back non-contiguous results)
-// before it completes, so waiting for it is waiting for all of them.
+// Runs the region's libcoll group, then hands the region's own Work to the completion
+// thread: it carries every operation's outputs and leads their Works.  The stream is
+// synchronized once, by it (a synchronize returns an error once, then clears it), and it
+// hands that result to each operation (copying non-contiguous results back) before it
+// completes itself.
 Core::WorkPtr Core::end_coalescing() {
   const char *what = "endCoalescing";
   std::thread::id opener = co_thread_.load();
@@ -438,7 +449,7 @@ Core::WorkPtr Core::end_coalescing() {
     const char *c = coll_comm_last_error(comm_);
     std::string s = c && *c ? c : coll_comm_last_error(nullptr);
     if (s.empty()) s = coll_result_string(r);
-    for (auto &p : parts) p->abandon(r, "its coalescing region failed: " + s);
+    for (auto &p : parts) p->follow(r, ("its coalescing region failed: " + s).c_str());
     throw error(what, s);
   }
   Tensors outputs;
@@ -448,12 +459,10 @@ Core::WorkPtr Core::end_coalescing() {
     p->arm();
   }
   auto w = c10::make_intrusive<Work>(rank_, c10d::OpType::COALESCED, st, "coalesced operations",
-                                     outputs, Tensors{}, [parts] {
-                                       for (auto &p : parts) p->settle();
-                                     });
+                                     outputs, Tensors{}, nullptr);
+  w->lead(std::move(parts));
   {
     std::lock_guard<std::mutex> g(qmu_);
-    for (auto &p : parts) queue_.push_back(p);
     queue_.push_back(w);
   }
   qcv_.notify_one();

@@ -36,23 +36,26 @@ using Stream = std::shared_ptr<coll_stream>;
 // do once it finished (copy results back into non-contiguous tensors), and its future.
 // The stream is synchronized exactly once, by whichever comes first: wait(), or the
 // core's completion thread (which is what completes getFuture() without anyone waiting).
-// An operation of a coalescing region is made unarmed: its libcoll calls run only once the
-// region ends, so until arm() it is not complete and cannot be waited for.
+// An operation of a coalescing region (in_region) is a follower: its libcoll calls run only
+// once the region ends, so until arm() it cannot be waited for, and then the region's Work
+// (its leader) synchronizes the stream they share and hands it the result (follow()).
 class Work : public c10d::Work {
  public:
   Work(int rank, c10d::OpType type, Stream stream, std::string what,
        std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after,
-       bool armed = true);
+       bool in_region = false);
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   // Blocks until the stream is done, then finishes the Work and completes the future.
   void settle();
-  // Its region ended: the stream now carries its calls.
+  // A follower's region ended: the stream now carries its calls.
   void arm() { armed_ = true; }
-  // Its region failed to run: finishes it with that sentence (nothing ran).
-  void abandon(coll_result r, const std::string &sentence);
+  // Makes this Work the leader of `followers`, before anyone can settle it.
+  void lead(std::vector<c10::intrusive_ptr<Work>> followers) { followers_ = std::move(followers); }
+  // A follower finishes with its leader's result r (sentence: why it failed).
+  void follow(coll_result r, const char *sentence);
 
  private:
   // With settle_mu_ held: record the stream's result, run `after`, finish.  Returns
@@ -63,6 +66,8 @@ class Work : public c10d::Work {
   std::mutex settle_mu_;
   bool settled_ = false;
   std::atomic<bool> armed_;
+  const bool follower_;
+  std::vector<c10::intrusive_ptr<Work>> followers_;
   Stream stream_;
   std::string what_;
   std::vector<at::Tensor> outputs_;
