@@ -72,6 +72,16 @@ class BackendLibcoll : public c10d::Backend {
                                const c10d::ReduceScatterOptions &o) override {
     return core_.reduce_scatter_base(out, in, o);
   }
+  // The names torch 2.x has had since 2.1; newer torch's all_gather_single_coalesced and
+  // reduce_scatter_single_coalesced forward to them by default.
+  WorkPtr allgather_into_tensor_coalesced(Tensors &out, Tensors &in,
+                                          const c10d::AllgatherOptions &o) override {
+    return core_.allgather_into_tensor_coalesced(out, in, o);
+  }
+  WorkPtr reduce_scatter_tensor_coalesced(Tensors &out, Tensors &in,
+                                          const c10d::ReduceScatterOptions &o) override {
+    return core_.reduce_scatter_tensor_coalesced(out, in, o);
+  }
   WorkPtr alltoall_base(at::Tensor &out, at::Tensor &in, std::vector<int64_t> &os,
                         std::vector<int64_t> &is, const c10d::AllToAllOptions &o) override {
     return core_.alltoall_base(out, in, os, is, o);
@@ -84,7 +94,8 @@ class BackendLibcoll : public c10d::Backend {
   WorkPtr recvAnysource(Tensors &t, int tag) override { return core_.recv_anysource(t, tag); }
   WorkPtr barrier(const c10d::BarrierOptions &o) override { return core_.barrier(o); }
 
-  // batch_isend_irecv and _coalescing_manager take the coalescing path when this is true.
+  // batch_isend_irecv coalesces only where the backend says it can; without, its sends
+  // and receives run one at a time and two ranks' crossing large sends deadlock.
   bool supportsCoalescing() const override { return true; }
   void startCoalescing() override { core_.start_coalescing(); }
   WorkPtr endCoalescing() override { return core_.end_coalescing(); }

@@ -26,17 +26,11 @@ std::runtime_error error(const std::string &what, const std::string &sentence) {
   return std::runtime_error("libcoll " + what + ": " + sentence);
 }
 
-// libcoll's sentence for a failed wait, saying first that it was the process group's
+// libcoll's sentence for a failed call, saying first that it was the process group's
 // timeout when it was (torch's callers look for the word, as Gloo's "Timed out" gives it).
 std::string failure(coll_result r, const char *sentence) {
   std::string s = sentence && *sentence ? sentence : coll_result_string(r);
   return r == COLL_ERR_TIMEOUT ? "its timeout passed: " + s : s;
-}
-
-StreamPtr new_stream(const char *what) {
-  coll_stream_t st;
-  if (coll_stream_create(&st) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
-  return StreamPtr(st, [](coll_stream_t x) { coll_stream_destroy(x); });
 }
 
 void check_cpu(const at::Tensor &t, const char *what) {
@@ -208,32 +202,13 @@ int check_root(int64_t root, int size, const char *what) {
 
 // ---------------------------------------------------------------------------- Work
 
-Work::Work(int rank, c10d::OpType type, StreamPtr stream, std::string what,
+Work::Work(int rank, c10d::OpType type, Stream stream, std::string what,
            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
-           std::function<void()> after, bool held)
-    : c10d::Work(rank, type), held_(held), stream_(std::move(stream)), what_(std::move(what)),
-      outputs_(std::move(outputs)), keep_(std::move(keep)), after_(std::move(after)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
-}
-
-Work::~Work() = default;  // the last Work on a stream destroys it (StreamPtr)
-
-void Work::release() {
-  std::lock_guard<std::mutex> g(settle_mu_);
-  held_ = false;
-}
-
-void Work::settle_failed(const std::string &sentence) {
-  {
-    std::lock_guard<std::mutex> g(settle_mu_);
-    held_ = false;
-    if (settled_) return;
-    after_ = nullptr;  // nothing ran: nothing to copy back
-    record(COLL_ERR_INVALID_ARG, sentence.c_str());
-  }
-  complete_future();
-}
+           std::function<void()> after, bool in_region)
+    : c10d::Work(rank, type), armed_(!in_region), follower_(in_region), stream_(std::move(stream)),
+      what_(std::move(what)), outputs_(std::move(outputs)), keep_(std::move(keep)),
+      after_(std::move(after)), future_(c10::make_intrusive<c10::ivalue::Future>(
+                                    c10::ListType::create(c10::TensorType::get()))) {}
 
 void Work::record(coll_result r, const char *sentence) {
   std::exception_ptr e;
@@ -248,6 +223,10 @@ void Work::record(coll_result r, const char *sentence) {
   }
   after_ = nullptr;
   keep_.clear();
+  // The region's operations share its result, and finish before the region does: waiting
+  // for the region is waiting for their copies back too.
+  for (auto &f : followers_) f->follow(r, sentence);
+  followers_.clear();
   settled_ = true;
   finish(e);
 }
@@ -261,24 +240,35 @@ void Work::complete_future() {
 }
 
 void Work::settle() {
+  if (follower_) return;  // its region's Work settles it
   {
     std::lock_guard<std::mutex> g(settle_mu_);
     if (settled_) return;
-    if (held_)
-      throw error(what_, "was waited for inside its coalescing block, before the block was "
-                         "issued (end the block first)");
     coll_result r = coll_stream_synchronize(stream_.get());
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
   }
   complete_future();
 }
 
+void Work::follow(coll_result r, const char *sentence) {
+  {
+    std::lock_guard<std::mutex> g(settle_mu_);
+    if (settled_) return;
+    armed_ = true;
+    record(r, sentence);
+  }
+  complete_future();
+}
+
 bool Work::isCompleted() {
+  if (follower_) {
+    std::lock_guard<std::mutex> g(mutex_);
+    return completed_;
+  }
   {
     std::unique_lock<std::mutex> g(settle_mu_, std::try_to_lock);
     if (!g.owns_lock()) return false;  // another thread is synchronizing it right now
     if (settled_) return true;
-    if (held_) return false;
     coll_result r = coll_stream_query(stream_.get());
     if (r == COLL_IN_PROGRESS) return false;
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
@@ -288,8 +278,14 @@ bool Work::isCompleted() {
 }
 
 bool Work::wait(std::chrono::milliseconds timeout) {
-  if (timeout == std::chrono::milliseconds(0)) {
+  if (!armed_)
+    throw error(what_, "was waited for inside its coalescing region: its libcoll calls run only "
+                       "once the region ends (endCoalescing), so wait for it after that");
+  if (timeout == std::chrono::milliseconds(0) && !follower_) {
     settle();
+  } else if (timeout == std::chrono::milliseconds(0)) {
+    std::unique_lock<std::mutex> g(mutex_);
+    cv_.wait(g, [this] { return completed_; });  // the stream is the region's: see follow()
   } else {
     // The completion thread settles every Work (finish() then signals the base class's
     // cv_): wait for that, up to the deadline, without polling.  The communicator's own
@@ -377,14 +373,21 @@ void Core::fail(const char *what, coll_result r) const {
 }
 
 namespace {
+Stream new_stream(const char *what) {
+  coll_stream_t s;
+  if (coll_stream_create(&s) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
+  return Stream(s, [](coll_stream_t p) { coll_stream_destroy(p); });  // synchronizes first
+}
+}  // namespace
+
+namespace {
 // Set by Core::now around one operation on this thread: launch runs it blocking.
 thread_local bool blocking_now = false;
 }  // namespace
 
 void Core::now(const std::function<void()> &op) {
-  if (coalescing_)
-    throw error("a blocking call",
-                "cannot run inside a coalescing block (it would block the block)");
+  if (co_thread_.load() == std::this_thread::get_id())
+    throw error("a blocking call", "cannot run inside this thread's coalescing region");
   blocking_now = true;
   try {
     op();
@@ -405,19 +408,19 @@ Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs,
     if (after) after();
     return WorkPtr();
   }
-  // Inside a coalescing block the call joins the open libcoll group on the block's stream
-  // (libcoll defers it to coll_group_end) and its Work is held until then.
-  StreamPtr st = coalescing_ ? batch_ : new_stream(what);
+  const bool grouped = co_thread_.load() == std::this_thread::get_id();
+  Stream st = grouped ? co_stream_ : new_stream(what);
   coll_result r = enqueue(st.get());
   if (r != COLL_OK) {
+    // Outside a region the stream goes with `st` (waiting for what an earlier call of this
+    // op enqueued); inside one libcoll left the refused call out and the region stays open.
     std::string s = coll_comm_last_error(comm_);
-    throw error(what,
-                s.empty() ? coll_result_string(r) : s);  // a refused call: the group stays open
+    throw error(what, s.empty() ? coll_result_string(r) : s);
   }
-  auto w = c10::make_intrusive<Work>(rank_, type, std::move(st), what, std::move(outputs),
-                                     std::move(keep), std::move(after), coalescing_);
-  if (coalescing_) {
-    held_.push_back(w);
+  auto w = c10::make_intrusive<Work>(rank_, type, st, what, std::move(outputs), std::move(keep),
+                                     std::move(after), grouped);
+  if (grouped) {
+    co_parts_.push_back(w);  // armed and queued by end_coalescing
     return w;
   }
   {
@@ -429,40 +432,60 @@ Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs,
 }
 
 void Core::start_coalescing() {
-  if (coalescing_)
-    throw error("startCoalescing", "a coalescing block is already open on this process group");
-  StreamPtr st = new_stream("startCoalescing");
-  if (coll_group_start() != COLL_OK) throw error("startCoalescing", coll_comm_last_error(nullptr));
-  batch_ = std::move(st);
-  coalescing_ = true;
+  if (co_thread_.load() != std::thread::id())
+    throw error("startCoalescing", "a coalescing region is already open on this process group "
+                                   "(regions do not nest)");
+  Stream st = new_stream("startCoalescing");
+  coll_result r = coll_group_start();
+  if (r != COLL_OK) {
+    const char *s = coll_comm_last_error(nullptr);
+    throw error("startCoalescing", s && *s ? s : coll_result_string(r));
+  }
+  co_stream_ = std::move(st);
+  co_parts_.clear();
+  co_thread_ = std::this_thread::get_id();
 }
 
+// Runs the region's libcoll group, then hands the region's own Work to the completion
+// thread: it carries every operation's outputs and leads their Works.  The stream is
+// synchronized once, by it (a synchronize returns an error once, then clears it), and it
+// hands that result to each operation (copying non-contiguous results back) before it
+// completes itself.
 Core::WorkPtr Core::end_coalescing() {
-  if (!coalescing_)
-    throw error("endCoalescing", "no coalescing block is open on this process group");
-  coalescing_ = false;
-  std::vector<c10::intrusive_ptr<Work>> works = std::move(held_);
-  held_.clear();
-  StreamPtr st = std::move(batch_);
+  const char *what = "endCoalescing";
+  std::thread::id opener = co_thread_.load();
+  if (opener == std::thread::id())
+    throw error(what, "no coalescing region is open on this process group");
+  if (opener != std::this_thread::get_id())
+    throw error(what, "the coalescing region was opened on another thread, and libcoll's "
+                      "groups belong to the thread that opens them");
+  co_thread_ = std::thread::id();
+  Stream st = std::move(co_stream_);
+  std::vector<c10::intrusive_ptr<Work>> parts = std::move(co_parts_);
+  co_parts_.clear();
   coll_result r = coll_group_end();
   if (r != COLL_OK) {
-    std::string s = failure(r, coll_comm_last_error(comm_));
-    for (auto &w : works) w->settle_failed("its coalescing block was not issued: " + s);
-    throw error("endCoalescing", s);
+    const char *c = coll_comm_last_error(comm_);
+    std::string s = c && *c ? c : coll_comm_last_error(nullptr);
+    if (s.empty()) s = coll_result_string(r);
+    for (auto &p : parts) p->follow(r, ("its coalescing region failed: " + s).c_str());
+    throw error(what, s);
   }
-  // The block's Work: done when the stream is, which carries every call of the block.
-  auto block = c10::make_intrusive<Work>(rank_, c10d::OpType::COALESCED, st, "coalesced block",
-                                         Tensors{}, Tensors{}, nullptr);
+  Tensors outputs;
+  for (auto &p : parts) {
+    Tensors o = p->result();
+    outputs.insert(outputs.end(), o.begin(), o.end());
+    p->arm();
+  }
+  auto w = c10::make_intrusive<Work>(rank_, c10d::OpType::COALESCED, st, "coalesced operations",
+                                     outputs, Tensors{}, nullptr);
+  w->lead(std::move(parts));
   {
     std::lock_guard<std::mutex> g(qmu_);
-    for (auto &w : works) {
-      w->release();
-      queue_.push_back(w);
-    }
-    queue_.push_back(block);
+    queue_.push_back(w);
   }
   qcv_.notify_one();
-  return block;
+  return w;
 }
 
 // ---------------------------------------------------------------------------- operations
@@ -762,6 +785,85 @@ Core::WorkPtr Core::reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                                    red.op, comm_, s);
       },
       [=] { copy_back(user, out); });
+}
+
+// Each input gathered into its output (size_ times its elements): one libcoll all-gather
+// per pair, all on one stream, so they run in call order and finish as one Work.
+Core::WorkPtr Core::allgather_into_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                                    const c10d::AllgatherOptions &) {
+  const char *what = "all_gather_into_tensor_coalesced";
+  if (outputs.size() != inputs.size())
+    throw error(what, "takes one output tensor per input tensor, got " +
+                          std::to_string(outputs.size()) + " outputs for " +
+                          std::to_string(inputs.size()) + " inputs");
+  Tensors users = outputs, ins, outs, keep;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    check_cpu(outputs[i], what);
+    check_cpu(inputs[i], what);
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        outputs[i].numel() != inputs[i].numel() * size_)
+      throw error(what, "output tensor " + std::to_string(i) + " must hold " +
+                            std::to_string(size_) +
+                            " times its input's elements, of the same dtype");
+    ins.push_back(wire_of(inputs[i]));
+    outs.push_back(wire_of(outputs[i]));
+  }
+  keep = ins;
+  keep.insert(keep.end(), outs.begin(), outs.end());
+  return launch(
+      c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, what, users, keep,
+      [=, this](coll_stream_t s) {
+        for (size_t i = 0; i < ins.size(); i++) {
+          coll_result r = coll_all_gather(ins[i].data_ptr(), outs[i].data_ptr(), nbytes(ins[i]),
+                                          COLL_UINT8, comm_, s);
+          if (r != COLL_OK) return r;
+        }
+        return COLL_OK;
+      },
+      [=] {
+        for (size_t i = 0; i < users.size(); i++) copy_back(users[i], outs[i]);
+      });
+}
+
+// Each input (size_ times its output's elements) reduce-scattered into its output, each
+// pair with its own dtype's reduction: one libcoll reduce-scatter per pair on one stream.
+Core::WorkPtr Core::reduce_scatter_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                                    const c10d::ReduceScatterOptions &opts) {
+  const char *what = "reduce_scatter_tensor_coalesced";
+  if (outputs.size() != inputs.size())
+    throw error(what, "takes one output tensor per input tensor, got " +
+                          std::to_string(outputs.size()) + " outputs for " +
+                          std::to_string(inputs.size()) + " inputs");
+  Tensors users = outputs, ins, outs, keep;
+  std::vector<Reduction> reds;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    check_cpu(outputs[i], what);
+    check_cpu(inputs[i], what);
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        inputs[i].numel() != outputs[i].numel() * size_)
+      throw error(what, "input tensor " + std::to_string(i) + " must hold " +
+                            std::to_string(size_) +
+                            " times its output's elements, of the same dtype");
+    reds.push_back(reduction(opts.reduceOp, outputs[i].scalar_type(), what));
+    ins.push_back(wire_of(scaled(reds.back(), wire_of(inputs[i]))));
+    outs.push_back(wire_of(outputs[i]));
+  }
+  keep = ins;
+  keep.insert(keep.end(), outs.begin(), outs.end());
+  return launch(
+      c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, what, users, keep,
+      [=, this](coll_stream_t s) {
+        for (size_t i = 0; i < ins.size(); i++) {
+          coll_result r = coll_reduce_scatter(ins[i].data_ptr(), outs[i].data_ptr(),
+                                              count_of(reds[i], outs[i]), reds[i].ty.dtype,
+                                              reds[i].op, comm_, s);
+          if (r != COLL_OK) return r;
+        }
+        return COLL_OK;
+      },
+      [=] {
+        for (size_t i = 0; i < users.size(); i++) copy_back(users[i], outs[i]);
+      });
 }
 
 namespace {

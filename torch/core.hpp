@@ -6,6 +6,7 @@
 // here.  This file must never include the adapter's headers (Backend.hpp) nor touch Python.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -26,31 +27,34 @@
 
 namespace libcoll_torch {
 
-// A libcoll stream shared by the Works enqueued on it (the operations of one coalescing
-// block share one); the last owner destroys it, which waits for what is left on it.
-using StreamPtr = std::shared_ptr<std::remove_pointer_t<coll_stream_t>>;
+// A coll_stream, destroyed (after it synchronized) with its last owner: the operations of
+// a coalescing region share one.
+using Stream = std::shared_ptr<coll_stream>;
 
 // One enqueued operation: the stream it went on, the tensors it must keep alive, what to
 // do once it finished (copy results back into non-contiguous tensors), and its future.
 // The stream is synchronized exactly once, by whichever comes first: wait(), or the
 // core's completion thread (which is what completes getFuture() without anyone waiting).
-// A Work made inside a coalescing block is held (not yet issued) until the block ends.
+// An operation of a coalescing region (in_region) is a follower: its libcoll calls run only
+// once the region ends, so until arm() it cannot be waited for, and then the region's Work
+// (its leader) synchronizes the stream they share and hands it the result (follow()).
 class Work : public c10d::Work {
  public:
-  Work(int rank, c10d::OpType type, StreamPtr stream, std::string what,
+  Work(int rank, c10d::OpType type, Stream stream, std::string what,
        std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after,
-       bool held = false);
-  ~Work() override;
+       bool in_region = false);
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   // Blocks until the stream is done, then finishes the Work and completes the future.
   void settle();
-  // The coalescing block this Work was made in has been issued: it may be waited for.
-  void release();
-  // The block was not issued (coll_group_end failed): finish with that sentence.
-  void settle_failed(const std::string &sentence);
+  // A follower's region ended: the stream now carries its calls.
+  void arm() { armed_ = true; }
+  // Makes this Work the leader of `followers`, before anyone can settle it.
+  void lead(std::vector<c10::intrusive_ptr<Work>> followers) { followers_ = std::move(followers); }
+  // A follower finishes with its leader's result r (sentence: why it failed).
+  void follow(coll_result r, const char *sentence);
 
  private:
   // With settle_mu_ held: record the stream's result, run `after`, finish.  Returns
@@ -60,8 +64,10 @@ class Work : public c10d::Work {
 
   std::mutex settle_mu_;
   bool settled_ = false;
-  bool held_;
-  StreamPtr stream_;
+  std::atomic<bool> armed_;
+  const bool follower_;
+  std::vector<c10::intrusive_ptr<Work>> followers_;
+  Stream stream_;
   std::string what_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
@@ -97,6 +103,12 @@ class Core {
                          const c10d::ReduceScatterOptions &opts);
   WorkPtr reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                               const c10d::ReduceScatterOptions &opts);
+  // One tensor per operation, several operations in one Work: the functional collectives
+  // (funcol, hence DTensor and tensor parallelism) call these even for a single tensor.
+  WorkPtr allgather_into_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                          const c10d::AllgatherOptions &opts);
+  WorkPtr reduce_scatter_tensor_coalesced(Tensors &outputs, Tensors &inputs,
+                                          const c10d::ReduceScatterOptions &opts);
   WorkPtr alltoall_base(at::Tensor &output, at::Tensor &input, std::vector<int64_t> &output_splits,
                         std::vector<int64_t> &input_splits, const c10d::AllToAllOptions &opts);
   WorkPtr alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllToAllOptions &opts);
@@ -105,10 +117,15 @@ class Core {
   WorkPtr recv_anysource(Tensors &tensors, int tag);
   WorkPtr barrier(const c10d::BarrierOptions &opts);
 
-  // A coalescing block (torch's _coalescing_manager, hence batch_isend_irecv): the
-  // operations between start and end are one libcoll group (coll_group_start/end) on one
-  // stream, so a batch of sends and receives in any order cannot deadlock; end issues it
-  // and returns the Work of the whole block.  Per thread, as libcoll's groups are.
+  // c10d's coalescing (batch_isend_irecv, _coalescing_manager with a device): every
+  // operation the calling thread issues on this group until end_coalescing goes on one
+  // stream inside a libcoll group (coll_group_start/end), so its sends and receives move
+  // as one operation: crossing sends cannot deadlock whatever their size or order (one at
+  // a time, libcoll runs a communicator's operations in call order, and a large send
+  // waits for its receive).  end_coalescing returns the Work of the whole region; each
+  // operation's own Work completes with it.  Regions do not nest, and one is opened,
+  // filled and closed on one thread (libcoll's groups are per thread); other threads'
+  // operations meanwhile run as usual.
   void start_coalescing();
   WorkPtr end_coalescing();
 
@@ -132,7 +149,8 @@ class Core {
 
  private:
   // Makes a stream, lets `enqueue` put libcoll calls on it, hands the Work to the
-  // completion thread.  A call libcoll refuses throws its sentence.
+  // completion thread (in a coalescing region: the region's stream, and the Work waits
+  // for end_coalescing).  A call libcoll refuses throws its sentence.
   WorkPtr launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
                  std::function<coll_result(coll_stream_t)> enqueue,
                  std::function<void()> after = nullptr);
@@ -141,15 +159,16 @@ class Core {
 
   int rank_, size_;
   coll_comm_t comm_ = nullptr;
-  // The open coalescing block: its stream and its Works, held until end_coalescing.
-  bool coalescing_ = false;
-  StreamPtr batch_;
-  std::vector<c10::intrusive_ptr<Work>> held_;
   std::mutex qmu_;
   std::condition_variable qcv_;
   std::deque<c10::intrusive_ptr<Work>> queue_;
   bool stop_ = false;
   std::thread thread_;
+  // The open coalescing region: the thread that opened it (none: no region), its stream
+  // and its operations, touched only by that thread.
+  std::atomic<std::thread::id> co_thread_{};
+  Stream co_stream_;
+  std::vector<c10::intrusive_ptr<Work>> co_parts_;
 };
 
 }  // namespace libcoll_torch

@@ -15,6 +15,10 @@
  *   drop  N = 2: async Works dropped unwaited, then destroy_process_group returns
  *   pytorch_suite_2, _3: PyTorch's own distributed_test (scripts/torch_dist_suite.py),
  *         whole, at WORLD_SIZE 2 and 3: no failure, no error
+ *   parallel_*: torch/tools/parallel_compare.py, PyTorch's own parallelism trained 20 steps
+ *         on libcoll and on Gloo (or a single-process reference where Gloo cannot):
+ *         DDP, FSDP2, tensor parallelism, pipelining (1F1B and interleaved 1F1B) at N = 2,
+ *         and a 2 x 2 DeviceMesh (FSDP x TP) at N = 4; losses within 1e-5 relative
  *
  * Built only when meson built the module (COLL_TORCH_MODULE_DIR).  Every run is bounded
  * (t_run kills its process group); the script reaps its ranks and removes its store.
@@ -128,3 +132,39 @@ static void whole_suite(const char *world_size) {
 
 Test(torch, pytorch_suite_2, .timeout = 600) { whole_suite("2"); }
 Test(torch, pytorch_suite_3, .timeout = 600) { whole_suite("3"); }
+
+/* parallel_compare.py --mode MODE --ranks N: its "OK" line and exit status 0.  Each of its
+ * three runs (libcoll, Gloo, the reference where Gloo fails) is bounded by run_s, so that
+ * the script, not t_run, reports a hang; t_run's bound covers all three.  Wall times of
+ * each case on this project's 2-core machine at a load of 2-4 (another build beside it):
+ * ddp 4-6 s, fsdp2 6-9 s, tp 7-12 s, pp-1f1b 4-7 s, pp-interleaved 5-8 s, mesh2d 13-22 s
+ * (4 ranks on 2 cores); the bounds leave 7x or more. */
+static void parallel(const char *mode, const char *n, const char *run_s, int timeout_s) {
+  const char *dir = getenv("COLL_TORCH_MODULE_DIR"), *src = getenv("COLL_TEST_SOURCE_DIR");
+  cr_assert(dir && src, "COLL_TORCH_MODULE_DIR and COLL_TEST_SOURCE_DIR must be set (meson test)");
+  char script[4096], pp[4096];
+  snprintf(script, sizeof script, "%s/torch/tools/parallel_compare.py", src);
+  module_path(pp, sizeof pp, dir);
+  const char *argv[] = {python(),  script, "--mode",    mode,  "--ranks", n,
+                        "--steps", "20",   "--timeout", run_s, NULL};
+  const char *env[] = {pp, "OMP_NUM_THREADS=1", NULL};
+  t_run_result r = t_run(argv, env, timeout_s);
+  cr_assert_neq(r.status, -2, "%s", r.err);
+  char want[64];
+  snprintf(want, sizeof want, "parallel_compare %s %s: OK", mode, n);
+  const char *tail = strlen(r.err) > 6000 ? r.err + strlen(r.err) - 6000 : r.err;
+  cr_expect(r.status == 0 && strstr(r.out, want),
+            "parallel_compare.py --mode %s --ranks %s: status %d (-1: killed after %d s)\n"
+            "--- stdout\n%s\n--- stderr (tail)\n%s",
+            mode, n, r.status, timeout_s, r.out, tail);
+  t_run_free(&r);
+}
+
+Test(torch, parallel_ddp_2, .timeout = 160) { parallel("ddp", "2", "45", 150); }
+Test(torch, parallel_fsdp2_2, .timeout = 160) { parallel("fsdp2", "2", "45", 150); }
+Test(torch, parallel_tp_2, .timeout = 160) { parallel("tp", "2", "45", 150); }
+Test(torch, parallel_pp_1f1b_2, .timeout = 160) { parallel("pp-1f1b", "2", "45", 150); }
+Test(torch, parallel_pp_interleaved_2, .timeout = 160) {
+  parallel("pp-interleaved", "2", "45", 150);
+}
+Test(torch, parallel_mesh2d_4, .timeout = 250) { parallel("mesh2d", "4", "75", 240); }

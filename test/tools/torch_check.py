@@ -200,6 +200,29 @@ def run_ops(group, ranks, tag):
         reduce_scatter_base(out, inp(r, 3 * n, dt), group, OPS[op])
         full = reduce_expect([inp(i, 3 * n, dt) for i in range(n)], op)
         same(out, full[3 * r:3 * r + 3], f"{tag} reduce_scatter_tensor {dt} {op}")
+    # the coalesced single-tensor forms (torch 2.x only: funcol, hence DTensor, calls them):
+    # mixed dtypes, a non-contiguous output, an empty pair, AVG
+    if hasattr(pg, "reduce_scatter_tensor_coalesced") and int(torch.__version__.split(".")[0]) >= 2:
+        kinds = [(5, torch.float32), (3, torch.int64), (0, torch.float32), (4, torch.complex64)]
+        base = torch.zeros(n * 6, 2)
+        outs = [torch.zeros(n * k, dtype=dt) for k, dt in kinds]
+        outs[0] = base[:n * 5, 0]
+        pg.allgather_into_tensor_coalesced(outs, [inp(r, k, dt, j) for j, (k, dt) in enumerate(kinds)]).wait()
+        for j, (k, dt) in enumerate(kinds):
+            same(outs[j], torch.cat([inp(i, k, dt, j) for i in range(n)]),
+                 f"{tag} allgather_into_tensor_coalesced {j} ({dt}, {k})")
+        same(base[:, 1], torch.zeros(n * 6), f"{tag} allgather_into_tensor_coalesced: the rest untouched")
+        for op in ("sum", "avg"):
+            use = [j for j, (k, dt) in enumerate(kinds) if op == "sum" or dt != torch.int64]
+            outs = [torch.zeros(kinds[j][0], dtype=kinds[j][1]) for j in use]
+            opts = dist.ReduceScatterOptions()
+            opts.reduceOp = OPS[op]
+            pg.reduce_scatter_tensor_coalesced(
+                outs, [inp(r, n * kinds[j][0], kinds[j][1], j) for j in use], opts).wait()
+            for o, j in zip(outs, use):
+                k, dt = kinds[j]
+                full = reduce_expect([inp(i, n * k, dt, j) for i in range(n)], op)
+                same(o, full[k * r:k * r + k], f"{tag} reduce_scatter_tensor_coalesced {op} {j} ({dt}, {k})")
     # gather and scatter, root 0 and the last
     for root in sorted({0, n - 1}):
         for dt in [torch.float32, torch.uint8, torch.bool]:
@@ -248,6 +271,31 @@ def run_ops(group, ranks, tag):
         for q in reqs:
             q.wait()
         same(got, inp((r - 1) % n, 4, torch.float32), f"{tag} isend/irecv")
+    # torch 2.x: batch_isend_irecv coalesces (one libcoll group), so 8 MB sends to both
+    # neighbours at once, which cross, cannot deadlock; a non-contiguous receive.  Then a
+    # region of _coalescing_manager with an all_reduce and a send/recv pair: an operation
+    # waited for inside its region raises, after it completes with the region
+    if n > 1 and int(torch.__version__.split(".")[0]) >= 2:
+        big = 1 << 21
+        a, b = torch.zeros(big), torch.zeros(2 * big)[::2]
+        ops = [dist.P2POp(dist.isend, torch.full((big,), float(r)), nxt, group),
+               dist.P2POp(dist.isend, torch.full((big,), r + 0.5), prv, group),
+               dist.P2POp(dist.irecv, a, prv, group), dist.P2POp(dist.irecv, b, nxt, group)]
+        for q in dist.batch_isend_irecv(ops):
+            q.wait()
+        same(a, torch.full((big,), float((r - 1) % n)), f"{tag} batch_isend_irecv from the previous rank")
+        same(b, torch.full((big,), (r + 1) % n + 0.5), f"{tag} batch_isend_irecv from the next rank (non-contiguous)")
+        x, got = inp(r, 6, torch.float32), torch.zeros(3)
+        with dist._coalescing_manager(group=group, device=torch.device("cpu"), async_ops=True) as cm:
+            dist.all_reduce(x, group=group, async_op=True)
+            ws = dist.isend(inp(r, 3, torch.float32, 9), dst=nxt, group=group)
+            wr = dist.irecv(got, src=prv, group=group)
+            expect_raise(wr.wait, ["inside its coalescing region"], f"{tag} wait inside a coalescing region")
+        cm.wait()
+        ws.wait()
+        wr.wait()
+        same(x, reduce_expect([inp(i, 6, torch.float32) for i in range(n)], "sum"), f"{tag} all_reduce in a coalescing region")
+        same(got, inp((r - 1) % n, 3, torch.float32, 9), f"{tag} send/recv in a coalescing region")
     dist.barrier(group=group)
 
 
