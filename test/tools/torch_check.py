@@ -372,6 +372,14 @@ def rank_main(rank, store_dir):
     sub_ranks = list(range(1, N)) if N > 2 else [1]
     sub = dist.new_group(sub_ranks)
     if MODE == "ops":
+        # the blocking calls of these four go through the binding's wrappers (its direct
+        # path), so the blocking checks below exercise it and the async ones the Work path
+        global checks
+        for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                     "all_to_all_single"):
+            if getattr(dist, name) is not getattr(libcoll_torch, name):
+                fail(f"dist.{name} is not libcoll_torch's blocking wrapper")
+            checks += 1
         run_ops(dist.group.WORLD, list(range(N)), f"N={N}")
         if rank in sub_ranks:
             run_ops(sub, sub_ranks, f"subgroup {sub_ranks}")
