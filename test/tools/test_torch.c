@@ -14,7 +14,8 @@
  *   kill  N = 3: a rank SIGKILLs itself; the survivors raise within seconds
  *   drop  N = 2: async Works dropped unwaited, then destroy_process_group returns
  *   pytorch_suite_2, _3: PyTorch's own distributed_test (scripts/torch_dist_suite.py),
- *         whole, at WORLD_SIZE 2 and 3: no failure, no error
+ *         whole, at WORLD_SIZE 2 and 3: no failure, no error; _8_groups: the 18 *_group
+ *         tests it runs only from 8 ranks, at 8
  *   parallel_*: torch/tools/parallel_compare.py, PyTorch's own parallelism trained 20 steps
  *         on libcoll and on Gloo (or a single-process reference where Gloo cannot):
  *         DDP, FSDP2, tensor parallelism, pipelining (1F1B and interleaved 1F1B) at N = 2,
@@ -132,6 +133,56 @@ static void whole_suite(const char *world_size) {
 
 Test(torch, pytorch_suite_2, .timeout = 600) { whole_suite("2"); }
 Test(torch, pytorch_suite_3, .timeout = 600) { whole_suite("3"); }
+
+/* The *_group tests torch 2.15 skips below 8 ranks (skip_if_small_worldsize), at
+ * WORLD_SIZE 8: each on a subgroup of ranks 0..1 and its full-group twin (~18 s here). */
+static const char *const group_tests[] = {
+    "test_all_gather_coalesced_group",
+    "test_all_gather_group",
+    "test_all_reduce_group_max",
+    "test_all_reduce_group_min",
+    "test_all_reduce_group_product",
+    "test_all_reduce_group_sum",
+    "test_all_to_all_group",
+    "test_all_to_all_single_equal_split_group",
+    "test_all_to_all_single_unequal_split_group",
+    "test_barrier_group",
+    "test_barrier_timeout_group",
+    "test_broadcast_group",
+    "test_gather_group",
+    "test_reduce_group_max",
+    "test_reduce_group_min",
+    "test_reduce_group_product",
+    "test_reduce_group_sum",
+    "test_scatter_group",
+};
+
+Test(torch, pytorch_suite_8_groups, .timeout = 400) {
+  const char *dir = getenv("COLL_TORCH_MODULE_DIR"), *src = getenv("COLL_TEST_SOURCE_DIR");
+  cr_assert(dir && src, "COLL_TORCH_MODULE_DIR and COLL_TEST_SOURCE_DIR must be set (meson test)");
+  enum { N_GROUP = sizeof group_tests / sizeof group_tests[0] };
+  char script[4096], pp[4096], pat[N_GROUP][96];
+  snprintf(script, sizeof script, "%s/scripts/torch_dist_suite.py", src);
+  module_path(pp, sizeof pp, dir);
+  const char *argv[2 + 2 * N_GROUP + 1] = {python(), script};
+  for (int i = 0; i < N_GROUP; i++) {
+    /* "*." anchors the pattern at the test's name in unittest's -k matching */
+    snprintf(pat[i], sizeof pat[i], "*.%s", group_tests[i]);
+    argv[2 + 2 * i] = "-k";
+    argv[3 + 2 * i] = pat[i];
+  }
+  argv[2 + 2 * N_GROUP] = NULL;
+  const char *env[] = {pp, "WORLD_SIZE=8", "OMP_NUM_THREADS=1", NULL};
+  t_run_result r = t_run(argv, env, 360);
+  cr_assert_neq(r.status, -2, "%s", r.err);
+  char ran[64];
+  snprintf(ran, sizeof ran, "Ran %d tests", N_GROUP);
+  cr_expect(r.status == 0 && strstr(r.err, ran) && strstr(r.err, "\nOK\n"),
+            "torch_dist_suite.py at WORLD_SIZE 8: status %d, expected \"%s\" and OK, no skip\n"
+            "--- stderr (tail)\n%s",
+            r.status, ran, strlen(r.err) > 6000 ? r.err + strlen(r.err) - 6000 : r.err);
+  t_run_free(&r);
+}
 
 /* parallel_compare.py --mode MODE --ranks N: its "OK" line and exit status 0.  Each of its
  * three runs (libcoll, Gloo, the reference where Gloo fails) is bounded by run_s, so that
