@@ -32,10 +32,10 @@
 #          off, interleaved twice; DDP over libcoll with 2 and 4 ranks on the GPU(s), the
 #          first with --trace (ddp2.json); NCCL with 2 ranks (on one GPU it refuses: its
 #          answer is recorded).
-#   torch  the PyTorch binding's torch 2.x adapter (torch/backend_2x.cpp) built against the
+#   torch  the PyTorch binding (torch/backend.cpp, a c10d::Backend) built against the
 #          machine's python3 and its torch in build-torch (-Dtorch_python), then its suite
-#          case (test_torch: ops, async, bad ops, a killed rank, dropped Works, a part of
-#          PyTorch's own distributed_test) and what it answers for a CUDA tensor
+#          case (test_torch: ops, async, bad ops, a killed rank, dropped Works, PyTorch's
+#          own distributed_test, its parallelism beside Gloo) and what it answers for a CUDA tensor
 #          (torch/tools/cuda_probe.py) -> torch.txt.
 # Every stage prints what it runs; summary.txt gets one line per stage with its status.
 # Must never: download anything, install into / (the prefix is under /tmp), or stop at
