@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """torch_dist_suite.py — PyTorch's own distributed test suite on the libcoll backend.
 
-    PYTHONPATH=build/torch WORLD_SIZE=2 /usr/bin/python3 scripts/torch_dist_suite.py [-v] [-k PATTERN]
+    PYTHONPATH=build/torch WORLD_SIZE=2 /opt/libcoll/torch-2.15/bin/python3 scripts/torch_dist_suite.py [-v] [-k PATTERN]
 
-Runs torch.testing._internal.distributed.distributed_test (shipped with python3-torch) the
-way torch 1.13's test/distributed/test_distributed_spawn.py does: BACKEND, WORLD_SIZE,
-INIT_METHOD (file:// per test), TEMP_DIR, and DistributedTest._DistTestBase mixed into
-TestDistBackend, every test spawning WORLD_SIZE fresh processes that import this file
-(so libcoll_torch registers "libcoll" in each).  The suite's skip decorators test the
-backend's name against feature sets (DistTestCases): the driver enters "libcoll" in
-those it supports (subgroups, DDP, plugin).  Needs the `expecttest` package (setup.sh).
-It must never change the suite's tests themselves, only the feature sets.
+Runs torch.testing._internal.distributed.distributed_test (torch's wheel ships it) the way
+torch's test/distributed/test_distributed_spawn.py does: BACKEND, WORLD_SIZE, a file://
+init per test, TEMP_DIR, and DistributedTest._DistTestBase mixed into TestDistBackend —
+except that each test forks its WORLD_SIZE ranks from this process (COLL_TORCH_SPAWN=1:
+spawns them, each importing this file, as torch's driver does).  The suite's skip
+decorators test the backend's name against feature sets (DistTestCases): the driver enters
+"libcoll" in those it supports (subgroups, DDP, plugin); RUN_DESPITE_GATE and
+NOT_FOR_PLUGINS below name, with reasons, the tests whose gates it lifts or keeps.  Needs
+`expecttest` (the venv of scripts/setup.sh).  It must never change a test itself.
 """
 import os
 import shutil

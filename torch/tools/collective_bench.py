@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """collective_bench.py — torch-level speed of libcoll against Gloo (CPU, float32) for
 dist.all_reduce, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single, in
 one run, with medians over interleaved repeats and the acceptance of issue #40 item 4.

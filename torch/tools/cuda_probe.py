@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """cuda_probe.py — what the libcoll backend does with a CUDA tensor, on 2 forked ranks.
 
     PYTHONPATH=<build>/torch python3 torch/tools/cuda_probe.py

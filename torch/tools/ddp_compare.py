@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """ddp_compare.py — an unmodified PyTorch DDP training loop on libcoll and on Gloo.
 
-    PYTHONPATH=build/torch /usr/bin/python3 torch/tools/ddp_compare.py [--ranks 2] [--steps 20]
+    PYTHONPATH=build/torch /opt/libcoll/torch-2.15/bin/python3 torch/tools/ddp_compare.py [--ranks 2] [--steps 20]
         [--repeats 1]
 
 Trains the GPT of libtrain/tools/reference.py (small: V=256, T=32, L=2, C=64, NH=4) with

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """parallel_compare.py — PyTorch's own parallelism on libcoll and on Gloo, losses compared.
 
     PYTHONPATH=build/torch python3 torch/tools/parallel_compare.py
