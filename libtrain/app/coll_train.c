@@ -232,6 +232,12 @@ static void die_rank(train_backend *b, const char *msg) {
 static int print_plan(const train_options *o, int N, int accum, int tp, int sp, double fixed) {
   char line[256], msg[TRAIN_ERRLEN];
   size_t np = 0;
+  /* a configuration a run refuses gets no table, just the run's sentence (the planner
+   * asks the model what a run asks: it once printed a table for --seq 1024 over the
+   * default --max-seq 256) */
+  train_plan_row first;
+  if (train_plan(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)0, fixed, &first, msg) != 0)
+    die(msg);
   printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
          "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
          "step (ring); fixed = measured resident size of this process before any model (a run "

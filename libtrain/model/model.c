@@ -72,6 +72,21 @@ int train_config_check(const train_config *c, char *err) {
   return 0;
 }
 
+int train_shape_check(const train_config *cfg, int B, int T, char *err) {
+  if (B < 1 || T < 1) {
+    train_errf(err, "impossible config: batch %d and sequence length %d must be >= 1", B, T);
+    return -1;
+  }
+  if (T > cfg->max_seq) {
+    train_errf(err,
+               "impossible config: sequence length %d is longer than the position "
+               "table (max_seq %d)",
+               T, cfg->max_seq);
+    return -1;
+  }
+  return 0;
+}
+
 /* The splits of the layout below: heads, MLP rows and vocabulary rows, `ways` ways each
  * (the messages name the option that asks for them). */
 int train_model_split_check(const train_config *c, int ways, train_device dev, char *err) {
@@ -380,17 +395,7 @@ train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_
                B, T, tp);
     return NULL;
   }
-  if (B < 1 || T < 1) {
-    train_errf(err, "impossible config: batch %d and sequence length %d must be >= 1", B, T);
-    return NULL;
-  }
-  if (T > cfg->max_seq) {
-    train_errf(err,
-               "impossible config: sequence length %d is longer than the position "
-               "table (max_seq %d)",
-               T, cfg->max_seq);
-    return NULL;
-  }
+  if (train_shape_check(cfg, B, T, err) != 0) return NULL;
   const train_ops *ops = train_cpu_ops();
   if (dev == TRAIN_DEVICE_CUDA) {
     ops = train_cuda_ops(err);

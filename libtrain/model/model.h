@@ -276,6 +276,10 @@ int train_param_is_split(const char *name);
  * 1: full -> local, 0: local -> its place in full. */
 void train_param_slice(const train_param *fp, const train_param *lp, int rank, float *full,
                        float *local, int to_local);
+/* 0, or -1 with a sentence when a batch of B sequences of T tokens does not fit the model:
+ * B or T below 1, or T longer than the position table (cfg->max_seq).  A run, a session
+ * and the planner all ask this one question. */
+int train_shape_check(const train_config *cfg, int B, int T, char *err);
 /* 0, or -1 with a sentence when the model cannot be split `ways` ways (heads not a
  * multiple of it, more ways than vocabulary entries, a device other than the CPU). */
 int train_model_split_check(const train_config *cfg, int ways, train_device dev, char *err);

@@ -11,18 +11,7 @@
 
 train_session *train_session_create(const train_options *opt, char *err) {
   if (train_config_check(&opt->cfg, err) != 0) return NULL;
-  if (opt->seq > opt->cfg.max_seq) {
-    train_errf(err,
-               "impossible config: sequence length %d is longer than the position "
-               "table (max_seq %d)",
-               opt->seq, opt->cfg.max_seq);
-    return NULL;
-  }
-  if (opt->batch < 1 || opt->seq < 1) {
-    train_errf(err, "impossible config: batch %d and sequence length %d must be >= 1", opt->batch,
-               opt->seq);
-    return NULL;
-  }
+  if (train_shape_check(&opt->cfg, opt->batch, opt->seq, err) != 0) return NULL;
   if (opt->hp.steps < 0 || opt->hp.warmup < 0 || !(opt->hp.lr >= 0.0f)) {
     train_errf(err, "impossible config: steps, warmup and lr must be >= 0");
     return NULL;

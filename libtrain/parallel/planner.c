@@ -14,6 +14,7 @@ static const char *names[TRAIN_PLAN_COUNT] = {"none", "DDP", "ZeRO-1", "ZeRO-2",
 int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_strategy st,
                double fixed, train_plan_row *r, char *err) {
   if (train_config_check(cfg, err) != 0) return -1;
+  if (train_shape_check(cfg, B, T, err) != 0) return -1; /* what a run would refuse */
   if (N < 1 || B < 1 || T < 1 || accum < 1 || st < 0 || st >= TRAIN_PLAN_COUNT) {
     train_errf(err, "impossible plan: ranks %d, batch %d, seq %d, accum %d", N, B, T, accum);
     return -1;

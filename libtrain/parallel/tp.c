@@ -648,6 +648,7 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
                   double fixed, train_plan_row *r, long *inblock, double *inblock_bytes,
                   char *err) {
   if (train_tp_config_check(cfg, tp, TRAIN_DEVICE_CPU, err) != 0) return -1;
+  if (train_shape_check(cfg, B, S, err) != 0) return -1; /* what a run would refuse */
   if (dp < 1 || B < 1 || S < 1) {
     train_errf(err, "impossible plan: %d data-parallel groups, batch %d, seq %d", dp, B, S);
     return -1;

@@ -101,6 +101,15 @@ Test(badinput, seq_longer_than_position_table) {
                  "sequence length 300 is longer than the position table (max_seq 256)");
 }
 
+/* --plan refuses what a run refuses, with the run's sentence, and prints no table (it once
+ * planned --seq 1024 over the default --max-seq 256). */
+Test(badinput, plan_refuses_what_a_run_refuses) {
+  expect_failure(dir, "--plan --ranks 8 --seq 300",
+                 "sequence length 300 is longer than the position table (max_seq 256)");
+  expect_failure(dir, "--plan --tp 2 --ranks 4 --seq 300",
+                 "sequence length 300 is longer than the position table (max_seq 256)");
+}
+
 Test(badinput, bad_flag_value) {
   expect_failure(dir, "--layers four", "--layers: 'four' is not an integer");
   expect_failure(dir, "--device tpu", "--device: 'tpu' is not cpu or cuda");
