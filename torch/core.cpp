@@ -378,24 +378,21 @@ Stream new_stream(const char *what) {
   if (coll_stream_create(&s) != COLL_OK) throw error(what, coll_comm_last_error(nullptr));
   return Stream(s, [](coll_stream_t p) { coll_stream_destroy(p); });  // synchronizes first
 }
-}  // namespace
 
-namespace {
-// Set by Core::now around one operation on this thread: launch runs it blocking.
+// Set by Core::now around one operation on this thread: launch runs it blocking.  Cleared
+// on every way out of the operation, a throw included.
 thread_local bool blocking_now = false;
+struct BlockingNow {
+  BlockingNow() { blocking_now = true; }
+  ~BlockingNow() { blocking_now = false; }
+};
 }  // namespace
 
 void Core::now(const std::function<void()> &op) {
   if (co_thread_.load() == std::this_thread::get_id())
     throw error("a blocking call", "cannot run inside this thread's coalescing region");
-  blocking_now = true;
-  try {
-    op();
-  } catch (...) {
-    blocking_now = false;
-    throw;
-  }
-  blocking_now = false;
+  BlockingNow scope;
+  op();
 }
 
 Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
@@ -466,8 +463,7 @@ Core::WorkPtr Core::end_coalescing() {
   coll_result r = coll_group_end();
   if (r != COLL_OK) {
     const char *c = coll_comm_last_error(comm_);
-    std::string s = c && *c ? c : coll_comm_last_error(nullptr);
-    if (s.empty()) s = coll_result_string(r);
+    std::string s = failure(r, c && *c ? c : coll_comm_last_error(nullptr));
     for (auto &p : parts) p->follow(r, ("its coalescing region failed: " + s).c_str());
     throw error(what, s);
   }
