@@ -26,7 +26,9 @@
  *                deferred into the cool-down bubble, the activations in flight no
  *                more than 1F1B's.
  * GPipe, 1F1B and ZB need M >= 1 (1F1B's warm-up is min(P-1-s, M)); interleaved needs
- * M >= P and M % P == 0 (train_pp_check says so in one sentence).
+ * P >= 2, M >= P and M % P == 0 (train_pp_check says so in one sentence). The lists'
+ * idle fraction equals the formula below for GPipe and 1F1B, for ZB when M >= P, and for
+ * interleaved at P = 3, 4, 6, 7 or M = P; elsewhere interleaved's is larger (schedule.c).
  *
  * Transfers. A SEND_ACT of (micro, chunk) carries the output of that virtual stage's
  * forward to the next virtual stage (its RECV_ACT of the same micro and the receiving
@@ -59,13 +61,13 @@ typedef enum {
 } train_pp_kind;
 
 typedef enum {
-  TRAIN_PP_F = 0,      /* forward of (micro, chunk) */
-  TRAIN_PP_B,          /* backward: the whole backward, or (ZB) the input gradient only */
-  TRAIN_PP_W,          /* ZB only: the weight gradient of (micro, chunk) */
-  TRAIN_PP_SEND_ACT,   /* to the stage holding virtual stage u+1 */
-  TRAIN_PP_RECV_ACT,   /* from the stage holding virtual stage u-1 */
-  TRAIN_PP_SEND_GRAD,  /* to the stage holding virtual stage u-1 */
-  TRAIN_PP_RECV_GRAD,  /* from the stage holding virtual stage u+1 */
+  TRAIN_PP_F = 0,     /* forward of (micro, chunk) */
+  TRAIN_PP_B,         /* backward: the whole backward, or (ZB) the input gradient only */
+  TRAIN_PP_W,         /* ZB only: the weight gradient of (micro, chunk) */
+  TRAIN_PP_SEND_ACT,  /* to the stage holding virtual stage u+1 */
+  TRAIN_PP_RECV_ACT,  /* from the stage holding virtual stage u-1 */
+  TRAIN_PP_SEND_GRAD, /* to the stage holding virtual stage u-1 */
+  TRAIN_PP_RECV_GRAD, /* from the stage holding virtual stage u+1 */
   TRAIN_PP_ACTIONS
 } train_pp_op;
 
@@ -79,10 +81,10 @@ typedef struct train_pp_action {
 typedef struct train_pp_schedule {
   train_pp_kind kind;
   int P, M, V;
-  int *n;                   /* n[s]: actions of stage s */
-  train_pp_action **acts;   /* acts[s][0..n[s]) */
-  int *inflight;            /* inflight[s]: most micro-batch chunks whose activations stage s
-                             * holds at once (F done, last backward action not yet) */
+  int *n;                 /* n[s]: actions of stage s */
+  train_pp_action **acts; /* acts[s][0..n[s]) */
+  int *inflight;          /* inflight[s]: most micro-batch chunks whose activations stage s
+                           * holds at once (F done, last backward action not yet) */
 } train_pp_schedule;
 
 /* "gpipe", "1f1b", "interleaved", "zb" -> kind; -1 when none. */
@@ -90,7 +92,8 @@ TRAIN_API int train_pp_kind_parse(const char *name);
 TRAIN_API const char *train_pp_kind_name(train_pp_kind kind);
 
 /* 0, or -1 with one sentence when (kind, P, M, V) is not a schedule this trainer runs
- * (P < 1, M < 1, V != 1 outside interleaved, V < 2 or M not a multiple of P for it). */
+ * (P < 1, M < 1, V != 1 outside interleaved, V < 2, P < 2 or M not a multiple of P for
+ * it). */
 TRAIN_API int train_pp_check(train_pp_kind kind, int P, int M, int V, char *err);
 
 /* Builds the lists (train_pp_check first); 0, or -1 with err (also out of memory). */
