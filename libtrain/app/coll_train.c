@@ -14,6 +14,7 @@
  * stderr, the exit status is non-zero, and nothing is written: all validation happens
  * before the first file is created, and every file is written atomically.
  */
+#include "parallel/pipeline.h"
 #include "parallel/planner.h"
 #include "parallel/strategy.h"
 #include "parallel/tp.h"
@@ -84,7 +85,18 @@ static void usage(FILE *f) {
              "                    ranks (Megatron layout); --ranks N = T x D, --parallel along D\n"
              "  --sp              with --tp: sequence parallelism (residual stream and\n"
              "                    LayerNorms sharded along batch*seq over the TP group)\n"
-             "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n");
+             "pipeline parallel:\n"
+             "  --pp P            cut the blocks into P stages (embeddings on the first, the\n"
+             "                    head on the last); --ranks N = T x P x D, TP innermost,\n"
+             "                    pipeline outermost\n"
+             "  --schedule gpipe|1f1b|interleaved|zb  the order of forwards and backwards\n"
+             "                    (1f1b); zb = zero-bubble ZB-H1\n"
+             "  --micro-batches M micro-batches of --batch rows per step (2P)\n"
+             "  --chunks V        with interleaved: model chunks per stage (2)\n"
+             "  --explain         print the schedule as the pipeline picture with its bubble\n"
+             "                    and exit\n"
+             "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n"
+             "                    (pipeline: M*D*batch)\n");
 }
 
 static double now_s(void) {
@@ -202,7 +214,12 @@ enum {
   O_PLAN,
   O_TP,
   O_SP,
-  O_LOSSES
+  O_LOSSES,
+  O_PP,
+  O_SCHEDULE,
+  O_MICRO,
+  O_CHUNKS,
+  O_EXPLAIN
 };
 
 /* Everything parsed from the command line. */
@@ -212,7 +229,8 @@ typedef struct cli {
   long stop_after, ckpt_every, eval_every, eval_batches, sample_len;
   int quiet;
   int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
-  int tp, sp; /* tensor-parallel size (1: none), sequence parallelism */
+  int tp, sp;                      /* tensor-parallel size (1: none), sequence parallelism */
+  int pp, schedule, micro, chunks; /* pipeline stages (1: none), schedule, M, V */
   double bucket_mb;
   double fixed; /* resident bytes at start, before any model: the planner's fixed part */
   char **argv;
@@ -270,6 +288,52 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
   return 0;
 }
 
+/* --plan --pp: a row per stage of the run's grid (T x P x D = N). */
+static int print_pp_plan(const train_options *o, int N, int tp, int sp, int P, int kind, int M,
+                         int V) {
+  char line[256], msg[TRAIN_ERRLEN];
+  int D = N / (tp * P);
+  printf("pipeline %s: --pp %d x --tp %d x D %d, %d micro-batches of %d rows%s; acts = the "
+         "stage's activation sets (micro-batches in flight) + backward scratch\n",
+         train_pp_kind_name((train_pp_kind)kind), P, tp, D, M, o->batch,
+         V > 1 ? ", chunks per stage" : "");
+  for (int st = 0; st < P; st++) {
+    train_plan_row r;
+    if (train_pp_plan(&o->cfg, o->batch, o->seq, tp, sp, P, st, (train_pp_kind)kind, M, V, D, 0, &r,
+                      msg) != 0)
+      die(msg);
+    train_plan_format(&r, line, sizeof line);
+    int sets = train_pp_slots((train_pp_kind)kind, P, M, V, st, msg);
+    printf("%s   (%d activation sets)\n", line, sets);
+  }
+  printf("pipeline: idle fraction of the schedule (bubble / compute) %.4f\n",
+         train_pp_formula((train_pp_kind)kind, P, M, V));
+  return 0;
+}
+
+/* --explain: the schedule's picture. */
+static int print_explain(int P, int kind, int M, int V) {
+  char msg[TRAIN_ERRLEN];
+  train_pp_schedule sc;
+  if (train_pp_build((train_pp_kind)kind, P, M, V, &sc, msg) != 0) die(msg);
+  if (train_pp_verify(&sc, msg) != 0) {
+    train_pp_free(&sc);
+    die(msg);
+  }
+  static char pic[1 << 18];
+  train_pp_draw(&sc, pic, sizeof pic);
+  printf("coll-train: %s schedule, %d stages, %d micro-batches",
+         train_pp_kind_name((train_pp_kind)kind), P, M);
+  if (V > 1) printf(", %d chunks per stage", V);
+  putchar('\n');
+  fputs(pic, stdout);
+  for (int st = 0; st < P; st++)
+    printf("stage %d holds at most %d micro-batch chunks' activations (%d sets as run)\n", st,
+           sc.inflight[st], train_pp_slots((train_pp_kind)kind, P, M, V, st, msg));
+  train_pp_free(&sc);
+  return 0;
+}
+
 static int env_int(const char *name, int dflt) {
   const char *v = getenv(name);
   return v && *v ? atoi(v) : dflt;
@@ -311,17 +375,27 @@ static int run(const cli *c, train_backend *b) {
   char msg[TRAIN_ERRLEN];
   static char text[1 << 16]; /* a strategy's lines */
 
-  if (b && c->tp > 1 && (b->nranks % c->tp != 0 || (!c->ddp && b->nranks != c->tp))) {
-    snprintf(msg, sizeof msg, "%d ranks cannot form --tp %d groups%s", b->nranks, c->tp,
-             c->ddp ? "" : " without --parallel ddp");
+  int W = c->tp * c->pp; /* ranks of one model replica */
+  if (b && W > 1 && (b->nranks % W != 0 || (!c->ddp && b->nranks != W))) {
+    snprintf(msg, sizeof msg, "%d ranks cannot form --tp %d x --pp %d groups%s", b->nranks, c->tp,
+             c->pp, c->ddp ? "" : " without --parallel ddp");
     die_rank(b, msg);
   }
-  /* the job as T x D ranks: every group a split of b (tensor parallel innermost) */
+  /* the job as T x D x P ranks: every group a split of b (tensor parallel innermost,
+   * pipeline outermost) */
   train_grid g;
-  if (train_grid_create(&g, b, c->tp, msg) != 0) die_rank(b, msg);
+  if (train_grid_create_pp(&g, b, c->tp, c->pp, msg) != 0) die_rank(b, msg);
   o.tp = g.T;
   o.tp_rank = g.tp ? g.tp->rank : 0;
   o.sp = c->sp;
+  if (g.P > 1) { /* this stage's pieces, with the activation sets its list needs */
+    o.pp = g.P;
+    o.pp_rank = g.p;
+    o.pp_chunks = c->chunks;
+    o.pp_slots = train_pp_slots((train_pp_kind)c->schedule, g.P, c->micro, c->chunks, g.p, msg);
+    o.pp_split_w = c->schedule == TRAIN_PP_ZB;
+    if (o.pp_slots < 0) die_rank(b, msg);
+  }
   if (b && o.threads == 0) { /* share the CPUs between the ranks on this machine */
     int local = env_int("LOCAL_WORLD_SIZE", env_int("OMPI_COMM_WORLD_LOCAL_SIZE", b->nranks));
     o.threads = train_cpu_threads() / (local > 0 ? local : 1);
@@ -333,7 +407,7 @@ static int run(const cli *c, train_backend *b) {
   if (!s) die_rank(b, msg);
   /* every strategy reads D * accum rows per step, and its checkpoints say so: a resume
    * at another layout checks it reads the same global batch */
-  train_session_set_batch_mult(s, g.D * c->accum);
+  train_session_set_batch_mult(s, g.D * (g.P > 1 ? c->micro : c->accum));
   if (resume && train_session_load(s, resume, msg) != 0) {
     train_session_free(s);
     die_rank(b, msg);
@@ -363,6 +437,9 @@ static int run(const cli *c, train_backend *b) {
       .bucket_bytes = (size_t)(c->bucket_mb * 1048576.0),
       .sp = c->sp,
       .trace = c->trace != NULL,
+      .schedule = c->schedule,
+      .micro = c->micro,
+      .chunks = c->chunks,
   };
   train_parallel *p = train_parallel_create(s, &g, &po, msg);
   if (!p) die_rank(b, msg);
@@ -448,7 +525,11 @@ static int run(const cli *c, train_backend *b) {
     if (eval_now && p->ops->eval_begin && p->ops->eval_begin(p, msg) != 0) /* collective */
       die_rank(b, msg);
     if ((root || p->eval_everywhere) && eval_now) {
-      float vl = train_session_val_loss(s, (int)eval_batches);
+      float vl = 0.0f;
+      if (!p->ops->val_loss)
+        vl = train_session_val_loss(s, (int)eval_batches);
+      else if (p->ops->val_loss(p, (int)eval_batches, &vl, msg) != 0) /* collective */
+        die_rank(b, msg);
       if (p->ops->status && p->ops->status(p, msg) != 0) die_rank(b, msg);
       vsteps[nv] = st.step;
       vloss[nv++] = vl;
@@ -672,6 +753,11 @@ int main(int argc, char **argv) {
       {"tp", required_argument, 0, O_TP},
       {"sp", no_argument, 0, O_SP},
       {"losses", required_argument, 0, O_LOSSES},
+      {"pp", required_argument, 0, O_PP},
+      {"schedule", required_argument, 0, O_SCHEDULE},
+      {"micro-batches", required_argument, 0, O_MICRO},
+      {"chunks", required_argument, 0, O_CHUNKS},
+      {"explain", no_argument, 0, O_EXPLAIN},
       {0, 0, 0, 0},
   };
   train_options o = {
@@ -689,10 +775,17 @@ int main(int argc, char **argv) {
   long stop_after = -1, ckpt_every = 0, eval_every = 100, eval_batches = 8, sample_len = 120;
   int quiet = 0;
   char msg[TRAIN_ERRLEN];
-  int zero_given = 0, plan = 0;
+  int zero_given = 0, plan = 0, explain = 0, micro_given = 0, chunks_given = 0;
   double fixed = train_rss_bytes();
-  cli cl = {
-      .tp = 1, .zero = 3, .ranks = 1, .overlap = 1, .accum = 1, .bucket_mb = 25.0, .argv = argv};
+  cli cl = {.tp = 1,
+            .pp = 1,
+            .schedule = TRAIN_PP_1F1B,
+            .zero = 3,
+            .ranks = 1,
+            .overlap = 1,
+            .accum = 1,
+            .bucket_mb = 25.0,
+            .argv = argv};
 
   opterr = 0;
   int c;
@@ -766,6 +859,23 @@ int main(int argc, char **argv) {
     case O_TP: cl.tp = (int)parse_int("--tp", a, 1, 1024); break;
     case O_SP: cl.sp = 1; break;
     case O_LOSSES: cl.losses = a; break;
+    case O_PP: cl.pp = (int)parse_int("--pp", a, 1, 1024); break;
+    case O_SCHEDULE:
+      cl.schedule = train_pp_kind_parse(a);
+      if (cl.schedule < 0) {
+        snprintf(msg, sizeof msg, "--schedule: '%s' is not gpipe, 1f1b, interleaved or zb", a);
+        die(msg);
+      }
+      break;
+    case O_MICRO:
+      cl.micro = (int)parse_int("--micro-batches", a, 1, 1 << 16);
+      micro_given = 1;
+      break;
+    case O_CHUNKS:
+      cl.chunks = (int)parse_int("--chunks", a, 1, 1024);
+      chunks_given = 1;
+      break;
+    case O_EXPLAIN: explain = 1; break;
     case O_ZERO:
       cl.zero = (int)parse_int("--zero", a, 1, 3);
       zero_given = 1;
@@ -787,8 +897,51 @@ int main(int argc, char **argv) {
   if (ckpt_every > 0 && !ckpt_dir) die("--ckpt-every needs --ckpt-dir");
   if (plot) check_writable_dir_of("--plot", plot);
 
-  if (plan) /* a table for every strategy: --ranks and --accum need no --parallel */
-    return print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
+  /* the pipeline's flags, checked before --plan and --explain: they refuse what a run
+   * refuses */
+  if (!micro_given) cl.micro = 2 * cl.pp;
+  if (!chunks_given) cl.chunks = cl.schedule == TRAIN_PP_INTERLEAVED ? 2 : 1;
+  if (cl.pp < 2 && (micro_given || chunks_given || cl.schedule != TRAIN_PP_1F1B || explain))
+    die("--schedule, --micro-batches, --chunks and --explain need --pp 2 or more");
+  if (cl.pp > 1) {
+    if (train_pp_check((train_pp_kind)cl.schedule, cl.pp, cl.micro, cl.chunks, msg) != 0) die(msg);
+    if (train_config_check(&o.cfg, msg) != 0 ||
+        train_pp_config_check(&o.cfg, cl.pp, cl.chunks, o.device, msg) != 0)
+      die(msg);
+    if (cl.tp > 1 && train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0) die(msg);
+    int W = cl.tp * cl.pp;
+    if (!cl.ranks_given && !launched_by_someone()) cl.ranks = W;
+    if (cl.ranks % W != 0) {
+      snprintf(msg, sizeof msg,
+               "--ranks %d is not --tp %d x --pp %d x D for any D: the ranks form a T x P x D "
+               "grid",
+               cl.ranks, cl.tp, cl.pp);
+      die(msg);
+    }
+    if (!cl.ddp && cl.ranks != W) {
+      snprintf(msg, sizeof msg,
+               "--ranks %d with --tp %d x --pp %d makes %d data-parallel replicas: say "
+               "--parallel ddp (or --ranks %d)",
+               cl.ranks, cl.tp, cl.pp, cl.ranks / W, W);
+      die(msg);
+    }
+    if (cl.fsdp) die("--pp with --parallel fsdp is not built yet: use --parallel ddp or none");
+    if (cl.accum > 1)
+      die("--accum with --pp: the pipeline's micro-batches are its accumulation "
+          "(--micro-batches)");
+    if (ckpt_dir || resume) die("--pp: checkpoints of a pipeline run are not written yet");
+    if (cl.nccl) die("--pp runs on the CPU model over libcoll or Open MPI");
+    if (cl.schedule == TRAIN_PP_ZB && cl.tp > 1)
+      die("--schedule zb with --tp is not built yet: the tensor-parallel Linears compute "
+          "their input and weight gradients in one call");
+  }
+  if (explain) return print_explain(cl.pp, cl.schedule, cl.micro, cl.chunks);
+  if (plan) { /* a table for every strategy: --ranks and --accum need no --parallel */
+    int rc = print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
+    if (rc == 0 && cl.pp > 1)
+      rc = print_pp_plan(&o, cl.ranks, cl.tp, cl.sp, cl.pp, cl.schedule, cl.micro, cl.chunks);
+    return rc;
+  }
   if (cl.sp && cl.tp < 2)
     die("--sp needs --tp 2 or more: sequence parallelism shards the regions that tensor "
         "parallelism leaves replicated");
@@ -799,7 +952,7 @@ int main(int argc, char **argv) {
              o.batch, o.seq, cl.tp);
     die(msg);
   }
-  if (cl.tp > 1) {
+  if (cl.tp > 1 && cl.pp < 2) {
     if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0) die(msg);
     /* under a launcher (or mpirun re-running us) the world size is checked by run() */
     int launched = launched_by_someone() && !cl.ranks_given;
@@ -826,7 +979,7 @@ int main(int argc, char **argv) {
           "none only for now");
     if (cl.accum > 1 && !cl.ddp) die("--accum with --tp needs --parallel ddp");
   }
-  if (!cl.ddp && cl.tp < 2 && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
+  if (!cl.ddp && cl.tp < 2 && cl.pp < 2 && (cl.ranks > 1 || cl.accum > 1 || cl.trace))
     die("--ranks, --accum and --trace need --parallel ddp or fsdp");
   if (zero_given && !cl.fsdp)
     die("--zero needs --parallel fsdp: it chooses what the fully sharded trainer shards");
@@ -856,6 +1009,6 @@ int main(int argc, char **argv) {
   cl.eval_batches = eval_batches;
   cl.sample_len = sample_len;
   cl.quiet = quiet;
-  if (!cl.ddp && cl.tp < 2) return run(&cl, NULL);
+  if (!cl.ddp && cl.tp < 2 && cl.pp < 2) return run(&cl, NULL);
   return run_ddp(&cl);
 }

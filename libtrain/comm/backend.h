@@ -35,6 +35,14 @@ typedef int train_req;
 /* Operations that may be in flight at once; starting one more first waits for the oldest. */
 #define TRAIN_BACKEND_MAX_REQS 256
 
+/* One point-to-point transfer of an exchange (train_backend.exchange). */
+typedef struct train_p2p {
+  int send;  /* 1: send buf to peer, 0: receive into buf from peer */
+  int peer;  /* rank in the backend's group */
+  void *buf; /* host memory */
+  size_t bytes;
+} train_p2p;
+
 typedef struct train_backend train_backend;
 struct train_backend {
   const char *name; /* "coll", "mpi" */
@@ -63,6 +71,13 @@ struct train_backend {
    * ranked by (key, rank in b), handed back in *out as a backend of its own (destroy it
    * before b). libcoll: coll_comm_split; Open MPI: MPI_Comm_split. */
   int (*split)(train_backend *b, int color, int key, train_backend **out);
+  /* Optional (NULL: pipeline parallelism is refused on this library): blocking, the n
+   * transfers as one group that completes when each has met its partner — so a stage
+   * that sends forward and receives backward at once cannot deadlock whatever the order
+   * of the list (libcoll: coll_group_start, coll_send/coll_recv, coll_group_end; Open MPI:
+   * MPI_Isend/MPI_Irecv and MPI_Waitall). Two transfers to one peer meet that peer's in
+   * list order. Ordered after the requests already started on b. */
+  int (*exchange)(train_backend *b, const train_p2p *ops, int n);
   /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
   int (*destroy)(train_backend *b);
   /* Fails pending work and leaves the group at once, from any state. */

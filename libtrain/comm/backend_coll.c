@@ -110,6 +110,20 @@ static int cl_barrier(train_backend *b) {
   return r == COLL_OK ? 0 : fail(b, "barrier", r, coll_comm_last_error(c->comm));
 }
 
+static int cl_exchange(train_backend *b, const train_p2p *ops, int n) {
+  coll_impl *c = b->impl;
+  /* libcoll runs a communicator's work in call order: the requests already started
+   * finish first, so the exchange needs no wait of its own here */
+  coll_result r = coll_group_start();
+  if (r != COLL_OK) return fail(b, "group_start", r, coll_comm_last_error(c->comm));
+  for (int i = 0; i < n && r == COLL_OK; i++)
+    r = ops[i].send ? coll_send(ops[i].buf, ops[i].bytes, COLL_UINT8, ops[i].peer, c->comm, NULL)
+                    : coll_recv(ops[i].buf, ops[i].bytes, COLL_UINT8, ops[i].peer, c->comm, NULL);
+  coll_result e = coll_group_end(); /* always closes the group, even after a refused call */
+  if (r != COLL_OK) return fail(b, "send/recv", r, coll_comm_last_error(c->comm));
+  return e == COLL_OK ? 0 : fail(b, "group of send/recv", e, coll_comm_last_error(c->comm));
+}
+
 static int cl_trace_start(train_backend *b) {
   coll_impl *c = b->impl;
   coll_result r = coll_trace_start(c->comm);
@@ -204,6 +218,7 @@ train_backend *train_backend_coll(coll_comm_t comm, int own, char *err) {
   b->broadcast = cl_broadcast;
   b->barrier = cl_barrier;
   b->split = cl_split;
+  b->exchange = cl_exchange;
   b->test = cl_test;
   b->wait = cl_wait;
   b->destroy = cl_destroy;

@@ -164,6 +164,35 @@ static int mp_barrier(train_backend *b) {
   return rc == MPI_SUCCESS ? 0 : fail(b, "barrier", rc);
 }
 
+static int mp_exchange(train_backend *b, const train_p2p *ops, int n) {
+  mpi_impl *p = b->impl;
+  enum { MAX = 16 };
+  MPI_Request rq[MAX];
+  if (n > MAX) {
+    train_errf(b->err, "rank %d: MPI exchange of %d transfers: at most %d at once", b->rank, n,
+               MAX);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    if (ops[i].bytes > (size_t)INT32_MAX) {
+      train_errf(b->err, "rank %d: MPI exchange: %zu bytes do not fit an int", b->rank,
+                 ops[i].bytes);
+      return -1;
+    }
+  }
+  int posted = 0, rc = MPI_SUCCESS;
+  /* the same tag for every transfer: MPI matches a pair of ranks' messages in order */
+  for (; posted < n && rc == MPI_SUCCESS; posted++)
+    rc = ops[posted].send ? MPI_Isend(ops[posted].buf, (int)ops[posted].bytes, MPI_BYTE,
+                                      ops[posted].peer, 7, p->comm, &rq[posted])
+                          : MPI_Irecv(ops[posted].buf, (int)ops[posted].bytes, MPI_BYTE,
+                                      ops[posted].peer, 7, p->comm, &rq[posted]);
+  if (rc != MPI_SUCCESS) posted--; /* the failed one posted nothing */
+  int wrc = MPI_Waitall(posted, rq, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) return fail(b, "Isend/Irecv", rc);
+  return wrc == MPI_SUCCESS ? 0 : fail(b, "Waitall", wrc);
+}
+
 static int mp_destroy(train_backend *b) {
   mpi_impl *p = b->impl;
   int rc = 0;
@@ -226,6 +255,7 @@ static train_backend *wrap(MPI_Comm comm, char *err) {
   b->test = mp_test;
   b->wait = mp_wait;
   b->split = mp_split;
+  b->exchange = mp_exchange;
   b->destroy = mp_destroy;
   b->abort = mp_abort;
   return b;

@@ -199,6 +199,11 @@ typedef struct train_options {
    * ways (0 or 1: the whole model). */
   int tp, tp_rank;
   int sp; /* with tp > 1: sequence parallelism (batch*seq a multiple of tp) */
+  /* Pipeline parallelism (parallel/pipeline.c): the model holds stage pp_rank's pp_chunks
+   * pieces of a model cut into pp * pp_chunks (0 or 1: no pipeline), with pp_slots
+   * activation sets (micro-batch chunks in flight). */
+  int pp, pp_rank, pp_chunks, pp_slots;
+  int pp_split_w; /* zero-bubble: backward split into input (B) and weight (W) gradients */
 } train_options;
 
 typedef struct train_step_stats {

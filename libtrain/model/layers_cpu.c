@@ -193,8 +193,9 @@ static void matmul_backward(float *dinp, float *dw, float *db, const float *dout
   if (dinp)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f,
                 dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw,
-              C);
+  if (dw) /* NULL: the input gradient only (zero-bubble's B; its W computes dw later) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw,
+                C);
   if (db) {
     enum { CB = 64 };
     int nblk = (OC + CB - 1) / CB;

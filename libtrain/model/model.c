@@ -114,6 +114,29 @@ int train_model_split_check(const train_config *c, int ways, train_device dev, c
   return 0;
 }
 
+int train_pp_split_check(const train_config *c, int pp, int chunks, train_device dev, char *err) {
+  pp = pp > 1 ? pp : 1;
+  chunks = chunks > 1 ? chunks : 1;
+  if (pp == 1 && chunks == 1) return 0;
+  if (chunks > TRAIN_MAX_CHUNKS) {
+    train_errf(err, "--chunks %d: at most %d model chunks per pipeline stage", chunks,
+               TRAIN_MAX_CHUNKS);
+    return -1;
+  }
+  if (c->layers < pp * chunks) {
+    train_errf(err,
+               "--layers %d cannot be cut into %d pipeline pieces (--pp %d x --chunks %d): "
+               "each piece needs a block",
+               c->layers, pp * chunks, pp, chunks);
+    return -1;
+  }
+  if (dev != TRAIN_DEVICE_CPU) { /* the pieces' transfers go through host memory */
+    train_errf(err, "--pp %d: pipeline parallelism runs on the CPU model only (--device cpu)", pp);
+    return -1;
+  }
+  return 0;
+}
+
 static void add_tensor(train_model *m, const char *name, int layer, int rows, int cols, int decay) {
   train_param *p = &m->tensors[m->ntensors++];
   snprintf(p->name, sizeof p->name, "%s", name);
@@ -129,6 +152,50 @@ static void add_tensor(train_model *m, const char *name, int layer, int rows, in
 
 /* The shape of rank `rank` of a tensor-parallel group of tp (1, 0: the whole model), with
  * sp: sequence parallelism inside it. Every pass and layout reads these fields. */
+int train_pp_piece(int L, int U, int u, int *first, int *len) {
+  if (U < 1 || L < U || u < 0 || u >= U) return -1;
+  int q = L / U, r = L % U;
+  /* pieces 1..r get q + 1 blocks: piece u starts after u pieces of q and min(u-1, r)
+   * (or none, u = 0) extra blocks */
+  int extra_before = u == 0 ? 0 : (u - 1 < r ? u - 1 : r);
+  *first = u * q + extra_before;
+  *len = q + (u >= 1 && u <= r ? 1 : 0);
+  return 0;
+}
+
+/* The pipeline shape: stage pp_rank of pp holds pieces pp_rank, pp_rank + pp, ... of
+ * pp*chunks; {0,0,0}: one chunk of every block with both ends. -1 when L cannot be cut. */
+static int set_pieces(train_model *m, int pp, int pp_rank, int chunks) {
+  int L = m->cfg.layers;
+  pp = pp > 1 ? pp : 1;
+  chunks = chunks > 1 ? chunks : 1;
+  if (chunks > TRAIN_MAX_CHUNKS) return -1;
+  m->pp = pp;
+  m->layers_total = L;
+  m->nchunks = chunks;
+  int U = pp * chunks, loc = 0;
+  for (int c = 0; c < chunks; c++) {
+    int u = c * pp + pp_rank;
+    if (train_pp_piece(L, U, u, &m->chunk_blk0[c], &m->chunk_len[c]) != 0) return -1;
+    m->chunk_loc0[c] = loc;
+    loc += m->chunk_len[c];
+  }
+  m->has_embed = pp_rank == 0;
+  m->has_head = pp_rank == pp - 1;
+  m->cfg.layers = loc; /* the blocks held here: every pass and layout reads cfg.layers */
+  int mx = 0;
+  for (int c = 0; c < chunks; c++) mx = m->chunk_len[c] > mx ? m->chunk_len[c] : mx;
+  m->act_layers = mx;
+  return 0;
+}
+
+/* The whole model's index of local block l. */
+static int global_block(const train_model *m, int l) {
+  for (int c = 0; c < m->nchunks; c++)
+    if (l < m->chunk_loc0[c] + m->chunk_len[c]) return m->chunk_blk0[c] + (l - m->chunk_loc0[c]);
+  return l;
+}
+
 static void set_shape(train_model *m, int tp, int rank, int sp) {
   m->tp = tp > 1 ? tp : 1;
   m->tp_rank = tp > 1 ? rank : 0;
@@ -144,11 +211,16 @@ static void build_layout(train_model *m) {
   int C = c->channels, Cl = m->width_local; /* Cl: this rank's attention width */
   char nm[32];
   m->tensors = calloc((size_t)c->layers * BLOCK_TENSORS + 4, sizeof *m->tensors);
-  add_tensor(m, "wte", -1, m->vocab_local, C, 1);
-  add_tensor(m, "wpe", -1, c->max_seq, C, 1);
+  if (!m->tensors) return;
+  /* a pipeline stage keeps every tensor's place in the list, with no elements where it
+   * holds none: wte on the stages with the embeddings or the head (tied), wpe with the
+   * embeddings, the final LayerNorm with the head; blocks keep the whole model's names */
+  add_tensor(m, "wte", -1, m->has_embed || m->has_head ? m->vocab_local : 0, C, 1);
+  add_tensor(m, "wpe", -1, m->has_embed ? c->max_seq : 0, C, 1);
   for (int l = 0; l < c->layers; l++) {
-#define T_(suffix, rows, cols, decay)         \
-  snprintf(nm, sizeof nm, "h.%d." suffix, l); \
+    int gl = global_block(m, l);
+#define T_(suffix, rows, cols, decay)          \
+  snprintf(nm, sizeof nm, "h.%d." suffix, gl); \
   add_tensor(m, nm, l, rows, cols, decay)
     T_("ln1.w", C, 0, 0);
     T_("ln1.b", C, 0, 0);
@@ -164,8 +236,8 @@ static void build_layout(train_model *m) {
     T_("mlp.proj.b", C, 0, 0);
 #undef T_
   }
-  add_tensor(m, "lnf.w", -1, C, 0, 0);
-  add_tensor(m, "lnf.b", -1, C, 0, 0);
+  add_tensor(m, "lnf.w", -1, m->has_head ? C : 0, 0, 0);
+  add_tensor(m, "lnf.b", -1, m->has_head ? C : 0, 0, 0);
 }
 
 void train_block_view(const train_model *m, float *base, int l, train_block *o) {
@@ -196,8 +268,10 @@ float *train_tensor(const train_model *m, float *base, const char *name) {
 /* Carves the activation views out of one allocation (or, with mem == NULL, counts). */
 static size_t layout_acts(train_model *m, float *mem) {
   const train_config *c = &m->cfg;
-  size_t B = m->maxB, T = m->maxT, C = c->channels, L = c->layers, V = m->vocab_local,
-         NH = m->heads_local, Cl = m->width_local, BT = B * T;
+  /* one set: the longest chunk's blocks; the head's tensors only where the head is */
+  size_t B = m->maxB, T = m->maxT, C = c->channels, L = m->act_layers,
+         V = m->has_head ? m->vocab_local : 0, NH = m->heads_local, Cl = m->width_local, BT = B * T,
+         H = m->has_head ? 1 : 0, G = m->pp > 1 ? 1 : 0;
   size_t BTr = BT / m->seq_shards; /* rows of the residual stream held here */
   size_t off = 0;
   train_acts *a = &m->acts;
@@ -218,20 +292,28 @@ static size_t layout_acts(train_model *m, float *mem) {
   A_(fch, L * BT * 4 * Cl);
   A_(fch_gelu, L * BT * 4 * Cl);
   A_(residual3, L * BTr * C);
-  A_(lnf, BT * C);
-  A_(lnf_mean, BTr);
-  A_(lnf_rstd, BTr);
+  A_(lnf, H * BT * C);
+  A_(lnf_mean, H * BTr);
+  A_(lnf_rstd, H * BTr);
   A_(logits, BT * V);
   A_(probs, BT * V);
-  A_(losses, BT);
+  A_(losses, H * BT);
   A_(branch, BT * C);
+  size_t Z = m->split_w ? 1 : 0; /* zero-bubble's saved output gradients */
+  A_(w_fcproj, Z * L * BT * C);
+  A_(w_fc, Z * L * BT * 4 * Cl);
+  A_(w_proj, Z * L * BT * C);
+  A_(w_qkv, Z * L * BT * 3 * Cl);
+  A_(w_logits, Z * BT * V);
+  A_(w_embed, Z * (m->has_embed ? BTr * C : 0));
+  A_(grad_io, G * BTr * C);
 #undef A_
   return off;
 }
 
 static size_t layout_scratch(train_model *m, float *mem) {
-  size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = m->vocab_local, NH = m->heads_local,
-         Cl = m->width_local, BT = B * T;
+  size_t B = m->maxB, T = m->maxT, C = m->cfg.channels, V = m->has_head ? m->vocab_local : 0,
+         NH = m->heads_local, Cl = m->width_local, BT = B * T;
   size_t off = 0;
   train_scratch *s = &m->scr;
 #define S_(field, n)                 \
@@ -256,17 +338,27 @@ int train_model_sizes(const train_config *cfg, int B, int T, size_t *nparams, si
 
 int train_model_sizes_tp(const train_config *cfg, int B, int T, int tp, int sp, size_t *nparams,
                          size_t *act_bytes, size_t *unit_len) {
+  train_split split = {.tp = tp, .sp = sp};
+  return train_model_sizes_split(cfg, B, T, &split, nparams, act_bytes, unit_len);
+}
+
+int train_model_sizes_split(const train_config *cfg, int B, int T, const train_split *sp,
+                            size_t *nparams, size_t *act_bytes, size_t *unit_len) {
   train_model m;
   memset(&m, 0, sizeof m);
   m.cfg = *cfg;
-  set_shape(&m, tp, 0, sp && tp > 1 && (B * T) % tp == 0);
+  int tp = sp->tp;
+  if (set_pieces(&m, sp->pp, sp->pp_rank, sp->chunks) != 0) return -1;
+  m.nslots = sp->slots > 1 ? sp->slots : 1;
+  m.split_w = sp->split_w;
+  set_shape(&m, tp, 0, sp->sp && tp > 1 && (B * T) % tp == 0);
   m.maxB = B;
   m.maxT = T;
   build_layout(&m);
   if (!m.tensors) return -1;
   *nparams = m.nparams;
-  *act_bytes = (layout_acts(&m, NULL) + layout_scratch(&m, NULL)) * sizeof(float);
-  int L = cfg->layers;
+  *act_bytes = (m.nslots * layout_acts(&m, NULL) + layout_scratch(&m, NULL)) * sizeof(float);
+  int L = m.cfg.layers; /* the blocks held here */
   if (unit_len) {
     unit_len[0] = m.tensors[2].offset;
     for (int l = 0; l < L; l++)
@@ -344,13 +436,31 @@ void train_param_slice(const train_param *fp, const train_param *lp, int rank, f
     }
 }
 
-/* Drawn in layout order from one splitmix64 stream. A tensor-parallel rank draws every
- * full-size tensor in the same order into `full` (room for the largest tensor) and keeps
- * its slice, so T ranks hold exactly the single-process model of the same seed. */
+/* The local index of the whole model's tensor i (its layout: wte, wpe, 12 per block, the
+ * final LayerNorm), or -1 when this model holds none of it. */
+static int local_tensor(const train_model *m, int i, int Ltot) {
+  int k = -1;
+  if (i < 2)
+    k = i;
+  else if (i >= 2 + Ltot * BLOCK_TENSORS)
+    k = m->ntensors - (2 + Ltot * BLOCK_TENSORS + 2 - i);
+  else {
+    int gl = (i - 2) / BLOCK_TENSORS, j = (i - 2) % BLOCK_TENSORS;
+    for (int c = 0; c < m->nchunks && k < 0; c++)
+      if (gl >= m->chunk_blk0[c] && gl < m->chunk_blk0[c] + m->chunk_len[c])
+        k = 2 + (m->chunk_loc0[c] + gl - m->chunk_blk0[c]) * BLOCK_TENSORS + j;
+  }
+  return k >= 0 && m->tensors[k].numel > 0 ? k : -1;
+}
+
+/* Drawn in the whole model's layout order from one splitmix64 stream. A split rank (a
+ * tensor-parallel slice, a pipeline stage) draws every full-size tensor in the same order
+ * into `full` (room for the largest tensor) and keeps what it holds of it, so the ranks
+ * together hold exactly the single-process model of the same seed. */
 static int init_params(const train_model *m, float *host, uint64_t seed) {
   uint64_t rng = seed;
-  float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
-  if (m->tp <= 1) {
+  float resid_std = 0.02f / sqrtf(2.0f * (float)m->layers_total);
+  if (m->tp <= 1 && m->pp <= 1) {
     for (int i = 0; i < m->ntensors; i++)
       init_tensor(&m->tensors[i], host + m->tensors[i].offset, &rng, resid_std);
     return 0;
@@ -358,6 +468,8 @@ static int init_params(const train_model *m, float *host, uint64_t seed) {
   train_model full;
   memset(&full, 0, sizeof full);
   full.cfg = m->cfg;
+  full.cfg.layers = m->layers_total;
+  set_pieces(&full, 1, 0, 1);
   set_shape(&full, 1, 0, 0);
   build_layout(&full);
   size_t big = 0;
@@ -368,10 +480,12 @@ static int init_params(const train_model *m, float *host, uint64_t seed) {
     free(full.tensors);
     return -1;
   }
-  for (int i = 0; i < m->ntensors; i++) {
+  for (int i = 0; i < full.ntensors; i++) {
     init_tensor(&full.tensors[i], x, &rng, resid_std);
-    train_param_slice(&full.tensors[i], &m->tensors[i], m->tp_rank, x, host + m->tensors[i].offset,
-                      1);
+    int k = local_tensor(m, i, m->layers_total);
+    if (k >= 0)
+      train_param_slice(&full.tensors[i], &m->tensors[k], m->tp_rank, x,
+                        host + m->tensors[k].offset, 1);
   }
   free(x);
   free(full.tensors);
@@ -386,7 +500,18 @@ train_model *train_model_create(const train_config *cfg, int B, int T, train_dev
 train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_device dev,
                                    int threads, uint64_t seed, int tp, int tp_rank, int sp,
                                    char *err) {
+  train_split split = {.tp = tp, .tp_rank = tp_rank, .sp = sp};
+  return train_model_create_split(cfg, B, T, dev, threads, seed, &split, err);
+}
+
+train_model *train_model_create_split(const train_config *cfg, int B, int T, train_device dev,
+                                      int threads, uint64_t seed, const train_split *split,
+                                      char *err) {
+  static const train_split whole;
+  if (!split) split = &whole;
+  int tp = split->tp, tp_rank = split->tp_rank, sp = split->sp;
   if (train_config_check(cfg, err) != 0) return NULL;
+  if (train_pp_split_check(cfg, split->pp, split->chunks, dev, err) != 0) return NULL;
   if (train_model_split_check(cfg, tp > 1 ? tp : 1, dev, err) != 0) return NULL;
   if (sp && (tp < 2 || (B * T) % tp != 0)) {
     train_errf(err,
@@ -405,6 +530,9 @@ train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_
   m->cfg = *cfg;
   m->dev = dev;
   m->ops = ops;
+  set_pieces(m, split->pp, split->pp_rank, split->chunks); /* checked above */
+  m->nslots = split->slots > 1 ? split->slots : 1;
+  m->split_w = split->split_w;
   set_shape(m, tp, tp_rank, sp);
   m->layer_ops = train_local_layer_ops(); /* a strategy's replace them when it attaches */
   m->maxB = B;
@@ -417,21 +545,22 @@ train_model *train_model_create_tp(const train_config *cfg, int B, int T, train_
   size_t sfloats = layout_scratch(m, NULL);
   m->params = ops->alloc(pbytes);
   m->grads = ops->alloc(pbytes);
-  m->actmem = ops->alloc(m->act_floats * sizeof(float));
+  m->actmem = ops->alloc(m->nslots * m->act_floats * sizeof(float));
   m->scratchmem = ops->alloc(sfloats * sizeof(float));
-  m->inputs = ops->alloc((size_t)B * T * sizeof(int));
-  m->targets = ops->alloc((size_t)B * T * sizeof(int));
-  if (!m->params || !m->grads || !m->actmem || !m->scratchmem || !m->inputs || !m->targets) {
+  m->slot_inputs = ops->alloc(m->nslots * (size_t)B * T * sizeof(int));
+  m->slot_targets = ops->alloc(m->nslots * (size_t)B * T * sizeof(int));
+  if (!m->params || !m->grads || !m->actmem || !m->scratchmem || !m->slot_inputs ||
+      !m->slot_targets) {
     train_errf(err,
                "out of %s memory: %zu parameters and %zu activation floats "
                "need %.1f MiB",
                ops->name, m->nparams, m->act_floats,
-               (2.0 * pbytes + (m->act_floats + sfloats) * 4.0) / 1048576.0);
+               (2.0 * pbytes + (m->nslots * m->act_floats + sfloats) * 4.0) / 1048576.0);
     train_model_free(m);
     return NULL;
   }
   m->loss_scale = 1.0f;
-  layout_acts(m, m->actmem);
+  train_model_use_slot(m, 0);
   layout_scratch(m, m->scratchmem);
 
   if (dev == TRAIN_DEVICE_CPU) { /* no second copy: it would count in the peak memory */
@@ -468,8 +597,8 @@ void train_model_free(train_model *m) {
   o->release(m->adam_v);
   o->release(m->actmem);
   o->release(m->scratchmem);
-  o->release(m->inputs);
-  o->release(m->targets);
+  o->release(m->slot_inputs);
+  o->release(m->slot_targets);
   free(m->tensors);
   free(m);
 }
@@ -521,13 +650,36 @@ static void forward_stage_done(train_model *m, int stage) {
   m->fwd_hook(m->fwd_hook_arg, stage);
 }
 
+void train_model_use_slot(train_model *m, int k) {
+  size_t bt = (size_t)m->maxB * m->maxT;
+  m->slot = k;
+  layout_acts(m, m->actmem + (size_t)k * m->act_floats);
+  m->inputs = m->slot_inputs + (size_t)k * bt;
+  m->targets = m->slot_targets + (size_t)k * bt;
+}
+
+float *train_piece_input(train_model *m) { return m->acts.encoded; }
+float *train_piece_grad_io(train_model *m) { return m->acts.grad_io; }
+float *train_piece_output(train_model *m, int c) {
+  size_t btr = (size_t)m->maxB * m->maxT / m->seq_shards;
+  return m->acts.residual3 + (size_t)(m->chunk_len[c] - 1) * btr * m->cfg.channels;
+}
+
 float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T) {
+  /* the whole model in one piece (a pipeline stage runs its chunks by train_piece_*) */
+  return train_piece_forward(m, 0, inputs, targets, B, T);
+}
+
+float train_piece_forward(train_model *m, int chunk, const int *inputs, const int *targets, int B,
+                          int T) {
   const train_ops *o = m->ops;
   const train_layer_ops *lo = m->layer_ops;
   const train_config *c = &m->cfg;
   /* Cl, NH: this rank's attention width and heads; V its vocabulary rows (all on one
    * process) */
-  int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local, Cl = m->width_local;
+  int C = c->channels, V = m->vocab_local, NH = m->heads_local, Cl = m->width_local;
+  int first = m->has_embed && chunk == 0, last = m->has_head && chunk == m->nchunks - 1;
+  int l0 = m->chunk_loc0[chunk], L = m->chunk_len[chunk]; /* this chunk's local blocks */
   int N = B * T, Nr = N / m->seq_shards; /* rows of the residual stream held here */
   size_t bt = (size_t)m->maxB * m->maxT; /* per-layer stride of (B,T) buffers */
   size_t btr = bt / m->seq_shards;       /* ... and of (Nr) buffers */
@@ -541,29 +693,31 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
     return NAN;
   }
 
-  o->to_device(m->inputs, inputs, (size_t)N * sizeof(int));
-  if (targets) o->to_device(m->targets, targets, (size_t)N * sizeof(int));
+  if (first) o->to_device(m->inputs, inputs, (size_t)N * sizeof(int));
+  if (last && targets) o->to_device(m->targets, targets, (size_t)N * sizeof(int));
   m->lastB = B;
   m->lastT = T;
-  m->have_targets = targets != NULL;
+  m->have_targets = !last || targets != NULL;
 
   float *wte = m->params + m->tensors[0].offset;
   float *wpe = m->params + m->tensors[1].offset;
-  lo->embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
-  forward_stage_done(m, -1);
+  if (first) {
+    lo->embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
+    forward_stage_done(m, -1);
+  }
 
-  float *x = a->encoded; /* (Nr,C) input of the current block */
-  for (int l = 0; l < L; l++) {
+  float *x = a->encoded; /* (Nr,C) input of the current block: embedded, or received */
+  for (int i = 0; i < L; i++) {
+    int l = l0 + i; /* the local block; its activations are the set's block i */
     train_block w;
     train_block_params_view(m, l, &w);
-    float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
-          *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
-          *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
-          *res2 = a->residual2 + l * btr * C, *ln2 = a->ln2 + l * bt * C,
-          *ln2_mean = a->ln2_mean + l * btr, *ln2_rstd = a->ln2_rstd + l * btr,
-          *fch = a->fch + l * bt * 4 * Cl, *fch_gelu = a->fch_gelu + l * bt * 4 * Cl,
-          *res3 = a->residual3 + l * btr * C;
-
+    float *ln1 = a->ln1 + i * bt * C, *ln1_mean = a->ln1_mean + i * btr,
+          *ln1_rstd = a->ln1_rstd + i * btr, *qkv = a->qkv + i * bt * 3 * Cl,
+          *atty = a->atty + i * bt * Cl, *att = a->att + i * batt,
+          *res2 = a->residual2 + i * btr * C, *ln2 = a->ln2 + i * bt * C,
+          *ln2_mean = a->ln2_mean + i * btr, *ln2_rstd = a->ln2_rstd + i * btr,
+          *fch = a->fch + i * bt * 4 * Cl, *fch_gelu = a->fch_gelu + i * bt * 4 * Cl,
+          *res3 = a->residual3 + i * btr * C;
     /* ln1 into the parallel region (f), qkv column-parallel, attention on the local
      * heads, proj row-parallel (its partial products summed by g, then its bias) */
     lo->ln_forward(m, ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, Nr, C, "f attn");
@@ -580,19 +734,20 @@ float train_forward(train_model *m, const int *inputs, const int *targets, int B
     x = res3;
     forward_stage_done(m, l);
   }
+  if (!last) return 0.0f;
   float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
   float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
   lo->ln_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nr, C, "f head");
   lo->col_forward(m, a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
   if (!targets) {
     m->last_loss = 0.0f;
-    forward_stage_done(m, L);
+    forward_stage_done(m, m->cfg.layers);
     return 0.0f;
   }
   /* vocabulary-parallel: the full logits never need to exist on one rank */
   lo->xent_forward(m, a->losses, a->probs, a->logits, m->targets, N);
   m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
-  forward_stage_done(m, L);
+  forward_stage_done(m, m->cfg.layers);
   return m->last_loss;
 }
 
@@ -618,12 +773,16 @@ static void gradients_final(train_model *m, size_t from, int layer) {
   m->bwd_hook(m->bwd_hook_arg, from, layer);
 }
 
-void train_backward(train_model *m) {
+void train_backward(train_model *m) { train_piece_backward(m, 0); }
+
+void train_piece_backward(train_model *m, int chunk) {
   if (!m->have_targets) return;
   const train_ops *o = m->ops;
   const train_layer_ops *lo = m->layer_ops;
   const train_config *c = &m->cfg;
-  int C = c->channels, L = c->layers, V = m->vocab_local, NH = m->heads_local, Cl = m->width_local;
+  int C = c->channels, V = m->vocab_local, NH = m->heads_local, Cl = m->width_local;
+  int first = m->has_embed && chunk == 0, last = m->has_head && chunk == m->nchunks - 1;
+  int l0 = m->chunk_loc0[chunk], L = m->chunk_len[chunk];
   int B = m->lastB, T = m->lastT, N = B * T;
   size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
   /* dres holds this rank's Nr rows of the residual stream's gradient */
@@ -641,54 +800,107 @@ void train_backward(train_model *m) {
   float *dlnfb = m->grads + m->tensors[m->ntensors - 1].offset;
   float *xlast = L > 0 ? a->residual3 + (L - 1) * btr * C : a->encoded;
 
-  /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
-  o->zero(s->dlogits, (size_t)N * V * sizeof(float));
-  lo->xent_backward(m, s->dlogits, a->probs, m->targets, m->loss_scale / N, N);
-  o->zero(s->dln, NC * sizeof(float));
-  lo->head_backward(m, s->dln, dwte, s->dlogits, a->lnf, wte, N, C, V);
-  o->zero(s->dres, NC * sizeof(float));
-  lo->ln_backward(m, s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean, a->lnf_rstd, Nr, C,
-                  "lnf grads");
-  gradients_final(m, m->tensors[m->ntensors - 2].offset, L);
+  int W = m->split_w; /* B only: weight gradients left to train_piece_weights */
+  if (last) {
+    /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
+    float *dlogits = W ? a->w_logits : s->dlogits;
+    o->zero(dlogits, (size_t)N * V * sizeof(float));
+    lo->xent_backward(m, dlogits, a->probs, m->targets, m->loss_scale / N, N);
+    o->zero(s->dln, NC * sizeof(float));
+    lo->head_backward(m, s->dln, W ? NULL : dwte, dlogits, a->lnf, wte, N, C, V);
+    o->zero(s->dres, NC * sizeof(float));
+    lo->ln_backward(m, s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean, a->lnf_rstd, Nr, C,
+                    "lnf grads");
+    gradients_final(m, m->tensors[m->ntensors - 2].offset, m->cfg.layers);
+  } else { /* the gradient of this piece's output, from the next piece */
+    memcpy(s->dres, a->grad_io, (size_t)Nr * C * sizeof(float));
+  }
 
-  /* s->dres now holds dloss/d(output of block L-1); walk the blocks top-down. The
-   * residual connections pass dres straight through; each branch adds its part. */
-  for (int l = L - 1; l >= 0; l--) {
+  /* s->dres now holds dloss/d(output of the chunk's top block); walk its blocks top-down.
+   * The residual connections pass dres straight through; each branch adds its part. */
+  for (int i = L - 1; i >= 0; i--) {
+    int l = l0 + i;
     train_block w, g;
     train_block_params_view(m, l, &w);
     train_block_view(m, m->grads, l, &g);
-    float *x = l == 0 ? a->encoded : a->residual3 + (l - 1) * btr * C;
-    float *ln1 = a->ln1 + l * bt * C, *ln1_mean = a->ln1_mean + l * btr,
-          *ln1_rstd = a->ln1_rstd + l * btr, *qkv = a->qkv + l * bt * 3 * Cl,
-          *atty = a->atty + l * bt * Cl, *att = a->att + l * batt,
-          *res2 = a->residual2 + l * btr * C, *ln2 = a->ln2 + l * bt * C,
-          *ln2_mean = a->ln2_mean + l * btr, *ln2_rstd = a->ln2_rstd + l * btr,
-          *fch = a->fch + l * bt * 4 * Cl, *fch_gelu = a->fch_gelu + l * bt * 4 * Cl;
+    float *x = i == 0 ? a->encoded : a->residual3 + (i - 1) * btr * C;
+    float *ln1 = a->ln1 + i * bt * C, *ln1_mean = a->ln1_mean + i * btr,
+          *ln1_rstd = a->ln1_rstd + i * btr, *qkv = a->qkv + i * bt * 3 * Cl,
+          *atty = a->atty + i * bt * Cl, *att = a->att + i * batt,
+          *res2 = a->residual2 + i * btr * C, *ln2 = a->ln2 + i * bt * C,
+          *ln2_mean = a->ln2_mean + i * btr, *ln2_rstd = a->ln2_rstd + i * btr,
+          *fch = a->fch + i * bt * 4 * Cl, *fch_gelu = a->fch_gelu + i * bt * 4 * Cl;
+    /* zero-bubble: the output gradients W needs, kept in the set (else scratch) */
+    float *dfch = W ? a->w_fc + i * bt * 4 * Cl : s->dfch,
+          *dqkv = W ? a->w_qkv + i * bt * 3 * Cl : s->dqkv;
+    if (W) memcpy(a->w_fcproj + i * bt * C, s->dres, NC * sizeof(float));
 
     /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))). The row-parallel proj sees
      * the whole output gradient on every rank, so its replicated bias gets the same
      * gradient everywhere; fc's input gradient is a partial sum until its f. */
     o->zero(s->dfch_gelu, NCl * 4 * sizeof(float));
-    lo->row_backward(m, s->dfch_gelu, g.fcprojw, g.fcprojb, s->dres, fch_gelu, w.fcprojw, N, 4 * Cl,
-                     C, "g mlp");
-    o->zero(s->dfch, NCl * 4 * sizeof(float));
-    o->gelu_backward(s->dfch, fch, s->dfch_gelu, NCl * 4);
+    lo->row_backward(m, s->dfch_gelu, W ? NULL : g.fcprojw, W ? NULL : g.fcprojb, s->dres, fch_gelu,
+                     w.fcprojw, N, 4 * Cl, C, "g mlp");
+    o->zero(dfch, NCl * 4 * sizeof(float));
+    o->gelu_backward(dfch, fch, s->dfch_gelu, NCl * 4);
     o->zero(s->dln, NC * sizeof(float));
-    lo->col_backward(m, s->dln, g.fcw, g.fcb, s->dfch, ln2, w.fcw, N, C, 4 * Cl, "f mlp");
+    lo->col_backward(m, s->dln, W ? NULL : g.fcw, W ? NULL : g.fcb, dfch, ln2, w.fcw, N, C, 4 * Cl,
+                     "f mlp");
     lo->ln_backward(m, s->dres, g.ln2w, g.ln2b, s->dln, res2, w.ln2w, ln2_mean, ln2_rstd, Nr, C,
                     "ln2 grads");
 
     /* attention branch: res2 = x + proj(attention(qkv(ln1(x)))) */
+    if (W) memcpy(a->w_proj + i * bt * C, s->dres, NC * sizeof(float));
     o->zero(s->datty, NCl * sizeof(float));
-    lo->row_backward(m, s->datty, g.projw, g.projb, s->dres, atty, w.projw, N, Cl, C, "g attn");
-    o->zero(s->dqkv, NCl * 3 * sizeof(float));
-    o->attention_backward(s->dqkv, s->datt, s->datty, qkv, att, B, T, Cl, NH);
+    lo->row_backward(m, s->datty, W ? NULL : g.projw, W ? NULL : g.projb, s->dres, atty, w.projw, N,
+                     Cl, C, "g attn");
+    o->zero(dqkv, NCl * 3 * sizeof(float));
+    o->attention_backward(dqkv, s->datt, s->datty, qkv, att, B, T, Cl, NH);
     o->zero(s->dln, NC * sizeof(float));
-    lo->col_backward(m, s->dln, g.qkvw, g.qkvb, s->dqkv, ln1, w.qkvw, N, C, 3 * Cl, "f attn");
+    lo->col_backward(m, s->dln, W ? NULL : g.qkvw, W ? NULL : g.qkvb, dqkv, ln1, w.qkvw, N, C,
+                     3 * Cl, "f attn");
     lo->ln_backward(m, s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean, ln1_rstd, Nr, C,
                     "ln1 grads");
     gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
   }
-  lo->embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
-  gradients_final(m, 0, -1);
+  if (first && W) {
+    memcpy(a->w_embed, s->dres, (size_t)Nr * C * sizeof(float));
+  } else if (first) {
+    lo->embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
+    gradients_final(m, 0, -1);
+  } else { /* the gradient of this piece's input, for the previous piece */
+    memcpy(a->grad_io, s->dres, (size_t)Nr * C * sizeof(float));
+  }
+}
+
+/* W: dw += dout^T @ inp and db += the rows of dout, for every Linear of the chunk, from
+ * the output gradients B saved; the head's and the embeddings' likewise. The local
+ * kernels only (zero-bubble is refused under tensor parallelism, whose Linears do their
+ * communication inside one call). */
+void train_piece_weights(train_model *m, int chunk) {
+  if (!m->have_targets || !m->split_w) return;
+  const train_ops *o = m->ops;
+  int C = m->cfg.channels, V = m->vocab_local, Cl = m->width_local;
+  int first = m->has_embed && chunk == 0, last = m->has_head && chunk == m->nchunks - 1;
+  int l0 = m->chunk_loc0[chunk], L = m->chunk_len[chunk];
+  int B = m->lastB, T = m->lastT, N = B * T;
+  size_t bt = (size_t)m->maxB * m->maxT;
+  train_acts *a = &m->acts;
+  float *dwte = m->grads + m->tensors[0].offset;
+  if (last) o->matmul_backward(NULL, dwte, NULL, a->w_logits, a->lnf, NULL, N, C, V);
+  for (int i = L - 1; i >= 0; i--) {
+    train_block g;
+    train_block_view(m, m->grads, l0 + i, &g);
+    o->matmul_backward(NULL, g.fcprojw, g.fcprojb, a->w_fcproj + i * bt * C,
+                       a->fch_gelu + i * bt * 4 * Cl, NULL, N, 4 * Cl, C);
+    o->matmul_backward(NULL, g.fcw, g.fcb, a->w_fc + i * bt * 4 * Cl, a->ln2 + i * bt * C, NULL, N,
+                       C, 4 * Cl);
+    o->matmul_backward(NULL, g.projw, g.projb, a->w_proj + i * bt * C, a->atty + i * bt * Cl, NULL,
+                       N, Cl, C);
+    o->matmul_backward(NULL, g.qkvw, g.qkvb, a->w_qkv + i * bt * 3 * Cl, a->ln1 + i * bt * C, NULL,
+                       N, C, 3 * Cl);
+  }
+  if (first)
+    m->layer_ops->embed_backward(m, dwte, m->grads + m->tensors[1].offset, a->w_embed, m->inputs, B,
+                                 T, C);
 }

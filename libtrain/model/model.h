@@ -17,6 +17,9 @@
 #include "train.h"
 
 #include <stdarg.h>
+
+/* The most pipeline chunks (virtual stages) one rank holds. */
+#define TRAIN_MAX_CHUNKS 16
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -118,6 +121,17 @@ typedef struct train_acts {
   float *branch;    /* (B,T,C) output of a block's attention or MLP projection before it
                      * is added to the residual stream: not needed by backward, so one
                      * buffer serves every block */
+  /* zero-bubble (split_w) only: the output gradients B saves for W, per block of the set
+   * (the inputs W multiplies them by are the activations above) */
+  float *w_fcproj; /* (L,B,T,C)  of mlp.proj */
+  float *w_fc;     /* (L,B,T,4C) of mlp.fc */
+  float *w_proj;   /* (L,B,T,C)  of attn.proj */
+  float *w_qkv;    /* (L,B,T,3C) of attn.qkv */
+  float *w_logits; /* (B,T,V)    of the tied head */
+  float *w_embed;  /* (B,T,C)    of the embeddings */
+  float *grad_io;  /* (B,T,C), pipeline pieces only: the gradient of the piece's output
+                    * received from the next piece, then (after its backward) that of its
+                    * input to send to the previous one */
 } train_acts;
 
 /* Backward scratch: one block's worth, reused from the top block down. */
@@ -217,6 +231,22 @@ struct train_model {
    * N/seq_shards from row seq_rank*Nr; seq_shards = tp under sequence parallelism,
    * else 1 (and seq_rank 0). */
   int seq_shards, seq_rank;
+  /* Pipeline pieces (model.c's top, train_pp_piece). The whole model's layers_total
+   * blocks are cut into pieces; this model holds nchunks of them, chunk c being its local
+   * blocks [chunk_loc0[c], +chunk_len[c]) = the whole model's [chunk_blk0[c], +chunk_len[c]).
+   * has_embed: it holds the embeddings (its chunk 0 is the first piece); has_head: the
+   * final LayerNorm and the tied head (its last chunk is the last piece); pp: the stages
+   * of the pipeline (1: no pipeline, one chunk of every block and both ends). */
+  int layers_total, nchunks, has_embed, has_head, pp;
+  /* zero-bubble: train_piece_backward computes the input gradients only (B) and saves the
+   * output gradients the weight gradients need; train_piece_weights computes those (W) */
+  int split_w;
+  int chunk_blk0[TRAIN_MAX_CHUNKS], chunk_loc0[TRAIN_MAX_CHUNKS], chunk_len[TRAIN_MAX_CHUNKS];
+  /* Activation sets: nslots of them, act_floats each, one per (micro-batch, chunk) in
+   * flight; acts, inputs and targets view set `slot` (train_model_use_slot). A set holds
+   * act_layers blocks' activations (the longest chunk). */
+  int nslots, slot, act_layers;
+  int *slot_inputs, *slot_targets;  /* device, nslots * (B,T) */
   const train_layer_ops *layer_ops; /* train_local_layer_ops() unless a strategy's */
   void *layer_ctx;                  /* the installed operations' context (NULL: the local ones) */
   train_device dev;
@@ -248,6 +278,52 @@ struct train_model {
    * where that block's range is then not kept. NULL (the array or an entry): `params`. */
   float **block_params;
 };
+
+/* How a model is split across processes (train_model_create_split): tp ways of tensor
+ * parallelism (rank tp_rank, sp: sequence parallelism inside), and the pipeline: pp
+ * stages, this being pp_rank, each holding `chunks` pieces (virtual stages), with `slots`
+ * activation sets. Zeroes mean no split: {0} is the single-process model. */
+typedef struct train_split {
+  int tp, tp_rank, sp;
+  int pp, pp_rank, chunks, slots;
+  int split_w; /* zero-bubble: backward split into B and W (train_piece_weights) */
+} train_split;
+
+/* The stated rule that cuts L blocks into U pieces: piece u holds blocks [*first, +*len),
+ * floor(L/U) each and one more for pieces 1..L%U, so the pieces at the ends — the first
+ * carries the embeddings, the last the final LayerNorm, the head and the loss — are never
+ * the longer ones. -1 when L < U (a piece without a block). */
+int train_pp_piece(int L, int U, int u, int *first, int *len);
+/* A model of the local shapes of split `sp` (NULL: the single-process model). Parameters
+ * are those of the single-process model from the same seed, sliced and cut. */
+train_model *train_model_create_split(const train_config *cfg, int B, int T, train_device dev,
+                                      int threads, uint64_t seed, const train_split *sp, char *err);
+/* The same sizes as train_model_sizes for rank 0 of tp and stage `pp_rank` of a split. */
+int train_model_sizes_split(const train_config *cfg, int B, int T, const train_split *sp,
+                            size_t *nparams, size_t *act_bytes, size_t *unit_len);
+/* Selects activation set k (0 <= k < nslots) for the next piece pass. */
+void train_model_use_slot(train_model *m, int k);
+/* Forward of chunk c on the selected set: from the embeddings of inputs when c is the
+ * first piece, else from the set's input activation (train_piece_input, written by the
+ * caller); through the loss when c is the last piece (targets needed; returns the loss),
+ * else to train_piece_output (returns 0). */
+float train_piece_forward(train_model *m, int c, const int *inputs, const int *targets, int B,
+                          int T);
+/* Backward of chunk c on the selected set (forwarded with targets): from the loss when c
+ * is the last piece, else from the gradient the caller wrote at train_piece_grad_io; when
+ * c is not the first piece it leaves the gradient of its input at train_piece_grad_io. */
+void train_piece_backward(train_model *m, int c);
+/* split_w: the weight gradients of chunk c on the selected set, from what its
+ * train_piece_backward saved — the Linears' weights and biases, the tied head, the
+ * embeddings (the LayerNorms' are B's: they come with their input gradient). */
+void train_piece_weights(train_model *m, int c);
+float *train_piece_input(train_model *m);         /* (Nr,C) of the selected set */
+float *train_piece_output(train_model *m, int c); /* (Nr,C) of the selected set */
+float *train_piece_grad_io(train_model *m);       /* (Nr,C) of the selected set */
+
+/* Clipping by a squared norm the caller summed (a pipeline stage holds part of the model:
+ * the stages' sums add up); returns the norm. */
+float train_clip_grads_sq(train_model *m, const train_hparams *hp, double sq);
 
 /* Views of block l (or of embeddings / final LayerNorm) inside a flat array `base`. */
 void train_block_view(const train_model *m, float *base, int l, train_block *out);
@@ -283,6 +359,9 @@ int train_shape_check(const train_config *cfg, int B, int T, char *err);
 /* 0, or -1 with a sentence when the model cannot be split `ways` ways (heads not a
  * multiple of it, more ways than vocabulary entries, a device other than the CPU). */
 int train_model_split_check(const train_config *cfg, int ways, train_device dev, char *err);
+/* 0, or -1 with a sentence when the model cannot be cut into pp stages of `chunks` pieces
+ * each (fewer blocks than pieces, too many chunks, a device other than the CPU). */
+int train_pp_split_check(const train_config *cfg, int pp, int chunks, train_device dev, char *err);
 
 /* ---- session (session.c), shared with the checkpoint code (parallel/checkpoint.c) ---- */
 struct train_session {

@@ -37,7 +37,10 @@ float train_lr_at(const train_hparams *hp, long step) {
 float train_clip_grads(train_model *m, const train_hparams *hp) {
   /* the norm of the whole model, not of this rank's slice when the layers are split:
    * the installed layer operations know which tensors are */
-  double sq = m->layer_ops->grad_sumsq(m);
+  return train_clip_grads_sq(m, hp, m->layer_ops->grad_sumsq(m));
+}
+
+float train_clip_grads_sq(train_model *m, const train_hparams *hp, double sq) {
   float norm = (float)sqrt(sq);
   if (hp->grad_clip > 0.0f) {
     /* same rule as torch.nn.utils.clip_grad_norm_ */

@@ -24,8 +24,16 @@ train_session *train_session_create(const train_options *opt, char *err) {
   }
   s->data = train_data_open(opt->data_path, opt->cfg.vocab, opt->seq, err);
   if (!s->data) goto fail;
-  s->model = train_model_create_tp(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
-                                   opt->seed, opt->tp, opt->tp_rank, opt->sp, err);
+  train_split split = {.tp = opt->tp,
+                       .tp_rank = opt->tp_rank,
+                       .sp = opt->sp,
+                       .pp = opt->pp,
+                       .pp_rank = opt->pp_rank,
+                       .chunks = opt->pp_chunks,
+                       .slots = opt->pp_slots,
+                       .split_w = opt->pp_split_w};
+  s->model = train_model_create_split(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
+                                      opt->seed, &split, err);
   if (!s->model) goto fail;
   s->pos.seed = opt->seed;
   s->sample_rng = opt->seed ^ 0x5851f42d4c957f2dULL;

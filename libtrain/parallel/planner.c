@@ -121,9 +121,9 @@ void train_plan_header(char *out, size_t n) {
 
 void train_plan_format(const train_plan_row *r, char *out, size_t n) {
   const double M = 1048576.0;
-  snprintf(out, n, "%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %12.2f", r->name, r->params / M,
-           r->grads / M, r->optim / M, r->acts / M, r->working / M, r->fixed / M, r->total / M,
-           r->sent / M);
+  snprintf(out, n, "%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %12.2f",
+           r->label[0] ? r->label : r->name, r->params / M, r->grads / M, r->optim / M, r->acts / M,
+           r->working / M, r->fixed / M, r->total / M, r->sent / M);
 }
 
 /* Resident bytes of libcoll's communicator: its shared-memory segments (/dev/shm/coll-*)

@@ -29,6 +29,7 @@ typedef enum {
 
 typedef struct train_plan_row {
   const char *name;
+  char label[24]; /* when set, printed instead of name (rows made per stage) */
   double params, grads, optim, acts, working, fixed, total; /* bytes per rank */
   double sent;                                              /* bytes per rank per step */
 } train_plan_row;

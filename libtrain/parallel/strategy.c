@@ -10,12 +10,63 @@
 #include <string.h>
 
 int train_grid_create(train_grid *g, train_backend *world, int T, char *err) {
+  return train_grid_create_pp(g, world, T, 1, err);
+}
+
+static int grid_split(train_grid *g, train_backend *world, char *err) {
+  int T = g->T, D = g->D;
+  train_backend *tp = NULL, *dp = NULL, *pp = NULL;
+  /* TP: the T ranks of one (p, d); DP: the D ranks of one (p, t); PP: the P of one (d, t) */
+  int rc = 0;
+  if (T > 1) rc = world->split(world, g->p * D + g->d, world->rank, &tp);
+  if (rc == 0) rc = world->split(world, g->p * T + g->t, world->rank, &dp);
+  if (rc == 0) rc = world->split(world, g->d * T + g->t, world->rank, &pp);
+  if (rc != 0 || (T > 1 && !tp) || !dp || !pp) {
+    train_errf(err, "%s", world->err);
+    if (pp) pp->destroy(pp);
+    if (dp) dp->destroy(dp);
+    if (tp) tp->destroy(tp);
+    return -1;
+  }
+  g->tp = tp;
+  g->dp = dp;
+  g->pp = pp;
+  return 0;
+}
+
+int train_grid_create_pp(train_grid *g, train_backend *world, int T, int P, char *err) {
   memset(g, 0, sizeof *g);
   g->world = world;
   g->T = T > 1 ? T : 1;
-  g->D = world ? world->nranks / g->T : 1;
+  g->P = P > 1 ? P : 1;
+  g->D = world ? world->nranks / (g->T * g->P) : 1;
   g->dp = world;
-  if (g->T == 1) return 0;
+  if (g->P > 1) {
+    if (!world || world->nranks % (g->T * g->P) != 0) {
+      train_errf(err, "%d ranks cannot form a grid of --tp %d x --pp %d x D",
+                 world ? world->nranks : 1, g->T, g->P);
+      return -1;
+    }
+    if (!world->split || !world->exchange) {
+      train_errf(err,
+                 "--pp: the %s backend cannot split the job into pipeline groups or send "
+                 "between stages; use --backend coll",
+                 world->name);
+      return -1;
+    }
+    g->t = world->rank % g->T;
+    g->d = world->rank / g->T % g->D;
+    g->p = world->rank / (g->T * g->D);
+    if (grid_split(g, world, err) != 0) {
+      g->dp = world;
+      return -1;
+    }
+    return 0;
+  }
+  if (g->T == 1) {
+    g->d = world ? world->rank : 0;
+    return 0;
+  }
   if (!world || world->nranks % g->T != 0) {
     train_errf(err, "%d ranks cannot form --tp %d groups", world ? world->nranks : 1, T);
     return -1;
@@ -41,15 +92,16 @@ int train_grid_create(train_grid *g, train_backend *world, int T, char *err) {
   }
   g->tp = tp;
   g->dp = dp;
+  g->t = train_tp_rank_of(world->rank, g->T);
+  g->d = train_dp_rank_of(world->rank, g->T);
   return 0;
 }
 
 void train_grid_free(train_grid *g) {
-  if (g->tp) {
-    g->dp->destroy(g->dp);
-    g->tp->destroy(g->tp);
-  }
-  g->tp = NULL;
+  if (g->pp) g->pp->destroy(g->pp);
+  if (g->tp || g->pp) g->dp->destroy(g->dp);
+  if (g->tp) g->tp->destroy(g->tp);
+  g->tp = g->pp = NULL;
   g->dp = g->world;
 }
 

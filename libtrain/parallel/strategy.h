@@ -30,12 +30,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* The job as a grid of T x D ranks (grid.c). world == NULL: one process (T = D = 1). */
+/* The job as a grid of T x D x P ranks (strategy.c). world == NULL: one process. */
 typedef struct train_grid {
   train_backend *world; /* every rank of the job, or NULL */
   train_backend *tp;    /* the T ranks of this rank's tensor-parallel group (NULL: T = 1) */
-  train_backend *dp;    /* the D ranks holding the same slice (the world when T = 1) */
-  int T, D;
+  train_backend *dp;    /* the D ranks holding the same slice (the world when T = P = 1) */
+  train_backend *pp;    /* the P stages of this rank's pipeline (NULL: P = 1) */
+  int T, D, P;
+  int t, d, p; /* this rank's place: rank = (p*D + d)*T + t */
 } train_grid;
 
 /* Ranks of a T x D grid: tensor-parallel groups of T consecutive ranks, data-parallel
@@ -45,6 +47,11 @@ static inline int train_dp_rank_of(int rank, int tp) { return rank / tp; }
 
 /* Splits world into the T x D grid (collective over world); T = 1 needs no split. */
 TRAIN_API int train_grid_create(train_grid *g, train_backend *world, int T, char *err);
+/* The same with a pipeline dimension, Megatron's order: tensor parallel innermost, then
+ * data parallel, pipeline outermost — rank = (p*D + d)*T + t, so a TP group is T
+ * consecutive ranks (one host's, where the traffic is heaviest) and the P stages of one
+ * pipeline are D*T ranks apart. Every group a split of world. */
+TRAIN_API int train_grid_create_pp(train_grid *g, train_backend *world, int T, int P, char *err);
 /* Leaves the groups the grid split (not the world). */
 TRAIN_API void train_grid_free(train_grid *g);
 
@@ -57,6 +64,9 @@ typedef struct train_parallel_options {
   size_t bucket_bytes; /* ddp: bucket cap */
   int sp;              /* tp: sequence parallelism */
   int trace;           /* record a timeline (--trace) */
+  int schedule;        /* pp: the schedule (schedule.h's train_pp_kind) */
+  int micro;           /* pp: micro-batches per step (M) */
+  int chunks;          /* pp: model chunks per stage (V, interleaved) */
 } train_parallel_options;
 
 /* One step as the strategy saw it: what the loop prints and sums. */
@@ -105,6 +115,10 @@ typedef struct train_parallel_ops {
   int (*status)(const train_parallel *p, char *err);
   /* The planner's row of this run's layout. */
   int (*plan)(const train_parallel *p, double fixed, train_plan_row *out, char *err);
+  /* Collective: the validation loss over `batches` batches where the model's forward
+   * spans ranks (pipeline: through the stages), the same number on every rank. NULL:
+   * train_session_val_loss on the evaluating ranks. */
+  int (*val_loss)(train_parallel *p, int batches, float *out, char *err);
   void (*free)(train_parallel *p);
 } train_parallel_ops;
 
@@ -144,6 +158,12 @@ train_parallel *train_fsdp_strategy_create(train_session *s, train_grid *g,
 train_parallel *train_tp_strategy_create(train_session *s, train_grid *g,
                                          const train_parallel_options *opt,
                                          train_parallel_create_fn inner, char *err);
+
+/* pipeline.c: P stages over the grid's pipeline group, the data-parallel sync of each
+ * stage over its data-parallel group after the last micro-batch (the model attached to
+ * the tensor-parallel group first when T > 1). */
+train_parallel *train_pp_strategy_create(train_session *s, train_grid *g,
+                                         const train_parallel_options *opt, char *err);
 
 /* A train_parallel with ops and the common fields filled (impl NULL), or NULL. */
 train_parallel *train_parallel_new(const train_parallel_ops *ops, train_session *s, train_grid *g,
