@@ -330,6 +330,24 @@ static int print_explain(int P, int kind, int M, int V) {
   for (int st = 0; st < P; st++)
     printf("stage %d holds at most %d micro-batch chunks' activations (%d sets as run)\n", st,
            sc.inflight[st], train_pp_slots((train_pp_kind)kind, P, M, V, st, msg));
+  /* the lists themselves, as the executor runs them: [...] is one group of transfers */
+  static const char *ops[] = {"F", "B", "W", "send act", "recv act", "send grad", "recv grad"};
+  for (int st = 0; st < P; st++) {
+    printf("stage %d:", st);
+    for (int i = 0; i < sc.n[st]; i++) {
+      const train_pp_action *a = &sc.acts[st][i];
+      int x = a->op >= TRAIN_PP_SEND_ACT;
+      int open = x && (i == 0 || sc.acts[st][i - 1].group != a->group);
+      int close = x && (i + 1 == sc.n[st] || sc.acts[st][i + 1].group != a->group);
+      printf(" %s%s%d", open ? "[" : (x ? ", " : ""), ops[a->op], a->micro);
+      if (V > 1) printf(".%d", a->chunk);
+      if (x)
+        printf(a->op == TRAIN_PP_SEND_ACT || a->op == TRAIN_PP_SEND_GRAD ? "->%d" : "<-%d",
+               a->peer);
+      if (close) putchar(']');
+    }
+    putchar('\n');
+  }
   train_pp_free(&sc);
   return 0;
 }
@@ -447,8 +465,14 @@ static int run(const cli *c, train_backend *b) {
    * communicator as the start-up broadcasts have left it resident */
   double comm_rss = b ? train_comm_rss_bytes() : 0.0, fixed = c->fixed + comm_rss;
   train_model *m = train_session_model(s);
-  const train_config *cfg = train_model_config(m);
+  /* the whole model's shape and size (a pipeline stage's model holds some of its blocks) */
+  const train_config *cfg = &o.cfg;
   size_t np = train_num_params(m);
+  if (g.P > 1) {
+    train_plan_row whole;
+    if (train_plan(cfg, o.batch, o.seq, 1, 1, TRAIN_PLAN_NONE, 0, &whole, msg) == 0)
+      np = (size_t)(whole.params / 4);
+  }
   const char *devname = "cpu";
   char gpuname_err[TRAIN_ERRLEN];
   if (o.device == TRAIN_DEVICE_CUDA) devname = train_cuda_device_name(gpuname_err);
@@ -551,13 +575,17 @@ static int run(const cli *c, train_backend *b) {
     fflush(stdout);
   }
   double wall = now_s() - t_start;
-  double peak_rss = train_peak_rss_bytes(), *peaks = NULL;
-  if (b) {
+  double peak_rss = train_peak_rss_bytes(), *peaks = NULL, *planned = NULL;
+  if (b) { /* every rank's peak, and what the planner says of its own part */
     peaks = calloc((size_t)b->nranks, sizeof *peaks);
-    train_req preq;
-    if (!peaks || b->all_gather(b, &peak_rss, peaks, sizeof peak_rss, &preq) != 0 ||
-        b->wait(b, preq) != 0)
-      die_rank(b, peaks ? b->err : "out of memory gathering the peak memory");
+    planned = calloc((size_t)b->nranks, sizeof *planned);
+    train_plan_row mine;
+    double own = plan_row(p, fixed, &mine) ? mine.total : 0.0;
+    train_req preq, qreq;
+    if (!peaks || !planned || b->all_gather(b, &peak_rss, peaks, sizeof peak_rss, &preq) != 0 ||
+        b->wait(b, preq) != 0 || b->all_gather(b, &own, planned, sizeof own, &qreq) != 0 ||
+        b->wait(b, qreq) != 0)
+      die_rank(b, peaks && planned ? b->err : "out of memory gathering the peak memory");
   }
   if (p->ops->finish(p, c->trace, msg) != 0) /* collective: checks, the timeline */
     die_rank(b, msg);
@@ -574,6 +602,15 @@ static int run(const cli *c, train_backend *b) {
       }
       if (!b) printf(" %.1f", peak_rss / 1048576.0);
       printf(" MiB; largest / planned = %.3f\n", mx / pr.total);
+      int differ = 0; /* ranks with plans of their own (pipeline stages): each beside its own */
+      for (int r = 0; b && r < b->nranks; r++) differ |= planned[r] != planned[0];
+      if (differ) {
+        printf("memory by rank, planned -> measured peak (MiB):");
+        for (int r = 0; r < b->nranks; r++)
+          printf(" rank %d %.1f -> %.1f (%.3f)", r, planned[r] / 1048576.0, peaks[r] / 1048576.0,
+                 planned[r] > 0 ? peaks[r] / planned[r] : 0.0);
+        putchar('\n');
+      }
       printf("memory: fixed part %.1f MiB = process before any model %.1f + libcoll "
              "communicator %.1f (after start-up; %.1f at the end on rank 0)\n",
              fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
@@ -605,6 +642,7 @@ static int run(const cli *c, train_backend *b) {
     }
   }
   free(peaks);
+  free(planned);
   free(losses);
   free(vsteps);
   free(vloss);

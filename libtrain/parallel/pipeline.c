@@ -122,11 +122,12 @@ static int walk_sets(const train_pp_schedule *sc, int s) {
     default: break;
     }
     /* a group's sends complete with the group: release after its last transfer */
-    int group_end = !is_xfer(a->op) || i + 1 == sc->n[s] || !is_xfer(sc->acts[s][i + 1].op);
+    int group_end = !is_xfer(a->op) || i + 1 == sc->n[s] || !is_xfer(sc->acts[s][i + 1].op) ||
+                    sc->acts[s][i + 1].group != a->group;
     if (!group_end) continue;
-    for (int j = i; j >= 0 && (j == i || is_xfer(sc->acts[s][j].op)); j--) {
+    for (int j = i; j >= 0; j--) {
       sets_maybe_release(&st, sc->acts[s][j].micro, sc->acts[s][j].chunk);
-      if (!is_xfer(sc->acts[s][j].op)) break;
+      if (!is_xfer(sc->acts[s][j].op) || (j > 0 && sc->acts[s][j - 1].group != a->group)) break;
     }
   }
   most = st.most;
@@ -157,10 +158,17 @@ int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, 
   int slots = walk_sets(&sc, stage);
   long sends = 0;
   for (int i = 0; i < sc.n[stage]; i++)
-    sends += sc.acts[stage][i].op == TRAIN_PP_SEND_ACT || sc.acts[stage][i].op == TRAIN_PP_SEND_GRAD;
+    sends += sc.acts[stage][i].op == TRAIN_PP_SEND_ACT ||
+             sc.acts[stage][i].op == TRAIN_PP_SEND_GRAD;
   train_pp_free(&sc);
   tp = tp > 1 ? tp : 1;
-  train_split split = {.tp = tp, .sp = sp, .pp = P, .pp_rank = stage, .chunks = V, .slots = slots, .split_w = kind == TRAIN_PP_ZB};
+  train_split split = {.tp = tp,
+                       .sp = sp,
+                       .pp = P,
+                       .pp_rank = stage,
+                       .chunks = V,
+                       .slots = slots,
+                       .split_w = kind == TRAIN_PP_ZB};
   size_t np = 0, ab = 0;
   if (slots < 1 || train_model_sizes_split(cfg, B, S, &split, &np, &ab, NULL) != 0) {
     train_errf(err, "the planner could not lay out pipeline stage %d", stage);
@@ -279,7 +287,7 @@ static int run_list(train_pp *q, double *loss, train_step_report *r, char *err) 
       train_p2p x[16];
       int j = i, nx = 0;
       char nm[40];
-      for (; j < n && is_xfer(list[j].op); j++) {
+      for (; j < n && is_xfer(list[j].op) && list[j].group == a->group; j++) {
         if (nx == 16) {
           train_errf(err, "pipeline stage %d: more than 16 transfers in one group", q->stage);
           return -1;
@@ -466,8 +474,8 @@ static void pp_describe(train_parallel *p, char *out, size_t n) {
     train_appendf(out, n, "%s blocks %d..%d", c ? "," : "", m->chunk_blk0[c],
                   m->chunk_blk0[c] + m->chunk_len[c] - 1);
   train_appendf(out, n, "%s%s, %zu parameters, %d activation sets\n",
-                m->has_embed ? ", the embeddings" : "", m->has_head ? ", the head" : "",
-                m->nparams, q->st.cap);
+                m->has_embed ? ", the embeddings" : "", m->has_head ? ", the head" : "", m->nparams,
+                q->st.cap);
 }
 
 static void pp_step_line(const train_parallel *p, const train_step_report *r, char *out, size_t n) {
@@ -502,8 +510,8 @@ static int pp_status(const train_parallel *p, char *err) {
 static int pp_plan(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
   train_pp *q = pp_of(p);
   const train_options *o = &q->s->opt;
-  return train_pp_plan(&o->cfg, o->batch, o->seq, q->g->T, o->sp, q->P, q->stage, q->sc.kind,
-                       q->M, q->V, q->D, fixed, out, err);
+  return train_pp_plan(&o->cfg, o->batch, o->seq, q->g->T, o->sp, q->P, q->stage, q->sc.kind, q->M,
+                       q->V, q->D, fixed, out, err);
 }
 
 static void pp_free(train_parallel *p) {

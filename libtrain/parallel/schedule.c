@@ -24,23 +24,27 @@
  *  2. The earliest-start timeline of those orders (a compute starts when its stage is
  *     free and its producer — F of u-1, B of u+1, or the stage's own F or B — has ended).
  *  3. Each transfer placed at the first time t in [producer's end, consumer's start] at
- *     which both stages sit between two computes; the transfers that fall between the
- *     same two computes of a stage form its group. In 1F1B's steady state that gives
- *     Megatron's pairs: send_act(i) with recv_grad(j) (send_forward_recv_backward) and
- *     send_grad(j) with recv_act(i+1). Since every transfer has one time and a stage's
- *     groups are ordered by time, the lists run (no cycle of waits: by induction on t,
- *     every stage reaches its group at t) and run at the timeline's speed, so the idle
- *     fraction of the lists is the timeline's: (P-1)/M for GPipe and 1F1B,
- *     (P-1)/(VM) interleaved, (P-1)/(3M) ZB-H1 when M >= P. Open: with B = 2F a producer
- *     can end in the middle of its consumer stage's backward and start-to-start there is
- *     no moment both sit between computes; the transfer then goes right after the
- *     producer and right before the consumer and one side waits a unit. That happens in
- *     interleaved at P = 2, 5, 8 with M > P, whose idle fraction then exceeds the formula
- *     (P = 2, M = 16, V = 4: 0.234 against 0.016) — still verified, but no faster than
- *     1F1B there; a timeline built with the rendezvous in mind would fix it. Within a group the
- * transfers are sorted by (time, act before grad, micro, sending virtual stage), the same key on
- * both ends, so between two stages the sends and the receives come in the same order — as NCCL and
- * libcoll match them (in posting order, no tags).
+ *     which both stages sit between two computes. The transfers of one moment between one
+ *     pair of stages form a group — the same transfers at both ends, so each group has
+ *     its mirror on the peer (what libcoll's lock-step grouped calls and COLL_CHECK
+ *     need, schedule.h) — and at one moment a stage meets its lower-numbered peer first.
+ *     In 1F1B's steady state that gives Megatron's pairs: send_act(i) with recv_grad(j)
+ *     (send_forward_recv_backward) and send_grad(j) with recv_act(i+1) on the next stage.
+ *     Every transfer has one time and a stage's groups are ordered by time, and at one
+ *     moment a stage waits only for a lower-numbered one, so the lists run (by induction
+ *     on t every stage reaches its group at t) at the timeline's speed: the idle fraction
+ *     of the lists is the timeline's, (P-1)/M for GPipe and 1F1B, (P-1)/(VM) interleaved,
+ *     (P-1)/(3M) ZB-H1 when M >= P. Open: with B = 2F a producer can end in the middle of
+ *     its consumer stage's backward and start-to-start there is no moment both sit
+ *     between computes; the transfer then goes alone (a group of its own) right after the
+ *     producer and right before the consumer, and one side waits. That happens in
+ *     interleaved at P = 2, 5, 7 and 8 with M > P, whose idle fraction then exceeds the
+ *     formula (P = 2, M = 4, V = 2: 0.208 against 0.125) — still verified, but no faster
+ *     than 1F1B there; a timeline built with the rendezvous in mind would fix it. Within
+ *     a group the transfers are sorted by (act before grad, micro, sending virtual
+ *     stage), the same key on both ends, so between two stages the sends and the
+ *     receives come in the same order — as NCCL and libcoll match them (in posting
+ *     order, no tags).
  *
  * The checker (train_pp_verify) trusts none of that: it pairs the k-th send from s to r
  * with the k-th receive on r from s (the transports' order), checks each pair is the same
@@ -140,6 +144,7 @@ typedef struct {
 
 typedef struct {
   long t;
+  int alone;         /* placed apart at each end (no common moment): a group of its own */
   int grad;          /* 0 act, 1 grad: the key's second field */
   int micro, u_from; /* the sending virtual stage */
   int gap;           /* computes of this stage before it */
@@ -293,6 +298,11 @@ static int xfer_cmp(const void *pa, const void *pb) {
   const xfer *a = pa, *b = pb;
   if (a->gap != b->gap) return a->gap - b->gap;
   if (a->t != b->t) return a->t < b->t ? -1 : 1;
+  /* at one moment a stage meets its lower-numbered peer first: the stage each one waits
+   * for then waits only for a lower one, so no cycle of waits (the ring of interleaved
+   * included) */
+  if (a->a.peer != b->a.peer) return a->a.peer - b->a.peer;
+  if (a->alone != b->alone) return a->alone - b->alone;
   if (a->grad != b->grad) return a->grad - b->grad;
   if (a->micro != b->micro) return a->micro - b->micro;
   return a->u_from - b->u_from;
@@ -306,21 +316,23 @@ static int place(comp **c, int nc, xfer **x, int *nx, int grad, int micro, int u
   long t = e;
   while (t <= y && !(between(c[sf], nc, t) && between(c[st], nc, t))) t++;
   long ts = t, tr = t;
+  int alone = 0;
   if (t > y) {
     /* No moment both stages sit between computes: the sender posts right after its
      * producer, the receiver right before its consumer, and one of them waits. */
-    ts = e, tr = y;
+    ts = e, tr = y, alone = 1;
     (void)err;
   }
   xfer *a = &x[sf][nx[sf]++], *b = &x[st][nx[st]++];
   a->t = b->t = ts;
+  a->alone = b->alone = alone;
   a->grad = b->grad = grad;
   a->micro = b->micro = micro;
   a->u_from = b->u_from = u_from;
   a->gap = computes_before(c[sf], nc, ts);
   b->gap = computes_before(c[st], nc, tr);
-  a->a = (train_pp_action){grad ? TRAIN_PP_SEND_GRAD : TRAIN_PP_SEND_ACT, micro, u_from / P, st};
-  b->a = (train_pp_action){grad ? TRAIN_PP_RECV_GRAD : TRAIN_PP_RECV_ACT, micro, u_to / P, sf};
+  a->a = (train_pp_action){grad ? TRAIN_PP_SEND_GRAD : TRAIN_PP_SEND_ACT, micro, u_from / P, st, 0};
+  b->a = (train_pp_action){grad ? TRAIN_PP_RECV_GRAD : TRAIN_PP_RECV_ACT, micro, u_to / P, sf, 0};
   return 0;
 }
 
@@ -362,11 +374,20 @@ int train_pp_build(train_pp_kind kind, int P, int M, int V, train_pp_schedule *o
     }
   for (int s = 0; s < P; s++) {
     qsort(x[s], (size_t)nx[s], sizeof *x[s], xfer_cmp);
-    int k = 0, j = 0, n = 0;
+    int k = 0, j = 0, n = 0, grp = -1;
     for (; k <= nc; k++) {
-      for (; j < nx[s] && x[s][j].gap == k; j++) out->acts[s][n++] = x[s][j].a;
+      for (; j < nx[s] && x[s][j].gap == k; j++) {
+        /* a group: the transfers of one moment with one peer (one alone when placed apart),
+         * so that its mirror on the peer holds the same ones */
+        const xfer *p = j > 0 ? &x[s][j - 1] : NULL, *q = &x[s][j];
+        if (!p || p->gap != q->gap || p->t != q->t || p->a.peer != q->a.peer || p->alone ||
+            q->alone)
+          grp++;
+        out->acts[s][n] = q->a;
+        out->acts[s][n++].group = grp;
+      }
       if (k < nc)
-        out->acts[s][n++] = (train_pp_action){c[s][k].op, c[s][k].micro, c[s][k].chunk, -1};
+        out->acts[s][n++] = (train_pp_action){c[s][k].op, c[s][k].micro, c[s][k].chunk, -1, -1};
     }
     out->n[s] = n;
     out->inflight[s] = count_inflight(out, s);
@@ -556,10 +577,22 @@ static int run_lists(const train_pp_schedule *s, int **slots, long *makespan, lo
       r.posted[r.base[st] + i] = -1;
     }
     for (int i = s->n[st] - 1, end = s->n[st]; i >= 0; i--) {
-      if (is_compute(s->acts[st][i].op))
+      const train_pp_action *a = &s->acts[st][i];
+      if (is_compute(a->op)) {
         end = i;
-      else
-        r.grp_end[r.base[st] + i] = end;
+        continue;
+      }
+      if (i + 1 < s->n[st] && !is_compute(s->acts[st][i + 1].op) &&
+          s->acts[st][i + 1].group != a->group)
+        end = i + 1; /* the next transfer starts a group of its own */
+      r.grp_end[r.base[st] + i] = end;
+      if (end > i + 1 && s->acts[st][i + 1].peer != a->peer) {
+        train_errf(err,
+                   "stage %d, actions %d and %d: one group with stages %d and %d; a group's "
+                   "transfers all go to one peer",
+                   st, i, i + 1, a->peer, s->acts[st][i + 1].peer);
+        goto out;
+      }
     }
     busy[st] = 0;
   }
@@ -647,6 +680,27 @@ static int run_lists(const train_pp_schedule *s, int **slots, long *makespan, lo
             t = q;
         }
         if (!ready) break;
+        /* the mirror: the partners' group on the peer holds exactly the partners */
+        {
+          int p0 = r.partner[g], ps = 0;
+          while (r.base[ps + 1] <= p0) ps++;
+          int pg = p0 - r.base[ps];
+          while (pg > 0 && !is_compute(s->acts[ps][pg - 1].op) &&
+                 s->acts[ps][pg - 1].group == s->acts[ps][p0 - r.base[ps]].group)
+            pg--;
+          int pe = r.grp_end[r.base[ps] + pg] + r.base[ps], mirror = pe - r.base[ps] - pg == e - g;
+          for (int k = g; k < e && mirror; k++)
+            mirror = r.partner[k] >= r.base[ps] + pg && r.partner[k] < pe;
+          if (!mirror) {
+            describe(a, d, sizeof d);
+            train_errf(err,
+                       "stage %d, action %d: %s is in a group of %d transfers with stage %d, "
+                       "whose group of its partner (from action %d) holds %d: a group and its "
+                       "mirror on the peer must hold the same transfers",
+                       st, i, d, e - g, ps, pg, pe - r.base[ps] - pg);
+            goto out;
+          }
+        }
         for (int k = g; k < e; k++) {
           const train_pp_action *b = &s->acts[st][k - r.base[st]];
           if (slots) slots[st][k - r.base[st]] = -1;

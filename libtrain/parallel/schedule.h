@@ -28,16 +28,21 @@
  * GPipe, 1F1B and ZB need M >= 1 (1F1B's warm-up is min(P-1-s, M)); interleaved needs
  * P >= 2, M >= P and M % P == 0 (train_pp_check says so in one sentence). The lists'
  * idle fraction equals the formula below for GPipe and 1F1B, for ZB when M >= P, and for
- * interleaved at P = 3, 4, 6, 7 or M = P; elsewhere interleaved's is larger (schedule.c).
+ * interleaved at P = 3, 4, 6 or M = P; elsewhere interleaved's is larger (schedule.c).
  *
  * Transfers. A SEND_ACT of (micro, chunk) carries the output of that virtual stage's
  * forward to the next virtual stage (its RECV_ACT of the same micro and the receiving
  * stage's chunk); SEND_GRAD carries the gradient of a virtual stage's input back to the
- * previous one. Consecutive transfer actions of one stage's list form one group: the
- * executor posts them together (libcoll's coll_group_start/end) and the group completes
- * when each of them has met its partner. The checker holds the lists to exactly that
- * rule, with rendezvous semantics (a send completes only when its receive is posted), so
- * a schedule that passes cannot deadlock on any transport.
+ * previous one. Transfers are posted in groups: consecutive transfer actions with the
+ * same `group` number, all with one peer, which the executor posts together (libcoll's
+ * coll_group_start/end, MPI's Isend/Irecv and Waitall). A group has a mirror on its peer:
+ * the peer's group holding the partners of its transfers holds nothing else — the pairs
+ * Megatron posts (send_forward_recv_backward on one stage, send_backward_recv_forward on
+ * the next). The checker holds the lists to the strictest semantics any of those has: a
+ * group completes only when its mirror is posted, all of it at once (libcoll's grouped
+ * calls run a group's slices in lock-step rounds, and COLL_CHECK compares the two ends'
+ * traffic group by group), and a send only when its receive is posted. So a schedule
+ * that passes cannot deadlock on any transport, with or without COLL_CHECK.
  *
  * Idle fraction (the bubble). With unit costs per chunk — F = 1 and B = 2 (the whole
  * backward) for GPipe, 1F1B and interleaved; F = B = W = 1 for ZB — and zero transfer
@@ -76,6 +81,7 @@ typedef struct train_pp_action {
   int micro; /* 0..M-1 */
   int chunk; /* 0..V-1, this stage's chunk the action belongs to */
   int peer;  /* transfers: the other stage (0..P-1); -1 for compute */
+  int group; /* transfers: the group it is posted in (numbered along the list); -1 compute */
 } train_pp_action;
 
 typedef struct train_pp_schedule {

@@ -41,12 +41,13 @@ static double idle_of(const train_pp_schedule *s) {
 }
 
 /* Where the lists' idle fraction equals the formula. ZB-H1 needs M >= P. Interleaved, as
- * built, is exact for P = 3, 4, 6, 7 and for M = P; at P = 2, 5, 8 with M > P a producer
+ * built, is exact for P = 3, 4, 6 and for M = P; at P = 2, 5, 8 with M > P a producer
  * can end in the middle of its consumer stage's 2-unit backward, a rendezvous then costs
- * one side a unit, and the fraction exceeds the formula (see schedule.c's top: open). */
+ * one side a unit, and the fraction exceeds the formula (see schedule.c's top: open); at
+ * P = 7 the mirrored groups (one peer each, the lower peer first) cost a little more. */
 static int exact(train_pp_kind k, int P, int M) {
   if (k == TRAIN_PP_ZB) return M >= P;
-  if (k == TRAIN_PP_INTERLEAVED) return M == P || P == 3 || P == 4 || P == 6 || P == 7;
+  if (k == TRAIN_PP_INTERLEAVED) return M == P || P == 3 || P == 4 || P == 6;
   return 1;
 }
 
