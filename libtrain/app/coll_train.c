@@ -95,6 +95,10 @@ static void usage(FILE *f) {
              "  --chunks V        with interleaved: model chunks per stage (2)\n"
              "  --explain         print the schedule as the pipeline picture with its bubble\n"
              "                    and exit\n"
+             "memory:\n"
+             "  --recompute none|full|selective  activations kept for backward: all, each\n"
+             "                    block's input only (the block's forward runs again), or all\n"
+             "                    but the attention probabilities (recomputed from q, k, v)\n"
              "  --batch is per rank and micro-step: a step reads accum*ranks*batch sequences\n"
              "                    (pipeline: M*D*batch)\n");
 }
@@ -219,7 +223,8 @@ enum {
   O_SCHEDULE,
   O_MICRO,
   O_CHUNKS,
-  O_EXPLAIN
+  O_EXPLAIN,
+  O_RECOMPUTE
 };
 
 /* Everything parsed from the command line. */
@@ -254,7 +259,8 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
    * asks the model what a run asks: it once printed a table for --seq 1024 over the
    * default --max-seq 256) */
   train_plan_row first;
-  if (train_plan(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)0, fixed, &first, msg) != 0)
+  if (train_plan_rc(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)0, o->recompute, fixed,
+                    &first, msg) != 0)
     die(msg);
   printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
          "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
@@ -267,7 +273,8 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
   printf("%s\n", line);
   for (int st = 0; st < TRAIN_PLAN_COUNT; st++) {
     train_plan_row r;
-    if (train_plan(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, fixed, &r, msg) != 0)
+    if (train_plan_rc(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, o->recompute, fixed,
+                      &r, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
     printf("%s\n", line);
@@ -278,7 +285,8 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
     long nb;
     double ab;
     int dp = k ? N / tp : 1, zero = k > 1 ? k - 1 : 0; /* TP, TPxDDP, TPxZ1..3 */
-    if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, fixed, &r, &nb, &ab, msg) != 0)
+    if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, o->recompute, fixed, &r, &nb,
+                      &ab, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
     printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "
@@ -299,8 +307,8 @@ static int print_pp_plan(const train_options *o, int N, int tp, int sp, int P, i
          V > 1 ? ", chunks per stage" : "");
   for (int st = 0; st < P; st++) {
     train_plan_row r;
-    if (train_pp_plan(&o->cfg, o->batch, o->seq, tp, sp, P, st, (train_pp_kind)kind, M, V, D, 0, &r,
-                      msg) != 0)
+    if (train_pp_plan(&o->cfg, o->batch, o->seq, tp, sp, P, st, (train_pp_kind)kind, M, V, D,
+                      o->recompute, 0, &r, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
     int sets = train_pp_slots((train_pp_kind)kind, P, M, V, st, msg);
@@ -799,6 +807,7 @@ int main(int argc, char **argv) {
       {"micro-batches", required_argument, 0, O_MICRO},
       {"chunks", required_argument, 0, O_CHUNKS},
       {"explain", no_argument, 0, O_EXPLAIN},
+      {"recompute", required_argument, 0, O_RECOMPUTE},
       {0, 0, 0, 0},
   };
   train_options o = {
@@ -917,6 +926,18 @@ int main(int argc, char **argv) {
       chunks_given = 1;
       break;
     case O_EXPLAIN: explain = 1; break;
+    case O_RECOMPUTE:
+      if (strcmp(a, "none") == 0)
+        o.recompute = TRAIN_RECOMPUTE_NONE;
+      else if (strcmp(a, "full") == 0)
+        o.recompute = TRAIN_RECOMPUTE_FULL;
+      else if (strcmp(a, "selective") == 0)
+        o.recompute = TRAIN_RECOMPUTE_SELECTIVE;
+      else {
+        snprintf(msg, sizeof msg, "--recompute: '%s' is not none, full or selective", a);
+        die(msg);
+      }
+      break;
     case O_ZERO:
       cl.zero = (int)parse_int("--zero", a, 1, 3);
       zero_given = 1;
@@ -972,6 +993,9 @@ int main(int argc, char **argv) {
           "(--micro-batches)");
     if (ckpt_dir || resume) die("--pp: checkpoints of a pipeline run are not written yet");
     if (cl.nccl) die("--pp runs on the CPU model over libcoll or Open MPI");
+    if (cl.schedule == TRAIN_PP_ZB && o.recompute != TRAIN_RECOMPUTE_NONE)
+      die("--schedule zb with --recompute is not built yet: W needs the activations the "
+          "recomputation gives back after B");
     if (cl.schedule == TRAIN_PP_ZB && cl.tp > 1)
       die("--schedule zb with --tp is not built yet: the tensor-parallel Linears compute "
           "their input and weight gradients in one call");

@@ -187,6 +187,16 @@ TRAIN_API int train_data_val_batch(const train_data *d, int k, int B, int T, int
 
 /* ---- training session (model + data + optimizer + step), with checkpoints --------- */
 
+/* Activation recomputation: what forward keeps for backward. FULL keeps each block's
+ * input only and runs the block's forward again in backward (Megatron's full
+ * recomputation); SELECTIVE drops the attention probabilities (B·NH·T·T floats a block,
+ * the largest activation) and recomputes them from q, k, v (Korthikanti et al.). */
+typedef enum {
+  TRAIN_RECOMPUTE_NONE = 0,
+  TRAIN_RECOMPUTE_FULL = 1,
+  TRAIN_RECOMPUTE_SELECTIVE = 2
+} train_recompute;
+
 typedef struct train_options {
   train_config cfg;
   train_hparams hp;
@@ -204,6 +214,7 @@ typedef struct train_options {
    * activation sets (micro-batch chunks in flight). */
   int pp, pp_rank, pp_chunks, pp_slots;
   int pp_split_w; /* zero-bubble: backward split into input (B) and weight (W) gradients */
+  int recompute;  /* train_recompute */
 } train_options;
 
 typedef struct train_step_stats {

@@ -278,19 +278,24 @@ static size_t layout_acts(train_model *m, float *mem) {
 #define A_(field, n)                 \
   a->field = mem ? mem + off : NULL; \
   off += (n)
+  /* recomputation keeps fewer blocks of what backward needs: LB blocks of the block's
+   * activations (full: one, shared), LA of the attention probabilities (selective: one);
+   * every block's output (residual3, the next block's input) always */
+  size_t LB = m->recompute == TRAIN_RECOMPUTE_FULL ? (L > 0 ? 1 : 0) : L;
+  size_t LA = m->recompute != TRAIN_RECOMPUTE_NONE ? (L > 0 ? 1 : 0) : L;
   A_(encoded, BTr * C);
-  A_(ln1, L * BT * C);
-  A_(ln1_mean, L * BTr);
-  A_(ln1_rstd, L * BTr);
-  A_(qkv, L * BT * 3 * Cl);
-  A_(atty, L * BT * Cl);
-  A_(att, L * B * NH * T * T);
-  A_(residual2, L * BTr * C);
-  A_(ln2, L * BT * C);
-  A_(ln2_mean, L * BTr);
-  A_(ln2_rstd, L * BTr);
-  A_(fch, L * BT * 4 * Cl);
-  A_(fch_gelu, L * BT * 4 * Cl);
+  A_(ln1, LB * BT * C);
+  A_(ln1_mean, LB * BTr);
+  A_(ln1_rstd, LB * BTr);
+  A_(qkv, LB * BT * 3 * Cl);
+  A_(atty, LB * BT * Cl);
+  A_(att, LA * B * NH * T * T);
+  A_(residual2, LB * BTr * C);
+  A_(ln2, LB * BT * C);
+  A_(ln2_mean, LB * BTr);
+  A_(ln2_rstd, LB * BTr);
+  A_(fch, LB * BT * 4 * Cl);
+  A_(fch_gelu, LB * BT * 4 * Cl);
   A_(residual3, L * BTr * C);
   A_(lnf, H * BT * C);
   A_(lnf_mean, H * BTr);
@@ -351,6 +356,7 @@ int train_model_sizes_split(const train_config *cfg, int B, int T, const train_s
   if (set_pieces(&m, sp->pp, sp->pp_rank, sp->chunks) != 0) return -1;
   m.nslots = sp->slots > 1 ? sp->slots : 1;
   m.split_w = sp->split_w;
+  m.recompute = sp->recompute;
   set_shape(&m, tp, 0, sp->sp && tp > 1 && (B * T) % tp == 0);
   m.maxB = B;
   m.maxT = T;
@@ -533,6 +539,7 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
   set_pieces(m, split->pp, split->pp_rank, split->chunks); /* checked above */
   m->nslots = split->slots > 1 ? split->slots : 1;
   m->split_w = split->split_w;
+  m->recompute = split->recompute;
   set_shape(m, tp, tp_rank, sp);
   m->layer_ops = train_local_layer_ops(); /* a strategy's replace them when it attaches */
   m->maxB = B;
@@ -650,6 +657,63 @@ static void forward_stage_done(train_model *m, int stage) {
   m->fwd_hook(m->fwd_hook_arg, stage);
 }
 
+/* Block i's activations in the selected set (i: the chunk's i-th block). With full
+ * recomputation every block shares set block 0 (only the block inputs, residual3, are
+ * kept per block); with selective recomputation the attention probabilities alone are
+ * shared. */
+typedef struct block_acts {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+      *fch_gelu, *res3;
+} block_acts;
+
+static void block_view(const train_model *m, int i, block_acts *b) {
+  const train_acts *a = &m->acts;
+  size_t C = m->cfg.channels, Cl = m->width_local, bt = (size_t)m->maxB * m->maxT,
+         btr = bt / m->seq_shards, batt = (size_t)m->maxB * m->heads_local * m->maxT * m->maxT;
+  size_t k = m->recompute == TRAIN_RECOMPUTE_FULL ? 0 : (size_t)i;
+  size_t ka = m->recompute == TRAIN_RECOMPUTE_NONE ? (size_t)i : 0;
+  b->ln1 = a->ln1 + k * bt * C;
+  b->ln1_mean = a->ln1_mean + k * btr;
+  b->ln1_rstd = a->ln1_rstd + k * btr;
+  b->qkv = a->qkv + k * bt * 3 * Cl;
+  b->atty = a->atty + k * bt * Cl;
+  b->att = a->att + ka * batt;
+  b->res2 = a->residual2 + k * btr * C;
+  b->ln2 = a->ln2 + k * bt * C;
+  b->ln2_mean = a->ln2_mean + k * btr;
+  b->ln2_rstd = a->ln2_rstd + k * btr;
+  b->fch = a->fch + k * bt * 4 * Cl;
+  b->fch_gelu = a->fch_gelu + k * bt * 4 * Cl;
+  b->res3 = a->residual3 + (size_t)i * btr * C; /* every block's output: the next's input */
+}
+
+/* Local block l's forward from x (Nr,C) into the set's block i (what the passes and the
+ * recomputation both run). */
+static void block_forward(train_model *m, int l, int i, const float *x, int B, int T) {
+  const train_ops *o = m->ops;
+  const train_layer_ops *lo = m->layer_ops;
+  int C = m->cfg.channels, NH = m->heads_local, Cl = m->width_local;
+  int N = B * T, Nr = N / m->seq_shards;
+  train_acts *a = &m->acts;
+  train_block w;
+  block_acts b;
+  train_block_params_view(m, l, &w);
+  block_view(m, i, &b);
+  /* ln1 into the parallel region (f), qkv column-parallel, attention on the local
+   * heads, proj row-parallel (its partial products summed by g, then its bias) */
+  lo->ln_forward(m, b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1w, w.ln1b, Nr, C, "f attn");
+  lo->col_forward(m, b.qkv, b.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
+  o->attention_forward(b.atty, b.att, b.qkv, B, T, Cl, NH);
+  lo->row_forward(m, a->branch, b.atty, w.projw, w.projb, N, Cl, C, "g attn");
+  o->residual_forward(b.res2, x, a->branch, (size_t)Nr * C);
+  /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel */
+  lo->ln_forward(m, b.ln2, b.ln2_mean, b.ln2_rstd, b.res2, w.ln2w, w.ln2b, Nr, C, "f mlp");
+  lo->col_forward(m, b.fch, b.ln2, w.fcw, w.fcb, N, C, 4 * Cl);
+  o->gelu_forward(b.fch_gelu, b.fch, (size_t)N * 4 * Cl);
+  lo->row_forward(m, a->branch, b.fch_gelu, w.fcprojw, w.fcprojb, N, 4 * Cl, C, "g mlp");
+  o->residual_forward(b.res3, b.res2, a->branch, (size_t)Nr * C);
+}
+
 void train_model_use_slot(train_model *m, int k) {
   size_t bt = (size_t)m->maxB * m->maxT;
   m->slot = k;
@@ -675,15 +739,12 @@ float train_piece_forward(train_model *m, int chunk, const int *inputs, const in
   const train_ops *o = m->ops;
   const train_layer_ops *lo = m->layer_ops;
   const train_config *c = &m->cfg;
-  /* Cl, NH: this rank's attention width and heads; V its vocabulary rows (all on one
-   * process) */
-  int C = c->channels, V = m->vocab_local, NH = m->heads_local, Cl = m->width_local;
+  /* V: this rank's vocabulary rows (all on one process) */
+  int C = c->channels, V = m->vocab_local;
   int first = m->has_embed && chunk == 0, last = m->has_head && chunk == m->nchunks - 1;
   int l0 = m->chunk_loc0[chunk], L = m->chunk_len[chunk]; /* this chunk's local blocks */
   int N = B * T, Nr = N / m->seq_shards; /* rows of the residual stream held here */
-  size_t bt = (size_t)m->maxB * m->maxT; /* per-layer stride of (B,T) buffers */
-  size_t btr = bt / m->seq_shards;       /* ... and of (Nr) buffers */
-  size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
+  size_t btr = (size_t)m->maxB * m->maxT / m->seq_shards; /* per-block stride of (Nr) */
   train_acts *a = &m->acts;
   if (N % m->seq_shards != 0) {
     char msg[TRAIN_ERRLEN];
@@ -709,29 +770,8 @@ float train_piece_forward(train_model *m, int chunk, const int *inputs, const in
   float *x = a->encoded; /* (Nr,C) input of the current block: embedded, or received */
   for (int i = 0; i < L; i++) {
     int l = l0 + i; /* the local block; its activations are the set's block i */
-    train_block w;
-    train_block_params_view(m, l, &w);
-    float *ln1 = a->ln1 + i * bt * C, *ln1_mean = a->ln1_mean + i * btr,
-          *ln1_rstd = a->ln1_rstd + i * btr, *qkv = a->qkv + i * bt * 3 * Cl,
-          *atty = a->atty + i * bt * Cl, *att = a->att + i * batt,
-          *res2 = a->residual2 + i * btr * C, *ln2 = a->ln2 + i * bt * C,
-          *ln2_mean = a->ln2_mean + i * btr, *ln2_rstd = a->ln2_rstd + i * btr,
-          *fch = a->fch + i * bt * 4 * Cl, *fch_gelu = a->fch_gelu + i * bt * 4 * Cl,
-          *res3 = a->residual3 + i * btr * C;
-    /* ln1 into the parallel region (f), qkv column-parallel, attention on the local
-     * heads, proj row-parallel (its partial products summed by g, then its bias) */
-    lo->ln_forward(m, ln1, ln1_mean, ln1_rstd, x, w.ln1w, w.ln1b, Nr, C, "f attn");
-    lo->col_forward(m, qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
-    o->attention_forward(atty, att, qkv, B, T, Cl, NH);
-    lo->row_forward(m, a->branch, atty, w.projw, w.projb, N, Cl, C, "g attn");
-    o->residual_forward(res2, x, a->branch, (size_t)Nr * C);
-    /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel */
-    lo->ln_forward(m, ln2, ln2_mean, ln2_rstd, res2, w.ln2w, w.ln2b, Nr, C, "f mlp");
-    lo->col_forward(m, fch, ln2, w.fcw, w.fcb, N, C, 4 * Cl);
-    o->gelu_forward(fch_gelu, fch, (size_t)N * 4 * Cl);
-    lo->row_forward(m, a->branch, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * Cl, C, "g mlp");
-    o->residual_forward(res3, res2, a->branch, (size_t)Nr * C);
-    x = res3;
+    block_forward(m, l, i, x, B, T);
+    x = m->acts.residual3 + (size_t)i * btr * C;
     forward_stage_done(m, l);
   }
   if (!last) return 0.0f;
@@ -788,7 +828,6 @@ void train_piece_backward(train_model *m, int chunk) {
   /* dres holds this rank's Nr rows of the residual stream's gradient */
   int Nr = N / m->seq_shards;
   size_t bt = (size_t)m->maxB * m->maxT, btr = bt / m->seq_shards;
-  size_t batt = (size_t)m->maxB * NH * m->maxT * m->maxT;
   train_acts *a = &m->acts;
   train_scratch *s = &m->scr;
 
@@ -824,12 +863,20 @@ void train_piece_backward(train_model *m, int chunk) {
     train_block_params_view(m, l, &w);
     train_block_view(m, m->grads, l, &g);
     float *x = i == 0 ? a->encoded : a->residual3 + (i - 1) * btr * C;
-    float *ln1 = a->ln1 + i * bt * C, *ln1_mean = a->ln1_mean + i * btr,
-          *ln1_rstd = a->ln1_rstd + i * btr, *qkv = a->qkv + i * bt * 3 * Cl,
-          *atty = a->atty + i * bt * Cl, *att = a->att + i * batt,
-          *res2 = a->residual2 + i * btr * C, *ln2 = a->ln2 + i * bt * C,
-          *ln2_mean = a->ln2_mean + i * btr, *ln2_rstd = a->ln2_rstd + i * btr,
-          *fch = a->fch + i * bt * 4 * Cl, *fch_gelu = a->fch_gelu + i * bt * 4 * Cl;
+    block_acts ba;
+    block_view(m, i, &ba);
+    if (m->recompute == TRAIN_RECOMPUTE_FULL) {
+      /* the block's activations again, from its input (kept), over the one shared set;
+       * its output res3 is rewritten with the same bits */
+      block_forward(m, l, i, x, B, T);
+    } else if (m->recompute == TRAIN_RECOMPUTE_SELECTIVE) {
+      /* the attention probabilities again from q, k, v (the largest tensor, T^2 per head,
+       * the cheapest to recompute); its output goes to the spare branch buffer */
+      o->attention_forward(a->branch, ba.att, ba.qkv, B, T, Cl, NH);
+    }
+    float *ln1 = ba.ln1, *ln1_mean = ba.ln1_mean, *ln1_rstd = ba.ln1_rstd, *qkv = ba.qkv,
+          *atty = ba.atty, *att = ba.att, *res2 = ba.res2, *ln2 = ba.ln2, *ln2_mean = ba.ln2_mean,
+          *ln2_rstd = ba.ln2_rstd, *fch = ba.fch, *fch_gelu = ba.fch_gelu;
     /* zero-bubble: the output gradients W needs, kept in the set (else scratch) */
     float *dfch = W ? a->w_fc + i * bt * 4 * Cl : s->dfch,
           *dqkv = W ? a->w_qkv + i * bt * 3 * Cl : s->dqkv;

@@ -241,6 +241,8 @@ struct train_model {
   /* zero-bubble: train_piece_backward computes the input gradients only (B) and saves the
    * output gradients the weight gradients need; train_piece_weights computes those (W) */
   int split_w;
+  /* Activation recomputation (train_recompute): what forward keeps for backward */
+  int recompute;
   int chunk_blk0[TRAIN_MAX_CHUNKS], chunk_loc0[TRAIN_MAX_CHUNKS], chunk_len[TRAIN_MAX_CHUNKS];
   /* Activation sets: nslots of them, act_floats each, one per (micro-batch, chunk) in
    * flight; acts, inputs and targets view set `slot` (train_model_use_slot). A set holds
@@ -286,7 +288,8 @@ struct train_model {
 typedef struct train_split {
   int tp, tp_rank, sp;
   int pp, pp_rank, chunks, slots;
-  int split_w; /* zero-bubble: backward split into B and W (train_piece_weights) */
+  int split_w;   /* zero-bubble: backward split into B and W (train_piece_weights) */
+  int recompute; /* train_recompute: the activations forward keeps */
 } train_split;
 
 /* The stated rule that cuts L blocks into U pieces: piece u holds blocks [*first, +*len),

@@ -31,7 +31,8 @@ train_session *train_session_create(const train_options *opt, char *err) {
                        .pp_rank = opt->pp_rank,
                        .chunks = opt->pp_chunks,
                        .slots = opt->pp_slots,
-                       .split_w = opt->pp_split_w};
+                       .split_w = opt->pp_split_w,
+                       .recompute = opt->recompute};
   s->model = train_model_create_split(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
                                       opt->seed, &split, err);
   if (!s->model) goto fail;

@@ -561,8 +561,8 @@ static void ddp_strategy_summary(const train_parallel *p, const train_step_repor
 static int ddp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out,
                              char *err) {
   const train_options *o = &p->s->opt;
-  return train_plan(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum, TRAIN_PLAN_DDP,
-                    fixed, out, err);
+  return train_plan_rc(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum, TRAIN_PLAN_DDP,
+                       o->recompute, fixed, out, err);
 }
 
 static void ddp_strategy_free(train_parallel *p) {

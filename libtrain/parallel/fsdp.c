@@ -893,8 +893,9 @@ static void fsdp_strategy_step_line(const train_parallel *p, const train_step_re
 static int fsdp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out,
                               char *err) {
   const train_options *o = &p->s->opt;
-  return train_plan(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum,
-                    (train_strategy)(TRAIN_PLAN_ZERO1 + p->zero - 1), fixed, out, err);
+  return train_plan_rc(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum,
+                       (train_strategy)(TRAIN_PLAN_ZERO1 + p->zero - 1), o->recompute, fixed, out,
+                       err);
 }
 
 static void fsdp_strategy_summary(const train_parallel *p, const train_step_report *later,

@@ -150,8 +150,8 @@ int train_pp_slots(train_pp_kind kind, int P, int M, int V, int stage, char *err
 }
 
 int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, int stage,
-                  train_pp_kind kind, int M, int V, int D, double fixed, train_plan_row *out,
-                  char *err) {
+                  train_pp_kind kind, int M, int V, int D, int recompute, double fixed,
+                  train_plan_row *out, char *err) {
   train_pp_schedule sc;
   if (train_pp_split_check(cfg, P, V, TRAIN_DEVICE_CPU, err) != 0) return -1;
   if (train_pp_build(kind, P, M, V, &sc, err) != 0) return -1;
@@ -168,7 +168,8 @@ int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, 
                        .pp_rank = stage,
                        .chunks = V,
                        .slots = slots,
-                       .split_w = kind == TRAIN_PP_ZB};
+                       .split_w = kind == TRAIN_PP_ZB,
+                       .recompute = recompute};
   size_t np = 0, ab = 0;
   if (slots < 1 || train_model_sizes_split(cfg, B, S, &split, &np, &ab, NULL) != 0) {
     train_errf(err, "the planner could not lay out pipeline stage %d", stage);
@@ -511,7 +512,7 @@ static int pp_plan(const train_parallel *p, double fixed, train_plan_row *out, c
   train_pp *q = pp_of(p);
   const train_options *o = &q->s->opt;
   return train_pp_plan(&o->cfg, o->batch, o->seq, q->g->T, o->sp, q->P, q->stage, q->sc.kind, q->M,
-                       q->V, q->D, fixed, out, err);
+                       q->V, q->D, o->recompute, fixed, out, err);
 }
 
 static void pp_free(train_parallel *p) {

@@ -45,7 +45,7 @@ TRAIN_API int train_pp_slots(train_pp_kind kind, int P, int M, int V, int stage,
  * all-reduce of the stage's gradients (ring: 2(D-1)/D), and the tensor-parallel in-block
  * all-reduces of its blocks for each micro-batch. */
 TRAIN_API int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, int stage,
-                            train_pp_kind kind, int M, int V, int D, double fixed,
+                            train_pp_kind kind, int M, int V, int D, int recompute, double fixed,
                             train_plan_row *out, char *err);
 
 #endif

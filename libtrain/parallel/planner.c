@@ -13,6 +13,11 @@ static const char *names[TRAIN_PLAN_COUNT] = {"none", "DDP", "ZeRO-1", "ZeRO-2",
 
 int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_strategy st,
                double fixed, train_plan_row *r, char *err) {
+  return train_plan_rc(cfg, B, T, N, accum, st, TRAIN_RECOMPUTE_NONE, fixed, r, err);
+}
+
+int train_plan_rc(const train_config *cfg, int B, int T, int N, int accum, train_strategy st,
+                  int recompute, double fixed, train_plan_row *r, char *err) {
   if (train_config_check(cfg, err) != 0) return -1;
   if (train_shape_check(cfg, B, T, err) != 0) return -1; /* what a run would refuse */
   if (N < 1 || B < 1 || T < 1 || accum < 1 || st < 0 || st >= TRAIN_PLAN_COUNT) {
@@ -21,7 +26,8 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
   }
   int L = cfg->layers;
   size_t *ul = calloc((size_t)L + 2, sizeof *ul), P = 0, A = 0;
-  if (!ul || train_model_sizes(cfg, B, T, &P, &A, ul) != 0) {
+  train_split split = {.recompute = recompute};
+  if (!ul || train_model_sizes_split(cfg, B, T, &split, &P, &A, ul) != 0) {
     free(ul);
     train_errf(err, "out of memory planning");
     return -1;

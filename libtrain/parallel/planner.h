@@ -38,6 +38,10 @@ typedef struct train_plan_row {
  * an impossible config. */
 TRAIN_API int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_strategy st,
                          double fixed, train_plan_row *out, char *err);
+/* The same with activation recomputation (train_recompute): the activations forward keeps. */
+TRAIN_API int train_plan_rc(const train_config *cfg, int B, int T, int N, int accum,
+                            train_strategy st, int recompute, double fixed, train_plan_row *out,
+                            char *err);
 /* Resident bytes now (VmRSS) and the peak so far (VmHWM), from /proc/self/status; 0 when
  * unavailable. */
 TRAIN_API double train_rss_bytes(void);

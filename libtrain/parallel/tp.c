@@ -645,8 +645,8 @@ void train_tp_set_trace(train_session *s, train_trace *tr, int rank) {
 /* ---- the planner's rows ---------------------------------------------------------------- */
 
 int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp, int zero,
-                  double fixed, train_plan_row *r, long *inblock, double *inblock_bytes,
-                  char *err) {
+                  int recompute, double fixed, train_plan_row *r, long *inblock,
+                  double *inblock_bytes, char *err) {
   if (train_tp_config_check(cfg, tp, TRAIN_DEVICE_CPU, err) != 0) return -1;
   if (train_shape_check(cfg, B, S, err) != 0) return -1; /* what a run would refuse */
   if (dp < 1 || B < 1 || S < 1) {
@@ -658,7 +658,8 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
     return -1;
   }
   size_t P = 0, A = 0, *ul = calloc((size_t)cfg->layers + 2, sizeof *ul);
-  if (!ul || train_model_sizes_tp(cfg, B, S, tp, sp, &P, &A, ul) != 0) {
+  train_split split = {.tp = tp, .sp = sp, .recompute = recompute};
+  if (!ul || train_model_sizes_split(cfg, B, S, &split, &P, &A, ul) != 0) {
     free(ul);
     train_errf(err, "out of memory planning");
     return -1;
@@ -789,7 +790,7 @@ static void tp_strategy_summary(const train_parallel *p, const train_step_report
 static int tp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
   const train_options *o = &p->s->opt;
   return train_tp_plan(&o->cfg, o->batch, o->seq, p->grid->T, p->grid->D, p->opt.sp, p->inner->zero,
-                       fixed, out, NULL, NULL, err);
+                       o->recompute, fixed, out, NULL, NULL, err);
 }
 
 static void tp_strategy_free(train_parallel *p) {
