@@ -298,7 +298,7 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
 
 /* --plan --pp: a row per stage of the run's grid (T x P x D = N). */
 static int print_pp_plan(const train_options *o, int N, int tp, int sp, int P, int kind, int M,
-                         int V) {
+                         int V, int zero1) {
   char line[256], msg[TRAIN_ERRLEN];
   int D = N / (tp * P);
   printf("pipeline %s: --pp %d x --tp %d x D %d, %d micro-batches of %d rows%s; acts = the "
@@ -307,7 +307,7 @@ static int print_pp_plan(const train_options *o, int N, int tp, int sp, int P, i
          V > 1 ? ", chunks per stage" : "");
   for (int st = 0; st < P; st++) {
     train_plan_row r;
-    if (train_pp_plan(&o->cfg, o->batch, o->seq, tp, sp, P, st, (train_pp_kind)kind, M, V, D,
+    if (train_pp_plan(&o->cfg, o->batch, o->seq, tp, sp, P, st, (train_pp_kind)kind, M, V, D, zero1,
                       o->recompute, 0, &r, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
@@ -987,7 +987,10 @@ int main(int argc, char **argv) {
                cl.ranks, cl.tp, cl.pp, cl.ranks / W, W);
       die(msg);
     }
-    if (cl.fsdp) die("--pp with --parallel fsdp is not built yet: use --parallel ddp or none");
+    if (cl.fsdp && cl.zero != 1)
+      die("--pp with --parallel fsdp needs --zero 1: a pipeline accumulates every "
+          "micro-batch's gradients in full, so only AdamW's state is sharded (DeepSpeed "
+          "refuses ZeRO-2 and 3 with pipelines too)");
     if (cl.accum > 1)
       die("--accum with --pp: the pipeline's micro-batches are its accumulation "
           "(--micro-batches)");
@@ -1004,7 +1007,8 @@ int main(int argc, char **argv) {
   if (plan) { /* a table for every strategy: --ranks and --accum need no --parallel */
     int rc = print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
     if (rc == 0 && cl.pp > 1)
-      rc = print_pp_plan(&o, cl.ranks, cl.tp, cl.sp, cl.pp, cl.schedule, cl.micro, cl.chunks);
+      rc = print_pp_plan(&o, cl.ranks, cl.tp, cl.sp, cl.pp, cl.schedule, cl.micro, cl.chunks,
+                         cl.fsdp);
     return rc;
   }
   if (cl.sp && cl.tp < 2)

@@ -150,7 +150,7 @@ int train_pp_slots(train_pp_kind kind, int P, int M, int V, int stage, char *err
 }
 
 int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, int stage,
-                  train_pp_kind kind, int M, int V, int D, int recompute, double fixed,
+                  train_pp_kind kind, int M, int V, int D, int zero1, int recompute, double fixed,
                   train_plan_row *out, char *err) {
   train_pp_schedule sc;
   if (train_pp_split_check(cfg, P, V, TRAIN_DEVICE_CPU, err) != 0) return -1;
@@ -178,10 +178,16 @@ int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, 
   double f = 4.0, C = cfg->channels, rows = (double)B * S / (sp && tp > 1 ? tp : 1);
   memset(out, 0, sizeof *out);
   out->name = "PP";
-  snprintf(out->label, sizeof out->label, "PP s%d", stage);
+  snprintf(out->label, sizeof out->label, "%s s%d", zero1 && D > 1 ? "PPxZ1" : "PP", stage);
   out->params = f * np;
   out->grads = f * np;
   out->optim = 2 * f * np;
+  if (zero1 && D > 1) { /* the shard (and the tail, < D floats) */
+    double sh = (double)(np / (size_t)D), tail = (double)(np - (np / (size_t)D) * (size_t)D);
+    out->name = "PPxZ1";
+    out->optim = 2 * f * (sh + tail);
+    out->grads += f * sh;
+  }
   out->acts = (double)ab;
   out->fixed = fixed;
   out->total = out->params + out->grads + out->optim + out->acts + out->fixed;
@@ -214,6 +220,12 @@ typedef struct train_pp {
   size_t act_bytes;      /* one transfer: (Nr,C) floats */
   train_trace trace;
   int tracing; /* --trace: record every action */
+  /* --parallel fsdp --zero 1 along D: this rank's shard [d*shard, +shard) of the flat
+   * arrays' first D*shard floats (the last np - D*shard < D floats, the tail, stay
+   * replicated); the reduced gradient shard and AdamW's moments of shard + tail */
+  int zero1;
+  size_t shard, tail;
+  float *gshard, *am, *av;
   double xfer_ms, sync_ms, xfer_bytes;
 } train_pp;
 
@@ -266,6 +278,82 @@ static int xfer_buffer(train_pp *q, const train_pp_action *a, train_p2p *x, char
   x->buf = a->op == TRAIN_PP_SEND_ACT   ? (void *)train_piece_output(q->m, a->chunk)
            : a->op == TRAIN_PP_RECV_ACT ? (void *)train_piece_input(q->m)
                                         : (void *)train_piece_grad_io(q->m);
+  return 0;
+}
+
+/* Squared norm of this rank's part of the reduced gradients (ZeRO-1): the shard, the tail
+ * counted on data-parallel rank 0 only; sq[0] over tensors a tensor-parallel group splits,
+ * sq[1] over replicated ones; the last stage's wte left out (the first stage's counts). */
+static void zero1_sumsq(const train_pp *q, double sq[2]) {
+  const train_model *m = q->m;
+  size_t lo = (size_t)q->g->d * q->shard, n0 = (size_t)q->D * q->shard;
+  int skip_wte = q->P > 1 && q->stage == q->P - 1;
+  sq[0] = sq[1] = 0.0;
+  for (int i = 0; i < m->ntensors; i++) {
+    const train_param *p = &m->tensors[i];
+    if (i == 0 && skip_wte) continue;
+    int k = q->g->tp && train_param_is_split(p->name) ? 0 : 1;
+    size_t a = p->offset > lo ? p->offset : lo, e = p->offset + p->numel;
+    size_t e1 = e < lo + q->shard ? e : lo + q->shard;
+    if (a < e1) sq[k] += m->ops->sumsq(q->gshard + (a - lo), e1 - a);
+    size_t t = p->offset > n0 ? p->offset : n0; /* the tail */
+    if (q->g->d == 0 && t < e) sq[k] += m->ops->sumsq(m->grads + t, e - t);
+  }
+}
+
+/* AdamW over [lo, lo+n) of the flat arrays, gradients at g (g[0] is element lo), moments
+ * at am/av, one tensor piece at a time (decay is per tensor). */
+static void adamw_range(train_model *m, const train_hparams *hp, float lr, long t, size_t lo,
+                        size_t n, const float *g, float *am, float *av) {
+  float bc1 = (float)(1.0 - pow(hp->beta1, (double)t));
+  float bc2 = (float)(1.0 - pow(hp->beta2, (double)t));
+  for (int i = 0; i < m->ntensors; i++) {
+    const train_param *p = &m->tensors[i];
+    size_t a = p->offset > lo ? p->offset : lo;
+    size_t e = p->offset + p->numel < lo + n ? p->offset + p->numel : lo + n;
+    if (a >= e) continue;
+    m->ops->adamw(m->params + a, g + (a - lo), am + (a - lo), av + (a - lo), e - a, lr, hp->beta1,
+                  hp->beta2, hp->eps, p->decay ? hp->weight_decay : 0.0f, bc1, bc2);
+  }
+}
+
+/* ZeRO-1 along D after the last micro-batch: reduce-scatter the gradients (average),
+ * the norm over the shards, the stages and the TP group, clip, AdamW on the shard (and
+ * the tail), all-gather the parameters. *sq gets the squared norm. */
+static int zero1_update(train_pp *q, float lr, long t, float *norm, char *err) {
+  train_model *m = q->m;
+  train_backend *dp = q->dp;
+  size_t n0 = (size_t)q->D * q->shard, lo = (size_t)q->g->d * q->shard;
+  train_req r;
+  if (dp->reduce_scatter(dp, m->grads, q->gshard, q->shard, TRAIN_REDUCE_AVG, &r) != 0 ||
+      dp->wait(dp, r) != 0) {
+    train_errf(err, "pipeline stage %d: reduce-scatter of the gradients: %s", q->stage, dp->err);
+    return -1;
+  }
+  if (q->tail && ar(dp, m->grads + n0, q->tail, TRAIN_REDUCE_AVG, err) != 0) return -1;
+  double part[2];
+  zero1_sumsq(q, part);
+  float sq2[2] = {(float)part[0], (float)part[1]};
+  if (ar(dp, sq2, 2, TRAIN_REDUCE_SUM, err) != 0) return -1;
+  if (q->g->tp && ar(q->g->tp, &sq2[0], 1, TRAIN_REDUCE_SUM, err) != 0) return -1;
+  float sq = sq2[0] + sq2[1];
+  if (ar(q->pp, &sq, 1, TRAIN_REDUCE_SUM, err) != 0) return -1;
+  *norm = sqrtf(sq);
+  const train_hparams *hp = &q->s->opt.hp;
+  if (hp->grad_clip > 0.0f) { /* as train_clip_grads */
+    float coef = hp->grad_clip / (*norm + 1e-6f);
+    if (coef < 1.0f) {
+      m->ops->scale(q->gshard, coef, q->shard);
+      m->ops->scale(m->grads + n0, coef, q->tail);
+    }
+  }
+  adamw_range(m, hp, lr, t, lo, q->shard, q->gshard, q->am, q->av);
+  adamw_range(m, hp, lr, t, n0, q->tail, m->grads + n0, q->am + q->shard, q->av + q->shard);
+  if (dp->all_gather(dp, m->params + lo, m->params, q->shard * sizeof(float), &r) != 0 ||
+      dp->wait(dp, r) != 0) {
+    train_errf(err, "pipeline stage %d: all-gather of the parameters: %s", q->stage, dp->err);
+    return -1;
+  }
   return 0;
 }
 
@@ -381,19 +469,28 @@ static int pp_step(train_parallel *p, train_step_report *r, char *err) {
     const train_param *w = &m->tensors[0];
     if (ar(q->emb, m->grads + w->offset, w->numel, TRAIN_REDUCE_SUM, err) != 0) return -1;
   }
-  /* data parallel: the average over the stage's replicas, once, after the last micro-batch */
-  if (D > 1 && ar(q->dp, m->grads, m->nparams, TRAIN_REDUCE_AVG, err) != 0) return -1;
-  /* the loss (the last stage's) and the squared norm, summed over the stages */
-  float v[2] = {q->stage == q->P - 1 ? (float)(loss / M) : 0.0f, (float)stage_sumsq(q)};
-  if (ar(q->pp, v, 2, TRAIN_REDUCE_SUM, err) != 0) return -1;
-  if (D > 1 && ar(q->dp, v, 1, TRAIN_REDUCE_AVG, err) != 0) return -1;
-  double te = train_now();
+  /* the loss (the last stage's), summed over the stages, averaged over the replicas */
+  float v[2] = {q->stage == q->P - 1 ? (float)(loss / M) : 0.0f, 0.0f};
+  r->step.lr = train_lr_at(&s->opt.hp, s->step);
+  double te;
+  if (q->zero1) {
+    if (ar(q->pp, v, 1, TRAIN_REDUCE_SUM, err) != 0) return -1;
+    if (D > 1 && ar(q->dp, v, 1, TRAIN_REDUCE_AVG, err) != 0) return -1;
+    te = train_now();
+    if (zero1_update(q, r->step.lr, s->step + 1, &r->step.grad_norm, err) != 0) return -1;
+  } else {
+    /* data parallel: the average over the stage's replicas, once, after the last
+     * micro-batch; the squared norm summed over the stages */
+    if (D > 1 && ar(q->dp, m->grads, m->nparams, TRAIN_REDUCE_AVG, err) != 0) return -1;
+    v[1] = (float)stage_sumsq(q);
+    if (ar(q->pp, v, 2, TRAIN_REDUCE_SUM, err) != 0) return -1;
+    if (D > 1 && ar(q->dp, v, 1, TRAIN_REDUCE_AVG, err) != 0) return -1;
+    te = train_now();
+    r->step.grad_norm = train_clip_grads_sq(m, &s->opt.hp, (double)v[1]);
+    train_adamw_step(m, &s->opt.hp, r->step.lr, s->step + 1);
+  }
   q->sync_ms = (te - ts) * 1e3;
   if (q->tracing) train_trace_add(&q->trace, rank, TRAIN_TRACE_COMM, "grad sync", ts, te);
-
-  r->step.grad_norm = train_clip_grads_sq(m, &s->opt.hp, (double)v[1]);
-  r->step.lr = train_lr_at(&s->opt.hp, s->step);
-  train_adamw_step(m, &s->opt.hp, r->step.lr, s->step + 1);
   double t1 = train_now();
   if (q->tracing) train_trace_add(&q->trace, rank, TRAIN_TRACE_COMPUTE, "optimizer", te, t1);
   s->step++;
@@ -470,6 +567,9 @@ static void pp_describe(train_parallel *p, char *out, size_t n) {
                 "%s, %d micro-batches of %d rows",
                 q->P, q->D, q->g->T, q->pp->name, train_pp_kind_name(q->sc.kind), q->M, q->B);
   if (q->V > 1) train_appendf(out, n, ", %d chunks per stage", q->V);
+  if (q->zero1)
+    train_appendf(out, n, "; ZeRO-1 along D (AdamW on %zu of %zu floats, then all-gather)",
+                  q->shard + q->tail, m->nparams);
   train_appendf(out, n, "\npipeline: stage %d holds", q->stage);
   for (int c = 0; c < m->nchunks; c++)
     train_appendf(out, n, "%s blocks %d..%d", c ? "," : "", m->chunk_blk0[c],
@@ -512,7 +612,7 @@ static int pp_plan(const train_parallel *p, double fixed, train_plan_row *out, c
   train_pp *q = pp_of(p);
   const train_options *o = &q->s->opt;
   return train_pp_plan(&o->cfg, o->batch, o->seq, q->g->T, o->sp, q->P, q->stage, q->sc.kind, q->M,
-                       q->V, q->D, o->recompute, fixed, out, err);
+                       q->V, q->D, q->zero1, o->recompute, fixed, out, err);
 }
 
 static void pp_free(train_parallel *p) {
@@ -524,6 +624,9 @@ static void pp_free(train_parallel *p) {
     sets_free(&q->st);
     free(q->inputs);
     free(q->targets);
+    free(q->gshard);
+    free(q->am);
+    free(q->av);
     train_trace_free(&q->trace);
     free(q);
   }
@@ -592,6 +695,28 @@ train_parallel *train_pp_strategy_create(train_session *s, train_grid *g,
     goto fail;
   }
   q->act_bytes = bt / m->seq_shards * m->cfg.channels * sizeof(float);
+  if (strcmp(opt->data, "fsdp") == 0) {
+    /* ZeRO-1 only: stages 2 and 3 shard the gradients, which the pipeline accumulates
+     * over its micro-batches in full (DeepSpeed refuses them with pipelines too) */
+    if (opt->zero != 1) {
+      train_errf(err,
+                 "--pp with --parallel fsdp --zero %d: a pipeline accumulates every "
+                 "micro-batch's gradients in full, so only --zero 1 (sharded AdamW state) applies",
+                 opt->zero);
+      goto fail;
+    }
+    q->zero1 = 1;
+    q->shard = m->nparams / (size_t)q->D;
+    q->tail = m->nparams - q->shard * (size_t)q->D;
+    q->gshard = calloc(q->shard + 1, sizeof(float));
+    q->am = calloc(q->shard + q->tail + 1, sizeof(float));
+    q->av = calloc(q->shard + q->tail + 1, sizeof(float));
+    if (!q->gshard || !q->am || !q->av) {
+      train_errf(err, "out of memory for the pipeline's ZeRO-1 shards");
+      goto fail;
+    }
+    p->zero = 1;
+  }
   /* the pair holding the tied embedding: stage 0 (embedding) and stage P-1 (head) */
   if (q->P > 1) {
     int in = q->stage == 0 || q->stage == q->P - 1;

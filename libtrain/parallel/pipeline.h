@@ -43,9 +43,11 @@ TRAIN_API int train_pp_slots(train_pp_kind kind, int P, int M, int V, int stage,
  * sent per step: the activations and gradients the lists send (B·S·C floats each, /T
  * under sp), the tied embedding's all-reduce between the end stages, the data-parallel
  * all-reduce of the stage's gradients (ring: 2(D-1)/D), and the tensor-parallel in-block
- * all-reduces of its blocks for each micro-batch. */
+ * all-reduces of its blocks for each micro-batch. zero1 (--parallel fsdp --zero 1): AdamW's
+ * moments of a 1/D shard, the reduced gradient shard beside the full gradients, the same
+ * bytes on the wire (a reduce-scatter and an all-gather are one all-reduce's). */
 TRAIN_API int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, int stage,
-                            train_pp_kind kind, int M, int V, int D, int recompute, double fixed,
-                            train_plan_row *out, char *err);
+                            train_pp_kind kind, int M, int V, int D, int zero1, int recompute,
+                            double fixed, train_plan_row *out, char *err);
 
 #endif

@@ -30,12 +30,6 @@ train_parallel *train_parallel_create(train_session *s, train_grid *g,
   }
   /* the pipeline runs its own step (a schedule of micro-batches) and syncs each stage's
    * gradients over its data-parallel group itself; it takes the TP group when T > 1 */
-  if (g->P > 1) {
-    if (strcmp(opt->data, "fsdp") == 0) {
-      train_errf(err, "--pp with --parallel fsdp is not built yet: use --parallel ddp or none");
-      return NULL;
-    }
-    return train_pp_strategy_create(s, g, opt, err);
-  }
+  if (g->P > 1) { return train_pp_strategy_create(s, g, opt, err); }
   return g->T > 1 ? train_tp_strategy_create(s, g, opt, create, err) : create(s, g, opt, err);
 }

@@ -15,7 +15,7 @@
 
 #include "common/train_test.h"
 
-#define SMALL                                                                              \
+#define SMALL                                                                            \
   "--layers 4 --channels 64 --heads 4 --max-seq 64 --seq 64 --threads 1 --eval-every 0 " \
   "--sample-len 0 --seed 7 --steps 8 --quiet"
 

@@ -12,7 +12,8 @@
  *    bitwise equal — counted in the log. A stage that lost a micro-batch, a gradient
  *    sent to the wrong chunk or a missing embedding sync moves the loss by >= 1e-3.
  *  - data and tensor parallelism around it: P = 2 x D = 2 (DDP), T = 2 x P = 2 (with
- *    sequence parallelism too) and the 3-D grid T = 2 x P = 2 x D = 2 on 8 ranks.
+ *    sequence parallelism too) and the 3-D grid T = 2 x P = 2 x D = 2 on 8 ranks, with
+ *    DDP and with ZeRO-1 along D (also at D = 3, where the shards leave a tail).
  *  - the schedules' arithmetic as coll-train --explain prints it: P = 4, M = 8 (V = 2)
  *    gives the formulas' idle fractions exactly.
  *  - the trace at P = 2 runs the lists' order: each rank's F/B events of a step, in time
@@ -91,8 +92,14 @@ Test(pipeline, with_data_and_tensor_parallelism, .timeout = 600) {
       "--pp 2 --tp 2 --sp --micro-batches 8 --batch 2",
       "--pp 2 --tp 2 --ranks 8 --parallel ddp --micro-batches 4 --batch 2",
       "--pp 2 --tp 2 --ranks 8 --parallel ddp --micro-batches 4 --batch 2 --schedule interleaved",
+      /* ZeRO-1 along D: AdamW on a 1/D shard, the parameters all-gathered */
+      "--pp 2 --ranks 4 --parallel fsdp --zero 1 --micro-batches 4 --batch 2",
+      "--pp 2 --ranks 4 --parallel fsdp --zero 1 --micro-batches 4 --batch 2 --schedule zb",
+      "--pp 2 --tp 2 --ranks 8 --parallel fsdp --zero 1 --micro-batches 4 --batch 2",
   };
   for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) parity(grids[i], 16);
+  /* D = 3: the flat arrays do not split evenly; the tail stays replicated */
+  parity("--pp 2 --ranks 6 --parallel fsdp --zero 1 --micro-batches 8 --batch 1", 24);
 }
 
 /* coll-train --explain's "idle fraction X (from the lists) = formula Y" line. */
@@ -196,6 +203,7 @@ Test(pipeline, bad_input_is_refused, .timeout = 120) {
   refused("--pp 2 --schedule fast", "not gpipe, 1f1b, interleaved or zb");
   refused("--pp 2 --tp 2 --schedule zb", "zb with --tp");
   refused("--pp 2 --accum 2 --parallel ddp --ranks 2", "micro-batches");
+  refused("--pp 2 --ranks 4 --parallel fsdp --zero 2", "needs --zero 1");
   /* --plan and --explain refuse what a run refuses */
   refused("--pp 2 --micro-batches 3 --schedule interleaved --plan", "multiple");
   refused("--pp 8 --plan", "cannot be cut");
