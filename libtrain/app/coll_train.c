@@ -96,6 +96,8 @@ static void usage(FILE *f) {
              "  --explain         print the schedule as the pipeline picture with its bubble\n"
              "                    and exit\n"
              "memory:\n"
+             "  --dtype fp32|bf16 bf16: bf16 weights, activations and gradients (and on the\n"
+             "                    wire), fp32 master weights and AdamW state (fp32)\n"
              "  --recompute none|full|selective  activations kept for backward: all, each\n"
              "                    block's input only (the block's forward runs again), or all\n"
              "                    but the attention probabilities (recomputed from q, k, v)\n"
@@ -224,7 +226,8 @@ enum {
   O_MICRO,
   O_CHUNKS,
   O_EXPLAIN,
-  O_RECOMPUTE
+  O_RECOMPUTE,
+  O_DTYPE
 };
 
 /* Everything parsed from the command line. */
@@ -259,22 +262,29 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
    * asks the model what a run asks: it once printed a table for --seq 1024 over the
    * default --max-seq 256) */
   train_plan_row first;
-  if (train_plan_rc(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)0, o->recompute, fixed,
-                    &first, msg) != 0)
+  if (train_plan_dt(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)0, o->recompute, o->bf16,
+                    fixed, &first, msg) != 0)
     die(msg);
-  printf("coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
-         "x seq %d per rank, %d rank%s, accum %d; MiB per rank, sent = MiB per rank per "
-         "step (ring); fixed = measured resident size of this process before any model (a run "
-         "adds libcoll's communicator, measured after start-up: ~8 MiB at 4 ranks)\n",
-         o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq, o->batch,
-         o->seq, N, N > 1 ? "s" : "", accum);
+  printf(
+      "coll-train: plan for layers %d channels %d heads %d vocab %d max_seq %d, batch %d "
+      "x seq %d per rank, %d rank%s, accum %d, %s%s; MiB per rank, sent = MiB per rank per "
+      "step (ring); fixed = measured resident size of this process before any model (a run "
+      "adds libcoll's communicator, measured after start-up: ~8 MiB at 4 ranks)\n",
+      o->cfg.layers, o->cfg.channels, o->cfg.heads, o->cfg.vocab, o->cfg.max_seq, o->batch, o->seq,
+      N, N > 1 ? "s" : "", accum,
+      o->bf16
+          ? "bf16 (2 + 2 + 12 bytes a parameter; the ZeRO rows as the ZeRO paper counts them: --parallel fsdp runs fp32 only)"
+          : "fp32",
+      o->recompute == TRAIN_RECOMPUTE_FULL        ? ", full recomputation"
+      : o->recompute == TRAIN_RECOMPUTE_SELECTIVE ? ", selective recomputation"
+                                                  : "");
   (void)np;
   train_plan_header(line, sizeof line);
   printf("%s\n", line);
   for (int st = 0; st < TRAIN_PLAN_COUNT; st++) {
     train_plan_row r;
-    if (train_plan_rc(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, o->recompute, fixed,
-                      &r, msg) != 0)
+    if (train_plan_dt(&o->cfg, o->batch, o->seq, N, accum, (train_strategy)st, o->recompute,
+                      o->bf16, fixed, &r, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
     printf("%s\n", line);
@@ -308,7 +318,7 @@ static int print_pp_plan(const train_options *o, int N, int tp, int sp, int P, i
   for (int st = 0; st < P; st++) {
     train_plan_row r;
     if (train_pp_plan(&o->cfg, o->batch, o->seq, tp, sp, P, st, (train_pp_kind)kind, M, V, D, zero1,
-                      o->recompute, 0, &r, msg) != 0)
+                      o->recompute, o->bf16, 0, &r, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
     int sets = train_pp_slots((train_pp_kind)kind, P, M, V, st, msg);
@@ -808,6 +818,7 @@ int main(int argc, char **argv) {
       {"chunks", required_argument, 0, O_CHUNKS},
       {"explain", no_argument, 0, O_EXPLAIN},
       {"recompute", required_argument, 0, O_RECOMPUTE},
+      {"dtype", required_argument, 0, O_DTYPE},
       {0, 0, 0, 0},
   };
   train_options o = {
@@ -926,6 +937,16 @@ int main(int argc, char **argv) {
       chunks_given = 1;
       break;
     case O_EXPLAIN: explain = 1; break;
+    case O_DTYPE:
+      if (strcmp(a, "fp32") == 0)
+        o.bf16 = 0;
+      else if (strcmp(a, "bf16") == 0)
+        o.bf16 = 1;
+      else {
+        snprintf(msg, sizeof msg, "--dtype: '%s' is not fp32 or bf16", a);
+        die(msg);
+      }
+      break;
     case O_RECOMPUTE:
       if (strcmp(a, "none") == 0)
         o.recompute = TRAIN_RECOMPUTE_NONE;
@@ -1002,6 +1023,13 @@ int main(int argc, char **argv) {
     if (cl.schedule == TRAIN_PP_ZB && cl.tp > 1)
       die("--schedule zb with --tp is not built yet: the tensor-parallel Linears compute "
           "their input and weight gradients in one call");
+  }
+  if (o.bf16) { /* what bf16 runs on, before --plan: it refuses what a run refuses */
+    if (train_bf16_check(o.device, cl.tp, cl.pp > 1 && cl.schedule == TRAIN_PP_ZB, msg) != 0)
+      die(msg);
+    if (cl.fsdp) die("--dtype bf16 with --parallel fsdp is not built yet: use --parallel ddp");
+    if (cl.mpi || cl.nccl)
+      die("--dtype bf16 all-reduces bfloat16 gradients, which only --backend coll can");
   }
   if (explain) return print_explain(cl.pp, cl.schedule, cl.micro, cl.chunks);
   if (plan) { /* a table for every strategy: --ranks and --accum need no --parallel */

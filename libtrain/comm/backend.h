@@ -51,6 +51,11 @@ struct train_backend {
   char err[TRAIN_ERRLEN];
 
   int (*all_reduce)(train_backend *b, float *buf, size_t count, train_reduce op, train_req *req);
+  /* Optional (NULL: --dtype bf16 is refused on this library): the same over bfloat16
+   * (uint16_t) elements, reduced in float and rounded to nearest even (libcoll's
+   * COLL_BFLOAT16; MPI has no bfloat16 type). */
+  int (*all_reduce_bf16)(train_backend *b, uint16_t *buf, size_t count, train_reduce op,
+                         train_req *req);
   /* recv (recvcount) = this rank's block of the reduction of send (nranks*recvcount) */
   int (*reduce_scatter)(train_backend *b, const float *send, float *recv, size_t recvcount,
                         train_reduce op, train_req *req);

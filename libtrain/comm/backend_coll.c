@@ -76,6 +76,17 @@ static int cl_all_reduce(train_backend *b, float *buf, size_t count, train_reduc
   return started(b, "all_reduce", s, r, req);
 }
 
+static int cl_all_reduce_bf16(train_backend *b, uint16_t *buf, size_t count, train_reduce op,
+                              train_req *req) {
+  coll_impl *c = b->impl;
+  int s;
+  if (take_slot(b, &s) != 0) return -1;
+  coll_result r = coll_all_reduce(buf, buf, count, COLL_BFLOAT16,
+                                  op == TRAIN_REDUCE_AVG ? COLL_AVG : COLL_SUM, c->comm,
+                                  c->streams[s]);
+  return started(b, "all_reduce (bf16)", s, r, req);
+}
+
 static int cl_reduce_scatter(train_backend *b, const float *send, float *recv, size_t recvcount,
                              train_reduce op, train_req *req) {
   coll_impl *c = b->impl;
@@ -213,6 +224,7 @@ train_backend *train_backend_coll(coll_comm_t comm, int own, char *err) {
       return NULL;
     }
   b->all_reduce = cl_all_reduce;
+  b->all_reduce_bf16 = cl_all_reduce_bf16;
   b->reduce_scatter = cl_reduce_scatter;
   b->all_gather = cl_all_gather;
   b->broadcast = cl_broadcast;

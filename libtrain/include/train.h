@@ -197,6 +197,10 @@ typedef enum {
   TRAIN_RECOMPUTE_SELECTIVE = 2
 } train_recompute;
 
+/* 0, or -1 with a sentence when a --dtype bf16 model cannot be built for this device,
+ * tensor-parallel size tp and (split_w) zero-bubble's split backward. */
+TRAIN_API int train_bf16_check(train_device dev, int tp, int split_w, char *err);
+
 typedef struct train_options {
   train_config cfg;
   train_hparams hp;
@@ -215,6 +219,7 @@ typedef struct train_options {
   int pp, pp_rank, pp_chunks, pp_slots;
   int pp_split_w; /* zero-bubble: backward split into input (B) and weight (W) gradients */
   int recompute;  /* train_recompute */
+  int bf16;       /* --dtype bf16: bf16 weights, activations and gradients, fp32 master */
 } train_options;
 
 typedef struct train_step_stats {

@@ -418,6 +418,66 @@ VECTOR_CLONES static void cpu_adamw(float *p, const float *g, float *m, float *v
   }
 }
 
+/* bfloat16: the top half of a float32. To bf16 rounds to nearest, ties to even (a NaN
+ * stays a NaN: its quiet bit is set so the rounding cannot carry it into infinity); from
+ * bf16 is exact. */
+static inline uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static inline float bf2f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static void cpu_to_bf16(uint16_t *dst, const float *src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = f2bf(src[i]);
+}
+
+static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = bf2f(src[i]);
+}
+
+/* as cpu_sumsq, the blocks widened to float */
+static double cpu_sumsq_bf16(const uint16_t *x, size_t n) {
+  enum { BLK = 4096 };
+  double s = 0.0;
+  for (size_t i0 = 0; i0 < n; i0 += BLK) {
+    size_t i1 = i0 + BLK < n ? i0 + BLK : n;
+    float b = 0.0f;
+    for (size_t i = i0; i < i1; i++) b += bf2f(x[i]) * bf2f(x[i]);
+    s += b;
+  }
+  return s;
+}
+
+static void cpu_scale_bf16(uint16_t *x, float s, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = f2bf(bf2f(x[i]) * s);
+}
+
+/* AdamW on fp32 master weights p from bf16 gradients g (cpu_adamw's arithmetic), then the
+ * bf16 copy p16 the passes read: round(p). */
+static void cpu_adamw_bf16(float *p, uint16_t *p16, const uint16_t *g, float *m, float *v, size_t n,
+                           float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                           float bc2) {
+  float step = lr / bc1, bc2s = sqrtf(bc2), keep = 1.0f - lr * wd;
+  for (size_t i = 0; i < n; i++) {
+    float gi = bf2f(g[i]);
+    float pi = wd != 0.0f ? p[i] * keep : p[i];
+    float mi = m[i] * beta1 + (1.0f - beta1) * gi;
+    float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - step * (mi / (sqrtf(vi) / bc2s + eps));
+    p16[i] = f2bf(p[i]);
+  }
+}
+
 static const train_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -443,6 +503,11 @@ static const train_ops cpu_ops = {
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
     .adamw = cpu_adamw,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
+    .sumsq_bf16 = cpu_sumsq_bf16,
+    .scale_bf16 = cpu_scale_bf16,
+    .adamw_bf16 = cpu_adamw_bf16,
     .sync = cpu_sync,
 };
 

@@ -67,7 +67,10 @@ static void xent_backward(train_model *m, float *dlogits, const float *probs, co
   m->ops->crossentropy_backward(dlogits, probs, targets, dloss, N, m->vocab_local);
 }
 
-static double grad_sumsq(train_model *m) { return m->ops->sumsq(m->grads, m->nparams); }
+static double grad_sumsq(train_model *m) {
+  if (m->bf16) return m->ops->sumsq_bf16(m->grads16, m->nparams);
+  return m->ops->sumsq(m->grads, m->nparams);
+}
 
 /* Nothing keeps a single process's failures: the pass that fails returns NaN. */
 static void fail(train_model *m, const char *msg) {

@@ -137,6 +137,24 @@ int train_pp_split_check(const train_config *c, int pp, int chunks, train_device
   return 0;
 }
 
+int train_bf16_check(train_device dev, int tp, int split_w, char *err) {
+  if (dev != TRAIN_DEVICE_CPU) {
+    train_errf(err, "--dtype bf16 runs on the CPU model only (--device cpu)");
+    return -1;
+  }
+  if (tp > 1) { /* its layer operations widen nothing and all-reduce fp32 activations */
+    train_errf(err, "--dtype bf16 with --tp is not built yet: the tensor-parallel layers work "
+                    "on fp32 activations");
+    return -1;
+  }
+  if (split_w) {
+    train_errf(err, "--dtype bf16 with --schedule zb is not built yet: W reads fp32 gradients "
+                    "kept per micro-batch");
+    return -1;
+  }
+  return 0;
+}
+
 static void add_tensor(train_model *m, const char *name, int layer, int rows, int cols, int decay) {
   train_param *p = &m->tensors[m->ntensors++];
   snprintf(p->name, sizeof p->name, "%s", name);
@@ -266,7 +284,96 @@ float *train_tensor(const train_model *m, float *base, const char *name) {
 }
 
 /* Carves the activation views out of one allocation (or, with mem == NULL, counts). */
+/* bf16: the largest unit a pass widens at once, in floats: the embeddings (wte and wpe
+ * together: the encoder reads both), a block, the final LayerNorm. */
+static size_t bf16_unit(const train_model *m) {
+  size_t u = m->tensors[0].numel + m->tensors[1].numel;
+  for (int l = 0; l <= m->cfg.layers; l++) { /* l = L: the final LayerNorm */
+    size_t a = m->tensors[2 + l * BLOCK_TENSORS].offset;
+    size_t e = l < m->cfg.layers ? m->tensors[2 + (l + 1) * BLOCK_TENSORS].offset : m->nparams;
+    u = e - a > u ? e - a : u;
+  }
+  return u;
+}
+
+/* bf16: the per-set fp32 fields (statistics, losses) into mem, the working set into
+ * m->work (one block; NULL mem or work: counting). Returns the per-set floats; sets
+ * m->work_floats. */
+static size_t layout_acts_bf16(train_model *m, float *mem) {
+  const train_config *c = &m->cfg;
+  size_t B = m->maxB, T = m->maxT, C = c->channels, L = m->act_layers,
+         V = m->has_head ? m->vocab_local : 0, NH = m->heads_local, Cl = m->width_local, BT = B * T,
+         H = m->has_head ? 1 : 0;
+  size_t BTr = BT / m->seq_shards, off = 0, woff = 0, W1 = L > 0 ? 1 : 0;
+  train_acts *a = &m->acts;
+  float *work = m->work;
+  memset(a, 0, sizeof *a);
+#define S_(field, n)                 \
+  a->field = mem ? mem + off : NULL; \
+  off += (n)
+#define W_(field, n)                    \
+  a->field = work ? work + woff : NULL; \
+  woff += (n)
+  S_(ln1_mean, L * BTr);
+  S_(ln1_rstd, L * BTr);
+  S_(ln2_mean, L * BTr);
+  S_(ln2_rstd, L * BTr);
+  S_(lnf_mean, H * BTr);
+  S_(lnf_rstd, H * BTr);
+  S_(losses, H * BT);
+  W_(encoded, BTr * C); /* the block's input, widened */
+  W_(ln1, W1 * BT * C);
+  W_(qkv, W1 * BT * 3 * Cl);
+  W_(atty, W1 * BT * Cl);
+  W_(att, W1 * B * NH * T * T);
+  W_(residual2, W1 * BTr * C);
+  W_(ln2, W1 * BT * C);
+  W_(fch, W1 * BT * 4 * Cl);
+  W_(fch_gelu, W1 * BT * 4 * Cl);
+  W_(residual3, W1 * BTr * C);
+  W_(lnf, H * BT * C);
+  W_(logits, BT * V);
+  W_(probs, BT * V);
+  W_(branch, BT * C);
+#undef S_
+#undef W_
+  m->work_floats = woff;
+  return off;
+}
+
+/* bf16: one set's stored activations (NULL mem: counting), in bf16 elements. */
+static size_t layout_acts16(train_model *m, uint16_t *mem) {
+  const train_config *c = &m->cfg;
+  size_t B = m->maxB, T = m->maxT, C = c->channels, L = m->act_layers,
+         V = m->has_head ? m->vocab_local : 0, NH = m->heads_local, Cl = m->width_local, BT = B * T,
+         H = m->has_head ? 1 : 0, G = m->pp > 1 ? 1 : 0;
+  size_t BTr = BT / m->seq_shards, off = 0;
+  /* recomputation stores fewer: full none of a block's tensors, selective all but att */
+  size_t LB = m->recompute == TRAIN_RECOMPUTE_FULL ? 0 : L;
+  size_t LA = m->recompute != TRAIN_RECOMPUTE_NONE ? 0 : L;
+  train_acts16 *a = &m->acts16;
+#define A_(field, n)                 \
+  a->field = mem ? mem + off : NULL; \
+  off += (n)
+  A_(encoded, BTr * C);
+  A_(ln1, LB * BT * C);
+  A_(qkv, LB * BT * 3 * Cl);
+  A_(atty, LB * BT * Cl);
+  A_(att, LA * B * NH * T * T);
+  A_(residual2, LB * BTr * C);
+  A_(ln2, LB * BT * C);
+  A_(fch, LB * BT * 4 * Cl);
+  A_(fch_gelu, LB * BT * 4 * Cl);
+  A_(residual3, L * BTr * C);
+  A_(lnf, H * BT * C);
+  A_(probs, BT * V);
+  A_(grad_io, G * BTr * C);
+#undef A_
+  return off;
+}
+
 static size_t layout_acts(train_model *m, float *mem) {
+  if (m->bf16) return layout_acts_bf16(m, mem);
   const train_config *c = &m->cfg;
   /* one set: the longest chunk's blocks; the head's tensors only where the head is */
   size_t B = m->maxB, T = m->maxT, C = c->channels, L = m->act_layers,
@@ -357,6 +464,7 @@ int train_model_sizes_split(const train_config *cfg, int B, int T, const train_s
   m.nslots = sp->slots > 1 ? sp->slots : 1;
   m.split_w = sp->split_w;
   m.recompute = sp->recompute;
+  m.bf16 = sp->bf16;
   set_shape(&m, tp, 0, sp->sp && tp > 1 && (B * T) % tp == 0);
   m.maxB = B;
   m.maxT = T;
@@ -364,6 +472,9 @@ int train_model_sizes_split(const train_config *cfg, int B, int T, const train_s
   if (!m.tensors) return -1;
   *nparams = m.nparams;
   *act_bytes = (m.nslots * layout_acts(&m, NULL) + layout_scratch(&m, NULL)) * sizeof(float);
+  if (m.bf16) /* the stored bf16 sets and the shared fp32 working set (and units) */
+    *act_bytes += m.nslots * layout_acts16(&m, NULL) * sizeof(uint16_t) +
+                  (m.work_floats + 2 * bf16_unit(&m)) * sizeof(float);
   int L = m.cfg.layers; /* the blocks held here */
   if (unit_len) {
     unit_len[0] = m.tensors[2].offset;
@@ -527,6 +638,7 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
     return NULL;
   }
   if (train_shape_check(cfg, B, T, err) != 0) return NULL;
+  if (split->bf16 && train_bf16_check(dev, tp > 1 ? tp : 1, split->split_w, err) != 0) return NULL;
   const train_ops *ops = train_cpu_ops();
   if (dev == TRAIN_DEVICE_CUDA) {
     ops = train_cuda_ops(err);
@@ -540,6 +652,7 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
   m->nslots = split->slots > 1 ? split->slots : 1;
   m->split_w = split->split_w;
   m->recompute = split->recompute;
+  m->bf16 = split->bf16;
   set_shape(m, tp, tp_rank, sp);
   m->layer_ops = train_local_layer_ops(); /* a strategy's replace them when it attaches */
   m->maxB = B;
@@ -551,12 +664,31 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
   m->act_floats = layout_acts(m, NULL);
   size_t sfloats = layout_scratch(m, NULL);
   m->params = ops->alloc(pbytes);
-  m->grads = ops->alloc(pbytes);
+  /* bf16: the gradients, the weights the passes read, the fp32 units and working set and
+   * the stored sets; fp32: the gradients */
+  if (m->bf16) {
+    m->grads16 = ops->alloc(m->nparams * sizeof(uint16_t));
+    m->params16 = ops->alloc(m->nparams * sizeof(uint16_t));
+    m->wunit = bf16_unit(m);
+    m->wpar = ops->alloc(m->wunit * sizeof(float));
+    m->wgrad = ops->alloc(m->wunit * sizeof(float));
+    m->act16_n = layout_acts16(m, NULL);
+    m->actmem16 = ops->alloc(m->nslots * m->act16_n * sizeof(uint16_t));
+    m->work = ops->alloc(m->work_floats * sizeof(float)); /* sized by layout_acts above */
+    if (!m->grads16 || !m->params16 || !m->wpar || !m->wgrad || !m->actmem16 || !m->work) {
+      train_errf(err, "out of memory for the bf16 model's %zu parameters", m->nparams);
+      train_model_free(m);
+      return NULL;
+    }
+    m->act_floats = layout_acts(m, NULL); /* the same count; m->work is set now */
+  } else {
+    m->grads = ops->alloc(pbytes);
+  }
   m->actmem = ops->alloc(m->nslots * m->act_floats * sizeof(float));
   m->scratchmem = ops->alloc(sfloats * sizeof(float));
   m->slot_inputs = ops->alloc(m->nslots * (size_t)B * T * sizeof(int));
   m->slot_targets = ops->alloc(m->nslots * (size_t)B * T * sizeof(int));
-  if (!m->params || !m->grads || !m->actmem || !m->scratchmem || !m->slot_inputs ||
+  if (!m->params || (!m->grads && !m->grads16) || !m->actmem || !m->scratchmem || !m->slot_inputs ||
       !m->slot_targets) {
     train_errf(err,
                "out of %s memory: %zu parameters and %zu activation floats "
@@ -576,6 +708,7 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
       train_model_free(m);
       return NULL;
     }
+    if (m->bf16) ops->to_bf16(m->params16, m->params, m->nparams); /* the weights read */
     return m;
   }
   float *host = malloc(pbytes);
@@ -606,6 +739,12 @@ void train_model_free(train_model *m) {
   o->release(m->scratchmem);
   o->release(m->slot_inputs);
   o->release(m->slot_targets);
+  o->release(m->params16);
+  o->release(m->grads16);
+  o->release(m->wpar);
+  o->release(m->wgrad);
+  o->release(m->work);
+  o->release(m->actmem16);
   free(m->tensors);
   free(m);
 }
@@ -619,16 +758,22 @@ const train_param *train_param_info(const train_model *m, int i) {
 }
 size_t train_activation_bytes(const train_model *m) { return m->act_floats * sizeof(float); }
 float *train_params(train_model *m) { return m->params; }
-float *train_grads(train_model *m) { return m->grads; }
+float *train_grads(train_model *m) { return m->grads; } /* NULL under bf16 */
 
+/* Under bf16 the parameters are the fp32 master weights (what AdamW and checkpoints
+ * hold); setting them sets the bf16 weights the passes read. */
 void train_copy_params_to_host(const train_model *m, float *dst) {
   m->ops->to_host(dst, m->params, m->nparams * sizeof(float));
 }
 void train_copy_params_from_host(train_model *m, const float *src) {
   m->ops->to_device(m->params, src, m->nparams * sizeof(float));
+  if (m->bf16) m->ops->to_bf16(m->params16, m->params, m->nparams);
 }
 void train_copy_grads_to_host(const train_model *m, float *dst) {
-  m->ops->to_host(dst, m->grads, m->nparams * sizeof(float));
+  if (m->bf16)
+    m->ops->from_bf16(dst, m->grads16, m->nparams);
+  else
+    m->ops->to_host(dst, m->grads, m->nparams * sizeof(float));
 }
 void train_copy_logits_to_host(const train_model *m, float *dst) {
   m->ops->to_host(dst, m->acts.logits,
@@ -672,19 +817,117 @@ static void block_view(const train_model *m, int i, block_acts *b) {
          btr = bt / m->seq_shards, batt = (size_t)m->maxB * m->heads_local * m->maxT * m->maxT;
   size_t k = m->recompute == TRAIN_RECOMPUTE_FULL ? 0 : (size_t)i;
   size_t ka = m->recompute == TRAIN_RECOMPUTE_NONE ? (size_t)i : 0;
+  size_t ks = k, kr = (size_t)i; /* the statistics; the block's output */
+  if (m->bf16) { /* the shared working set: its statistics are kept per block (fp32) */
+    k = ka = kr = 0;
+    ks = (size_t)i;
+  }
   b->ln1 = a->ln1 + k * bt * C;
-  b->ln1_mean = a->ln1_mean + k * btr;
-  b->ln1_rstd = a->ln1_rstd + k * btr;
+  b->ln1_mean = a->ln1_mean + ks * btr;
+  b->ln1_rstd = a->ln1_rstd + ks * btr;
   b->qkv = a->qkv + k * bt * 3 * Cl;
   b->atty = a->atty + k * bt * Cl;
   b->att = a->att + ka * batt;
   b->res2 = a->residual2 + k * btr * C;
   b->ln2 = a->ln2 + k * bt * C;
-  b->ln2_mean = a->ln2_mean + k * btr;
-  b->ln2_rstd = a->ln2_rstd + k * btr;
+  b->ln2_mean = a->ln2_mean + ks * btr;
+  b->ln2_rstd = a->ln2_rstd + ks * btr;
   b->fch = a->fch + k * bt * 4 * Cl;
   b->fch_gelu = a->fch_gelu + k * bt * 4 * Cl;
-  b->res3 = a->residual3 + (size_t)i * btr * C; /* every block's output: the next's input */
+  b->res3 = a->residual3 + kr * btr * C; /* every block's output: the next's input */
+}
+
+/* ---- bf16: units widened to fp32 and stored back -------------------------------------
+ * A block's weights (or gradients) are the contiguous range of its tensors; the views
+ * point into wpar (wgrad) at the same relative offsets. */
+static size_t block_off(const train_model *m, int l) {
+  return m->tensors[2 + l * BLOCK_TENSORS].offset;
+}
+static size_t block_len(const train_model *m, int l) {
+  size_t e = l + 1 < m->cfg.layers ? block_off(m, l + 1) : m->tensors[m->ntensors - 2].offset;
+  return e - block_off(m, l);
+}
+static void view_at(const train_model *m, int l, float *at, train_block *o) {
+  const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+  float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw, &o->qkvb, &o->projw,   &o->projb,
+                                &o->ln2w, &o->ln2b, &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
+  for (int i = 0; i < BLOCK_TENSORS; i++) *dst[i] = at + (t[i].offset - t[0].offset);
+}
+/* Block l's weights for a pass: bf16 widened into wpar, else where they live. */
+static void block_weights(train_model *m, int l, train_block *w) {
+  if (!m->bf16) {
+    train_block_params_view(m, l, w);
+    return;
+  }
+  m->ops->from_bf16(m->wpar, m->params16 + block_off(m, l), block_len(m, l));
+  view_at(m, l, m->wpar, w);
+}
+/* Block l's gradients for backward to accumulate into: bf16 widened into wgrad (stored
+ * back by grads_done), else the flat array. */
+static void block_grads(train_model *m, int l, train_block *g) {
+  if (!m->bf16) {
+    train_block_view(m, m->grads, l, g);
+    return;
+  }
+  m->ops->from_bf16(m->wgrad, m->grads16 + block_off(m, l), block_len(m, l));
+  view_at(m, l, m->wgrad, g);
+}
+/* Root tensors [first, first+n) of params (grads: 1): pointers into the widened copy. */
+static float *root_widen(train_model *m, int first, int count, int grads) {
+  if (!m->bf16) return (grads ? m->grads : m->params) + m->tensors[first].offset;
+  size_t off = m->tensors[first].offset, n = 0;
+  for (int i = first; i < first + count; i++) n += m->tensors[i].numel;
+  m->ops->from_bf16(grads ? m->wgrad : m->wpar, (grads ? m->grads16 : m->params16) + off, n);
+  return grads ? m->wgrad : m->wpar;
+}
+/* Stores widened gradients back: [off, off+n) of the flat array from wgrad. */
+static void grads_done(train_model *m, size_t off, size_t n) {
+  if (m->bf16) m->ops->to_bf16(m->grads16 + off, m->wgrad, n);
+}
+
+/* The working set's block tensors into set block i (what backward needs), and back. */
+static void store_block(train_model *m, int i) {
+  const train_acts *a = &m->acts;
+  train_acts16 *s = &m->acts16;
+  size_t C = m->cfg.channels, Cl = m->width_local, bt = (size_t)m->maxB * m->maxT,
+         btr = bt / m->seq_shards, batt = (size_t)m->maxB * m->heads_local * m->maxT * m->maxT;
+  void (*f)(uint16_t *, const float *, size_t) = m->ops->to_bf16;
+  f(s->residual3 + i * btr * C, a->residual3, btr * C);
+  if (m->recompute == TRAIN_RECOMPUTE_FULL) return; /* the block's input is enough */
+  f(s->ln1 + i * bt * C, a->ln1, bt * C);
+  f(s->qkv + i * bt * 3 * Cl, a->qkv, bt * 3 * Cl);
+  f(s->atty + i * bt * Cl, a->atty, bt * Cl);
+  if (m->recompute == TRAIN_RECOMPUTE_NONE) f(s->att + i * batt, a->att, batt);
+  f(s->residual2 + i * btr * C, a->residual2, btr * C);
+  f(s->ln2 + i * bt * C, a->ln2, bt * C);
+  f(s->fch + i * bt * 4 * Cl, a->fch, bt * 4 * Cl);
+  f(s->fch_gelu + i * bt * 4 * Cl, a->fch_gelu, bt * 4 * Cl);
+}
+static void load_block(train_model *m, int i) {
+  const train_acts *a = &m->acts;
+  const train_acts16 *s = &m->acts16;
+  size_t C = m->cfg.channels, Cl = m->width_local, bt = (size_t)m->maxB * m->maxT,
+         btr = bt / m->seq_shards, batt = (size_t)m->maxB * m->heads_local * m->maxT * m->maxT;
+  void (*f)(float *, const uint16_t *, size_t) = m->ops->from_bf16;
+  if (m->recompute == TRAIN_RECOMPUTE_FULL) return;
+  f(a->ln1, s->ln1 + i * bt * C, bt * C);
+  f(a->qkv, s->qkv + i * bt * 3 * Cl, bt * 3 * Cl);
+  f(a->atty, s->atty + i * bt * Cl, bt * Cl);
+  if (m->recompute == TRAIN_RECOMPUTE_NONE) f(a->att, s->att + i * batt, batt);
+  f(a->residual2, s->residual2 + i * btr * C, btr * C);
+  f(a->ln2, s->ln2 + i * bt * C, bt * C);
+  f(a->fch, s->fch + i * bt * 4 * Cl, bt * 4 * Cl);
+  f(a->fch_gelu, s->fch_gelu + i * bt * 4 * Cl, bt * 4 * Cl);
+}
+/* Block i's input (Nr,C): the piece's input for i = 0, else block i-1's output; under bf16
+ * widened into the working input buffer. */
+static float *block_input(train_model *m, int i) {
+  size_t btr = (size_t)m->maxB * m->maxT / m->seq_shards, C = m->cfg.channels;
+  if (!m->bf16) return i == 0 ? m->acts.encoded : m->acts.residual3 + (size_t)(i - 1) * btr * C;
+  m->ops->from_bf16(m->acts.encoded,
+                    i == 0 ? m->acts16.encoded : m->acts16.residual3 + (size_t)(i - 1) * btr * C,
+                    btr * C);
+  return m->acts.encoded;
 }
 
 /* Local block l's forward from x (Nr,C) into the set's block i (what the passes and the
@@ -697,7 +940,7 @@ static void block_forward(train_model *m, int l, int i, const float *x, int B, i
   train_acts *a = &m->acts;
   train_block w;
   block_acts b;
-  train_block_params_view(m, l, &w);
+  block_weights(m, l, &w);
   block_view(m, i, &b);
   /* ln1 into the parallel region (f), qkv column-parallel, attention on the local
    * heads, proj row-parallel (its partial products summed by g, then its bias) */
@@ -718,15 +961,25 @@ void train_model_use_slot(train_model *m, int k) {
   size_t bt = (size_t)m->maxB * m->maxT;
   m->slot = k;
   layout_acts(m, m->actmem + (size_t)k * m->act_floats);
+  if (m->bf16) layout_acts16(m, m->actmem16 + (size_t)k * m->act16_n);
   m->inputs = m->slot_inputs + (size_t)k * bt;
   m->targets = m->slot_targets + (size_t)k * bt;
 }
 
-float *train_piece_input(train_model *m) { return m->acts.encoded; }
-float *train_piece_grad_io(train_model *m) { return m->acts.grad_io; }
-float *train_piece_output(train_model *m, int c) {
-  size_t btr = (size_t)m->maxB * m->maxT / m->seq_shards;
-  return m->acts.residual3 + (size_t)(m->chunk_len[c] - 1) * btr * m->cfg.channels;
+/* The pipeline's transfers: bf16 storage under bf16 (what travels is bf16), else fp32. */
+void *train_piece_input(train_model *m) {
+  return m->bf16 ? (void *)m->acts16.encoded : (void *)m->acts.encoded;
+}
+void *train_piece_grad_io(train_model *m) {
+  return m->bf16 ? (void *)m->acts16.grad_io : (void *)m->acts.grad_io;
+}
+void *train_piece_output(train_model *m, int c) {
+  size_t at = (size_t)(m->chunk_len[c] - 1) * m->maxB * m->maxT / m->seq_shards * m->cfg.channels;
+  return m->bf16 ? (void *)(m->acts16.residual3 + at) : (void *)(m->acts.residual3 + at);
+}
+size_t train_piece_bytes(const train_model *m) {
+  return (size_t)m->maxB * m->maxT / m->seq_shards * m->cfg.channels *
+         (m->bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 
 float train_forward(train_model *m, const int *inputs, const int *targets, int B, int T) {
@@ -760,24 +1013,31 @@ float train_piece_forward(train_model *m, int chunk, const int *inputs, const in
   m->lastT = T;
   m->have_targets = !last || targets != NULL;
 
-  float *wte = m->params + m->tensors[0].offset;
-  float *wpe = m->params + m->tensors[1].offset;
   if (first) {
+    float *wte = root_widen(m, 0, 2, 0), *wpe = wte + m->tensors[0].numel; /* contiguous */
     lo->embed_forward(m, a->encoded, m->inputs, wte, wpe, B, T, C);
+    if (m->bf16) o->to_bf16(m->acts16.encoded, a->encoded, btr * C);
     forward_stage_done(m, -1);
+  } else if (m->bf16) { /* the received input, widened */
+    o->from_bf16(a->encoded, m->acts16.encoded, btr * C);
   }
 
   float *x = a->encoded; /* (Nr,C) input of the current block: embedded, or received */
   for (int i = 0; i < L; i++) {
     int l = l0 + i; /* the local block; its activations are the set's block i */
     block_forward(m, l, i, x, B, T);
-    x = m->acts.residual3 + (size_t)i * btr * C;
+    if (m->bf16) { /* what backward needs, stored; the output is the next block's input */
+      store_block(m, i);
+      memcpy(a->encoded, a->residual3, btr * C * sizeof(float));
+    } else {
+      x = m->acts.residual3 + (size_t)i * btr * C;
+    }
     forward_stage_done(m, l);
   }
   if (!last) return 0.0f;
-  float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
-  float *lnfb = m->params + m->tensors[m->ntensors - 1].offset;
+  float *lnfw = root_widen(m, m->ntensors - 2, 2, 0), *lnfb = lnfw + C;
   lo->ln_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nr, C, "f head");
+  float *wte = root_widen(m, 0, 1, 0);
   lo->col_forward(m, a->logits, a->lnf, wte, NULL, N, C, V); /* tied LM head */
   if (!targets) {
     m->last_loss = 0.0f;
@@ -786,6 +1046,10 @@ float train_piece_forward(train_model *m, int chunk, const int *inputs, const in
   }
   /* vocabulary-parallel: the full logits never need to exist on one rank */
   lo->xent_forward(m, a->losses, a->probs, a->logits, m->targets, N);
+  if (m->bf16) {
+    o->to_bf16(m->acts16.lnf, a->lnf, (size_t)N * C);
+    o->to_bf16(m->acts16.probs, a->probs, (size_t)N * V);
+  }
   m->last_loss = (float)(o->sum(a->losses, (size_t)N) / N);
   forward_stage_done(m, m->cfg.layers);
   return m->last_loss;
@@ -793,7 +1057,12 @@ float train_piece_forward(train_model *m, int chunk, const int *inputs, const in
 
 /* ---- backward -------------------------------------------------------------------- */
 
-void train_zero_grad(train_model *m) { m->ops->zero(m->grads, m->nparams * sizeof(float)); }
+void train_zero_grad(train_model *m) {
+  if (m->bf16)
+    m->ops->zero(m->grads16, m->nparams * sizeof(uint16_t));
+  else
+    m->ops->zero(m->grads, m->nparams * sizeof(float));
+}
 
 void train_set_loss_scale(train_model *m, float scale) { m->loss_scale = scale; }
 
@@ -831,27 +1100,35 @@ void train_piece_backward(train_model *m, int chunk) {
   train_acts *a = &m->acts;
   train_scratch *s = &m->scr;
 
-  float *wte = m->params + m->tensors[0].offset;
-  float *dwte = m->grads + m->tensors[0].offset;
-  float *dwpe = m->grads + m->tensors[1].offset;
-  float *lnfw = m->params + m->tensors[m->ntensors - 2].offset;
-  float *dlnfw = m->grads + m->tensors[m->ntensors - 2].offset;
-  float *dlnfb = m->grads + m->tensors[m->ntensors - 1].offset;
-  float *xlast = L > 0 ? a->residual3 + (L - 1) * btr * C : a->encoded;
+  const train_param *pwte = &m->tensors[0], *pwpe = &m->tensors[1],
+                    *plnf = &m->tensors[m->ntensors - 2];
+  (void)btr;
 
   int W = m->split_w; /* B only: weight gradients left to train_piece_weights */
   if (last) {
+    float *xlast = block_input(m, L); /* the chunk's output: the final LayerNorm's input */
+    if (m->bf16) {                    /* what the head's backward reads, widened */
+      o->from_bf16(a->lnf, m->acts16.lnf, NC);
+      o->from_bf16(a->probs, m->acts16.probs, (size_t)N * V);
+    }
     /* loss = mean over the N positions, so dloss/dlosses[n] = 1/N */
     float *dlogits = W ? a->w_logits : s->dlogits;
     o->zero(dlogits, (size_t)N * V * sizeof(float));
     lo->xent_backward(m, dlogits, a->probs, m->targets, m->loss_scale / N, N);
     o->zero(s->dln, NC * sizeof(float));
-    lo->head_backward(m, s->dln, W ? NULL : dwte, dlogits, a->lnf, wte, N, C, V);
+    float *wte = root_widen(m, 0, 1, 0), *dwte = W ? NULL : root_widen(m, 0, 1, 1);
+    lo->head_backward(m, s->dln, dwte, dlogits, a->lnf, wte, N, C, V);
+    if (!W) grads_done(m, pwte->offset, pwte->numel);
     o->zero(s->dres, NC * sizeof(float));
-    lo->ln_backward(m, s->dres, dlnfw, dlnfb, s->dln, xlast, lnfw, a->lnf_mean, a->lnf_rstd, Nr, C,
-                    "lnf grads");
-    gradients_final(m, m->tensors[m->ntensors - 2].offset, m->cfg.layers);
-  } else { /* the gradient of this piece's output, from the next piece */
+    float *lnfw = root_widen(m, m->ntensors - 2, 1, 0),
+          *dlnfw = root_widen(m, m->ntensors - 2, 2, 1);
+    lo->ln_backward(m, s->dres, dlnfw, dlnfw + C, s->dln, xlast, lnfw, a->lnf_mean, a->lnf_rstd, Nr,
+                    C, "lnf grads");
+    grads_done(m, plnf->offset, 2 * (size_t)C);
+    gradients_final(m, plnf->offset, m->cfg.layers);
+  } else if (m->bf16) { /* the gradient of this piece's output, from the next piece */
+    o->from_bf16(s->dres, m->acts16.grad_io, (size_t)Nr * C);
+  } else {
     memcpy(s->dres, a->grad_io, (size_t)Nr * C * sizeof(float));
   }
 
@@ -860,11 +1137,10 @@ void train_piece_backward(train_model *m, int chunk) {
   for (int i = L - 1; i >= 0; i--) {
     int l = l0 + i;
     train_block w, g;
-    train_block_params_view(m, l, &w);
-    train_block_view(m, m->grads, l, &g);
-    float *x = i == 0 ? a->encoded : a->residual3 + (i - 1) * btr * C;
+    float *x = block_input(m, i);
     block_acts ba;
     block_view(m, i, &ba);
+    if (m->bf16) load_block(m, i); /* the stored block, widened into the working set */
     if (m->recompute == TRAIN_RECOMPUTE_FULL) {
       /* the block's activations again, from its input (kept), over the one shared set;
        * its output res3 is rewritten with the same bits */
@@ -874,6 +1150,8 @@ void train_piece_backward(train_model *m, int chunk) {
        * the cheapest to recompute); its output goes to the spare branch buffer */
       o->attention_forward(a->branch, ba.att, ba.qkv, B, T, Cl, NH);
     }
+    block_weights(m, l, &w);
+    block_grads(m, l, &g);
     float *ln1 = ba.ln1, *ln1_mean = ba.ln1_mean, *ln1_rstd = ba.ln1_rstd, *qkv = ba.qkv,
           *atty = ba.atty, *att = ba.att, *res2 = ba.res2, *ln2 = ba.ln2, *ln2_mean = ba.ln2_mean,
           *ln2_rstd = ba.ln2_rstd, *fch = ba.fch, *fch_gelu = ba.fch_gelu;
@@ -908,14 +1186,19 @@ void train_piece_backward(train_model *m, int chunk) {
                      3 * Cl, "f attn");
     lo->ln_backward(m, s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean, ln1_rstd, Nr, C,
                     "ln1 grads");
+    grads_done(m, block_off(m, l), block_len(m, l));
     gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
   }
   if (first && W) {
     memcpy(a->w_embed, s->dres, (size_t)Nr * C * sizeof(float));
   } else if (first) {
+    float *dwte = root_widen(m, 0, 2, 1), *dwpe = dwte + pwte->numel;
     lo->embed_backward(m, dwte, dwpe, s->dres, m->inputs, B, T, C);
+    grads_done(m, 0, pwte->numel + pwpe->numel);
     gradients_final(m, 0, -1);
-  } else { /* the gradient of this piece's input, for the previous piece */
+  } else if (m->bf16) { /* the gradient of this piece's input, for the previous piece */
+    o->to_bf16(m->acts16.grad_io, s->dres, (size_t)Nr * C);
+  } else {
     memcpy(a->grad_io, s->dres, (size_t)Nr * C * sizeof(float));
   }
 }

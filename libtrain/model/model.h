@@ -76,6 +76,15 @@ typedef struct train_ops {
    * bc1, bc2 are the bias corrections 1 - beta^t (formula in layers_cpu.c) */
   void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                 float beta2, float eps, float wd, float bc1, float bc2);
+  /* bfloat16 (--dtype bf16, the CPU only; NULL on devices without them): f32 -> bf16
+   * rounds to nearest even; the sums widen to float; adamw_bf16 updates fp32 master
+   * weights p from bf16 gradients and writes their bf16 copy p16 */
+  void (*to_bf16)(uint16_t *dst, const float *src, size_t n);
+  void (*from_bf16)(float *dst, const uint16_t *src, size_t n);
+  double (*sumsq_bf16)(const uint16_t *x, size_t n);
+  void (*scale_bf16)(uint16_t *x, float s, size_t n);
+  void (*adamw_bf16)(float *p, uint16_t *p16, const uint16_t *g, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2);
   void (*sync)(void);
   /* Device ops only (NULL on the CPU, where work is done when its call returns): mark
    * records an event on the compute stream after the work issued so far and returns it
@@ -133,6 +142,14 @@ typedef struct train_acts {
                     * received from the next piece, then (after its backward) that of its
                     * input to send to the previous one */
 } train_acts;
+
+/* bf16 (m->bf16): the activations backward needs, per set, in bfloat16 — the block
+ * tensors of every block (fewer under recomputation), the residual stream at every block
+ * boundary, the head's LayerNorm and probabilities, the pipeline's transfers. */
+typedef struct train_acts16 {
+  uint16_t *encoded, *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+  uint16_t *lnf, *probs, *grad_io;
+} train_acts16;
 
 /* Backward scratch: one block's worth, reused from the top block down. */
 typedef struct train_scratch {
@@ -248,6 +265,20 @@ struct train_model {
    * flight; acts, inputs and targets view set `slot` (train_model_use_slot). A set holds
    * act_layers blocks' activations (the longest chunk). */
   int nslots, slot, act_layers;
+  /* bfloat16 (--dtype bf16; the CPU, the single-process layer operations): params is the
+   * fp32 master copy (AdamW's), params16 the bf16 weights the passes read, grads16 the
+   * bf16 gradients (grads is NULL); a pass widens one unit at a time (the embeddings, a
+   * block, the final LayerNorm) into wpar and wgrad (fp32, wunit floats each) and
+   * computes each block in one shared fp32 working set (work: acts' block tensors, one
+   * block), keeping what backward needs in bf16 per set (acts16, act16_n each) and the
+   * LayerNorm statistics and losses in fp32 (acts' other fields, per set). */
+  int bf16;
+  uint16_t *params16, *grads16;
+  float *wpar, *wgrad, *work;
+  size_t wunit, work_floats;
+  uint16_t *actmem16;
+  size_t act16_n;
+  train_acts16 acts16;
   int *slot_inputs, *slot_targets;  /* device, nslots * (B,T) */
   const train_layer_ops *layer_ops; /* train_local_layer_ops() unless a strategy's */
   void *layer_ctx;                  /* the installed operations' context (NULL: the local ones) */
@@ -290,6 +321,7 @@ typedef struct train_split {
   int pp, pp_rank, chunks, slots;
   int split_w;   /* zero-bubble: backward split into B and W (train_piece_weights) */
   int recompute; /* train_recompute: the activations forward keeps */
+  int bf16;      /* bf16 weights, activations and gradients over fp32 master weights */
 } train_split;
 
 /* The stated rule that cuts L blocks into U pieces: piece u holds blocks [*first, +*len),
@@ -320,9 +352,11 @@ void train_piece_backward(train_model *m, int c);
  * train_piece_backward saved — the Linears' weights and biases, the tied head, the
  * embeddings (the LayerNorms' are B's: they come with their input gradient). */
 void train_piece_weights(train_model *m, int c);
-float *train_piece_input(train_model *m);         /* (Nr,C) of the selected set */
-float *train_piece_output(train_model *m, int c); /* (Nr,C) of the selected set */
-float *train_piece_grad_io(train_model *m);       /* (Nr,C) of the selected set */
+/* (Nr,C) of the selected set, fp32 or (bf16) bfloat16: train_piece_bytes bytes each */
+void *train_piece_input(train_model *m);
+void *train_piece_output(train_model *m, int c);
+void *train_piece_grad_io(train_model *m);
+size_t train_piece_bytes(const train_model *m);
 
 /* Clipping by a squared norm the caller summed (a pipeline stage holds part of the model:
  * the stages' sums add up); returns the norm. */
@@ -365,6 +399,7 @@ int train_model_split_check(const train_config *cfg, int ways, train_device dev,
 /* 0, or -1 with a sentence when the model cannot be cut into pp stages of `chunks` pieces
  * each (fewer blocks than pieces, too many chunks, a device other than the CPU). */
 int train_pp_split_check(const train_config *cfg, int pp, int chunks, train_device dev, char *err);
+
 
 /* ---- session (session.c), shared with the checkpoint code (parallel/checkpoint.c) ---- */
 struct train_session {

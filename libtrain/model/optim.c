@@ -45,7 +45,12 @@ float train_clip_grads_sq(train_model *m, const train_hparams *hp, double sq) {
   if (hp->grad_clip > 0.0f) {
     /* same rule as torch.nn.utils.clip_grad_norm_ */
     float coef = hp->grad_clip / (norm + 1e-6f);
-    if (coef < 1.0f) m->ops->scale(m->grads, coef, m->nparams);
+    if (coef < 1.0f) {
+      if (m->bf16)
+        m->ops->scale_bf16(m->grads16, coef, m->nparams);
+      else
+        m->ops->scale(m->grads, coef, m->nparams);
+    }
   }
   return norm;
 }
@@ -61,8 +66,13 @@ void train_adamw_step(train_model *m, const train_hparams *hp, float lr, long t)
   for (int i = 0; i < m->ntensors; i++) {
     const train_param *p = &m->tensors[i];
     size_t off = p->offset;
-    o->adamw(m->params + off, m->grads + off, m->adam_m + off, m->adam_v + off, p->numel, lr,
-             hp->beta1, hp->beta2, hp->eps, p->decay ? hp->weight_decay : 0.0f, bc1, bc2);
+    if (m->bf16) /* the fp32 master weights from bf16 gradients, then their bf16 copy */
+      o->adamw_bf16(m->params + off, m->params16 + off, m->grads16 + off, m->adam_m + off,
+                    m->adam_v + off, p->numel, lr, hp->beta1, hp->beta2, hp->eps,
+                    p->decay ? hp->weight_decay : 0.0f, bc1, bc2);
+    else
+      o->adamw(m->params + off, m->grads + off, m->adam_m + off, m->adam_v + off, p->numel, lr,
+               hp->beta1, hp->beta2, hp->eps, p->decay ? hp->weight_decay : 0.0f, bc1, bc2);
   }
 }
 

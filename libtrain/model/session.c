@@ -32,7 +32,8 @@ train_session *train_session_create(const train_options *opt, char *err) {
                        .chunks = opt->pp_chunks,
                        .slots = opt->pp_slots,
                        .split_w = opt->pp_split_w,
-                       .recompute = opt->recompute};
+                       .recompute = opt->recompute,
+                       .bf16 = opt->bf16};
   s->model = train_model_create_split(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
                                       opt->seed, &split, err);
   if (!s->model) goto fail;

@@ -157,8 +157,12 @@ static void launch(train_ddp *d, int i) {
     bs->req = TRAIN_REQ_DONE;
     return;
   }
-  if (d->b->all_reduce(d->b, d->s->model->grads + k->start, k->count, TRAIN_REDUCE_AVG, &bs->req) !=
-      0) {
+  train_model *m = d->s->model;
+  int rc = m->bf16
+               ? d->b->all_reduce_bf16(d->b, m->grads16 + k->start, k->count, TRAIN_REDUCE_AVG,
+                                       &bs->req)
+               : d->b->all_reduce(d->b, m->grads + k->start, k->count, TRAIN_REDUCE_AVG, &bs->req);
+  if (rc != 0) {
     if (!d->failed) snprintf(d->hook_err, sizeof d->hook_err, "%s", d->b->err);
     d->failed = 1;
     bs->done = 1;
@@ -306,6 +310,13 @@ train_ddp *train_ddp_create(train_session *s, train_backend *b, const train_ddp_
                             char *err) {
   if (o->accum < 1 || o->bucket_bytes < sizeof(float) || o->first_bucket_bytes < sizeof(float)) {
     train_errf(err, "impossible DDP config: accum %d must be >= 1 and bucket sizes > 0", o->accum);
+    return NULL;
+  }
+  if (s->model->bf16 && !b->all_reduce_bf16) {
+    train_errf(err,
+               "--dtype bf16: the %s backend cannot all-reduce bfloat16 gradients; use "
+               "--backend coll",
+               b->name);
     return NULL;
   }
   train_ddp *d = calloc(1, sizeof *d);
@@ -561,8 +572,8 @@ static void ddp_strategy_summary(const train_parallel *p, const train_step_repor
 static int ddp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out,
                              char *err) {
   const train_options *o = &p->s->opt;
-  return train_plan_rc(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum, TRAIN_PLAN_DDP,
-                       o->recompute, fixed, out, err);
+  return train_plan_dt(&o->cfg, o->batch, o->seq, p->grid->dp->nranks, p->opt.accum, TRAIN_PLAN_DDP,
+                       o->recompute, o->bf16, fixed, out, err);
 }
 
 static void ddp_strategy_free(train_parallel *p) {

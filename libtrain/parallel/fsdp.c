@@ -435,6 +435,10 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
     return NULL;
   }
   train_model *m = s->model;
+  if (m->bf16) { /* its units, shards and gathers are fp32 arrays of the model */
+    train_errf(err, "--dtype bf16 with --parallel fsdp is not built yet: use --parallel ddp");
+    return NULL;
+  }
   if (m->dev != TRAIN_DEVICE_CPU) {
     train_errf(err, "--parallel fsdp runs on the CPU model only: its shards, gathers and "
                     "released pages are host memory (use --parallel ddp on GPUs)");

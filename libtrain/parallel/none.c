@@ -62,8 +62,8 @@ static void none_summary(const train_parallel *p, const train_step_report *sum, 
 
 static int none_plan(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
   const train_options *o = &p->s->opt;
-  return train_plan_rc(&o->cfg, o->batch, o->seq, 1, 1, TRAIN_PLAN_NONE, o->recompute, fixed, out,
-                       err);
+  return train_plan_dt(&o->cfg, o->batch, o->seq, 1, 1, TRAIN_PLAN_NONE, o->recompute, o->bf16,
+                       fixed, out, err);
 }
 
 static void none_free(train_parallel *p) { free(p); }

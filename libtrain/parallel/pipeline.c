@@ -150,8 +150,8 @@ int train_pp_slots(train_pp_kind kind, int P, int M, int V, int stage, char *err
 }
 
 int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, int stage,
-                  train_pp_kind kind, int M, int V, int D, int zero1, int recompute, double fixed,
-                  train_plan_row *out, char *err) {
+                  train_pp_kind kind, int M, int V, int D, int zero1, int recompute, int bf16,
+                  double fixed, train_plan_row *out, char *err) {
   train_pp_schedule sc;
   if (train_pp_split_check(cfg, P, V, TRAIN_DEVICE_CPU, err) != 0) return -1;
   if (train_pp_build(kind, P, M, V, &sc, err) != 0) return -1;
@@ -169,20 +169,22 @@ int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, 
                        .chunks = V,
                        .slots = slots,
                        .split_w = kind == TRAIN_PP_ZB,
-                       .recompute = recompute};
+                       .recompute = recompute,
+                       .bf16 = bf16};
   size_t np = 0, ab = 0;
   if (slots < 1 || train_model_sizes_split(cfg, B, S, &split, &np, &ab, NULL) != 0) {
     train_errf(err, "the planner could not lay out pipeline stage %d", stage);
     return -1;
   }
-  double f = 4.0, C = cfg->channels, rows = (double)B * S / (sp && tp > 1 ? tp : 1);
+  /* f: bytes of what travels and what the passes hold (bf16: 2), the rest fp32 */
+  double f = bf16 ? 2.0 : 4.0, C = cfg->channels, rows = (double)B * S / (sp && tp > 1 ? tp : 1);
   memset(out, 0, sizeof *out);
   out->name = "PP";
   snprintf(out->label, sizeof out->label, "%s s%d", zero1 && D > 1 ? "PPxZ1" : "PP", stage);
   out->params = f * np;
   out->grads = f * np;
-  out->optim = 2 * f * np;
-  if (zero1 && D > 1) { /* the shard (and the tail, < D floats) */
+  out->optim = bf16 ? 12.0 * np : 2 * f * np; /* bf16: fp32 master weights and moments */
+  if (zero1 && D > 1) {                       /* the shard (and the tail, < D floats) */
     double sh = (double)(np / (size_t)D), tail = (double)(np - (np / (size_t)D) * (size_t)D);
     out->name = "PPxZ1";
     out->optim = 2 * f * (sh + tail);
@@ -240,7 +242,8 @@ static double stage_sumsq(train_pp *q) {
   if (q->P > 1 && q->stage == q->P - 1) {
     /* the head's wte is the first stage's: take it out (summed over TP as it was put in) */
     const train_param *w = &m->tensors[0];
-    float wsq = (float)m->ops->sumsq(m->grads + w->offset, w->numel);
+    float wsq = (float)(m->bf16 ? m->ops->sumsq_bf16(m->grads16 + w->offset, w->numel)
+                                : m->ops->sumsq(m->grads + w->offset, w->numel));
     if (q->g->tp) {
       train_req r;
       if (q->g->tp->all_reduce(q->g->tp, &wsq, 1, TRAIN_REDUCE_SUM, &r) == 0)
@@ -254,6 +257,19 @@ static double stage_sumsq(train_pp *q) {
 static int ar(train_backend *b, float *x, size_t n, train_reduce op, char *err) {
   train_req r;
   if (b->all_reduce(b, x, n, op, &r) != 0 || b->wait(b, r) != 0) {
+    train_errf(err, "%s", b->err);
+    return -1;
+  }
+  return 0;
+}
+
+/* The model's gradients [off, off+n) all-reduced in their own type (bf16 on the wire
+ * under --dtype bf16). */
+static int ar_grads(train_backend *b, train_model *m, size_t off, size_t n, train_reduce op,
+                    char *err) {
+  if (!m->bf16) return ar(b, m->grads + off, n, op, err);
+  train_req r;
+  if (b->all_reduce_bf16(b, m->grads16 + off, n, op, &r) != 0 || b->wait(b, r) != 0) {
     train_errf(err, "%s", b->err);
     return -1;
   }
@@ -467,7 +483,7 @@ static int pp_step(train_parallel *p, train_step_report *r, char *err) {
   /* the tied embedding: its gradient is the sum of the embedding's and the head's */
   if (q->emb) {
     const train_param *w = &m->tensors[0];
-    if (ar(q->emb, m->grads + w->offset, w->numel, TRAIN_REDUCE_SUM, err) != 0) return -1;
+    if (ar_grads(q->emb, m, w->offset, w->numel, TRAIN_REDUCE_SUM, err) != 0) return -1;
   }
   /* the loss (the last stage's), summed over the stages, averaged over the replicas */
   float v[2] = {q->stage == q->P - 1 ? (float)(loss / M) : 0.0f, 0.0f};
@@ -481,7 +497,7 @@ static int pp_step(train_parallel *p, train_step_report *r, char *err) {
   } else {
     /* data parallel: the average over the stage's replicas, once, after the last
      * micro-batch; the squared norm summed over the stages */
-    if (D > 1 && ar(q->dp, m->grads, m->nparams, TRAIN_REDUCE_AVG, err) != 0) return -1;
+    if (D > 1 && ar_grads(q->dp, m, 0, m->nparams, TRAIN_REDUCE_AVG, err) != 0) return -1;
     v[1] = (float)stage_sumsq(q);
     if (ar(q->pp, v, 2, TRAIN_REDUCE_SUM, err) != 0) return -1;
     if (D > 1 && ar(q->dp, v, 1, TRAIN_REDUCE_AVG, err) != 0) return -1;
@@ -612,7 +628,7 @@ static int pp_plan(const train_parallel *p, double fixed, train_plan_row *out, c
   train_pp *q = pp_of(p);
   const train_options *o = &q->s->opt;
   return train_pp_plan(&o->cfg, o->batch, o->seq, q->g->T, o->sp, q->P, q->stage, q->sc.kind, q->M,
-                       q->V, q->D, q->zero1, o->recompute, fixed, out, err);
+                       q->V, q->D, q->zero1, o->recompute, o->bf16, fixed, out, err);
 }
 
 static void pp_free(train_parallel *p) {
@@ -694,8 +710,20 @@ train_parallel *train_pp_strategy_create(train_session *s, train_grid *g,
     train_errf(err, "out of memory for the pipeline's micro-batches");
     goto fail;
   }
-  q->act_bytes = bt / m->seq_shards * m->cfg.channels * sizeof(float);
+  q->act_bytes = train_piece_bytes(m); /* bf16 on the wire under --dtype bf16 */
+  if (m->bf16 && !q->pp->all_reduce_bf16) {
+    train_errf(err,
+               "--dtype bf16: the %s backend cannot all-reduce bfloat16 gradients; use "
+               "--backend coll",
+               q->pp->name);
+    goto fail;
+  }
   if (strcmp(opt->data, "fsdp") == 0) {
+    if (m->bf16) {
+      train_errf(err, "--dtype bf16 with --pp and --parallel fsdp is not built yet: use "
+                      "--parallel ddp");
+      goto fail;
+    }
     /* ZeRO-1 only: stages 2 and 3 shard the gradients, which the pipeline accumulates
      * over its micro-batches in full (DeepSpeed refuses them with pipelines too) */
     if (opt->zero != 1) {

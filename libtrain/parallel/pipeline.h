@@ -48,6 +48,6 @@ TRAIN_API int train_pp_slots(train_pp_kind kind, int P, int M, int V, int stage,
  * bytes on the wire (a reduce-scatter and an all-gather are one all-reduce's). */
 TRAIN_API int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, int stage,
                             train_pp_kind kind, int M, int V, int D, int zero1, int recompute,
-                            double fixed, train_plan_row *out, char *err);
+                            int bf16, double fixed, train_plan_row *out, char *err);
 
 #endif

@@ -18,6 +18,43 @@ int train_plan(const train_config *cfg, int B, int T, int N, int accum, train_st
 
 int train_plan_rc(const train_config *cfg, int B, int T, int N, int accum, train_strategy st,
                   int recompute, double fixed, train_plan_row *r, char *err) {
+  return train_plan_dt(cfg, B, T, N, accum, st, recompute, 0, fixed, r, err);
+}
+
+/* bf16 as the seeds' table counts it (Psi parameters): 2 bytes of bf16 weights, 2 of
+ * gradients, 12 of fp32 master weights and AdamW moments — 16 Psi, and the ZeRO paper's
+ * stages: 1 shards the 12 (4 Psi + 12 Psi/N), 2 the gradients too (2 Psi + 14 Psi/N), 3
+ * everything (16 Psi/N); what is sent halves where bf16 travels (gradients, weights). */
+static void bf16_rows(double P, int N, train_strategy st, train_plan_row *r) {
+  double n1 = (double)(N - 1);
+  r->params = 2 * P;
+  r->grads = 2 * P;
+  r->optim = 12 * P;
+  r->working = 0;
+  switch (st) {
+  case TRAIN_PLAN_NONE: r->sent = 0; break;
+  case TRAIN_PLAN_DDP: r->sent = 2.0 * n1 / N * 2 * P; break;
+  case TRAIN_PLAN_ZERO1:
+    r->optim = 12 * P / N;
+    r->sent = 2.0 * n1 / N * 2 * P;
+    break;
+  case TRAIN_PLAN_ZERO2:
+    r->grads = 2 * P / N;
+    r->optim = 12 * P / N;
+    r->sent = 2.0 * n1 / N * 2 * P;
+    break;
+  case TRAIN_PLAN_ZERO3:
+    r->params = 2 * P / N;
+    r->grads = 2 * P / N;
+    r->optim = 12 * P / N;
+    r->sent = 3.0 * n1 / N * 2 * P; /* gather forward and backward, reduce-scatter */
+    break;
+  default: break;
+  }
+}
+
+int train_plan_dt(const train_config *cfg, int B, int T, int N, int accum, train_strategy st,
+                  int recompute, int bf16, double fixed, train_plan_row *r, char *err) {
   if (train_config_check(cfg, err) != 0) return -1;
   if (train_shape_check(cfg, B, T, err) != 0) return -1; /* what a run would refuse */
   if (N < 1 || B < 1 || T < 1 || accum < 1 || st < 0 || st >= TRAIN_PLAN_COUNT) {
@@ -26,13 +63,17 @@ int train_plan_rc(const train_config *cfg, int B, int T, int N, int accum, train
   }
   int L = cfg->layers;
   size_t *ul = calloc((size_t)L + 2, sizeof *ul), P = 0, A = 0;
-  train_split split = {.recompute = recompute};
+  train_split split = {.recompute = recompute, .bf16 = bf16};
   if (!ul || train_model_sizes_split(cfg, B, T, &split, &P, &A, ul) != 0) {
     free(ul);
     train_errf(err, "out of memory planning");
     return -1;
   }
   train_plan_fill(ul, L, P, A, N, accum, st, fixed, r);
+  if (bf16) {
+    bf16_rows((double)P, N, st, r);
+    r->total = r->params + r->grads + r->optim + r->acts + r->working + r->fixed;
+  }
   free(ul);
   return 0;
 }

@@ -42,6 +42,11 @@ TRAIN_API int train_plan(const train_config *cfg, int B, int T, int N, int accum
 TRAIN_API int train_plan_rc(const train_config *cfg, int B, int T, int N, int accum,
                             train_strategy st, int recompute, double fixed, train_plan_row *out,
                             char *err);
+/* And with --dtype bf16 (bf16 1): the seeds' 2 + 2 + 12 bytes a parameter and the ZeRO
+ * paper's stages (planner.c: bf16_rows); activations as the bf16 model keeps them. */
+TRAIN_API int train_plan_dt(const train_config *cfg, int B, int T, int N, int accum,
+                            train_strategy st, int recompute, int bf16, double fixed,
+                            train_plan_row *out, char *err);
 /* Resident bytes now (VmRSS) and the peak so far (VmHWM), from /proc/self/status; 0 when
  * unavailable. */
 TRAIN_API double train_rss_bytes(void);

@@ -259,3 +259,35 @@ Test(units, local_rank_from_the_launchers_variables) {
   cr_assert_eq(train_local_rank(5), 1, "coll-train's own before any launcher's");
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
+
+/* bf16 rounding (layers_cpu.c): to nearest, ties to even, NaN kept a NaN, infinities and
+ * the largest finite values where IEEE puts them; widening is exact. */
+Test(bf16, rounds_to_nearest_even) {
+  const train_ops *o = train_cpu_ops();
+  float in[] = {1.0f,
+                1.0f + 0x1p-8f,            /* a tie between 1 and 1 + 2^-7: even is 1 */
+                1.0f + 3 * 0x1p-8f,        /* a tie between 1 + 2^-7 and 1 + 2^-6: 1 + 2^-6 */
+                1.0f + 0x1p-8f + 0x1p-20f, /* just above the tie: up */
+                -2.5f,
+                0x1.fffffep127f, /* FLT_MAX: past the last tie, up into infinity as IEEE rounds */
+                INFINITY,
+                NAN};
+  float want[] = {1.0f, 1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, -2.5f, INFINITY, INFINITY, NAN};
+  enum { N = sizeof in / sizeof in[0] };
+  uint16_t h[N];
+  float back[N];
+  o->to_bf16(h, in, N);
+  o->from_bf16(back, h, N);
+  for (int i = 0; i < N; i++) {
+    if (isnan(want[i]))
+      cr_assert(isnan(back[i]), "%d: %a -> %a, expected a NaN", i, (double)in[i], (double)back[i]);
+    else
+      cr_assert_eq(back[i], want[i], "%d: %a -> %a, expected %a", i, (double)in[i], (double)back[i],
+                   (double)want[i]);
+  }
+  /* the sums widen: 3 * 1.5^2 */
+  uint16_t x[3];
+  float v[3] = {1.5f, -1.5f, 1.5f};
+  o->to_bf16(x, v, 3);
+  cr_assert_eq(o->sumsq_bf16(x, 3), 6.75);
+}
