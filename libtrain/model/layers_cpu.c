@@ -341,11 +341,13 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
 /* ---- softmax cross-entropy --------------------------------------------------------- */
 
 /* logits, probs are (N,V); targets, losses are (N) */
+/* probs may be logits (in place: the target's logit is read first) */
 static void crossentropy_forward(float *losses, float *probs, const float *logits,
                                  const int *targets, int N, int V) {
   for (int n = 0; n < N; n++) {
     const float *l = logits + (size_t)n * V;
     float *p = probs + (size_t)n * V;
+    float lt = targets ? l[targets[n]] : 0.0f;
     float mx = l[0];
     for (int i = 1; i < V; i++) mx = l[i] > mx ? l[i] : mx;
     float s = 0.0f;
@@ -356,7 +358,7 @@ static void crossentropy_forward(float *losses, float *probs, const float *logit
     float inv = 1.0f / s;
     for (int i = 0; i < V; i++) p[i] *= inv;
     if (targets) /* log-sum-exp form: accurate even when p[target] underflows */
-      losses[n] = logf(s) + mx - l[targets[n]];
+      losses[n] = logf(s) + mx - lt;
   }
 }
 

@@ -333,7 +333,7 @@ static size_t layout_acts_bf16(train_model *m, float *mem) {
   W_(residual3, W1 * BTr * C);
   W_(lnf, H * BT * C);
   W_(logits, BT * V);
-  W_(probs, BT * V);
+  a->probs = a->logits; /* the softmax in place: forward needs the logits no longer */
   W_(branch, BT * C);
 #undef S_
 #undef W_

@@ -61,7 +61,8 @@ typedef struct train_ops {
   void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
   /* out (n) = a + b */
   void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
-  /* probs (N,V) = softmax(logits); losses (N) = -log probs[target] */
+  /* probs (N,V) = softmax(logits); losses (N) = -log probs[target]; the CPU's may run in
+   * place (probs == logits: the bf16 model's working set does) */
   void (*crossentropy_forward)(float *losses, float *probs, const float *logits, const int *targets,
                                int N, int V);
   /* dlogits (N,V) += (probs - onehot(target)) * dloss */

@@ -19,7 +19,7 @@
 
 #include "common/train_test.h"
 
-#define MODEL                                                                               \
+#define MODEL                                                                            \
   "--layers 4 --channels 64 --heads 4 --max-seq 64 --seq 64 --threads 1 --eval-every 0 " \
   "--sample-len 0 --seed 7 --steps 20 --quiet"
 #define STEPS 20
