@@ -5,7 +5,9 @@
  * With --tp T the N ranks form a T x D grid (tp.h): tensor-parallel groups of T
  * consecutive ranks, each a sub-communicator split from the job's, and data-parallel
  * groups across them on which --parallel ddp or fsdp runs; its checkpoints are sharded by
- * TP rank (train_tp_save), and any checkpoint resumes at any grid that can hold it.
+ * TP rank (train_tp_save). With --pp P they form T x P x D (pipeline.h), and each stage's
+ * data-parallel rank 0 writes that stage's units of each TP slice (train_stage_save); any
+ * checkpoint resumes at any grid that can hold it, with the same global batch.
  * With no arguments it trains the default small model on the embedded corpus on the CPU.
  * With --parallel ddp it forks --ranks local ranks (libcoll), re-runs itself under
  * mpirun.openmpi (--backend mpi), or joins the job a launcher describes in the
@@ -756,8 +758,9 @@ static int run_ddp(cli *c) {
     train_options o = c->o;
     o.threads = 1;
     train_session *s = train_session_create(&o, msg);
-    if (s) /* the global batch, as run() sets it */
-      train_session_set_batch_mult(s, c->ranks / c->tp * c->accum);
+    if (s) /* the global batch, as run() sets it: D x accum, or D x micro-batches */
+      train_session_set_batch_mult(s,
+                                   c->ranks / (c->tp * c->pp) * (c->pp > 1 ? c->micro : c->accum));
     if (!s || train_session_load(s, c->resume, msg) != 0) {
       train_session_free(s);
       die(msg);
@@ -1015,7 +1018,6 @@ int main(int argc, char **argv) {
     if (cl.accum > 1)
       die("--accum with --pp: the pipeline's micro-batches are its accumulation "
           "(--micro-batches)");
-    if (ckpt_dir || resume) die("--pp: checkpoints of a pipeline run are not written yet");
     if (cl.nccl) die("--pp runs on the CPU model over libcoll or Open MPI");
     if (cl.schedule == TRAIN_PP_ZB && o.recompute != TRAIN_RECOMPUTE_NONE)
       die("--schedule zb with --recompute is not built yet: W needs the activations the "

@@ -250,18 +250,21 @@ TRAIN_API float train_session_val_loss(train_session *s, int batches);
  * and advancing the session's sampling RNG. out must hold n + 1 bytes. */
 TRAIN_API void train_session_sample(train_session *s, const char *prompt, int n, char *out);
 
-/* Checkpoints (version 4, little-endian; the byte tables in parallel/checkpoint.c): a
+/* Checkpoints (version 5, little-endian; the byte tables in parallel/checkpoint.c): a
  * manifest at `path` ("COLLTRN\0", the model config, global batch, seq, seed, step,
  * sampling RNG, data position, data size and hash, hyper-parameters, parameter count, the
- * T x S grid the state is cut on and each shard file's size and FNV-1a hash) and T*S shard
- * files `path.shard<t>.<s>of<T>x<S>` (params, AdamW m and v of their part). save writes
- * one process's: T = S = 1, the manifest and one shard, each atomically (temp file in the
- * same directory, fsync, rename, fsync of the directory), the manifest last. load reads
- * any grid (any number of ranks, tensor-parallel or not): it checks magic, version, sizes,
- * config, data and every hash before touching the session. */
+ * T x S x P grid the state is cut on, the pipeline stage that wrote each unit and each
+ * shard file's size and FNV-1a hash) and T*S*P shard files `path.shard<t>.<s>of<T>x<S>`
+ * (P = 1) or `path.shard<t>.<s>.<p>of<T>x<S>x<P>` (params, AdamW m and v of their part).
+ * save writes one process's: T = S = P = 1, the manifest and one shard, each atomically
+ * (temp file in the same directory, fsync, rename, fsync of the directory), the manifest
+ * last. load reads any grid (any number of ranks, tensor-parallel, sharded or pipelined;
+ * version 4 too) into any session, a pipeline stage's included: it checks magic, version,
+ * sizes, config, data and every hash before touching the session. */
 TRAIN_API int train_session_save(train_session *s, const char *path, char *err);
 TRAIN_API int train_session_load(train_session *s, const char *path, char *err);
-/* Data-parallel runs read batch * mult rows per optimizer step (mult = ranks * accum):
+/* Data-parallel runs read batch * mult rows per optimizer step (mult = ranks * accum; a
+ * pipeline: data-parallel ranks * micro-batches):
  * sharded checkpoints record and check that global batch, so a run saved at N ranks
  * resumes at M ranks (or in one process) with the same rows per step. Default 1. */
 TRAIN_API void train_session_set_batch_mult(train_session *s, int mult);

@@ -23,6 +23,7 @@
 #include "parallel/pipeline.h"
 
 #include "model/model.h"
+#include "parallel/checkpoint.h"
 #include "parallel/timeline.h"
 #include "parallel/tp.h"
 
@@ -559,13 +560,14 @@ static int pp_val_loss(train_parallel *p, int batches, float *out, char *err) {
   return 0;
 }
 
+/* Collective over the job: data-parallel rank 0 of each (TP rank, stage) writes its units
+ * of the T x 1 x P grid (checkpoint.c), rank 0 the manifest last. */
 static int pp_save(train_parallel *p, const char *path, char *what, size_t n, char *err) {
-  (void)p;
-  (void)path;
-  (void)what;
-  (void)n;
-  train_errf(err, "--pp: checkpoints of a pipeline run are not written yet");
-  return -1;
+  train_pp *q = pp_of(p);
+  train_grid *g = q->g;
+  snprintf(what, n, " (manifest; %d x 1 x %d shards %s.shard<t>.0.<p>of%dx1x%d)", g->T, q->P, path,
+           g->T, q->P);
+  return train_stage_save(q->s, g->world, g->T, g->t, q->P, q->stage, q->V, g->d == 0, path, err);
 }
 
 static int pp_finish(train_parallel *p, const char *trace_path, char *err) {

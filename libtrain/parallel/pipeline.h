@@ -17,6 +17,11 @@
  * micro-batch k of data rank d being rows (k*D + d)*batch of the global batch — the rows
  * DDP with --accum M reads, so a pipeline run, a DDP run and one process with
  * --batch M*D*batch see the same sequences.
+ *
+ * Checkpoints: data-parallel rank 0 of each (TP rank, stage) writes the units its stage
+ * holds (checkpoint.c's T x 1 x P grid, train_stage_save; the tied wte once, from the
+ * first stage), and train_session_load puts any checkpoint into a stage's session (its
+ * pieces' blocks, wte on both end stages), so a run resumes at another P, V, T or D.
  */
 #ifndef TRAIN_PARALLEL_PIPELINE_H
 #define TRAIN_PARALLEL_PIPELINE_H

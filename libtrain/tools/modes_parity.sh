@@ -61,3 +61,15 @@ run fsdp4_as_none --batch 8 --resume "$(ck fsdp)"
 run tp2_first3 --tp 2 --ckpt-dir "$work/tp" --ckpt-every 3 --stop-after 3
 run tp2_as_none --resume "$(ck tp)"
 run tp2_as_fsdp2 --parallel fsdp --ranks 2 --batch 2 --resume "$(ck tp)"
+# pipelines: --pp 2 (1f1b, 2 micro-batches of 2 rows: the others' global batch of 4)
+# stopped and resumed; resharded in one process, as TP at 2 and as --pp 2 gpipe; a
+# one-process checkpoint resumed as --pp 2; --pp 2 x --tp 2 resumed as --pp 2
+pp=(--pp 2 --micro-batches 2 --batch 2)
+run pp2_first3 "${pp[@]}" --ckpt-dir "$work/pp" --ckpt-every 3 --stop-after 3
+run pp2_resumed "${pp[@]}" --resume "$(ck pp)"
+run pp2_as_none --resume "$(ck pp)"
+run pp2_as_tp2 --tp 2 --resume "$(ck pp)"
+run pp2_as_gpipe "${pp[@]}" --schedule gpipe --resume "$(ck pp)"
+run none_as_pp2 "${pp[@]}" --resume "$(ck none)"
+run pp2_tp2_first3 "${pp[@]}" --tp 2 --ckpt-dir "$work/pptp" --ckpt-every 3 --stop-after 3
+run pp2_tp2_as_pp2 "${pp[@]}" --resume "$(ck pptp)"

@@ -34,25 +34,28 @@ HEADER = struct.Struct("<8sII7I8Q7f3I")
 FIELDS = ("magic version header_bytes vocab max_seq layers channels heads batch seq "
           "seed step nparams sample_rng epoch index data_tokens data_hash lr min_lr_frac "
           "beta1 beta2 eps weight_decay grad_clip warmup steps flags").split()
-GRID = struct.Struct("<4IQ")             # T, S, units, 0, floats per shard array
-SHARD = struct.Struct("<8s6I2Q")         # magic, version, t, s, T, S, 0, step, count
+GRID = struct.Struct("<4I")              # T, S, units, P (version 4: 0 for one stage)
+SHARD = struct.Struct("<8s6I2Q")         # magic, version, t, s, T, S, p, step, count
 
 
 def read_checkpoint(path):
     """The header and the parameters of a one-process checkpoint: its manifest at path and
-    its one shard path.shard0.0of1x1 (a 1 x 1 grid; format in libtrain/parallel/checkpoint.c)."""
+    its one shard path.shard0.0of1x1 (a 1 x 1 x 1 grid; format in
+    libtrain/parallel/checkpoint.c; versions 4 and 5)."""
     raw = open(path, "rb").read()
     h = dict(zip(FIELDS, HEADER.unpack_from(raw, 0)))
-    if h["magic"] != b"COLLTRN\0" or h["version"] != 4:
-        sys.exit("reference.py: %s is not a version-4 coll-train checkpoint" % path)
-    T, S, _, _, count = GRID.unpack_from(raw, h["header_bytes"])
-    if T != 1 or S != 1 or count != h["nparams"]:
-        sys.exit("reference.py: %s is a %d x %d grid; only a one-process checkpoint (1 x 1) "
-                 "holds the weights in one piece" % (path, T, S))
+    if h["magic"] != b"COLLTRN\0" or h["version"] not in (4, 5):
+        sys.exit("reference.py: %s is not a version-4 or -5 coll-train checkpoint" % path)
+    T, S, _, P = GRID.unpack_from(raw, h["header_bytes"])
+    P = max(P, 1)
+    if T != 1 or S != 1 or P != 1:
+        sys.exit("reference.py: %s is a %d x %d x %d grid; only a one-process checkpoint "
+                 "(1 x 1 x 1) holds the weights in one piece" % (path, T, S, P))
+    count = h["nparams"]
     shard = path + ".shard0.0of1x1"
     sraw = open(shard, "rb").read()
     magic, version, _, _, _, _, _, _, n = SHARD.unpack_from(sraw, 0)
-    if magic != b"COLLSHD\0" or version != 4 or n != count:
+    if magic != b"COLLSHD\0" or version != h["version"] or n != count:
         sys.exit("reference.py: %s is not the shard of %s" % (shard, path))
     params = np.frombuffer(sraw, dtype="<f4", count=n, offset=SHARD.size).copy()
     return h, params
