@@ -1029,7 +1029,9 @@ int main(int argc, char **argv) {
   if (o.bf16) { /* what bf16 runs on, before --plan: it refuses what a run refuses */
     if (train_bf16_check(o.device, cl.tp, cl.pp > 1 && cl.schedule == TRAIN_PP_ZB, msg) != 0)
       die(msg);
-    if (cl.fsdp) die("--dtype bf16 with --parallel fsdp is not built yet: use --parallel ddp");
+    if (cl.fsdp && cl.pp < 2)
+      die("--dtype bf16 with --parallel fsdp is not built yet: use --parallel ddp (or --pp "
+          "with --parallel fsdp --zero 1)");
     if (cl.mpi || cl.nccl)
       die("--dtype bf16 all-reduces bfloat16 gradients, which only --backend coll can");
   }

@@ -59,6 +59,9 @@ struct train_backend {
   /* recv (recvcount) = this rank's block of the reduction of send (nranks*recvcount) */
   int (*reduce_scatter)(train_backend *b, const float *send, float *recv, size_t recvcount,
                         train_reduce op, train_req *req);
+  /* Optional: the same over bfloat16 elements (as all_reduce_bf16) */
+  int (*reduce_scatter_bf16)(train_backend *b, const uint16_t *send, uint16_t *recv,
+                             size_t recvcount, train_reduce op, train_req *req);
   /* recv (nranks*bytes) = every rank's send (bytes), in rank order */
   int (*all_gather)(train_backend *b, const void *send, void *recv, size_t bytes, train_req *req);
   int (*broadcast)(train_backend *b, void *buf, size_t bytes, int root, train_req *req);

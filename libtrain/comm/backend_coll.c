@@ -98,6 +98,17 @@ static int cl_reduce_scatter(train_backend *b, const float *send, float *recv, s
   return started(b, "reduce_scatter", s, r, req);
 }
 
+static int cl_reduce_scatter_bf16(train_backend *b, const uint16_t *send, uint16_t *recv,
+                                  size_t recvcount, train_reduce op, train_req *req) {
+  coll_impl *c = b->impl;
+  int s;
+  if (take_slot(b, &s) != 0) return -1;
+  coll_result r = coll_reduce_scatter(send, recv, recvcount, COLL_BFLOAT16,
+                                      op == TRAIN_REDUCE_AVG ? COLL_AVG : COLL_SUM, c->comm,
+                                      c->streams[s]);
+  return started(b, "reduce_scatter (bf16)", s, r, req);
+}
+
 static int cl_all_gather(train_backend *b, const void *send, void *recv, size_t bytes,
                          train_req *req) {
   coll_impl *c = b->impl;
@@ -225,6 +236,7 @@ train_backend *train_backend_coll(coll_comm_t comm, int own, char *err) {
     }
   b->all_reduce = cl_all_reduce;
   b->all_reduce_bf16 = cl_all_reduce_bf16;
+  b->reduce_scatter_bf16 = cl_reduce_scatter_bf16;
   b->reduce_scatter = cl_reduce_scatter;
   b->all_gather = cl_all_gather;
   b->broadcast = cl_broadcast;

@@ -185,11 +185,12 @@ int train_pp_plan(const train_config *cfg, int B, int S, int tp, int sp, int P, 
   out->params = f * np;
   out->grads = f * np;
   out->optim = bf16 ? 12.0 * np : 2 * f * np; /* bf16: fp32 master weights and moments */
-  if (zero1 && D > 1) {                       /* the shard (and the tail, < D floats) */
+  if (zero1 && D > 1) { /* AdamW's moments of the shard (and the tail, < D floats) */
     double sh = (double)(np / (size_t)D), tail = (double)(np - (np / (size_t)D) * (size_t)D);
     out->name = "PPxZ1";
-    out->optim = 2 * f * (sh + tail);
-    out->grads += f * sh;
+    /* bf16 keeps the fp32 master whole (a checkpoint gathers the other shards' into it) */
+    out->optim = (bf16 ? 4.0 * np : 0.0) + 8.0 * (sh + tail);
+    out->grads += f * sh; /* the reduced shard */
   }
   out->acts = (double)ab;
   out->fixed = fixed;
@@ -229,6 +230,7 @@ typedef struct train_pp {
   int zero1;
   size_t shard, tail;
   float *gshard, *am, *av;
+  uint16_t *gshard16; /* bf16: the reduced gradient shard (gshard unused) */
   double xfer_ms, sync_ms, xfer_bytes;
 } train_pp;
 
@@ -312,16 +314,20 @@ static void zero1_sumsq(const train_pp *q, double sq[2]) {
     int k = q->g->tp && train_param_is_split(p->name) ? 0 : 1;
     size_t a = p->offset > lo ? p->offset : lo, e = p->offset + p->numel;
     size_t e1 = e < lo + q->shard ? e : lo + q->shard;
-    if (a < e1) sq[k] += m->ops->sumsq(q->gshard + (a - lo), e1 - a);
+    if (a < e1)
+      sq[k] += m->bf16 ? m->ops->sumsq_bf16(q->gshard16 + (a - lo), e1 - a)
+                       : m->ops->sumsq(q->gshard + (a - lo), e1 - a);
     size_t t = p->offset > n0 ? p->offset : n0; /* the tail */
-    if (q->g->d == 0 && t < e) sq[k] += m->ops->sumsq(m->grads + t, e - t);
+    if (q->g->d == 0 && t < e)
+      sq[k] += m->bf16 ? m->ops->sumsq_bf16(m->grads16 + t, e - t)
+                       : m->ops->sumsq(m->grads + t, e - t);
   }
 }
 
 /* AdamW over [lo, lo+n) of the flat arrays, gradients at g (g[0] is element lo), moments
  * at am/av, one tensor piece at a time (decay is per tensor). */
 static void adamw_range(train_model *m, const train_hparams *hp, float lr, long t, size_t lo,
-                        size_t n, const float *g, float *am, float *av) {
+                        size_t n, const void *g, float *am, float *av) {
   float bc1 = (float)(1.0 - pow(hp->beta1, (double)t));
   float bc2 = (float)(1.0 - pow(hp->beta2, (double)t));
   for (int i = 0; i < m->ntensors; i++) {
@@ -329,8 +335,14 @@ static void adamw_range(train_model *m, const train_hparams *hp, float lr, long 
     size_t a = p->offset > lo ? p->offset : lo;
     size_t e = p->offset + p->numel < lo + n ? p->offset + p->numel : lo + n;
     if (a >= e) continue;
-    m->ops->adamw(m->params + a, g + (a - lo), am + (a - lo), av + (a - lo), e - a, lr, hp->beta1,
-                  hp->beta2, hp->eps, p->decay ? hp->weight_decay : 0.0f, bc1, bc2);
+    float wd = p->decay ? hp->weight_decay : 0.0f;
+    if (m->bf16) /* the master from bf16 gradients, and its bf16 copy */
+      m->ops->adamw_bf16(m->params + a, m->params16 + a, (const uint16_t *)g + (a - lo),
+                         am + (a - lo), av + (a - lo), e - a, lr, hp->beta1, hp->beta2, hp->eps, wd,
+                         bc1, bc2);
+    else
+      m->ops->adamw(m->params + a, (const float *)g + (a - lo), am + (a - lo), av + (a - lo), e - a,
+                    lr, hp->beta1, hp->beta2, hp->eps, wd, bc1, bc2);
   }
 }
 
@@ -342,12 +354,14 @@ static int zero1_update(train_pp *q, float lr, long t, float *norm, char *err) {
   train_backend *dp = q->dp;
   size_t n0 = (size_t)q->D * q->shard, lo = (size_t)q->g->d * q->shard;
   train_req r;
-  if (dp->reduce_scatter(dp, m->grads, q->gshard, q->shard, TRAIN_REDUCE_AVG, &r) != 0 ||
-      dp->wait(dp, r) != 0) {
+  int rc = m->bf16 ? dp->reduce_scatter_bf16(dp, m->grads16, q->gshard16, q->shard,
+                                             TRAIN_REDUCE_AVG, &r)
+                   : dp->reduce_scatter(dp, m->grads, q->gshard, q->shard, TRAIN_REDUCE_AVG, &r);
+  if (rc != 0 || dp->wait(dp, r) != 0) {
     train_errf(err, "pipeline stage %d: reduce-scatter of the gradients: %s", q->stage, dp->err);
     return -1;
   }
-  if (q->tail && ar(dp, m->grads + n0, q->tail, TRAIN_REDUCE_AVG, err) != 0) return -1;
+  if (q->tail && ar_grads(dp, m, n0, q->tail, TRAIN_REDUCE_AVG, err) != 0) return -1;
   double part[2];
   zero1_sumsq(q, part);
   float sq2[2] = {(float)part[0], (float)part[1]};
@@ -359,18 +373,63 @@ static int zero1_update(train_pp *q, float lr, long t, float *norm, char *err) {
   const train_hparams *hp = &q->s->opt.hp;
   if (hp->grad_clip > 0.0f) { /* as train_clip_grads */
     float coef = hp->grad_clip / (*norm + 1e-6f);
-    if (coef < 1.0f) {
+    if (coef < 1.0f && m->bf16) {
+      m->ops->scale_bf16(q->gshard16, coef, q->shard);
+      m->ops->scale_bf16(m->grads16 + n0, coef, q->tail);
+    } else if (coef < 1.0f) {
       m->ops->scale(q->gshard, coef, q->shard);
       m->ops->scale(m->grads + n0, coef, q->tail);
     }
   }
-  adamw_range(m, hp, lr, t, lo, q->shard, q->gshard, q->am, q->av);
-  adamw_range(m, hp, lr, t, n0, q->tail, m->grads + n0, q->am + q->shard, q->av + q->shard);
-  if (dp->all_gather(dp, m->params + lo, m->params, q->shard * sizeof(float), &r) != 0 ||
-      dp->wait(dp, r) != 0) {
+  const void *gs = m->bf16 ? (const void *)q->gshard16 : (const void *)q->gshard;
+  const void *gt = m->bf16 ? (const void *)(m->grads16 + n0) : (const void *)(m->grads + n0);
+  adamw_range(m, hp, lr, t, lo, q->shard, gs, q->am, q->av);
+  adamw_range(m, hp, lr, t, n0, q->tail, gt, q->am + q->shard, q->av + q->shard);
+  /* the weights the passes read, gathered: bf16 under --dtype bf16 (the fp32 master of
+   * the other shards then stays behind: pp_save gathers it before a checkpoint) */
+  rc = m->bf16 ? dp->all_gather(dp, m->params16 + lo, m->params16, q->shard * sizeof(uint16_t), &r)
+               : dp->all_gather(dp, m->params + lo, m->params, q->shard * sizeof(float), &r);
+  if (rc != 0 || dp->wait(dp, r) != 0) {
     train_errf(err, "pipeline stage %d: all-gather of the parameters: %s", q->stage, dp->err);
     return -1;
   }
+  return 0;
+}
+
+/* bf16 ZeRO-1: the fp32 master of every shard, gathered (a checkpoint holds all of it). */
+static int zero1_gather_master(train_pp *q, char *err) {
+  train_model *m = q->m;
+  train_req r;
+  size_t lo = (size_t)q->g->d * q->shard;
+  if (q->dp->all_gather(q->dp, m->params + lo, m->params, q->shard * sizeof(float), &r) != 0 ||
+      q->dp->wait(q->dp, r) != 0) {
+    train_errf(err, "pipeline stage %d: all-gather of the master weights: %s", q->stage,
+               q->dp->err);
+    return -1;
+  }
+  return 0;
+}
+
+/* The tied embedding's two copies, made the same bits again after the update: with D > 1
+ * each end stage averages wte's gradient over its own data-parallel group, whose reduction
+ * order follows the stage's own array length, so the copies may differ in the last bit;
+ * the first stage's is sent to the last (and, bf16, rounded the same way there). */
+static int sync_tied(train_pp *q, char *err) {
+  train_model *m = q->m;
+  const train_param *w = &m->tensors[0];
+  train_req r;
+  if (!q->emb || q->D < 2) return 0;
+  /* bf16 under ZeRO-1: the master of the other shards is behind (only the gathered bf16
+   * weights are whole), so the weights the passes read are what is sent */
+  int w16 = m->bf16 && q->zero1;
+  void *buf = w16 ? (void *)(m->params16 + w->offset) : (void *)(m->params + w->offset);
+  size_t bytes = w->numel * (w16 ? sizeof(uint16_t) : sizeof(float));
+  if (q->emb->broadcast(q->emb, buf, bytes, 0, &r) != 0 || q->emb->wait(q->emb, r) != 0) {
+    train_errf(err, "pipeline stage %d: broadcast of the tied embedding: %s", q->stage,
+               q->emb->err);
+    return -1;
+  }
+  if (m->bf16 && !w16) m->ops->to_bf16(m->params16 + w->offset, m->params + w->offset, w->numel);
   return 0;
 }
 
@@ -506,6 +565,7 @@ static int pp_step(train_parallel *p, train_step_report *r, char *err) {
     r->step.grad_norm = train_clip_grads_sq(m, &s->opt.hp, (double)v[1]);
     train_adamw_step(m, &s->opt.hp, r->step.lr, s->step + 1);
   }
+  if (sync_tied(q, err) != 0) return -1;
   q->sync_ms = (te - ts) * 1e3;
   if (q->tracing) train_trace_add(&q->trace, rank, TRAIN_TRACE_COMM, "grad sync", ts, te);
   double t1 = train_now();
@@ -562,12 +622,49 @@ static int pp_val_loss(train_parallel *p, int batches, float *out, char *err) {
 
 /* Collective over the job: data-parallel rank 0 of each (TP rank, stage) writes its units
  * of the T x 1 x P grid (checkpoint.c), rank 0 the manifest last. */
+/* ZeRO-1: the whole AdamW state (and, bf16, the master weights) of the stage gathered into
+ * the model's arrays for a checkpoint, which holds every replica's state once; released
+ * again after (flag 0). Collective over the data-parallel group. */
+static int zero1_state(train_pp *q, int gather, char *err) {
+  train_model *m = q->m;
+  size_t n0 = (size_t)q->D * q->shard, lo = (size_t)q->g->d * q->shard;
+  if (!gather) {
+    m->ops->release(m->adam_m);
+    m->ops->release(m->adam_v);
+    m->adam_m = m->adam_v = NULL;
+    return 0;
+  }
+  m->adam_m = m->ops->alloc(m->nparams * sizeof(float));
+  m->adam_v = m->ops->alloc(m->nparams * sizeof(float));
+  if (!m->adam_m || !m->adam_v) {
+    zero1_state(q, 0, err);
+    train_errf(err, "pipeline stage %d: out of memory gathering AdamW's state", q->stage);
+    return -1;
+  }
+  float *mine[2] = {q->am, q->av}, *all[2] = {m->adam_m, m->adam_v};
+  for (int k = 0; k < 2; k++) {
+    train_req r;
+    memcpy(all[k] + lo, mine[k], q->shard * sizeof(float));
+    memcpy(all[k] + n0, mine[k] + q->shard, q->tail * sizeof(float)); /* the same everywhere */
+    if (q->dp->all_gather(q->dp, all[k] + lo, all[k], q->shard * sizeof(float), &r) != 0 ||
+        q->dp->wait(q->dp, r) != 0) {
+      train_errf(err, "pipeline stage %d: all-gather of AdamW's state: %s", q->stage, q->dp->err);
+      zero1_state(q, 0, err);
+      return -1;
+    }
+  }
+  return m->bf16 ? zero1_gather_master(q, err) : 0;
+}
+
 static int pp_save(train_parallel *p, const char *path, char *what, size_t n, char *err) {
   train_pp *q = pp_of(p);
   train_grid *g = q->g;
   snprintf(what, n, " (manifest; %d x 1 x %d shards %s.shard<t>.0.<p>of%dx1x%d)", g->T, q->P, path,
            g->T, q->P);
-  return train_stage_save(q->s, g->world, g->T, g->t, q->P, q->stage, q->V, g->d == 0, path, err);
+  if (q->zero1 && q->D > 1 && zero1_state(q, 1, err) != 0) return -1;
+  int rc = train_stage_save(q->s, g->world, g->T, g->t, q->P, q->stage, q->V, g->d == 0, path, err);
+  if (q->zero1 && q->D > 1) zero1_state(q, 0, err);
+  return rc;
 }
 
 static int pp_finish(train_parallel *p, const char *trace_path, char *err) {
@@ -643,6 +740,7 @@ static void pp_free(train_parallel *p) {
     free(q->inputs);
     free(q->targets);
     free(q->gshard);
+    free(q->gshard16);
     free(q->am);
     free(q->av);
     train_trace_free(&q->trace);
@@ -721,9 +819,11 @@ train_parallel *train_pp_strategy_create(train_session *s, train_grid *g,
     goto fail;
   }
   if (strcmp(opt->data, "fsdp") == 0) {
-    if (m->bf16) {
-      train_errf(err, "--dtype bf16 with --pp and --parallel fsdp is not built yet: use "
-                      "--parallel ddp");
+    if (m->bf16 && !q->dp->reduce_scatter_bf16) {
+      train_errf(err,
+                 "--dtype bf16: the %s backend cannot reduce-scatter bfloat16 gradients; "
+                 "use --backend coll",
+                 q->dp->name);
       goto fail;
     }
     /* ZeRO-1 only: stages 2 and 3 shard the gradients, which the pipeline accumulates
@@ -738,12 +838,23 @@ train_parallel *train_pp_strategy_create(train_session *s, train_grid *g,
     q->zero1 = 1;
     q->shard = m->nparams / (size_t)q->D;
     q->tail = m->nparams - q->shard * (size_t)q->D;
-    q->gshard = calloc(q->shard + 1, sizeof(float));
+    if (m->bf16)
+      q->gshard16 = calloc(q->shard + 1, sizeof(uint16_t));
+    else
+      q->gshard = calloc(q->shard + 1, sizeof(float));
     q->am = calloc(q->shard + q->tail + 1, sizeof(float));
     q->av = calloc(q->shard + q->tail + 1, sizeof(float));
-    if (!q->gshard || !q->am || !q->av) {
+    if ((!q->gshard && !q->gshard16) || !q->am || !q->av) {
       train_errf(err, "out of memory for the pipeline's ZeRO-1 shards");
       goto fail;
+    }
+    if (m->adam_m) { /* a resumed run: this rank's shard of the loaded AdamW state */
+      size_t lo = (size_t)q->g->d * q->shard, n0 = q->shard * (size_t)q->D;
+      memcpy(q->am, m->adam_m + lo, q->shard * sizeof(float));
+      memcpy(q->av, m->adam_v + lo, q->shard * sizeof(float));
+      memcpy(q->am + q->shard, m->adam_m + n0, q->tail * sizeof(float));
+      memcpy(q->av + q->shard, m->adam_v + n0, q->tail * sizeof(float));
+      zero1_state(q, 0, err); /* the whole state is not kept: that is the point of ZeRO-1 */
     }
     p->zero = 1;
   }

@@ -47,6 +47,8 @@ Test(dtype, bf16_follows_fp32, .timeout = 400) {
       "--batch 2 --pp 2 --micro-batches 4",
       "--batch 2 --pp 2 --micro-batches 4 --schedule interleaved",
       "--batch 2 --pp 2 --micro-batches 2 --ranks 4 --parallel ddp",
+      /* ZeRO-1 along D: the gradients reduce-scattered and the weights gathered in bf16 */
+      "--batch 2 --pp 2 --micro-batches 2 --ranks 4 --parallel fsdp --zero 1",
       "--batch 8 --recompute full",
       "--batch 8 --recompute selective",
   };
@@ -120,14 +122,15 @@ Test(dtype, bad_input_is_refused, .timeout = 60) {
  * the checkpoint holds the fp32 master weights and the bf16 copy is their rounding. */
 Test(dtype, bf16_resumes_bit_for_bit, .timeout = 120) {
   char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
-  char *all = th_fmt("%s/all", dir), *first = th_fmt("%s/first", dir), *rest = th_fmt("%s/rest", dir);
+  char *all = th_fmt("%s/all", dir), *first = th_fmt("%s/first", dir),
+       *rest = th_fmt("%s/rest", dir);
   const char *m = "--layers 2 --channels 32 --heads 4 --max-seq 32 --seq 16 --batch 4 --steps 6 "
                   "--threads 1 --eval-every 0 --sample-len 0 --quiet --seed 7 --dtype bf16";
   char *c1 = th_fmt("timeout 60 %s %s --losses %s", th_cli(), m, all);
   char *c2 = th_fmt("timeout 60 %s %s --ckpt-dir %s/ck --ckpt-every 3 --stop-after 3 --losses %s",
                     th_cli(), m, dir, first);
-  char *c3 = th_fmt("timeout 60 %s %s --resume %s/ck/ckpt_00000003.bin --losses %s", th_cli(), m, dir,
-                    rest);
+  char *c3 = th_fmt("timeout 60 %s %s --resume %s/ck/ckpt_00000003.bin --losses %s", th_cli(), m,
+                    dir, rest);
   free(th_run_ok(c1, base));
   free(th_run_ok(c2, base));
   free(th_run_ok(c3, base));

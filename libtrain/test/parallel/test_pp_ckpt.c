@@ -110,6 +110,17 @@ Test(pp_ckpt, same_grid_resume_is_bitwise_with_tp_and_ddp, .timeout = 90) {
   same_grid("--pp 2 --ranks 4 --parallel ddp --micro-batches 2 --batch 2", 1, 2);
 }
 
+/* ZeRO-1 along D: AdamW's state is sharded over the replicas, gathered for the checkpoint
+ * and cut again on resume; under bf16 the fp32 master of the other shards is gathered too
+ * (the replicas gather only bf16 weights while they train). D = 3 leaves a tail. */
+Test(pp_ckpt, same_grid_resume_is_bitwise_with_zero1_and_bf16, .timeout = 120) {
+  same_grid("--pp 2 --ranks 4 --parallel fsdp --zero 1 --micro-batches 2 --batch 2", 1, 2);
+  same_grid("--pp 2 --ranks 4 --parallel fsdp --zero 1 --micro-batches 2 --batch 2 --dtype bf16", 1,
+            2);
+  same_grid("--pp 2 --ranks 6 --parallel fsdp --zero 1 --micro-batches 4 --batch 2", 1, 2);
+  same_grid("--pp 2 --ranks 4 --parallel ddp --micro-batches 2 --batch 2 --dtype bf16", 1, 2);
+}
+
 /* The resumed steps' losses against the uninterrupted one-process run's; 1 when bitwise. */
 static int follows(const char *dir, const char *tag, const char *args, const char *ck,
                    const float *ref) {
