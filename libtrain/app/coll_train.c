@@ -1019,12 +1019,16 @@ int main(int argc, char **argv) {
       die("--accum with --pp: the pipeline's micro-batches are its accumulation "
           "(--micro-batches)");
     if (cl.nccl) die("--pp runs on the CPU model over libcoll or Open MPI");
-    if (cl.schedule == TRAIN_PP_ZB && o.recompute != TRAIN_RECOMPUTE_NONE)
-      die("--schedule zb with --recompute is not built yet: W needs the activations the "
-          "recomputation gives back after B");
-    if (cl.schedule == TRAIN_PP_ZB && cl.tp > 1)
-      die("--schedule zb with --tp is not built yet: the tensor-parallel Linears compute "
-          "their input and weight gradients in one call");
+    /* zero-bubble's W multiplies the saved output gradients by the Linears' inputs, which
+     * it reads from the activation set after B: full recomputation has none left there,
+     * and under sequence parallelism the saved gradients are this rank's rows only (the
+     * row-parallel Linear gathers them inside B) */
+    if (cl.schedule == TRAIN_PP_ZB && o.recompute == TRAIN_RECOMPUTE_FULL)
+      die("--schedule zb with --recompute full is not built yet: W reads the Linears' inputs, "
+          "which full recomputation does not keep (--recompute selective works)");
+    if (cl.schedule == TRAIN_PP_ZB && cl.sp)
+      die("--schedule zb with --sp is not built yet: W would need the row-parallel Linears' "
+          "gathered output gradients");
   }
   if (o.bf16) { /* what bf16 runs on, before --plan: it refuses what a run refuses */
     if (train_bf16_check(o.device, cl.tp, cl.pp > 1 && cl.schedule == TRAIN_PP_ZB, msg) != 0)

@@ -93,5 +93,5 @@ static void refused(const char *args, const char *needle) {
 
 Test(recompute, bad_input_is_refused, .timeout = 60) {
   refused("--recompute some", "not none, full or selective");
-  refused("--pp 2 --schedule zb --recompute full", "zb with --recompute");
+  refused("--pp 2 --schedule zb --recompute full", "zb with --recompute full");
 }

@@ -96,6 +96,9 @@ Test(pipeline, with_data_and_tensor_parallelism, .timeout = 600) {
       "--pp 2 --ranks 4 --parallel fsdp --zero 1 --micro-batches 4 --batch 2",
       "--pp 2 --ranks 4 --parallel fsdp --zero 1 --micro-batches 4 --batch 2 --schedule zb",
       "--pp 2 --tp 2 --ranks 8 --parallel fsdp --zero 1 --micro-batches 4 --batch 2",
+      /* zero-bubble's W under tensor parallelism (local weight gradients) */
+      "--pp 2 --tp 2 --micro-batches 8 --batch 2 --schedule zb",
+      "--pp 2 --micro-batches 8 --batch 2 --schedule zb --recompute selective",
   };
   for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) parity(grids[i], 16);
   /* D = 3: the flat arrays do not split evenly; the tail stays replicated */
@@ -201,7 +204,8 @@ Test(pipeline, bad_input_is_refused, .timeout = 120) {
   refused("--pp 2 --ranks 4", "--parallel ddp");
   refused("--schedule zb", "need --pp");
   refused("--pp 2 --schedule fast", "not gpipe, 1f1b, interleaved or zb");
-  refused("--pp 2 --tp 2 --schedule zb", "zb with --tp");
+  refused("--pp 2 --tp 2 --sp --schedule zb", "zb with --sp");
+  refused("--pp 2 --schedule zb --recompute full", "zb with --recompute full");
   refused("--pp 2 --accum 2 --parallel ddp --ranks 2", "micro-batches");
   refused("--pp 2 --ranks 4 --parallel fsdp --zero 2", "needs --zero 1");
   /* --plan and --explain refuse what a run refuses */
