@@ -297,8 +297,8 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
     long nb;
     double ab;
     int dp = k ? N / tp : 1, zero = k > 1 ? k - 1 : 0; /* TP, TPxDDP, TPxZ1..3 */
-    if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, o->recompute, fixed, &r, &nb,
-                      &ab, msg) != 0)
+    if (train_tp_plan(&o->cfg, o->batch, o->seq, tp, dp, sp, zero, o->recompute, o->bf16, fixed, &r,
+                      &nb, &ab, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
     printf("%s   (T=%d x D=%d: %ld in-block all-reduces per step of B*T*C = %.0f "

@@ -142,11 +142,7 @@ int train_bf16_check(train_device dev, int tp, int split_w, char *err) {
     train_errf(err, "--dtype bf16 runs on the CPU model only (--device cpu)");
     return -1;
   }
-  if (tp > 1) { /* its layer operations widen nothing and all-reduce fp32 activations */
-    train_errf(err, "--dtype bf16 with --tp is not built yet: the tensor-parallel layers work "
-                    "on fp32 activations");
-    return -1;
-  }
+  (void)tp; /* the tensor-parallel layer operations take the fp32 working set and send bf16 */
   if (split_w) {
     train_errf(err, "--dtype bf16 with --schedule zb is not built yet: W reads fp32 gradients "
                     "kept per micro-batch");
@@ -333,7 +329,13 @@ static size_t layout_acts_bf16(train_model *m, float *mem) {
   W_(residual3, W1 * BTr * C);
   W_(lnf, H * BT * C);
   W_(logits, BT * V);
-  a->probs = a->logits; /* the softmax in place: forward needs the logits no longer */
+  /* the local softmax runs in place (forward needs the logits no longer); the
+   * vocabulary-parallel one (tp.c) reads the logits after writing probabilities */
+  if (m->tp > 1) {
+    W_(probs, BT * V);
+  } else {
+    a->probs = a->logits;
+  }
   W_(branch, BT * C);
 #undef S_
 #undef W_

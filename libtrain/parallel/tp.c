@@ -36,6 +36,10 @@ typedef struct train_tp_ctx {
    * LayerNorm partial gradients (2C) */
   float *full, *stage, *part;
   size_t full_n, stage_n, part_n;
+  /* --dtype bf16: activations cross the group in bfloat16 (the loss's statistics, the
+   * gradient norm and the LayerNorms' partial weight gradients stay fp32); staging */
+  uint16_t *w16a, *w16b;
+  size_t w16a_n, w16b_n;
 } train_tp_ctx;
 
 static const train_layer_ops tp_layer_ops;
@@ -122,6 +126,20 @@ int train_tp_unshard(const train_config *cfg, int tp, int rank, const float *loc
   return convert(cfg, tp, rank, full, (float *)local, 0, err);
 }
 
+/* bf16 staging of n elements (grown as needed; NULL after a failure it records). */
+static uint16_t *room16(train_model *m, uint16_t **p, size_t *have, size_t n) {
+  if (*have < n) {
+    uint16_t *q = realloc(*p, n * sizeof(uint16_t));
+    if (!q) {
+      failf(m, "out of memory for %zu bf16 values of tensor-parallel staging", n);
+      return NULL;
+    }
+    *p = q;
+    *have = n;
+  }
+  return *p;
+}
+
 /* ---- collectives inside the layer operations -------------------------------------- */
 
 static int collective_done(train_tp_ctx *c, int rc, train_req req, const char *what) {
@@ -151,12 +169,27 @@ int train_tp_g_backward(train_backend *b, float *dx, size_t n) {
   return 0;
 }
 
-/* Blocking sum over the group; `block` says whether it is one of the in-block f/g. */
-static void all_reduce(train_model *m, float *buf, size_t n, const char *what, int block) {
+/* Blocking sum over the group; `block` says whether it is one of the in-block f/g, `act`
+ * whether it carries activations (their gradients included): bf16 on the wire under
+ * --dtype bf16, the sum widened back (the model's working set is fp32). */
+static void all_reduce(train_model *m, float *buf, size_t n, const char *what, int block, int act) {
   train_tp_ctx *c = ctx_of(m);
   if (c->failed) return;
   double t0 = train_now();
-  if (group_sum(c->b, buf, n) != 0) {
+  int w16 = act && m->bf16;
+  uint16_t *h = w16 ? room16(m, &c->w16a, &c->w16a_n, n) : NULL;
+  if (w16 && !h) return;
+  int rc;
+  if (w16) {
+    train_req req = TRAIN_REQ_DONE;
+    m->ops->to_bf16(h, buf, n);
+    rc = c->b->all_reduce_bf16(c->b, h, n, TRAIN_REDUCE_SUM, &req);
+    if (rc == 0) rc = c->b->wait(c->b, req);
+    if (rc == 0) m->ops->from_bf16(buf, h, n);
+  } else {
+    rc = group_sum(c->b, buf, n);
+  }
+  if (rc != 0) {
     c->failed = 1;
     train_errf(c->err, "tensor-parallel %s: %s", what, c->b->err);
   }
@@ -164,7 +197,7 @@ static void all_reduce(train_model *m, float *buf, size_t n, const char *what, i
   c->st.calls++;
   if (block) {
     c->st.block_calls++;
-    c->st.bytes += (double)n * sizeof(float);
+    c->st.bytes += (double)n * (w16 ? sizeof(uint16_t) : sizeof(float));
     c->st.ms += (t1 - t0) * 1e3;
   } else {
     c->st.other_ms += (t1 - t0) * 1e3;
@@ -182,14 +215,23 @@ static void reduce_scatter(train_model *m, float *buf, size_t recvcount, const c
   if (c->failed || !st) return;
   double t0 = train_now();
   train_req req = TRAIN_REQ_DONE;
-  int rc = c->b->reduce_scatter(c->b, buf, st, recvcount, TRAIN_REDUCE_SUM, &req);
-  collective_done(c, rc, req, what);
-  memcpy(buf, st, recvcount * sizeof(float));
+  if (m->bf16) { /* activations: bf16 on the wire (as all_reduce) */
+    uint16_t *a = room16(m, &c->w16a, &c->w16a_n, recvcount * m->tp),
+             *r = room16(m, &c->w16b, &c->w16b_n, recvcount);
+    if (!a || !r) return;
+    m->ops->to_bf16(a, buf, recvcount * m->tp);
+    int rc = c->b->reduce_scatter_bf16(c->b, a, r, recvcount, TRAIN_REDUCE_SUM, &req);
+    if (collective_done(c, rc, req, what) == 0) m->ops->from_bf16(buf, r, recvcount);
+  } else {
+    int rc = c->b->reduce_scatter(c->b, buf, st, recvcount, TRAIN_REDUCE_SUM, &req);
+    collective_done(c, rc, req, what);
+    memcpy(buf, st, recvcount * sizeof(float));
+  }
   double t1 = train_now();
   c->st.calls++;
   if (block) {
     c->st.block_calls++;
-    c->st.bytes += (double)recvcount * m->tp * sizeof(float);
+    c->st.bytes += (double)recvcount * m->tp * (m->bf16 ? sizeof(uint16_t) : sizeof(float));
     c->st.ms += (t1 - t0) * 1e3;
   } else {
     c->st.other_ms += (t1 - t0) * 1e3;
@@ -204,13 +246,22 @@ static void all_gather(train_model *m, const float *send, float *recv, size_t co
   if (c->failed) return;
   double t0 = train_now();
   train_req req = TRAIN_REQ_DONE;
-  int rc = c->b->all_gather(c->b, send, recv, count * sizeof(float), &req);
-  collective_done(c, rc, req, what);
+  if (m->bf16) { /* activations: bf16 on the wire (as all_reduce) */
+    uint16_t *a = room16(m, &c->w16a, &c->w16a_n, count),
+             *r = room16(m, &c->w16b, &c->w16b_n, count * m->tp);
+    if (!a || !r) return;
+    m->ops->to_bf16(a, send, count);
+    int rc = c->b->all_gather(c->b, a, r, count * sizeof(uint16_t), &req);
+    if (collective_done(c, rc, req, what) == 0) m->ops->from_bf16(recv, r, count * m->tp);
+  } else {
+    int rc = c->b->all_gather(c->b, send, recv, count * sizeof(float), &req);
+    collective_done(c, rc, req, what);
+  }
   double t1 = train_now();
   c->st.calls++;
   if (block) {
     c->st.block_calls++;
-    c->st.bytes += (double)count * m->tp * sizeof(float);
+    c->st.bytes += (double)count * m->tp * (m->bf16 ? sizeof(uint16_t) : sizeof(float));
     c->st.ms += (t1 - t0) * 1e3;
   } else {
     c->st.other_ms += (t1 - t0) * 1e3;
@@ -225,7 +276,7 @@ static void f_backward(train_model *m, float *buf, size_t n, const char *what, i
   if (m->seq_shards > 1)
     reduce_scatter(m, buf, n / m->tp, what, block);
   else
-    all_reduce(m, buf, n, what, block);
+    all_reduce(m, buf, n, what, block, 1);
 }
 
 /* f forward under SP: rows [r*Nr, r*Nr + Nr) of buf, from every rank r, into buf. */
@@ -268,7 +319,7 @@ static void ln_partial_done(train_model *m, float *dw, float *db, const char *wh
   train_tp_ctx *c = ctx_of(m);
   int C = m->cfg.channels;
   if (!c->part || c->part_n < 2 * (size_t)C) return;
-  all_reduce(m, c->part, 2 * (size_t)C, what, 0);
+  all_reduce(m, c->part, 2 * (size_t)C, what, 0, 0);
   for (int i = 0; i < C; i++) {
     dw[i] += c->part[i];
     db[i] += c->part[C + i];
@@ -283,7 +334,7 @@ static void g_forward(train_model *m, float *out, const float *b, int N, int C, 
     N /= m->tp;
     reduce_scatter(m, out, (size_t)N * C, what, 1);
   } else {
-    all_reduce(m, out, (size_t)N * C, what, 1);
+    all_reduce(m, out, (size_t)N * C, what, 1, 1);
   }
   for (int n = 0; n < N; n++) {
     float *o = out + (size_t)n * C;
@@ -326,7 +377,7 @@ static void embed_forward(train_model *m, float *out, const int *inp, const floa
     else
       memset(o, 0, (size_t)C * sizeof(float));
   }
-  all_reduce(m, out, (size_t)B * T * C, "embedding", 0);
+  all_reduce(m, out, (size_t)B * T * C, "embedding", 0, 1);
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       float *o = out + ((size_t)b * T + t) * C;
@@ -427,7 +478,7 @@ static void xent_forward(train_model *m, float *losses, float *probs, const floa
     sz[n] = s;
     sz[N + n] = t >= 0 && t < nv ? l[t] : 0.0f;
   }
-  all_reduce(m, sz, 2 * (size_t)N, "loss sums", 0);
+  all_reduce(m, sz, 2 * (size_t)N, "loss sums", 0, 0);
   for (int n = 0; n < N; n++) {
     float s = sz[n], inv = 1.0f / s;
     float *p = probs + (size_t)n * Vl;
@@ -455,19 +506,20 @@ static double grad_sumsq(train_model *m) {
   double split = 0.0, rep = 0.0;
   for (int i = 0; i < m->ntensors; i++) {
     const train_param *p = &m->tensors[i];
-    double s = m->ops->sumsq(m->grads + p->offset, p->numel);
+    double s = m->bf16 ? m->ops->sumsq_bf16(m->grads16 + p->offset, p->numel)
+                       : m->ops->sumsq(m->grads + p->offset, p->numel);
     if (train_param_is_split(p->name))
       split += s;
     else
       rep += s;
   }
   float part = (float)split;
-  all_reduce(m, &part, 1, "grad norm", 0);
+  all_reduce(m, &part, 1, "grad norm", 0, 0);
   return (double)part + rep;
 }
 
 int train_tp_group_sum(train_model *m, float *x, char *err) {
-  all_reduce(m, x, 1, "grad norm", 0);
+  all_reduce(m, x, 1, "grad norm", 0, 0);
   const train_tp_ctx *c = ctx_of(m);
   if (c && c->failed) {
     train_errf(err, "%s", c->err);
@@ -564,6 +616,13 @@ int train_tp_attach(train_session *s, train_backend *b, char *err) {
     return -1;
   }
   if (m->tp <= 1) return 0; /* nothing to communicate */
+  if (m->bf16 && (!b->all_reduce_bf16 || !b->reduce_scatter_bf16)) {
+    train_errf(err,
+               "--dtype bf16 with --tp: the %s backend cannot reduce bfloat16; use "
+               "--backend coll",
+               b->name);
+    return -1;
+  }
   train_tp_ctx *c = calloc(1, sizeof *c);
   if (!c) {
     train_errf(err, "out of memory for the tensor-parallel context");
@@ -611,6 +670,8 @@ void train_tp_detach(train_session *s) {
   free(c->full);
   free(c->stage);
   free(c->part);
+  free(c->w16a);
+  free(c->w16b);
   free(c);
   s->model->layer_ops = train_local_layer_ops();
   s->model->layer_ctx = NULL;
@@ -645,7 +706,7 @@ void train_tp_set_trace(train_session *s, train_trace *tr, int rank) {
 /* ---- the planner's rows ---------------------------------------------------------------- */
 
 int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp, int zero,
-                  int recompute, double fixed, train_plan_row *r, long *inblock,
+                  int recompute, int bf16, double fixed, train_plan_row *r, long *inblock,
                   double *inblock_bytes, char *err) {
   if (train_tp_config_check(cfg, tp, TRAIN_DEVICE_CPU, err) != 0) return -1;
   if (train_shape_check(cfg, B, S, err) != 0) return -1; /* what a run would refuse */
@@ -658,13 +719,15 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
     return -1;
   }
   size_t P = 0, A = 0, *ul = calloc((size_t)cfg->layers + 2, sizeof *ul);
-  train_split split = {.tp = tp, .sp = sp, .recompute = recompute};
+  train_split split = {.tp = tp, .sp = sp, .recompute = recompute, .bf16 = bf16};
   if (!ul || train_model_sizes_split(cfg, B, S, &split, &P, &A, ul) != 0) {
     free(ul);
     train_errf(err, "out of memory planning");
     return -1;
   }
-  double f = 4.0, act = (double)B * S * cfg->channels * f; /* one B·S·C activation */
+  /* one B·S·C activation on the wire (bf16: 2 bytes an element; the loss's 3·B·S and
+   * the gradient norm stay fp32) */
+  double f = 4.0, act = (double)B * S * cfg->channels * (bf16 ? 2.0 : f);
   double ring_t = 2.0 * (tp - 1) / tp, ring_d = 2.0 * (dp - 1) / dp;
   long nblock = 4L * cfg->layers;
   static const char *zn[2][4] = {{"", "TPxZ1", "TPxZ2", "TPxZ3"}, {"", "SPxZ1", "SPxZ2", "SPxZ3"}};
@@ -687,6 +750,12 @@ int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp,
   r->acts = (double)A;
   r->fixed = fixed;
   r->sent = tp_sent + ring_d * f * P;
+  if (bf16) { /* the slice's 2 + 2 + 12 bytes a parameter, its gradients all-reduced in bf16 */
+    r->params = 2.0 * P;
+    r->grads = 2.0 * P;
+    r->optim = 12.0 * P;
+    r->sent = tp_sent + ring_d * 2.0 * P;
+  }
   r->total = r->params + r->grads + r->optim + r->acts + r->fixed;
 out:
   if (inblock) *inblock = nblock;
@@ -790,7 +859,7 @@ static void tp_strategy_summary(const train_parallel *p, const train_step_report
 static int tp_strategy_plan(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
   const train_options *o = &p->s->opt;
   return train_tp_plan(&o->cfg, o->batch, o->seq, p->grid->T, p->grid->D, p->opt.sp, p->inner->zero,
-                       o->recompute, fixed, out, NULL, NULL, err);
+                       o->recompute, o->bf16, fixed, out, NULL, NULL, err);
 }
 
 static void tp_strategy_free(train_parallel *p) {

@@ -99,8 +99,8 @@ TRAIN_API int train_tp_g_backward(train_backend *b, float *dx, size_t n);
  * row of the slice's units (train_plan's formulas) plus TP's traffic; 0: DDP (or none). */
 #include "parallel/planner.h"
 TRAIN_API int train_tp_plan(const train_config *cfg, int B, int S, int tp, int dp, int sp, int zero,
-                            int recompute, double fixed, train_plan_row *out, long *inblock,
-                            double *inblock_bytes, char *err);
+                            int recompute, int bf16, double fixed, train_plan_row *out,
+                            long *inblock, double *inblock_bytes, char *err);
 
 /* Parameter conversion between the single-process layout (full: train_num_params of the
  * T = 1 model) and rank r's local layout: shard copies r's slice out of full; unshard

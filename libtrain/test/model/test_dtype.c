@@ -4,7 +4,9 @@
  *
  *  - the loss follows fp32's: every one of 20 steps within 5e-3 relative, on one process,
  *    under DDP (gradients all-reduced in bf16), in pipelines (activations and their
- *    gradients sent in bf16, the tied embedding's halves summed in bf16) and with both
+ *    gradients sent in bf16, the tied embedding's halves summed in bf16, ZeRO-1's
+ *    reduce-scatter and gather in bf16), under tensor parallelism (activations all-reduced,
+ *    and under SP gathered and reduce-scattered, in bf16), in the 3-D grid and with both
  *    recomputations; and it falls alike: the bf16 run's drop from step 1 to 20 within 5 %
  *    of fp32's. Why 5e-3: bf16 keeps 8 significant bits (relative rounding 2^-9 = 2e-3 a
  *    value), the loss averages over B·T positions so its own error is smaller, and the
@@ -49,6 +51,11 @@ Test(dtype, bf16_follows_fp32, .timeout = 400) {
       "--batch 2 --pp 2 --micro-batches 2 --ranks 4 --parallel ddp",
       /* ZeRO-1 along D: the gradients reduce-scattered and the weights gathered in bf16 */
       "--batch 2 --pp 2 --micro-batches 2 --ranks 4 --parallel fsdp --zero 1",
+      /* tensor parallelism: its activations cross the group in bf16 (and SP's gathers and
+       * reduce-scatters), and the 3-D grid */
+      "--batch 8 --tp 2",
+      "--batch 8 --tp 2 --sp",
+      "--batch 2 --tp 2 --pp 2 --ranks 8 --parallel fsdp --zero 1 --micro-batches 2",
       "--batch 8 --recompute full",
       "--batch 8 --recompute selective",
   };
@@ -110,12 +117,11 @@ static void refused(const char *args, const char *needle) {
 
 Test(dtype, bad_input_is_refused, .timeout = 60) {
   refused("--dtype fp16", "not fp32 or bf16");
-  refused("--dtype bf16 --tp 2", "bf16 with --tp");
   refused("--dtype bf16 --parallel fsdp --ranks 2", "bf16 with --parallel fsdp");
   refused("--dtype bf16 --pp 2 --schedule zb", "bf16 with --schedule zb");
   refused("--dtype bf16 --device cuda", "CPU model only");
   refused("--dtype bf16 --parallel ddp --ranks 2 --backend mpi", "--backend coll");
-  refused("--dtype bf16 --tp 2 --plan", "bf16 with --tp");
+  refused("--dtype bf16 --parallel fsdp --ranks 2 --plan", "bf16 with --parallel fsdp");
 }
 
 /* A bf16 run stopped at step 3 and resumed gives the uninterrupted run's losses bit for bit:
