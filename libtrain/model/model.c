@@ -142,12 +142,8 @@ int train_bf16_check(train_device dev, int tp, int split_w, char *err) {
     train_errf(err, "--dtype bf16 runs on the CPU model only (--device cpu)");
     return -1;
   }
-  (void)tp; /* the tensor-parallel layer operations take the fp32 working set and send bf16 */
-  if (split_w) {
-    train_errf(err, "--dtype bf16 with --schedule zb is not built yet: W reads fp32 gradients "
-                    "kept per micro-batch");
-    return -1;
-  }
+  (void)tp;      /* the tensor-parallel layer operations take the fp32 working set and send bf16 */
+  (void)split_w; /* zero-bubble's saved output gradients stay fp32, per set */
   return 0;
 }
 
@@ -317,6 +313,13 @@ static size_t layout_acts_bf16(train_model *m, float *mem) {
   S_(lnf_mean, H * BTr);
   S_(lnf_rstd, H * BTr);
   S_(losses, H * BT);
+  size_t Z = m->split_w ? 1 : 0; /* zero-bubble's saved output gradients: fp32, per set */
+  S_(w_fcproj, Z * L * BT * C);
+  S_(w_fc, Z * L * BT * 4 * Cl);
+  S_(w_proj, Z * L * BT * C);
+  S_(w_qkv, Z * L * BT * 3 * Cl);
+  S_(w_logits, Z * BT * V);
+  S_(w_embed, Z * (m->has_embed ? BTr * C : 0));
   W_(encoded, BTr * C); /* the block's input, widened */
   W_(ln1, W1 * BT * C);
   W_(qkv, W1 * BT * 3 * Cl);
@@ -1218,21 +1221,29 @@ void train_piece_weights(train_model *m, int chunk) {
   int B = m->lastB, T = m->lastT, N = B * T;
   size_t bt = (size_t)m->maxB * m->maxT;
   train_acts *a = &m->acts;
-  float *dwte = m->grads + m->tensors[0].offset;
-  if (last) o->matmul_backward(NULL, dwte, NULL, a->w_logits, a->lnf, NULL, N, C, V);
+  const train_param *pwte = &m->tensors[0], *pwpe = &m->tensors[1];
+  if (last) { /* bf16: the stored final LayerNorm widened, the gradients of wte widened */
+    if (m->bf16) o->from_bf16(a->lnf, m->acts16.lnf, (size_t)N * C);
+    o->matmul_backward(NULL, root_widen(m, 0, 1, 1), NULL, a->w_logits, a->lnf, NULL, N, C, V);
+    grads_done(m, pwte->offset, pwte->numel);
+  }
   for (int i = L - 1; i >= 0; i--) {
     train_block g;
-    train_block_view(m, m->grads, l0 + i, &g);
-    o->matmul_backward(NULL, g.fcprojw, g.fcprojb, a->w_fcproj + i * bt * C,
-                       a->fch_gelu + i * bt * 4 * Cl, NULL, N, 4 * Cl, C);
-    o->matmul_backward(NULL, g.fcw, g.fcb, a->w_fc + i * bt * 4 * Cl, a->ln2 + i * bt * C, NULL, N,
-                       C, 4 * Cl);
-    o->matmul_backward(NULL, g.projw, g.projb, a->w_proj + i * bt * C, a->atty + i * bt * Cl, NULL,
-                       N, Cl, C);
-    o->matmul_backward(NULL, g.qkvw, g.qkvb, a->w_qkv + i * bt * 3 * Cl, a->ln1 + i * bt * C, NULL,
-                       N, C, 3 * Cl);
+    block_acts ba;
+    block_view(m, i, &ba);
+    if (m->bf16) load_block(m, i); /* the Linears' inputs, widened */
+    block_grads(m, l0 + i, &g);
+    o->matmul_backward(NULL, g.fcprojw, g.fcprojb, a->w_fcproj + i * bt * C, ba.fch_gelu, NULL, N,
+                       4 * Cl, C);
+    o->matmul_backward(NULL, g.fcw, g.fcb, a->w_fc + i * bt * 4 * Cl, ba.ln2, NULL, N, C, 4 * Cl);
+    o->matmul_backward(NULL, g.projw, g.projb, a->w_proj + i * bt * C, ba.atty, NULL, N, Cl, C);
+    o->matmul_backward(NULL, g.qkvw, g.qkvb, a->w_qkv + i * bt * 3 * Cl, ba.ln1, NULL, N, C,
+                       3 * Cl);
+    grads_done(m, block_off(m, l0 + i), block_len(m, l0 + i));
   }
-  if (first)
-    m->layer_ops->embed_backward(m, dwte, m->grads + m->tensors[1].offset, a->w_embed, m->inputs, B,
-                                 T, C);
+  if (first) {
+    float *dwte = root_widen(m, 0, 2, 1), *dwpe = dwte + pwte->numel;
+    m->layer_ops->embed_backward(m, dwte, dwpe, a->w_embed, m->inputs, B, T, C);
+    grads_done(m, 0, pwte->numel + pwpe->numel);
+  }
 }
