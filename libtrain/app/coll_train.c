@@ -1031,8 +1031,7 @@ int main(int argc, char **argv) {
           "gathered output gradients");
   }
   if (o.bf16) { /* what bf16 runs on, before --plan: it refuses what a run refuses */
-    if (train_bf16_check(o.device, cl.tp, cl.pp > 1 && cl.schedule == TRAIN_PP_ZB, msg) != 0)
-      die(msg);
+    if (train_bf16_check(o.device, msg) != 0) die(msg);
     if (cl.fsdp && cl.pp < 2)
       die("--dtype bf16 with --parallel fsdp is not built yet: use --parallel ddp (or --pp "
           "with --parallel fsdp --zero 1)");

@@ -197,10 +197,9 @@ typedef enum {
   TRAIN_RECOMPUTE_SELECTIVE = 2
 } train_recompute;
 
-/* 0, or -1 with a sentence when a --dtype bf16 model cannot be built for this device
- * (the CPU only); tp and split_w (zero-bubble) are accepted, kept for what a later device
- * may refuse. */
-TRAIN_API int train_bf16_check(train_device dev, int tp, int split_w, char *err);
+/* 0, or -1 with a sentence when a --dtype bf16 model cannot be built for this device (the
+ * CPU only: the kernels that widen and round are the CPU's). */
+TRAIN_API int train_bf16_check(train_device dev, char *err);
 
 typedef struct train_options {
   train_config cfg;

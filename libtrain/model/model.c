@@ -137,13 +137,11 @@ int train_pp_split_check(const train_config *c, int pp, int chunks, train_device
   return 0;
 }
 
-int train_bf16_check(train_device dev, int tp, int split_w, char *err) {
+int train_bf16_check(train_device dev, char *err) {
   if (dev != TRAIN_DEVICE_CPU) {
     train_errf(err, "--dtype bf16 runs on the CPU model only (--device cpu)");
     return -1;
   }
-  (void)tp;      /* the tensor-parallel layer operations take the fp32 working set and send bf16 */
-  (void)split_w; /* zero-bubble's saved output gradients stay fp32, per set */
   return 0;
 }
 
@@ -643,7 +641,7 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
     return NULL;
   }
   if (train_shape_check(cfg, B, T, err) != 0) return NULL;
-  if (split->bf16 && train_bf16_check(dev, tp > 1 ? tp : 1, split->split_w, err) != 0) return NULL;
+  if (split->bf16 && train_bf16_check(dev, err) != 0) return NULL;
   const train_ops *ops = train_cpu_ops();
   if (dev == TRAIN_DEVICE_CUDA) {
     ops = train_cuda_ops(err);
