@@ -65,48 +65,37 @@ static int started(train_backend *b, const char *what, int slot, coll_result r, 
   return 0;
 }
 
-static int cl_all_reduce(train_backend *b, float *buf, size_t count, train_reduce op,
-                         train_req *req) {
+/* A reduction started on a free stream: all-reduce in place (send == recv) or
+ * reduce-scatter, of `dt` elements. */
+static int reduce_as(train_backend *b, const void *send, void *recv, size_t count, coll_dtype dt,
+                     int scatter, train_reduce op, train_req *req, const char *what) {
   coll_impl *c = b->impl;
+  coll_op o = op == TRAIN_REDUCE_AVG ? COLL_AVG : COLL_SUM;
   int s;
   if (take_slot(b, &s) != 0) return -1;
-  coll_result r = coll_all_reduce(buf, buf, count, COLL_FLOAT32,
-                                  op == TRAIN_REDUCE_AVG ? COLL_AVG : COLL_SUM, c->comm,
-                                  c->streams[s]);
-  return started(b, "all_reduce", s, r, req);
+  coll_result r = scatter ? coll_reduce_scatter(send, recv, count, dt, o, c->comm, c->streams[s])
+                          : coll_all_reduce(send, recv, count, dt, o, c->comm, c->streams[s]);
+  return started(b, what, s, r, req);
+}
+
+static int cl_all_reduce(train_backend *b, float *buf, size_t count, train_reduce op,
+                         train_req *req) {
+  return reduce_as(b, buf, buf, count, COLL_FLOAT32, 0, op, req, "all_reduce");
 }
 
 static int cl_all_reduce_bf16(train_backend *b, uint16_t *buf, size_t count, train_reduce op,
                               train_req *req) {
-  coll_impl *c = b->impl;
-  int s;
-  if (take_slot(b, &s) != 0) return -1;
-  coll_result r = coll_all_reduce(buf, buf, count, COLL_BFLOAT16,
-                                  op == TRAIN_REDUCE_AVG ? COLL_AVG : COLL_SUM, c->comm,
-                                  c->streams[s]);
-  return started(b, "all_reduce (bf16)", s, r, req);
+  return reduce_as(b, buf, buf, count, COLL_BFLOAT16, 0, op, req, "all_reduce (bf16)");
 }
 
 static int cl_reduce_scatter(train_backend *b, const float *send, float *recv, size_t recvcount,
                              train_reduce op, train_req *req) {
-  coll_impl *c = b->impl;
-  int s;
-  if (take_slot(b, &s) != 0) return -1;
-  coll_result r = coll_reduce_scatter(send, recv, recvcount, COLL_FLOAT32,
-                                      op == TRAIN_REDUCE_AVG ? COLL_AVG : COLL_SUM, c->comm,
-                                      c->streams[s]);
-  return started(b, "reduce_scatter", s, r, req);
+  return reduce_as(b, send, recv, recvcount, COLL_FLOAT32, 1, op, req, "reduce_scatter");
 }
 
 static int cl_reduce_scatter_bf16(train_backend *b, const uint16_t *send, uint16_t *recv,
                                   size_t recvcount, train_reduce op, train_req *req) {
-  coll_impl *c = b->impl;
-  int s;
-  if (take_slot(b, &s) != 0) return -1;
-  coll_result r = coll_reduce_scatter(send, recv, recvcount, COLL_BFLOAT16,
-                                      op == TRAIN_REDUCE_AVG ? COLL_AVG : COLL_SUM, c->comm,
-                                      c->streams[s]);
-  return started(b, "reduce_scatter (bf16)", s, r, req);
+  return reduce_as(b, send, recv, recvcount, COLL_BFLOAT16, 1, op, req, "reduce_scatter (bf16)");
 }
 
 static int cl_all_gather(train_backend *b, const void *send, void *recv, size_t bytes,

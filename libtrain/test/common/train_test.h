@@ -226,6 +226,30 @@ static inline int th_cli_losses(const char *cmd, const char *base, long first, f
   return n;
 }
 
+/* The losses a run wrote with --losses FILE ("step hexfloat" lines) into l, at most max;
+ * fails the test when the file is missing. Returns how many. */
+static inline int th_read_losses(const char *path, float *l, int max) {
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "no losses file %s", path);
+  int n = 0;
+  long st;
+  float x;
+  while (n < max && fscanf(f, "%ld %a", &st, &x) == 2) l[n++] = x;
+  fclose(f);
+  return n;
+}
+
+/* Runs cmd (th_run_ok, its output beside base) and reads the run's planned total and
+ * measured peak (MiB) from its line "memory: planned X MiB ... (VmHWM) Y MiB". */
+static inline void th_memory_of(const char *cmd, const char *base, double *plan, double *peak) {
+  char *o = th_run_ok(cmd, base);
+  char *p = strstr(o, "memory: planned ");
+  cr_assert(p && sscanf(p, "memory: planned %lf MiB", plan) == 1, "no plan line in %s", o);
+  char *q = strstr(p, "(VmHWM) ");
+  cr_assert(q && sscanf(q, "(VmHWM) %lf MiB", peak) == 1, "no peak in %s", p);
+  free(o);
+}
+
 /* s is exactly one line, ending in its only newline. */
 static inline int th_one_line(const char *s) {
   const char *nl = strchr(s, '\n');

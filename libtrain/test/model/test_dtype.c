@@ -30,13 +30,7 @@ static int losses(const char *args, float *l) {
   char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir), *lf = th_fmt("%s/l", dir);
   char *cmd = th_fmt("timeout 120 %s " MODEL " %s --losses %s", th_cli(), args, lf);
   free(th_run_ok(cmd, base));
-  FILE *f = fopen(lf, "r");
-  cr_assert(f, "%s: no losses", args);
-  int n = 0;
-  long st;
-  float x;
-  while (n < STEPS && fscanf(f, "%ld %a", &st, &x) == 2) l[n++] = x;
-  fclose(f);
+  int n = th_read_losses(lf, l, STEPS);
   th_rmrf(dir);
   free(dir), free(base), free(lf), free(cmd);
   return n;
@@ -86,13 +80,9 @@ static void memory_of(const char *dtype, double *plan, double *peak) {
                      "--batch 8 --threads 1 --eval-every 0 --sample-len 0 --steps 2 --quiet "
                      "--dtype %s",
                      th_cli(), dtype);
-  char *o = th_run_ok(cmd, base);
-  char *p = strstr(o, "memory: planned ");
-  cr_assert(p && sscanf(p, "memory: planned %lf MiB", plan) == 1, "no plan line in %s", o);
-  char *q = strstr(p, "(VmHWM) ");
-  cr_assert(q && sscanf(q, "(VmHWM) %lf MiB", peak) == 1, "no peak in %s", p);
+  th_memory_of(cmd, base, plan, peak);
   th_rmrf(dir);
-  free(o), free(cmd), free(base), free(dir);
+  free(cmd), free(base), free(dir);
 }
 
 Test(dtype, bf16_lowers_the_peak_by_what_the_plan_says, .timeout = 120) {

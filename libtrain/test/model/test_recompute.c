@@ -57,13 +57,9 @@ static void memory_of(const char *mode, double *plan, double *peak) {
                      "--batch 8 --threads 1 --eval-every 0 --sample-len 0 --steps 2 --quiet "
                      "--recompute %s",
                      th_cli(), mode);
-  char *o = th_run_ok(cmd, base);
-  char *p = strstr(o, "memory: planned ");
-  cr_assert(p && sscanf(p, "memory: planned %lf MiB", plan) == 1, "no plan line in %s", o);
-  char *q = strstr(p, "(VmHWM) ");
-  cr_assert(q && sscanf(q, "(VmHWM) %lf MiB", peak) == 1, "no peak in %s", p);
+  th_memory_of(cmd, base, plan, peak);
   th_rmrf(dir);
-  free(o), free(cmd), free(base), free(dir);
+  free(cmd), free(base), free(dir);
 }
 
 Test(recompute, lowers_the_peak_by_what_the_plan_says, .timeout = 120) {

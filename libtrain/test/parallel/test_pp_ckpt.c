@@ -46,13 +46,7 @@ static int run(const char *dir, const char *tag, const char *args, float *l) {
   char *cmd = th_fmt("timeout 120 %s " MODEL " --steps %d --quiet %s --losses %s", th_cli(), STEPS,
                      args, lf);
   free(th_run_ok(cmd, base));
-  FILE *f = fopen(lf, "r");
-  cr_assert(f, "%s: no losses file", args);
-  int n = 0;
-  long st;
-  float x;
-  while (n < STEPS && fscanf(f, "%ld %a", &st, &x) == 2) l[n++] = x;
-  fclose(f);
+  int n = th_read_losses(lf, l, STEPS);
   free(base), free(lf), free(cmd);
   return n;
 }
