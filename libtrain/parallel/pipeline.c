@@ -3,11 +3,11 @@
  * step as the schedule's action lists (schedule.h) say, on this stage's model pieces.
  *
  * The interpreter walks the stage's list in order: F and B (and ZB's W) call the model's
- * piece passes on the activation set of that (micro-batch, chunk); a run of consecutive
- * transfer actions becomes one train_backend.exchange (one libcoll group), so the pairs
- * the checker matched are posted together. It never reorders the list: a schedule that
- * the checker passed is what runs, and a schedule's memory is what the walk below
- * counts.
+ * piece passes on the activation set of that (micro-batch, chunk); the transfers of one
+ * group (consecutive, same group number, one peer) become one train_backend.exchange (one
+ * libcoll group), met by its mirror on the peer as the checker proved. It never reorders
+ * the list: a schedule that the checker passed is what runs, and a schedule's memory is
+ * what the walk below counts.
  *
  * Activation sets. A (micro-batch, chunk) takes a set when its activation is received
  * (or, on the first piece, at its forward) and gives it back once its backward is done
@@ -16,9 +16,10 @@
  * sets from a free list by the same rules and fails with a sentence rather than
  * overwrite a set in use.
  *
- * It must never print, and never run a collective that only some stages of a group
- * reach: every rank of the pipeline group walks the same step to its end, even after a
- * failure in its own part (the error is then returned).
+ * It must never print, never reorder a list, and never wait for a peer without a bound: a
+ * failed transfer or collective returns its sentence at once, the application aborts the
+ * job, and libcoll tells every rank waiting on this one within about a second (its
+ * timeout bounds the rest).
  */
 #include "parallel/pipeline.h"
 
