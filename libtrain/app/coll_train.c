@@ -996,15 +996,17 @@ int main(int argc, char **argv) {
       die(msg);
     if (cl.tp > 1 && train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0) die(msg);
     int W = cl.tp * cl.pp;
-    if (!cl.ranks_given && !launched_by_someone()) cl.ranks = W;
-    if (cl.ranks % W != 0) {
+    /* under a launcher (or mpirun re-running us) the world size is checked by run() */
+    int launched = launched_by_someone() && !cl.ranks_given;
+    if (!cl.ranks_given && !launched) cl.ranks = W;
+    if (!launched && cl.ranks % W != 0) {
       snprintf(msg, sizeof msg,
                "--ranks %d is not --tp %d x --pp %d x D for any D: the ranks form a T x P x D "
                "grid",
                cl.ranks, cl.tp, cl.pp);
       die(msg);
     }
-    if (!cl.ddp && cl.ranks != W) {
+    if (!launched && !cl.ddp && cl.ranks != W) {
       snprintf(msg, sizeof msg,
                "--ranks %d with --tp %d x --pp %d makes %d data-parallel replicas: say "
                "--parallel ddp (or --ranks %d)",

@@ -20,10 +20,12 @@
  *    order, are its list's compute actions.
  *  - memory: at P = 4 each stage's peak resident size within 15 % of the planner's row
  *    for that stage (coll-train prints both per rank).
+ *  - a stage killed mid-run: every other rank exits with a sentence within seconds.
  *  - bad input, refused with one line and exit status 1 (--plan and --explain too).
  */
 #include <criterion/criterion.h>
 
+#include "common/env_job.h"
 #include "common/train_test.h"
 
 #define MODEL                                                                         \
@@ -175,6 +177,16 @@ Test(pipeline, each_stage_peak_memory_is_planned, .timeout = 300) {
   cr_assert_eq(ranks, 4, "%d stages in: %s", ranks, line);
   th_rmrf(dir);
   free(o), free(cmd), free(base), free(dir);
+}
+
+/* Ranks started as a launcher would (env_job.h); a middle stage of a 4-stage pipeline is
+ * killed once training is under way: the others, waiting on it in a transfer or beyond
+ * it, exit with status 1 and a sentence within seconds (libcoll's watch links tell them). */
+Test(pipeline, killed_stage_fails_the_others, .timeout = 60) {
+  env_job_kill_under_way(4,
+                         "--layers 4 --channels 32 --heads 4 --max-seq 32 --seq 16 --batch 2 "
+                         "--threads 1 --eval-every 0 --steps 1000000 --pp 4 --micro-batches 4",
+                         2, 10.0, 1, "coll-train: ");
 }
 
 static void refused(const char *args, const char *needle) {
