@@ -501,11 +501,14 @@ static int run(const cli *c, train_backend *b) {
   train_plan_row pr;
   char line[256];
   if (root) {
+    /* bf16: 2-byte weights and gradients, the fp32 master with AdamW's moments */
+    double wb = o.bf16 ? 2.0 : 4.0, ob = o.bf16 ? 12.0 : 8.0;
     printf("coll-train: GPT  layers %d  channels %d  heads %d  vocab %d  max_seq %d  "
-           "= %zu parameters (%.1f MiB; +%.1f MiB grads, +%.1f MiB AdamW, %.1f MiB "
+           "= %zu parameters (%.1f MiB%s; +%.1f MiB grads, +%.1f MiB %s, %.1f MiB "
            "activations)\n",
-           cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np, np * 4.0 / 1048576,
-           np * 4.0 / 1048576, np * 8.0 / 1048576, train_activation_bytes(m) / 1048576.0);
+           cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->max_seq, np, np * wb / 1048576,
+           o.bf16 ? " bf16" : "", np * wb / 1048576, np * ob / 1048576,
+           o.bf16 ? "fp32 master + AdamW" : "AdamW", train_activation_bytes(m) / 1048576.0);
     printf("coll-train: data %s (%zu tokens, last 10%% for validation)  batch %d x seq %d  "
            "steps %d  lr %g  device %s",
            o.data_path ? o.data_path : "embedded corpus (Shakespeare's sonnets)",
