@@ -39,7 +39,8 @@ An MPI peer may carry a setting: WHO@ALG forces that library's algorithm for the
 measured (impi, imb: I_MPI_ADJUST_<OP>=ALG, which may be Intel's conditional form
 "13:65536-67108864"; openmpi, openmpi5: --mca coll_tuned_use_dynamic_rules 1 --mca
 coll_tuned_<op>_algorithm ALG; mpich, mpich5: MPIR_CVAR_<OP>_INTRA_ALGORITHM=ALG, a name);
-WHO@A-B is every ALG from A to B.  --best folds a library's settings into one column, the
+WHO@A-B is every ALG from A to B, impi@all every preset Intel MPI has for the collective
+(impi_info -v I_MPI_ADJUST_<OP>).  --best folds a library's settings into one column, the
 best median of each cell with its setting in parentheses ("-" the library's default):
 that is "I_MPI_ADJUST_ALLREDUCE chosen per size".
 --tuned exports GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=...
@@ -86,6 +87,11 @@ OPS = {"all_reduce": ("ALLREDUCE", "Allreduce", "allreduce", "ALLREDUCE", False)
        "gather": ("GATHER", "Gather", "gather", "GATHER", True),
        "scatter": ("SCATTER", "Scatter", "scatter", "SCATTER", True)}
 
+# Intel MPI 2021.19's presets per collective (impi_info -v I_MPI_ADJUST_<OP>: "range: 0-N";
+# one above N is ignored with a warning): impi@all is 1..N of the collective measured
+IMPI_PRESETS = {"all_reduce": 32, "all_gather": 6, "reduce_scatter": 6, "broadcast": 22,
+                "reduce": 19, "all_to_all": 18, "gather": 5, "scatter": 5}
+
 
 def split_who(w):
     """'impi@13' -> ('impi', '13'); 'impi' -> ('impi', '')."""
@@ -99,10 +105,13 @@ def label(w):
 
 
 def expand_who(words):
-    """WHO@A-B (integers) -> WHO@A, ..., WHO@B."""
+    """WHO@A-B (integers) -> WHO@A, ..., WHO@B; impi@all, imb@all -> every preset of
+    Intel MPI (those beyond a collective's range are not run for it)."""
     out = []
     for w in words:
         base, setting = split_who(w)
+        if setting == "all" and base in ("impi", "imb"):
+            setting = f"1-{max(IMPI_PRESETS.values())}"
         lo, dash, hi = setting.partition("-")
         if dash and lo.isdigit() and hi.isdigit() and ":" not in setting:
             out += [f"{base}@{k}" for k in range(int(lo), int(hi) + 1)]
@@ -121,10 +130,18 @@ PRESETS = {
                      peer_args="-t 0.5 -n 5 -w 5 -c 0",
                      imb_args="-iter 100000 -time 0.5 -iter_policy off -mem 2",
                      coll_args="-n auto -c 0 -z 1"),
+    # issue 44's third criterion: the other collectives at 1 and 64 MiB against Intel MPI
+    # (every preset: the best per cell) and the rest
+    "headline-colls": dict(ranks="2,4", colls="all_gather,reduce_scatter,broadcast,all_to_all",
+                           sizes="1M,64M", who="impi,impi@all,imb,openmpi5,mpich5,openmpi,"
+                           "mpich,libcoll", metric="time", tuned=False, best=True,
+                           peer_args="-t 0.5 -n 5 -w 5 -c 0",
+                           imb_args="-iter 100000 -time 0.5 -iter_policy off -mem 2",
+                           coll_args="-n auto -c 0 -z 1"),
     # Intel MPI's all-reduce algorithms one by one, to choose I_MPI_ADJUST_ALLREDUCE per
     # size (docs: bench/peers/README.md, "Best settings")
     "impi-sweep": dict(ranks="2,4", colls="all_reduce", sizes="8,1K,64K,1M,16M,64M",
-                       who="impi,impi@1-32", metric="time", tuned=False, best=False,
+                       who="impi,impi@all", metric="time", tuned=False, best=False,
                        peer_args="-t 0.3 -n 3 -w 3 -c 0", coll_args=""),
     "large": dict(ranks="2,4", colls="all_reduce,all_gather,reduce_scatter", sizes="64M,256M",
                   who="openmpi,mpich,libcoll,libcoll-windows", metric="busbw", tuned=True,
@@ -282,6 +299,10 @@ class Runner:
         return [(base + ["-b", str(s), "-e", str(s)], env) for s in sizes]
 
     def run(self, rep, np_, coll, who, sizes):
+        base_who, setting = split_who(who)
+        if base_who in ("impi", "imb") and setting.isdigit() and \
+                int(setting) > IMPI_PRESETS[coll]:
+            return  # Intel MPI would ignore it and run its default
         for i, (cmd, extra) in enumerate(self.commands(who, np_, coll, sizes)):
             name = f"rep{rep}_n{np_}_{coll}_{who}{'_' + str(i) if i else ''}.txt"
             path = os.path.join(self.a.out, name)
