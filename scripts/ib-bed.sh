@@ -30,9 +30,12 @@
 #   -q          no banner
 # Exit status: the first failing rank's status (137: killed by its timeout), 124 when a
 # guest did not finish in time, 1 when a guest failed before its ranks ran, 77 when this
-# machine cannot run the bed (no root to install, no kernel package, QEMU missing) —
+# machine cannot run the bed (no root to install, no kernel package, QEMU cannot start) —
 # tests read 77 as "skip", with the sentence printed before it.
 set -uo pipefail
+# The body is one compound command, read whole before it runs: editing this file while a
+# bed runs cannot change what the running bed does.
+{
 
 guests=2 per=1 limit=120 mem=1024 keep="" quiet=0 pre="" during=""
 envs=()
@@ -209,8 +212,14 @@ for ((g = 0; g < guests; g++)); do
   if [ $rc = 137 ] || [ $rc = 124 ]; then
     say "guest $g did not finish within ${limit} s (killed)"
     [ $status != 0 ] || status=124
+  elif [ $rc != 0 ] && [ ! -d "$res/g$g" ]; then
+    # QEMU itself refused (no TCG, no 9p, a bad accelerator): this machine cannot boot
+    # the guests, which is not a failure of what runs in them.
+    say "QEMU could not start guest $g (exit $rc): $(tail -n 1 "$res/qemu-g$g.log" 2>/dev/null)"
+    cant=1
   fi
 done
+if [ "${cant:-0}" = 1 ]; then exit 77; fi
 qpids=()
 
 # ---- what came back ---------------------------------------------------------------------
@@ -235,3 +244,4 @@ for ((g = 0; g < guests; g++)); do
 done
 [ "$quiet" = 1 ] || say "finished in $(awk -v a="$t0" -v b="$(date +%s.%N)" "BEGIN{printf \"%.1f\", b - a}") s, status $status"
 exit $status
+}

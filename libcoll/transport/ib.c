@@ -311,8 +311,9 @@ static coll_result pick_gid(const coll_comm_view *view, ib_ctx *ctx) {
                           "configured on its network interface?)",
                           view->rank, ctx->devname, ctx->port);
   if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, idx, &ctx->gid) != 0)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: reading GID %d of %s port %d failed: %s",
-                          view->rank, idx, ctx->devname, ctx->port, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: ibv_query_gid of GID %d on %s port %d failed: %s", view->rank,
+                          idx, ctx->devname, ctx->port, strerror(errno));
   ctx->gid_index = idx;
   return COLL_OK;
 }
@@ -374,11 +375,12 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
       ctx->dev = ibv_open_device(list[i]);
   if (list) ibv_free_device_list(list);
   if (!ctx->dev)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: opening InfiniBand device %s failed: %s",
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_open_device of %s failed: %s",
                           view->rank, ctx->devname, strerror(errno));
   if (ibv_query_port(ctx->dev, (uint8_t)ctx->port, &ctx->pattr) != 0 ||
       ctx->pattr.state != IBV_PORT_ACTIVE)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: %s port %d is not active", view->rank,
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: ibv_query_port: %s port %d is not active", view->rank,
                           ctx->devname, ctx->port);
   ctx->pd = ibv_alloc_pd(ctx->dev);
   if (!ctx->pd)
@@ -635,13 +637,18 @@ static bool read_msg(ib_ctx *ctx, const uint8_t *msg, int expect_from, coll_ib_p
 
 static coll_result to_rts(ib_ctx *ctx, ib_peer *p, char *why, size_t why_len) {
   const coll_comm_view *view = ctx->view;
-  long sl = 0, tc = 0, to = 14;
+  long sl = 0, tc = 0, to = 14, retry = 6;
   coll_env_int("COLL_IB_SL", 0, &sl);
   coll_env_int("COLL_IB_TC", 0, &tc);
   coll_env_int("COLL_IB_TIMEOUT", 14, &to);
+  /* 6, not the field's maximum 7: soft-RoCE (rdma_rxe) reads a retry count of 7 as
+   * "retry forever", so a peer behind a dead link would never turn into an error
+   * completion there (seen in the soft-RoCE bed, docs/ib-bed.md). */
+  coll_env_int("COLL_IB_RETRY_CNT", 6, &retry);
   if (sl < 0 || sl > 15) sl = 0;
   if (tc < 0 || tc > 255) tc = 0;
   if (to < 1 || to > 31) to = 14;
+  if (retry < 0 || retry > 7) retry = 6;
   int mtu = ctx->me.mtu < p->rport.mtu ? ctx->me.mtu : p->rport.mtu;
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                           .path_mtu = (enum ibv_mtu)mtu,
@@ -674,7 +681,7 @@ static coll_result to_rts(ib_ctx *ctx, ib_peer *p, char *why, size_t why_len) {
   }
   struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS,
                           .timeout = (uint8_t)to,
-                          .retry_cnt = 7,
+                          .retry_cnt = (uint8_t)retry,
                           .rnr_retry = 7,
                           .sq_psn = p->psn,
                           .max_rd_atomic = 1};
@@ -861,10 +868,10 @@ static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
 
 static const char *wr_name(uint64_t id) {
   switch (id) {
-  case WR_DATA: return "RDMA write of a slice";
-  case WR_CREDIT: return "RDMA write of a credit";
-  case WR_PROBE: return "liveness probe";
-  default: return "receive";
+  case WR_DATA: return "an RDMA write of a slice";
+  case WR_CREDIT: return "an RDMA write of a credit";
+  case WR_PROBE: return "a liveness probe";
+  default: return "a receive";
   }
 }
 
@@ -892,7 +899,7 @@ static bool post_write(ib_peer *p, uint64_t id, void *src, uint32_t len, uint64_
   wr.wr.rdma.rkey = rkey;
   int e = ibv_post_send(p->qp, &wr, &bad);
   if (e) {
-    lose(p, "rank %d: posting an %s to rank %d failed: %s", p->ctx->view->rank, wr_name(id),
+    lose(p, "rank %d: ibv_post_send of %s to rank %d failed: %s", p->ctx->view->rank, wr_name(id),
          p->rank, strerror(e));
     return false;
   }
@@ -918,17 +925,18 @@ static void poll_cq(ib_peer *p) {
   for (;;) {
     int n = ibv_poll_cq(p->cq, IB_POLL_BATCH, wc);
     if (n < 0) {
-      lose(p, "rank %d: polling the completion queue of rank %d's queue pair failed",
+      lose(p, "rank %d: ibv_poll_cq on the completion queue of rank %d's queue pair failed",
            p->ctx->view->rank, p->rank);
       return;
     }
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
-        lose(p,
-             "rank %d: InfiniBand %s with rank %d failed: %s (status %d, vendor error "
-             "0x%x): the peer died, aborted, or the fabric dropped the link",
-             p->ctx->view->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
-             (int)wc[i].status, wc[i].vendor_err);
+        lose(
+            p,
+            "rank %d: the completion (ibv_poll_cq) of %s with rank %d says %s (status %d, vendor error "
+            "0x%x): the peer died, aborted, or the fabric dropped the link",
+            p->ctx->view->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
+            (int)wc[i].status, wc[i].vendor_err);
         if (wc[i].wr_id != WR_RECV && p->sq_out) p->sq_out--;
         continue;
       }
@@ -947,7 +955,8 @@ static void poll_cq(ib_peer *p) {
       p->recv_bytes[coll_ib_slot(p->rtail, IB_NSLOTS)] = bytes;
       p->rtail++;
       if (!post_recv(p))
-        lose(p, "rank %d: re-posting a receive for rank %d failed", p->ctx->view->rank, p->rank);
+        lose(p, "rank %d: ibv_post_recv re-posting a receive for rank %d failed",
+             p->ctx->view->rank, p->rank);
     }
     if (n < IB_POLL_BATCH) break;
   }
