@@ -166,10 +166,23 @@ else
   res=$(mktemp -d "${TMPDIR:-/tmp}/ib-bed.XXXXXX")
 fi
 qpids=()
+gone() { # pid: not running (absent, or a zombie nobody has reaped yet)
+  [ ! -e "/proc/$1" ] || [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" = Z ]
+}
 teardown() {
-  local p
-  for p in "${qpids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  local p f i qemus=()
+  # qpids are the `timeout` wrappers: TERM reaches QEMU through them (KILL would not),
+  # and QEMU's own pid file catches one that did not go.
+  for p in "${qpids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for f in "$res"/qemu-g*.pid; do
+    [ -s "$f" ] && qemus+=("$(cat "$f")")
+  done
+  for p in "${qemus[@]}"; do kill -KILL "$p" 2>/dev/null; done
   for p in "${qpids[@]}"; do wait "$p" 2>/dev/null; done
+  # Only once no QEMU serves the results share can the folder go for good.
+  for p in "${qemus[@]}"; do
+    for ((i = 0; i < 100; i++)); do gone "$p" && break; sleep 0.05; done
+  done
   [ -n "$keep" ] || rm -rf "$res"
 }
 trap teardown EXIT
@@ -197,6 +210,7 @@ for ((g = 0; g < guests; g++)); do
   mac=$(printf '52:54:00:4c:00:%02x' $((g + 1)))
   timeout -s KILL "$limit" qemu-system-x86_64 "${accelopt[@]}" -smp 2 -m "$mem" \
     -display none -monitor none -serial "file:$res/console-g$g.log" -no-reboot \
+    -pidfile "$res/qemu-g$g.pid" \
     -kernel "$vmlinux" -initrd "$initrd" \
     -append "console=ttyS0 quiet panic=-1 BED_GUEST=$g BED_SRC=$src" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \

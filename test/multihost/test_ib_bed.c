@@ -9,7 +9,8 @@
  * COLL_IB_BED=0.  Each case runs ib-bed.sh as a child in its own process group with a
  * parent-death signal, so a Criterion timeout or crash still ends the bed, whose trap
  * kills every QEMU and removes its temporary folder; ib-bed.sh's own -t bound is shorter
- * than the case's timeout.  Must never: count a skipped bed as passed, or leave QEMU or
+ * than the case's timeout (the four cases' bounds add up to 860 s, meson's to 900 s;
+ * they took about 4 minutes here).  Must never: count a skipped bed as passed, or leave QEMU or
  * a results folder behind.
  */
 #include <criterion/criterion.h>
@@ -79,8 +80,8 @@ static bed_run bed(const char *args, const char *name) {
 }
 
 /* 2 guests x 1 rank: every byte between the ranks crosses rxe and the UDP wire. */
-Test(ib_bed, matrix_2x1, .timeout = 300) {
-  bed_run r = bed("-k 2 -n 1 -t 240 -e COLL_TRANSPORT=ib -e NET_RANK_SMALL=1 "
+Test(ib_bed, matrix_2x1, .timeout = 200) {
+  bed_run r = bed("-k 2 -n 1 -t 150 -e COLL_TRANSPORT=ib -e NET_RANK_SMALL=1 "
                   "-e NET_RANK_RDMA_CHECK=1 -e COLL_TIMEOUT_MS=60000 "
                   "-- $B/test/multihost/net_rank",
                   NULL);
@@ -92,8 +93,8 @@ Test(ib_bed, matrix_2x1, .timeout = 300) {
 /* 2 guests x 2 ranks, all over ib (loopback through rxe inside a guest): rank 1 is
  * SIGKILLed after a barrier; ranks 0, 2 and 3 must each return COLL_ERR_REMOTE naming
  * rank 1 within 2 s (net_rank's fault mode).  The victim's own status is not checked. */
-Test(ib_bed, fault_sigkill, .timeout = 240) {
-  bed_run r = bed("-k 2 -n 2 -t 180 -e COLL_TRANSPORT=ib -e NET_RANK_FAULT=kill "
+Test(ib_bed, fault_sigkill, .timeout = 150) {
+  bed_run r = bed("-k 2 -n 2 -t 100 -e COLL_TRANSPORT=ib -e NET_RANK_FAULT=kill "
                   "-e COLL_TIMEOUT_MS=20000 -- $B/test/multihost/net_rank",
                   NULL);
   cr_assert_eq(r.wrong, 0, "a survivor did not hear of rank 1's death in time");
@@ -106,8 +107,8 @@ Test(ib_bed, fault_sigkill, .timeout = 240) {
  * sentence naming the other within COLL_TIMEOUT_MS (20 s) + 5 s, and both by the
  * fabric's own word (COLL_ERR_REMOTE from an error completion: on guest 1 at once, on
  * guest 0 when the liveness probe's retries run out, ~1.5 s), not by the timeout. */
-Test(ib_bed, fault_link_down, .timeout = 240) {
-  bed_run r = bed("-k 2 -n 1 -t 180 -e COLL_TRANSPORT=ib -e NET_RANK_FAULT=link "
+Test(ib_bed, fault_link_down, .timeout = 150) {
+  bed_run r = bed("-k 2 -n 1 -t 100 -e COLL_TRANSPORT=ib -e NET_RANK_FAULT=link "
                   "-e COLL_TIMEOUT_MS=20000 -d '[ $BED_GUEST = 1 ] || exit 0; "
                   "for i in $(seq 600); do [ -e /run/tmp/net_rank.started ] && break; "
                   "sleep 0.1; done; ip link set eth0 down' -- $B/test/multihost/net_rank",
@@ -123,8 +124,8 @@ Test(ib_bed, fault_link_down, .timeout = 240) {
  * COLL_IB_RETRY_CNT=7, which rxe reads as "retransmit forever": at the default 6 rxe
  * gave up on this path (transport retry counter exceeded, the peer named) within half
  * a minute here, a failure the issue allows but one that shows nothing of retransmission. */
-Test(ib_bed, fault_netem_loss, .timeout = 420) {
-  bed_run r = bed("-k 2 -n 1 -t 360 -e COLL_TRANSPORT=ib -e NET_RANK_SMALL=1 "
+Test(ib_bed, fault_netem_loss, .timeout = 360) {
+  bed_run r = bed("-k 2 -n 1 -t 300 -e COLL_TRANSPORT=ib -e NET_RANK_SMALL=1 "
                   "-e NET_RANK_RDMA_CHECK=1 -e COLL_TIMEOUT_MS=60000 -e COLL_IB_RETRY_CNT=7 "
                   "-p 'tc qdisc add dev eth0 root netem loss 2% delay 1ms' "
                   "-- $B/test/multihost/net_rank",
