@@ -23,7 +23,8 @@
 #   -t SECONDS  the whole run's bound, boots included (default 120): QEMU is killed then
 #   -m MIB      memory per guest (default 1024); each guest has 2 vCPUs
 #   -o DIR      keep the results here (default: a temporary folder, removed at exit)
-#   -e VAR=VAL  set VAR in every rank's environment (repeatable)
+#   -e VAR=VAL  set VAR in every rank's environment (repeatable; ASAN_OPTIONS, UBSAN_OPTIONS,
+#               LSAN_OPTIONS and TSAN_OPTIONS follow from this environment by themselves)
 #   -p CMD      shell command each guest runs before its ranks start (BED_GUEST is its
 #               number), e.g. '[ $BED_GUEST = 1 ] && tc qdisc add dev eth0 root netem loss 2%'
 #   -d CMD      shell command each guest runs in the background while its ranks run
@@ -199,6 +200,10 @@ ranklimit=$((limit - 25))
   printf 'BED_CMD=(%q' "$prog"
   for a in "$@"; do printf ' %q' "$a"; done
   printf ')\n'
+  # The sanitizers' settings follow the ranks into the guests (scripts/test.sh sets them).
+  for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS TSAN_OPTIONS; do
+    [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+  done
   for e in "${envs[@]}"; do printf 'export %s=%q\n' "${e%%=*}" "${e#*=}"; done
 } >"$res/job.sh"
 
