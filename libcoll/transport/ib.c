@@ -696,6 +696,13 @@ static coll_result to_rts(ib_ctx *ctx, ib_peer *p, char *why, size_t why_len) {
   return COLL_OK;
 }
 
+/* Now + COLL_TIMEOUT_MS (10 minutes when 0), at most cap_ms when cap_ms > 0. */
+static uint64_t deadline_in(const coll_comm_view *view, int cap_ms) {
+  int ms = view->timeout_ms > 0 ? view->timeout_ms : 600000;
+  if (cap_ms > 0 && ms > cap_ms) ms = cap_ms;
+  return coll_now_ns() + (uint64_t)ms * 1000000u;
+}
+
 /* One exchange per pair, on one socket, whoever dialled.  The dialler sends its message;
  * the accepting side reads it, makes the peer if this is its first word from it, takes its
  * queue pair to RTR and RTS and replies; the dialler reads the reply, does the same, and
@@ -733,6 +740,7 @@ static ib_peer *exchange(ib_ctx *ctx, int fd, ib_peer *p, uint64_t deadline, cha
   }
   if (!read_msg(ctx, theirs, dialled ? p->rank : -1, &pi, &port, why, why_len)) return NULL;
   int peer = (int)pi.from_rank;
+  if (!dialled) deadline = deadline_in(view, 0); /* a peer, not a stranger: its full time */
   pthread_mutex_lock(&ctx->mu);
   if (!dialled) p = peer_get(ctx, peer, &port, why, why_len);
   bool ok = p != NULL;
@@ -772,12 +780,6 @@ static ib_peer *exchange(ib_ctx *ctx, int fd, ib_peer *p, uint64_t deadline, cha
   return p;
 }
 
-static uint64_t deadline_in(const coll_comm_view *view, int cap_ms) {
-  int ms = view->timeout_ms > 0 ? view->timeout_ms : 600000;
-  if (cap_ms > 0 && ms > cap_ms) ms = cap_ms;
-  return coll_now_ns() + (uint64_t)ms * 1000000u;
-}
-
 /* The sideband thread: accepts the peers that need this rank before it needs them, one
  * exchange at a time, until close (ctx->stop_fd).  A stranger, or a peer that fails its
  * exchange, is dropped with an INFO line: that peer's own connect reports it. */
@@ -791,7 +793,7 @@ static void *sideband_main(void *arg) {
     int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;
     char why[300];
-    /* A stranger gets 5 s; a peer its exchange within COLL_TIMEOUT_MS. */
+    /* A stranger gets 5 s to say who it is; a peer then has COLL_TIMEOUT_MS (exchange). */
     if (!exchange(ctx, fd, NULL, deadline_in(view, 5000), why, sizeof why))
       COLL_INFO(view->rank, "ib: sideband: %s", why);
     close(fd);
