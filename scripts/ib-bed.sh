@@ -7,7 +7,7 @@
 # results folder; each rank's output comes back from there, prefixed [gG rR].
 #
 # First run: installs what is missing (qemu-system-x86 busybox-static rdma-core
-# ibverbs-utils ibverbs-providers perftest kmod cpio, as root), downloads the kernel
+# ibverbs-utils ibverbs-providers perftest kmod cpio xz-utils, as root), downloads the kernel
 # package named by linux-image-amd64 with `apt-get download` into the cache
 # (COLL_IB_BED_CACHE, default /var/cache/libcoll/ib-bed, else ~/.cache/libcoll/ib-bed),
 # unpacks it, extracts the uncompressed vmlinux (boots faster than the bzImage) and packs
@@ -51,7 +51,7 @@ while getopts "k:n:t:m:o:e:p:d:qh" o; do
     p) pre=$OPTARG ;;
     d) during=$OPTARG ;;
     q) quiet=1 ;;
-    *) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -193,7 +193,7 @@ prog=$(command -v "$1") || { say "$1: not found"; exit 2; }
 prog=$(readlink -f "$prog")
 shift
 # The ranks' own bound: what is left of -t once the guests have booted (~5-20 s here).
-ranklimit=$((limit - 25))
+ranklimit=$((limit > 35 ? limit - 25 : 10))
 {
   echo "BED_GUESTS=$guests BED_RANKS_PER_GUEST=$per BED_LIMIT=$ranklimit"
   printf 'BED_PRE=%q\nBED_DURING=%q\n' "$pre" "$during"
