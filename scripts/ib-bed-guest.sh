@@ -9,7 +9,8 @@
 # ranks end; then powers the guest off.  The job (/run/bed/job.sh, written by ib-bed.sh)
 # says what to run; BED_GUEST arrives on the kernel command line.
 #
-# Must never: write outside /run, /dev/shm and the results share, or end without the
+# Must never: write outside /run, /dev/shm, the results share and its own overlay on /tmp
+# (whose upper layer is tmpfs: nothing reaches the host's /tmp), or end without the
 # reboot that lets QEMU exit (every path goes through finish).
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/run/home TMPDIR=/run/tmp
@@ -28,6 +29,12 @@ finish() {
   sleep 60 # the reboot above ends the guest; never reached
 }
 
+# /tmp writable in the guest without hiding the host's (a build folder may live there):
+# an overlay with the host's /tmp below and tmpfs above; without overlayfs, /tmp stays
+# read-only and TMPDIR points elsewhere.
+mkdir -p /run/tmpup/u /run/tmpup/w
+mount -t overlay overlay -o lowerdir=/tmp,upperdir=/run/tmpup/u,workdir=/run/tmpup/w /tmp ||
+  echo "guest $g: no overlay on /tmp: it stays read-only"
 # shellcheck source=/dev/null
 . /run/bed/job.sh || finish "cannot read /run/bed/job.sh"
 hostname "bed-g$g"

@@ -135,9 +135,13 @@ if [ ! -s "$vmlinux" ]; then # the ELF inside the bzImage: boots faster under TC
   [ -s "$vmlinux" ] || cp "$bz" "$vmlinux" # not an xz kernel: boot the bzImage itself
 fi
 # crc32_generic: rxe asks the crypto API for "crc32" (its ICRC), which no dependency loads.
-mods=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm sch_netem)
-initrd=$cache/initrd-$kver-$(cat "$src/scripts/ib-bed-init.sh" | md5sum | cut -c1-8).cpio
+# overlay: a writable /tmp over the host's (the guest script; Criterion's runner needs one).
+mods=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm sch_netem
+  overlay)
+# Named by what goes in (the init script and the module list): a change makes a new one.
+initrd=$cache/initrd-$kver-$({ cat "$src/scripts/ib-bed-init.sh"; echo "${mods[*]}"; } | md5sum | cut -c1-8).cpio
 if [ ! -s "$initrd" ]; then
+  rm -f "$cache/initrd-$kver-"*.cpio # an older recipe's
   ir=$(mktemp -d)
   mkdir -p "$ir"/{bin,dev,proc,sys,newroot,lib/modules}
   cp /bin/busybox "$ir/bin/busybox"
