@@ -16,6 +16,8 @@ PKGS=(
   clang libclang-rt-14-dev                        # sanitizers' runtime, fuzzing
   clang-format                                    # scripts/format.sh (Debian 12: version 14)
   iproute2 procps                                 # ip netns test bed, process tools
+  qemu-system-x86 busybox-static kmod cpio xz-utils  # the soft-RoCE bed (scripts/ib-bed.sh):
+  rdma-core ibverbs-utils ibverbs-providers perftest  # guests, rxe, rdma tools, perftest
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -6,7 +6,7 @@
  * watch (watch.c: failures anywhere reach this rank at once), pick each peer's transport
  * (same host: shm, else ib where both ends have a port, else tcp; COLL_TRANSPORT=
  * shm|tcp|ib forces one; the rule is coll_select_transport in select.c) and connect the
- * eager ones (shm, ib) now — a lazy one (tcp) keeps the peer's blob and is connected by
+ * eager one (shm) now — a lazy one (tcp, ib) keeps the peer's blob and is connected by
  * coll_comm_use_peer when the executor first needs that peer, which is also when shm's
  * FIFO pages for that peer become resident (warm) — meet again so that
  * every rank has mapped everything, let the transports finish (shm unlinks its segment, tcp starts

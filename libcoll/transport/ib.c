@@ -17,11 +17,15 @@
  * fails with COLL_ERR_REMOTE.  A quiet wait probes the peer with a zero-byte write once
  * a second, so a dead peer is found by the HCA's retry timeout, not by COLL_TIMEOUT_MS.
  *
- * Queue-pair numbers are per pair, so they cannot ride in the one fixed-size blob every
- * rank publishes: the blob (coll_ib_port_info) carries the port's LID/GID/MTU and a TCP
- * sideband address; in ready() the lower rank of each pair connects to the higher's
- * sideband, both exchange coll_ib_pair_info (QPN, PSN, FIFO and credit addresses and
- * rkeys, checked against the communicator's secret), and the queue pair goes to RTR/RTS.
+ * Connections are lazy, as tcp's are: nothing is made for a peer until the executor
+ * first needs it (comm.c's coll_comm_use_peer calls connect) or the peer needs this rank
+ * first.  Queue-pair numbers are per pair, so they cannot ride in the one fixed-size blob
+ * every rank publishes: the blob (coll_ib_port_info) carries the port's LID/GID/MTU and a
+ * TCP sideband address.  connect() dials the peer's sideband; a thread per communicator
+ * accepts the peers that dial first.  Both ends of one socket run the same exchange
+ * (pair info: QPN, PSN, FIFO and credit addresses and rkeys, checked against the
+ * communicator's secret; then the sender's port info), take the queue pair to RTR/RTS,
+ * and swap a last byte so that nobody writes before the other side can receive.
  *
  * Device choice: COLL_IB_HCA=name[:port], else the first device with an active port.
  * GID: COLL_IB_GID_INDEX, else coll_ib_pick_gid (RoCE v2 IPv4-mapped first).  With no
@@ -33,10 +37,12 @@
  *
  * Must never: sleep on the data path, post more work requests than the queues hold,
  * trust a length or address from the sideband before ib_wire.c bounds it, or leave a
- * queue pair, memory region or socket behind on any exit path.
+ * queue pair, memory region, socket or thread behind on any exit path.  Every verbs
+ * failure is a sentence naming the call and the peer (or the device, before there is one).
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -97,8 +103,9 @@ typedef struct ib_peer {
   bool credit_pending;
   coll_ib_port_info rport;
   coll_ib_pair_info remote;
-  bool have_remote;
-  int sock; /* sideband, during ready() only */
+  /* Under ctx->mu: built (region, CQ, QP in INIT), have_remote (QP at RTS), ready (the
+   * peer's QP can receive too: the executor may write). */
+  bool built, have_remote, ready;
   uint64_t last_probe_ns;
   _Atomic int dead;
   char why[300];
@@ -118,9 +125,16 @@ typedef struct ib_ctx {
   coll_ib_port_info me;
   coll_ib_regcache rc;
   bool rc_ready;
+  /* Peers are made by the executor (connect) or the sideband thread (a peer that dialled
+   * first): mu guards peers, order, npeers and each peer's built/have_remote/ready. */
+  pthread_mutex_t mu;
   ib_peer **peers; /* by rank */
   int *order;
   int npeers;
+  pthread_t sideband;
+  bool sideband_started;
+  int stop_fd[2]; /* close writes a byte: the sideband thread leaves its poll */
+  _Atomic int stopping;
 } ib_ctx;
 
 /* ---- probe: is there a device and an active port? (once per process) ---------------- */
@@ -297,8 +311,9 @@ static coll_result pick_gid(const coll_comm_view *view, ib_ctx *ctx) {
                           "configured on its network interface?)",
                           view->rank, ctx->devname, ctx->port);
   if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, idx, &ctx->gid) != 0)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: reading GID %d of %s port %d failed: %s",
-                          view->rank, idx, ctx->devname, ctx->port, strerror(errno));
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: ibv_query_gid of GID %d on %s port %d failed: %s", view->rank,
+                          idx, ctx->devname, ctx->port, strerror(errno));
   ctx->gid_index = idx;
   return COLL_OK;
 }
@@ -333,6 +348,8 @@ static coll_result sideband_listen(const coll_comm_view *view, ib_ctx *ctx) {
   return COLL_OK;
 }
 
+static void *sideband_main(void *arg);
+
 static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob) {
   char why[256];
   if (!coll_ib_probe(why, sizeof why))
@@ -343,6 +360,8 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
   *ctxp = ctx;
   ctx->view = view;
   ctx->listen_fd = -1;
+  ctx->stop_fd[0] = ctx->stop_fd[1] = -1;
+  pthread_mutex_init(&ctx->mu, NULL);
   ctx->peers = calloc((size_t)view->nranks, sizeof *ctx->peers);
   ctx->order = calloc((size_t)view->nranks, sizeof *ctx->order);
   if (!ctx->peers || !ctx->order)
@@ -356,11 +375,12 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
       ctx->dev = ibv_open_device(list[i]);
   if (list) ibv_free_device_list(list);
   if (!ctx->dev)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: opening InfiniBand device %s failed: %s",
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_open_device of %s failed: %s",
                           view->rank, ctx->devname, strerror(errno));
   if (ibv_query_port(ctx->dev, (uint8_t)ctx->port, &ctx->pattr) != 0 ||
       ctx->pattr.state != IBV_PORT_ACTIVE)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: %s port %d is not active", view->rank,
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: ibv_query_port: %s port %d is not active", view->rank,
                           ctx->devname, ctx->port);
   ctx->pd = ibv_alloc_pd(ctx->dev);
   if (!ctx->pd)
@@ -382,62 +402,60 @@ static coll_result ib_setup(const coll_comm_view *view, void **ctxp, void *blob)
   memcpy(ctx->me.gid, ctx->gid.raw, 16);
   _Static_assert(COLL_IB_PORT_BYTES <= COLL_CONN_BLOB, "port info fits the blob");
   coll_ib_port_encode(&ctx->me, blob);
+  /* Peers may dial as soon as the exchange of blobs has shown them this one. */
+  if (pipe2(ctx->stop_fd, O_CLOEXEC) != 0)
+    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: pipe2 for the ib sideband failed: %s",
+                          view->rank, strerror(errno));
+  int e = pthread_create(&ctx->sideband, NULL, sideband_main, ctx);
+  if (e)
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: starting the ib sideband thread failed: %s", view->rank,
+                          strerror(e));
+  ctx->sideband_started = true;
   COLL_INFO(view->rank, "ib: %s port %d, %s, LID %u, GID index %d, MTU %d", ctx->devname, ctx->port,
             ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand", ctx->me.lid,
             ctx->gid_index, 128 << ctx->me.mtu);
   return COLL_OK;
 }
 
-/* ---- connect: queue pair and memory now, addresses in ready() ------------------------ */
+/* ---- peers: a queue pair and its memory, made once per peer -------------------------- */
 
 static bool post_recv(ib_peer *p) {
   struct ibv_recv_wr wr = {.wr_id = WR_RECV, .num_sge = 0}, *bad = NULL;
   return ibv_post_recv(p->qp, &wr, &bad) == 0;
 }
 
-static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
-                              const void *peer_blob, coll_conn **send, coll_conn **recv) {
-  ib_ctx *ctx = vctx;
-  char why[160];
-  coll_ib_port_info rp;
-  if (!coll_ib_port_decode(peer_blob, COLL_CONN_BLOB, &rp, why, sizeof why))
-    return coll_view_fail(view, COLL_ERR_UNSUPPORTED, "rank %d: rank %d cannot use InfiniBand: %s",
-                          view->rank, peer, why);
-  if (rp.link_layer != ctx->me.link_layer)
-    return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
-                          "rank %d: rank %d's port is %s but this rank's is %s: they cannot talk",
-                          view->rank, peer,
-                          rp.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
-                          ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand");
-  size_t psize = (sizeof(ib_peer) + 63) / 64 * 64;
-  ib_peer *p = aligned_alloc(64, psize);
-  if (!p) return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
-  memset(p, 0, psize);
-  p->rank = peer;
-  p->ctx = ctx;
-  p->sock = -1;
-  p->rport = rp;
-  ctx->peers[peer] = p;
-  ctx->order[ctx->npeers++] = peer;
+/* Makes p's region, completion queue and queue pair (in INIT, receives posted).  Called
+ * with ctx->mu held, by the executor (connect) or the sideband thread (a peer dialled
+ * first); `why` gets a sentence naming the verbs call and the peer. */
+static bool peer_build(ib_ctx *ctx, ib_peer *p, char *why, size_t why_len) {
+  const coll_comm_view *view = ctx->view;
+  int peer = p->rank;
+  char rwhy[160];
   size_t fifo = (size_t)IB_NSLOTS * IB_SLOT_BYTES;
   p->mem_bytes = 2 * fifo + IB_PAGE;
   p->mem = aligned_alloc(IB_PAGE, p->mem_bytes);
-  if (!p->mem)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "out of memory connecting to rank %d", peer);
+  if (!p->mem) {
+    snprintf(why, why_len, "rank %d: out of memory for the ib FIFO of rank %d", view->rank, peer);
+    return false;
+  }
   /* First touch now (~10 us a page here), never on the data path. */
   memset(p->mem, 0, p->mem_bytes);
   p->fifo = p->mem;
   p->staging = p->mem + fifo;
   p->credit_in = (volatile uint32_t *)(p->mem + 2 * fifo);
   p->credit_out = (volatile uint32_t *)(p->mem + 2 * fifo + 64);
-  p->reg = coll_ib_regcache_get(&ctx->rc, (uintptr_t)p->mem, p->mem_bytes, why, sizeof why);
-  if (!p->reg)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: registering the FIFO for rank %d: %s",
-                          view->rank, peer, why);
+  p->reg = coll_ib_regcache_get(&ctx->rc, (uintptr_t)p->mem, p->mem_bytes, rwhy, sizeof rwhy);
+  if (!p->reg) {
+    snprintf(why, why_len, "rank %d: registering the FIFO for rank %d: %s", view->rank, peer, rwhy);
+    return false;
+  }
   p->cq = ibv_create_cq(ctx->dev, IB_CQ_DEPTH, NULL, NULL, 0);
-  if (!p->cq)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_create_cq for rank %d failed: %s",
-                          view->rank, peer, strerror(errno));
+  if (!p->cq) {
+    snprintf(why, why_len, "rank %d: ibv_create_cq for rank %d on %s failed: %s", view->rank, peer,
+             ctx->devname, strerror(errno));
+    return false;
+  }
   struct ibv_qp_init_attr qa = {.send_cq = p->cq,
                                 .recv_cq = p->cq,
                                 .qp_type = IBV_QPT_RC,
@@ -447,22 +465,27 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
                                         .max_send_sge = 1,
                                         .max_recv_sge = 1}};
   p->qp = ibv_create_qp(ctx->pd, &qa);
-  if (!p->qp)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_create_qp for rank %d failed: %s",
-                          view->rank, peer, strerror(errno));
+  if (!p->qp) {
+    snprintf(why, why_len, "rank %d: ibv_create_qp for rank %d on %s failed: %s", view->rank, peer,
+             ctx->devname, strerror(errno));
+    return false;
+  }
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                           .pkey_index = 0,
                           .port_num = (uint8_t)ctx->port,
                           .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
   int e = ibv_modify_qp(p->qp, &a,
                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-  if (e)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: INIT failed: %s",
-                          view->rank, peer, strerror(e));
+  if (e) {
+    snprintf(why, why_len, "rank %d: ibv_modify_qp to INIT for rank %d's queue pair failed: %s",
+             view->rank, peer, strerror(e));
+    return false;
+  }
   for (int i = 0; i < IB_NSLOTS; i++)
-    if (!post_recv(p))
-      return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: ibv_post_recv for rank %d failed",
-                            view->rank, peer);
+    if (!post_recv(p)) {
+      snprintf(why, why_len, "rank %d: ibv_post_recv for rank %d failed", view->rank, peer);
+      return false;
+    }
   uint64_t seed = coll_now_ns() ^ ((uint64_t)view->rank << 32) ^ (uint64_t)peer;
   p->psn = (uint32_t)(seed * 0x9e3779b97f4a7c15ull >> 40) & 0xffffff;
   p->send = (ib_conn){.base = {.t = &coll_transport_ib,
@@ -477,14 +500,43 @@ static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
                                .slot_bytes = IB_SLOT_BYTES,
                                .nslots = IB_NSLOTS},
                       .p = p};
-  *send = &p->send.base;
-  *recv = &p->recv.base;
-  return COLL_OK;
+  return true;
 }
 
-/* ---- ready: sideband exchange, then RTR/RTS ----------------------------------------- */
+/* The peer `rank` (port info `rp`), made on first need.  With ctx->mu held.  NULL with a
+ * sentence in `why` when it cannot be made (what was made stays in ctx->peers, for close). */
+static ib_peer *peer_get(ib_ctx *ctx, int rank, const coll_ib_port_info *rp, char *why,
+                         size_t why_len) {
+  ib_peer *p = ctx->peers[rank];
+  if (p) {
+    if (!p->built) snprintf(why, why_len, "%s", p->why);
+    return p->built ? p : NULL;
+  }
+  size_t psize = (sizeof(ib_peer) + 63) / 64 * 64;
+  p = aligned_alloc(64, psize);
+  if (!p) {
+    snprintf(why, why_len, "rank %d: out of memory connecting to rank %d", ctx->view->rank, rank);
+    return NULL;
+  }
+  memset(p, 0, psize);
+  p->rank = rank;
+  p->ctx = ctx;
+  p->rport = *rp;
+  ctx->peers[rank] = p;
+  ctx->order[ctx->npeers++] = rank;
+  if (!peer_build(ctx, p, why, why_len)) {
+    snprintf(p->why, sizeof p->why, "%s", why);
+    return NULL;
+  }
+  p->built = true;
+  return p;
+}
 
-static bool io_all(int fd, void *buf, size_t len, bool wr, uint64_t deadline) {
+/* ---- the sideband: one exchange per pair, whoever needs it first --------------------- */
+
+/* Sends or receives exactly len bytes by the deadline; false on EOF, error, the deadline,
+ * or the transport closing (ctx->stopping). */
+static bool io_all(ib_ctx *ctx, int fd, void *buf, size_t len, bool wr, uint64_t deadline) {
   uint8_t *b = buf;
   while (len) {
     ssize_t n = wr ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
@@ -495,7 +547,7 @@ static bool io_all(int fd, void *buf, size_t len, bool wr, uint64_t deadline) {
     }
     if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
     uint64_t now = coll_now_ns();
-    if (now >= deadline) return false;
+    if (now >= deadline || atomic_load(&ctx->stopping)) return false;
     struct pollfd pf = {.fd = fd, .events = wr ? POLLOUT : POLLIN};
     uint64_t left = (deadline - now) / 1000000u + 1;
     poll(&pf, 1, left > 100 ? 100 : (int)left);
@@ -503,8 +555,8 @@ static bool io_all(int fd, void *buf, size_t len, bool wr, uint64_t deadline) {
   return true;
 }
 
-/* Non-blocking connect bounded by the deadline (an unreachable host must not hold init
- * for the kernel's SYN retries).  False with errno set. */
+/* Non-blocking connect bounded by the deadline (an unreachable host must not hold the
+ * executor for the kernel's SYN retries).  False with errno set. */
 static bool connect_until(int fd, const struct sockaddr *sa, socklen_t sl, uint64_t deadline) {
   if (connect(fd, sa, sl) == 0) return true;
   if (errno != EINPROGRESS) return false;
@@ -530,7 +582,11 @@ static bool connect_until(int fd, const struct sockaddr *sa, socklen_t sl, uint6
   }
 }
 
-static void my_pair_info(ib_ctx *ctx, ib_peer *p, uint8_t *out) {
+/* One sideband message: this rank's pair info for `p`, then its port info (so that the
+ * side that did not dial learns the dialler's LID/GID/MTU without the init blob). */
+#define IB_MSG_BYTES (COLL_IB_PAIR_BYTES + COLL_IB_PORT_BYTES)
+
+static void my_msg(ib_ctx *ctx, ib_peer *p, uint8_t *out) {
   const coll_comm_view *view = ctx->view;
   coll_ib_pair_info pi = {.from_rank = (uint32_t)view->rank,
                           .to_rank = (uint32_t)p->rank,
@@ -544,47 +600,55 @@ static void my_pair_info(ib_ctx *ctx, ib_peer *p, uint8_t *out) {
                           .slot_bytes = IB_SLOT_BYTES};
   memcpy(pi.secret, view->secret, 16);
   coll_ib_pair_encode(&pi, out);
+  coll_ib_port_encode(&ctx->me, out + COLL_IB_PAIR_BYTES);
 }
 
-/* Checks a decoded pair message; on success stores it for p. */
-static bool accept_pair(ib_ctx *ctx, const uint8_t *msg, int expect_from, ib_peer **out) {
+/* Checks a peer's message: bounds (ib_wire.c), the communicator's secret, addressed to
+ * this rank, from `expect_from` (-1: any other rank), this FIFO shape, a port on this
+ * link layer.  False with a sentence in `why`. */
+static bool read_msg(ib_ctx *ctx, const uint8_t *msg, int expect_from, coll_ib_pair_info *pi,
+                     coll_ib_port_info *port, char *why, size_t why_len) {
   const coll_comm_view *view = ctx->view;
-  coll_ib_pair_info pi;
-  char why[160];
-  if (!coll_ib_pair_decode(msg, COLL_IB_PAIR_BYTES, &pi, why, sizeof why)) {
-    COLL_INFO(view->rank, "ib: dropped a sideband message: %s", why);
+  char w[160];
+  if (!coll_ib_pair_decode(msg, COLL_IB_PAIR_BYTES, pi, w, sizeof w) ||
+      !coll_ib_port_decode(msg + COLL_IB_PAIR_BYTES, COLL_IB_PORT_BYTES, port, w, sizeof w)) {
+    snprintf(why, why_len, "a sideband message that is not a libcoll queue pair offer: %s", w);
     return false;
   }
   uint8_t diff = 0;
-  for (int i = 0; i < 16; i++) diff |= (uint8_t)(pi.secret[i] ^ view->secret[i]);
-  if (diff || pi.to_rank != (uint32_t)view->rank || pi.from_rank >= (uint32_t)view->nranks ||
-      (expect_from >= 0 && pi.from_rank != (uint32_t)expect_from)) {
-    COLL_INFO(view->rank, "ib: dropped a sideband message not meant for this rank");
+  for (int i = 0; i < 16; i++) diff |= (uint8_t)(pi->secret[i] ^ view->secret[i]);
+  if (diff || pi->to_rank != (uint32_t)view->rank || pi->from_rank >= (uint32_t)view->nranks ||
+      pi->from_rank == (uint32_t)view->rank ||
+      (expect_from >= 0 && pi->from_rank != (uint32_t)expect_from)) {
+    snprintf(why, why_len, "a sideband message not meant for this rank of this communicator");
     return false;
   }
-  ib_peer *p = ctx->peers[pi.from_rank];
-  if (!p || p->have_remote || pi.nslots != IB_NSLOTS || pi.slot_bytes != IB_SLOT_BYTES) {
-    COLL_INFO(view->rank,
-              "ib: dropped a sideband message from rank %u (unexpected, or a "
-              "different FIFO shape)",
-              pi.from_rank);
+  if (pi->nslots != IB_NSLOTS || pi->slot_bytes != IB_SLOT_BYTES ||
+      port->link_layer != ctx->me.link_layer) {
+    snprintf(why, why_len,
+             "rank %u offers a queue pair of another shape (%u slots of %u bytes, %s): not a "
+             "peer of this version on this fabric",
+             pi->from_rank, pi->nslots, pi->slot_bytes,
+             port->link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand");
     return false;
   }
-  p->remote = pi;
-  p->have_remote = true;
-  *out = p;
   return true;
 }
 
-static coll_result to_rts(ib_ctx *ctx, ib_peer *p) {
+static coll_result to_rts(ib_ctx *ctx, ib_peer *p, char *why, size_t why_len) {
   const coll_comm_view *view = ctx->view;
-  long sl = 0, tc = 0, to = 14;
+  long sl = 0, tc = 0, to = 14, retry = 6;
   coll_env_int("COLL_IB_SL", 0, &sl);
   coll_env_int("COLL_IB_TC", 0, &tc);
   coll_env_int("COLL_IB_TIMEOUT", 14, &to);
+  /* 6, not the field's maximum 7: soft-RoCE (rdma_rxe) reads a retry count of 7 as
+   * "retry forever", so a peer behind a dead link would never turn into an error
+   * completion there (seen in the soft-RoCE bed, docs/ib-bed.md). */
+  coll_env_int("COLL_IB_RETRY_CNT", 6, &retry);
   if (sl < 0 || sl > 15) sl = 0;
   if (tc < 0 || tc > 255) tc = 0;
   if (to < 1 || to > 31) to = 14;
+  if (retry < 0 || retry > 7) retry = 6;
   int mtu = ctx->me.mtu < p->rport.mtu ? ctx->me.mtu : p->rport.mtu;
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                           .path_mtu = (enum ibv_mtu)mtu,
@@ -608,120 +672,197 @@ static coll_result to_rts(ib_ctx *ctx, ib_peer *p) {
   int e = ibv_modify_qp(p->qp, &a,
                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-  if (e)
-    return coll_view_fail(view, COLL_ERR_SYSTEM,
-                          "rank %d: queue pair to rank %d: RTR failed: %s "
-                          "(check COLL_IB_GID_INDEX and that both ports are on one fabric)",
-                          view->rank, p->rank, strerror(e));
+  if (e) {
+    snprintf(why, why_len,
+             "rank %d: ibv_modify_qp to RTR for rank %d's queue pair failed: %s (check "
+             "COLL_IB_GID_INDEX and that both ports are on one fabric)",
+             view->rank, p->rank, strerror(e));
+    return COLL_ERR_SYSTEM;
+  }
   struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS,
                           .timeout = (uint8_t)to,
-                          .retry_cnt = 7,
+                          .retry_cnt = (uint8_t)retry,
                           .rnr_retry = 7,
                           .sq_psn = p->psn,
                           .max_rd_atomic = 1};
   e = ibv_modify_qp(p->qp, &b,
                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-  if (e)
-    return coll_view_fail(view, COLL_ERR_SYSTEM, "rank %d: queue pair to rank %d: RTS failed: %s",
-                          view->rank, p->rank, strerror(e));
+  if (e) {
+    snprintf(why, why_len, "rank %d: ibv_modify_qp to RTS for rank %d's queue pair failed: %s",
+             view->rank, p->rank, strerror(e));
+    return COLL_ERR_SYSTEM;
+  }
   return COLL_OK;
 }
 
-static uint64_t setup_deadline(const coll_comm_view *view) {
+/* Now + COLL_TIMEOUT_MS (10 minutes when 0), at most cap_ms when cap_ms > 0. */
+static uint64_t deadline_in(const coll_comm_view *view, int cap_ms) {
   int ms = view->timeout_ms > 0 ? view->timeout_ms : 600000;
+  if (cap_ms > 0 && ms > cap_ms) ms = cap_ms;
   return coll_now_ns() + (uint64_t)ms * 1000000u;
 }
 
-/* Deadlock-free order: (1) send our info to every higher peer (small, the kernel buffers
- * it even before the peer accepts), (2) accept every lower peer, read, reply, (3) read
- * the replies of the higher peers. */
-static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
-  ib_ctx *ctx = vctx;
-  uint64_t deadline = setup_deadline(view);
-  uint8_t msg[COLL_IB_PAIR_BYTES];
-  int lower = 0;
-  for (int i = 0; i < ctx->npeers; i++) {
-    ib_peer *p = ctx->peers[ctx->order[i]];
-    if (p->rank < view->rank) {
-      lower++;
-      continue;
+/* One exchange per pair, on one socket, whoever dialled.  The dialler sends its message;
+ * the accepting side reads it, makes the peer if this is its first word from it, takes its
+ * queue pair to RTR and RTS and replies; the dialler reads the reply, does the same, and
+ * sends one byte: only then may the accepting side write (its peer's queue pair can
+ * receive).  The dialler may write as soon as it returns (the accepting side reached RTR
+ * before replying).  When both sides dial at once, the second exchange for the pair
+ * carries the same numbers (one queue pair per pair, made once under ctx->mu) and only
+ * checks them.  Sends never wait for the peer (a few hundred bytes fit a socket buffer),
+ * so exchanges running in opposite directions cannot deadlock.  `p` is NULL on the
+ * accepting side.  Returns the peer, ready, or NULL with a sentence in `why`. */
+static ib_peer *exchange(ib_ctx *ctx, int fd, ib_peer *p, uint64_t deadline, char *why,
+                         size_t why_len) {
+  const coll_comm_view *view = ctx->view;
+  uint8_t mine[IB_MSG_BYTES], theirs[IB_MSG_BYTES], ack = 1;
+  coll_ib_pair_info pi;
+  coll_ib_port_info port;
+  bool dialled = p != NULL;
+  if (dialled) {
+    my_msg(ctx, p, mine);
+    if (!io_all(ctx, fd, mine, sizeof mine, true, deadline)) {
+      snprintf(why, why_len, "rank %d: sending queue pair info to rank %d over the sideband failed",
+               view->rank, p->rank);
+      return NULL;
     }
+  }
+  if (!io_all(ctx, fd, theirs, sizeof theirs, false, deadline)) {
+    if (dialled)
+      snprintf(why, why_len,
+               "rank %d: rank %d sent no queue pair info over the sideband (it closed the "
+               "connection, or nothing came within the timeout)",
+               view->rank, p->rank);
+    else
+      snprintf(why, why_len, "a caller of the ib sideband sent nothing");
+    return NULL;
+  }
+  if (!read_msg(ctx, theirs, dialled ? p->rank : -1, &pi, &port, why, why_len)) return NULL;
+  int peer = (int)pi.from_rank;
+  if (!dialled) deadline = deadline_in(view, 0); /* a peer, not a stranger: its full time */
+  pthread_mutex_lock(&ctx->mu);
+  if (!dialled) p = peer_get(ctx, peer, &port, why, why_len);
+  bool ok = p != NULL;
+  if (ok && !p->have_remote) {
+    p->remote = pi;
+    p->rport = port;
+    ok = to_rts(ctx, p, why, why_len) == COLL_OK;
+    p->have_remote = ok;
+  } else if (ok && (p->remote.qpn != pi.qpn || p->remote.psn != pi.psn)) {
+    snprintf(why, why_len,
+             "rank %d: rank %d offered a second queue pair (QPN %u where %u was joined): a "
+             "restarted peer?",
+             view->rank, peer, pi.qpn, p->remote.qpn);
+    ok = false;
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  if (!ok) return NULL;
+  if (dialled) {
+    if (!io_all(ctx, fd, &ack, 1, true, deadline)) {
+      snprintf(why, why_len, "rank %d: rank %d closed the ib sideband before the last byte",
+               view->rank, peer);
+      return NULL;
+    }
+  } else {
+    my_msg(ctx, p, mine);
+    if (!io_all(ctx, fd, mine, sizeof mine, true, deadline) ||
+        !io_all(ctx, fd, &ack, 1, false, deadline)) {
+      snprintf(why, why_len,
+               "rank %d: rank %d dialled the ib sideband but did not finish the exchange",
+               view->rank, peer);
+      return NULL;
+    }
+  }
+  pthread_mutex_lock(&ctx->mu);
+  p->ready = true;
+  pthread_mutex_unlock(&ctx->mu);
+  return p;
+}
+
+/* The sideband thread: accepts the peers that need this rank before it needs them, one
+ * exchange at a time, until close (ctx->stop_fd).  A stranger, or a peer that fails its
+ * exchange, is dropped with an INFO line: that peer's own connect reports it. */
+static void *sideband_main(void *arg) {
+  ib_ctx *ctx = arg;
+  const coll_comm_view *view = ctx->view;
+  while (!atomic_load(&ctx->stopping)) {
+    struct pollfd pf[2] = {{.fd = ctx->listen_fd, .events = POLLIN},
+                           {.fd = ctx->stop_fd[0], .events = POLLIN}};
+    if (poll(pf, 2, 1000) <= 0 || (pf[1].revents & POLLIN)) continue;
+    int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    char why[300];
+    /* A stranger gets 5 s to say who it is; a peer then has COLL_TIMEOUT_MS (exchange). */
+    if (!exchange(ctx, fd, NULL, deadline_in(view, 5000), why, sizeof why))
+      COLL_INFO(view->rank, "ib: sideband: %s", why);
+    close(fd);
+  }
+  return NULL;
+}
+
+/* The executor needs `peer` (comm.c's coll_comm_use_peer): its queue pair, joined now
+ * unless the peer dialled first. */
+static coll_result ib_connect(const coll_comm_view *view, void *vctx, int peer,
+                              const void *peer_blob, coll_conn **send, coll_conn **recv) {
+  ib_ctx *ctx = vctx;
+  char why[300];
+  coll_ib_port_info rp;
+  if (!coll_ib_port_decode(peer_blob, COLL_CONN_BLOB, &rp, why, sizeof why))
+    return coll_view_fail(view, COLL_ERR_UNSUPPORTED, "rank %d: rank %d cannot use InfiniBand: %s",
+                          view->rank, peer, why);
+  if (rp.link_layer != ctx->me.link_layer)
+    return coll_view_fail(view, COLL_ERR_UNSUPPORTED,
+                          "rank %d: rank %d's port is %s but this rank's is %s: they cannot talk",
+                          view->rank, peer,
+                          rp.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand",
+                          ctx->me.link_layer == COLL_IB_LL_ETHERNET ? "RoCE" : "InfiniBand");
+  pthread_mutex_lock(&ctx->mu);
+  ib_peer *p = peer_get(ctx, peer, &rp, why, sizeof why);
+  bool ready = p && p->ready;
+  pthread_mutex_unlock(&ctx->mu);
+  if (!p) return coll_view_fail(view, COLL_ERR_SYSTEM, "%s", why);
+  if (!ready) {
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
     socklen_t sl;
-    if (p->rport.tcp_family == AF_INET) {
+    if (rp.tcp_family == AF_INET) {
       struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
       s4->sin_family = AF_INET;
-      s4->sin_port = htons(p->rport.tcp_port);
-      memcpy(&s4->sin_addr, p->rport.tcp_addr, 4);
+      s4->sin_port = htons(rp.tcp_port);
+      memcpy(&s4->sin_addr, rp.tcp_addr, 4);
       sl = sizeof *s4;
     } else {
       struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
       s6->sin6_family = AF_INET6;
-      s6->sin6_port = htons(p->rport.tcp_port);
-      memcpy(&s6->sin6_addr, p->rport.tcp_addr, 16);
+      s6->sin6_port = htons(rp.tcp_port);
+      memcpy(&s6->sin6_addr, rp.tcp_addr, 16);
       sl = sizeof *s6;
     }
-    p->sock = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (p->sock < 0 || !connect_until(p->sock, (struct sockaddr *)&ss, sl, deadline))
+    uint64_t deadline = deadline_in(view, 0);
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || !connect_until(fd, (struct sockaddr *)&ss, sl, deadline)) {
+      int e = errno;
+      if (fd >= 0) close(fd);
       return coll_view_fail(view, COLL_ERR_REMOTE,
-                            "rank %d: cannot reach rank %d's ib sideband: %s", view->rank, p->rank,
-                            strerror(errno));
-    my_pair_info(ctx, p, msg);
-    if (!io_all(p->sock, msg, sizeof msg, true, deadline))
-      return coll_view_fail(view, COLL_ERR_REMOTE,
-                            "rank %d: sending queue pair info to rank %d "
-                            "failed",
-                            view->rank, p->rank);
-  }
-  for (int got = 0; got < lower;) {
-    uint64_t now = coll_now_ns();
-    if (now >= deadline)
-      return coll_view_fail(view, COLL_ERR_TIMEOUT,
-                            "rank %d: only %d of %d lower ranks sent their queue pair info "
-                            "within %d ms",
-                            view->rank, got, lower, view->timeout_ms);
-    struct pollfd pf = {.fd = ctx->listen_fd, .events = POLLIN};
-    uint64_t left = (deadline - now) / 1000000u + 1;
-    if (poll(&pf, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
-    int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    uint64_t hd = coll_now_ns() + 5000000000ull; /* a stranger gets 5 s */
-    ib_peer *p = NULL;
-    if (!io_all(fd, msg, sizeof msg, false, hd < deadline ? hd : deadline) ||
-        !accept_pair(ctx, msg, -1, &p) || p->rank >= view->rank) {
-      if (p) p->have_remote = false;
-      close(fd);
-      continue;
+                            "rank %d: cannot reach rank %d's ib sideband to join queue pairs: %s",
+                            view->rank, peer, strerror(e));
     }
-    my_pair_info(ctx, p, msg);
-    bool ok = io_all(fd, msg, sizeof msg, true, deadline);
+    ib_peer *q = exchange(ctx, fd, p, deadline, why, sizeof why);
     close(fd);
-    if (!ok)
-      return coll_view_fail(view, COLL_ERR_REMOTE,
-                            "rank %d: replying to rank %d's queue pair info "
-                            "failed",
-                            view->rank, p->rank);
-    got++;
+    if (!q) return coll_view_fail(view, COLL_ERR_REMOTE, "%s", why);
   }
-  for (int i = 0; i < ctx->npeers; i++) {
-    ib_peer *p = ctx->peers[ctx->order[i]], *q = NULL;
-    if (p->rank < view->rank) continue;
-    bool ok = io_all(p->sock, msg, sizeof msg, false, deadline) &&
-              accept_pair(ctx, msg, p->rank, &q);
-    close(p->sock);
-    p->sock = -1;
-    if (!ok)
-      return coll_view_fail(view, COLL_ERR_REMOTE, "rank %d: rank %d sent no valid queue pair info",
-                            view->rank, p->rank);
-  }
-  close(ctx->listen_fd);
-  ctx->listen_fd = -1;
-  for (int i = 0; i < ctx->npeers; i++) {
-    coll_result r = to_rts(ctx, ctx->peers[ctx->order[i]]);
-    if (r != COLL_OK) return r;
-  }
+  COLL_INFO(view->rank, "ib: queue pair to rank %d joined (QPN %u -> %u)", peer, p->qp->qp_num,
+            p->remote.qpn);
+  *send = &p->send.base;
+  *recv = &p->recv.base;
+  return COLL_OK;
+}
+
+/* Nothing to finish at init: peers join on first use (connect, or the sideband thread). */
+static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
+  (void)view;
+  (void)vctx;
   return COLL_OK;
 }
 
@@ -729,10 +870,10 @@ static coll_result ib_ready(const coll_comm_view *view, void *vctx) {
 
 static const char *wr_name(uint64_t id) {
   switch (id) {
-  case WR_DATA: return "RDMA write of a slice";
-  case WR_CREDIT: return "RDMA write of a credit";
-  case WR_PROBE: return "liveness probe";
-  default: return "receive";
+  case WR_DATA: return "an RDMA write of a slice";
+  case WR_CREDIT: return "an RDMA write of a credit";
+  case WR_PROBE: return "a liveness probe";
+  default: return "a receive";
   }
 }
 
@@ -760,7 +901,7 @@ static bool post_write(ib_peer *p, uint64_t id, void *src, uint32_t len, uint64_
   wr.wr.rdma.rkey = rkey;
   int e = ibv_post_send(p->qp, &wr, &bad);
   if (e) {
-    lose(p, "rank %d: posting an %s to rank %d failed: %s", p->ctx->view->rank, wr_name(id),
+    lose(p, "rank %d: ibv_post_send of %s to rank %d failed: %s", p->ctx->view->rank, wr_name(id),
          p->rank, strerror(e));
     return false;
   }
@@ -786,17 +927,18 @@ static void poll_cq(ib_peer *p) {
   for (;;) {
     int n = ibv_poll_cq(p->cq, IB_POLL_BATCH, wc);
     if (n < 0) {
-      lose(p, "rank %d: polling the completion queue of rank %d's queue pair failed",
+      lose(p, "rank %d: ibv_poll_cq on the completion queue of rank %d's queue pair failed",
            p->ctx->view->rank, p->rank);
       return;
     }
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
-        lose(p,
-             "rank %d: InfiniBand %s with rank %d failed: %s (status %d, vendor error "
-             "0x%x): the peer died, aborted, or the fabric dropped the link",
-             p->ctx->view->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
-             (int)wc[i].status, wc[i].vendor_err);
+        lose(
+            p,
+            "rank %d: the completion (ibv_poll_cq) of %s with rank %d says %s (status %d, vendor error "
+            "0x%x): the peer died, aborted, or the fabric dropped the link",
+            p->ctx->view->rank, wr_name(wc[i].wr_id), p->rank, ibv_wc_status_str(wc[i].status),
+            (int)wc[i].status, wc[i].vendor_err);
         if (wc[i].wr_id != WR_RECV && p->sq_out) p->sq_out--;
         continue;
       }
@@ -815,7 +957,8 @@ static void poll_cq(ib_peer *p) {
       p->recv_bytes[coll_ib_slot(p->rtail, IB_NSLOTS)] = bytes;
       p->rtail++;
       if (!post_recv(p))
-        lose(p, "rank %d: re-posting a receive for rank %d failed", p->ctx->view->rank, p->rank);
+        lose(p, "rank %d: ibv_post_recv re-posting a receive for rank %d failed",
+             p->ctx->view->rank, p->rank);
     }
     if (n < IB_POLL_BATCH) break;
   }
@@ -947,6 +1090,15 @@ static void drain_relax(void *arg) {
 static void ib_close(const coll_comm_view *view, void *vctx, coll_comm_end how) {
   ib_ctx *ctx = vctx;
   if (!ctx) return;
+  atomic_store(&ctx->stopping, 1);
+  if (ctx->sideband_started) {
+    char b = 1;
+    if (write(ctx->stop_fd[1], &b, 1) < 0) { /* the thread still sees `stopping` within 1 s */
+    }
+    pthread_join(ctx->sideband, NULL);
+  }
+  for (int i = 0; i < 2; i++)
+    if (ctx->stop_fd[i] >= 0) close(ctx->stop_fd[i]);
   /* Drain before destroying: a queue pair destroyed with writes still posted drops them,
    * and the peer, still inside its last collective, waits for a slice that never comes.
    * Not after an abort: nobody waits for those bytes, and the peer may be gone. */
@@ -967,7 +1119,6 @@ static void ib_close(const coll_comm_view *view, void *vctx, coll_comm_end how) 
       if (p->qp) ibv_destroy_qp(p->qp);
       if (p->cq) ibv_destroy_cq(p->cq);
       if (p->reg) coll_ib_regcache_put(&ctx->rc, p->reg);
-      if (p->sock >= 0) close(p->sock);
     }
   if (ctx->rc_ready) {
     int held = coll_ib_regcache_destroy(&ctx->rc);
@@ -983,12 +1134,14 @@ static void ib_close(const coll_comm_view *view, void *vctx, coll_comm_end how) 
   if (ctx->dev) ibv_close_device(ctx->dev);
   free(ctx->peers);
   free(ctx->order);
+  pthread_mutex_destroy(&ctx->mu);
   free(ctx);
 }
 
 const coll_transport coll_transport_ib = {
     .name = "ib",
     .slot_bytes = IB_SLOT_BYTES,
+    .lazy = true,
     .can_connect = ib_can_connect,
     .setup = ib_setup,
     .connect = ib_connect,

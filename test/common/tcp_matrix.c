@@ -15,9 +15,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { K_ALL_REDUCE, K_REDUCE_SCATTER, K_ALL_GATHER, K_BROADCAST, K_REDUCE, K_SENDRECV, K_N };
-static const char *kname[K_N] = {"all_reduce", "reduce_scatter", "all_gather",
-                                 "broadcast",  "reduce",         "sendrecv"};
+enum {
+  K_ALL_REDUCE,
+  K_REDUCE_SCATTER,
+  K_ALL_GATHER,
+  K_BROADCAST,
+  K_REDUCE,
+  K_SENDRECV,
+  /* TM_KINDS: what tm_call serves; the rest only tm_run */
+  K_ALL_TO_ALL = TM_KINDS,
+  K_ALL_TO_ALLV,
+  K_GATHER,
+  K_SCATTER,
+  K_GROUP_P2P,
+  K_N
+};
+static const char *kname[K_N] = {"all_reduce", "reduce_scatter", "all_gather",       "broadcast",
+                                 "reduce",     "sendrecv",       "all_to_all",       "all_to_allv",
+                                 "gather",     "scatter",        "grouped send/recv"};
 static const coll_dtype dtypes[] = {COLL_INT32,   COLL_UINT8,   COLL_INT64,
                                     COLL_FLOAT32, COLL_FLOAT64, COLL_BFLOAT16};
 
@@ -219,6 +234,137 @@ static int one(coll_comm_t comm, int rank, int n, const tm_call_t *c, uint8_t *a
   return check(c, recv, out_len, rank, n);
 }
 
+/* ---- all-to-all(v), gather, scatter, grouped send/recv ----------------------------------
+ * Element k of the block rank s sends to rank d is gen(seed, s, d*cnt + k) (all-to-all,
+ * scatter's root), gen(seed, s, k) (gather), so each rank knows every block it should
+ * receive.  all_to_allv's block from s to d holds v_count(cnt, s, d) elements (0, cnt/2,
+ * cnt or 3cnt/2) at element d*(2cnt+1) of s's index space, packed in reverse rank order
+ * with a one-element gap after each block, so displacements, zero blocks and untouched
+ * gaps are all checked.  The grouped kind sends two blocks each to the next and previous
+ * rank and receives the mirror, in an order that differs between odd and even ranks. */
+static size_t v_count(size_t cnt, int s, int d) { return cnt * (size_t)((s + 2 * d) % 4) / 2; }
+
+static void v_layout(size_t cnt, int n, int me, bool send, size_t *counts, size_t *displs) {
+  size_t at = 0;
+  for (int j = n - 1; j >= 0; j--) {
+    counts[j] = send ? v_count(cnt, me, j) : v_count(cnt, j, me);
+    displs[j] = at;
+    at += counts[j] + 1;
+  }
+}
+
+static int wrong_at(const tm_call_t *c, int rank, int n, size_t i, const char *what) {
+  fprintf(stderr, "rank %d: %s %s %s n=%d count=%zu root=%d: element %zu is wrong (%s)\n", rank,
+          kname[c->kind], coll_dtype_name(c->d), c->in_place ? "in-place" : "out-of-place", n,
+          c->count, c->root, i, what);
+  return 1;
+}
+
+static int one_more(coll_comm_t comm, int rank, int n, const tm_call_t *c, uint8_t *a, uint8_t *b) {
+  size_t es = coll_dtype_size(c->d), cnt = c->count, nb = (size_t)n * cnt;
+  uint8_t want[8];
+  coll_result r = COLL_OK;
+  int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  size_t sc[256], sd[256], rc[256], rd[256];
+  switch (c->kind) {
+  case K_ALL_TO_ALL: {
+    uint8_t *recv = c->in_place ? a : b;
+    memset(b, 0x5a, nb * es);
+    for (size_t i = 0; i < nb; i++) gen(a + i * es, c->d, COLL_SUM, c->seed, rank, i);
+    r = coll_all_to_all(a, recv, cnt, c->d, comm, NULL);
+    if (r != COLL_OK) break;
+    for (size_t i = 0; i < nb; i++) {
+      int from = (int)(i / cnt);
+      gen(want, c->d, COLL_SUM, c->seed, from, (size_t)rank * cnt + i % cnt);
+      if (memcmp(recv + i * es, want, es)) return wrong_at(c, rank, n, i, "block from a peer");
+    }
+    return 0;
+  }
+  case K_ALL_TO_ALLV: {
+    if (n > 256) return 0;
+    v_layout(cnt, n, rank, true, sc, sd);
+    v_layout(cnt, n, rank, false, rc, rd);
+    size_t stride = 2 * cnt + 1, rlen = 0;
+    for (int j = 0; j < n; j++) {
+      for (size_t k = 0; k < sc[j]; k++)
+        gen(a + (sd[j] + k) * es, c->d, COLL_SUM, c->seed, rank, (size_t)j * stride + k);
+      rlen += rc[j] + 1;
+    }
+    memset(b, 0x5a, rlen * es);
+    r = coll_all_to_allv(a, sc, sd, b, rc, rd, c->d, comm, NULL);
+    if (r != COLL_OK) break;
+    for (int i = 0; i < n; i++) {
+      for (size_t k = 0; k < rc[i]; k++) {
+        gen(want, c->d, COLL_SUM, c->seed, i, (size_t)rank * stride + k);
+        if (memcmp(b + (rd[i] + k) * es, want, es))
+          return wrong_at(c, rank, n, rd[i] + k, "block from a peer");
+      }
+      for (size_t x = 0; x < es; x++)
+        if (b[(rd[i] + rc[i]) * es + x] != 0x5a)
+          return wrong_at(c, rank, n, rd[i] + rc[i], "a gap between blocks was written");
+    }
+    return 0;
+  }
+  case K_GATHER: {
+    bool root = rank == c->root;
+    memset(b, 0x5a, nb * es);
+    uint8_t *send = root && c->in_place ? b + (size_t)rank * cnt * es : a;
+    for (size_t k = 0; k < cnt; k++) gen(send + k * es, c->d, COLL_SUM, c->seed, rank, k);
+    r = coll_gather(send, root ? b : NULL, cnt, c->d, c->root, comm, NULL);
+    if (r != COLL_OK || !root) break;
+    for (size_t i = 0; i < nb; i++) {
+      gen(want, c->d, COLL_SUM, c->seed, (int)(i / cnt), i % cnt);
+      if (memcmp(b + i * es, want, es)) return wrong_at(c, rank, n, i, "block from a rank");
+    }
+    return 0;
+  }
+  case K_SCATTER: {
+    bool root = rank == c->root;
+    if (root)
+      for (size_t i = 0; i < nb; i++) gen(a + i * es, c->d, COLL_SUM, c->seed, rank, i);
+    uint8_t *recv = root && c->in_place ? a + (size_t)rank * cnt * es : b;
+    if (recv == b) memset(b, 0x5a, cnt * es);
+    r = coll_scatter(root ? a : NULL, recv, cnt, c->d, c->root, comm, NULL);
+    if (r != COLL_OK) break;
+    for (size_t k = 0; k < cnt; k++) {
+      gen(want, c->d, COLL_SUM, c->seed, c->root, (size_t)rank * cnt + k);
+      if (memcmp(recv + k * es, want, es)) return wrong_at(c, rank, n, k, "the root's block");
+    }
+    return 0;
+  }
+  default: { /* K_GROUP_P2P: a[0,cnt) to next, a[cnt,2cnt) to prev; b the mirror */
+    if (n < 2) return 0;
+    for (size_t i = 0; i < 2 * cnt; i++) gen(a + i * es, c->d, COLL_SUM, c->seed, rank, i);
+    memset(b, 0x5a, 2 * cnt * es);
+    coll_group_start();
+    if (rank % 2) {
+      coll_recv(b, cnt, c->d, prev, comm, NULL);
+      coll_recv(b + cnt * es, cnt, c->d, next, comm, NULL);
+    }
+    coll_send(a, cnt, c->d, next, comm, NULL);
+    coll_send(a + cnt * es, cnt, c->d, prev, comm, NULL);
+    if (rank % 2 == 0) {
+      coll_recv(b, cnt, c->d, prev, comm, NULL);
+      coll_recv(b + cnt * es, cnt, c->d, next, comm, NULL);
+    }
+    r = coll_group_end();
+    if (r != COLL_OK) break;
+    for (size_t i = 0; i < 2 * cnt; i++) {
+      gen(want, c->d, COLL_SUM, c->seed, i < cnt ? prev : next, i);
+      if (memcmp(b + i * es, want, es))
+        return wrong_at(c, rank, n, i, i < cnt ? "from the previous rank" : "from the next rank");
+    }
+    return 0;
+  }
+  }
+  if (r != COLL_OK) {
+    fprintf(stderr, "rank %d: %s %s count=%zu root=%d returned %s: %s\n", rank, kname[c->kind],
+            coll_dtype_name(c->d), cnt, c->root, coll_result_string(r), coll_comm_last_error(comm));
+    return 1;
+  }
+  return 0;
+}
+
 int tm_call(coll_comm_t comm, int rank, int n, int kind, coll_dtype d, coll_op op, bool in_place,
             size_t count, int root, uint64_t seed, uint8_t *a, uint8_t *b) {
   tm_call_t c = {.kind = kind,
@@ -261,12 +407,16 @@ int tm_run(coll_comm_t comm, int rank, int n, bool big) {
         /* ~1 MiB per rank: every dtype with sum, every op on float32 */
         if (big && (!reducing || op == COLL_SUM || d == COLL_FLOAT32)) {
           size_t c = ((size_t)1 << 20) / es + 3;
-          if (kind == K_REDUCE_SCATTER || kind == K_ALL_GATHER) c = c / (size_t)n + 1;
+          if (kind == K_REDUCE_SCATTER || kind == K_ALL_GATHER || kind >= K_ALL_TO_ALL)
+            c = c / (size_t)n + 1;
+          if (kind == K_ALL_TO_ALLV || kind == K_GROUP_P2P) c = c / 2 + 1;
           counts[nc++] = c;
         }
-        for (int ip = 0; ip < (kind == K_SENDRECV ? 1 : 2); ip++)
+        bool no_in_place = kind == K_SENDRECV || kind == K_ALL_TO_ALLV || kind == K_GROUP_P2P;
+        for (int ip = 0; ip < (no_in_place ? 1 : 2); ip++)
           for (size_t ci = 0; ci < nc; ci++) {
-            bool rooted = kind == K_BROADCAST || kind == K_REDUCE;
+            bool rooted = kind == K_BROADCAST || kind == K_REDUCE || kind == K_GATHER ||
+                          kind == K_SCATTER;
             for (int ri = 0; ri < (rooted && n > 1 ? 2 : 1); ri++) {
               tm_call_t c = {.kind = kind,
                              .d = d,
@@ -275,7 +425,8 @@ int tm_run(coll_comm_t comm, int rank, int n, bool big) {
                              .count = counts[ci],
                              .root = ri ? n - 1 : 0,
                              .seed = seed++};
-              fails += one(comm, rank, n, &c, a, b);
+              fails += kind < TM_KINDS ? one(comm, rank, n, &c, a, b)
+                                       : one_more(comm, rank, n, &c, a, b);
             }
           }
       }

@@ -5,8 +5,10 @@
 #include <stdbool.h>
 #include "coll.h"
 
-/* Runs every collective × dtype × op × in-place/out-of-place × counts {0, 1, N-1, odd,
- * just over a FIFO slot} × roots {0, N-1} on `comm`, and with `big` also ~1 MiB counts.
+/* Runs every collective (all-reduce, reduce-scatter, all-gather, broadcast, reduce,
+ * sendrecv, all-to-all, all-to-allv, gather, scatter, grouped send/recv to both ring
+ * neighbours) × dtype × op × in-place/out-of-place × counts {0, 1, N-1, odd, just over a
+ * FIFO slot} × roots {0, N-1} on `comm`, and with `big` also ~1 MiB counts.
  * Checks every output element against an independently computed value; prints the first
  * failures to stderr and returns their count (0: all correct). */
 int tm_run(coll_comm_t comm, int rank, int n, bool big);

@@ -4,7 +4,9 @@
  * exits 0 when everything was correct.  NET_RANK_SMALL=1 leaves out the big counts.
  * NET_RANK_SPLIT=1 then splits the job into two halves (keys reversed, so child ranks
  * run backwards), checks each child's ranks, an all-reduce and the matrix on it, and
- * that the parent still works after the child is gone. */
+ * that the parent still works after the child is gone.  NET_RANK_RDMA_CHECK=1 (the ib
+ * bed) checks that no queue pair or memory region of the process outlives the destroy;
+ * NET_RANK_FAULT=link is the ib bed's link-down fault (link_down below). */
 #include <dirent.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -184,10 +186,84 @@ static int fault(int rank_env, const char *host, const char *how) {
   return 1;
 }
 
+/* NET_RANK_FAULT=link (the ib bed, scripts/ib-bed.sh): every rank all-reduces in a loop
+ * while the bed takes a guest's link down; the hook waits for $TMPDIR/net_rank.started,
+ * which each rank creates after its first all-reduce.  Every rank must come out of the
+ * loop with an error whose sentence names another rank within COLL_TIMEOUT_MS plus 5 s
+ * ("ok (link ...)"), or say WRONG; a loop that runs out (the link never went down) is
+ * WRONG too.  Ends by alarm, as the other faults do. */
+static int link_down(const char *host) {
+  signal(SIGALRM, alarm_exit);
+  coll_comm_t comm;
+  if (coll_comm_init_from_env(&comm) != COLL_OK) {
+    fprintf(stderr, "init_from_env on %s: %s\n", host, coll_comm_last_error(NULL));
+    return 2;
+  }
+  int rank, n;
+  coll_comm_rank(comm, &rank);
+  coll_comm_size(comm, &n);
+  enum { COUNT = 1 << 14 };
+  static float x[COUNT];
+  coll_result r = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  const char *tmp = getenv("TMPDIR");
+  char mark[512];
+  snprintf(mark, sizeof mark, "%s/net_rank.started", tmp && *tmp ? tmp : "/tmp");
+  FILE *f = fopen(mark, "w");
+  if (f) fclose(f);
+  long limit_ms = 600000;
+  const char *t = getenv("COLL_TIMEOUT_MS");
+  if (t && *t) limit_ms = atol(t);
+  double t0 = now_ms(), last = t0;
+  for (int i = 0; r == COLL_OK && now_ms() - t0 < 2.0 * limit_ms + 30000; i++) {
+    last = now_ms();
+    r = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  }
+  int ms = (int)(now_ms() - last);
+  const char *msg = r == COLL_OK ? "the loop ran out: the link never went down"
+                                 : coll_comm_last_error(comm);
+  bool names = false;
+  for (int p = 0; p < n; p++) {
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", p);
+    const char *at = msg;
+    while (p != rank && (at = strstr(at, who)) != NULL) {
+      char c = at[strlen(who)];
+      if (c < '0' || c > '9') names = true;
+      at += strlen(who);
+    }
+  }
+  bool good = r != COLL_OK && names && ms <= limit_ms + 5000;
+  printf("rank %d of %d on %s: %s (link down: %s after %d ms: %s)\n", rank, n, host,
+         good ? "ok" : "WRONG", coll_result_string(r), ms, msg);
+  fflush(stdout);
+  alarm(3);
+  for (;;) pause();
+}
+
+/* NET_RANK_RDMA_CHECK=1 (the ib bed): after coll_comm_destroy, no queue pair or memory
+ * region of this process may be left (`rdma resource show`, whose lines name the pid). */
+static int rdma_leftovers(void) {
+  const char *c = getenv("NET_RANK_RDMA_CHECK");
+  if (!c || strcmp(c, "1") != 0) return 0;
+  FILE *p = popen("rdma resource show qp 2>&1; rdma resource show mr 2>&1", "r");
+  if (!p) return 1;
+  char line[512], pid[32];
+  snprintf(pid, sizeof pid, "pid %d ", (int)getpid());
+  int n = 0;
+  while (fgets(line, sizeof line, p))
+    if (strstr(line, pid)) {
+      fprintf(stderr, "left after destroy: %s", line);
+      n++;
+    }
+  pclose(p);
+  return n;
+}
+
 int main(void) {
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
   const char *how = getenv("NET_RANK_FAULT");
+  if (how && strcmp(how, "link") == 0) return link_down(host);
   if (how && *how) {
     const char *re = getenv("RANK");
     return fault(re ? atoi(re) : -1, host, how);
@@ -207,10 +283,11 @@ int main(void) {
   int fails = tm_run(comm, rank, n, !(small && *small == '1'));
   if (split && *split == '1') fails += split_halves(comm, rank, n);
   if (coll_comm_destroy(comm) != COLL_OK) fails++;
-  int left = shm_leftovers();
+  int left = shm_leftovers(), rdma = rdma_leftovers();
   printf("rank %d of %d on %s: %s\n", rank, n, host,
          fails  ? "WRONG"
          : left ? "LEFT SEGMENTS IN /dev/shm"
+         : rdma ? "LEFT QUEUE PAIRS OR MEMORY REGIONS"
                 : "ok");
-  return fails || left ? 1 : 0;
+  return fails || left || rdma ? 1 : 0;
 }
