@@ -762,7 +762,8 @@ const train_param *train_param_info(const train_model *m, int i) {
 size_t train_activation_bytes(const train_model *m) {
   size_t b = m->nslots * m->act_floats * sizeof(float);
   if (m->bf16) /* the stored bf16 sets, the shared fp32 working set and units */
-    b += m->nslots * m->act16_n * sizeof(uint16_t) + (m->work_floats + 2 * m->wunit) * sizeof(float);
+    b += m->nslots * m->act16_n * sizeof(uint16_t) +
+         (m->work_floats + 2 * m->wunit) * sizeof(float);
   return b;
 }
 float *train_params(train_model *m) { return m->params; }
