@@ -117,9 +117,11 @@ Test(ib_bed, fault_sigkill, .timeout = 150) {
 
 /* 2 guests x 1 rank all-reducing in a loop; guest 1's link goes down once both have
  * started (its hook waits for net_rank's marker file).  Both ranks must fail with a
- * sentence naming the other within COLL_TIMEOUT_MS (20 s) + 5 s, and both by the
- * fabric's own word (COLL_ERR_REMOTE from an error completion: on guest 1 at once, on
- * guest 0 when the liveness probe's retries run out, ~1.5 s), not by the timeout. */
+ * sentence naming the other within COLL_TIMEOUT_MS (20 s) + 5 s — what the issue asks.
+ * Most runs hear it from the fabric on both sides (COLL_ERR_REMOTE from an error
+ * completion, ~0.1-1.5 s), but a rank with nothing posted towards the dead link when it
+ * goes (waiting to receive) learns it only from its timeout: seen once in CI on a loaded
+ * machine, so how many heard it from the fabric is logged, not asserted. */
 Test(ib_bed, fault_link_down, .timeout = 150) {
   PLAIN_BUILD_ONLY();
   bed_run r = bed("-k 2 -n 1 -t 100 -e COLL_TRANSPORT=ib -e NET_RANK_FAULT=link "
@@ -129,7 +131,8 @@ Test(ib_bed, fault_link_down, .timeout = 150) {
                   NULL);
   cr_assert_eq(r.wrong, 0, "a rank did not fail with a sentence naming its peer in time");
   cr_assert_eq(r.ok, 2, "%d of 2 ranks said ok (the bed: %s)", r.ok, r.reason);
-  cr_assert_eq(r.remote, 2, "%d of 2 ranks heard of the dead link from the fabric", r.remote);
+  cr_log_info("%d of 2 ranks heard of the dead link from the fabric, the rest from the timeout\n",
+              r.remote);
 }
 
 /* 2 guests x 1 rank, netem dropping 2 % of each guest's packets and delaying the rest by
