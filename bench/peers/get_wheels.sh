@@ -32,12 +32,12 @@ stamp_of() { # the stamp a prefix should hold: one line per wheel, its name and 
   echo "# unpacked by bench/peers/get_wheels.sh"
 }
 
-todo=()
+missing=()
 for p in "${!parts[@]}"; do
   [ "$(cat "$dir/$p/.libcoll-wheels" 2>/dev/null)" = "$(stamp_of "${parts[$p]//_/-}")" ] ||
-    todo+=("$p")
+    missing+=("$p")
 done
-((${#todo[@]})) || exit 0
+((${#missing[@]})) || exit 0
 
 pip=()
 for py in python3 /usr/bin/python3 "${COLL_TORCH_VENV:-/opt/libcoll/torch-2.15}/bin/python3"; do
@@ -46,11 +46,11 @@ done
 ((${#pip[@]})) || { echo "get_wheels: no Python with pip (Debian: python3-pip)" >&2; exit 1; }
 
 mkdir -p "$dir/wheels"
-echo "get_wheels: downloading ${todo[*]} into $dir (pip download: about 150 MB the first time)"
+echo "get_wheels: downloading ${missing[*]} into $dir (pip download: about 150 MB the first time)"
 "${pip[@]}" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
   --require-hashes -r "$reqs" -d "$dir/wheels"
 
-for p in "${todo[@]}"; do
+for p in "${missing[@]}"; do
   tmp=$(mktemp -d "$dir/.unpack.XXXXXX")
   mkdir "$tmp/prefix"
   for w in ${parts[$p]}; do
