@@ -1019,24 +1019,38 @@ static bool can_go(ib_conn *c) {
  * Credits arrive as plain RDMA writes, which raise no event on this side, so there is
  * nothing to block on; the naps bound the cost of a quiet wait.  A wait quiet for a
  * second probes the peer: a dead peer's HCA never acknowledges, and the retry timeout
- * turns into an error completion. */
+ * turns into an error completion.
+ *
+ * How long to spin.  With a core of its own (not oversubscribed) a rank spins for up to
+ * IB_SPIN_NS of each call (the executor waits in 100 ms calls) before it naps, as MPI's
+ * and NCCL's progress loops spin: a nap that starts just before the completion arrives
+ * costs up to the nap's length.  On the soft-RoCE bed, where one small message takes
+ * ~0.4-0.8 ms, spinning for a count of polls (4000) ran out before the message came, and
+ * 2-rank 8 B calls took ~10x perftest's latency (docs/ib-bed.md).  20 ms covers a 128 KiB
+ * slice on that ~10 MB/s wire; on real hardware a wait that long is a late peer, not the
+ * wire, and the rest of the call naps, so a stuck job burns a fifth of its core, not all
+ * of it, and probes its peer.  Oversubscribed ranks never spin: the peer they wait for
+ * may need this core. */
+#define IB_SPIN_NS 20000000ull /* 20 ms */
 static coll_result ib_wait(const coll_comm_view *view, coll_conn *cc, int max_ms) {
   ib_conn *c = (ib_conn *)cc;
   ib_peer *p = c->p;
   uint64_t start = coll_now_ns(), limit = (uint64_t)(max_ms < 1 ? 1 : max_ms) * 1000000u;
+  uint64_t spin_ns = view->oversubscribed ? 0 : IB_SPIN_NS;
   long nap_ns = 50000;
-  int spins = view->oversubscribed ? 0 : 4000;
-  for (int i = 0;; i++) {
+  int yields = 0;
+  for (;;) {
     poll_cq(p);
     if (atomic_load(&p->dead)) return coll_view_fail(view, COLL_ERR_REMOTE, "%s", p->why);
     if (can_go(c) || atomic_load(view->aborted)) return COLL_OK;
     uint64_t now = coll_now_ns();
     if (now - start >= limit) return COLL_OK;
-    if (i < spins) {
+    if (now - start < spin_ns) {
       coll_cpu_relax();
       continue;
     }
-    if (i < spins + 64) {
+    if (yields < 64) {
+      yields++;
       sched_yield();
       continue;
     }
