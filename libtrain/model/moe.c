@@ -47,18 +47,18 @@
 #include <string.h>
 
 typedef struct moe_block {
-  float *probs; /* (Nmax,E) softmax of the router */
-  int *choice;  /* (Nmax,K) global expert of each assignment */
-  float *gate;  /* (Nmax,K) its probability */
-  int *pos;     /* (Nmax,K) its row in the send order, -1: dropped */
-  int *scnt;    /* (E) rows sent to each global expert (cap each in capacity mode) */
-  int *rcnt;    /* (X*El) rows received from rank s for local expert e: [s*El + e] */
-  float *frac;  /* (E) f_i of the auxiliary loss (global) */
-  float *xin;   /* (Rmax,C) the experts' input rows, expert-major */
-  float *h, *hg;  /* (Rmax,4C) fc output, after gelu */
-  float *yback;   /* (Smax,C) the experts' outputs, back here in send order */
-  int N, S, R;    /* tokens, rows sent, rows received */
-  int targets;    /* the forward had targets: f is set, the aux gradient applies */
+  float *probs;  /* (Nmax,E) softmax of the router */
+  int *choice;   /* (Nmax,K) global expert of each assignment */
+  float *gate;   /* (Nmax,K) its probability */
+  int *pos;      /* (Nmax,K) its row in the send order, -1: dropped */
+  int *scnt;     /* (E) rows sent to each global expert (cap each in capacity mode) */
+  int *rcnt;     /* (X*El) rows received from rank s for local expert e: [s*El + e] */
+  float *frac;   /* (E) f_i of the auxiliary loss (global) */
+  float *xin;    /* (Rmax,C) the experts' input rows, expert-major */
+  float *h, *hg; /* (Rmax,4C) fc output, after gelu */
+  float *yback;  /* (Smax,C) the experts' outputs, back here in send order */
+  int N, S, R;   /* tokens, rows sent, rows received */
+  int targets;   /* the forward had targets: f is set, the aux gradient applies */
   double aux, load, dropped, sent;
 } moe_block;
 
@@ -464,13 +464,12 @@ void train_moe_backward(train_model *m, const train_moe_comm *comm, int l, float
     if (n == 0) continue;
     size_t n4 = (size_t)n * 4 * C;
     memset(s->d1, 0, n4 * sizeof(float));
-    o->matmul_backward(s->d1, gWpr + (size_t)e * C * 4 * C, gbpr + (size_t)e * C,
-                       s->bufC + r0 * C, b->hg + r0 * 4 * C, Wpr + (size_t)e * C * 4 * C, n,
-                       4 * C, C);
+    o->matmul_backward(s->d1, gWpr + (size_t)e * C * 4 * C, gbpr + (size_t)e * C, s->bufC + r0 * C,
+                       b->hg + r0 * 4 * C, Wpr + (size_t)e * C * 4 * C, n, 4 * C, C);
     memset(s->d2, 0, n4 * sizeof(float));
     o->gelu_backward(s->d2, b->h + r0 * 4 * C, s->d1, n4);
-    o->matmul_backward(dxin + r0 * C, gWfc + (size_t)e * 4 * C * C, gbfc + (size_t)e * 4 * C,
-                       s->d2, b->xin + r0 * C, Wfc + (size_t)e * 4 * C * C, n, C, 4 * C);
+    o->matmul_backward(dxin + r0 * C, gWfc + (size_t)e * 4 * C * C, gbfc + (size_t)e * 4 * C, s->d2,
+                       b->xin + r0 * C, Wfc + (size_t)e * 4 * C * C, n, C, 4 * C);
   }
   permute(b, X, El, C, dxin, s->bufB, 0);
   snprintf(what, sizeof what, "combine grad %d", l);

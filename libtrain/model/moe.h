@@ -34,8 +34,8 @@ typedef struct train_moe_comm {
   /* rows of C floats: block j of send (scount[j] rows, in rank order) to rank j, block s
    * of recv (rcount[s] rows) from rank s; fixed: every count is the same (capacity mode:
    * a fixed-size all-to-all). `what` names it for traces ("dispatch 3", ...). */
-  void (*rows)(train_model *m, const float *send, const int *scount, float *recv,
-               const int *rcount, int C, int fixed, const char *what);
+  void (*rows)(train_model *m, const float *send, const int *scount, float *recv, const int *rcount,
+               int C, int fixed, const char *what);
 } train_moe_comm;
 
 /* 0, or -1 with a sentence: experts >= 1 with 1 <= topk <= experts, ep >= 1 dividing

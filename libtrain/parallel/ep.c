@@ -74,8 +74,7 @@ static void counts(train_model *m, const int *send, int *recv, int per) {
   }
   double t0 = train_now();
   train_req req = TRAIN_REQ_DONE;
-  int rc = c->failed ? -1
-                     : c->ep->all_to_all(c->ep, send, recv, (size_t)per * sizeof(int), &req);
+  int rc = c->failed ? -1 : c->ep->all_to_all(c->ep, send, recv, (size_t)per * sizeof(int), &req);
   if (c->failed || done(c, c->ep, rc, req, "counts all-to-all") != 0) {
     memset(recv, 0, (size_t)per * c->X * sizeof(int)); /* garbage never sizes a copy */
     return;
@@ -188,8 +187,8 @@ static int check_same(ep_ctx *c, train_model *m, train_backend *b, int expert, c
       train_errf(err,
                  "ranks hold different %s weights: %s ranks 0 and %d differ (hash %016llx vs "
                  "%016llx)",
-                 expert ? "expert" : "dense", expert ? "expert-data-parallel" : "data-parallel",
-                 r, (unsigned long long)all[0], (unsigned long long)all[r]);
+                 expert ? "expert" : "dense", expert ? "expert-data-parallel" : "data-parallel", r,
+                 (unsigned long long)all[0], (unsigned long long)all[r]);
       rc = -1;
     }
   (void)c;
@@ -331,8 +330,8 @@ static void ep_describe(train_parallel *p, char *out, size_t n) {
                 "%s; expert parallel X = %d (rank 0 holds experts 0..%d of every block), "
                 "expert-data-parallel groups of %d; global batch %d x seq %d\n",
                 c->D, c->dp->name, m->experts, m->topk,
-                m->capacity > 0 ? "capacity-padded splits" : "dropless", c->X, El - 1,
-                c->D / c->X, c->D * o->batch, o->seq);
+                m->capacity > 0 ? "capacity-padded splits" : "dropless", c->X, El - 1, c->D / c->X,
+                c->D * o->batch, o->seq);
   train_appendf(out, n,
                 "coll-train: per block: router statistics all-reduced over %d ranks; %s; after "
                 "backward the dense gradients averaged over %d ranks, the experts' summed over "
@@ -344,8 +343,7 @@ static void ep_describe(train_parallel *p, char *out, size_t n) {
                 c->D, c->D / c->X, c->D);
 }
 
-static void ep_step_line(const train_parallel *p, const train_step_report *r, char *out,
-                         size_t n) {
+static void ep_step_line(const train_parallel *p, const train_step_report *r, char *out, size_t n) {
   (void)p;
   snprintf(out, n, " | bwd %6.1f ms | a2a %5.1f ms (%ld, %.0f B sent) | grad sync %5.1f ms",
            r->bwd_ms, r->ep_ms, r->ep_calls, r->ep_bytes, r->wait_ms);
@@ -363,17 +361,16 @@ static void ep_summary(const train_parallel *p, const train_step_report *later, 
   const train_options *o = &p->s->opt;
   train_plan_row pr;
   char err[TRAIN_ERRLEN];
-  if (train_ep_plan(&o->cfg, o->batch, o->seq, c->D, c->X, o->experts, o->topk,
-                    o->capacity_factor, 0, &pr, &a2a, err) != 0)
+  if (train_ep_plan(&o->cfg, o->batch, o->seq, c->D, c->X, o->experts, o->topk, o->capacity_factor,
+                    0, &pr, &a2a, err) != 0)
     a2a = 0.0;
   train_appendf(out, n,
                 "ep: weights identical over the data-parallel (dense) and expert-data-parallel "
                 "(experts) groups | per step after the first: %.1f all-to-alls, %.0f bytes "
                 "sent by this rank (planned at balanced routing %.0f), %.2f ms (%.1f%% of the "
                 "step)\n",
-                (double)later->ep_calls / nlater, later->ep_bytes / nlater,
-                a2a * o->cfg.layers, later->ep_ms / nlater,
-                seconds > 0 ? 100.0 * later->ep_ms * 1e-3 / seconds : 0.0);
+                (double)later->ep_calls / nlater, later->ep_bytes / nlater, a2a * o->cfg.layers,
+                later->ep_ms / nlater, seconds > 0 ? 100.0 * later->ep_ms * 1e-3 / seconds : 0.0);
 }
 
 static int ep_plan_row(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
@@ -511,12 +508,12 @@ int train_ep_plan(const train_config *cfg, int B, int T, int D, int X, int exper
   double cap = train_moe_capacity(B * T, experts, topk, capacity);
   /* rows this rank sends per block (and receives, at balanced routing) */
   double S = cap > 0 ? E * cap : N * K;
-  double moe_acts = L * (N * E * 4 + N * K * 12 + E * 12 + S * C * 4 /* yback */ +
-                         S * C * 4 + 2 * S * 4 * C * 4 /* xin, h, gelu(h) */) +
+  double moe_acts = L * (N * E * 4 + N * K * 12 + E * 12 + S * C * 4 /* yback */ + S * C * 4 +
+                         2 * S * 4 * C * 4 /* xin, h, gelu(h) */) +
                     3 * S * C * 4 + 2 * S * 4 * C * 4 + N * E * 4; /* staging */
   double f = 4.0, G = (double)D / X;
   double a2a = 4.0 * S * (X - 1) / X * C * f; /* dispatch + combine, forward and backward */
-  a2a += (X - 1.0) / X * E * sizeof(int);      /* the counts (dropless) */
+  a2a += (X - 1.0) / X * E * sizeof(int);     /* the counts (dropless) */
   double stats = D > 1 ? 2.0 * (D - 1) / D * (2 * E + 2) * f : 0.0;
   memset(r, 0, sizeof *r);
   r->name = X > 1 ? (D > X ? "EPxDP" : "EP") : (D > 1 ? "MoE DDP" : "MoE");
