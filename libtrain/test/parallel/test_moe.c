@@ -24,7 +24,7 @@
 #include "model/moe.h"
 #include "train.h"
 
-#define MODEL                                                                          \
+#define MODEL                                                                         \
   "--layers 2 --channels 32 --heads 4 --vocab 256 --max-seq 32 --seq 16 --threads 1 " \
   "--eval-every 0 --sample-len 0 --seed 7 --lr 1e-2 --warmup 3"
 #define STEPS 20
@@ -62,7 +62,7 @@ static void check_gradients(float capacity) {
   train_zero_grad(m);
   train_backward(m);
   float *g = train_grads(m);
-  static const char *names[] = {"h.0.mlp.router.w", "h.0.mlp.fc.w", "h.0.mlp.fc.b",
+  static const char *names[] = {"h.0.mlp.router.w", "h.0.mlp.fc.w",   "h.0.mlp.fc.b",
                                 "h.0.mlp.proj.w",   "h.0.mlp.proj.b", "h.0.ln2.w",
                                 "h.0.attn.qkv.w"};
   int checked = 0;
@@ -192,13 +192,16 @@ static double load_at_end(const char *args) {
   return load;
 }
 
+/* At lr 3e-3 the router without the auxiliary loss sends nearly every token to the same
+ * two of the 8 experts (max/mean 3.99 of at most E/K = 4); the default coefficient 0.01
+ * brings it to 2.24 (docs/training.md: the same at a larger model). */
 Test(moe, aux_loss_lowers_the_expert_load, .timeout = 120) {
-  double off = load_at_end("--experts 8 --topk 2 --aux-loss-coef 0");
-  double on = load_at_end("--experts 8 --topk 2 --aux-loss-coef 0.1");
+  double off = load_at_end("--lr 3e-3 --experts 8 --topk 2 --aux-loss-coef 0");
+  double on = load_at_end("--lr 3e-3 --experts 8 --topk 2");
   cr_log_info("max/mean expert load over the last 10 of 60 steps: %.3f without, %.3f with "
-              "--aux-loss-coef 0.1\n",
+              "the default --aux-loss-coef 0.01\n",
               off, on);
-  cr_assert(on < off - 0.2, "the auxiliary loss did not lower the load: %.3f vs %.3f", on, off);
+  cr_assert(on < off - 0.5, "the auxiliary loss did not lower the load: %.3f vs %.3f", on, off);
 }
 
 /* ---- --plan and --explain ------------------------------------------------------------------- */
@@ -207,8 +210,7 @@ Test(moe, explain_states_the_dispatch_bytes, .timeout = 30) {
   char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
   /* N = 2 x 16 tokens, K = 2, X = 2, C = 32: 4 * 2 * 32 * 1/2 * 32 * 4 = 16384 bytes of
    * rows per block, plus the counts: 2 ints to the other rank */
-  char *cmd =
-      th_fmt("%s " MODEL " --batch 2 --experts 4 --topk 2 --ep 2 --explain", th_cli());
+  char *cmd = th_fmt("%s " MODEL " --batch 2 --experts 4 --topk 2 --ep 2 --explain", th_cli());
   char *out = th_run_ok(cmd, base);
   cr_assert(strstr(out, "formula 4 x K x N x (X-1)/X x C x 4 = 16384"), "%s", out);
   cr_assert(strstr(out, "a rank sends 16392 bytes in all-to-alls"), "%s", out);
