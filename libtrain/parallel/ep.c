@@ -337,9 +337,12 @@ static void ep_describe(train_parallel *p, char *out, size_t n) {
                 "backward the dense gradients averaged over %d ranks, the experts' summed over "
                 "%d and divided by %d\n",
                 c->D,
-                c->X > 1 ? "counts all-to-all, dispatch and combine all-to-allv (and their "
-                           "mirror in backward) over the EP group"
-                         : "every expert local: nothing dispatched",
+                c->X == 1 ? "every expert local: nothing dispatched"
+                : m->capacity > 0
+                    ? "dispatch and combine as fixed-size all-to-alls of E x capacity rows (and "
+                      "their mirror in backward) over the EP group"
+                    : "counts all-to-all, dispatch and combine all-to-allv (and their mirror in "
+                      "backward) over the EP group",
                 c->D, c->D / c->X, c->D);
 }
 
@@ -513,7 +516,7 @@ int train_ep_plan(const train_config *cfg, int B, int T, int D, int X, int exper
                     3 * S * C * 4 + 2 * S * 4 * C * 4 + N * E * 4; /* staging */
   double f = 4.0, G = (double)D / X;
   double a2a = 4.0 * S * (X - 1) / X * C * f; /* dispatch + combine, forward and backward */
-  a2a += (X - 1.0) / X * E * sizeof(int);     /* the counts (dropless) */
+  if (cap == 0) a2a += (X - 1.0) / X * E * sizeof(int); /* the counts (dropless) */
   double stats = D > 1 ? 2.0 * (D - 1) / D * (2 * E + 2) * f : 0.0;
   memset(r, 0, sizeof *r);
   r->name = X > 1 ? (D > X ? "EPxDP" : "EP") : (D > 1 ? "MoE DDP" : "MoE");
