@@ -11,6 +11,8 @@
  *    part is DDP's (its gradient sums cut by rank), so a few ulps move — the bitwise runs
  *    are counted in the log. A misrouted row, a wrong gradient scale or a missed sync
  *    moves the loss by >= 1e-3.
+ *  - the same runs over Open MPI: libcoll's bits at 2 ranks, within 1e-5 at 4 (when the
+ *    MPI backend is built);
  *  - capacity mode: EP = 2 against DP 2 with every expert local (the same capacity per
  *    rank, so the same drops), and the drops reported;
  *  - the auxiliary loss lowers the max/mean expert load at the end of a short run;
@@ -19,6 +21,7 @@
  */
 #include <criterion/criterion.h>
 
+#include "comm/backend.h"
 #include "common/train_test.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -174,6 +177,30 @@ Test(moe, capacity_mode_matches_data_parallel, .timeout = 200) {
   cr_assert(strstr(out, "dropped "), "no drops reported: %s", out);
   th_rmrf(dir);
   free(a), free(b), free(dir), free(base), free(cmd), free(out);
+}
+
+/* The same EP runs over Open MPI (MPI_Ialltoall(v) behind the backend's all_to_all(v)):
+ * the all-to-alls only move rows. */
+Test(moe, mpi_backend_same_losses, .timeout = 200) {
+  if (!train_backend_mpi_built())
+    cr_skip_test("this build has no Open MPI backend (install libopenmpi-dev)");
+  if (system("command -v mpirun.openmpi >/dev/null 2>&1") != 0)
+    cr_skip_test("mpirun.openmpi is not installed (Debian: openmpi-bin)");
+  static const char *runs[] = {"--ep 2 --batch 2 --experts 8 --topk 2",
+                               "--ranks 4 --ep 2 --batch 1 --experts 4 --topk 1 "
+                               "--capacity-factor 1.5"};
+  for (int k = 0; k < 2; k++) {
+    float lc[STEPS], lm[STEPS];
+    char *a = th_fmt("%s --backend coll", runs[k]), *b = th_fmt("%s --backend mpi", runs[k]);
+    cr_assert_eq(losses(a, lc, STEPS), STEPS);
+    cr_assert_eq(losses(b, lm, STEPS), STEPS);
+    /* 2 ranks: a sum of two is the same whichever library adds; 4: the libraries' reduction
+     * orders differ (the dense all-reduce), within the parity tolerance */
+    for (int i = 0; i < STEPS; i++)
+      cr_assert(k == 0 ? lc[i] == lm[i] : fabs((double)lc[i] - lm[i]) <= RELTOL * fabs(lc[i]),
+                "%s: step %d loss %a over libcoll, %a over MPI", runs[k], i + 1, lc[i], lm[i]);
+    free(a), free(b);
+  }
 }
 
 /* ---- the auxiliary loss --------------------------------------------------------------------- */
