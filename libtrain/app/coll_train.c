@@ -397,12 +397,12 @@ static int print_moe_plan(const train_options *o, int N, int X, double fixed) {
   printf("mixture of experts: %d experts, top-%d, %s; rows for one process and for %d "
          "ranks with --ep %d (sent includes the all-to-alls at balanced routing)\n",
          o->experts, o->topk, o->capacity_factor > 0 ? "capacity-padded" : "dropless", N, X);
-  for (int k = 0; k < (N > 1 ? 2 : 1); k++) {
+  for (int k = 0; k < (N > 1 ? 3 : 1); k++) { /* one process, D x EP, D x EP with ZeRO-1 */
     train_plan_row r;
     double a2a = 0.0;
     int D = k ? N : 1, x = k ? X : 1;
     if (train_ep_plan(&o->cfg, o->batch, o->seq, D, x, o->experts, o->topk, o->capacity_factor,
-                      fixed, &r, &a2a, msg) != 0)
+                      k == 2, fixed, &r, &a2a, msg) != 0)
       die(msg);
     train_plan_format(&r, line, sizeof line);
     printf("%s   (D=%d x EP=%d: %.0f bytes of all-to-all per block per step)\n", line, D, x, a2a);
@@ -415,8 +415,8 @@ static int print_moe_explain(const train_options *o, int D, int X) {
   char msg[TRAIN_ERRLEN];
   train_plan_row r;
   double a2a = 0.0;
-  if (train_ep_plan(&o->cfg, o->batch, o->seq, D, X, o->experts, o->topk, o->capacity_factor, 0, &r,
-                    &a2a, msg) != 0)
+  if (train_ep_plan(&o->cfg, o->batch, o->seq, D, X, o->experts, o->topk, o->capacity_factor, 0, 0,
+                    &r, &a2a, msg) != 0)
     die(msg);
   int E = o->experts, K = o->topk, C = o->cfg.channels, N = o->batch * o->seq;
   int cap = train_moe_capacity(N, E, K, o->capacity_factor);
@@ -1149,10 +1149,11 @@ int main(int argc, char **argv) {
                cl.ranks, cl.ep, cl.ep);
       die(msg);
     }
-    if (cl.fsdp)
-      die("--experts with --parallel fsdp is not built yet: FSDP shards each block over every "
-          "data-parallel rank, while an expert's weights live on its expert-parallel ranks "
-          "only; use --parallel ddp");
+    if (cl.fsdp && cl.zero != 1)
+      die("--experts with --parallel fsdp needs --zero 1: ZeRO-2/3 shard each block's "
+          "gradients and parameters over every data-parallel rank, while an expert's weights "
+          "live on its expert-parallel ranks only (ZeRO-1 shards AdamW's state: the dense "
+          "part over every rank, the experts over their expert-data-parallel group)");
     if (cl.accum > 1)
       die("--accum with --experts is not built yet: the router's statistics are those of one "
           "batch");

@@ -36,6 +36,18 @@ typedef struct ep_ctx {
   train_trace trace;
   size_t *v; /* 4*X: all_to_allv's sizes and offsets in bytes */
   int *inputs, *targets;
+  /* --parallel fsdp --zero 1: AdamW's state sharded. A run is a maximal range of tensors
+   * of one kind (dense, expert) in the flat array; its group (dense: the D ranks,
+   * experts: the expert-DP ranks) cuts it into shards of rc = ceil(n/g) floats, this rank
+   * holding [off + r*rc, +rc) clipped to the run, with its moments m, v. */
+  int zero1, nruns;
+  struct zrun {
+    train_backend *b; /* NULL: a group of one */
+    size_t off, n, rc, lo, hi;
+    int expert, g, r;
+    float *m, *v;
+  } * runs;
+  float *stage, *shard; /* (g*rc) and (rc) of the largest run */
 } ep_ctx;
 
 static ep_ctx *ctx_of(const train_model *m) { return m->layer_ctx; }
@@ -246,6 +258,142 @@ static int sync_grads(ep_ctx *c, train_model *m, char *err) {
   return rc;
 }
 
+/* ---- ZeRO-1 (--parallel fsdp --zero 1) ------------------------------------------------ */
+
+static int zero1_setup(ep_ctx *c, train_model *m, char *err) {
+  c->runs = calloc((size_t)m->ntensors, sizeof *c->runs);
+  if (!c->runs) goto oom;
+  size_t big = 0, bigs = 0;
+  for (int i = 0; i < m->ntensors;) {
+    int ex = train_moe_is_expert_tensor(&m->tensors[i]), j = i;
+    size_t off = m->tensors[i].offset, end = off;
+    for (; j < m->ntensors && train_moe_is_expert_tensor(&m->tensors[j]) == ex; j++)
+      end = m->tensors[j].offset + m->tensors[j].numel;
+    i = j;
+    if (end == off) continue;
+    struct zrun *z = &c->runs[c->nruns++];
+    z->expert = ex;
+    z->b = ex ? c->edp : (c->D > 1 ? c->dp : NULL);
+    z->g = z->b ? z->b->nranks : 1;
+    z->r = z->b ? z->b->rank : 0;
+    z->off = off;
+    z->n = end - off;
+    z->rc = (z->n + z->g - 1) / z->g;
+    z->lo = off + (size_t)z->r * z->rc;
+    z->hi = z->lo + z->rc < end ? z->lo + z->rc : end;
+    if (z->lo > z->hi) z->lo = z->hi;
+    z->m = calloc(z->rc + 1, sizeof(float));
+    z->v = calloc(z->rc + 1, sizeof(float));
+    if (!z->m || !z->v) goto oom;
+    big = z->g * z->rc > big ? z->g * z->rc : big;
+    bigs = z->rc > bigs ? z->rc : bigs;
+  }
+  c->stage = calloc(big + 1, sizeof(float));
+  c->shard = calloc(bigs + 1, sizeof(float));
+  if (!c->stage || !c->shard) goto oom;
+  return 0;
+oom:
+  train_errf(err, "out of memory for ZeRO-1's optimizer shards");
+  return -1;
+}
+
+static void zero1_free(ep_ctx *c) {
+  for (int k = 0; c->runs && k < c->nruns; k++) free(c->runs[k].m), free(c->runs[k].v);
+  free(c->runs);
+  free(c->stage);
+  free(c->shard);
+}
+
+/* Each run's gradients reduce-scattered over its group (dense averaged, experts summed
+ * and divided by D): this rank's shard lands at its place in m->grads. */
+static int zero1_reduce(ep_ctx *c, train_model *m, char *err) {
+  for (int k = 0; k < c->nruns; k++) {
+    struct zrun *z = &c->runs[k];
+    float *g = m->grads;
+    if (z->b) {
+      memset(c->stage, 0, z->g * z->rc * sizeof(float));
+      memcpy(c->stage, g + z->off, z->n * sizeof(float));
+      train_req req = TRAIN_REQ_DONE;
+      if (z->b->reduce_scatter(z->b, c->stage, c->shard, z->rc,
+                               z->expert ? TRAIN_REDUCE_SUM : TRAIN_REDUCE_AVG, &req) != 0 ||
+          z->b->wait(z->b, req) != 0) {
+        train_errf(err, "%s", z->b->err);
+        return -1;
+      }
+      memcpy(g + z->lo, c->shard, (z->hi - z->lo) * sizeof(float));
+    }
+    if (z->expert && c->D > 1) m->ops->scale(g + z->lo, 1.0f / (float)c->D, z->hi - z->lo);
+  }
+  return 0;
+}
+
+/* sum of x over b's ranks, in rank order (every rank the same double) */
+static int sum_over(train_backend *b, double *x, char *err) {
+  if (!b || b->nranks < 2) return 0;
+  double *all = calloc((size_t)b->nranks, sizeof *all);
+  train_req req = TRAIN_REQ_DONE;
+  if (!all || b->all_gather(b, x, all, sizeof *x, &req) != 0 || b->wait(b, req) != 0) {
+    train_errf(err, "%s", all ? b->err : "out of memory for the gradient norm");
+    free(all);
+    return -1;
+  }
+  *x = 0.0;
+  for (int r = 0; r < b->nranks; r++) *x += all[r];
+  free(all);
+  return 0;
+}
+
+/* The norm from the shards, the clipping, AdamW on this rank's shards, the shards of the
+ * parameters all-gathered back into every rank's whole runs. */
+static int zero1_update(ep_ctx *c, train_session *s, train_step_report *r, char *err) {
+  train_model *m = s->model;
+  const train_hparams *hp = &s->opt.hp;
+  double dense = 0.0, ex = 0.0;
+  for (int k = 0; k < c->nruns; k++) {
+    struct zrun *z = &c->runs[k];
+    double q = m->ops->sumsq(m->grads + z->lo, z->hi - z->lo);
+    if (z->expert)
+      ex += q;
+    else
+      dense += q;
+  }
+  if (sum_over(c->D > 1 ? c->dp : NULL, &dense, err) != 0 || sum_over(c->edp, &ex, err) != 0 ||
+      sum_over(c->ep, &ex, err) != 0)
+    return -1;
+  r->step.grad_norm = train_clip_grads_sq(m, hp, dense + ex);
+  r->step.lr = train_lr_at(hp, s->step);
+  long t = s->step + 1;
+  float bc1 = (float)(1.0 - pow(hp->beta1, (double)t));
+  float bc2 = (float)(1.0 - pow(hp->beta2, (double)t));
+  int k = 0;
+  for (int i = 0; i < m->ntensors; i++) { /* each tensor's part of its run's shard */
+    const train_param *p = &m->tensors[i];
+    while (k < c->nruns && c->runs[k].off + c->runs[k].n <= p->offset) k++;
+    if (k == c->nruns || p->numel == 0) continue;
+    struct zrun *z = &c->runs[k];
+    size_t a = p->offset > z->lo ? p->offset : z->lo,
+           e = p->offset + p->numel < z->hi ? p->offset + p->numel : z->hi;
+    if (a >= e) continue;
+    m->ops->adamw(m->params + a, m->grads + a, z->m + (a - z->lo), z->v + (a - z->lo), e - a,
+                  r->step.lr, hp->beta1, hp->beta2, hp->eps, p->decay ? hp->weight_decay : 0.0f,
+                  bc1, bc2);
+  }
+  for (k = 0; k < c->nruns; k++) {
+    struct zrun *z = &c->runs[k];
+    if (!z->b) continue;
+    memset(c->shard, 0, z->rc * sizeof(float));
+    memcpy(c->shard, m->params + z->lo, (z->hi - z->lo) * sizeof(float));
+    train_req req = TRAIN_REQ_DONE;
+    if (z->b->all_gather(z->b, c->shard, c->stage, z->rc * sizeof(float), &req) != 0 ||
+        z->b->wait(z->b, req) != 0) {
+      train_errf(err, "%s", z->b->err);
+      return -1;
+    }
+    memcpy(m->params + z->off, c->stage, z->n * sizeof(float));
+  }
+  return 0;
+}
+
 static int ep_status(const train_parallel *p, char *err) {
   ep_ctx *c = p->impl;
   if (!c->failed) return 0;
@@ -270,7 +418,7 @@ static int ep_step(train_parallel *p, train_step_report *r, char *err) {
   train_backward(m);
   double tb = train_now();
   if (ep_status(p, err) != 0) return -1;
-  if (sync_grads(c, m, err) != 0) return -1;
+  if ((c->zero1 ? zero1_reduce(c, m, err) : sync_grads(c, m, err)) != 0) return -1;
   train_req lreq = TRAIN_REQ_DONE;
   if (D > 1 && (c->dp->all_reduce(c->dp, &loss, 1, TRAIN_REDUCE_AVG, &lreq) != 0 ||
                 c->dp->wait(c->dp, lreq) != 0)) {
@@ -278,10 +426,14 @@ static int ep_step(train_parallel *p, train_step_report *r, char *err) {
     return -1;
   }
   double tw = train_now();
-  r->step.grad_norm = train_clip_grads(m, &s->opt.hp);
-  if (ep_status(p, err) != 0) return -1;
-  r->step.lr = train_lr_at(&s->opt.hp, s->step);
-  train_adamw_step(m, &s->opt.hp, r->step.lr, s->step + 1);
+  if (c->zero1) {
+    if (zero1_update(c, s, r, err) != 0) return -1;
+  } else {
+    r->step.grad_norm = train_clip_grads(m, &s->opt.hp);
+    if (ep_status(p, err) != 0) return -1;
+    r->step.lr = train_lr_at(&s->opt.hp, s->step);
+    train_adamw_step(m, &s->opt.hp, r->step.lr, s->step + 1);
+  }
   double t1 = train_now();
   s->step++;
   r->step.step = s->step;
@@ -335,7 +487,7 @@ static void ep_describe(train_parallel *p, char *out, size_t n) {
   train_appendf(out, n,
                 "coll-train: per block: router statistics all-reduced over %d ranks; %s; after "
                 "backward the dense gradients averaged over %d ranks, the experts' summed over "
-                "%d and divided by %d\n",
+                "%d and divided by %d%s\n",
                 c->D,
                 c->X == 1 ? "every expert local: nothing dispatched"
                 : m->capacity > 0
@@ -343,7 +495,10 @@ static void ep_describe(train_parallel *p, char *out, size_t n) {
                       "their mirror in backward) over the EP group"
                     : "counts all-to-all, dispatch and combine all-to-allv (and their mirror in "
                       "backward) over the EP group",
-                c->D, c->D / c->X, c->D);
+                c->D, c->D / c->X, c->D,
+                c->zero1 ? " — ZeRO-1: both reduce-scattered, AdamW on this rank's shards (dense "
+                           "1/D, experts 1/(D/X)), the parameters all-gathered"
+                         : "");
 }
 
 static void ep_step_line(const train_parallel *p, const train_step_report *r, char *out, size_t n) {
@@ -365,7 +520,7 @@ static void ep_summary(const train_parallel *p, const train_step_report *later, 
   train_plan_row pr;
   char err[TRAIN_ERRLEN];
   if (train_ep_plan(&o->cfg, o->batch, o->seq, c->D, c->X, o->experts, o->topk, o->capacity_factor,
-                    0, &pr, &a2a, err) != 0)
+                    c->zero1, 0, &pr, &a2a, err) != 0)
     a2a = 0.0;
   train_appendf(out, n,
                 "ep: weights identical over the data-parallel (dense) and expert-data-parallel "
@@ -380,7 +535,7 @@ static int ep_plan_row(const train_parallel *p, double fixed, train_plan_row *ou
   ep_ctx *c = p->impl;
   const train_options *o = &p->s->opt;
   return train_ep_plan(&o->cfg, o->batch, o->seq, c->D, c->X, o->experts, o->topk,
-                       o->capacity_factor, fixed, out, NULL, err);
+                       o->capacity_factor, c->zero1, fixed, out, NULL, err);
 }
 
 static void ep_free(train_parallel *p) {
@@ -392,6 +547,7 @@ static void ep_free(train_parallel *p) {
       m->layer_ctx = NULL;
     }
     train_trace_free(&c->trace);
+    zero1_free(c);
     free(c->v);
     free(c->inputs);
     free(c->targets);
@@ -466,11 +622,17 @@ train_parallel *train_ep_strategy_create(train_session *s, train_grid *g,
   c->D = g->dp->nranks;
   c->X = X;
   c->trace_on = opt->trace;
+  c->zero1 = strcmp(opt->data, "fsdp") == 0;
+  p->zero = c->zero1;
   p->rows_mult = c->D;
   p->eval_everywhere = 1; /* the router's statistics are all-reduced in forward */
   p->can_sample = X == 1; /* a forward without targets exchanges nothing when X = 1 */
   /* one seed, the same full model drawn everywhere: check it rather than broadcast */
   if (check_same(c, m, c->dp, 0, err) != 0 || check_same(c, m, c->edp, 1, err) != 0) {
+    ep_free(p);
+    return NULL;
+  }
+  if (c->zero1 && zero1_setup(c, m, err) != 0) {
     ep_free(p);
     return NULL;
   }
@@ -491,7 +653,8 @@ train_parallel *train_ep_strategy_create(train_session *s, train_grid *g,
 /* ---- the planner's row ------------------------------------------------------------------ */
 
 int train_ep_plan(const train_config *cfg, int B, int T, int D, int X, int experts, int topk,
-                  float capacity, double fixed, train_plan_row *r, double *a2a_layer, char *err) {
+                  float capacity, int zero1, double fixed, train_plan_row *r, double *a2a_layer,
+                  char *err) {
   if (train_moe_check(cfg, experts, topk, X, capacity, 0.0f, TRAIN_DEVICE_CPU, 1, 1, 0, 0, err) !=
       0)
     return -1;
@@ -523,6 +686,10 @@ int train_ep_plan(const train_config *cfg, int B, int T, int D, int X, int exper
   r->params = f * P;
   r->grads = f * P;
   r->optim = 2 * f * P;
+  if (zero1) { /* AdamW's moments: the dense part over D, the experts over the D/X */
+    r->name = X > 1 ? "EPxZ1" : "MoE Z1";
+    r->optim = 2 * f * (ceil(Pdense / D) + ceil(Pexp / G));
+  }
   r->acts = (double)A + moe_acts;
   r->fixed = fixed;
   r->sent = L * (a2a + stats) + (D > 1 ? 2.0 * (D - 1) / D * f * Pdense : 0.0) +

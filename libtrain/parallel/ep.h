@@ -17,6 +17,9 @@
  *   experts' summed over the D/X ranks holding the same experts and divided by D — the
  *   global batch's mean gradient, as one process computes it.
  *
+ * With --parallel fsdp --zero 1 the gradients are reduce-scattered instead (same groups)
+ * and AdamW runs on this rank's shard of each, the parameters all-gathered after.
+ *
  * X = 1 is data parallelism of an MoE model (every expert everywhere; only the statistics
  * cross ranks in forward). Bytes a rank sends per block and step, N tokens of C fp32 each
  * (dropless, balanced): K*N*(X-1)/X rows in dispatch and as many in combine, the same
@@ -30,11 +33,13 @@
 #include "parallel/strategy.h"
 
 /* --plan's row for an MoE model on D ranks with EP X (X = D = 1: one process): memory
- * per rank (its E/X experts, the MoE activations at balanced routing) and bytes sent per
- * step (the all-to-alls, the dense and expert gradient all-reduces). *a2a_layer gets
- * the all-to-all bytes a rank sends per block and step (forward and backward). */
+ * per rank (its E/X experts, the MoE activations at balanced routing; zero1: AdamW's
+ * moments sharded, the dense part over D, the experts over D/X) and bytes sent per step
+ * (the all-to-alls, the dense and expert gradient all-reduces — ZeRO-1's reduce-scatter
+ * and all-gather send the same). *a2a_layer gets the all-to-all bytes a rank sends per
+ * block and step (forward and backward). */
 TRAIN_API int train_ep_plan(const train_config *cfg, int B, int T, int D, int X, int experts,
-                            int topk, float capacity, double fixed, train_plan_row *out,
+                            int topk, float capacity, int zero1, double fixed, train_plan_row *out,
                             double *a2a_layer, char *err);
 
 #endif

@@ -34,10 +34,12 @@ train_parallel *train_parallel_create(train_session *s, train_grid *g,
   /* a mixture of experts over several ranks: DDP for the dense part, the experts over
    * their own groups (ep.c); one process steps it as any model */
   if (opt->experts > 0 && strcmp(opt->data, "none") != 0) {
-    if (strcmp(opt->data, "ddp") != 0 || g->T > 1) {
-      train_errf(err, "--experts runs with --parallel ddp (or one process) only: FSDP shards "
-                      "each block over every data-parallel rank, while an expert's weights "
-                      "live on its expert-parallel ranks only");
+    if ((strcmp(opt->data, "ddp") != 0 && !(strcmp(opt->data, "fsdp") == 0 && opt->zero == 1)) ||
+        g->T > 1) {
+      train_errf(err, "--experts runs with --parallel ddp or fsdp --zero 1 (or one process) "
+                      "only: ZeRO-2/3 shard each block's gradients and parameters over every "
+                      "data-parallel rank, while an expert's weights live on its "
+                      "expert-parallel ranks only");
       return NULL;
     }
     return train_ep_strategy_create(s, g, opt, err);

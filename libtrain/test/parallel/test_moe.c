@@ -6,7 +6,8 @@
  *  - parity: E = 4 and 8, top-1 and top-2, dropless, 20 steps, against --parallel none
  *    with the global batch: DP 2 with every expert on each rank (EP = 1), EP = 2 on 2
  *    ranks, EP = 4 on 4 ranks, and EP 2 x DP 2 on 4 ranks (experts synced over the
- *    2-rank expert-data-parallel group): every step's loss within 1e-5 relative. The
+ *    2-rank expert-data-parallel group), and the DP 2 and EP 2 x DP 2 grids with
+ *    --parallel fsdp --zero 1: every step's loss within 1e-5 relative. The
  *    expert matmuls run over the same rows in the same order as one process's; the dense
  *    part is DDP's (its gradient sums cut by rank), so a few ulps move — the bitwise runs
  *    are counted in the log. A misrouted row, a wrong gradient scale or a missed sync
@@ -141,6 +142,9 @@ Test(moe, expert_parallel_matches_one_process, .timeout = 400) {
       "--ep 2 --batch 2",                   /* EP = 2 on 2 ranks */
       "--ep 4 --batch 1",                   /* EP = 4 on 4 ranks */
       "--ranks 4 --ep 2 --batch 1",         /* EP 2 x DP 2: expert-DP groups of 2 */
+      /* ZeRO-1: AdamW's state sharded, dense over every rank, experts over expert-DP */
+      "--ranks 2 --parallel fsdp --zero 1 --batch 2",
+      "--ranks 4 --ep 2 --parallel fsdp --zero 1 --batch 1",
   };
   int runs = 0, bitwise = 0;
   double worst = 0.0;
@@ -269,7 +273,8 @@ Test(moe, bad_input_is_refused_with_one_line, .timeout = 60) {
       {"--experts 4 --pp 2", "--experts with --tp or --pp"},
       {"--experts 4 --dtype bf16", "--dtype bf16"},
       {"--experts 4 --recompute full", "--recompute"},
-      {"--experts 4 --ranks 2 --parallel fsdp", "--parallel fsdp"},
+      {"--experts 4 --ranks 2 --parallel fsdp", "--parallel fsdp needs --zero 1"},
+      {"--experts 4 --ranks 2 --parallel fsdp --zero 2", "--parallel fsdp needs --zero 1"},
       {"--experts 4 --ranks 2 --parallel ddp --accum 2", "--accum"},
       {"--experts 4 --ckpt-dir ck", "checkpoints of mixture-of-experts models"},
       {"--experts 4 --aux-loss-coef -1", "--aux-loss-coef"},
