@@ -3,6 +3,8 @@
  *  - gradients: the MoE block's backward (router, experts, gates, the auxiliary loss)
  *    against central finite differences of cross-entropy + auxiliary loss, dropless and
  *    with a capacity that drops;
+ *  - one MoE block, forward and backward, at EP = 2 and 4 against one process on the same
+ *    rows: its outputs, input gradients and expert gradients bitwise equal;
  *  - parity: E = 4 and 8, top-1 and top-2, dropless, 20 steps, against --parallel none
  *    with the global batch: DP 2 with every expert on each rank (EP = 1), EP = 2 on 2
  *    ranks, EP = 4 on 4 ranks, and EP 2 x DP 2 on 4 ranks (experts synced over the
@@ -23,6 +25,7 @@
 #include <criterion/criterion.h>
 
 #include "comm/backend.h"
+#include "parallel/strategy.h"
 #include "common/train_test.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -108,6 +111,140 @@ static void check_gradients(float capacity) {
 
 Test(moe, gradients_match_finite_differences, .timeout = 60) { check_gradients(0.0f); }
 Test(moe, gradients_with_capacity_drops, .timeout = 60) { check_gradients(0.75f); }
+
+/* ---- the experts see one process's rows, in its order --------------------------------------
+ * One MoE block, forward and backward, on the same rows: the N_g rows of one process
+ * against X ranks of expert parallelism holding N_g/X rows each (rank-major), the loss
+ * scaled by 1/X there so the auxiliary loss's gradient is one process's per row. Every
+ * expert's matmuls must then run over the same rows in the same order: each rank's block
+ * output and input gradient rows, and its expert gradients, bitwise equal to one
+ * process's. (Through the whole model they are not: OpenBLAS's sgemm rounds a row
+ * differently at another row count for some shapes — the LM head's backward, K = V — so
+ * the rows reaching a block already differ in the last bit.) */
+
+typedef struct bits_job {
+  int X, N, C;
+  size_t np_rank;
+  float *grads, *out, *dinp; /* X * np_rank; N*C each, rank r's rows at r*N/X */
+} bits_job;
+
+static train_split bits_split(int X, int rank) {
+  train_split sp = {.experts = 8, .topk = 2, .aux_coef = 0.01f, .ep = X, .ep_rank = rank};
+  return sp;
+}
+static const train_config bits_cfg = {
+    .vocab = 256, .max_seq = 16, .layers = 1, .channels = 32, .heads = 4};
+
+/* row t of the block's input and of its output gradient: the same on every layout */
+static void bits_rows(float *x, float *dout, int t0, int n, int C) {
+  for (int t = 0; t < n; t++)
+    for (int c = 0; c < C; c++) {
+      int g = t0 + t;
+      x[(size_t)t * C + c] = sinf(0.37f * g + 0.11f * c) + 0.05f * (float)(c % 7);
+      dout[(size_t)t * C + c] = 1e-3f * cosf(0.23f * g - 0.19f * c);
+    }
+}
+
+/* forward and backward of block 0 on rows [t0, +n) through the model's layer operations */
+static void bits_pass(train_model *m, int t0, int n, float *out, float *dinp, float scale) {
+  int C = m->cfg.channels;
+  float *x = malloc(sizeof(float) * n * C), *dout = malloc(sizeof(float) * n * C);
+  bits_rows(x, dout, t0, n, C);
+  m->have_targets = 1; /* the router's statistics over the group, the auxiliary loss */
+  train_set_loss_scale(m, scale);
+  train_zero_grad(m);
+  m->layer_ops->moe_forward(m, 0, out, x, n);
+  memset(dinp, 0, sizeof(float) * n * C);
+  m->layer_ops->moe_backward(m, 0, dinp, dout, x, n);
+  free(x), free(dout);
+}
+
+static int bits_rank(coll_comm_t comm, int rank, int nranks, void *arg) {
+  bits_job *j = arg;
+  char err[TRAIN_ERRLEN];
+  int n = j->N / nranks;
+  train_options o = th_options(bits_cfg, n / 8, 8, 7, 20, 3, 1e-2f);
+  train_split sp = bits_split(nranks, rank);
+  o.experts = sp.experts, o.topk = sp.topk, o.aux_coef = sp.aux_coef, o.ep = nranks;
+  o.ep_rank = rank;
+  train_session *s = train_session_create(&o, err);
+  train_backend *b = s ? train_backend_coll(comm, 0, err) : NULL;
+  if (!b) return th_rank_fail(rank, "start", err, 2);
+  train_grid g;
+  if (train_grid_create(&g, b, 1, err) != 0 || train_grid_add_ep(&g, nranks, err) != 0)
+    return th_rank_fail(rank, "grid", err, 3);
+  train_parallel_options po = {.data = "ddp", .accum = 1, .overlap = 1, .experts = o.experts};
+  train_parallel *p = train_parallel_create(s, &g, &po, err);
+  if (!p) return th_rank_fail(rank, "strategy", err, 4);
+  train_model *m = train_session_model(s);
+  size_t at = (size_t)rank * n * j->C;
+  bits_pass(m, rank * n, n, j->out + at, j->dinp + at, 1.0f / (float)nranks);
+  int rc = p->ops->status(p, err) == 0 ? 0 : th_rank_fail(rank, "pass", err, 5);
+  train_copy_grads_to_host(m, j->grads + (size_t)rank * j->np_rank);
+  train_parallel_free(p);
+  train_grid_free(&g);
+  b->destroy(b);
+  train_session_free(s);
+  return rc;
+}
+
+static void expert_bits(int X) {
+  char err[TRAIN_ERRLEN];
+  int N = 64, C = bits_cfg.channels;
+  train_split s1 = bits_split(1, 0), sx = bits_split(X, 0);
+  train_model *m1 = train_model_create_split(&bits_cfg, N / 8, 8, TRAIN_DEVICE_CPU, 1, 7, &s1, err);
+  train_model *ml = m1 ? train_model_create_split(&bits_cfg, N / X / 8, 8, TRAIN_DEVICE_CPU, 1, 7,
+                                                  &sx, err)
+                       : NULL;
+  cr_assert(ml, "%s", err);
+  float *out1 = malloc(sizeof(float) * N * C), *dinp1 = malloc(sizeof(float) * N * C);
+  bits_pass(m1, 0, N, out1, dinp1, 1.0f);
+  bits_job *j = th_shared_alloc(sizeof *j);
+  j->X = X;
+  j->N = N;
+  j->C = C;
+  j->np_rank = train_num_params(ml);
+  j->grads = th_shared_alloc((size_t)X * j->np_rank * sizeof(float));
+  j->out = th_shared_alloc(sizeof(float) * N * C);
+  j->dinp = th_shared_alloc(sizeof(float) * N * C);
+  th_launch(X, bits_rank, j, 60000, NULL, "EP %d, one MoE block", X);
+  for (size_t k = 0; k < (size_t)N * C; k++) {
+    cr_assert(j->out[k] == out1[k], "EP %d: output row %zu col %zu: %a, one process %a", X, k / C,
+              k % C, j->out[k], out1[k]);
+    cr_assert(j->dinp[k] == dinp1[k], "EP %d: input gradient row %zu col %zu: %a, one process %a",
+              X, k / C, k % C, j->dinp[k], dinp1[k]);
+  }
+  float *g1 = train_grads(m1);
+  int experts = 0;
+  for (int i = 0; i < train_num_tensors(ml); i++) {
+    const train_param *lp = train_param_info(ml, i), *fp = train_param_info(m1, i);
+    cr_assert_str_eq(lp->name, fp->name);
+    if (!train_moe_is_expert_tensor(lp)) continue;
+    for (int r = 0; r < X; r++) {
+      const float *got = j->grads + (size_t)r * j->np_rank + lp->offset,
+                  *want = g1 + fp->offset + (size_t)r * lp->numel;
+      for (size_t k = 0; k < lp->numel; k++)
+        cr_assert(got[k] == want[k], "EP %d rank %d %s[%zu]: %a, one process %a", X, r, lp->name, k,
+                  got[k], want[k]);
+    }
+    experts++;
+  }
+  cr_log_info("EP %d: the block's output and input gradient rows and %d expert tensors on every "
+              "rank bitwise equal to one process's\n",
+              X, experts);
+  munmap(j->grads, (size_t)X * j->np_rank * sizeof(float));
+  munmap(j->out, sizeof(float) * N * C);
+  munmap(j->dinp, sizeof(float) * N * C);
+  munmap(j, sizeof *j);
+  free(out1), free(dinp1);
+  train_model_free(ml);
+  train_model_free(m1);
+}
+
+Test(moe, expert_rows_are_one_process_bits, .timeout = 120) {
+  expert_bits(2);
+  expert_bits(4);
+}
 
 /* ---- parity ------------------------------------------------------------------------------- */
 
