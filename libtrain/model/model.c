@@ -10,7 +10,10 @@
  *             mlp.fc.w (4C,C)  mlp.fc.b (4C)  mlp.proj.w (C,4C)  mlp.proj.b (C)
  *
  * so a block is one contiguous range (what FSDP gathers, what a DDP bucket covers) and
- * the LM head reuses wte (tied weights: its gradient is the sum of both uses).
+ * the LM head reuses wte (tied weights: its gradient is the sum of both uses). A mixture
+ * of experts (moe.h) stacks this rank's experts in the four MLP tensors (mlp.fc.w
+ * (El*4C,C) ... mlp.proj.b (El*C)) and adds mlp.router.w (E,C) as a block's 13th tensor
+ * (m->block_tensors); its MLP is then the layer operation moe_forward/moe_backward.
  *
  * All arithmetic goes through m->ops (layers_cpu.c or layers_cuda.cu); this file only
  * does pointer arithmetic, so the same code drives both devices.
