@@ -16,6 +16,8 @@
  * stderr, the exit status is non-zero, and nothing is written: all validation happens
  * before the first file is created, and every file is written atomically.
  */
+#include "model/moe.h"
+#include "parallel/ep.h"
 #include "parallel/pipeline.h"
 #include "parallel/planner.h"
 #include "parallel/strategy.h"
@@ -97,6 +99,17 @@ static void usage(FILE *f) {
              "  --chunks V        with interleaved: model chunks per stage (2)\n"
              "  --explain         print the schedule as the pipeline picture with its bubble\n"
              "                    and exit\n"
+             "mixture of experts:\n"
+             "  --experts E       every block's MLP becomes E expert MLPs (4C wide each) behind\n"
+             "                    a learned router (softmax, top-k; gates not renormalised)\n"
+             "  --topk K          experts per token, 1..E (1)\n"
+             "  --capacity-factor C  pad each expert to ceil(C*tokens*K/E) rows per rank and\n"
+             "                    drop the overflow (fixed all-to-all splits); default dropless\n"
+             "  --aux-loss-coef X the load-balancing loss X*E*sum_i f_i*P_i over the global\n"
+             "                    batch; 0 = off (0.01)\n"
+             "  --ep X            spread the experts over X ranks (consecutive data-parallel\n"
+             "                    ranks); the rest is DDP over all --ranks (default X)\n"
+             "  --explain         with --experts: the all-to-alls of one block and their bytes\n"
              "memory:\n"
              "  --dtype fp32|bf16 bf16: bf16 weights, activations and gradients (and on the\n"
              "                    wire), fp32 master weights and AdamW state (fp32)\n"
@@ -229,7 +242,12 @@ enum {
   O_CHUNKS,
   O_EXPLAIN,
   O_RECOMPUTE,
-  O_DTYPE
+  O_DTYPE,
+  O_EXPERTS,
+  O_TOPK,
+  O_CAPACITY,
+  O_AUXCOEF,
+  O_EP
 };
 
 /* Everything parsed from the command line. */
@@ -241,6 +259,7 @@ typedef struct cli {
   int ddp, fsdp, zero, ranks, ranks_given, mpi, nccl, overlap, accum;
   int tp, sp;                      /* tensor-parallel size (1: none), sequence parallelism */
   int pp, schedule, micro, chunks; /* pipeline stages (1: none), schedule, M, V */
+  int experts, ep;                 /* mixture of experts (0: dense), expert parallel size */
   double bucket_mb;
   double fixed; /* resident bytes at start, before any model: the planner's fixed part */
   char **argv;
@@ -372,6 +391,68 @@ static int print_explain(int P, int kind, int M, int V) {
   return 0;
 }
 
+/* --plan --experts: the mixture of experts' rows (one process, and the run's D x EP). */
+static int print_moe_plan(const train_options *o, int N, int X, double fixed) {
+  char line[256], msg[TRAIN_ERRLEN];
+  printf("mixture of experts: %d experts, top-%d, %s; rows for one process and for %d "
+         "ranks with --ep %d (sent includes the all-to-alls at balanced routing)\n",
+         o->experts, o->topk, o->capacity_factor > 0 ? "capacity-padded" : "dropless", N, X);
+  for (int k = 0; k < (N > 1 ? 3 : 1); k++) { /* one process, D x EP, D x EP with ZeRO-1 */
+    train_plan_row r;
+    double a2a = 0.0;
+    int D = k ? N : 1, x = k ? X : 1;
+    if (train_ep_plan(&o->cfg, o->batch, o->seq, D, x, o->experts, o->topk, o->capacity_factor,
+                      k == 2, fixed, &r, &a2a, msg) != 0)
+      die(msg);
+    train_plan_format(&r, line, sizeof line);
+    printf("%s   (D=%d x EP=%d: %.0f bytes of all-to-all per block per step)\n", line, D, x, a2a);
+  }
+  return 0;
+}
+
+/* --explain --experts: one block's steps, with the bytes a rank sends in each. */
+static int print_moe_explain(const train_options *o, int D, int X) {
+  char msg[TRAIN_ERRLEN];
+  train_plan_row r;
+  double a2a = 0.0;
+  if (train_ep_plan(&o->cfg, o->batch, o->seq, D, X, o->experts, o->topk, o->capacity_factor, 0, 0,
+                    &r, &a2a, msg) != 0)
+    die(msg);
+  int E = o->experts, K = o->topk, C = o->cfg.channels, N = o->batch * o->seq;
+  int cap = train_moe_capacity(N, E, K, o->capacity_factor);
+  double S = cap ? (double)E * cap : (double)N * K, out = S * (X - 1) / X;
+  printf("coll-train: mixture of experts, %d experts top-%d (%s), %d ranks, --ep %d: rank d "
+         "holds experts [(d %% %d)*%d, +%d) of every block; %d tokens per rank\n",
+         E, K, cap ? "capacity" : "dropless", D, X, X, E / X, E / X, N);
+  printf("one block, forward:\n");
+  printf("  router      probs = softmax(x @ Wr^T) (%d x %d), top-%d, gates not renormalised\n", N,
+         E, K);
+  printf("  all-reduce  router statistics over %d ranks: %d floats (counts, prob sums, N, "
+         "dropped)\n",
+         D, 2 * E + 2);
+  if (X > 1 && !cap) printf("  all-to-all  counts: %d ints to each of the %d EP ranks\n", E / X, X);
+  if (cap)
+    printf("  capacity    %d rows per expert per rank (ceil(%g x %d x %d / %d)), overflow "
+           "dropped, padded: fixed splits\n",
+           cap, (double)o->capacity_factor, N, K, E);
+  printf("  dispatch    all-to-all%s of %.0f rows (%s): %.0f to other ranks = %.0f bytes\n",
+         cap ? "" : "v", S, cap ? "E x cap" : "K x N at most, balanced", out, out * C * 4);
+  printf("  experts     %d local experts, each fc %d->%d, gelu, proj %d->%d over its rows\n", E / X,
+         C, 4 * C, 4 * C, C);
+  printf("  combine     the mirror all-to-all%s: %.0f bytes back; out = sum_k gate_k y_k\n",
+         cap ? "" : "v", out * C * 4);
+  printf("one block, backward: dispatch of the output gradients (%.0f bytes), the experts' "
+         "backward, combine of the input gradients (%.0f bytes), the router's backward\n",
+         out * C * 4, out * C * 4);
+  printf("per block and step a rank sends %.0f bytes in all-to-alls (%d blocks: %.0f); "
+         "formula 4 x K x N x (X-1)/X x C x 4 = %.0f (dropless, balanced)\n",
+         a2a, o->cfg.layers, a2a * o->cfg.layers, 4.0 * K * N * (X - 1) / X * C * 4);
+  printf("after backward: dense gradients all-reduced over %d ranks, expert gradients over "
+         "the %d ranks holding the same experts\n",
+         D, D / X);
+  return 0;
+}
+
 static int env_int(const char *name, int dflt) {
   const char *v = getenv(name);
   return v && *v ? atoi(v) : dflt;
@@ -389,6 +470,9 @@ static void report_add(train_step_report *sum, const train_step_report *r) {
   sum->tp_other_ms += r->tp_other_ms;
   sum->tp_bytes += r->tp_bytes;
   sum->tp_calls += r->tp_calls;
+  sum->ep_ms += r->ep_ms;
+  sum->ep_bytes += r->ep_bytes;
+  sum->ep_calls += r->ep_calls;
 }
 
 /* The strategy's lines (several, each ending in '\n'), printed as they are. */
@@ -423,6 +507,9 @@ static int run(const cli *c, train_backend *b) {
    * pipeline outermost) */
   train_grid g;
   if (train_grid_create_pp(&g, b, c->tp, c->pp, msg) != 0) die_rank(b, msg);
+  if (c->experts && b && train_grid_add_ep(&g, c->ep, msg) != 0) die_rank(b, msg);
+  o.ep = c->experts ? c->ep : 1;
+  o.ep_rank = c->experts && b ? g.e : 0;
   o.tp = g.T;
   o.tp_rank = g.tp ? g.tp->rank : 0;
   o.sp = c->sp;
@@ -478,6 +565,7 @@ static int run(const cli *c, train_backend *b) {
       .schedule = c->schedule,
       .micro = c->micro,
       .chunks = c->chunks,
+      .experts = c->experts,
   };
   train_parallel *p = train_parallel_create(s, &g, &po, msg);
   if (!p) die_rank(b, msg);
@@ -535,6 +623,8 @@ static int run(const cli *c, train_backend *b) {
   if (stop_after >= 0 && stop_after < last_step) last_step = stop_after;
   long n = last_step >= first ? last_step - first + 1 : 0;
   float *losses = calloc((size_t)n + 1, sizeof *losses);
+  double *moe_load = calloc((size_t)n + 1, sizeof *moe_load),
+         *moe_aux = calloc((size_t)n + 1, sizeof *moe_aux);
   long *vsteps = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vsteps);
   float *vloss = calloc((size_t)(n / (eval_every ? eval_every : n + 1)) + 2, sizeof *vloss);
   long nv = 0;
@@ -553,6 +643,12 @@ static int run(const cli *c, train_backend *b) {
     if (train_session_status(s, msg) != 0 || (p->ops->status && p->ops->status(p, msg) != 0))
       die_rank(b, msg);
     losses[i] = st.loss;
+    if (o.experts) { /* the expert load of the global batch (every rank sees the same) */
+      train_moe_stats ms;
+      train_moe_stats_read(m, &ms);
+      moe_load[i] = ms.load;
+      moe_aux[i] = ms.aux;
+    }
     report_add(&all, &r);
     if (st.step > first) { /* the first step warms caches; keep it out of the mean */
       tok_total += (double)p->rows_mult * o.batch * o.seq;
@@ -565,7 +661,14 @@ static int run(const cli *c, train_backend *b) {
              total, st.loss, st.lr, st.grad_norm, st.ms, st.tokens_per_s);
       if (peak > 0) printf(" | MFU %.1f%%", 100.0 * fpt * st.tokens_per_s / peak);
       p->ops->step_line(p, &r, text, sizeof text);
-      printf("%s\n", text);
+      printf("%s", text);
+      if (o.experts) {
+        train_moe_stats ms;
+        train_moe_stats_read(m, &ms);
+        printf(" | moe aux %.5f load max/mean %.3f", ms.aux, ms.load);
+        if (o.capacity_factor > 0) printf(" dropped %.1f%%", 100.0 * ms.dropped);
+      }
+      putchar('\n');
     }
     int last = st.step == last_step;
     int eval_now = (eval_every && st.step % eval_every == 0) || (last && eval_every);
@@ -642,6 +745,14 @@ static int run(const cli *c, train_backend *b) {
              fixed / 1048576.0, c->fixed / 1048576.0, comm_rss / 1048576.0,
              (b ? train_comm_rss_bytes() : 0.0) / 1048576.0);
     }
+    if (o.experts && n > 0) { /* what the auxiliary loss does to the balance */
+      long w = n < 10 ? n : 10;
+      double lw = 0.0, aw = 0.0;
+      for (long i = n - w; i < n; i++) lw += moe_load[i] / w, aw += moe_aux[i] / w;
+      printf("moe: %d experts top-%d, aux coef %g: expert load max/mean (mean over blocks) step 1 "
+             "%.3f, mean of the last %ld steps %.3f; aux loss %.5f\n",
+             o.experts, o.topk, (double)o.aux_coef, moe_load[0], w, lw, aw);
+    }
     if (c->trace) printf("trace %s\n", c->trace);
     printf("done: %ld steps in %.1f s | final loss %.6f", n, wall, n ? st.loss : NAN);
     if (nv) printf(" | val loss %.6f", vloss[nv - 1]);
@@ -670,6 +781,8 @@ static int run(const cli *c, train_backend *b) {
   free(peaks);
   free(planned);
   free(losses);
+  free(moe_load);
+  free(moe_aux);
   free(vsteps);
   free(vloss);
   free(sample);
@@ -825,6 +938,11 @@ int main(int argc, char **argv) {
       {"explain", no_argument, 0, O_EXPLAIN},
       {"recompute", required_argument, 0, O_RECOMPUTE},
       {"dtype", required_argument, 0, O_DTYPE},
+      {"experts", required_argument, 0, O_EXPERTS},
+      {"topk", required_argument, 0, O_TOPK},
+      {"capacity-factor", required_argument, 0, O_CAPACITY},
+      {"aux-loss-coef", required_argument, 0, O_AUXCOEF},
+      {"ep", required_argument, 0, O_EP},
       {0, 0, 0, 0},
   };
   train_options o = {
@@ -843,6 +961,9 @@ int main(int argc, char **argv) {
   int quiet = 0;
   char msg[TRAIN_ERRLEN];
   int zero_given = 0, plan = 0, explain = 0, micro_given = 0, chunks_given = 0;
+  int topk_given = 0, cf_given = 0, aux_given = 0, ep_given = 0;
+  o.topk = 1;
+  o.aux_coef = 0.01f;
   double fixed = train_rss_bytes();
   cli cl = {.tp = 1,
             .pp = 1,
@@ -965,6 +1086,28 @@ int main(int argc, char **argv) {
         die(msg);
       }
       break;
+    case O_EXPERTS: o.experts = (int)parse_int("--experts", a, 1, 4096); break;
+    case O_TOPK:
+      o.topk = (int)parse_int("--topk", a, -1000000, 1000000);
+      topk_given = 1;
+      break;
+    case O_CAPACITY:
+      o.capacity_factor = parse_float("--capacity-factor", a, -1e30, 1e6);
+      if (!(o.capacity_factor > 0.0f)) {
+        snprintf(msg, sizeof msg,
+                 "--capacity-factor %s: must be above 0 (leave it out for dropless routing)", a);
+        die(msg);
+      }
+      cf_given = 1;
+      break;
+    case O_AUXCOEF:
+      o.aux_coef = parse_float("--aux-loss-coef", a, 0.0, 1e6);
+      aux_given = 1;
+      break;
+    case O_EP:
+      cl.ep = (int)parse_int("--ep", a, 1, 1024);
+      ep_given = 1;
+      break;
     case O_ZERO:
       cl.zero = (int)parse_int("--zero", a, 1, 3);
       zero_given = 1;
@@ -985,6 +1128,41 @@ int main(int argc, char **argv) {
   }
   if (ckpt_every > 0 && !ckpt_dir) die("--ckpt-every needs --ckpt-dir");
   if (plot) check_writable_dir_of("--plot", plot);
+
+  /* the mixture of experts' flags, before --plan and --explain: they refuse what a run
+   * refuses */
+  if (!o.experts && (topk_given || cf_given || aux_given || ep_given))
+    die("--topk, --capacity-factor, --aux-loss-coef and --ep need --experts");
+  if (!ep_given) cl.ep = 1;
+  cl.experts = o.experts;
+  if (o.experts) {
+    if (train_moe_check(&o.cfg, o.experts, o.topk, cl.ep, o.capacity_factor, o.aux_coef, o.device,
+                        cl.tp, cl.pp, o.bf16, o.recompute, msg) != 0)
+      die(msg);
+    int launched = launched_by_someone() && !cl.ranks_given;
+    if (cl.ep > 1 && !cl.ranks_given && !launched) cl.ranks = cl.ep;
+    if (cl.ep > 1) cl.ddp = 1; /* the dense part is data parallel over every rank */
+    if (!launched && cl.ranks % cl.ep != 0) {
+      snprintf(msg, sizeof msg,
+               "--ranks %d is not a multiple of --ep %d: the expert-parallel groups are %d "
+               "consecutive data-parallel ranks",
+               cl.ranks, cl.ep, cl.ep);
+      die(msg);
+    }
+    if (cl.fsdp && cl.zero != 1)
+      die("--experts with --parallel fsdp needs --zero 1: ZeRO-2/3 shard each block's "
+          "gradients and parameters over every data-parallel rank, while an expert's weights "
+          "live on its expert-parallel ranks only (ZeRO-1 shards AdamW's state: the dense "
+          "part over every rank, the experts over their expert-data-parallel group)");
+    if (cl.accum > 1)
+      die("--accum with --experts is not built yet: the router's statistics are those of one "
+          "batch");
+    if (ckpt_dir || resume)
+      die("--ckpt-dir and --resume with --experts: checkpoints of mixture-of-experts models "
+          "are not built yet (the format has no expert-parallel shards)");
+    if (cl.nccl) die("--experts runs on the CPU model over libcoll or Open MPI");
+    if (explain) return print_moe_explain(&o, cl.ranks, cl.ep);
+  }
 
   /* the pipeline's flags, checked before --plan and --explain: they refuse what a run
    * refuses */
@@ -1046,6 +1224,7 @@ int main(int argc, char **argv) {
   if (explain) return print_explain(cl.pp, cl.schedule, cl.micro, cl.chunks);
   if (plan) { /* a table for every strategy: --ranks and --accum need no --parallel */
     int rc = print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
+    if (rc == 0 && o.experts) rc = print_moe_plan(&o, cl.ranks, cl.ep, fixed);
     if (rc == 0 && cl.pp > 1)
       rc = print_pp_plan(&o, cl.ranks, cl.tp, cl.sp, cl.pp, cl.schedule, cl.micro, cl.chunks,
                          cl.fsdp);

@@ -65,6 +65,17 @@ struct train_backend {
   /* recv (nranks*bytes) = every rank's send (bytes), in rank order */
   int (*all_gather)(train_backend *b, const void *send, void *recv, size_t bytes, train_req *req);
   int (*broadcast)(train_backend *b, void *buf, size_t bytes, int root, train_req *req);
+  /* Optional (NULL: expert parallelism is refused on this library). all_to_all: block j
+   * (bytes) of send goes to rank j, block s of recv (bytes) comes from rank s.
+   * all_to_allv: the same with a size and an offset per rank, in bytes (sendbytes[j] at
+   * sdispls[j] of send to rank j, recvbytes[s] at rdispls[s] of recv from rank s; a
+   * rank's recvbytes[s] must equal rank s's sendbytes[rank]); not in place. The arrays
+   * (nranks entries) are read before the call returns. libcoll: coll_all_to_all(v);
+   * Open MPI: MPI_Ialltoall(v). */
+  int (*all_to_all)(train_backend *b, const void *send, void *recv, size_t bytes, train_req *req);
+  int (*all_to_allv)(train_backend *b, const void *send, const size_t *sendbytes,
+                     const size_t *sdispls, void *recv, const size_t *recvbytes,
+                     const size_t *rdispls, train_req *req);
   int (*barrier)(train_backend *b); /* blocking */
   /* 1: finished (a finished request may be tested again), 0: pending, -1: failed */
   int (*test)(train_backend *b, train_req req);

@@ -115,6 +115,26 @@ static int cl_broadcast(train_backend *b, void *buf, size_t bytes, int root, tra
   return started(b, "broadcast", s, r, req);
 }
 
+static int cl_all_to_all(train_backend *b, const void *send, void *recv, size_t bytes,
+                         train_req *req) {
+  coll_impl *c = b->impl;
+  int s;
+  if (take_slot(b, &s) != 0) return -1;
+  coll_result r = coll_all_to_all(send, recv, bytes, COLL_UINT8, c->comm, c->streams[s]);
+  return started(b, "all_to_all", s, r, req);
+}
+
+static int cl_all_to_allv(train_backend *b, const void *send, const size_t *sendbytes,
+                          const size_t *sdispls, void *recv, const size_t *recvbytes,
+                          const size_t *rdispls, train_req *req) {
+  coll_impl *c = b->impl;
+  int s;
+  if (take_slot(b, &s) != 0) return -1;
+  coll_result r = coll_all_to_allv(send, sendbytes, sdispls, recv, recvbytes, rdispls, COLL_UINT8,
+                                   c->comm, c->streams[s]);
+  return started(b, "all_to_allv", s, r, req);
+}
+
 static int cl_barrier(train_backend *b) {
   coll_impl *c = b->impl;
   coll_result r = coll_barrier(c->comm, NULL);
@@ -229,6 +249,8 @@ train_backend *train_backend_coll(coll_comm_t comm, int own, char *err) {
   b->reduce_scatter = cl_reduce_scatter;
   b->all_gather = cl_all_gather;
   b->broadcast = cl_broadcast;
+  b->all_to_all = cl_all_to_all;
+  b->all_to_allv = cl_all_to_allv;
   b->barrier = cl_barrier;
   b->split = cl_split;
   b->exchange = cl_exchange;

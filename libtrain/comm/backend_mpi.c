@@ -23,6 +23,7 @@ typedef struct mpi_slot {
   int busy;
   float *avg_buf; /* divide by nranks on completion (AVG), else NULL */
   size_t avg_count;
+  int *v; /* all_to_allv: its int counts and offsets while in flight (freed by destroy) */
 } mpi_slot;
 
 typedef struct mpi_impl {
@@ -158,6 +159,53 @@ static int mp_broadcast(train_backend *b, void *buf, size_t bytes, int root, tra
   return started(b, "Ibcast", s, rc, req);
 }
 
+static int mp_all_to_all(train_backend *b, const void *send, void *recv, size_t bytes,
+                         train_req *req) {
+  mpi_impl *p = b->impl;
+  int s;
+  if (bytes > (size_t)INT32_MAX) {
+    train_errf(b->err, "rank %d: MPI all_to_all: %zu bytes do not fit an int", b->rank, bytes);
+    return -1;
+  }
+  if (take_slot(b, &s) != 0) return -1;
+  int rc = MPI_Ialltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, p->comm,
+                         &p->slot[s].req);
+  return started(b, "Ialltoall", s, rc, req);
+}
+
+/* MPI takes int counts and offsets: the arrays are converted into the slot's own, which
+ * live until the request completes (MPI may read them until then). */
+static int mp_all_to_allv(train_backend *b, const void *send, const size_t *sendbytes,
+                          const size_t *sdispls, void *recv, const size_t *recvbytes,
+                          const size_t *rdispls, train_req *req) {
+  mpi_impl *p = b->impl;
+  int n = b->nranks, s;
+  for (int j = 0; j < n; j++)
+    if (sendbytes[j] > (size_t)INT32_MAX || sdispls[j] > (size_t)INT32_MAX ||
+        recvbytes[j] > (size_t)INT32_MAX || rdispls[j] > (size_t)INT32_MAX) {
+      train_errf(b->err, "rank %d: MPI all_to_allv: sizes or offsets do not fit an int", b->rank);
+      return -1;
+    }
+  if (take_slot(b, &s) != 0) return -1;
+  mpi_slot *sl = &p->slot[s];
+  free(sl->v);
+  sl->v = malloc(4 * (size_t)n * sizeof(int));
+  if (!sl->v) {
+    sl->busy = 0;
+    train_errf(b->err, "rank %d: MPI all_to_allv: out of memory for %d counts", b->rank, n);
+    return -1;
+  }
+  int *sc = sl->v, *sd = sc + n, *rc = sd + n, *rd = rc + n;
+  for (int j = 0; j < n; j++) {
+    sc[j] = (int)sendbytes[j];
+    sd[j] = (int)sdispls[j];
+    rc[j] = (int)recvbytes[j];
+    rd[j] = (int)rdispls[j];
+  }
+  int rc2 = MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, p->comm, &sl->req);
+  return started(b, "Ialltoallv", s, rc2, req);
+}
+
 static int mp_barrier(train_backend *b) {
   mpi_impl *p = b->impl;
   int rc = MPI_Barrier(p->comm);
@@ -198,6 +246,7 @@ static int mp_destroy(train_backend *b) {
   int rc = 0;
   for (int i = 0; i < TRAIN_BACKEND_MAX_REQS; i++)
     if (p->slot[i].busy && mp_wait(b, i) != 0) rc = -1;
+  for (int i = 0; i < TRAIN_BACKEND_MAX_REQS; i++) free(p->slot[i].v);
   if (p->comm == MPI_COMM_WORLD)
     MPI_Finalize();
   else
@@ -251,6 +300,8 @@ static train_backend *wrap(MPI_Comm comm, char *err) {
   b->reduce_scatter = mp_reduce_scatter;
   b->all_gather = mp_all_gather;
   b->broadcast = mp_broadcast;
+  b->all_to_all = mp_all_to_all;
+  b->all_to_allv = mp_all_to_allv;
   b->barrier = mp_barrier;
   b->test = mp_test;
   b->wait = mp_wait;

@@ -220,6 +220,13 @@ typedef struct train_options {
   int pp_split_w; /* zero-bubble: backward split into input (B) and weight (W) gradients */
   int recompute;  /* train_recompute */
   int bf16;       /* --dtype bf16: bf16 weights, activations and gradients, fp32 master */
+  /* Mixture of experts (model/moe.h; 0 experts: the dense MLP): every block's MLP is
+   * `experts` GPT-2 MLPs behind a router that sends each token to its `topk` best;
+   * capacity_factor > 0 pads each expert to ceil(cf*tokens*topk/experts) rows and drops
+   * the overflow (0: dropless); aux_coef weighs the load-balancing loss. With ep > 1 the
+   * model holds rank ep_rank's experts/ep of them (parallel/ep.h). */
+  int experts, topk, ep, ep_rank;
+  float capacity_factor, aux_coef;
 } train_options;
 
 typedef struct train_step_stats {

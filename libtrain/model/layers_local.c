@@ -7,6 +7,7 @@
  * a strategy that splits the layers installs its own over them and puts them back.
  */
 #include "model/model.h"
+#include "model/moe.h"
 
 static void embed_forward(train_model *m, float *out, const int *inp, const float *wte,
                           const float *wpe, int B, int T, int C) {
@@ -78,6 +79,16 @@ static void fail(train_model *m, const char *msg) {
   (void)msg;
 }
 
+/* every expert here: nothing crosses a rank, the router's statistics are this batch's */
+static void moe_forward(train_model *m, int l, float *out, const float *inp, int N) {
+  train_moe_forward(m, NULL, l, out, inp, N);
+}
+
+static void moe_backward(train_model *m, int l, float *dinp, const float *dout, const float *inp,
+                         int N) {
+  train_moe_backward(m, NULL, l, dinp, dout, inp, N);
+}
+
 static const train_layer_ops local_ops = {
     .name = "local",
     .embed_forward = embed_forward,
@@ -93,6 +104,8 @@ static const train_layer_ops local_ops = {
     .xent_backward = xent_backward,
     .grad_sumsq = grad_sumsq,
     .fail = fail,
+    .moe_forward = moe_forward,
+    .moe_backward = moe_backward,
 };
 
 const train_layer_ops *train_local_layer_ops(void) { return &local_ops; }

@@ -10,7 +10,10 @@
  *             mlp.fc.w (4C,C)  mlp.fc.b (4C)  mlp.proj.w (C,4C)  mlp.proj.b (C)
  *
  * so a block is one contiguous range (what FSDP gathers, what a DDP bucket covers) and
- * the LM head reuses wte (tied weights: its gradient is the sum of both uses).
+ * the LM head reuses wte (tied weights: its gradient is the sum of both uses). A mixture
+ * of experts (moe.h) stacks this rank's experts in the four MLP tensors (mlp.fc.w
+ * (El*4C,C) ... mlp.proj.b (El*C)) and adds mlp.router.w (E,C) as a block's 13th tensor
+ * (m->block_tensors); its MLP is then the layer operation moe_forward/moe_backward.
  *
  * All arithmetic goes through m->ops (layers_cpu.c or layers_cuda.cu); this file only
  * does pointer arithmetic, so the same code drives both devices.
@@ -36,6 +39,7 @@
  * output comes back as Nr rows. On one process or without SP, seq_shards is 1 and Nr = N.
  */
 #include "model/model.h"
+#include "model/moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -214,11 +218,24 @@ static void set_shape(train_model *m, int tp, int rank, int sp) {
   m->seq_rank = m->seq_shards > 1 ? m->tp_rank : 0;
 }
 
+/* The mixture-of-experts shape (split: experts 0 for the dense MLP): a block gets the
+ * router as its 13th tensor, and its MLP tensors hold this rank's experts stacked. */
+static void set_moe(train_model *m, const train_split *sp) {
+  m->experts = sp && sp->experts > 0 ? sp->experts : 0;
+  m->topk = m->experts ? sp->topk : 0;
+  m->ep = m->experts && sp->ep > 1 ? sp->ep : 1;
+  m->ep_rank = m->ep > 1 ? sp->ep_rank : 0;
+  m->capacity = m->experts ? sp->capacity : 0.0f;
+  m->aux_coef = m->experts ? sp->aux_coef : 0.0f;
+  m->block_tensors = BLOCK_TENSORS + (m->experts ? 1 : 0);
+}
+
 static void build_layout(train_model *m) {
   const train_config *c = &m->cfg;
-  int C = c->channels, Cl = m->width_local; /* Cl: this rank's attention width */
+  int C = c->channels, Cl = m->width_local;     /* Cl: this rank's attention width */
+  int El = m->experts ? m->experts / m->ep : 1; /* the MLPs held per block (moe.h) */
   char nm[32];
-  m->tensors = calloc((size_t)c->layers * BLOCK_TENSORS + 4, sizeof *m->tensors);
+  m->tensors = calloc((size_t)c->layers * m->block_tensors + 4, sizeof *m->tensors);
   if (!m->tensors) return;
   /* a pipeline stage keeps every tensor's place in the list, with no elements where it
    * holds none: wte on the stages with the embeddings or the head (tied), wpe with the
@@ -238,10 +255,11 @@ static void build_layout(train_model *m) {
     T_("attn.proj.b", C, 0, 0);
     T_("ln2.w", C, 0, 0);
     T_("ln2.b", C, 0, 0);
-    T_("mlp.fc.w", 4 * Cl, C, 1);
-    T_("mlp.fc.b", 4 * Cl, 0, 0);
-    T_("mlp.proj.w", C, 4 * Cl, 1);
-    T_("mlp.proj.b", C, 0, 0);
+    T_("mlp.fc.w", El * 4 * Cl, C, 1);
+    T_("mlp.fc.b", El * 4 * Cl, 0, 0);
+    T_("mlp.proj.w", El * C, 4 * Cl, 1);
+    T_("mlp.proj.b", El * C, 0, 0);
+    if (m->experts) { T_("mlp.router.w", m->experts, C, 1); }
 #undef T_
   }
   add_tensor(m, "lnf.w", -1, m->has_head ? C : 0, 0, 0);
@@ -249,7 +267,7 @@ static void build_layout(train_model *m) {
 }
 
 void train_block_view(const train_model *m, float *base, int l, train_block *o) {
-  const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+  const train_param *t = &m->tensors[2 + l * m->block_tensors];
   float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw, &o->qkvb, &o->projw,   &o->projb,
                                 &o->ln2w, &o->ln2b, &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
   for (int i = 0; i < BLOCK_TENSORS; i++) *dst[i] = base + t[i].offset;
@@ -260,7 +278,7 @@ void train_block_params_view(const train_model *m, int l, train_block *o) {
     train_block_view(m, m->params, l, o);
     return;
   }
-  const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+  const train_param *t = &m->tensors[2 + l * m->block_tensors];
   float *base = m->block_params[l];
   float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw, &o->qkvb, &o->projw,   &o->projb,
                                 &o->ln2w, &o->ln2b, &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
@@ -279,8 +297,8 @@ float *train_tensor(const train_model *m, float *base, const char *name) {
 static size_t bf16_unit(const train_model *m) {
   size_t u = m->tensors[0].numel + m->tensors[1].numel;
   for (int l = 0; l <= m->cfg.layers; l++) { /* l = L: the final LayerNorm */
-    size_t a = m->tensors[2 + l * BLOCK_TENSORS].offset;
-    size_t e = l < m->cfg.layers ? m->tensors[2 + (l + 1) * BLOCK_TENSORS].offset : m->nparams;
+    size_t a = m->tensors[2 + l * m->block_tensors].offset;
+    size_t e = l < m->cfg.layers ? m->tensors[2 + (l + 1) * m->block_tensors].offset : m->nparams;
     u = e - a > u ? e - a : u;
   }
   return u;
@@ -469,6 +487,7 @@ int train_model_sizes_split(const train_config *cfg, int B, int T, const train_s
   m.recompute = sp->recompute;
   m.bf16 = sp->bf16;
   set_shape(&m, tp, 0, sp->sp && tp > 1 && (B * T) % tp == 0);
+  set_moe(&m, sp);
   m.maxB = B;
   m.maxT = T;
   build_layout(&m);
@@ -482,9 +501,9 @@ int train_model_sizes_split(const train_config *cfg, int B, int T, const train_s
   if (unit_len) {
     unit_len[0] = m.tensors[2].offset;
     for (int l = 0; l < L; l++)
-      unit_len[l + 1] = m.tensors[2 + (l + 1) * BLOCK_TENSORS].offset -
-                        m.tensors[2 + l * BLOCK_TENSORS].offset;
-    unit_len[L + 1] = m.nparams - m.tensors[2 + L * BLOCK_TENSORS].offset;
+      unit_len[l + 1] = m.tensors[2 + (l + 1) * m.block_tensors].offset -
+                        m.tensors[2 + l * m.block_tensors].offset;
+    unit_len[L + 1] = m.nparams - m.tensors[2 + L * m.block_tensors].offset;
   }
   free(m.tensors);
   return 0;
@@ -562,13 +581,13 @@ static int local_tensor(const train_model *m, int i, int Ltot) {
   int k = -1;
   if (i < 2)
     k = i;
-  else if (i >= 2 + Ltot * BLOCK_TENSORS)
-    k = m->ntensors - (2 + Ltot * BLOCK_TENSORS + 2 - i);
+  else if (i >= 2 + Ltot * m->block_tensors)
+    k = m->ntensors - (2 + Ltot * m->block_tensors + 2 - i);
   else {
-    int gl = (i - 2) / BLOCK_TENSORS, j = (i - 2) % BLOCK_TENSORS;
+    int gl = (i - 2) / m->block_tensors, j = (i - 2) % m->block_tensors;
     for (int c = 0; c < m->nchunks && k < 0; c++)
       if (gl >= m->chunk_blk0[c] && gl < m->chunk_blk0[c] + m->chunk_len[c])
-        k = 2 + (m->chunk_loc0[c] + gl - m->chunk_blk0[c]) * BLOCK_TENSORS + j;
+        k = 2 + (m->chunk_loc0[c] + gl - m->chunk_blk0[c]) * m->block_tensors + j;
   }
   return k >= 0 && m->tensors[k].numel > 0 ? k : -1;
 }
@@ -580,7 +599,7 @@ static int local_tensor(const train_model *m, int i, int Ltot) {
 static int init_params(const train_model *m, float *host, uint64_t seed) {
   uint64_t rng = seed;
   float resid_std = 0.02f / sqrtf(2.0f * (float)m->layers_total);
-  if (m->tp <= 1 && m->pp <= 1) {
+  if (m->tp <= 1 && m->pp <= 1 && m->ep <= 1) {
     for (int i = 0; i < m->ntensors; i++)
       init_tensor(&m->tensors[i], host + m->tensors[i].offset, &rng, resid_std);
     return 0;
@@ -591,6 +610,8 @@ static int init_params(const train_model *m, float *host, uint64_t seed) {
   full.cfg.layers = m->layers_total;
   set_pieces(&full, 1, 0, 1);
   set_shape(&full, 1, 0, 0);
+  train_split whole = {.experts = m->experts, .topk = m->topk};
+  set_moe(&full, &whole); /* every expert */
   build_layout(&full);
   size_t big = 0;
   for (int i = 0; full.tensors && i < full.ntensors; i++)
@@ -603,7 +624,11 @@ static int init_params(const train_model *m, float *host, uint64_t seed) {
   for (int i = 0; i < full.ntensors; i++) {
     init_tensor(&full.tensors[i], x, &rng, resid_std);
     int k = local_tensor(m, i, m->layers_total);
-    if (k >= 0)
+    if (k >= 0 && m->tensors[k].numel != full.tensors[i].numel && m->ep > 1)
+      /* an expert tensor: this rank's experts, contiguous in the stack (moe.h) */
+      memcpy(host + m->tensors[k].offset, x + (size_t)m->ep_rank * m->tensors[k].numel,
+             m->tensors[k].numel * sizeof(float));
+    else if (k >= 0)
       train_param_slice(&full.tensors[i], &m->tensors[k], m->tp_rank, x,
                         host + m->tensors[k].offset, 1);
   }
@@ -642,6 +667,11 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
   }
   if (train_shape_check(cfg, B, T, err) != 0) return NULL;
   if (split->bf16 && train_bf16_check(dev, err) != 0) return NULL;
+  if (split->experts &&
+      train_moe_check(cfg, split->experts, split->topk, split->ep > 1 ? split->ep : 1,
+                      split->capacity, split->aux_coef, dev, tp, split->pp, split->bf16,
+                      split->recompute, err) != 0)
+    return NULL;
   const train_ops *ops = train_cpu_ops();
   if (dev == TRAIN_DEVICE_CUDA) {
     ops = train_cuda_ops(err);
@@ -657,6 +687,7 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
   m->recompute = split->recompute;
   m->bf16 = split->bf16;
   set_shape(m, tp, tp_rank, sp);
+  set_moe(m, split);
   m->layer_ops = train_local_layer_ops(); /* a strategy's replace them when it attaches */
   m->maxB = B;
   m->maxT = T;
@@ -702,6 +733,10 @@ train_model *train_model_create_split(const train_config *cfg, int B, int T, tra
     return NULL;
   }
   m->loss_scale = 1.0f;
+  if (m->experts && !(m->moe = train_moe_create(m, err))) {
+    train_model_free(m);
+    return NULL;
+  }
   train_model_use_slot(m, 0);
   layout_scratch(m, m->scratchmem);
 
@@ -748,6 +783,7 @@ void train_model_free(train_model *m) {
   o->release(m->wgrad);
   o->release(m->work);
   o->release(m->actmem16);
+  train_moe_free(m->moe);
   free(m->tensors);
   free(m);
 }
@@ -850,14 +886,14 @@ static void block_view(const train_model *m, int i, block_acts *b) {
  * A block's weights (or gradients) are the contiguous range of its tensors; the views
  * point into wpar (wgrad) at the same relative offsets. */
 static size_t block_off(const train_model *m, int l) {
-  return m->tensors[2 + l * BLOCK_TENSORS].offset;
+  return m->tensors[2 + l * m->block_tensors].offset;
 }
 static size_t block_len(const train_model *m, int l) {
   size_t e = l + 1 < m->cfg.layers ? block_off(m, l + 1) : m->tensors[m->ntensors - 2].offset;
   return e - block_off(m, l);
 }
 static void view_at(const train_model *m, int l, float *at, train_block *o) {
-  const train_param *t = &m->tensors[2 + l * BLOCK_TENSORS];
+  const train_param *t = &m->tensors[2 + l * m->block_tensors];
   float **dst[BLOCK_TENSORS] = {&o->ln1w, &o->ln1b, &o->qkvw, &o->qkvb, &o->projw,   &o->projb,
                                 &o->ln2w, &o->ln2b, &o->fcw,  &o->fcb,  &o->fcprojw, &o->fcprojb};
   for (int i = 0; i < BLOCK_TENSORS; i++) *dst[i] = at + (t[i].offset - t[0].offset);
@@ -960,9 +996,13 @@ static void block_forward(train_model *m, int l, int i, const float *x, int B, i
   o->residual_forward(b.res2, x, a->branch, (size_t)Nr * C);
   /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel */
   lo->ln_forward(m, b.ln2, b.ln2_mean, b.ln2_rstd, b.res2, w.ln2w, w.ln2b, Nr, C, "f mlp");
-  lo->col_forward(m, b.fch, b.ln2, w.fcw, w.fcb, N, C, 4 * Cl);
-  o->gelu_forward(b.fch_gelu, b.fch, (size_t)N * 4 * Cl);
-  lo->row_forward(m, a->branch, b.fch_gelu, w.fcprojw, w.fcprojb, N, 4 * Cl, C, "g mlp");
+  if (m->experts) { /* the mixture of experts in the MLP's place (moe.h) */
+    lo->moe_forward(m, l, a->branch, b.ln2, N);
+  } else {
+    lo->col_forward(m, b.fch, b.ln2, w.fcw, w.fcb, N, C, 4 * Cl);
+    o->gelu_forward(b.fch_gelu, b.fch, (size_t)N * 4 * Cl);
+    lo->row_forward(m, a->branch, b.fch_gelu, w.fcprojw, w.fcprojb, N, 4 * Cl, C, "g mlp");
+  }
   o->residual_forward(b.res3, b.res2, a->branch, (size_t)Nr * C);
 }
 
@@ -1172,14 +1212,19 @@ void train_piece_backward(train_model *m, int chunk) {
     /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))). The row-parallel proj sees
      * the whole output gradient on every rank, so its replicated bias gets the same
      * gradient everywhere; fc's input gradient is a partial sum until its f. */
-    o->zero(s->dfch_gelu, NCl * 4 * sizeof(float));
-    lo->row_backward(m, s->dfch_gelu, W ? NULL : g.fcprojw, W ? NULL : g.fcprojb, s->dres, fch_gelu,
-                     w.fcprojw, N, 4 * Cl, C, "g mlp");
-    o->zero(dfch, NCl * 4 * sizeof(float));
-    o->gelu_backward(dfch, fch, s->dfch_gelu, NCl * 4);
-    o->zero(s->dln, NC * sizeof(float));
-    lo->col_backward(m, s->dln, W ? NULL : g.fcw, W ? NULL : g.fcb, dfch, ln2, w.fcw, N, C, 4 * Cl,
-                     "f mlp");
+    if (m->experts) { /* the mixture of experts (moe.h): its gradients are its own */
+      o->zero(s->dln, NC * sizeof(float));
+      lo->moe_backward(m, l, s->dln, s->dres, ln2, N);
+    } else {
+      o->zero(s->dfch_gelu, NCl * 4 * sizeof(float));
+      lo->row_backward(m, s->dfch_gelu, W ? NULL : g.fcprojw, W ? NULL : g.fcprojb, s->dres,
+                       fch_gelu, w.fcprojw, N, 4 * Cl, C, "g mlp");
+      o->zero(dfch, NCl * 4 * sizeof(float));
+      o->gelu_backward(dfch, fch, s->dfch_gelu, NCl * 4);
+      o->zero(s->dln, NC * sizeof(float));
+      lo->col_backward(m, s->dln, W ? NULL : g.fcw, W ? NULL : g.fcb, dfch, ln2, w.fcw, N, C,
+                       4 * Cl, "f mlp");
+    }
     lo->ln_backward(m, s->dres, g.ln2w, g.ln2b, s->dln, res2, w.ln2w, ln2_mean, ln2_rstd, Nr, C,
                     "ln2 grads");
 
@@ -1196,7 +1241,7 @@ void train_piece_backward(train_model *m, int chunk) {
     lo->ln_backward(m, s->dres, g.ln1w, g.ln1b, s->dln, x, w.ln1w, ln1_mean, ln1_rstd, Nr, C,
                     "ln1 grads");
     grads_done(m, block_off(m, l), block_len(m, l));
-    gradients_final(m, m->tensors[2 + l * BLOCK_TENSORS].offset, l);
+    gradients_final(m, m->tensors[2 + l * m->block_tensors].offset, l);
   }
   if (first && W) {
     memcpy(a->w_embed, s->dres, (size_t)Nr * C * sizeof(float));

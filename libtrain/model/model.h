@@ -233,6 +233,13 @@ typedef struct train_layer_ops {
   double (*grad_sumsq)(train_model *m);
   /* a pass cannot go on (msg: a sentence): kept for the strategy's status */
   void (*fail)(train_model *m, const char *msg);
+  /* the mixture-of-experts MLP of local block l (model/moe.h; m->experts > 0): out (N,C)
+   * from inp (N,C) — router, dispatch to the experts (all here, or over the
+   * expert-parallel group: parallel/ep.c), experts, combine; backward: dinp (N,C) +=,
+   * block l's router and expert gradients += */
+  void (*moe_forward)(train_model *m, int l, float *out, const float *inp, int N);
+  void (*moe_backward)(train_model *m, int l, float *dinp, const float *dout, const float *inp,
+                       int N);
 } train_layer_ops;
 
 /* The single-process operations (layers_local.c). */
@@ -307,6 +314,14 @@ struct train_model {
                                   compute stream passes it (NULL on the CPU) */
   train_forward_hook fwd_hook; /* called as forward stages finish (timelines), may be NULL */
   void *fwd_hook_arg;
+  /* Mixture of experts (model/moe.h; experts 0: the dense MLP): topk, the capacity
+   * factor (0: dropless), the auxiliary loss's coefficient; this rank holds experts
+   * [ep_rank*E/ep, +E/ep) of an expert-parallel group of ep (1, 0: all of them). A block
+   * has block_tensors tensors: 12, plus mlp.router.w under MoE. moe: the routing and the
+   * experts' activations (moe.c). */
+  int experts, topk, ep, ep_rank, block_tensors;
+  float capacity, aux_coef;
+  struct train_moe *moe;
   /* FSDP (ZeRO-3): block l's parameters are read from block_params[l] (its tensors at
    * the same offsets relative to the block's first tensor) instead of from `params`,
    * where that block's range is then not kept. NULL (the array or an entry): `params`. */
@@ -323,6 +338,10 @@ typedef struct train_split {
   int split_w;   /* zero-bubble: backward split into B and W (train_piece_weights) */
   int recompute; /* train_recompute: the activations forward keeps */
   int bf16;      /* bf16 weights, activations and gradients over fp32 master weights */
+  /* mixture of experts (model/moe.h): 0 experts: the dense MLP; ep ranks of expert
+   * parallelism, this one ep_rank */
+  int experts, topk, ep, ep_rank;
+  float capacity, aux_coef;
 } train_split;
 
 /* The stated rule that cuts L blocks into U pieces: piece u holds blocks [*first, +*len),

@@ -33,7 +33,13 @@ train_session *train_session_create(const train_options *opt, char *err) {
                        .slots = opt->pp_slots,
                        .split_w = opt->pp_split_w,
                        .recompute = opt->recompute,
-                       .bf16 = opt->bf16};
+                       .bf16 = opt->bf16,
+                       .experts = opt->experts,
+                       .topk = opt->topk,
+                       .ep = opt->ep,
+                       .ep_rank = opt->ep_rank,
+                       .capacity = opt->capacity_factor,
+                       .aux_coef = opt->aux_coef};
   s->model = train_model_create_split(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
                                       opt->seed, &split, err);
   if (!s->model) goto fail;

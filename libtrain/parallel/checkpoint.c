@@ -518,6 +518,11 @@ out:
   return rc;
 }
 int train_session_save(train_session *s, const char *path, char *err) {
+  if (s->model->experts) { /* the manifest's config has no experts: it could not be read back */
+    train_errf(err, "checkpoint %s: checkpoints of mixture-of-experts models are not built yet",
+               path);
+    return -1;
+  }
   if (s->model->tp > 1) { /* a slice is not a model: train_tp_save writes the T slices */
     train_errf(err,
                "checkpoint %s: a tensor-parallel rank holds a slice of the model; "
@@ -794,6 +799,11 @@ out:
 }
 
 int train_session_load(train_session *s, const char *path, char *err) {
+  if (s->model->experts) {
+    train_errf(err, "checkpoint %s: checkpoints of mixture-of-experts models are not built yet",
+               path);
+    return -1;
+  }
   FILE *f = fopen(path, "rb");
   if (!f) {
     train_errf(err, "checkpoint %s: cannot open: %s", path, strerror(errno));

@@ -31,5 +31,18 @@ train_parallel *train_parallel_create(train_session *s, train_grid *g,
   /* the pipeline runs its own step (a schedule of micro-batches) and syncs each stage's
    * gradients over its data-parallel group itself; it takes the TP group when T > 1 */
   if (g->P > 1) { return train_pp_strategy_create(s, g, opt, err); }
+  /* a mixture of experts over several ranks: DDP for the dense part, the experts over
+   * their own groups (ep.c); one process steps it as any model */
+  if (opt->experts > 0 && strcmp(opt->data, "none") != 0) {
+    if ((strcmp(opt->data, "ddp") != 0 && !(strcmp(opt->data, "fsdp") == 0 && opt->zero == 1)) ||
+        g->T > 1) {
+      train_errf(err, "--experts runs with --parallel ddp or fsdp --zero 1 (or one process) "
+                      "only: ZeRO-2/3 shard each block's gradients and parameters over every "
+                      "data-parallel rank, while an expert's weights live on its "
+                      "expert-parallel ranks only");
+      return NULL;
+    }
+    return train_ep_strategy_create(s, g, opt, err);
+  }
   return g->T > 1 ? train_tp_strategy_create(s, g, opt, create, err) : create(s, g, opt, err);
 }

@@ -97,7 +97,53 @@ int train_grid_create_pp(train_grid *g, train_backend *world, int T, int P, char
   return 0;
 }
 
+int train_grid_add_ep(train_grid *g, int X, char *err) {
+  X = X > 1 ? X : 1;
+  int D = g->dp ? g->dp->nranks : 1, d = g->dp ? g->dp->rank : 0;
+  g->X = X;
+  g->e = d % X;
+  if (D % X != 0) {
+    train_errf(err,
+               "--ep %d: the %d data-parallel ranks cannot form expert-parallel groups of %d "
+               "(--ranks must be a multiple of --ep)",
+               X, D, X);
+    return -1;
+  }
+  if (D == 1) return 0;
+  if (!g->dp->split) {
+    train_errf(err,
+               "--experts: the %s backend cannot split the job into expert-parallel groups; "
+               "use --backend coll",
+               g->dp->name);
+    return -1;
+  }
+  /* EP: colour d / X (consecutive ranks); expert-DP: colour d % X; each ranked by d. A
+   * group of one rank is not kept (its collectives would be copies). */
+  train_backend *ep = NULL, *edp = NULL;
+  if (g->dp->split(g->dp, d / X, d, &ep) != 0 || g->dp->split(g->dp, d % X, d, &edp) != 0 || !ep ||
+      !edp) {
+    train_errf(err, "%s", g->dp->err);
+    if (edp) edp->destroy(edp);
+    if (ep) ep->destroy(ep);
+    return -1;
+  }
+  if (X == 1) {
+    ep->destroy(ep);
+    ep = NULL;
+  }
+  if (X == D) {
+    edp->destroy(edp);
+    edp = NULL;
+  }
+  g->ep = ep;
+  g->edp = edp;
+  return 0;
+}
+
 void train_grid_free(train_grid *g) {
+  if (g->edp) g->edp->destroy(g->edp);
+  if (g->ep) g->ep->destroy(g->ep);
+  g->ep = g->edp = NULL;
   if (g->pp) g->pp->destroy(g->pp);
   if (g->tp || g->pp) g->dp->destroy(g->dp);
   if (g->tp) g->tp->destroy(g->tp);

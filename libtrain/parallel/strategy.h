@@ -38,6 +38,12 @@ typedef struct train_grid {
   train_backend *pp;    /* the P stages of this rank's pipeline (NULL: P = 1) */
   int T, D, P;
   int t, d, p; /* this rank's place: rank = (p*D + d)*T + t */
+  /* Expert parallelism (train_grid_add_ep), carved out of the data-parallel group as
+   * Megatron does: the EP group is X consecutive DP ranks (DP rank d: EP group d / X,
+   * index e = d % X), the expert-data-parallel group the D/X DP ranks with the same e
+   * (the ranks holding the same experts). NULL where the group would be one rank. */
+  train_backend *ep, *edp;
+  int X, e; /* X = 1: no expert parallelism */
 } train_grid;
 
 /* Ranks of a T x D grid: tensor-parallel groups of T consecutive ranks, data-parallel
@@ -52,6 +58,10 @@ TRAIN_API int train_grid_create(train_grid *g, train_backend *world, int T, char
  * consecutive ranks (one host's, where the traffic is heaviest) and the P stages of one
  * pipeline are D*T ranks apart. Every group a split of world. */
 TRAIN_API int train_grid_create_pp(train_grid *g, train_backend *world, int T, int P, char *err);
+/* Splits the data-parallel group into the expert-parallel groups of X consecutive ranks
+ * and the expert-data-parallel groups across them (collective over g->dp); X must divide
+ * D. X = 1 splits nothing: every rank holds every expert, expert-DP is the DP group. */
+TRAIN_API int train_grid_add_ep(train_grid *g, int X, char *err);
 /* Leaves the groups the grid split (not the world). */
 TRAIN_API void train_grid_free(train_grid *g);
 
@@ -67,6 +77,7 @@ typedef struct train_parallel_options {
   int schedule;        /* pp: the schedule (schedule.h's train_pp_kind) */
   int micro;           /* pp: micro-batches per step (M) */
   int chunks;          /* pp: model chunks per stage (V, interleaved) */
+  int experts;         /* the model's mixture of experts (0: dense): ep.c steps it */
 } train_parallel_options;
 
 /* One step as the strategy saw it: what the loop prints and sums. */
@@ -81,6 +92,8 @@ typedef struct train_step_report {
   double tp_ms, tp_other_ms; /* blocked in the tensor-parallel collectives: in blocks, other */
   double tp_bytes;           /* bytes of the in-block collectives */
   long tp_calls;             /* in-block collectives */
+  double ep_ms, ep_bytes;    /* blocked in the MoE all-to-alls; bytes this rank sent in them */
+  long ep_calls;             /* MoE all-to-alls (counts and rows) */
 } train_step_report;
 
 typedef struct train_parallel train_parallel;
@@ -158,6 +171,11 @@ train_parallel *train_fsdp_strategy_create(train_session *s, train_grid *g,
 train_parallel *train_tp_strategy_create(train_session *s, train_grid *g,
                                          const train_parallel_options *opt,
                                          train_parallel_create_fn inner, char *err);
+
+/* ep.c: the mixture-of-experts model over the grid's data-parallel group, its experts
+ * spread over the expert-parallel groups (train_grid_add_ep; X = 1: all on every rank). */
+train_parallel *train_ep_strategy_create(train_session *s, train_grid *g,
+                                         const train_parallel_options *opt, char *err);
 
 /* pipeline.c: P stages over the grid's pipeline group, the data-parallel sync of each
  * stage over its data-parallel group after the last micro-batch (the model attached to
