@@ -86,6 +86,15 @@ struct train_backend {
    * MPI_Isend/MPI_Irecv and MPI_Waitall). Two transfers to one peer meet that peer's in
    * list order. Ordered after the requests already started on b. */
   int (*exchange)(train_backend *b, const train_p2p *ops, int n);
+  /* Optional (NULL: callers use exchange, blocking): the same group of transfers
+   * started, completing through wait/test like the collectives — so a ring step's
+   * transfer moves while the caller computes (context parallelism's ring attention).
+   * libcoll: the group's send/recv on one of the backend's streams. */
+  int (*exchange_start)(train_backend *b, const train_p2p *ops, int n, train_req *req);
+  /* Optional (NULL: Ulysses context parallelism is refused on this library): block j of
+   * send (`bytes` at j*bytes) goes to rank j, block i of recv comes from rank i; both
+   * hold nranks*bytes, not overlapping. libcoll: coll_all_to_all; MPI: MPI_Ialltoall. */
+  int (*all_to_all)(train_backend *b, const void *send, void *recv, size_t bytes, train_req *req);
   /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
   int (*destroy)(train_backend *b);
   /* Fails pending work and leaves the group at once, from any state. */

@@ -146,6 +146,20 @@ static int mp_all_gather(train_backend *b, const void *send, void *recv, size_t 
   return started(b, "Iallgather", s, rc, req);
 }
 
+static int mp_all_to_all(train_backend *b, const void *send, void *recv, size_t bytes,
+                         train_req *req) {
+  mpi_impl *p = b->impl;
+  int s;
+  if (bytes > (size_t)INT32_MAX) {
+    train_errf(b->err, "rank %d: MPI all_to_all: %zu bytes do not fit an int", b->rank, bytes);
+    return -1;
+  }
+  if (take_slot(b, &s) != 0) return -1;
+  int rc = MPI_Ialltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, p->comm,
+                         &p->slot[s].req);
+  return started(b, "Ialltoall", s, rc, req);
+}
+
 static int mp_broadcast(train_backend *b, void *buf, size_t bytes, int root, train_req *req) {
   mpi_impl *p = b->impl;
   int s;
@@ -256,6 +270,7 @@ static train_backend *wrap(MPI_Comm comm, char *err) {
   b->wait = mp_wait;
   b->split = mp_split;
   b->exchange = mp_exchange;
+  b->all_to_all = mp_all_to_all;
   b->destroy = mp_destroy;
   b->abort = mp_abort;
   return b;

@@ -220,6 +220,9 @@ typedef struct train_options {
   int pp_split_w; /* zero-bubble: backward split into input (B) and weight (W) gradients */
   int recompute;  /* train_recompute */
   int bf16;       /* --dtype bf16: bf16 weights, activations and gradients, fp32 master */
+  /* Context parallelism (parallel/cp.h): the sequence split over cp ranks (0 or 1: none);
+   * the model is made for seq/cp positions per sequence, its chunks of every sequence. */
+  int cp;
 } train_options;
 
 typedef struct train_step_stats {

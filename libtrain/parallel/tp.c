@@ -600,6 +600,8 @@ static const train_layer_ops tp_layer_ops = {
     .row_backward = row_backward,
     .xent_forward = xent_forward,
     .xent_backward = xent_backward,
+    .attn_forward = train_local_attn_forward, /* heads are local: nothing to communicate */
+    .attn_backward = train_local_attn_backward,
     .grad_sumsq = grad_sumsq,
     .fail = fail,
 };

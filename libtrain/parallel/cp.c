@@ -1,0 +1,846 @@
+/*
+ * cp.c — context parallelism (the picture and the contract are in cp.h): the model's
+ * embedding and attention as layer operations over the CP ring's group — positions of
+ * the rank's two chunks for wpe, ring attention with the log-sum-exp merge, Ulysses'
+ * all-to-alls — installed by train_cp_attach over the single-process operations; and
+ * context parallelism as a strategy that wraps the data-parallel one (DDP over the
+ * grid's D x Cp gradient group).
+ *
+ * It must never print or exit: a failed transfer inside a pass is kept in the context
+ * (every later transfer is skipped, so the pass runs to its end on garbage) and the
+ * strategy's status reports it after the step. It must never name the model's
+ * internals beyond model.h's tables, and never hold a second copy of the weights.
+ *
+ * Ring attention, for CP rank r of C with queries Q (its T/C rows) at their positions:
+ *   step s = 0..C-1 holds the K/V block of rank src = (r - s) mod C; it starts the
+ *   transfer of that block to rank r+1 (and the receive of the next from r-1), computes
+ *   Q against the block under the causal mask by true positions (a key at position pk
+ *   is seen by a query at pq iff pk <= pq), then waits for the transfer.
+ *   A block's partial result for one query row and head is (o_s, lse_s):
+ *     lse_s = log sum_k exp(q.k/sqrt(hs)),  o_s = sum_k exp(q.k/sqrt(hs) - lse_s) v_k
+ *   (lse_s = -inf, o_s = 0 when the mask hides the whole block), merged with the running
+ *   (o, lse) by
+ *     lse' = m + log(e^(lse - m) + e^(lse_s - m)),  m = max(lse, lse_s)   (stable)
+ *     o'   = e^(lse - lse') o + e^(lse_s - lse') o_s
+ *   so that after the last step (o, lse) is the softmax attention over every key. The
+ *   final lse per row and head (B,NH,T/C) is all backward keeps (in the model's att
+ *   buffer, which it fits): backward recomputes each block's probabilities
+ *   p = exp(q.k/sqrt(hs) - lse) as FlashAttention does, with D = dO.o per row:
+ *     dv_k += p dO,  ds = p (dO.v_k - D),  dq += ds k / sqrt(hs),  dk_k += ds q / sqrt(hs)
+ *   The K/V blocks go round again (started before each block's compute); each block's
+ *   dK/dV partial sum follows one step behind: a rank adds its contribution to the sum
+ *   it received from r-1 and passes it to r+1, so after C steps the sum reaches the
+ *   block's owner (Megatron-LM's and ring attention's scheme).
+ *
+ * On the CPU over libcoll the transfers are started on the backend's streams
+ * (train_backend.exchange_start): libcoll's progress thread moves the bytes while this
+ * thread computes the block, so the ring step's transfer really overlaps the block's
+ * attention; on a backend without it (Open MPI here) exchange is blocking and the
+ * transfer precedes the compute.
+ */
+#include "parallel/cp.h"
+#include "model/model.h"
+#include "parallel/planner.h"
+#include "parallel/strategy.h"
+#include "parallel/timeline.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the chunks --------------------------------------------------------------------- */
+
+void train_cp_take(const int *full, int *mine, int B, int T, int C, int r) {
+  int Tl = T / C;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < Tl; t++)
+      mine[(size_t)b * Tl + t] = full[(size_t)b * T + train_cp_pos(T, C, r, t)];
+}
+
+int train_cp_check(const train_config *cfg, int T, int C, int ulysses, int tp, char *err) {
+  tp = tp > 1 ? tp : 1;
+  if (C < 1) {
+    train_errf(err, "--cp %d: the context-parallel size must be at least 1", C);
+    return -1;
+  }
+  if (C == 1) return 0;
+  if (T % (2 * C) != 0) {
+    train_errf(err,
+               "--cp %d: --seq %d is not a multiple of 2 x %d: each sequence is cut into 2C "
+               "chunks and CP rank r holds chunks r and 2C-1-r (causal load balancing)",
+               C, T, C);
+    return -1;
+  }
+  if (ulysses && cfg->heads % (C * tp) != 0) {
+    train_errf(err,
+               "--cp %d --cp-mode ulysses: the %d attention heads (%d per tensor-parallel "
+               "rank) cannot be split evenly over %d context-parallel ranks: heads must be a "
+               "multiple of --cp x --tp",
+               C, cfg->heads, cfg->heads / tp, C);
+    return -1;
+  }
+  return 0;
+}
+
+void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int ulysses, double *fwd,
+                          double *bwd) {
+  double Tl = (double)T / C, Cm = cfg->channels,
+         blk = (double)B * Tl * Cm * 4.0; /* one of q,k,v,o */
+  if (C < 2) {
+    *fwd = *bwd = 0.0;
+  } else if (ulysses) { /* q, k, v out and o back: (C-1)/C of each leaves the rank */
+    *fwd = (C - 1.0) / C * 4.0 * blk;
+    *bwd = *fwd; /* dO out, dq, dk, dv back */
+  } else {       /* C-1 K/V blocks; backward the K/V again and C dK/dV partial sums */
+    *fwd = (C - 1.0) * 2.0 * blk;
+    *bwd = (C - 1.0) * 2.0 * blk + C * 2.0 * blk;
+  }
+}
+
+double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int ulysses) {
+  double Tl = (double)T / C, Cm = cfg->channels, NH = cfg->heads, L = cfg->layers;
+  if (C < 2) return 0.0;
+  if (ulysses) /* per layer q,k,v for T positions of NH/C heads and their probabilities;
+                * staging: send, receive, the output, its gradient, dqkv and dprobs */
+    return 4.0 *
+           (L * ((double)B * T * 3 * Cm / C + (double)B * NH / C * T * T) + 2.0 * B * Tl * 3 * Cm +
+            2.0 * B * T * Cm / C + (double)B * T * 3 * Cm / C + (double)B * NH / C * T * T);
+  /* two K/V blocks in flight, a dK/dV sum received, one passed on, one accumulated, and
+   * the rows' D = dO.o: the lse itself lives in the model's (T/C)^2 probabilities buffer */
+  return 4.0 * ((double)B * Tl * 2 * Cm * 5.0 + (double)B * NH * Tl);
+}
+
+int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int ulysses, double fixed,
+                  train_plan_row *out, char *err) {
+  if (train_cp_check(cfg, T, C, ulysses, 1, err) != 0) return -1;
+  if (train_plan_dt(cfg, B, T / C, D * C, 1, TRAIN_PLAN_DDP, TRAIN_RECOMPUTE_NONE, 0, fixed, out,
+                    err) != 0)
+    return -1;
+  double f, bw, extra = train_cp_extra_bytes(cfg, B, T, C, ulysses);
+  train_cp_layer_bytes(cfg, B, T, C, ulysses, &f, &bw);
+  out->name = ulysses ? "CP Ulysses" : "CP ring";
+  out->acts += extra;
+  out->total += extra;
+  out->sent += (f + bw) * cfg->layers;
+  return 0;
+}
+
+/* ---- the context of the layer operations -------------------------------------------- */
+
+typedef struct cp_stats {
+  double ms;    /* blocked waiting for transfers inside the passes */
+  double bytes; /* sent by this rank */
+  long calls;   /* transfers (ring steps, all-to-alls) */
+} cp_stats;
+
+typedef struct cp_ctx {
+  train_backend *b;
+  int C, r, ulysses, T; /* T: the whole sequence */
+  int failed;
+  char err[TRAIN_ERRLEN];
+  train_layer_ops ops; /* the single-process table, embedding and attention replaced */
+  cp_stats st;
+  train_trace *trace; /* --trace: each transfer, each block's attention */
+  int trace_rank, layer_base;
+  float *wpe_mine, *dwpe_mine; /* (T/C, C): wpe's rows at this rank's positions */
+  /* ring: K/V blocks (B,T/C,2Cl) x2, dK/dV sums in and out and the local contribution */
+  float *kv[2], *dkv_in, *dkv_out, *acc, *dsum;
+  /* Ulysses: per set block q,k,v of all T positions for NH/C heads (B,T,3Cl/C) and their
+   * probabilities (B,NH/C,T,T); staging */
+  float *uqkv, *uatt, *send, *recv, *uout, *udout, *udqkv, *udatt;
+  size_t uqkv_n, uatt_n;
+} cp_ctx;
+
+static const train_layer_ops *base_ops_of(const train_model *m);
+
+static cp_ctx *ctx_of(const train_model *m) {
+  return m->layer_ctx && base_ops_of(m) ? m->layer_ctx : NULL;
+}
+
+/* The operations of a model that has them are its context's table. */
+static const train_layer_ops *base_ops_of(const train_model *m) {
+  const cp_ctx *c = m->layer_ctx;
+  return c && m->layer_ops == &c->ops ? m->layer_ops : NULL;
+}
+
+static void failf(train_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void failf(train_model *m, const char *fmt, ...) {
+  cp_ctx *c = ctx_of(m);
+  if (!c || c->failed) return;
+  c->failed = 1;
+  va_list ap;
+  va_start(ap, fmt);
+  char msg[TRAIN_ERRLEN];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  train_errf(c->err, "%s", msg);
+}
+
+static void fail_op(train_model *m, const char *msg) { failf(m, "%s", msg); }
+
+/* Starts the ring step's transfer: send `sbuf` to r+1, receive `rbuf` from r-1. */
+static int ring_start(train_model *m, cp_ctx *c, const float *sbuf, float *rbuf, size_t n,
+                      train_req *req) {
+  *req = TRAIN_REQ_DONE;
+  if (c->failed) return -1;
+  train_backend *b = c->b;
+  train_p2p ops[2] = {
+      {.send = 1, .peer = (c->r + 1) % c->C, .buf = (void *)sbuf, .bytes = n * sizeof(float)},
+      {.send = 0, .peer = (c->r + c->C - 1) % c->C, .buf = rbuf, .bytes = n * sizeof(float)},
+  };
+  c->st.bytes += (double)n * sizeof(float);
+  c->st.calls++;
+  int rc = b->exchange_start ? b->exchange_start(b, ops, 2, req) : b->exchange(b, ops, 2);
+  if (rc != 0) {
+    failf(m, "context-parallel ring step: %s", b->err);
+    return -1;
+  }
+  return 0;
+}
+
+/* Waits for a started transfer; the time blocked counts as exposed communication. */
+static void cp_wait(train_model *m, cp_ctx *c, train_req req, const char *what, double t_post) {
+  if (c->failed || req == TRAIN_REQ_DONE) return;
+  double t0 = train_now();
+  if (c->b->wait(c->b, req) != 0) failf(m, "context-parallel %s: %s", what, c->b->err);
+  double t1 = train_now();
+  c->st.ms += (t1 - t0) * 1e3;
+  if (c->trace) train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMM, what, t_post, t1);
+}
+
+static void trace_compute(cp_ctx *c, const char *what, double t0) {
+  if (c->trace)
+    train_trace_add(c->trace, c->trace_rank, TRAIN_TRACE_COMPUTE, what, t0, train_now());
+}
+
+/* ---- the embedding: wpe at this rank's positions ----------------------------------- */
+
+/* The local kernel reads wpe[t] for local row t: give it wpe's rows at the rank's true
+ * positions (its two chunks), and scatter their gradient back to those rows. */
+static void embed_forward(train_model *m, float *out, const int *inp, const float *wte,
+                          const float *wpe, int B, int T, int C) {
+  cp_ctx *c = ctx_of(m);
+  for (int t = 0; t < T; t++)
+    memcpy(c->wpe_mine + (size_t)t * C, wpe + (size_t)train_cp_pos(c->T, c->C, c->r, t) * C,
+           (size_t)C * sizeof(float));
+  m->ops->encoder_forward(out, inp, wte, c->wpe_mine, B, T, C);
+}
+
+static void embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
+                           const int *inp, int B, int T, int C) {
+  cp_ctx *c = ctx_of(m);
+  memset(c->dwpe_mine, 0, (size_t)T * C * sizeof(float));
+  m->ops->encoder_backward(dwte, c->dwpe_mine, dout, inp, B, T, C);
+  for (int t = 0; t < T; t++) {
+    float *d = dwpe + (size_t)train_cp_pos(c->T, c->C, c->r, t) * C;
+    const float *s = c->dwpe_mine + (size_t)t * C;
+    for (int k = 0; k < C; k++) d[k] += s[k];
+  }
+}
+
+/* ---- ring attention ------------------------------------------------------------------ */
+
+/* Packs this rank's K and V (B,T,2C) out of qkv (B,T,3C). */
+static void pack_kv(float *kv, const float *qkv, int B, int T, int C) {
+  for (size_t n = 0; n < (size_t)B * T; n++)
+    memcpy(kv + n * 2 * C, qkv + n * 3 * C + C, 2 * (size_t)C * sizeof(float));
+}
+
+/* Queries (B,T rows of qkv) of rank r against the K/V block kv (B,T,2C) of rank src:
+ * each row's partial (o_s, lse_s) merged into out (B,T,C) and lse (B,NH,T). */
+static void ring_block_forward(cp_ctx *c, float *out, float *lse, const float *qkv, const float *kv,
+                               int src, int B, int T, int C, int NH) {
+  int hs = C / NH;
+  float scale = 1.0f / sqrtf((float)hs);
+  float *sc = c->dsum; /* scratch: T scores (dsum is backward's, free in forward) */
+  float os[1024];
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      int pq = train_cp_pos(c->T, c->C, c->r, t);
+      /* the block's keys this query sees: a prefix of each chunk, by position */
+      for (int h = 0; h < NH; h++) {
+        const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+        float mx = -INFINITY;
+        int any = 0;
+        for (int u = 0; u < T; u++) {
+          if (train_cp_pos(c->T, c->C, src, u) > pq) {
+            sc[u] = -INFINITY;
+            continue;
+          }
+          const float *k = kv + ((size_t)b * T + u) * 2 * C + h * hs;
+          float d = 0.0f;
+          for (int j = 0; j < hs; j++) d += q[j] * k[j];
+          sc[u] = d * scale;
+          mx = sc[u] > mx ? sc[u] : mx;
+          any = 1;
+        }
+        if (!any) continue; /* lse_s = -inf: nothing to merge */
+        float sum = 0.0f;
+        for (int j = 0; j < hs; j++) os[j] = 0.0f;
+        for (int u = 0; u < T; u++) {
+          if (sc[u] == -INFINITY) continue;
+          float e = expf(sc[u] - mx);
+          sum += e;
+          const float *v = kv + ((size_t)b * T + u) * 2 * C + C + h * hs;
+          for (int j = 0; j < hs; j++) os[j] += e * v[j];
+        }
+        float ls = mx + logf(sum), inv = 1.0f / sum;
+        float *o = out + ((size_t)b * T + t) * C + h * hs;
+        float *l = lse + ((size_t)b * NH + h) * T + t;
+        if (*l == -INFINITY) { /* the first block this row sees */
+          for (int j = 0; j < hs; j++) o[j] = os[j] * inv;
+          *l = ls;
+          continue;
+        }
+        /* the log-sum-exp merge (top of the file) */
+        float m2 = *l > ls ? *l : ls;
+        float lnew = m2 + logf(expf(*l - m2) + expf(ls - m2));
+        float w1 = expf(*l - lnew), w2 = expf(ls - lnew) * inv;
+        for (int j = 0; j < hs; j++) o[j] = w1 * o[j] + w2 * os[j];
+        *l = lnew;
+      }
+    }
+}
+
+static void ring_forward(train_model *m, cp_ctx *c, int i, float *out, float *lse, const float *qkv,
+                         int B, int T, int C, int NH) {
+  (void)i;
+  size_t n = (size_t)B * T * 2 * C;
+  for (size_t k = 0; k < (size_t)B * T * C; k++) out[k] = 0.0f;
+  for (size_t k = 0; k < (size_t)B * NH * T; k++) lse[k] = -INFINITY;
+  pack_kv(c->kv[0], qkv, B, T, C);
+  int cur = 0;
+  for (int s = 0; s < c->C; s++) {
+    int src = (c->r - s + c->C) % c->C;
+    train_req req = TRAIN_REQ_DONE;
+    double tp = train_now();
+    /* post the next block's transfer, compute on this one, then wait */
+    if (s < c->C - 1) ring_start(m, c, c->kv[cur], c->kv[1 - cur], n, &req);
+    double t0 = train_now();
+    ring_block_forward(c, out, lse, qkv, c->kv[cur], src, B, T, C, NH);
+    trace_compute(c, "ring attn fwd", t0);
+    if (s < c->C - 1) cp_wait(m, c, req, "ring kv fwd", tp);
+    cur = 1 - cur;
+  }
+}
+
+/* The block's gradient contributions: dq into dqkv's q (B,T,3C), dk and dv into acc
+ * (B,T,2C), from dout, the saved lse and dsum = dO.o (B,NH,T). */
+static void ring_block_backward(cp_ctx *c, float *dqkv, float *acc, const float *dout,
+                                const float *qkv, const float *kv, const float *lse,
+                                const float *dsum, int src, int B, int T, int C, int NH) {
+  int hs = C / NH;
+  float scale = 1.0f / sqrtf((float)hs);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      int pq = train_cp_pos(c->T, c->C, c->r, t);
+      for (int h = 0; h < NH; h++) {
+        const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+        float *dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
+        const float *dO = dout + ((size_t)b * T + t) * C + h * hs;
+        float l = lse[((size_t)b * NH + h) * T + t], D = dsum[((size_t)b * NH + h) * T + t];
+        for (int u = 0; u < T; u++) {
+          if (train_cp_pos(c->T, c->C, src, u) > pq) continue;
+          const float *k = kv + ((size_t)b * T + u) * 2 * C + h * hs, *v = k + C;
+          float *dk = acc + ((size_t)b * T + u) * 2 * C + h * hs, *dv = dk + C;
+          float d = 0.0f, dp = 0.0f;
+          for (int j = 0; j < hs; j++) d += q[j] * k[j];
+          float p = expf(d * scale - l);
+          for (int j = 0; j < hs; j++) {
+            dv[j] += p * dO[j];
+            dp += dO[j] * v[j];
+          }
+          float ds = p * (dp - D) * scale;
+          for (int j = 0; j < hs; j++) {
+            dq[j] += ds * k[j];
+            dk[j] += ds * q[j];
+          }
+        }
+      }
+    }
+}
+
+static void ring_backward(train_model *m, cp_ctx *c, float *dqkv, const float *dout,
+                          const float *qkv, const float *lse, const float *out, int B, int T, int C,
+                          int NH) {
+  int hs = C / NH;
+  size_t n = (size_t)B * T * 2 * C;
+  /* D = dO.o per row and head: the softmax backward's sum(p * dp) without the p's */
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < NH; h++) {
+        const float *o = out + ((size_t)b * T + t) * C + h * hs,
+                    *dO = dout + ((size_t)b * T + t) * C + h * hs;
+        float d = 0.0f;
+        for (int j = 0; j < hs; j++) d += dO[j] * o[j];
+        c->dsum[((size_t)b * NH + h) * T + t] = d;
+      }
+  pack_kv(c->kv[0], qkv, B, T, C);
+  int cur = 0;
+  train_req dreq = TRAIN_REQ_DONE;
+  double tdp = 0.0;
+  for (int s = 0; s < c->C; s++) {
+    int src = (c->r - s + c->C) % c->C;
+    train_req req = TRAIN_REQ_DONE;
+    double tp = train_now();
+    if (s < c->C - 1) ring_start(m, c, c->kv[cur], c->kv[1 - cur], n, &req);
+    double t0 = train_now();
+    memset(c->acc, 0, n * sizeof(float));
+    ring_block_backward(c, dqkv, c->acc, dout, qkv, c->kv[cur], lse, c->dsum, src, B, T, C, NH);
+    trace_compute(c, "ring attn bwd", t0);
+    /* the block's dK/dV sum so far, from r-1 (none at s = 0: the block is ours), plus
+     * ours, passed on to r+1 — after the last step it lands at the block's owner */
+    if (s > 0) {
+      cp_wait(m, c, dreq, "ring dkv bwd", tdp);
+      for (size_t k = 0; k < n; k++) c->dkv_out[k] = c->dkv_in[k] + c->acc[k];
+    } else {
+      memcpy(c->dkv_out, c->acc, n * sizeof(float));
+    }
+    tdp = train_now();
+    ring_start(m, c, c->dkv_out, c->dkv_in, n, &dreq);
+    if (s < c->C - 1) cp_wait(m, c, req, "ring kv bwd", tp);
+    cur = 1 - cur;
+  }
+  cp_wait(m, c, dreq, "ring dkv bwd", tdp);
+  if (c->failed) return;
+  for (size_t nt = 0; nt < (size_t)B * T; nt++) { /* our block's dK/dV, home */
+    float *d = dqkv + nt * 3 * C + C;
+    const float *g = c->dkv_in + nt * 2 * C;
+    for (int k = 0; k < 2 * C; k++) d[k] += g[k];
+  }
+}
+
+/* ---- Ulysses ------------------------------------------------------------------------- */
+
+/* One all-to-all of `n` floats per peer, started and waited (the next step needs it). */
+static void a2a(train_model *m, cp_ctx *c, const float *send, float *recv, size_t n,
+                const char *what) {
+  if (c->failed) return;
+  train_req req = TRAIN_REQ_DONE;
+  double t0 = train_now();
+  c->st.bytes += (double)(c->C - 1) * n * sizeof(float);
+  c->st.calls++;
+  if (c->b->all_to_all(c->b, send, recv, n * sizeof(float), &req) != 0) {
+    failf(m, "context-parallel %s: %s", what, c->b->err);
+    return;
+  }
+  cp_wait(m, c, req, what, t0);
+}
+
+/* Forward: q,k,v (B,Tl,3C) by positions -> (B,T,3Ch) by heads, Ch = C/Cp, NH/Cp heads of
+ * width hs; block j of the all-to-all carries the heads of rank j. */
+static void ulysses_forward(train_model *m, cp_ctx *c, int i, float *out, const float *qkv, int B,
+                            int Tl, int C, int NH) {
+  int P = c->C, T = c->T, Ch = C / P, NHc = NH / P;
+  size_t blk3 = (size_t)B * Tl * 3 * Ch, blk1 = (size_t)B * Tl * Ch;
+  float *uq = c->uqkv + (size_t)i * c->uqkv_n, *ua = c->uatt + (size_t)i * c->uatt_n;
+  for (int j = 0; j < P; j++)
+    for (size_t n = 0; n < (size_t)B * Tl; n++)
+      for (int p = 0; p < 3; p++)
+        memcpy(c->send + j * blk3 + n * 3 * Ch + p * Ch, qkv + n * 3 * C + p * C + j * Ch,
+               (size_t)Ch * sizeof(float));
+  a2a(m, c, c->send, c->recv, blk3, "ulysses qkv a2a");
+  for (int src = 0; src < P; src++) /* rank src's rows, at their positions */
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tl; t++)
+        memcpy(uq + ((size_t)b * T + train_cp_pos(T, P, src, t)) * 3 * Ch,
+               c->recv + src * blk3 + ((size_t)b * Tl + t) * 3 * Ch,
+               3 * (size_t)Ch * sizeof(float));
+  double t0 = train_now();
+  m->ops->attention_forward(c->uout, ua, uq, B, T, Ch, NHc);
+  trace_compute(c, "ulysses attn fwd", t0);
+  for (int dst = 0; dst < P; dst++) /* rank dst's positions of our heads */
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tl; t++)
+        memcpy(c->send + dst * blk1 + ((size_t)b * Tl + t) * Ch,
+               c->uout + ((size_t)b * T + train_cp_pos(T, P, dst, t)) * Ch,
+               (size_t)Ch * sizeof(float));
+  a2a(m, c, c->send, c->recv, blk1, "ulysses out a2a");
+  for (int j = 0; j < P; j++)
+    for (size_t n = 0; n < (size_t)B * Tl; n++)
+      memcpy(out + n * C + j * Ch, c->recv + j * blk1 + n * Ch, (size_t)Ch * sizeof(float));
+}
+
+static void ulysses_backward(train_model *m, cp_ctx *c, int i, float *dqkv, const float *dout,
+                             int B, int Tl, int C, int NH) {
+  int P = c->C, T = c->T, Ch = C / P, NHc = NH / P;
+  size_t blk3 = (size_t)B * Tl * 3 * Ch, blk1 = (size_t)B * Tl * Ch;
+  const float *uq = c->uqkv + (size_t)i * c->uqkv_n, *ua = c->uatt + (size_t)i * c->uatt_n;
+  for (int j = 0; j < P; j++) /* dO of rank j's heads at our positions */
+    for (size_t n = 0; n < (size_t)B * Tl; n++)
+      memcpy(c->send + j * blk1 + n * Ch, dout + n * C + j * Ch, (size_t)Ch * sizeof(float));
+  a2a(m, c, c->send, c->recv, blk1, "ulysses dout a2a");
+  for (int src = 0; src < P; src++)
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tl; t++)
+        memcpy(c->udout + ((size_t)b * T + train_cp_pos(T, P, src, t)) * Ch,
+               c->recv + src * blk1 + ((size_t)b * Tl + t) * Ch, (size_t)Ch * sizeof(float));
+  memset(c->udqkv, 0, (size_t)B * T * 3 * Ch * sizeof(float));
+  double t0 = train_now();
+  m->ops->attention_backward(c->udqkv, c->udatt, c->udout, uq, ua, B, T, Ch, NHc);
+  trace_compute(c, "ulysses attn bwd", t0);
+  for (int dst = 0; dst < P; dst++)
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tl; t++)
+        memcpy(c->send + dst * blk3 + ((size_t)b * Tl + t) * 3 * Ch,
+               c->udqkv + ((size_t)b * T + train_cp_pos(T, P, dst, t)) * 3 * Ch,
+               3 * (size_t)Ch * sizeof(float));
+  a2a(m, c, c->send, c->recv, blk3, "ulysses dqkv a2a");
+  if (c->failed) return;
+  for (int j = 0; j < P; j++)
+    for (size_t n = 0; n < (size_t)B * Tl; n++)
+      for (int p = 0; p < 3; p++) {
+        float *d = dqkv + n * 3 * C + p * C + j * Ch;
+        const float *g = c->recv + j * blk3 + n * 3 * Ch + p * Ch;
+        for (int k = 0; k < Ch; k++) d[k] += g[k];
+      }
+}
+
+/* ---- the attention operations --------------------------------------------------------- */
+
+static void attn_forward(train_model *m, int i, float *out, float *att, const float *qkv, int B,
+                         int T, int C, int NH) {
+  cp_ctx *c = ctx_of(m);
+  if (c->ulysses)
+    ulysses_forward(m, c, i, out, qkv, B, T, C, NH);
+  else /* the rows' lse (B,NH,T) in the model's (B,NH,T,T) buffer */
+    ring_forward(m, c, i, out, att, qkv, B, T, C, NH);
+}
+
+static void attn_backward(train_model *m, int i, float *dqkv, float *datt, const float *dout,
+                          const float *qkv, const float *att, const float *out, int B, int T, int C,
+                          int NH) {
+  (void)datt;
+  cp_ctx *c = ctx_of(m);
+  if (c->ulysses)
+    ulysses_backward(m, c, i, dqkv, dout, B, T, C, NH);
+  else
+    ring_backward(m, c, dqkv, dout, qkv, att, out, B, T, C, NH);
+}
+
+/* ---- attaching the ring ----------------------------------------------------------------- */
+
+static void ctx_free(cp_ctx *c) {
+  if (!c) return;
+  free(c->wpe_mine);
+  free(c->dwpe_mine);
+  free(c->kv[0]);
+  free(c->kv[1]);
+  free(c->dkv_in);
+  free(c->dkv_out);
+  free(c->acc);
+  free(c->dsum);
+  free(c->uqkv);
+  free(c->uatt);
+  free(c->send);
+  free(c->recv);
+  free(c->uout);
+  free(c->udout);
+  free(c->udqkv);
+  free(c->udatt);
+  free(c);
+}
+
+/* Installs the context-parallel operations on the session's model (made for seq/C
+ * positions) over group b (C ranks, this one r). */
+static int cp_attach(train_session *s, train_backend *b, int ulysses, char *err) {
+  train_model *m = s->model;
+  int C = b->nranks, T = s->opt.seq, Tl = m->maxT, B = m->maxB;
+  if (m->layer_ops != train_local_layer_ops()) {
+    train_errf(err, "--cp: the model's layers are already split by another strategy (%s)",
+               m->layer_ops->name);
+    return -1;
+  }
+  if (Tl * C != T || T % (2 * C) != 0) {
+    train_errf(err, "--cp %d: a model made for %d positions cannot hold its share of --seq %d", C,
+               Tl, T);
+    return -1;
+  }
+  if (ulysses && !b->all_to_all) {
+    train_errf(err, "--cp-mode ulysses: the %s backend has no all-to-all; use --backend coll",
+               b->name);
+    return -1;
+  }
+  if (!ulysses && !b->exchange) {
+    train_errf(err, "--cp: the %s backend cannot send between ranks; use --backend coll", b->name);
+    return -1;
+  }
+  int Cm = m->cfg.channels, Cl = m->width_local, NH = m->heads_local, L = m->act_layers;
+  if (!ulysses && Cl / NH > 1024) {
+    train_errf(err, "--cp ring attention: head width %d is over this build's 1024", Cl / NH);
+    return -1;
+  }
+  cp_ctx *c = calloc(1, sizeof *c);
+  if (!c) {
+    train_errf(err, "out of memory for the context-parallel context");
+    return -1;
+  }
+  c->b = b;
+  c->C = C;
+  c->r = b->rank;
+  c->ulysses = ulysses;
+  c->T = T;
+  size_t n = (size_t)B * Tl * 2 * Cl;
+  int ok = (c->wpe_mine = malloc((size_t)Tl * Cm * sizeof(float))) &&
+           (c->dwpe_mine = malloc((size_t)Tl * Cm * sizeof(float)));
+  if (ok && !ulysses) {
+    size_t ds = (size_t)B * NH * Tl > (size_t)Tl ? (size_t)B * NH * Tl : (size_t)Tl;
+    ok = (c->kv[0] = malloc(n * sizeof(float))) && (c->kv[1] = malloc(n * sizeof(float))) &&
+         (c->dkv_in = malloc(n * sizeof(float))) && (c->dkv_out = malloc(n * sizeof(float))) &&
+         (c->acc = malloc(n * sizeof(float))) && (c->dsum = malloc(ds * sizeof(float)));
+  } else if (ok) {
+    size_t Ch = (size_t)Cl / C, NHc = (size_t)NH / C;
+    c->uqkv_n = (size_t)B * T * 3 * Ch;
+    c->uatt_n = (size_t)B * NHc * T * T;
+    ok = (c->uqkv = calloc((size_t)L * c->uqkv_n, sizeof(float))) &&
+         (c->uatt = calloc((size_t)L * c->uatt_n, sizeof(float))) &&
+         (c->send = malloc((size_t)B * Tl * 3 * Cl * sizeof(float))) &&
+         (c->recv = malloc((size_t)B * Tl * 3 * Cl * sizeof(float))) &&
+         (c->uout = malloc((size_t)B * T * Ch * sizeof(float))) &&
+         (c->udout = malloc((size_t)B * T * Ch * sizeof(float))) &&
+         (c->udqkv = malloc(c->uqkv_n * sizeof(float))) &&
+         (c->udatt = malloc(c->uatt_n * sizeof(float)));
+  }
+  if (!ok) {
+    ctx_free(c);
+    train_errf(err, "out of memory for the context-parallel buffers");
+    return -1;
+  }
+  c->ops = *train_local_layer_ops();
+  c->ops.name = ulysses ? "context-parallel (Ulysses)" : "context-parallel (ring)";
+  c->ops.embed_forward = embed_forward;
+  c->ops.embed_backward = embed_backward;
+  c->ops.attn_forward = attn_forward;
+  c->ops.attn_backward = attn_backward;
+  c->ops.fail = fail_op;
+  m->layer_ctx = c;
+  m->layer_ops = &c->ops; /* from here the passes communicate */
+  return 0;
+}
+
+static void cp_detach(train_session *s) {
+  cp_ctx *c = s && s->model ? ctx_of(s->model) : NULL;
+  if (!c) return;
+  s->model->layer_ops = train_local_layer_ops();
+  s->model->layer_ctx = NULL;
+  ctx_free(c);
+}
+
+/* ---- context parallelism as a strategy (strategy.h) ------------------------------------
+ * It wraps the data-parallel strategy of the grid's dp group (D x Cp ranks: the CP ranks
+ * sync their gradients as data-parallel ones; each rank's loss is the mean over its B*T/Cp
+ * tokens, so the group's average is the global batch's mean). Evaluation is collective
+ * over the ring, and no rank can sample alone (it holds T/Cp positions). */
+
+typedef struct cp_strategy {
+  train_trace trace;
+  int ulysses;
+  cp_stats last; /* the latest step's */
+} cp_strategy;
+
+static int cp_status(const train_parallel *p, char *err) {
+  const cp_ctx *c = ctx_of(p->s->model);
+  if (c && c->failed) {
+    train_errf(err, "%s", c->err);
+    return -1;
+  }
+  return p->inner->ops->status ? p->inner->ops->status(p->inner, err) : 0;
+}
+
+static int cp_step(train_parallel *p, train_step_report *r, char *err) {
+  cp_strategy *t = p->impl;
+  cp_ctx *c = ctx_of(p->s->model);
+  memset(&c->st, 0, sizeof c->st);
+  if (p->inner->ops->step(p->inner, r, err) != 0) return -1;
+  t->last = c->st;
+  r->cp_ms = c->st.ms;
+  r->cp_bytes = c->st.bytes;
+  r->cp_calls = c->st.calls;
+  if (p->opt.trace) {
+    double now = train_now();
+    train_trace_add(&t->trace, p->grid->world->rank, TRAIN_TRACE_COMPUTE, "step",
+                    now - r->step.ms * 1e-3, now);
+  }
+  return 0;
+}
+
+static int cp_eval_begin(train_parallel *p, char *err) {
+  return p->inner->ops->eval_begin ? p->inner->ops->eval_begin(p->inner, err) : 0;
+}
+
+static int cp_save(train_parallel *p, const char *path, char *what, size_t wn, char *err) {
+  (void)p;
+  (void)what;
+  (void)wn;
+  train_errf(err, "--cp: checkpoints of a context-parallel run are not built yet (%s)", path);
+  return -1;
+}
+
+/* Collective over the ring: the validation loss of `batches` batches, every rank its
+ * chunks of the same sequences, the ring's mean of the ranks' means (equal token counts). */
+static int cp_val_loss(train_parallel *p, int batches, float *out, char *err) {
+  train_session *s = p->s;
+  train_model *m = s->model;
+  train_backend *b = p->grid->cp;
+  int B = s->opt.batch, T = s->opt.seq, C = p->grid->Cp;
+  int *in = malloc((size_t)B * T / C * sizeof(int)), *tg = malloc((size_t)B * T / C * sizeof(int));
+  if (!in || !tg) {
+    free(in);
+    free(tg);
+    train_errf(err, "out of memory for the context-parallel validation batch");
+    return -1;
+  }
+  double sum = 0.0;
+  int n = 0;
+  for (int k = 0; k < batches; k++) {
+    if (!train_data_val_batch(s->data, k, B, T, s->inputs, s->targets)) break;
+    train_cp_take(s->inputs, in, B, T, C, p->grid->c);
+    train_cp_take(s->targets, tg, B, T, C, p->grid->c);
+    float l = train_forward(m, in, tg, B, T / C);
+    train_req req = TRAIN_REQ_DONE;
+    if (b->all_reduce(b, &l, 1, TRAIN_REDUCE_AVG, &req) != 0 || b->wait(b, req) != 0) {
+      train_errf(err, "context-parallel validation: %s", b->err);
+      free(in);
+      free(tg);
+      return -1;
+    }
+    sum += l;
+    n++;
+  }
+  free(in);
+  free(tg);
+  *out = n ? (float)(sum / n) : NAN;
+  return 0;
+}
+
+static int cp_finish(train_parallel *p, const char *trace_path, char *err) {
+  cp_strategy *t = p->impl;
+  if (p->inner->ops->finish(p->inner, NULL, err) != 0) return -1;
+  return trace_path ? train_trace_gather_write(p->grid->world, &t->trace, trace_path, err) : 0;
+}
+
+static void cp_describe(train_parallel *p, char *out, size_t n) {
+  const train_options *o = &p->s->opt;
+  cp_strategy *t = p->impl;
+  int C = p->grid->Cp, T = o->seq, Tc = T / (2 * C);
+  double f, bw;
+  train_cp_layer_bytes(&o->cfg, o->batch, T, C, t->ulysses, &f, &bw);
+  out[0] = '\0';
+  train_appendf(out, n,
+                "coll-train: context parallel (%s): --cp %d x D %d (%s backend); each sequence "
+                "of %d cut into %d chunks of %d, CP rank r holding chunks r and %d-r (this "
+                "rank %d: positions %d..%d and %d..%d); gradients sync over the %d ranks of D x "
+                "Cp (--parallel %s)\n",
+                t->ulysses ? "Ulysses all-to-all" : "ring attention", C, p->grid->D,
+                p->grid->world->name, T, 2 * C, Tc, 2 * C - 1, p->grid->c, p->grid->c * Tc,
+                p->grid->c * Tc + Tc - 1, (2 * C - 1 - p->grid->c) * Tc,
+                (2 * C - 1 - p->grid->c) * Tc + Tc - 1, p->grid->dp->nranks, p->inner->ops->name);
+  train_appendf(out, n,
+                "coll-train: cp sends per layer %.1f KiB forward + %.1f KiB backward per rank "
+                "(%s), %.1f KiB per step over %d layers\n",
+                f / 1024.0, bw / 1024.0,
+                t->ulysses ? "4 all-to-alls of (C-1)/C of q, k, v, out each way"
+                           : "C-1 K/V blocks forward; K/V again and C dK/dV sums backward",
+                (f + bw) * o->cfg.layers / 1024.0, o->cfg.layers);
+  p->inner->ops->describe(p->inner, out + strlen(out), n - strlen(out));
+}
+
+static void cp_step_line(const train_parallel *p, const train_step_report *r, char *out, size_t n) {
+  p->inner->ops->step_line(p->inner, r, out, n);
+  train_appendf(out, n, " | cp %5.1f ms blocked, %ld transfers, %.1f KiB", r->cp_ms, r->cp_calls,
+                r->cp_bytes / 1024.0);
+}
+
+static void cp_summary(const train_parallel *p, const train_step_report *later, long nlater,
+                       double seconds, const train_step_report *all, long nall, char *out,
+                       size_t n) {
+  p->inner->ops->summary(p->inner, later, nlater, seconds, all, nall, out, n);
+  if (nlater < 1) return;
+  train_appendf(out, n,
+                "cp: per step after the first: %.1f transfers, %.1f KiB sent, %.2f ms blocked "
+                "waiting for them (%.1f%% of the step)\n",
+                (double)later->cp_calls / nlater, later->cp_bytes / 1024.0 / nlater,
+                later->cp_ms / nlater, seconds > 0 ? 100.0 * later->cp_ms * 1e-3 / seconds : 0.0);
+}
+
+static int cp_plan(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
+  const train_options *o = &p->s->opt;
+  cp_strategy *t = p->impl;
+  return train_cp_plan(&o->cfg, o->batch, o->seq, p->grid->Cp, p->grid->D, t->ulysses, fixed, out,
+                       err);
+}
+
+static void cp_free(train_parallel *p) {
+  cp_strategy *t = p->impl;
+  train_parallel_free(p->inner);
+  cp_detach(p->s);
+  train_trace_free(&t->trace);
+  free(t);
+  free(p);
+}
+
+static const train_parallel_ops cp_strategy_ops = {
+    .name = "cp",
+    .step = cp_step,
+    .eval_begin = cp_eval_begin,
+    .save = cp_save,
+    .finish = cp_finish,
+    .describe = cp_describe,
+    .step_line = cp_step_line,
+    .summary = cp_summary,
+    .plan = cp_plan,
+    .status = cp_status,
+    .val_loss = cp_val_loss,
+    .free = cp_free,
+};
+
+train_parallel *train_cp_strategy_create(train_session *s, train_grid *g,
+                                         const train_parallel_options *opt,
+                                         train_parallel_create_fn inner, char *err) {
+  if (g->T > 1 || g->P > 1) {
+    train_errf(err, "--cp with --tp or --pp is not built yet: the tensor-parallel and pipeline "
+                    "layer operations would have to run under the context-parallel ones");
+    return NULL;
+  }
+  if (strcmp(opt->data, "ddp") != 0) {
+    train_errf(err,
+               "--cp needs --parallel ddp: the context-parallel ranks sync their gradients as "
+               "data-parallel ranks (--parallel %s is not built under it yet)",
+               opt->data);
+    return NULL;
+  }
+  if (train_cp_check(&s->opt.cfg, s->opt.seq, g->Cp, opt->cp_ulysses, 1, err) != 0) return NULL;
+  train_parallel *p = train_parallel_new(&cp_strategy_ops, s, g, opt);
+  cp_strategy *t = calloc(1, sizeof *t);
+  if (!p || !t) {
+    free(p);
+    free(t);
+    train_errf(err, "out of memory");
+    return NULL;
+  }
+  p->impl = t;
+  t->ulysses = opt->cp_ulysses;
+  p->eval_everywhere = 1;
+  p->can_sample = 0;
+  if (cp_attach(s, g->cp, opt->cp_ulysses, err) != 0) {
+    free(t);
+    free(p);
+    return NULL;
+  }
+  if (opt->trace) {
+    cp_ctx *c = ctx_of(s->model);
+    c->trace = &t->trace;
+    c->trace_rank = g->world->rank;
+  }
+  if (!(p->inner = inner(s, g, opt, err))) {
+    cp_detach(s);
+    train_trace_free(&t->trace);
+    free(t);
+    free(p);
+    return NULL;
+  }
+  p->rows_mult = p->inner->rows_mult;
+  p->zero = p->inner->zero;
+  return p;
+}
