@@ -1117,7 +1117,7 @@ int main(int argc, char **argv) {
       die("--cp with --tp is not built yet: the context-parallel attention would have to run "
           "under the tensor-parallel layer operations (heads split twice)");
     if (cl.sp) die("--cp with --sp is not built yet: both would shard the sequence");
-    if (!cl.ddp || cl.fsdp)
+    if ((!cl.ddp && !plan && !explain) || cl.fsdp) /* --plan, --explain: every layout */
       die("--cp needs --parallel ddp: the context-parallel ranks sync their gradients as "
           "data-parallel ones (fsdp is not built under it yet)");
     if (o.bf16)

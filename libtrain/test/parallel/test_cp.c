@@ -1,0 +1,165 @@
+/*
+ * test_cp.c — context parallelism (parallel/cp.c) through coll-train, against one process
+ * on the same global batch.
+ *
+ *  - the chunks: for C = 1..8 the ranks' positions (chunks r and 2C-1-r of 2C) cover
+ *    every position of a sequence once, and each rank has the same number of causal
+ *    query-key pairs (the balance the cut is for).
+ *  - parity: --cp 2 and 4, ring attention and Ulysses, 20 steps, against --parallel none
+ *    with the same --batch: every step's loss within 1e-5 relative. The ring's
+ *    log-sum-exp merge and the weight gradients summed over the ring's ranks round
+ *    differently from one process, so most steps differ in the last bit (~1e-7 relative;
+ *    the bitwise-equal steps are counted in the log). A chunk at the wrong position, a
+ *    dK/dV sum that missed its owner or a mask by local instead of true positions moves
+ *    the loss by >= 1e-3.
+ *  - composition: --cp 2 x D 2 (DDP) on 4 ranks, ring and Ulysses, against one process
+ *    with --batch 2 x D.
+ *  - --plan, --explain and --trace say what they should: the CP rows, the ring's steps,
+ *    the ring's transfers on the timeline.
+ *  - bad input, refused with one line and exit status 1.
+ */
+#include <criterion/criterion.h>
+
+#include "common/train_test.h"
+#include "parallel/cp.h"
+
+#define MODEL                                                                         \
+  "--layers 2 --channels 32 --heads 4 --vocab 257 --max-seq 32 --seq 16 --threads 1 " \
+  "--eval-every 0 --sample-len 0 --seed 7 --lr 1e-2 --warmup 3"
+#define STEPS 20
+#define RELTOL 1e-5
+
+Test(cp, chunks_cover_the_sequence_and_balance_the_mask) {
+  for (int C = 1; C <= 8; C++) {
+    int T = 2 * C * 3, seen[48] = {0};
+    long pairs0 = -1;
+    for (int r = 0; r < C; r++) {
+      long pairs = 0;
+      for (int t = 0; t < T / C; t++) {
+        int p = train_cp_pos(T, C, r, t);
+        cr_assert(p >= 0 && p < T, "C %d rank %d row %d: position %d", C, r, t, p);
+        seen[p]++;
+        pairs += p + 1; /* the keys a causal query at p sees */
+      }
+      if (pairs0 < 0) pairs0 = pairs;
+      cr_assert_eq(pairs, pairs0, "C %d: rank %d has %ld causal pairs, rank 0 %ld", C, r, pairs,
+                   pairs0);
+    }
+    for (int p = 0; p < T; p++)
+      cr_assert_eq(seen[p], 1, "C %d: position %d held %d times", C, p, seen[p]);
+    int full[2 * 48], mine[2 * 48];
+    for (int i = 0; i < 2 * T; i++) full[i] = i;
+    train_cp_take(full, mine, 2, T, C, C - 1);
+    for (int b = 0; b < 2; b++)
+      for (int t = 0; t < T / C; t++)
+        cr_assert_eq(mine[b * (T / C) + t], b * T + train_cp_pos(T, C, C - 1, t));
+  }
+}
+
+/* Runs coll-train with args and --losses; reads the losses (hex floats) into l. */
+static int losses(const char *args, float *l, int max) {
+  char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir), *lf = th_fmt("%s/losses", dir);
+  char *cmd = th_fmt("timeout 120 %s " MODEL " --steps %d --quiet %s --losses %s", th_cli(), STEPS,
+                     args, lf);
+  free(th_run_ok(cmd, base));
+  int n = th_read_losses(lf, l, max);
+  th_rmrf(dir);
+  free(dir), free(base), free(lf), free(cmd);
+  return n;
+}
+
+/* The run's losses against one process's on the global batch; returns the number of
+ * steps bitwise equal, *maxrel the largest relative difference. */
+static int parity(const char *args, int global_batch, double *maxrel) {
+  float ref[STEPS], got[STEPS];
+  char *one = th_fmt("--batch %d", global_batch);
+  cr_assert_eq(losses(one, ref, STEPS), STEPS);
+  cr_assert_eq(losses(args, got, STEPS), STEPS, "%s: fewer than %d steps", args, STEPS);
+  int same = 0;
+  *maxrel = 0.0;
+  for (int i = 0; i < STEPS; i++) {
+    double rel = fabs((double)got[i] - ref[i]) / fabs((double)ref[i]);
+    cr_assert(rel <= RELTOL, "%s: step %d loss %.9g, one process %.9g (rel %.3g)", args, i + 1,
+              got[i], ref[i], rel);
+    *maxrel = rel > *maxrel ? rel : *maxrel;
+    same += got[i] == ref[i];
+  }
+  free(one);
+  return same;
+}
+
+static void parity_case(const char *args, int global_batch) {
+  double rel;
+  int same = parity(args, global_batch, &rel);
+  cr_log_info("cp parity %-60s: max rel %.3g, %d of %d steps bitwise equal\n", args, rel, same,
+              STEPS);
+}
+
+Test(cp, ring_matches_one_process, .timeout = 240) {
+  parity_case("--parallel ddp --cp 2 --batch 2", 2);
+  parity_case("--parallel ddp --cp 4 --batch 2", 2);
+}
+
+Test(cp, ulysses_matches_one_process, .timeout = 240) {
+  parity_case("--parallel ddp --cp 2 --cp-mode ulysses --batch 2", 2);
+  parity_case("--parallel ddp --cp 4 --cp-mode ulysses --batch 2", 2);
+}
+
+Test(cp, cp_times_ddp_matches_one_process, .timeout = 240) {
+  parity_case("--parallel ddp --cp 2 --ranks 4 --batch 2", 4);
+  parity_case("--parallel ddp --cp 2 --cp-mode ulysses --ranks 4 --batch 2", 4);
+}
+
+/* --plan prints both CP rows; --explain the ring's steps; --trace puts the ring's
+ * transfers and attention blocks on every rank's timeline. */
+Test(cp, plan_explain_and_trace, .timeout = 120) {
+  char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
+  char *cmd = th_fmt("timeout 60 %s " MODEL " --cp 2 --ranks 4 --parallel ddp --plan", th_cli());
+  char *o = th_run_ok(cmd, base);
+  cr_assert(strstr(o, "CP ring") && strstr(o, "CP Ulysses"), "no CP rows in --plan: %s", o);
+  free(o), free(cmd);
+  cmd = th_fmt("timeout 60 %s " MODEL " --cp 2 --explain", th_cli());
+  o = th_run_ok(cmd, base);
+  /* seq 16, C 2: chunks of 4; rank 0 holds 0..3 and 12..15 */
+  cr_assert(strstr(o, "rank 0: positions 0..3 and 12..15"), "--explain: %s", o);
+  cr_assert(strstr(o, "step 1:"), "--explain has no second ring step: %s", o);
+  free(o), free(cmd);
+  char *tr = th_fmt("%s/trace.json", dir);
+  cmd = th_fmt("timeout 120 %s " MODEL " --cp 2 --parallel ddp --batch 2 --steps 2 --trace %s",
+               th_cli(), tr);
+  free(th_run_ok(cmd, base));
+  char *j = th_read(tr, NULL);
+  cr_assert(j, "no trace at %s", tr);
+  cr_assert(strstr(j, "ring kv fwd") && strstr(j, "ring dkv bwd") && strstr(j, "ring attn fwd"),
+            "the trace lacks the ring's steps");
+  free(j), free(tr), free(cmd), free(base);
+  th_rmrf(dir);
+  free(dir);
+}
+
+static void refused(const char *args, const char *needle) {
+  char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
+  char *cmd = th_fmt("timeout 60 %s " MODEL " --steps 2 %s", th_cli(), args);
+  th_expect_refused(cmd, base, args, needle);
+  th_rmrf(dir);
+  free(dir), free(base), free(cmd);
+}
+
+Test(cp, bad_input_refused_in_one_line, .timeout = 120) {
+  refused("--parallel ddp --cp 3", "not a multiple of 2 x 3"); /* seq 16 */
+  refused("--parallel ddp --cp 4 --seq 12", "not a multiple of 2 x 4");
+  refused("--parallel ddp --cp 2 --heads 2 --channels 32 --cp-mode ulysses --cp 4",
+          "cannot be split evenly"); /* 2 heads over 4 */
+  refused("--parallel ddp --cp 2 --ranks 3", "not a multiple of --cp 2");
+  refused("--cp 2", "--cp needs --parallel ddp");
+  refused("--parallel fsdp --cp 2", "--cp needs --parallel ddp");
+  refused("--parallel ddp --cp 2 --tp 2 --ranks 4", "--cp with --tp is not built yet");
+  refused("--parallel ddp --cp 2 --pp 2 --ranks 4", "--cp with --pp is not built yet");
+  refused("--parallel ddp --cp 2 --device cuda", "--cp runs on the CPU model only");
+  refused("--parallel ddp --cp 2 --dtype bf16", "--cp with --dtype bf16");
+  refused("--parallel ddp --cp 2 --recompute full", "--cp with --recompute");
+  refused("--parallel ddp --cp 2 --ckpt-dir /tmp/nowhere-cp", "--cp with --ckpt-dir");
+  refused("--cp-mode ulysses", "--cp-mode needs --cp 2");
+  refused("--parallel ddp --cp 2 --cp-mode tree", "not ring or ulysses");
+  refused("--parallel ddp --cp 0", "--cp");
+}
