@@ -337,8 +337,8 @@ static int print_cp_plan(const train_options *o, int N, int C, double fixed) {
     printf("%s   (per layer per rank: %.1f KiB forward + %.1f KiB backward; attention "
            "matrix per head %s)\n",
            line, f / 1024.0, b / 1024.0,
-           u ? "T x T for NH/C heads"
-             : "none kept: (T/C) log-sum-exps, blocks of (T/C)^2 recomputed");
+           u ? "T x T kept for NH/C heads"
+             : "(T/C) log-sum-exps kept, in the model's (T/C)^2 buffer; blocks recomputed");
   }
   return 0;
 }

@@ -119,7 +119,7 @@ int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int ulyss
     return -1;
   double f, bw, extra = train_cp_extra_bytes(cfg, B, T, C, ulysses);
   train_cp_layer_bytes(cfg, B, T, C, ulysses, &f, &bw);
-  out->name = ulysses ? "CP Ulysses" : "CP ring";
+  out->name = ulysses ? "Ulysses" : "CP ring"; /* the table's column is 9 wide */
   out->acts += extra;
   out->total += extra;
   out->sent += (f + bw) * cfg->layers;

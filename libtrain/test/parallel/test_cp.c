@@ -116,7 +116,7 @@ Test(cp, plan_explain_and_trace, .timeout = 120) {
   char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
   char *cmd = th_fmt("timeout 60 %s " MODEL " --cp 2 --ranks 4 --parallel ddp --plan", th_cli());
   char *o = th_run_ok(cmd, base);
-  cr_assert(strstr(o, "CP ring") && strstr(o, "CP Ulysses"), "no CP rows in --plan: %s", o);
+  cr_assert(strstr(o, "CP ring") && strstr(o, "Ulysses "), "no CP rows in --plan: %s", o);
   free(o), free(cmd);
   cmd = th_fmt("timeout 60 %s " MODEL " --cp 2 --explain", th_cli());
   o = th_run_ok(cmd, base);
