@@ -320,9 +320,9 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
 
 /* --plan --cp: ring and Ulysses rows at C x D = N (D = 1 when N < C), beside the table
  * above (whose rows run the whole sequence on every rank). */
-static int print_cp_plan(const train_options *o, int N, int C, double fixed) {
+static int print_cp_plan(const train_options *o, int N, int C, int tp, double fixed) {
   char line[256], msg[TRAIN_ERRLEN];
-  int D = N >= C && N % C == 0 ? N / C : 1;
+  int D = N >= C * tp && N % (C * tp) == 0 ? N / (C * tp) : 1;
   printf("context parallel: --cp %d x D %d, seq %d cut into %d chunks of %d (each rank %d "
          "positions); acts include the ring's buffers or Ulysses' head-sharded q,k,v and "
          "probabilities; sent adds the attention traffic to DDP's over the %d ranks\n",
@@ -330,9 +330,9 @@ static int print_cp_plan(const train_options *o, int N, int C, double fixed) {
   for (int u = 0; u < 2; u++) {
     train_plan_row r;
     double f, b;
-    if (u && o->cfg.heads % C != 0) continue; /* Ulysses needs heads a multiple of C */
-    if (train_cp_plan(&o->cfg, o->batch, o->seq, C, D, u, fixed, &r, msg) != 0) die(msg);
-    train_cp_layer_bytes(&o->cfg, o->batch, o->seq, C, u, &f, &b);
+    if (u && o->cfg.heads % (C * tp) != 0) continue; /* Ulysses: heads a multiple of C x T */
+    if (train_cp_plan(&o->cfg, o->batch, o->seq, C, D, tp, u, fixed, &r, msg) != 0) die(msg);
+    train_cp_layer_bytes(&o->cfg, o->batch, o->seq, C, tp, u, &f, &b);
     train_plan_format(&r, line, sizeof line);
     printf("%s   (per layer per rank: %.1f KiB forward + %.1f KiB backward; attention "
            "matrix per head %s)\n",
@@ -345,10 +345,10 @@ static int print_cp_plan(const train_options *o, int N, int C, double fixed) {
 
 /* --explain --cp: the ring's steps (which rank's K/V block each rank holds at each step,
  * and how much of it the causal mask leaves), or Ulysses' all-to-alls. */
-static int print_cp_explain(const train_options *o, int C, int ulysses) {
+static int print_cp_explain(const train_options *o, int C, int tp, int ulysses) {
   int T = o->seq, Tc = T / (2 * C);
   double f, b;
-  train_cp_layer_bytes(&o->cfg, o->batch, T, C, ulysses, &f, &b);
+  train_cp_layer_bytes(&o->cfg, o->batch, T, C, tp, ulysses, &f, &b);
   printf("context parallel --cp %d (%s), seq %d in %d chunks of %d: rank r holds chunks r and "
          "%d-r\n",
          C, ulysses ? "Ulysses" : "ring attention", T, 2 * C, Tc, 2 * C - 1);
@@ -359,7 +359,7 @@ static int print_cp_explain(const train_options *o, int C, int ulysses) {
     printf("per layer: all-to-all q,k,v (rank gets %d of %d heads for all %d positions), full "
            "causal attention, all-to-all out; backward: all-to-all dout, attention backward, "
            "all-to-all dq,dk,dv\n",
-           o->cfg.heads / C, o->cfg.heads, T);
+           o->cfg.heads / (C * tp), o->cfg.heads / tp, T);
   } else {
     printf("per layer forward: step s, rank r attends to rank (r-s) mod C's K/V while it sends "
            "that block to r+1 and receives the next from r-1; unmasked query-key pairs of "
@@ -1113,9 +1113,6 @@ int main(int argc, char **argv) {
     if (cl.pp > 1)
       die("--cp with --pp is not built yet: the pipeline's pieces would carry T/C positions "
           "and the stages' rings would need their own groups");
-    if (cl.tp > 1)
-      die("--cp with --tp is not built yet: the context-parallel attention would have to run "
-          "under the tensor-parallel layer operations (heads split twice)");
     if (cl.sp) die("--cp with --sp is not built yet: both would shard the sequence");
     if ((!cl.ddp && !plan && !explain) || cl.fsdp) /* --plan, --explain: every layout */
       die("--cp needs --parallel ddp: the context-parallel ranks sync their gradients as "
@@ -1129,12 +1126,12 @@ int main(int argc, char **argv) {
     if (ckpt_dir || resume)
       die("--cp with --ckpt-dir or --resume is not built yet: a checkpoint would have to "
           "record the context-parallel layout to resume at another");
-    if (!cl.ranks_given && !launched_by_someone()) cl.ranks = cl.cp;
-    if (!launched_by_someone() && cl.ranks % cl.cp != 0) {
+    if (!cl.ranks_given && !launched_by_someone()) cl.ranks = cl.cp * cl.tp;
+    if (!launched_by_someone() && cl.ranks % (cl.cp * cl.tp) != 0) {
       snprintf(msg, sizeof msg,
-               "--ranks %d is not a multiple of --cp %d: the ranks form C x D context-parallel "
-               "rings",
-               cl.ranks, cl.cp);
+               "--ranks %d is not a multiple of --cp %d x --tp %d: the ranks form T x C x D "
+               "context-parallel rings",
+               cl.ranks, cl.cp, cl.tp);
       die(msg);
     }
   }
@@ -1189,11 +1186,11 @@ int main(int argc, char **argv) {
     if (cl.mpi || cl.nccl)
       die("--dtype bf16 all-reduces bfloat16 gradients, which only --backend coll can");
   }
-  if (explain && cl.cp > 1) return print_cp_explain(&o, cl.cp, cl.cp_ulysses);
+  if (explain && cl.cp > 1) return print_cp_explain(&o, cl.cp, cl.tp, cl.cp_ulysses);
   if (explain) return print_explain(cl.pp, cl.schedule, cl.micro, cl.chunks);
   if (plan) { /* a table for every strategy: --ranks and --accum need no --parallel */
     int rc = print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
-    if (rc == 0 && cl.cp > 1) rc = print_cp_plan(&o, cl.ranks, cl.cp, fixed);
+    if (rc == 0 && cl.cp > 1) rc = print_cp_plan(&o, cl.ranks, cl.cp, cl.tp, fixed);
     if (rc == 0 && cl.pp > 1)
       rc = print_pp_plan(&o, cl.ranks, cl.tp, cl.sp, cl.pp, cl.schedule, cl.micro, cl.chunks,
                          cl.fsdp);
@@ -1213,7 +1210,7 @@ int main(int argc, char **argv) {
     if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0) die(msg);
     /* under a launcher (or mpirun re-running us) the world size is checked by run() */
     int launched = launched_by_someone() && !cl.ranks_given;
-    if (!cl.ranks_given && !launched) cl.ranks = cl.tp;
+    if (!cl.ranks_given && !launched) cl.ranks = cl.tp * cl.cp;
     if (!launched && cl.ranks % cl.tp != 0) {
       snprintf(msg, sizeof msg,
                "--ranks %d is not a multiple of --tp %d: the ranks "

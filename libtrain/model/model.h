@@ -245,6 +245,10 @@ typedef struct train_layer_ops {
   double (*grad_sumsq)(train_model *m);
   /* a pass cannot go on (msg: a sentence): kept for the strategy's status */
   void (*fail)(train_model *m, const char *msg);
+  /* the table this one was made over and calls for the operations it does not replace
+   * (context parallelism over tensor parallelism), or NULL; layer_ctx stays the context
+   * of the bottom table */
+  const struct train_layer_ops *under;
 } train_layer_ops;
 
 /* The single-process operations (layers_local.c). */

@@ -42,9 +42,11 @@
 #include "model/model.h"
 #include "parallel/planner.h"
 #include "parallel/strategy.h"
+#include "parallel/tp.h"
 #include "parallel/timeline.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,9 +85,9 @@ int train_cp_check(const train_config *cfg, int T, int C, int ulysses, int tp, c
   return 0;
 }
 
-void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int ulysses, double *fwd,
-                          double *bwd) {
-  double Tl = (double)T / C, Cm = cfg->channels,
+void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int tp, int ulysses,
+                          double *fwd, double *bwd) {
+  double Tl = (double)T / C, Cm = (double)cfg->channels / (tp > 1 ? tp : 1),
          blk = (double)B * Tl * Cm * 4.0; /* one of q,k,v,o */
   if (C < 2) {
     *fwd = *bwd = 0.0;
@@ -98,8 +100,10 @@ void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int ulys
   }
 }
 
-double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int ulysses) {
-  double Tl = (double)T / C, Cm = cfg->channels, NH = cfg->heads, L = cfg->layers;
+double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp, int ulysses) {
+  tp = tp > 1 ? tp : 1;
+  double Tl = (double)T / C, Cm = (double)cfg->channels / tp, NH = (double)cfg->heads / tp,
+         L = cfg->layers;
   if (C < 2) return 0.0;
   if (ulysses) /* per layer q,k,v for T positions of NH/C heads and their probabilities;
                 * staging: send, receive, the output, its gradient, dqkv and dprobs */
@@ -111,14 +115,16 @@ double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int ul
   return 4.0 * ((double)B * Tl * 2 * Cm * 5.0 + (double)B * NH * Tl);
 }
 
-int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int ulysses, double fixed,
-                  train_plan_row *out, char *err) {
-  if (train_cp_check(cfg, T, C, ulysses, 1, err) != 0) return -1;
-  if (train_plan_dt(cfg, B, T / C, D * C, 1, TRAIN_PLAN_DDP, TRAIN_RECOMPUTE_NONE, 0, fixed, out,
-                    err) != 0)
-    return -1;
-  double f, bw, extra = train_cp_extra_bytes(cfg, B, T, C, ulysses);
-  train_cp_layer_bytes(cfg, B, T, C, ulysses, &f, &bw);
+int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp, int ulysses,
+                  double fixed, train_plan_row *out, char *err) {
+  if (train_cp_check(cfg, T, C, ulysses, tp, err) != 0) return -1;
+  int rc = tp > 1 ? train_tp_plan(cfg, B, T / C, tp, D * C, 0, 0, TRAIN_RECOMPUTE_NONE, 0, fixed,
+                                  out, NULL, NULL, err)
+                  : train_plan_dt(cfg, B, T / C, D * C, 1, TRAIN_PLAN_DDP, TRAIN_RECOMPUTE_NONE, 0,
+                                  fixed, out, err);
+  if (rc != 0) return -1;
+  double f, bw, extra = train_cp_extra_bytes(cfg, B, T, C, tp, ulysses);
+  train_cp_layer_bytes(cfg, B, T, C, tp, ulysses, &f, &bw);
   out->name = ulysses ? "Ulysses" : "CP ring"; /* the table's column is 9 wide */
   out->acts += extra;
   out->total += extra;
@@ -139,7 +145,9 @@ typedef struct cp_ctx {
   int C, r, ulysses, T; /* T: the whole sequence */
   int failed;
   char err[TRAIN_ERRLEN];
-  train_layer_ops ops; /* the single-process table, embedding and attention replaced */
+  /* the table installed before (the single-process one, or tensor parallelism's: ops.under),
+   * embedding and attention replaced; the model's layer_ctx stays that table's */
+  train_layer_ops ops;
   cp_stats st;
   train_trace *trace; /* --trace: each transfer, each block's attention */
   int trace_rank, layer_base;
@@ -152,16 +160,15 @@ typedef struct cp_ctx {
   size_t uqkv_n, uatt_n;
 } cp_ctx;
 
-static const train_layer_ops *base_ops_of(const train_model *m);
+static void attn_forward(train_model *m, int i, float *out, float *att, const float *qkv, int B,
+                         int T, int C, int NH);
 
+/* The context of a model whose operations are a context's table (the table lives inside
+ * it), else NULL. */
 static cp_ctx *ctx_of(const train_model *m) {
-  return m->layer_ctx && base_ops_of(m) ? m->layer_ctx : NULL;
-}
-
-/* The operations of a model that has them are its context's table. */
-static const train_layer_ops *base_ops_of(const train_model *m) {
-  const cp_ctx *c = m->layer_ctx;
-  return c && m->layer_ops == &c->ops ? m->layer_ops : NULL;
+  const train_layer_ops *o = m->layer_ops;
+  if (!o || o->attn_forward != attn_forward) return NULL;
+  return (cp_ctx *)(void *)((char *)(void *)o - offsetof(cp_ctx, ops));
 }
 
 static void failf(train_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -177,7 +184,6 @@ static void failf(train_model *m, const char *fmt, ...) {
   train_errf(c->err, "%s", msg);
 }
 
-static void fail_op(train_model *m, const char *msg) { failf(m, "%s", msg); }
 
 /* Starts the ring step's transfer: send `sbuf` to r+1, receive `rbuf` from r-1. */
 static int ring_start(train_model *m, cp_ctx *c, const float *sbuf, float *rbuf, size_t n,
@@ -224,14 +230,14 @@ static void embed_forward(train_model *m, float *out, const int *inp, const floa
   for (int t = 0; t < T; t++)
     memcpy(c->wpe_mine + (size_t)t * C, wpe + (size_t)train_cp_pos(c->T, c->C, c->r, t) * C,
            (size_t)C * sizeof(float));
-  m->ops->encoder_forward(out, inp, wte, c->wpe_mine, B, T, C);
+  c->ops.under->embed_forward(m, out, inp, wte, c->wpe_mine, B, T, C);
 }
 
 static void embed_backward(train_model *m, float *dwte, float *dwpe, const float *dout,
                            const int *inp, int B, int T, int C) {
   cp_ctx *c = ctx_of(m);
   memset(c->dwpe_mine, 0, (size_t)T * C * sizeof(float));
-  m->ops->encoder_backward(dwte, c->dwpe_mine, dout, inp, B, T, C);
+  c->ops.under->embed_backward(m, dwte, c->dwpe_mine, dout, inp, B, T, C);
   for (int t = 0; t < T; t++) {
     float *d = dwpe + (size_t)train_cp_pos(c->T, c->C, c->r, t) * C;
     const float *s = c->dwpe_mine + (size_t)t * C;
@@ -547,8 +553,8 @@ static void ctx_free(cp_ctx *c) {
 static int cp_attach(train_session *s, train_backend *b, int ulysses, char *err) {
   train_model *m = s->model;
   int C = b->nranks, T = s->opt.seq, Tl = m->maxT, B = m->maxB;
-  if (m->layer_ops != train_local_layer_ops()) {
-    train_errf(err, "--cp: the model's layers are already split by another strategy (%s)",
+  if (m->layer_ops->under || m->seq_shards > 1) {
+    train_errf(err, "--cp: the model's layers are already split along the sequence (%s)",
                m->layer_ops->name);
     return -1;
   }
@@ -607,14 +613,13 @@ static int cp_attach(train_session *s, train_backend *b, int ulysses, char *err)
     train_errf(err, "out of memory for the context-parallel buffers");
     return -1;
   }
-  c->ops = *train_local_layer_ops();
+  c->ops = *m->layer_ops;
+  c->ops.under = m->layer_ops;
   c->ops.name = ulysses ? "context-parallel (Ulysses)" : "context-parallel (ring)";
   c->ops.embed_forward = embed_forward;
   c->ops.embed_backward = embed_backward;
   c->ops.attn_forward = attn_forward;
   c->ops.attn_backward = attn_backward;
-  c->ops.fail = fail_op;
-  m->layer_ctx = c;
   m->layer_ops = &c->ops; /* from here the passes communicate */
   return 0;
 }
@@ -622,8 +627,7 @@ static int cp_attach(train_session *s, train_backend *b, int ulysses, char *err)
 static void cp_detach(train_session *s) {
   cp_ctx *c = s && s->model ? ctx_of(s->model) : NULL;
   if (!c) return;
-  s->model->layer_ops = train_local_layer_ops();
-  s->model->layer_ctx = NULL;
+  s->model->layer_ops = c->ops.under; /* before that table's own detach */
   ctx_free(c);
 }
 
@@ -725,13 +729,13 @@ static void cp_describe(train_parallel *p, char *out, size_t n) {
   cp_strategy *t = p->impl;
   int C = p->grid->Cp, T = o->seq, Tc = T / (2 * C);
   double f, bw;
-  train_cp_layer_bytes(&o->cfg, o->batch, T, C, t->ulysses, &f, &bw);
+  train_cp_layer_bytes(&o->cfg, o->batch, T, C, p->grid->T, t->ulysses, &f, &bw);
   out[0] = '\0';
   train_appendf(out, n,
                 "coll-train: context parallel (%s): --cp %d x D %d (%s backend); each sequence "
                 "of %d cut into %d chunks of %d, CP rank r holding chunks r and %d-r (this "
                 "rank %d: positions %d..%d and %d..%d); gradients sync over the %d ranks of D x "
-                "Cp (--parallel %s)\n",
+                "Cp (under %s)\n",
                 t->ulysses ? "Ulysses all-to-all" : "ring attention", C, p->grid->D,
                 p->grid->world->name, T, 2 * C, Tc, 2 * C - 1, p->grid->c, p->grid->c * Tc,
                 p->grid->c * Tc + Tc - 1, (2 * C - 1 - p->grid->c) * Tc,
@@ -767,14 +771,14 @@ static void cp_summary(const train_parallel *p, const train_step_report *later, 
 static int cp_plan(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
   const train_options *o = &p->s->opt;
   cp_strategy *t = p->impl;
-  return train_cp_plan(&o->cfg, o->batch, o->seq, p->grid->Cp, p->grid->D, t->ulysses, fixed, out,
-                       err);
+  return train_cp_plan(&o->cfg, o->batch, o->seq, p->grid->Cp, p->grid->D, p->grid->T, t->ulysses,
+                       fixed, out, err);
 }
 
 static void cp_free(train_parallel *p) {
   cp_strategy *t = p->impl;
+  cp_detach(p->s); /* ours first: it sits over tensor parallelism's table */
   train_parallel_free(p->inner);
-  cp_detach(p->s);
   train_trace_free(&t->trace);
   free(t);
   free(p);
@@ -798,9 +802,9 @@ static const train_parallel_ops cp_strategy_ops = {
 train_parallel *train_cp_strategy_create(train_session *s, train_grid *g,
                                          const train_parallel_options *opt,
                                          train_parallel_create_fn inner, char *err) {
-  if (g->T > 1 || g->P > 1) {
-    train_errf(err, "--cp with --tp or --pp is not built yet: the tensor-parallel and pipeline "
-                    "layer operations would have to run under the context-parallel ones");
+  if (g->P > 1 || opt->sp) {
+    train_errf(err, "--cp with --pp or --sp is not built yet: the pipeline's pieces and "
+                    "sequence parallelism would cut the sequence again");
     return NULL;
   }
   if (strcmp(opt->data, "ddp") != 0) {
@@ -810,7 +814,7 @@ train_parallel *train_cp_strategy_create(train_session *s, train_grid *g,
                opt->data);
     return NULL;
   }
-  if (train_cp_check(&s->opt.cfg, s->opt.seq, g->Cp, opt->cp_ulysses, 1, err) != 0) return NULL;
+  if (train_cp_check(&s->opt.cfg, s->opt.seq, g->Cp, opt->cp_ulysses, g->T, err) != 0) return NULL;
   train_parallel *p = train_parallel_new(&cp_strategy_ops, s, g, opt);
   cp_strategy *t = calloc(1, sizeof *t);
   if (!p || !t) {
@@ -823,7 +827,16 @@ train_parallel *train_cp_strategy_create(train_session *s, train_grid *g,
   t->ulysses = opt->cp_ulysses;
   p->eval_everywhere = 1;
   p->can_sample = 0;
+  /* under CP x TP the tensor-parallel strategy (its table attached) wraps the data-
+   * parallel one, and the context-parallel table goes over the tensor-parallel one */
+  p->inner = g->T > 1 ? train_tp_strategy_create(s, g, opt, inner, err) : inner(s, g, opt, err);
+  if (!p->inner) {
+    free(t);
+    free(p);
+    return NULL;
+  }
   if (cp_attach(s, g->cp, opt->cp_ulysses, err) != 0) {
+    train_parallel_free(p->inner);
     free(t);
     free(p);
     return NULL;
@@ -832,13 +845,6 @@ train_parallel *train_cp_strategy_create(train_session *s, train_grid *g,
     cp_ctx *c = ctx_of(s->model);
     c->trace = &t->trace;
     c->trace_rank = g->world->rank;
-  }
-  if (!(p->inner = inner(s, g, opt, err))) {
-    cp_detach(s);
-    train_trace_free(&t->trace);
-    free(t);
-    free(p);
-    return NULL;
   }
   p->rows_mult = p->inner->rows_mult;
   p->zero = p->inner->zero;

@@ -41,20 +41,22 @@ TRAIN_API void train_cp_take(const int *full, int *mine, int B, int T, int C, in
 TRAIN_API int train_cp_check(const train_config *cfg, int T, int C, int ulysses, int tp, char *err);
 
 /* Bytes one rank sends for context parallelism per layer and step, forward and backward
- * (train_cp_check's shapes): ring, (C-1) K/V blocks of 2(T/C)C_model*4 bytes per sequence
- * forward, backward the K/V again and C dK/dV blocks; Ulysses, (C-1)/C of q, k, v and the
- * output each way. */
-TRAIN_API void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int ulysses,
-                                    double *fwd, double *bwd);
+ * (train_cp_check's shapes; under --tp tp the rank's heads, C_model/tp channels): ring, (C-1) K/V
+ * blocks of 2(T/C)C_model*4 bytes per sequence forward, backward the K/V again and C dK/dV blocks;
+ * Ulysses, (C-1)/C of q, k, v and the output each way. */
+TRAIN_API void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int tp,
+                                    int ulysses, double *fwd, double *bwd);
 /* Bytes one rank holds for context parallelism beyond its model at (B, T/C): Ulysses'
  * per-layer head-sharded q, k, v and attention probabilities and the staging of both modes. */
-TRAIN_API double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int ulysses);
+TRAIN_API double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp,
+                                      int ulysses);
 
 typedef struct train_plan_row train_plan_row;
-/* The planner's row of --cp C over D replicas (ulysses: --cp-mode ulysses) under DDP:
- * DDP's memory over D*C ranks for the model at (B, T/C), plus train_cp_extra_bytes, and
- * sent = DDP's gradient all-reduce over D*C ranks plus L x train_cp_layer_bytes. */
-TRAIN_API int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int ulysses,
-                            double fixed, train_plan_row *out, char *err);
+/* The planner's row of --cp C over D replicas (ulysses: --cp-mode ulysses) under DDP (and
+ * --tp tp: the tensor-parallel row): DDP's memory over D*C ranks for the model at (B, T/C), plus
+ * train_cp_extra_bytes, and sent = DDP's gradient all-reduce over D*C ranks plus L x
+ * train_cp_layer_bytes. */
+TRAIN_API int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp,
+                            int ulysses, double fixed, train_plan_row *out, char *err);
 
 #endif

@@ -110,6 +110,13 @@ Test(cp, cp_times_ddp_matches_one_process, .timeout = 240) {
   parity_case("--parallel ddp --cp 2 --cp-mode ulysses --ranks 4 --batch 2", 4);
 }
 
+/* CP 2 x TP 2 on 4 ranks: the ring (or Ulysses' all-to-all) over the heads each
+ * tensor-parallel rank holds */
+Test(cp, cp_times_tp_matches_one_process, .timeout = 240) {
+  parity_case("--parallel ddp --cp 2 --tp 2 --ranks 4 --batch 2", 2);
+  parity_case("--parallel ddp --cp 2 --tp 2 --cp-mode ulysses --ranks 4 --batch 2", 2);
+}
+
 /* --plan prints both CP rows; --explain the ring's steps; --trace puts the ring's
  * transfers and attention blocks on every rank's timeline. */
 Test(cp, plan_explain_and_trace, .timeout = 120) {
@@ -150,10 +157,13 @@ Test(cp, bad_input_refused_in_one_line, .timeout = 120) {
   refused("--parallel ddp --cp 4 --seq 12", "not a multiple of 2 x 4");
   refused("--parallel ddp --cp 2 --heads 2 --channels 32 --cp-mode ulysses --cp 4",
           "cannot be split evenly"); /* 2 heads over 4 */
-  refused("--parallel ddp --cp 2 --ranks 3", "not a multiple of --cp 2");
+  refused("--parallel ddp --cp 2 --ranks 3", "not a multiple of --cp 2 x --tp 1");
   refused("--cp 2", "--cp needs --parallel ddp");
   refused("--parallel fsdp --cp 2", "--cp needs --parallel ddp");
-  refused("--parallel ddp --cp 2 --tp 2 --ranks 4", "--cp with --tp is not built yet");
+  refused("--parallel ddp --cp 2 --tp 2 --ranks 6", "not a multiple of --cp 2 x --tp 2");
+  refused("--parallel ddp --cp 2 --tp 2 --sp --ranks 4", "--cp with --sp");
+  refused("--parallel ddp --cp 2 --tp 2 --ranks 4 --cp-mode ulysses --heads 2",
+          "heads must be a multiple of --cp x --tp");
   refused("--parallel ddp --cp 2 --pp 2 --ranks 4", "--cp with --pp is not built yet");
   refused("--parallel ddp --cp 2 --device cuda", "--cp runs on the CPU model only");
   refused("--parallel ddp --cp 2 --dtype bf16", "--cp with --dtype bf16");
