@@ -75,11 +75,17 @@ int train_cp_check(const train_config *cfg, int T, int C, int ulysses, int tp, c
     return -1;
   }
   if (ulysses && cfg->heads % (C * tp) != 0) {
-    train_errf(err,
-               "--cp %d --cp-mode ulysses: the %d attention heads (%d per tensor-parallel "
-               "rank) cannot be split evenly over %d context-parallel ranks: heads must be a "
-               "multiple of --cp x --tp",
-               C, cfg->heads, cfg->heads / tp, C);
+    if (tp > 1)
+      train_errf(err,
+                 "--cp %d --cp-mode ulysses: the %d heads of each of --tp %d ranks cannot be "
+                 "split evenly over %d context-parallel ranks: heads must be a multiple of "
+                 "--cp x --tp",
+                 C, cfg->heads / tp, tp, C);
+    else
+      train_errf(err,
+                 "--cp %d --cp-mode ulysses: the %d attention heads cannot be split evenly over "
+                 "%d context-parallel ranks: heads must be a multiple of --cp x --tp",
+                 C, cfg->heads, C);
     return -1;
   }
   return 0;

@@ -12,8 +12,9 @@
  *    the bitwise-equal steps are counted in the log). A chunk at the wrong position, a
  *    dK/dV sum that missed its owner or a mask by local instead of true positions moves
  *    the loss by >= 1e-3.
- *  - composition: --cp 2 x D 2 (DDP) on 4 ranks, ring and Ulysses, against one process
- *    with --batch 2 x D.
+ *  - composition: --cp 2 x D 2 (DDP) on 4 ranks, ring and Ulysses (and the ring with
+ *    --accum 2), against one process with the global batch; --cp 2 x --tp 2 on 4 ranks,
+ *    both modes (the ring over each TP rank's heads).
  *  - --plan, --explain and --trace say what they should: the CP rows, the ring's steps,
  *    the ring's transfers on the timeline.
  *  - bad input, refused with one line and exit status 1.
@@ -108,6 +109,7 @@ Test(cp, ulysses_matches_one_process, .timeout = 240) {
 Test(cp, cp_times_ddp_matches_one_process, .timeout = 240) {
   parity_case("--parallel ddp --cp 2 --ranks 4 --batch 2", 4);
   parity_case("--parallel ddp --cp 2 --cp-mode ulysses --ranks 4 --batch 2", 4);
+  parity_case("--parallel ddp --cp 2 --ranks 4 --accum 2 --batch 2", 8); /* and accumulation */
 }
 
 /* CP 2 x TP 2 on 4 ranks: the ring (or Ulysses' all-to-all) over the heads each
