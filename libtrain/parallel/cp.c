@@ -2,9 +2,11 @@
  * cp.c — context parallelism (the picture and the contract are in cp.h): the model's
  * embedding and attention as layer operations over the CP ring's group — positions of
  * the rank's two chunks for wpe, ring attention with the log-sum-exp merge, Ulysses'
- * all-to-alls — installed by train_cp_attach over the single-process operations; and
- * context parallelism as a strategy that wraps the data-parallel one (DDP over the
- * grid's D x Cp gradient group).
+ * all-to-alls — installed by cp_attach over the operations already installed (the
+ * single-process ones, or tensor parallelism's, which it calls for the other layers:
+ * train_layer_ops.under); and context parallelism as a strategy that wraps the
+ * data-parallel one (DDP over the grid's D x Cp gradient group), or tensor parallelism
+ * wrapping it under --tp.
  *
  * It must never print or exit: a failed transfer inside a pass is kept in the context
  * (every later transfer is skipped, so the pass runs to its end on garbage) and the

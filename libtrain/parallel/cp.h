@@ -18,7 +18,8 @@
  * runs are its chunks of the same sequences (train_cp_take).
  *
  * The ranks of a ring see different tokens of the same weights: they are data-parallel
- * for the gradients, which sync over the D x Cp ranks (the grid's dp group).
+ * for the gradients, which sync over the D x Cp ranks (the grid's dp group). Under --tp
+ * each ring works on the heads its tensor-parallel rank holds.
  */
 #ifndef TRAIN_PARALLEL_CP_H
 #define TRAIN_PARALLEL_CP_H
