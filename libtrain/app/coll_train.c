@@ -331,7 +331,7 @@ static int print_cp_plan(const train_options *o, int N, int C, int tp, double fi
     train_plan_row r;
     double f, b;
     if (u && o->cfg.heads % (C * tp) != 0) continue; /* Ulysses: heads a multiple of C x T */
-    if (train_cp_plan(&o->cfg, o->batch, o->seq, C, D, tp, u, fixed, &r, msg) != 0) die(msg);
+    if (train_cp_plan(&o->cfg, o->batch, o->seq, C, D, tp, 0, u, fixed, &r, msg) != 0) die(msg);
     train_cp_layer_bytes(&o->cfg, o->batch, o->seq, C, tp, u, &f, &b);
     train_plan_format(&r, line, sizeof line);
     printf("%s   (per layer per rank: %.1f KiB forward + %.1f KiB backward; attention "
@@ -1114,9 +1114,9 @@ int main(int argc, char **argv) {
       die("--cp with --pp is not built yet: the pipeline's pieces would carry T/C positions "
           "and the stages' rings would need their own groups");
     if (cl.sp) die("--cp with --sp is not built yet: both would shard the sequence");
-    if ((!cl.ddp && !plan && !explain) || cl.fsdp) /* --plan, --explain: every layout */
-      die("--cp needs --parallel ddp: the context-parallel ranks sync their gradients as "
-          "data-parallel ones (fsdp is not built under it yet)");
+    if (!cl.ddp && !plan && !explain) /* --plan, --explain: every layout */
+      die("--cp needs --parallel ddp or fsdp: the context-parallel ranks sync their gradients "
+          "as data-parallel ones");
     if (o.bf16)
       die("--cp with --dtype bf16 is not built yet: ring attention keeps its log-sum-exp in "
           "the fp32 buffer that bf16 stores in 16 bits");

@@ -113,23 +113,30 @@ double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp
   double Tl = (double)T / C, Cm = (double)cfg->channels / tp, NH = (double)cfg->heads / tp,
          L = cfg->layers;
   if (C < 2) return 0.0;
+  /* the model's probabilities (B,NH,T/C,T/C) per layer and their backward scratch are
+   * allocated but never touched by either mode but for the ring's lse (B,NH,T/C) at the
+   * start of each layer's: the CPU allocator maps large arrays lazily, so the rest is
+   * never resident and a plan of what is resident takes it off */
+  double unused = 4.0 * (L + 1) * B * NH * Tl * Tl - (ulysses ? 0.0 : 4.0 * L * B * NH * Tl);
   if (ulysses) /* per layer q,k,v for T positions of NH/C heads and their probabilities;
                 * staging: send, receive, the output, its gradient, dqkv and dprobs */
-    return 4.0 *
-           (L * ((double)B * T * 3 * Cm / C + (double)B * NH / C * T * T) + 2.0 * B * Tl * 3 * Cm +
-            2.0 * B * T * Cm / C + (double)B * T * 3 * Cm / C + (double)B * NH / C * T * T);
+    return 4.0 * (L * ((double)B * T * 3 * Cm / C + (double)B * NH / C * T * T) +
+                  2.0 * B * Tl * 3 * Cm + 2.0 * B * T * Cm / C + (double)B * T * 3 * Cm / C +
+                  (double)B * NH / C * T * T) -
+           unused;
   /* two K/V blocks in flight, a dK/dV sum received, one passed on, one accumulated, and
-   * the rows' D = dO.o: the lse itself lives in the model's (T/C)^2 probabilities buffer */
-  return 4.0 * ((double)B * Tl * 2 * Cm * 5.0 + (double)B * NH * Tl);
+   * the rows' D = dO.o (the lse lives in the model's probabilities buffer) */
+  return 4.0 * ((double)B * Tl * 2 * Cm * 5.0 + (double)B * NH * Tl) - unused;
 }
 
-int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp, int ulysses,
-                  double fixed, train_plan_row *out, char *err) {
+int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp, int zero,
+                  int ulysses, double fixed, train_plan_row *out, char *err) {
   if (train_cp_check(cfg, T, C, ulysses, tp, err) != 0) return -1;
-  int rc = tp > 1 ? train_tp_plan(cfg, B, T / C, tp, D * C, 0, 0, TRAIN_RECOMPUTE_NONE, 0, fixed,
+  train_strategy st = zero > 0 ? (train_strategy)(TRAIN_PLAN_ZERO1 + zero - 1) : TRAIN_PLAN_DDP;
+  int rc = tp > 1 ? train_tp_plan(cfg, B, T / C, tp, D * C, 0, zero, TRAIN_RECOMPUTE_NONE, 0, fixed,
                                   out, NULL, NULL, err)
-                  : train_plan_dt(cfg, B, T / C, D * C, 1, TRAIN_PLAN_DDP, TRAIN_RECOMPUTE_NONE, 0,
-                                  fixed, out, err);
+                  : train_plan_dt(cfg, B, T / C, D * C, 1, st, TRAIN_RECOMPUTE_NONE, 0, fixed, out,
+                                  err);
   if (rc != 0) return -1;
   double f, bw, extra = train_cp_extra_bytes(cfg, B, T, C, tp, ulysses);
   train_cp_layer_bytes(cfg, B, T, C, tp, ulysses, &f, &bw);
@@ -779,8 +786,8 @@ static void cp_summary(const train_parallel *p, const train_step_report *later, 
 static int cp_plan(const train_parallel *p, double fixed, train_plan_row *out, char *err) {
   const train_options *o = &p->s->opt;
   cp_strategy *t = p->impl;
-  return train_cp_plan(&o->cfg, o->batch, o->seq, p->grid->Cp, p->grid->D, p->grid->T, t->ulysses,
-                       fixed, out, err);
+  return train_cp_plan(&o->cfg, o->batch, o->seq, p->grid->Cp, p->grid->D, p->grid->T,
+                       p->inner->zero, t->ulysses, fixed, out, err);
 }
 
 static void cp_free(train_parallel *p) {
@@ -815,10 +822,10 @@ train_parallel *train_cp_strategy_create(train_session *s, train_grid *g,
                     "sequence parallelism would cut the sequence again");
     return NULL;
   }
-  if (strcmp(opt->data, "ddp") != 0) {
+  if (strcmp(opt->data, "ddp") != 0 && strcmp(opt->data, "fsdp") != 0) {
     train_errf(err,
-               "--cp needs --parallel ddp: the context-parallel ranks sync their gradients as "
-               "data-parallel ranks (--parallel %s is not built under it yet)",
+               "--cp needs --parallel ddp or fsdp: the context-parallel ranks sync their "
+               "gradients as data-parallel ones (--parallel %s)",
                opt->data);
     return NULL;
   }

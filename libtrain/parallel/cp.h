@@ -48,16 +48,19 @@ TRAIN_API int train_cp_check(const train_config *cfg, int T, int C, int ulysses,
 TRAIN_API void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int tp,
                                     int ulysses, double *fwd, double *bwd);
 /* Bytes one rank holds for context parallelism beyond its model at (B, T/C): Ulysses'
- * per-layer head-sharded q, k, v and attention probabilities and the staging of both modes. */
+ * per-layer head-sharded q, k, v and attention probabilities and the staging of both modes,
+ * less the model's (T/C)^2 probabilities and their scratch, which neither mode touches
+ * (but for the ring's lse) and so never become resident (may be negative). */
 TRAIN_API double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp,
                                       int ulysses);
 
 typedef struct train_plan_row train_plan_row;
-/* The planner's row of --cp C over D replicas (ulysses: --cp-mode ulysses) under DDP (and
- * --tp tp: the tensor-parallel row): DDP's memory over D*C ranks for the model at (B, T/C), plus
- * train_cp_extra_bytes, and sent = DDP's gradient all-reduce over D*C ranks plus L x
+/* The planner's row of --cp C over D replicas (ulysses: --cp-mode ulysses) under DDP or
+ * ZeRO-`zero` (fsdp; 0: DDP), with --tp tp the tensor-parallel row: that strategy's memory
+ * over D*C ranks for the model at (B, T/C), plus
+ * train_cp_extra_bytes, and sent = its gradient traffic over D*C ranks plus L x
  * train_cp_layer_bytes. */
-TRAIN_API int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp,
+TRAIN_API int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp, int zero,
                             int ulysses, double fixed, train_plan_row *out, char *err);
 
 #endif

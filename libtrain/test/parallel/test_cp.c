@@ -14,7 +14,10 @@
  *    the loss by >= 1e-3.
  *  - composition: --cp 2 x D 2 (DDP) on 4 ranks, ring and Ulysses (and the ring with
  *    --accum 2), against one process with the global batch; --cp 2 x --tp 2 on 4 ranks,
- *    both modes (the ring over each TP rank's heads).
+ *    both modes (the ring over each TP rank's heads); ZeRO-1 and ZeRO-3 (--parallel fsdp)
+ *    over the CP ranks and over CP 2 x D 2.
+ *  - memory: the peak resident size of a ring and a Ulysses run within 15 % of the
+ *    planner's row (the model's untouched (T/C)^2 buffers left out of both).
  *  - --plan, --explain and --trace say what they should: the CP rows, the ring's steps,
  *    the ring's transfers on the timeline.
  *  - bad input, refused with one line and exit status 1.
@@ -112,6 +115,12 @@ Test(cp, cp_times_ddp_matches_one_process, .timeout = 240) {
   parity_case("--parallel ddp --cp 2 --ranks 4 --accum 2 --batch 2", 8); /* and accumulation */
 }
 
+/* ZeRO-1 and 3 over the D x Cp ranks: the gradients and AdamW's state sharded over both */
+Test(cp, cp_times_fsdp_matches_one_process, .timeout = 240) {
+  parity_case("--parallel fsdp --zero 1 --cp 2 --batch 2", 2);
+  parity_case("--parallel fsdp --zero 3 --cp 2 --ranks 4 --cp-mode ulysses --batch 2", 4);
+}
+
 /* CP 2 x TP 2 on 4 ranks: the ring (or Ulysses' all-to-all) over the heads each
  * tensor-parallel rank holds */
 Test(cp, cp_times_tp_matches_one_process, .timeout = 240) {
@@ -146,6 +155,29 @@ Test(cp, plan_explain_and_trace, .timeout = 120) {
   free(dir);
 }
 
+Test(cp, peak_memory_within_15_percent_of_the_plan, .timeout = 240) {
+  static const char *modes[] = {"ring", "ulysses"};
+  for (int u = 0; u < 2; u++) {
+    char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
+    char *cmd = th_fmt("timeout 200 %s --layers 4 --channels 128 --heads 8 --max-seq 256 --seq "
+                       "256 --batch 4 --threads 1 --eval-every 0 --sample-len 0 --steps 2 "
+                       "--parallel ddp --cp 2 --cp-mode %s",
+                       th_cli(), modes[u]);
+    /* "memory: planned X MiB per rank (...); measured peak ... largest / planned = R" */
+    char *o = th_run_ok(cmd, base), *p = strstr(o, "memory: planned "), *q;
+    double plan = 0.0, ratio = 0.0;
+    cr_assert(p && sscanf(p, "memory: planned %lf MiB", &plan) == 1, "no plan line in %s", o);
+    cr_assert((q = strstr(p, "largest / planned = ")) &&
+                  sscanf(q, "largest / planned = %lf", &ratio) == 1,
+              "no ratio in %s", p);
+    cr_log_info("cp %s: planned %.1f MiB, largest peak / planned %.3f\n", modes[u], plan, ratio);
+    cr_assert(fabs(ratio - 1.0) <= 0.15, "%s: peak / planned %.3f", modes[u], ratio);
+    free(o);
+    th_rmrf(dir);
+    free(dir), free(base), free(cmd);
+  }
+}
+
 static void refused(const char *args, const char *needle) {
   char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
   char *cmd = th_fmt("timeout 60 %s " MODEL " --steps 2 %s", th_cli(), args);
@@ -160,8 +192,7 @@ Test(cp, bad_input_refused_in_one_line, .timeout = 120) {
   refused("--parallel ddp --cp 2 --heads 2 --channels 32 --cp-mode ulysses --cp 4",
           "cannot be split evenly"); /* 2 heads over 4 */
   refused("--parallel ddp --cp 2 --ranks 3", "not a multiple of --cp 2 x --tp 1");
-  refused("--cp 2", "--cp needs --parallel ddp");
-  refused("--parallel fsdp --cp 2", "--cp needs --parallel ddp");
+  refused("--cp 2", "--cp needs --parallel ddp or fsdp");
   refused("--parallel ddp --cp 2 --tp 2 --ranks 6", "not a multiple of --cp 2 x --tp 2");
   refused("--parallel ddp --cp 2 --tp 2 --sp --ranks 4", "--cp with --sp");
   refused("--parallel ddp --cp 2 --tp 2 --ranks 4 --cp-mode ulysses --heads 2",
