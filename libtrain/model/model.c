@@ -18,10 +18,11 @@
  * The layers a strategy may split are called as layer operations (model.h:
  * train_layer_ops, m->layer_ops), the rest as kernels: the embedding, the LayerNorms, the
  * column-parallel Linears (attn.qkv, mlp.fc, the LM head), the row-parallel ones
- * (attn.proj, mlp.proj), the cross-entropy. The passes call them the same way whatever is
- * installed: the single-process operations (layers_local.c) or the tensor-parallel ones
- * (parallel/tp.c), which carry Megatron's f and g inside them. The passes hold no branch
- * per strategy; what differs between them is shape, fixed at creation:
+ * (attn.proj, mlp.proj), the cross-entropy, attention (context parallelism's ring or
+ * Ulysses, parallel/cp.c, replaces it and the embedding's positions). The passes call them
+ * the same way whatever is installed: the single-process operations (layers_local.c) or the
+ * tensor-parallel ones (parallel/tp.c), which carry Megatron's f and g inside them. The passes hold
+ * no branch per strategy; what differs between them is shape, fixed at creation:
  *
  * Tensor parallelism is the same layout at local widths: with T ranks a block holds NH/T
  * heads (attn.qkv.w (3C/T,C), attn.proj.w (C,C/T)), 4C/T MLP rows (mlp.fc.w (4C/T,C),

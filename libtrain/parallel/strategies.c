@@ -31,8 +31,8 @@ train_parallel *train_parallel_create(train_session *s, train_grid *g,
   /* the pipeline runs its own step (a schedule of micro-batches) and syncs each stage's
    * gradients over its data-parallel group itself; it takes the TP group when T > 1 */
   if (g->P > 1) { return train_pp_strategy_create(s, g, opt, err); }
-  /* context parallelism wraps the data-parallel row: its ranks sync their gradients as
-   * data-parallel ones (cp.c refuses tensor parallelism under it, with a sentence) */
+  /* context parallelism wraps the data-parallel row (and tensor parallelism around it
+   * when T > 1): its ranks sync their gradients as data-parallel ones */
   if (g->Cp > 1) return train_cp_strategy_create(s, g, opt, create, err);
   return g->T > 1 ? train_tp_strategy_create(s, g, opt, create, err) : create(s, g, opt, err);
 }

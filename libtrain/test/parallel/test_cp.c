@@ -156,6 +156,10 @@ Test(cp, plan_explain_and_trace, .timeout = 120) {
 }
 
 Test(cp, peak_memory_within_15_percent_of_the_plan, .timeout = 240) {
+#if defined(__SANITIZE_ADDRESS__)
+  /* the run is this build's coll-train: ASan's shadow and redzones are no part of a plan */
+  cr_skip_test("peak memory is not comparable under AddressSanitizer");
+#endif
   static const char *modes[] = {"ring", "ulysses"};
   for (int u = 0; u < 2; u++) {
     char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
