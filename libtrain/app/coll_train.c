@@ -853,8 +853,8 @@ static int run_ddp(cli *c) {
     o.threads = 1;
     train_session *s = train_session_create(&o, msg);
     if (s) /* the global batch, as run() sets it: D x accum, or D x micro-batches */
-      train_session_set_batch_mult(s,
-                                   c->ranks / (c->tp * c->pp) * (c->pp > 1 ? c->micro : c->accum));
+      train_session_set_batch_mult(s, c->ranks / (c->tp * c->pp * c->cp) *
+                                          (c->pp > 1 ? c->micro : c->accum));
     if (!s || train_session_load(s, c->resume, msg) != 0) {
       train_session_free(s);
       die(msg);
@@ -1123,9 +1123,6 @@ int main(int argc, char **argv) {
     if (o.recompute != TRAIN_RECOMPUTE_NONE)
       die("--cp with --recompute is not built yet: the recomputed attention would run the "
           "ring's transfers again inside backward");
-    if (ckpt_dir || resume)
-      die("--cp with --ckpt-dir or --resume is not built yet: a checkpoint would have to "
-          "record the context-parallel layout to resume at another");
     if (!cl.ranks_given && !launched_by_someone()) cl.ranks = cl.cp * cl.tp;
     if (!launched_by_someone() && cl.ranks % (cl.cp * cl.tp) != 0) {
       snprintf(msg, sizeof msg,

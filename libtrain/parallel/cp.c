@@ -688,12 +688,12 @@ static int cp_eval_begin(train_parallel *p, char *err) {
   return p->inner->ops->eval_begin ? p->inner->ops->eval_begin(p->inner, err) : 0;
 }
 
+/* The inner strategy's checkpoint: every rank of a ring holds the whole weights (DDP: DP
+ * rank 0 writes them; FSDP: the shards over D x Cp; TP: the slices), and the session's
+ * data position is that of the whole sequences, so a checkpoint of a context-parallel run
+ * is the one a run without it writes at the same global batch. */
 static int cp_save(train_parallel *p, const char *path, char *what, size_t wn, char *err) {
-  (void)p;
-  (void)what;
-  (void)wn;
-  train_errf(err, "--cp: checkpoints of a context-parallel run are not built yet (%s)", path);
-  return -1;
+  return p->inner->ops->save(p->inner, path, what, wn, err);
 }
 
 /* Collective over the ring: the validation loss of `batches` batches, every rank its

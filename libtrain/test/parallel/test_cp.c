@@ -16,6 +16,10 @@
  *    --accum 2), against one process with the global batch; --cp 2 x --tp 2 on 4 ranks,
  *    both modes (the ring over each TP rank's heads); ZeRO-1 and ZeRO-3 (--parallel fsdp)
  *    over the CP ranks and over CP 2 x D 2.
+ *  - checkpoints: a context-parallel run resumed at its own layout (DDP; ZeRO-3 over
+ *    CP 2 x D 2) prints bitwise the uninterrupted run's losses and writes byte-identical
+ *    final checkpoints; one process resumes a CP checkpoint, and a CP run one process's,
+ *    within 1e-5 of the uninterrupted run (the checkpoint is a layout-free one).
  *  - memory: the peak resident size of a ring and a Ulysses run within 15 % of the
  *    planner's row (the model's untouched (T/C)^2 buffers left out of both).
  *  - --plan, --explain and --trace say what they should: the CP rows, the ring's steps,
@@ -182,6 +186,54 @@ Test(cp, peak_memory_within_15_percent_of_the_plan, .timeout = 240) {
   }
 }
 
+/* `args` with --steps STEPS, --ckpt-dir ckdir every HALF steps (and --resume resume); its
+ * --losses into l (all STEPS lines, or STEPS - HALF after a resume). */
+#define HALF 10
+static int ck_run(const char *args, const char *ckdir, const char *resume, float *l) {
+  char *lf = th_fmt("%s.losses", ckdir), *base = th_fmt("%s.run", ckdir);
+  char *cmd = th_fmt("timeout 120 %s " MODEL " --steps %d --quiet %s --ckpt-dir %s --ckpt-every %d "
+                     "--losses %s %s %s",
+                     th_cli(), STEPS, args, ckdir, HALF, lf, resume ? "--resume" : "",
+                     resume ? resume : "");
+  free(th_run_ok(cmd, base));
+  int n = th_read_losses(lf, l, STEPS);
+  free(lf), free(base), free(cmd);
+  return n;
+}
+
+/* The run `args` from its own checkpoint at HALF against itself uninterrupted (bitwise, and
+ * its last checkpoint byte for byte, 1 x shards files), then `other` (another layout) from
+ * the same checkpoint within RELTOL. */
+static void resume_case(const char *args, int shards, const char *other) {
+  char *dir = th_tmpdir(), *full = th_fmt("%s/full", dir), *again = th_fmt("%s/again", dir),
+       *x = th_fmt("%s/other", dir), *ck = th_fmt("%s/ckpt_%08d.bin", full, HALF);
+  float lf[STEPS], la[STEPS], lo[STEPS];
+  cr_assert_eq(ck_run(args, full, NULL, lf), STEPS);
+  cr_assert_eq(ck_run(args, again, ck, la), STEPS - HALF);
+  for (int i = 0; i < STEPS - HALF; i++)
+    cr_assert(la[i] == lf[HALF + i], "%s step %d: resumed %.9g, uninterrupted %.9g", args,
+              HALF + 1 + i, la[i], lf[HALF + i]);
+  th_assert_same_checkpoint(full, again, STEPS, 1, shards);
+  cr_assert_eq(ck_run(other, x, ck, lo), STEPS - HALF);
+  double mx = 0.0;
+  for (int i = 0; i < STEPS - HALF; i++) {
+    double rel = fabs((double)lo[i] - lf[HALF + i]) / fabs((double)lf[HALF + i]);
+    cr_assert(rel <= RELTOL, "%s resumed by %s, step %d: %.9g against %.9g", args, other,
+              HALF + 1 + i, lo[i], lf[HALF + i]);
+    mx = rel > mx ? rel : mx;
+  }
+  cr_log_info("%s: resumed bitwise at its own layout; by '%s' within %.3g\n", args, other, mx);
+  th_rmrf(dir);
+  free(dir), free(full), free(again), free(x), free(ck);
+}
+
+Test(cp, checkpoints_resume_at_any_layout, .timeout = 240) {
+  resume_case("--parallel ddp --cp 2 --batch 2", 1, "--batch 2");
+  resume_case("--parallel fsdp --zero 3 --cp 2 --ranks 4 --cp-mode ulysses --batch 2", 4,
+              "--parallel ddp --ranks 2 --batch 2");
+  resume_case("--batch 2", 1, "--parallel ddp --cp 2 --cp-mode ulysses --batch 2");
+}
+
 static void refused(const char *args, const char *needle) {
   char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
   char *cmd = th_fmt("timeout 60 %s " MODEL " --steps 2 %s", th_cli(), args);
@@ -205,7 +257,6 @@ Test(cp, bad_input_refused_in_one_line, .timeout = 120) {
   refused("--parallel ddp --cp 2 --device cuda", "--cp runs on the CPU model only");
   refused("--parallel ddp --cp 2 --dtype bf16", "--cp with --dtype bf16");
   refused("--parallel ddp --cp 2 --recompute full", "--cp with --recompute");
-  refused("--parallel ddp --cp 2 --ckpt-dir /tmp/nowhere-cp", "--cp with --ckpt-dir");
   refused("--cp-mode ulysses", "--cp-mode needs --cp 2");
   refused("--parallel ddp --cp 2 --cp-mode tree", "not ring or ulysses");
   refused("--parallel ddp --cp 0", "--cp");
