@@ -331,7 +331,8 @@ static int print_cp_plan(const train_options *o, int N, int C, int tp, double fi
     train_plan_row r;
     double f, b;
     if (u && o->cfg.heads % (C * tp) != 0) continue; /* Ulysses: heads a multiple of C x T */
-    if (train_cp_plan(&o->cfg, o->batch, o->seq, C, D, tp, 0, u, fixed, &r, msg) != 0) die(msg);
+    if (train_cp_plan(&o->cfg, o->batch, o->seq, C, D, tp, 0, u, o->recompute, fixed, &r, msg) != 0)
+      die(msg);
     train_cp_layer_bytes(&o->cfg, o->batch, o->seq, C, tp, u, &f, &b);
     train_plan_format(&r, line, sizeof line);
     printf("%s   (per layer per rank: %.1f KiB forward + %.1f KiB backward; attention "
@@ -1120,9 +1121,6 @@ int main(int argc, char **argv) {
     if (o.bf16)
       die("--cp with --dtype bf16 is not built yet: ring attention keeps its log-sum-exp in "
           "the fp32 buffer that bf16 stores in 16 bits");
-    if (o.recompute != TRAIN_RECOMPUTE_NONE)
-      die("--cp with --recompute is not built yet: the recomputed attention would run the "
-          "ring's transfers again inside backward");
     if (!cl.ranks_given && !launched_by_someone()) cl.ranks = cl.cp * cl.tp;
     if (!launched_by_someone() && cl.ranks % (cl.cp * cl.tp) != 0) {
       snprintf(msg, sizeof msg,

@@ -108,16 +108,18 @@ void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C, int tp, 
   }
 }
 
-double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp, int ulysses) {
+double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp, int ulysses,
+                            int recompute) {
   tp = tp > 1 ? tp : 1;
   double Tl = (double)T / C, Cm = (double)cfg->channels / tp, NH = (double)cfg->heads / tp,
          L = cfg->layers;
   if (C < 2) return 0.0;
   /* the model's probabilities (B,NH,T/C,T/C) per layer and their backward scratch are
    * allocated but never touched by either mode but for the ring's lse (B,NH,T/C) at the
-   * start of each layer's: the CPU allocator maps large arrays lazily, so the rest is
-   * never resident and a plan of what is resident takes it off */
-  double unused = 4.0 * (L + 1) * B * NH * Tl * Tl - (ulysses ? 0.0 : 4.0 * L * B * NH * Tl);
+   * start of each layer's (one shared under recomputation): the CPU allocator maps large arrays
+   * lazily, so the rest is never resident and a plan of what is resident takes it off */
+  double LA = recompute != TRAIN_RECOMPUTE_NONE ? 1.0 : L; /* the model's probabilities */
+  double unused = 4.0 * (LA + 1) * B * NH * Tl * Tl - (ulysses ? 0.0 : 4.0 * LA * B * NH * Tl);
   if (ulysses) /* per layer q,k,v for T positions of NH/C heads and their probabilities;
                 * staging: send, receive, the output, its gradient, dqkv and dprobs */
     return 4.0 * (L * ((double)B * T * 3 * Cm / C + (double)B * NH / C * T * T) +
@@ -130,15 +132,14 @@ double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp
 }
 
 int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp, int zero,
-                  int ulysses, double fixed, train_plan_row *out, char *err) {
+                  int ulysses, int recompute, double fixed, train_plan_row *out, char *err) {
   if (train_cp_check(cfg, T, C, ulysses, tp, err) != 0) return -1;
   train_strategy st = zero > 0 ? (train_strategy)(TRAIN_PLAN_ZERO1 + zero - 1) : TRAIN_PLAN_DDP;
-  int rc = tp > 1 ? train_tp_plan(cfg, B, T / C, tp, D * C, 0, zero, TRAIN_RECOMPUTE_NONE, 0, fixed,
-                                  out, NULL, NULL, err)
-                  : train_plan_dt(cfg, B, T / C, D * C, 1, st, TRAIN_RECOMPUTE_NONE, 0, fixed, out,
-                                  err);
+  int rc = tp > 1 ? train_tp_plan(cfg, B, T / C, tp, D * C, 0, zero, recompute, 0, fixed, out, NULL,
+                                  NULL, err)
+                  : train_plan_dt(cfg, B, T / C, D * C, 1, st, recompute, 0, fixed, out, err);
   if (rc != 0) return -1;
-  double f, bw, extra = train_cp_extra_bytes(cfg, B, T, C, tp, ulysses);
+  double f, bw, extra = train_cp_extra_bytes(cfg, B, T, C, tp, ulysses, recompute);
   train_cp_layer_bytes(cfg, B, T, C, tp, ulysses, &f, &bw);
   out->name = ulysses ? "Ulysses" : "CP ring"; /* the table's column is 9 wide */
   out->acts += extra;
@@ -787,7 +788,7 @@ static int cp_plan(const train_parallel *p, double fixed, train_plan_row *out, c
   const train_options *o = &p->s->opt;
   cp_strategy *t = p->impl;
   return train_cp_plan(&o->cfg, o->batch, o->seq, p->grid->Cp, p->grid->D, p->grid->T,
-                       p->inner->zero, t->ulysses, fixed, out, err);
+                       p->inner->zero, t->ulysses, o->recompute, fixed, out, err);
 }
 
 static void cp_free(train_parallel *p) {

@@ -52,15 +52,17 @@ TRAIN_API void train_cp_layer_bytes(const train_config *cfg, int B, int T, int C
  * less the model's (T/C)^2 probabilities and their scratch, which neither mode touches
  * (but for the ring's lse) and so never become resident (may be negative). */
 TRAIN_API double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp,
-                                      int ulysses);
+                                      int ulysses, int recompute);
 
 typedef struct train_plan_row train_plan_row;
 /* The planner's row of --cp C over D replicas (ulysses: --cp-mode ulysses) under DDP or
- * ZeRO-`zero` (fsdp; 0: DDP), with --tp tp the tensor-parallel row: that strategy's memory
+ * ZeRO-`zero` (fsdp; 0: DDP) and activation recomputation `recompute`, with --tp tp the
+ * tensor-parallel row: that strategy's memory
  * over D*C ranks for the model at (B, T/C), plus
  * train_cp_extra_bytes, and sent = its gradient traffic over D*C ranks plus L x
  * train_cp_layer_bytes. */
 TRAIN_API int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp, int zero,
-                            int ulysses, double fixed, train_plan_row *out, char *err);
+                            int ulysses, int recompute, double fixed, train_plan_row *out,
+                            char *err);
 
 #endif

@@ -120,6 +120,12 @@ Test(cp, cp_times_ddp_matches_one_process, .timeout = 240) {
 }
 
 /* ZeRO-1 and 3 over the D x Cp ranks: the gradients and AdamW's state sharded over both */
+/* recomputation reruns the ring (or the all-to-alls) inside backward, on every rank alike */
+Test(cp, recomputation_matches_one_process, .timeout = 240) {
+  parity_case("--parallel ddp --cp 2 --recompute full --batch 2", 2);
+  parity_case("--parallel ddp --cp 2 --cp-mode ulysses --recompute selective --batch 2", 2);
+}
+
 Test(cp, cp_times_fsdp_matches_one_process, .timeout = 240) {
   parity_case("--parallel fsdp --zero 1 --cp 2 --batch 2", 2);
   parity_case("--parallel fsdp --zero 3 --cp 2 --ranks 4 --cp-mode ulysses --batch 2", 4);
@@ -256,7 +262,6 @@ Test(cp, bad_input_refused_in_one_line, .timeout = 120) {
   refused("--parallel ddp --cp 2 --pp 2 --ranks 4", "--cp with --pp is not built yet");
   refused("--parallel ddp --cp 2 --device cuda", "--cp runs on the CPU model only");
   refused("--parallel ddp --cp 2 --dtype bf16", "--cp with --dtype bf16");
-  refused("--parallel ddp --cp 2 --recompute full", "--cp with --recompute");
   refused("--cp-mode ulysses", "--cp-mode needs --cp 2");
   refused("--parallel ddp --cp 2 --cp-mode tree", "not ring or ulysses");
   refused("--parallel ddp --cp 0", "--cp");
