@@ -166,7 +166,7 @@ typedef struct cp_ctx {
   train_layer_ops ops;
   cp_stats st;
   train_trace *trace; /* --trace: each transfer, each block's attention */
-  int trace_rank, layer_base;
+  int trace_rank;
   float *wpe_mine, *dwpe_mine; /* (T/C, C): wpe's rows at this rank's positions */
   /* ring: K/V blocks (B,T/C,2Cl) x2, dK/dV sums in and out and the local contribution */
   float *kv[2], *dkv_in, *dkv_out, *acc, *dsum;
@@ -656,7 +656,6 @@ static void cp_detach(train_session *s) {
 typedef struct cp_strategy {
   train_trace trace;
   int ulysses;
-  cp_stats last; /* the latest step's */
 } cp_strategy;
 
 static int cp_status(const train_parallel *p, char *err) {
@@ -673,7 +672,6 @@ static int cp_step(train_parallel *p, train_step_report *r, char *err) {
   cp_ctx *c = ctx_of(p->s->model);
   memset(&c->st, 0, sizeof c->st);
   if (p->inner->ops->step(p->inner, r, err) != 0) return -1;
-  t->last = c->st;
   r->cp_ms = c->st.ms;
   r->cp_bytes = c->st.bytes;
   r->cp_calls = c->st.calls;
