@@ -47,6 +47,7 @@
 #include "parallel/tp.h"
 #include "parallel/timeline.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -126,9 +127,12 @@ double train_cp_extra_bytes(const train_config *cfg, int B, int T, int C, int tp
                   2.0 * B * Tl * 3 * Cm + 2.0 * B * T * Cm / C + (double)B * T * 3 * Cm / C +
                   (double)B * NH / C * T * T) -
            unused;
-  /* two K/V blocks in flight, a dK/dV sum received, one passed on, one accumulated, and
-   * the rows' D = dO.o (the lse lives in the model's probabilities buffer) */
-  return 4.0 * ((double)B * Tl * 2 * Cm * 5.0 + (double)B * NH * Tl) - unused;
+  /* two K/V blocks in flight, a dK/dV sum received, one passed on, one accumulated, the
+   * rows' D = dO.o (the lse lives in the model's probabilities buffer), and one sequence
+   * and head's (T/C)^2 scores and their gradient, partial output and row statistics */
+  return 4.0 * ((double)B * Tl * 2 * Cm * 5.0 + (double)B * NH * Tl + 2.0 * Tl * Tl + Tl * Cm +
+                2.0 * Tl) -
+         unused;
 }
 
 int train_cp_plan(const train_config *cfg, int B, int T, int C, int D, int tp, int zero,
@@ -170,6 +174,9 @@ typedef struct cp_ctx {
   float *wpe_mine, *dwpe_mine; /* (T/C, C): wpe's rows at this rank's positions */
   /* ring: K/V blocks (B,T/C,2Cl) x2, dK/dV sums in and out and the local contribution */
   float *kv[2], *dkv_in, *dkv_out, *acc, *dsum;
+  /* ring: one sequence and head's (T/C)^2 scores / probabilities and their gradient, its
+   * partial output (T/C, hs) and rows' max and sum */
+  float *sp, *dpm, *os, *rmax, *rsum;
   /* Ulysses: per set block q,k,v of all T positions for NH/C heads (B,T,3Cl/C) and their
    * probabilities (B,NH/C,T,T); staging */
   float *uqkv, *uatt, *send, *recv, *uout, *udout, *udqkv, *udatt;
@@ -270,48 +277,42 @@ static void pack_kv(float *kv, const float *qkv, int B, int T, int C) {
 }
 
 /* Queries (B,T rows of qkv) of rank r against the K/V block kv (B,T,2C) of rank src:
- * each row's partial (o_s, lse_s) merged into out (B,T,C) and lse (B,NH,T). */
+ * each row's partial (o_s, lse_s) merged into out (B,T,C) and lse (B,NH,T). Per sequence
+ * and head the products are the BLAS's, as in the local kernel: scores S = q k^T/sqrt(hs)
+ * (T x T), masked by true positions, exponentiated against each row's max, o_s = P v / the
+ * row's sum. */
 static void ring_block_forward(cp_ctx *c, float *out, float *lse, const float *qkv, const float *kv,
                                int src, int B, int T, int C, int NH) {
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
-  float *sc = c->dsum; /* scratch: T scores (dsum is backward's, free in forward) */
-  float os[1024];
+  float *S = c->sp, *os = c->os, *rmax = c->rmax, *rsum = c->rsum;
   for (int b = 0; b < B; b++)
-    for (int t = 0; t < T; t++) {
-      int pq = train_cp_pos(c->T, c->C, c->r, t);
-      /* the block's keys this query sees: a prefix of each chunk, by position */
-      for (int h = 0; h < NH; h++) {
-        const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-        float mx = -INFINITY;
-        int any = 0;
+    for (int h = 0; h < NH; h++) {
+      const float *q = qkv + (size_t)b * T * 3 * C + h * hs;
+      const float *k = kv + (size_t)b * T * 2 * C + h * hs, *v = k + C;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C, k, 2 * C,
+                  0.0f, S, T);
+      for (int t = 0; t < T; t++) {
+        int pq = train_cp_pos(c->T, c->C, c->r, t);
+        float *row = S + (size_t)t * T, mx = -INFINITY, sum = 0.0f;
+        for (int u = 0; u < T; u++)
+          if (train_cp_pos(c->T, c->C, src, u) <= pq) mx = row[u] > mx ? row[u] : mx;
         for (int u = 0; u < T; u++) {
-          if (train_cp_pos(c->T, c->C, src, u) > pq) {
-            sc[u] = -INFINITY;
-            continue;
-          }
-          const float *k = kv + ((size_t)b * T + u) * 2 * C + h * hs;
-          float d = 0.0f;
-          for (int j = 0; j < hs; j++) d += q[j] * k[j];
-          sc[u] = d * scale;
-          mx = sc[u] > mx ? sc[u] : mx;
-          any = 1;
+          row[u] = train_cp_pos(c->T, c->C, src, u) <= pq ? expf(row[u] - mx) : 0.0f;
+          sum += row[u];
         }
-        if (!any) continue; /* lse_s = -inf: nothing to merge */
-        float sum = 0.0f;
-        for (int j = 0; j < hs; j++) os[j] = 0.0f;
-        for (int u = 0; u < T; u++) {
-          if (sc[u] == -INFINITY) continue;
-          float e = expf(sc[u] - mx);
-          sum += e;
-          const float *v = kv + ((size_t)b * T + u) * 2 * C + C + h * hs;
-          for (int j = 0; j < hs; j++) os[j] += e * v[j];
-        }
-        float ls = mx + logf(sum), inv = 1.0f / sum;
-        float *o = out + ((size_t)b * T + t) * C + h * hs;
-        float *l = lse + ((size_t)b * NH + h) * T + t;
+        rmax[t] = mx;
+        rsum[t] = sum; /* 0: the mask hides the block from this row (lse_s = -inf) */
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, S, T, v, 2 * C, 0.0f,
+                  os, hs);
+      for (int t = 0; t < T; t++) {
+        if (rsum[t] == 0.0f) continue;
+        float ls = rmax[t] + logf(rsum[t]), inv = 1.0f / rsum[t];
+        float *o = out + ((size_t)b * T + t) * C + h * hs, *l = lse + ((size_t)b * NH + h) * T + t;
+        const float *p = os + (size_t)t * hs;
         if (*l == -INFINITY) { /* the first block this row sees */
-          for (int j = 0; j < hs; j++) o[j] = os[j] * inv;
+          for (int j = 0; j < hs; j++) o[j] = p[j] * inv;
           *l = ls;
           continue;
         }
@@ -319,7 +320,7 @@ static void ring_block_forward(cp_ctx *c, float *out, float *lse, const float *q
         float m2 = *l > ls ? *l : ls;
         float lnew = m2 + logf(expf(*l - m2) + expf(ls - m2));
         float w1 = expf(*l - lnew), w2 = expf(ls - lnew) * inv;
-        for (int j = 0; j < hs; j++) o[j] = w1 * o[j] + w2 * os[j];
+        for (int j = 0; j < hs; j++) o[j] = w1 * o[j] + w2 * p[j];
         *l = lnew;
       }
     }
@@ -348,38 +349,44 @@ static void ring_forward(train_model *m, cp_ctx *c, int i, float *out, float *ls
 }
 
 /* The block's gradient contributions: dq into dqkv's q (B,T,3C), dk and dv into acc
- * (B,T,2C), from dout, the saved lse and dsum = dO.o (B,NH,T). */
+ * (B,T,2C), from dout, the saved lse and dsum = dO.o (B,NH,T). Per sequence and head:
+ * P = exp(q k^T/sqrt(hs) - lse) under the mask, dv += P^T dO, dP = dO v^T,
+ * dS = P (dP - D)/sqrt(hs), dq += dS k, dk += dS^T q — the BLAS's products. */
 static void ring_block_backward(cp_ctx *c, float *dqkv, float *acc, const float *dout,
                                 const float *qkv, const float *kv, const float *lse,
                                 const float *dsum, int src, int B, int T, int C, int NH) {
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
+  float *P = c->sp, *dP = c->dpm;
   for (int b = 0; b < B; b++)
-    for (int t = 0; t < T; t++) {
-      int pq = train_cp_pos(c->T, c->C, c->r, t);
-      for (int h = 0; h < NH; h++) {
-        const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-        float *dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-        const float *dO = dout + ((size_t)b * T + t) * C + h * hs;
-        float l = lse[((size_t)b * NH + h) * T + t], D = dsum[((size_t)b * NH + h) * T + t];
-        for (int u = 0; u < T; u++) {
-          if (train_cp_pos(c->T, c->C, src, u) > pq) continue;
-          const float *k = kv + ((size_t)b * T + u) * 2 * C + h * hs, *v = k + C;
-          float *dk = acc + ((size_t)b * T + u) * 2 * C + h * hs, *dv = dk + C;
-          float d = 0.0f, dp = 0.0f;
-          for (int j = 0; j < hs; j++) d += q[j] * k[j];
-          float p = expf(d * scale - l);
-          for (int j = 0; j < hs; j++) {
-            dv[j] += p * dO[j];
-            dp += dO[j] * v[j];
-          }
-          float ds = p * (dp - D) * scale;
-          for (int j = 0; j < hs; j++) {
-            dq[j] += ds * k[j];
-            dk[j] += ds * q[j];
-          }
-        }
+    for (int h = 0; h < NH; h++) {
+      const float *q = qkv + (size_t)b * T * 3 * C + h * hs;
+      const float *k = kv + (size_t)b * T * 2 * C + h * hs, *v = k + C;
+      const float *dO = dout + (size_t)b * T * C + h * hs;
+      float *dq = dqkv + (size_t)b * T * 3 * C + h * hs;
+      float *dk = acc + (size_t)b * T * 2 * C + h * hs, *dv = dk + C;
+      const float *l = lse + ((size_t)b * NH + h) * T, *D = dsum + ((size_t)b * NH + h) * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C, k, 2 * C,
+                  0.0f, P, T);
+      for (int t = 0; t < T; t++) {
+        int pq = train_cp_pos(c->T, c->C, c->r, t);
+        float *row = P + (size_t)t * T;
+        for (int u = 0; u < T; u++)
+          row[u] = train_cp_pos(c->T, c->C, src, u) <= pq ? expf(row[u] - l[t]) : 0.0f;
       }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dO, C, 1.0f, dv,
+                  2 * C);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, C, v, 2 * C, 0.0f,
+                  dP, T);
+      for (int t = 0; t < T; t++) { /* dS in place of dP (masked p = 0 gives 0) */
+        const float *pr = P + (size_t)t * T;
+        float *dr = dP + (size_t)t * T;
+        for (int u = 0; u < T; u++) dr[u] = pr[u] * (dr[u] - D[t]) * scale;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, k, 2 * C, 1.0f,
+                  dq, 3 * C);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, q, 3 * C, 1.0f,
+                  dk, 2 * C);
     }
 }
 
@@ -553,6 +560,11 @@ static void ctx_free(cp_ctx *c) {
   free(c->dkv_out);
   free(c->acc);
   free(c->dsum);
+  free(c->sp);
+  free(c->dpm);
+  free(c->os);
+  free(c->rmax);
+  free(c->rsum);
   free(c->uqkv);
   free(c->uatt);
   free(c->send);
@@ -589,10 +601,6 @@ static int cp_attach(train_session *s, train_backend *b, int ulysses, char *err)
     return -1;
   }
   int Cm = m->cfg.channels, Cl = m->width_local, NH = m->heads_local, L = m->act_layers;
-  if (!ulysses && Cl / NH > 1024) {
-    train_errf(err, "--cp ring attention: head width %d is over this build's 1024", Cl / NH);
-    return -1;
-  }
   cp_ctx *c = calloc(1, sizeof *c);
   if (!c) {
     train_errf(err, "out of memory for the context-parallel context");
@@ -610,7 +618,12 @@ static int cp_attach(train_session *s, train_backend *b, int ulysses, char *err)
     size_t ds = (size_t)B * NH * Tl > (size_t)Tl ? (size_t)B * NH * Tl : (size_t)Tl;
     ok = (c->kv[0] = malloc(n * sizeof(float))) && (c->kv[1] = malloc(n * sizeof(float))) &&
          (c->dkv_in = malloc(n * sizeof(float))) && (c->dkv_out = malloc(n * sizeof(float))) &&
-         (c->acc = malloc(n * sizeof(float))) && (c->dsum = malloc(ds * sizeof(float)));
+         (c->acc = malloc(n * sizeof(float))) && (c->dsum = malloc(ds * sizeof(float))) &&
+         (c->sp = malloc((size_t)Tl * Tl * sizeof(float))) &&
+         (c->dpm = malloc((size_t)Tl * Tl * sizeof(float))) &&
+         (c->os = malloc((size_t)Tl * Cl * sizeof(float))) &&
+         (c->rmax = malloc((size_t)Tl * sizeof(float))) &&
+         (c->rsum = malloc((size_t)Tl * sizeof(float)));
   } else if (ok) {
     size_t Ch = (size_t)Cl / C, NHc = (size_t)NH / C;
     c->uqkv_n = (size_t)B * T * 3 * Ch;
