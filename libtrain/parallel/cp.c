@@ -25,8 +25,9 @@
  *     lse' = m + log(e^(lse - m) + e^(lse_s - m)),  m = max(lse, lse_s)   (stable)
  *     o'   = e^(lse - lse') o + e^(lse_s - lse') o_s
  *   so that after the last step (o, lse) is the softmax attention over every key. The
- *   final lse per row and head (B,NH,T/C) is all backward keeps (in the model's att
- *   buffer, which it fits): backward recomputes each block's probabilities
+ *   final lse per row and head (B,NH,T/C) is all backward keeps beside the output o the
+ *   model keeps anyway (the lse in the model's att buffer, which it fits): backward
+ *   recomputes each block's probabilities
  *   p = exp(q.k/sqrt(hs) - lse) as FlashAttention does, with D = dO.o per row:
  *     dv_k += p dO,  ds = p (dO.v_k - D),  dq += ds k / sqrt(hs),  dk_k += ds q / sqrt(hs)
  *   The K/V blocks go round again (started before each block's compute); each block's
@@ -36,9 +37,10 @@
  *
  * On the CPU over libcoll the transfers are started on the backend's streams
  * (train_backend.exchange_start): libcoll's progress thread moves the bytes while this
- * thread computes the block, so the ring step's transfer really overlaps the block's
- * attention; on a backend without it (Open MPI here) exchange is blocking and the
- * transfer precedes the compute.
+ * thread computes the block, so the ring step's transfer can overlap the block's
+ * attention as far as the cores allow (the copies need a core too; the time still
+ * blocked in the wait is counted and reported); on a backend without it (Open MPI here)
+ * exchange is blocking and the transfer precedes the compute.
  */
 #include "parallel/cp.h"
 #include "model/model.h"
