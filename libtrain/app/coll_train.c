@@ -22,6 +22,7 @@
 #include "parallel/planner.h"
 #include "parallel/strategy.h"
 #include "parallel/tp.h"
+#include "parallel/cp.h"
 #include "train.h"
 
 #include <coll_launch.h>
@@ -89,6 +90,13 @@ static void usage(FILE *f) {
              "                    ranks (Megatron layout); --ranks N = T x D, --parallel along D\n"
              "  --sp              with --tp: sequence parallelism (residual stream and\n"
              "                    LayerNorms sharded along batch*seq over the TP group)\n"
+             "context parallel:\n"
+             "  --cp C            split every sequence over C ranks (2C chunks, rank r holding\n"
+             "                    chunks r and 2C-1-r); --ranks N = T x C x D with --parallel\n"
+             "                    ddp or fsdp (and --tp T)\n"
+             "  --cp-mode ring|ulysses  ring attention (K/V passed round the ring, merged by\n"
+             "                    log-sum-exp) or Ulysses (all-to-all to heads and back) (ring)\n"
+             "                    --explain with --cp prints the ring's steps and exits\n"
              "pipeline parallel:\n"
              "  --pp P            cut the blocks into P stages (embeddings on the first, the\n"
              "                    head on the last); --ranks N = T x P x D, TP innermost,\n"
@@ -247,7 +255,9 @@ enum {
   O_TOPK,
   O_CAPACITY,
   O_AUXCOEF,
-  O_EP
+  O_EP,
+  O_CP,
+  O_CPMODE
 };
 
 /* Everything parsed from the command line. */
@@ -260,6 +270,7 @@ typedef struct cli {
   int tp, sp;                      /* tensor-parallel size (1: none), sequence parallelism */
   int pp, schedule, micro, chunks; /* pipeline stages (1: none), schedule, M, V */
   int experts, ep;                 /* mixture of experts (0: dense), expert parallel size */
+  int cp, cp_ulysses;              /* context-parallel size (1: none), Ulysses (else ring) */
   double bucket_mb;
   double fixed; /* resident bytes at start, before any model: the planner's fixed part */
   char **argv;
@@ -324,6 +335,76 @@ static int print_plan(const train_options *o, int N, int accum, int tp, int sp, 
            "bytes, %.2f MiB)\n",
            line, tp, dp, nb, ab, nb * ab / 1048576.0);
   }
+  return 0;
+}
+
+/* --plan --cp: ring and Ulysses rows at C x D = N (D = 1 when N < C), beside the table
+ * above (whose rows run the whole sequence on every rank). */
+static int print_cp_plan(const train_options *o, int N, int C, int tp, double fixed) {
+  char line[256], msg[TRAIN_ERRLEN];
+  int D = N >= C * tp && N % (C * tp) == 0 ? N / (C * tp) : 1;
+  printf("context parallel: --cp %d x D %d, seq %d cut into %d chunks of %d (each rank %d "
+         "positions); acts include the ring's buffers or Ulysses' head-sharded q,k,v and "
+         "probabilities; sent adds the attention traffic to DDP's over the %d ranks\n",
+         C, D, o->seq, 2 * C, o->seq / (2 * C), o->seq / C, C * D);
+  for (int u = 0; u < 2; u++) {
+    train_plan_row r;
+    double f, b;
+    if (u && o->cfg.heads % (C * tp) != 0) continue; /* Ulysses: heads a multiple of C x T */
+    if (train_cp_plan(&o->cfg, o->batch, o->seq, C, D, tp, 0, u, o->recompute, fixed, &r, msg) != 0)
+      die(msg);
+    train_cp_layer_bytes(&o->cfg, o->batch, o->seq, C, tp, u, &f, &b);
+    train_plan_format(&r, line, sizeof line);
+    printf("%s   (per layer per rank: %.1f KiB forward + %.1f KiB backward; attention "
+           "matrix per head %s)\n",
+           line, f / 1024.0, b / 1024.0,
+           u ? "T x T kept for NH/C heads"
+             : "(T/C) log-sum-exps kept, in the model's (T/C)^2 buffer; blocks recomputed");
+  }
+  return 0;
+}
+
+/* --explain --cp: the ring's steps (which rank's K/V block each rank holds at each step,
+ * and how much of it the causal mask leaves), or Ulysses' all-to-alls. */
+static int print_cp_explain(const train_options *o, int C, int tp, int ulysses) {
+  int T = o->seq, Tc = T / (2 * C);
+  double f, b;
+  train_cp_layer_bytes(&o->cfg, o->batch, T, C, tp, ulysses, &f, &b);
+  printf("context parallel --cp %d (%s), seq %d in %d chunks of %d: rank r holds chunks r and "
+         "%d-r\n",
+         C, ulysses ? "Ulysses" : "ring attention", T, 2 * C, Tc, 2 * C - 1);
+  for (int r = 0; r < C; r++)
+    printf("  rank %d: positions %d..%d and %d..%d\n", r, r * Tc, r * Tc + Tc - 1,
+           (2 * C - 1 - r) * Tc, (2 * C - 1 - r) * Tc + Tc - 1);
+  if (ulysses) {
+    printf("per layer: all-to-all q,k,v (rank gets %d of %d heads for all %d positions), full "
+           "causal attention, all-to-all out; backward: all-to-all dout, attention backward, "
+           "all-to-all dq,dk,dv\n",
+           o->cfg.heads / (C * tp), o->cfg.heads / tp, T);
+  } else {
+    printf("per layer forward: step s, rank r attends to rank (r-s) mod C's K/V while it sends "
+           "that block to r+1 and receives the next from r-1; unmasked query-key pairs of "
+           "each step (of %d x %d):\n",
+           T / C, T / C);
+    for (int s = 0; s < C; s++) {
+      printf("  step %d:", s);
+      for (int r = 0; r < C; r++) {
+        int src = (r - s + C) % C;
+        long n = 0;
+        for (int t = 0; t < T / C; t++)
+          for (int u = 0; u < T / C; u++)
+            n += train_cp_pos(T, C, src, u) <= train_cp_pos(T, C, r, t);
+        printf(" r%d<-kv%d %ld", r, src, n);
+      }
+      printf("\n");
+    }
+    printf("backward: the same steps, K/V sent again ahead of each block; each block's dK/dV "
+           "partial sum one step behind, reaching its owner after %d steps\n",
+           C);
+  }
+  printf("sent per rank per layer: %.1f KiB forward, %.1f KiB backward (batch %d, channels "
+         "%d)\n",
+         f / 1024.0, b / 1024.0, o->batch, o->cfg.channels);
   return 0;
 }
 
@@ -473,6 +554,9 @@ static void report_add(train_step_report *sum, const train_step_report *r) {
   sum->ep_ms += r->ep_ms;
   sum->ep_bytes += r->ep_bytes;
   sum->ep_calls += r->ep_calls;
+  sum->cp_ms += r->cp_ms;
+  sum->cp_bytes += r->cp_bytes;
+  sum->cp_calls += r->cp_calls;
 }
 
 /* The strategy's lines (several, each ending in '\n'), printed as they are. */
@@ -503,10 +587,18 @@ static int run(const cli *c, train_backend *b) {
              c->pp, c->ddp ? "" : " without --parallel ddp");
     die_rank(b, msg);
   }
+  if (b && c->cp > 1 && b->nranks % (c->cp * c->tp) != 0) {
+    snprintf(msg, sizeof msg, "%d ranks cannot form --cp %d rings (--ranks must be C x D)",
+             b->nranks, c->cp);
+    die_rank(b, msg);
+  }
   /* the job as T x D x P ranks: every group a split of b (tensor parallel innermost,
-   * pipeline outermost) */
+   * pipeline outermost); with --cp, T x Cp x D (context parallel between the two) */
   train_grid g;
-  if (train_grid_create_pp(&g, b, c->tp, c->pp, msg) != 0) die_rank(b, msg);
+  if (c->cp > 1 ? train_grid_create_cp(&g, b, c->tp, c->cp, msg) != 0
+                : train_grid_create_pp(&g, b, c->tp, c->pp, msg) != 0)
+    die_rank(b, msg);
+  o.cp = g.Cp;
   if (c->experts && b && train_grid_add_ep(&g, c->ep, msg) != 0) die_rank(b, msg);
   o.ep = c->experts ? c->ep : 1;
   o.ep_rank = c->experts && b ? g.e : 0;
@@ -566,6 +658,7 @@ static int run(const cli *c, train_backend *b) {
       .micro = c->micro,
       .chunks = c->chunks,
       .experts = c->experts,
+      .cp_ulysses = c->cp_ulysses,
   };
   train_parallel *p = train_parallel_create(s, &g, &po, msg);
   if (!p) die_rank(b, msg);
@@ -875,8 +968,8 @@ static int run_ddp(cli *c) {
     o.threads = 1;
     train_session *s = train_session_create(&o, msg);
     if (s) /* the global batch, as run() sets it: D x accum, or D x micro-batches */
-      train_session_set_batch_mult(s,
-                                   c->ranks / (c->tp * c->pp) * (c->pp > 1 ? c->micro : c->accum));
+      train_session_set_batch_mult(s, c->ranks / (c->tp * c->pp * c->cp) *
+                                          (c->pp > 1 ? c->micro : c->accum));
     if (!s || train_session_load(s, c->resume, msg) != 0) {
       train_session_free(s);
       die(msg);
@@ -943,6 +1036,8 @@ int main(int argc, char **argv) {
       {"capacity-factor", required_argument, 0, O_CAPACITY},
       {"aux-loss-coef", required_argument, 0, O_AUXCOEF},
       {"ep", required_argument, 0, O_EP},
+      {"cp", required_argument, 0, O_CP},
+      {"cp-mode", required_argument, 0, O_CPMODE},
       {0, 0, 0, 0},
   };
   train_options o = {
@@ -965,7 +1060,9 @@ int main(int argc, char **argv) {
   o.topk = 1;
   o.aux_coef = 0.01f;
   double fixed = train_rss_bytes();
+  int cpmode_given = 0;
   cli cl = {.tp = 1,
+            .cp = 1,
             .pp = 1,
             .schedule = TRAIN_PP_1F1B,
             .zero = 3,
@@ -1046,6 +1143,18 @@ int main(int argc, char **argv) {
     case O_PLAN: plan = 1; break;
     case O_TP: cl.tp = (int)parse_int("--tp", a, 1, 1024); break;
     case O_SP: cl.sp = 1; break;
+    case O_CP: cl.cp = (int)parse_int("--cp", a, 1, 1024); break;
+    case O_CPMODE:
+      cpmode_given = 1;
+      if (strcmp(a, "ulysses") == 0)
+        cl.cp_ulysses = 1;
+      else if (strcmp(a, "ring") == 0)
+        cl.cp_ulysses = 0;
+      else {
+        snprintf(msg, sizeof msg, "--cp-mode: '%s' is not ring or ulysses", a);
+        die(msg);
+      }
+      break;
     case O_LOSSES: cl.losses = a; break;
     case O_PP: cl.pp = (int)parse_int("--pp", a, 1, 1024); break;
     case O_SCHEDULE:
@@ -1161,6 +1270,9 @@ int main(int argc, char **argv) {
       die("--ckpt-dir and --resume with --experts: checkpoints of mixture-of-experts models "
           "are not built yet (the format has no expert-parallel shards)");
     if (cl.nccl) die("--experts runs on the CPU model over libcoll or Open MPI");
+    if (cl.cp > 1)
+      die("--experts with --cp is not built yet: the router's statistics and the expert "
+          "groups would be taken over the D x Cp ranks that share the weights, untested");
     if (explain) return print_moe_explain(&o, cl.ranks, cl.ep);
   }
 
@@ -1168,8 +1280,38 @@ int main(int argc, char **argv) {
    * refuses */
   if (!micro_given) cl.micro = 2 * cl.pp;
   if (!chunks_given) cl.chunks = cl.schedule == TRAIN_PP_INTERLEAVED ? 2 : 1;
-  if (cl.pp < 2 && (micro_given || chunks_given || cl.schedule != TRAIN_PP_1F1B || explain))
-    die("--schedule, --micro-batches, --chunks and --explain need --pp 2 or more");
+  if (cl.pp < 2 &&
+      (micro_given || chunks_given || cl.schedule != TRAIN_PP_1F1B || (explain && cl.cp < 2)))
+    die("--schedule, --micro-batches, --chunks and --explain need --pp 2 or more (--explain: "
+        "or --cp 2 or more)");
+  if (cpmode_given && cl.cp < 2)
+    die("--cp-mode needs --cp 2 or more: it chooses how the context-parallel ranks attend");
+  if (cl.cp > 1) { /* context parallelism's flags, checked before --plan and --explain */
+    if (train_config_check(&o.cfg, msg) != 0 ||
+        train_cp_check(&o.cfg, o.seq, cl.cp, cl.cp_ulysses, cl.tp, msg) != 0)
+      die(msg);
+    if (o.device == TRAIN_DEVICE_CUDA || cl.nccl)
+      die("--cp runs on the CPU model only (--device cpu, --backend coll or mpi): the CUDA "
+          "back end has no ring or Ulysses attention yet");
+    if (cl.pp > 1)
+      die("--cp with --pp is not built yet: the pipeline's pieces would carry T/C positions "
+          "and the stages' rings would need their own groups");
+    if (cl.sp) die("--cp with --sp is not built yet: both would shard the sequence");
+    if (!cl.ddp && !plan && !explain) /* --plan, --explain: every layout */
+      die("--cp needs --parallel ddp or fsdp: the context-parallel ranks sync their gradients "
+          "as data-parallel ones");
+    if (o.bf16)
+      die("--cp with --dtype bf16 is not built yet: ring attention keeps its log-sum-exp in "
+          "the fp32 buffer that bf16 stores in 16 bits");
+    if (!cl.ranks_given && !launched_by_someone()) cl.ranks = cl.cp * cl.tp;
+    if (!launched_by_someone() && cl.ranks % (cl.cp * cl.tp) != 0) {
+      snprintf(msg, sizeof msg,
+               "--ranks %d is not a multiple of --cp %d x --tp %d: the ranks form T x C x D "
+               "context-parallel rings",
+               cl.ranks, cl.cp, cl.tp);
+      die(msg);
+    }
+  }
   if (cl.pp > 1) {
     if (train_pp_check((train_pp_kind)cl.schedule, cl.pp, cl.micro, cl.chunks, msg) != 0) die(msg);
     if (train_config_check(&o.cfg, msg) != 0 ||
@@ -1221,10 +1363,12 @@ int main(int argc, char **argv) {
     if (cl.mpi || cl.nccl)
       die("--dtype bf16 all-reduces bfloat16 gradients, which only --backend coll can");
   }
+  if (explain && cl.cp > 1) return print_cp_explain(&o, cl.cp, cl.tp, cl.cp_ulysses);
   if (explain) return print_explain(cl.pp, cl.schedule, cl.micro, cl.chunks);
   if (plan) { /* a table for every strategy: --ranks and --accum need no --parallel */
     int rc = print_plan(&o, cl.ranks, cl.accum, cl.tp, cl.sp, fixed);
     if (rc == 0 && o.experts) rc = print_moe_plan(&o, cl.ranks, cl.ep, fixed);
+    if (rc == 0 && cl.cp > 1) rc = print_cp_plan(&o, cl.ranks, cl.cp, cl.tp, fixed);
     if (rc == 0 && cl.pp > 1)
       rc = print_pp_plan(&o, cl.ranks, cl.tp, cl.sp, cl.pp, cl.schedule, cl.micro, cl.chunks,
                          cl.fsdp);
@@ -1244,7 +1388,7 @@ int main(int argc, char **argv) {
     if (train_tp_config_check(&o.cfg, cl.tp, o.device, msg) != 0) die(msg);
     /* under a launcher (or mpirun re-running us) the world size is checked by run() */
     int launched = launched_by_someone() && !cl.ranks_given;
-    if (!cl.ranks_given && !launched) cl.ranks = cl.tp;
+    if (!cl.ranks_given && !launched) cl.ranks = cl.tp * cl.cp;
     if (!launched && cl.ranks % cl.tp != 0) {
       snprintf(msg, sizeof msg,
                "--ranks %d is not a multiple of --tp %d: the ranks "

@@ -65,7 +65,8 @@ struct train_backend {
   /* recv (nranks*bytes) = every rank's send (bytes), in rank order */
   int (*all_gather)(train_backend *b, const void *send, void *recv, size_t bytes, train_req *req);
   int (*broadcast)(train_backend *b, void *buf, size_t bytes, int root, train_req *req);
-  /* Optional (NULL: expert parallelism is refused on this library). all_to_all: block j
+  /* Optional (NULL: expert parallelism and Ulysses context parallelism are refused on
+   * this library). all_to_all: block j
    * (bytes) of send goes to rank j, block s of recv (bytes) comes from rank s.
    * all_to_allv: the same with a size and an offset per rank, in bytes (sendbytes[j] at
    * sdispls[j] of send to rank j, recvbytes[s] at rdispls[s] of recv from rank s; a
@@ -97,6 +98,11 @@ struct train_backend {
    * MPI_Isend/MPI_Irecv and MPI_Waitall). Two transfers to one peer meet that peer's in
    * list order. Ordered after the requests already started on b. */
   int (*exchange)(train_backend *b, const train_p2p *ops, int n);
+  /* Optional (NULL: callers use exchange, blocking): the same group of transfers
+   * started, completing through wait/test like the collectives — so a ring step's
+   * transfer moves while the caller computes (context parallelism's ring attention).
+   * libcoll: the group's send/recv on one of the backend's streams. */
+  int (*exchange_start)(train_backend *b, const train_p2p *ops, int n, train_req *req);
   /* Waits for outstanding work and releases the group (MPI_Finalize for MPI). */
   int (*destroy)(train_backend *b);
   /* Fails pending work and leaves the group at once, from any state. */

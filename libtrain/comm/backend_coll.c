@@ -155,6 +155,25 @@ static int cl_exchange(train_backend *b, const train_p2p *ops, int n) {
   return e == COLL_OK ? 0 : fail(b, "group of send/recv", e, coll_comm_last_error(c->comm));
 }
 
+static int cl_exchange_start(train_backend *b, const train_p2p *ops, int n, train_req *req) {
+  coll_impl *c = b->impl;
+  int s;
+  if (take_slot(b, &s) != 0) return -1;
+  /* every call of the group on the slot's stream: coll_group_end enqueues them and
+   * returns, and the stream reports their completion (cl_wait) */
+  coll_result r = coll_group_start();
+  if (r != COLL_OK) {
+    c->busy[s] = 0;
+    return fail(b, "group_start", r, coll_comm_last_error(c->comm));
+  }
+  for (int i = 0; i < n && r == COLL_OK; i++)
+    r = ops[i].send
+            ? coll_send(ops[i].buf, ops[i].bytes, COLL_UINT8, ops[i].peer, c->comm, c->streams[s])
+            : coll_recv(ops[i].buf, ops[i].bytes, COLL_UINT8, ops[i].peer, c->comm, c->streams[s]);
+  coll_result e = coll_group_end(); /* always closes the group, even after a refused call */
+  return started(b, "send/recv (started)", s, r != COLL_OK ? r : e, req);
+}
+
 static int cl_trace_start(train_backend *b) {
   coll_impl *c = b->impl;
   coll_result r = coll_trace_start(c->comm);
@@ -254,6 +273,7 @@ train_backend *train_backend_coll(coll_comm_t comm, int own, char *err) {
   b->barrier = cl_barrier;
   b->split = cl_split;
   b->exchange = cl_exchange;
+  b->exchange_start = cl_exchange_start;
   b->test = cl_test;
   b->wait = cl_wait;
   b->destroy = cl_destroy;

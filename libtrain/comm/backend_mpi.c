@@ -147,18 +147,6 @@ static int mp_all_gather(train_backend *b, const void *send, void *recv, size_t 
   return started(b, "Iallgather", s, rc, req);
 }
 
-static int mp_broadcast(train_backend *b, void *buf, size_t bytes, int root, train_req *req) {
-  mpi_impl *p = b->impl;
-  int s;
-  if (bytes > (size_t)INT32_MAX) {
-    train_errf(b->err, "rank %d: MPI broadcast: %zu bytes do not fit an int", b->rank, bytes);
-    return -1;
-  }
-  if (take_slot(b, &s) != 0) return -1;
-  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, p->comm, &p->slot[s].req);
-  return started(b, "Ibcast", s, rc, req);
-}
-
 static int mp_all_to_all(train_backend *b, const void *send, void *recv, size_t bytes,
                          train_req *req) {
   mpi_impl *p = b->impl;
@@ -171,6 +159,18 @@ static int mp_all_to_all(train_backend *b, const void *send, void *recv, size_t 
   int rc = MPI_Ialltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, p->comm,
                          &p->slot[s].req);
   return started(b, "Ialltoall", s, rc, req);
+}
+
+static int mp_broadcast(train_backend *b, void *buf, size_t bytes, int root, train_req *req) {
+  mpi_impl *p = b->impl;
+  int s;
+  if (bytes > (size_t)INT32_MAX) {
+    train_errf(b->err, "rank %d: MPI broadcast: %zu bytes do not fit an int", b->rank, bytes);
+    return -1;
+  }
+  if (take_slot(b, &s) != 0) return -1;
+  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, p->comm, &p->slot[s].req);
+  return started(b, "Ibcast", s, rc, req);
 }
 
 /* MPI takes int counts and offsets: the arrays are converted into the slot's own, which

@@ -227,6 +227,9 @@ typedef struct train_options {
    * model holds rank ep_rank's experts/ep of them (parallel/ep.h). */
   int experts, topk, ep, ep_rank;
   float capacity_factor, aux_coef;
+  /* Context parallelism (parallel/cp.h): the sequence split over cp ranks (0 or 1: none);
+   * the model is made for seq/cp positions per sequence, its chunks of every sequence. */
+  int cp;
 } train_options;
 
 typedef struct train_step_stats {

@@ -68,6 +68,20 @@ static void xent_backward(train_model *m, float *dlogits, const float *probs, co
   m->ops->crossentropy_backward(dlogits, probs, targets, dloss, N, m->vocab_local);
 }
 
+void train_local_attn_forward(train_model *m, int i, float *out, float *att, const float *qkv,
+                              int B, int T, int C, int NH) {
+  (void)i;
+  m->ops->attention_forward(out, att, qkv, B, T, C, NH);
+}
+
+void train_local_attn_backward(train_model *m, int i, float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *att, const float *out, int B, int T,
+                               int C, int NH) {
+  (void)i;
+  (void)out; /* the saved probabilities are enough */
+  m->ops->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+
 static double grad_sumsq(train_model *m) {
   if (m->bf16) return m->ops->sumsq_bf16(m->grads16, m->nparams);
   return m->ops->sumsq(m->grads, m->nparams);
@@ -102,6 +116,8 @@ static const train_layer_ops local_ops = {
     .row_backward = linear_backward,
     .xent_forward = xent_forward,
     .xent_backward = xent_backward,
+    .attn_forward = train_local_attn_forward,
+    .attn_backward = train_local_attn_backward,
     .grad_sumsq = grad_sumsq,
     .fail = fail,
     .moe_forward = moe_forward,

@@ -21,10 +21,11 @@
  * The layers a strategy may split are called as layer operations (model.h:
  * train_layer_ops, m->layer_ops), the rest as kernels: the embedding, the LayerNorms, the
  * column-parallel Linears (attn.qkv, mlp.fc, the LM head), the row-parallel ones
- * (attn.proj, mlp.proj), the cross-entropy. The passes call them the same way whatever is
- * installed: the single-process operations (layers_local.c) or the tensor-parallel ones
- * (parallel/tp.c), which carry Megatron's f and g inside them. The passes hold no branch
- * per strategy; what differs between them is shape, fixed at creation:
+ * (attn.proj, mlp.proj), the cross-entropy, attention (context parallelism's ring or
+ * Ulysses, parallel/cp.c, replaces it and the embedding's positions). The passes call them
+ * the same way whatever is installed: the single-process operations (layers_local.c) or the
+ * tensor-parallel ones (parallel/tp.c), which carry Megatron's f and g inside them. The passes hold
+ * no branch per strategy; what differs between them is shape, fixed at creation:
  *
  * Tensor parallelism is the same layout at local widths: with T ranks a block holds NH/T
  * heads (attn.qkv.w (3C/T,C), attn.proj.w (C,C/T)), 4C/T MLP rows (mlp.fc.w (4C/T,C),
@@ -991,7 +992,7 @@ static void block_forward(train_model *m, int l, int i, const float *x, int B, i
    * heads, proj row-parallel (its partial products summed by g, then its bias) */
   lo->ln_forward(m, b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1w, w.ln1b, Nr, C, "f attn");
   lo->col_forward(m, b.qkv, b.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
-  o->attention_forward(b.atty, b.att, b.qkv, B, T, Cl, NH);
+  lo->attn_forward(m, i, b.atty, b.att, b.qkv, B, T, Cl, NH);
   lo->row_forward(m, a->branch, b.atty, w.projw, w.projb, N, Cl, C, "g attn");
   o->residual_forward(b.res2, x, a->branch, (size_t)Nr * C);
   /* the MLP likewise: fc column-parallel (4C/T rows), proj row-parallel */
@@ -1197,7 +1198,7 @@ void train_piece_backward(train_model *m, int chunk) {
     } else if (m->recompute == TRAIN_RECOMPUTE_SELECTIVE) {
       /* the attention probabilities again from q, k, v (the largest tensor, T^2 per head,
        * the cheapest to recompute); its output goes to the spare branch buffer */
-      o->attention_forward(a->branch, ba.att, ba.qkv, B, T, Cl, NH);
+      lo->attn_forward(m, i, a->branch, ba.att, ba.qkv, B, T, Cl, NH);
     }
     block_weights(m, l, &w);
     block_grads(m, l, &g);
@@ -1234,7 +1235,7 @@ void train_piece_backward(train_model *m, int chunk) {
     lo->row_backward(m, s->datty, W ? NULL : g.projw, W ? NULL : g.projb, s->dres, atty, w.projw, N,
                      Cl, C, "g attn");
     o->zero(dqkv, NCl * 3 * sizeof(float));
-    o->attention_backward(dqkv, s->datt, s->datty, qkv, att, B, T, Cl, NH);
+    lo->attn_backward(m, i, dqkv, s->datt, s->datty, qkv, att, atty, B, T, Cl, NH);
     o->zero(s->dln, NC * sizeof(float));
     lo->col_backward(m, s->dln, W ? NULL : g.qkvw, W ? NULL : g.qkvb, dqkv, ln1, w.qkvw, N, C,
                      3 * Cl, "f attn");

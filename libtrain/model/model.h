@@ -228,6 +228,18 @@ typedef struct train_layer_ops {
                        const int *targets, int N);
   void (*xent_backward)(train_model *m, float *dlogits, const float *probs, const int *targets,
                         float dloss, int N);
+  /* causal self-attention over the heads held here: qkv (B,T,3C) -> out (B,T,C), C and NH
+   * this rank's width and heads, T the positions held here; att (B,NH,T,T) is what
+   * backward reads (the local operation: the softmax probabilities; context parallelism
+   * keeps its own state per block and leaves it alone); i: the set's block (its state's
+   * key). Backward: dqkv (B,T,3C) +=, from dout and forward's out; datt is scratch
+   * (B,NH,T,T). Context parallelism (parallel/cp.c) replaces both: ring attention or
+   * Ulysses over its group. */
+  void (*attn_forward)(train_model *m, int i, float *out, float *att, const float *qkv, int B,
+                       int T, int C, int NH);
+  void (*attn_backward)(train_model *m, int i, float *dqkv, float *datt, const float *dout,
+                        const float *qkv, const float *att, const float *out, int B, int T, int C,
+                        int NH);
   /* squared norm of the whole model's gradient (split tensors summed over the group,
    * replicated ones counted once) */
   double (*grad_sumsq)(train_model *m);
@@ -240,10 +252,21 @@ typedef struct train_layer_ops {
   void (*moe_forward)(train_model *m, int l, float *out, const float *inp, int N);
   void (*moe_backward)(train_model *m, int l, float *dinp, const float *dout, const float *inp,
                        int N);
+  /* the table this one was made over and calls for the operations it does not replace
+   * (context parallelism over tensor parallelism), or NULL; layer_ctx stays the context
+   * of the bottom table */
+  const struct train_layer_ops *under;
 } train_layer_ops;
 
 /* The single-process operations (layers_local.c). */
 const train_layer_ops *train_local_layer_ops(void);
+/* The local attention operations alone (the kernels), for tables that do not replace
+ * attention (parallel/tp.c). */
+void train_local_attn_forward(train_model *m, int i, float *out, float *att, const float *qkv,
+                              int B, int T, int C, int NH);
+void train_local_attn_backward(train_model *m, int i, float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *att, const float *out, int B, int T,
+                               int C, int NH);
 
 struct train_model {
   train_config cfg;

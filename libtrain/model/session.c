@@ -40,7 +40,10 @@ train_session *train_session_create(const train_options *opt, char *err) {
                        .ep_rank = opt->ep_rank,
                        .capacity = opt->capacity_factor,
                        .aux_coef = opt->aux_coef};
-  s->model = train_model_create_split(&opt->cfg, opt->batch, opt->seq, opt->device, opt->threads,
+  /* context parallelism: this rank's positions of every sequence (parallel/cp.c reads
+   * the whole sequences and hands the model its chunks) */
+  int seq_here = opt->cp > 1 ? opt->seq / opt->cp : opt->seq;
+  s->model = train_model_create_split(&opt->cfg, opt->batch, seq_here, opt->device, opt->threads,
                                       opt->seed, &split, err);
   if (!s->model) goto fail;
   s->pos.seed = opt->seed;

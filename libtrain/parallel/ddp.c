@@ -9,6 +9,7 @@
  * never print or exit, and never touch a gradient range that is still being written.
  */
 #include "parallel/ddp.h"
+#include "parallel/cp.h"
 #include "parallel/strategy.h"
 #include "parallel/tp.h"
 #include "model/model.h"
@@ -38,6 +39,7 @@ struct train_ddp {
   double launch_s; /* time spent inside all-reduce launch calls this backward */
   train_trace trace;
   int *inputs, *targets;
+  int *cp_inputs, *cp_targets; /* context parallelism: this rank's chunks (B, T/cp) */
 };
 
 train_ddp_options train_ddp_options_default(void) {
@@ -331,7 +333,12 @@ train_ddp *train_ddp_create(train_session *s, train_backend *b, const train_ddp_
   size_t bt = (size_t)s->opt.batch * s->opt.seq;
   d->inputs = malloc(bt * sizeof(int));
   d->targets = malloc(bt * sizeof(int));
-  if (!d->inputs || !d->targets || build_buckets(d) != 0) {
+  if (o->cp > 1) {
+    d->cp_inputs = malloc(bt / o->cp * sizeof(int));
+    d->cp_targets = malloc(bt / o->cp * sizeof(int));
+  }
+  if (!d->inputs || !d->targets || (o->cp > 1 && (!d->cp_inputs || !d->cp_targets)) ||
+      build_buckets(d) != 0) {
     train_errf(err, "out of memory for DDP buckets");
     train_ddp_free(d);
     return NULL;
@@ -393,6 +400,8 @@ void train_ddp_free(train_ddp *d) {
   free(d->bs);
   free(d->inputs);
   free(d->targets);
+  free(d->cp_inputs);
+  free(d->cp_targets);
   train_trace_free(&d->trace);
   free(d);
 }
@@ -403,6 +412,11 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err) {
   train_backend *b = d->b;
   int B = s->opt.batch, T = s->opt.seq, K = d->o.accum, N = b->nranks;
   int rank = b->rank;
+  /* context parallelism: N/cp data ranks, each of cp ranks reading the same sequences
+   * and running its chunks of them (T/cp positions) */
+  int cp = d->o.cp > 1 ? d->o.cp : 1, cr = rank % cp;
+  N /= cp;
+  rank /= cp;
   memset(st, 0, sizeof *st);
   double t0 = train_now(), tb_end = t0;
   double loss = 0.0;
@@ -414,9 +428,16 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err) {
     train_loader_state p = pos0;
     train_data_next_rows(s->data, &p, K * N * B, T, (k * N + rank) * B, B, d->inputs, d->targets);
     if (k == K - 1) s->pos = p;
+    int *in = d->inputs, *tg = d->targets;
+    if (cp > 1) {
+      train_cp_take(d->inputs, d->cp_inputs, B, T, cp, cr);
+      train_cp_take(d->targets, d->cp_targets, B, T, cp, cr);
+      in = d->cp_inputs;
+      tg = d->cp_targets;
+    }
     double tf = train_now();
     d->t_stage = tf;
-    loss += train_forward(m, d->inputs, d->targets, B, T);
+    loss += train_forward(m, in, tg, B, T / cp);
     double tb = train_now();
     st->fwd_ms += (tb - tf) * 1e3;
     int sync = k == K - 1;
@@ -466,10 +487,10 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err) {
     if (d->o.trace) {
       char nm[40];
       snprintf(nm, sizeof nm, "allreduce b%d %.2fMiB", i, d->bk[i].count * 4.0 / 1048576);
-      train_trace_add(&d->trace, rank, TRAIN_TRACE_COMM, nm, bs->t_launch, bs->t_done);
+      train_trace_add(&d->trace, b->rank, TRAIN_TRACE_COMM, nm, bs->t_launch, bs->t_done);
     }
   }
-  if (d->o.trace) train_trace_add(&d->trace, rank, TRAIN_TRACE_COMPUTE, "wait comm", tb_end, tw);
+  if (d->o.trace) train_trace_add(&d->trace, b->rank, TRAIN_TRACE_COMPUTE, "wait comm", tb_end, tw);
   st->comm_ms = d->nb ? (last - first) * 1e3 : 0.0;
   double hidden = st->comm_ms > 0 ? 1.0 - st->wait_ms / st->comm_ms : 0.0;
   st->hidden = hidden < 0 ? 0 : hidden > 1 ? 1 : hidden;
@@ -480,7 +501,7 @@ int train_ddp_step(train_ddp *d, train_ddp_stats *st, char *err) {
   m->ops->sync();
   double t1 = train_now();
   st->opt_ms = (t1 - tw) * 1e3;
-  if (d->o.trace) train_trace_add(&d->trace, rank, TRAIN_TRACE_COMPUTE, "optimizer", tw, t1);
+  if (d->o.trace) train_trace_add(&d->trace, b->rank, TRAIN_TRACE_COMPUTE, "optimizer", tw, t1);
   s->step++;
   st->step.step = s->step;
   st->step.loss = lossf;
@@ -610,7 +631,8 @@ train_parallel *train_ddp_strategy_create(train_session *s, train_grid *g,
     train_errf(err, "out of memory");
     return NULL;
   }
-  p->rows_mult = g->dp->nranks * opt->accum;
+  dopt.cp = g->Cp;
+  p->rows_mult = g->dp->nranks / (g->Cp > 1 ? g->Cp : 1) * opt->accum;
   if (!(p->impl = train_ddp_create(s, g->dp, &dopt, err))) {
     free(p);
     return NULL;

@@ -30,6 +30,9 @@ typedef struct train_ddp_options {
   int overlap;               /* 1: launch buckets during backward; 0: after it */
   int accum;                 /* micro-steps per optimizer step (1) */
   int trace;                 /* record a timeline (train_ddp_write_trace) */
+  /* context parallelism (cp.h; 0 or 1: none): the group's ranks in runs of cp share
+   * sequences, rank i holding chunks of each by cp rank i % cp (train_cp_take) */
+  int cp;
 } train_ddp_options;
 
 TRAIN_API train_ddp_options train_ddp_options_default(void);

@@ -18,6 +18,7 @@
  */
 #include "parallel/checkpoint.h"
 #include "parallel/fsdp.h"
+#include "parallel/cp.h"
 #include "parallel/planner.h"
 #include "parallel/strategy.h"
 #include "parallel/tp.h"
@@ -73,6 +74,7 @@ struct train_fsdp {
   double t_stage;
   train_trace trace;
   int *inputs, *targets;
+  int *cp_inputs, *cp_targets; /* context parallelism: this rank's chunks (B, T/cp) */
   int materialized;
   coll_trace_event *tev; /* libcoll's records of one step (measured bytes sent) */
   size_t tcap;
@@ -478,8 +480,13 @@ train_fsdp *train_fsdp_create(train_session *s, train_backend *b, const train_fs
   size_t bt = (size_t)s->opt.batch * s->opt.seq;
   f->inputs = malloc(bt * sizeof(int));
   f->targets = malloc(bt * sizeof(int));
+  if (o->cp > 1) {
+    f->cp_inputs = malloc(bt / o->cp * sizeof(int));
+    f->cp_targets = malloc(bt / o->cp * sizeof(int));
+  }
   if (!f->pshard || !f->gshard || !f->mshard || !f->vshard || !f->stage ||
-      (o->accum > 1 && !f->gtmp) || !f->inputs || !f->targets)
+      (o->accum > 1 && !f->gtmp) || !f->inputs || !f->targets ||
+      (o->cp > 1 && (!f->cp_inputs || !f->cp_targets)))
     goto oom;
   f->bufblock[0] = f->bufblock[1] = -1;
   if (o->zero == 3) {
@@ -590,6 +597,8 @@ void train_fsdp_free(train_fsdp *f) {
   zfree(f->blockbuf[1]);
   free(f->inputs);
   free(f->targets);
+  free(f->cp_inputs);
+  free(f->cp_targets);
   free(f->tev);
   train_trace_free(&f->trace);
   free(f);
@@ -707,6 +716,10 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err) {
   train_model *m = s->model;
   train_backend *b = f->b;
   int B = s->opt.batch, T = s->opt.seq, K = f->o.accum, N = f->N;
+  /* context parallelism: N/cp data ranks, each of cp ranks reading the same sequences
+   * and running its chunks of them (T/cp positions) */
+  int cp = f->o.cp > 1 ? f->o.cp : 1, drank = f->rank / cp;
+  N /= cp;
   memset(st, 0, sizeof *st);
   int measure = !f->o.trace && b->trace_start && b->trace_read;
   if (measure && b->trace_start(b) != 0) {
@@ -721,15 +734,21 @@ int train_fsdp_step(train_fsdp *f, train_fsdp_stats *st, char *err) {
   train_loader_state pos0 = s->pos;
   for (int k = 0; k < K; k++) {
     train_loader_state p = pos0;
-    train_data_next_rows(s->data, &p, K * N * B, T, (k * N + f->rank) * B, B, f->inputs,
-                         f->targets);
+    train_data_next_rows(s->data, &p, K * N * B, T, (k * N + drank) * B, B, f->inputs, f->targets);
+    int *in = f->inputs, *tg = f->targets;
+    if (cp > 1) {
+      train_cp_take(f->inputs, f->cp_inputs, B, T, cp, f->rank % cp);
+      train_cp_take(f->targets, f->cp_targets, B, T, cp, f->rank % cp);
+      in = f->cp_inputs;
+      tg = f->cp_targets;
+    }
     if (k == K - 1) s->pos = p;
     f->micro = k;
     f->nrs = f->rs_polled = 0;
     double tf = train_now();
     f->t_stage = tf;
     if (f->o.zero == 3) gather_start(f, 0); /* in flight while the embeddings compute */
-    loss += train_forward(m, f->inputs, f->targets, B, T);
+    loss += train_forward(m, in, tg, B, T / cp);
     double tb = train_now();
     st->fwd_ms += (tb - tf) * 1e3;
     f->t_stage = tb;
@@ -961,12 +980,13 @@ train_parallel *train_fsdp_strategy_create(train_session *s, train_grid *g,
   fo.zero = opt->zero;
   fo.accum = opt->accum;
   fo.trace = opt->trace;
+  fo.cp = g->Cp;
   train_parallel *p = train_parallel_new(&fsdp_strategy_ops, s, g, opt);
   if (!p) {
     train_errf(err, "out of memory");
     return NULL;
   }
-  p->rows_mult = g->dp->nranks * opt->accum;
+  p->rows_mult = g->dp->nranks / (g->Cp > 1 ? g->Cp : 1) * opt->accum;
   p->zero = opt->zero;
   if (!(p->impl = train_fsdp_create(s, g->dp, &fo, err))) {
     free(p);

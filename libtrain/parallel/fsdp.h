@@ -42,6 +42,9 @@ typedef struct train_fsdp_options {
   int zero;  /* 1, 2 or 3 (3) */
   int accum; /* micro-steps per optimizer step (1) */
   int trace; /* record a timeline (train_fsdp_write_trace) */
+  /* context parallelism (cp.h; 0 or 1: none): the group's ranks in runs of cp share
+   * sequences, rank i holding chunks of each by cp rank i % cp (train_cp_take) */
+  int cp;
 } train_fsdp_options;
 
 TRAIN_API train_fsdp_options train_fsdp_options_default(void);

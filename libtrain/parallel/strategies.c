@@ -44,5 +44,8 @@ train_parallel *train_parallel_create(train_session *s, train_grid *g,
     }
     return train_ep_strategy_create(s, g, opt, err);
   }
+  /* context parallelism wraps the data-parallel row (and tensor parallelism around it
+   * when T > 1): its ranks sync their gradients as data-parallel ones */
+  if (g->Cp > 1) return train_cp_strategy_create(s, g, opt, create, err);
   return g->T > 1 ? train_tp_strategy_create(s, g, opt, create, err) : create(s, g, opt, err);
 }

@@ -140,14 +140,59 @@ int train_grid_add_ep(train_grid *g, int X, char *err) {
   return 0;
 }
 
+int train_grid_create_cp(train_grid *g, train_backend *world, int T, int Cp, char *err) {
+  memset(g, 0, sizeof *g);
+  g->world = world;
+  g->T = T > 1 ? T : 1;
+  g->P = 1;
+  g->Cp = Cp > 1 ? Cp : 1;
+  g->dp = world;
+  if (g->Cp == 1) return train_grid_create_pp(g, world, T, 1, err);
+  int W = g->T * g->Cp;
+  if (!world || world->nranks % W != 0) {
+    train_errf(err, "%d ranks cannot form a grid of --tp %d x --cp %d x D",
+               world ? world->nranks : 1, g->T, g->Cp);
+    return -1;
+  }
+  if (!world->split) {
+    train_errf(err,
+               "--cp: the %s backend cannot split the job into context-parallel groups; use "
+               "--backend coll",
+               world->name);
+    return -1;
+  }
+  g->D = world->nranks / W;
+  g->t = world->rank % g->T;
+  g->c = world->rank / g->T % g->Cp;
+  g->d = world->rank / W;
+  /* CP ring: the Cp ranks of one (d, t); TP: the T of one (d, c); the gradient sync group:
+   * the D*Cp of one t (the world when T = 1), each ranked by its place in the job */
+  train_backend *cp = NULL, *tp = NULL, *dp = world;
+  int rc = world->split(world, g->d * g->T + g->t, world->rank, &cp);
+  if (rc == 0 && g->T > 1) rc = world->split(world, g->d * g->Cp + g->c, world->rank, &tp);
+  if (rc == 0 && g->T > 1) rc = world->split(world, g->t, world->rank, &dp);
+  if (rc != 0 || !cp || (g->T > 1 && (!tp || !dp))) {
+    train_errf(err, "%s", world->err);
+    if (dp && dp != world) dp->destroy(dp);
+    if (tp) tp->destroy(tp);
+    if (cp) cp->destroy(cp);
+    return -1;
+  }
+  g->cp = cp;
+  g->tp = tp;
+  g->dp = dp;
+  return 0;
+}
+
 void train_grid_free(train_grid *g) {
   if (g->edp) g->edp->destroy(g->edp);
   if (g->ep) g->ep->destroy(g->ep);
   g->ep = g->edp = NULL;
   if (g->pp) g->pp->destroy(g->pp);
-  if (g->tp || g->pp) g->dp->destroy(g->dp);
+  if (g->dp && g->dp != g->world) g->dp->destroy(g->dp);
   if (g->tp) g->tp->destroy(g->tp);
-  g->tp = g->pp = NULL;
+  if (g->cp) g->cp->destroy(g->cp);
+  g->tp = g->pp = g->cp = NULL;
   g->dp = g->world;
 }
 

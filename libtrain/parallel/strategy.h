@@ -44,6 +44,12 @@ typedef struct train_grid {
    * (the ranks holding the same experts). NULL where the group would be one rank. */
   train_backend *ep, *edp;
   int X, e; /* X = 1: no expert parallelism */
+  /* Context parallelism (train_grid_create_cp; Cp 0 or 1: none): the Cp ranks of one
+   * (d, t) split each sequence; they are data-parallel for the weights, so `dp` is then
+   * the D x Cp ranks of one t (gradients sync over it) and D counts replicas of the
+   * sequences. rank = (d*Cp + c)*T + t. */
+  train_backend *cp; /* the Cp ranks of this rank's context-parallel ring (NULL: Cp = 1) */
+  int Cp, c;
 } train_grid;
 
 /* Ranks of a T x D grid: tensor-parallel groups of T consecutive ranks, data-parallel
@@ -62,6 +68,11 @@ TRAIN_API int train_grid_create_pp(train_grid *g, train_backend *world, int T, i
  * and the expert-data-parallel groups across them (collective over g->dp); X must divide
  * D. X = 1 splits nothing: every rank holds every expert, expert-DP is the DP group. */
 TRAIN_API int train_grid_add_ep(train_grid *g, int X, char *err);
+/* The grid with a context-parallel dimension between data and tensor parallelism,
+ * Megatron's order: rank = (d*Cp + c)*T + t, so a TP group is T consecutive ranks, a CP
+ * ring Cp ranks T apart, and the gradient sync group (dp) the D*Cp ranks of one t. Every
+ * group a split of world; no pipeline dimension (refused with --cp). */
+TRAIN_API int train_grid_create_cp(train_grid *g, train_backend *world, int T, int Cp, char *err);
 /* Leaves the groups the grid split (not the world). */
 TRAIN_API void train_grid_free(train_grid *g);
 
@@ -78,6 +89,7 @@ typedef struct train_parallel_options {
   int micro;           /* pp: micro-batches per step (M) */
   int chunks;          /* pp: model chunks per stage (V, interleaved) */
   int experts;         /* the model's mixture of experts (0: dense): ep.c steps it */
+  int cp_ulysses;      /* cp: 1 = Ulysses (all-to-all to heads), 0 = ring attention */
 } train_parallel_options;
 
 /* One step as the strategy saw it: what the loop prints and sums. */
@@ -94,6 +106,8 @@ typedef struct train_step_report {
   long tp_calls;             /* in-block collectives */
   double ep_ms, ep_bytes;    /* blocked in the MoE all-to-alls; bytes this rank sent in them */
   long ep_calls;             /* MoE all-to-alls (counts and rows) */
+  double cp_ms, cp_bytes;    /* context parallel: blocked in its transfers; sent */
+  long cp_calls;             /* its transfers (ring steps, all-to-alls) */
 } train_step_report;
 
 typedef struct train_parallel train_parallel;
@@ -180,6 +194,13 @@ train_parallel *train_ep_strategy_create(train_session *s, train_grid *g,
 /* pipeline.c: P stages over the grid's pipeline group, the data-parallel sync of each
  * stage over its data-parallel group after the last micro-batch (the model attached to
  * the tensor-parallel group first when T > 1). */
+/* cp.c: context parallelism over the grid's CP group: attaches ring or Ulysses attention
+ * and the chunked positions to the model, then creates the data-parallel strategy `inner`
+ * over the grid's dp group (D x Cp ranks: the gradients sync over both). */
+train_parallel *train_cp_strategy_create(train_session *s, train_grid *g,
+                                         const train_parallel_options *opt,
+                                         train_parallel_create_fn inner, char *err);
+
 train_parallel *train_pp_strategy_create(train_session *s, train_grid *g,
                                          const train_parallel_options *opt, char *err);
 

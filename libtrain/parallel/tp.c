@@ -46,7 +46,10 @@ static const train_layer_ops tp_layer_ops;
 
 /* The group's context of a model whose layer operations are this file's, else NULL. */
 static train_tp_ctx *ctx_of(const train_model *m) {
-  return m->layer_ops == &tp_layer_ops ? m->layer_ctx : NULL;
+  /* installed, or under a table made over it (context parallelism) */
+  for (const train_layer_ops *o = m->layer_ops; o; o = o->under)
+    if (o == &tp_layer_ops) return m->layer_ctx;
+  return NULL;
 }
 
 static void failf(train_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -600,6 +603,8 @@ static const train_layer_ops tp_layer_ops = {
     .row_backward = row_backward,
     .xent_forward = xent_forward,
     .xent_backward = xent_backward,
+    .attn_forward = train_local_attn_forward, /* heads are local: nothing to communicate */
+    .attn_backward = train_local_attn_backward,
     .grad_sumsq = grad_sumsq,
     .fail = fail,
 };

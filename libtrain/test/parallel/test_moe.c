@@ -420,6 +420,7 @@ Test(moe, bad_input_is_refused_with_one_line, .timeout = 60) {
       {"--experts 4 --ranks 2 --parallel ddp --accum 2", "--accum"},
       {"--experts 4 --ckpt-dir ck", "checkpoints of mixture-of-experts models"},
       {"--experts 4 --aux-loss-coef -1", "--aux-loss-coef"},
+      {"--experts 4 --cp 2 --ranks 2 --parallel ddp", "--experts with --cp"},
   };
   char *dir = th_tmpdir(), *base = th_fmt("%s/run", dir);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
