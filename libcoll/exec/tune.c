@@ -715,8 +715,8 @@ coll_result coll_comm_net_params(coll_comm_t comm, double *alpha_net, double *be
   return COLL_OK;
 }
 
-coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t bytes, const char *algo,
-                                 int rank, uint64_t *inside, uint64_t *across) {
+coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t count, coll_dtype dtype,
+                                 const char *algo, int rank, uint64_t *inside, uint64_t *across) {
   if (!comm || !coll || !algo || !inside || !across)
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "coll_comm_link_bytes: comm, coll, algo, inside and across must not be NULL");
@@ -725,7 +725,8 @@ coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t byte
     if (strcmp(coll_coll_name((coll_coll_kind)i), coll) == 0) c = i;
   bool ok = false;
   coll_algo a = coll_algo_from_name(algo, &ok);
-  if (c < 0 || !ok || !coll_algo_has_plan(a) || rank < 0 || rank >= comm->nranks)
+  size_t es = coll_elem_bytes(dtype);
+  if (c < 0 || !ok || !coll_algo_has_plan(a) || rank < 0 || rank >= comm->nranks || !es)
     return coll_fail(comm, COLL_ERR_INVALID_ARG,
                      "coll_comm_link_bytes: \"%s\" by \"%s\" on rank %d: no such collective, "
                      "schedule or rank (%d ranks)",
@@ -734,12 +735,12 @@ coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t byte
   if (!steps) return coll_fail(comm, COLL_ERR_SYSTEM, "coll_comm_link_bytes: out of memory");
   coll_plan_args pa = {.coll = (coll_coll_kind)c,
                        .algo = a,
-                       .count = count_of(comm, (coll_coll_kind)c, bytes),
+                       .count = count,
                        .nranks = comm->nranks,
                        .rank = rank,
                        .hosts = &comm->hosts,
-                       .slice = comm->slot_bytes};
-  coll_result r = coll_plan_link_bytes(&pa, 1, steps, inside, across);
+                       .slice = comm->slot_bytes / es};
+  coll_result r = coll_plan_link_bytes(&pa, es, steps, inside, across);
   free(steps);
   if (r != COLL_OK)
     return coll_fail(comm, r, "coll_comm_link_bytes: no schedule for %s by %s", coll, algo);

@@ -87,13 +87,14 @@ COLL_API coll_result coll_comm_hosts(coll_comm_t comm, int *nhosts, int *per_hos
  * NULL. */
 COLL_API coll_result coll_comm_net_params(coll_comm_t comm, double *alpha_net, double *beta_net);
 /* The bytes `rank` sends over links inside its host (*inside) and across hosts (*across)
- * when row `algo` ("ring", "hier", ...) runs `coll` at `bytes` (nccl-tests' size) on this
- * communicator: summed from the schedule the executor would run for it, not from a
- * formula.  COLL_ERR_INVALID_ARG for an unknown name, a rank out of range, or a row that
- * runs no schedule (oneshot, direct, mapped). */
-COLL_API coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t bytes,
-                                          const char *algo, int rank, uint64_t *inside,
-                                          uint64_t *across);
+ * when row `algo` ("ring", "hier", ...) runs `coll` on `count` elements of `dtype` (the
+ * count the collective's call takes: per rank for all_gather and reduce_scatter) on this
+ * communicator: summed from the schedule the executor would run, not from a formula.
+ * COLL_ERR_INVALID_ARG for an unknown name, a rank out of range, or a row that runs no
+ * schedule (oneshot, direct, mapped). */
+COLL_API coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t count,
+                                          coll_dtype dtype, const char *algo, int rank,
+                                          uint64_t *inside, uint64_t *across);
 /* The algorithm the last finished collective of this communicator ran ("ring",
  * "oneshot", "mapped", ...), NULL before the first. */
 COLL_API const char *coll_comm_last_algo(coll_comm_t comm);
