@@ -353,15 +353,22 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->transport = comm->transports[most];
   /* The one-shot path needs every peer's mailbox mapped: one host, all shm. */
   comm->mailboxes = nranks > 1 && uses[COLL_T_SHM] == nranks - 1;
-  /* Second round: everyone has mapped everyone's segment, so names can go. */
+  /* Second round: everyone has mapped everyone's segment, so names can go.  Each rank's
+   * slot goes with it and all take the least: the executor cuts every step into slices of
+   * one slot, and the two ends of a connection must cut alike.  Ranks can differ: one
+   * alone on its host has only tcp peers (256 KiB slots) where ranks with shm peers too
+   * took shm's 64 KiB (2 + 1 ranks on two hosts failed with "received a 65536-byte
+   * slice ... but expected 262144"). */
   {
-    uint8_t token = 1, *tokens = calloc((size_t)nranks, 1);
-    if (!tokens) {
+    uint64_t mine = comm->slot_bytes, *slots = calloc((size_t)nranks, sizeof *slots);
+    if (!slots) {
       r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory");
       goto fail;
     }
-    r = rv->allgather(rv, comm, &token, tokens, 1);
-    free(tokens);
+    r = rv->allgather(rv, comm, &mine, slots, sizeof mine);
+    for (int p = 0; r == COLL_OK && p < nranks; p++)
+      if (slots[p] > 0 && slots[p] < comm->slot_bytes) comm->slot_bytes = (size_t)slots[p];
+    free(slots);
     if (r != COLL_OK) goto fail;
   }
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)
