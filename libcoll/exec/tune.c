@@ -6,6 +6,10 @@
  *          lap over the number of hops (on 2 ranks, half a ping-pong).
  *   β      ranks 0 and 1 bounce 1 MiB: (half the fastest round trip - α) / 1 MiB.
  *   γ      rank 0 reduces 64 KiB of float32 in cache: seconds per byte reduced.
+ *   on several hosts (comm->hosts): β between rank 0 and the first other rank of its
+ *          host, α the median half round trip of 8 bytes to it (the token's hop mixes
+ *          the classes); α_x and β_x the same to the first rank of another host.  Flat
+ *          rows are priced at the slower class, host-aware rows (hier) per class.
  *   per schedule (every row with a plan): a small call forced onto it — an 8-byte
  *          all-reduce, or a byte per rank of all-to-all (pairwise) or gather (linear) —
  *          median of 60, over the number of α terms in its formula: its own α.  With more
@@ -22,8 +26,8 @@
  * choice that wanders between runs changes the result's last bits.  Three things keep it
  * still: (1) every figure is rounded to a quarter octave (a factor 2^(1/4) = 1.19), so
  * the ±10% a quiet machine wanders mostly lands on the same value; (2) the figures are
- * cached by default, per shape of communicator (ranks, ranks on this host, transport,
- * slot size), in $XDG_CACHE_HOME/libcoll/tune (else ~/.cache/libcoll/tune): the first
+ * cached by default, per shape of communicator (ranks, ranks on this host, hosts,
+ * transport, slot size), in $XDG_CACHE_HOME/libcoll/tune (else ~/.cache/libcoll/tune): the first
  * run measures, every later run on this machine reads the same numbers and so builds
  * the same table; COLL_TUNE_FILE=path moves the cache, COLL_TUNE_FILE=none turns it off;
  * (3) COLL_ALGO=name pins the algorithm outright, and COLL_TUNE=0 uses fixed defaults.

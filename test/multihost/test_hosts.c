@@ -28,8 +28,8 @@
 #include "tcp_matrix.h"
 
 typedef struct {
-  int hosts, per_host; /* what coll_comm_hosts must report (per_host 0: unequal) */
-  const char *want_algo; /* what each all-reduce with data must have run, NULL: anything */
+  int hosts, per_host;    /* what coll_comm_hosts must report (per_host 0: unequal) */
+  const char *want_algo;  /* what each all-reduce with data must have run, NULL: anything */
   const char *never_algo; /* what no call may have run, NULL: no such rule */
   bool all_dtypes;
 } job;
@@ -43,8 +43,8 @@ static int check_layout(coll_comm_t comm, int rank, int n, const job *j) {
   if (coll_comm_hosts(comm, &nh, &per, host) != COLL_OK)
     return t_failf("rank %d: coll_comm_hosts: %s", rank, coll_comm_last_error(comm));
   if (nh != j->hosts || per != j->per_host)
-    return t_failf("rank %d: %d hosts of %d ranks each, expected %d of %d", rank, nh, per,
-                   j->hosts, j->per_host);
+    return t_failf("rank %d: %d hosts of %d ranks each, expected %d of %d", rank, nh, per, j->hosts,
+                   j->per_host);
   for (int r = 1; r < n; r++)
     if (host[r] < host[r - 1])
       return t_failf("rank %d: hosts are not filled in rank order: %d then %d", rank, host[r - 1],
@@ -82,9 +82,8 @@ static int rank_matrix(coll_comm_t comm, int rank, int n, void *arg) {
           fails += tm_call(comm, rank, n, 0, dts[di], ops[oi], ip, counts[ci], 0, seed++, a, b);
           const char *ran = coll_comm_last_algo(comm);
           if (!fails && counts[ci] && j->want_algo && (!ran || strcmp(ran, j->want_algo)))
-            fails += t_failf("rank %d: all_reduce of %zu %s ran %s, expected %s", rank,
-                             counts[ci], coll_dtype_name(dts[di]), ran ? ran : "nothing",
-                             j->want_algo);
+            fails += t_failf("rank %d: all_reduce of %zu %s ran %s, expected %s", rank, counts[ci],
+                             coll_dtype_name(dts[di]), ran ? ran : "nothing", j->want_algo);
           if (!fails && j->never_algo && ran && !strcmp(ran, j->never_algo))
             fails += t_failf("rank %d: all_reduce of %zu %s ran %s", rank, counts[ci],
                              coll_dtype_name(dts[di]), ran);
@@ -150,8 +149,8 @@ static int rank_choice(coll_comm_t comm, int rank, int n, void *arg) {
   for (int r = 0; r < n; r++)
     for (int k = 0; k < 2; k++) {
       uint64_t in, x;
-      if (coll_comm_link_bytes(comm, "all_reduce", count, COLL_FLOAT32, k ? "hier" : "ring", r,
-                               &in, &x) != COLL_OK)
+      if (coll_comm_link_bytes(comm, "all_reduce", count, COLL_FLOAT32, k ? "hier" : "ring", r, &in,
+                               &x) != COLL_OK)
         return t_failf("rank %d: coll_comm_link_bytes: %s", rank, coll_comm_last_error(comm));
       tot[k][0] += in, tot[k][1] += x;
     }
