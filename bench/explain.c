@@ -259,9 +259,9 @@ static void print_link_classes(bench_explain_ctx *e, const bench_data *d, const 
           "across hosts: %s):\n",
           nh, per ? "the same number of ranks on each" : "different numbers of ranks",
           coll_comm_transport_name(e->comm));
-  fprintf(f, "#    rank host   %-25s%s\n", "this call (traced)",
+  fprintf(f, "#    rank    host %-25s%s\n", "  this call (traced)",
           ar ? "  flat ring (its plan)       hier (its plan)" : "");
-  fprintf(f, "#                    inside       across%s\n",
+  fprintf(f, "#                       inside       across%s\n",
           ar ? "        inside       across        inside       across" : "");
   unsigned long long tot[6] = {0};
   for (int r = 0; r < n; r++) {
@@ -278,12 +278,12 @@ static void print_link_classes(bench_explain_ctx *e, const bench_data *d, const 
     if (ar &&
         coll_comm_link_bytes(e->comm, lib_coll, sh->count, d->dtype, "hier", r, &in, &x) == COLL_OK)
       v[4] = in, v[5] = x;
-    fprintf(f, "#    rank %-3d %-3d %12llu %12llu", r, host[r], v[0], v[1]);
+    fprintf(f, "#    rank %-3d @ %-3d  %12llu %12llu", r, host[r], v[0], v[1]);
     if (ar) fprintf(f, "  %12llu %12llu  %12llu %12llu", v[2], v[3], v[4], v[5]);
     fprintf(f, "\n");
     for (int k = 0; k < 6; k++) tot[k] += v[k];
   }
-  fprintf(f, "#    total        %12llu %12llu", tot[0], tot[1]);
+  fprintf(f, "#    all ranks       %12llu %12llu", tot[0], tot[1]);
   if (ar) fprintf(f, "  %12llu %12llu  %12llu %12llu", tot[2], tot[3], tot[4], tot[5]);
   fprintf(f, "\n");
   if (ar) {
