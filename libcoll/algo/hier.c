@@ -112,6 +112,14 @@ static uint32_t rounds(size_t len, size_t slice) {
   return slice ? (uint32_t)((len + slice - 1) / slice) : 1;
 }
 
+/* Piece p of shard i (slen elements from soff) cut by the ring over H hosts: its range in
+ * the receive buffer, and its chunk number for the trace (after the n shards). */
+static int piece(size_t slen, size_t soff, int n, int H, int i, int p, size_t *off, size_t *len) {
+  coll_ring_chunk(slen, H, p, off, len);
+  *off += soff;
+  return n + i * H + p;
+}
+
 coll_result coll_hier_plan(const coll_plan_args *a, coll_step *st, size_t *ns) {
   const coll_hosts *hs = a->hosts;
   *ns = 0;
@@ -142,27 +150,25 @@ coll_result coll_hier_plan(const coll_plan_args *a, coll_step *st, size_t *ns) {
   add(st, ns, COLL_STEP_RECV_REDUCE_COPY, in_prev, -1, COLL_BUF_SEND, soff, COLL_BUF_RECV, slen, i,
       0, 0);
 
-  /* Phase 2: ring all-reduce of shard i across hosts, in the receive buffer.  Its pieces
-   * are chunks n + i·H + piece in the trace. */
-#define PIECE(p) (coll_ring_chunk(slen, H, (p), &coff, &clen), coff += soff, n + i * H + (p))
-  int p = mod(h - 1, H), id = PIECE(p);
+  /* Phase 2: ring all-reduce of shard i across hosts, in the receive buffer, on the
+   * host ring's pieces of the shard (traced as chunks n + i·H + piece). */
+  int p = mod(h - 1, H), id = piece(slen, soff, n, H, i, p, &coff, &clen);
   add(st, ns, COLL_STEP_SEND, -1, x_next, COLL_BUF_RECV, coff, COLL_BUF_RECV, clen, id, 0, d1);
   for (int s = 1; s <= H - 2; s++) {
-    p = mod(h - 1 - s, H), id = PIECE(p);
+    p = mod(h - 1 - s, H), id = piece(slen, soff, n, H, i, p, &coff, &clen);
     add(st, ns, COLL_STEP_RECV_REDUCE_SEND, x_prev, x_next, COLL_BUF_RECV, coff, COLL_BUF_RECV,
         clen, id, 0, d1);
   }
-  id = PIECE(h);
+  id = piece(slen, soff, n, H, i, h, &coff, &clen);
   add(st, ns, COLL_STEP_RECV_REDUCE_COPY_SEND, x_prev, x_next, COLL_BUF_RECV, coff, COLL_BUF_RECV,
       clen, id, 1, d1);
   for (int k = 1; k <= H - 2; k++) {
-    p = mod(h - k, H), id = PIECE(p);
+    p = mod(h - k, H), id = piece(slen, soff, n, H, i, p, &coff, &clen);
     add(st, ns, COLL_STEP_RECV_COPY_SEND, x_prev, x_next, COLL_BUF_RECV, coff, COLL_BUF_RECV, clen,
         id, 0, d1);
   }
-  p = mod(h + 1, H), id = PIECE(p);
+  p = mod(h + 1, H), id = piece(slen, soff, n, H, i, p, &coff, &clen);
   add(st, ns, COLL_STEP_RECV, x_prev, -1, COLL_BUF_RECV, coff, COLL_BUF_RECV, clen, id, 0, d1);
-#undef PIECE
 
   /* Phase 3: ring all-gather of the shards inside the host. */
   add(st, ns, COLL_STEP_SEND, -1, in_next, COLL_BUF_RECV, soff, COLL_BUF_RECV, slen, i, 0, d2);
