@@ -253,7 +253,8 @@ static void print_link_classes(bench_explain_ctx *e, const bench_data *d, const 
     free(host);
     return;
   }
-  bool ar = d->coll == BENCH_ALL_REDUCE;
+  /* the collectives hier serves: the ring's and hier's plans beside the call */
+  bool ag = d->coll == BENCH_ALL_GATHER, ar = d->coll == BENCH_ALL_REDUCE || ag;
   fprintf(f,
           "# Bytes each rank sent per link class (%d hosts, %s; inside a host: shared memory, "
           "across hosts: %s):\n",
@@ -292,10 +293,16 @@ static void print_link_classes(bench_explain_ctx *e, const bench_data *d, const 
     for (int r = 0; r < n; r++) boundaries += host[r] != host[(r + 1) % n];
     fprintf(f,
             "# Across hosts in all: this call (%s) %llu B, the flat ring %llu B, hier %llu B.\n"
-            "#   flat ring: 2(N-1)/N*S = %.0f B per rank; the %d ranks whose next rank is on "
+            "#   flat ring: %s = %.0f B per rank; the %d ranks whose next rank is on "
             "another host send all of it across\n",
-            algo, tot[1], tot[3], tot[5], 2.0 * (n - 1) / n * S, boundaries);
-    if (per)
+            algo, tot[1], tot[3], tot[5], ag ? "(N-1)/N*S" : "2(N-1)/N*S",
+            (ag ? 1.0 : 2.0) * (n - 1) / n * S, boundaries);
+    if (per && ag)
+      fprintf(f,
+              "#   hier (H=%d hosts x n=%d): (n-1)/n*S = %.0f B inside and (H-1)/N*S = %.0f B "
+              "across per rank\n",
+              nh, per, (per - 1.0) / per * S, (nh - 1.0) / n * S);
+    else if (per)
       fprintf(f,
               "#   hier (H=%d hosts x n=%d): 2(n-1)/n*S = %.0f B inside and 2(H-1)/H*S/n = %.0f "
               "B across per rank\n",

@@ -1,5 +1,5 @@
-/* hier.c — the host-aware all-reduce: reduce-scatter inside each host, all-reduce across
- * hosts, all-gather inside.
+/* hier.c — the host-aware all-reduce (reduce-scatter inside each host, all-reduce across
+ * hosts, all-gather inside) and all-gather (across hosts, then inside).
  *
  * N ranks on H hosts with n ranks each (N = H·n), S bytes.  Ranks of a host talk over
  * shared memory; ranks of different hosts over the network (tcp or ib), whose links are
@@ -39,6 +39,16 @@
  * most go over shared memory.  Not applicable (the cost says so) with one host, one rank
  * per host, or hosts holding different numbers of ranks: the shards of local index i would
  * have no partner on a host with fewer ranks.  There the plan is the flat ring's.
+ *
+ * All-gather (count per rank, S = N·count the whole output) the same way round, with
+ * nothing to reduce and no scratch: across hosts first, a ring all-gather of the H blocks
+ * of local index i, each straight into its place; then inside each host H ring all-gathers,
+ * one per host's blocks, one after the other.  Per rank:
+ *   across hosts  (H-1)·count = (H-1)/N·S        inside  (n-1)·H·count = (n-1)/n·S
+ * against the flat ring's (N-1)/N·S, all of it across for the H ranks at host boundaries;
+ *   cost  (H-1)·α_x + (H-1)/N·S·β_x + (n-1)·H·α_in + (n-1)/n·S·β_in
+ * (every block of a set its own message inside).  Reduce-scatter is not served: the
+ * shards a rank collects for the others of its local index would need scratch space.
  *
  * Delays: every phase starts when the one before has finished on this rank: phase 2's
  * steps wait D1 rounds (the most slices any phase-1 step has, on any rank: its first
@@ -120,11 +130,69 @@ static int piece(size_t slen, size_t soff, int n, int H, int i, int p, size_t *o
   return n + i * H + p;
 }
 
+/* All-gather, count elements per rank, block b of the receive buffer rank b's:
+ *   phase 1  across hosts, a ring all-gather of the H blocks of local index i (one rank
+ *            per host, host order), each block straight into its place;
+ *   phase 2  inside each host, H ring all-gathers one after the other: ring g passes
+ *            round the n blocks of host g's ranks (each rank got host g's block of its
+ *            local index in phase 1).
+ * Phase 2 waits for phase 1 (D1 rounds: every phase-1 step moves one block). */
+static void all_gather(const coll_plan_args *a, coll_step *st, size_t *ns) {
+  const coll_hosts *hs = a->hosts;
+  int n = hs->per_host, H = hs->nhosts, h = hs->host[a->rank], i = hs->local[a->rank];
+  const int *at = hs->by_host;
+  int in_prev = at[h * n + mod(i - 1, n)], in_next = at[h * n + mod(i + 1, n)];
+  int x_prev = at[mod(h - 1, H) * n + i], x_next = at[mod(h + 1, H) * n + i];
+  size_t cnt = a->count;
+  uint32_t d1 = rounds(cnt, a->slice);
+  int b = a->rank;
+  if (!a->in_place && cnt) /* own block into its place (add() gives src and dst one offset) */
+    st[(*ns)++] = (coll_step){.kind = COLL_STEP_COPY,
+                              .peer_in = -1,
+                              .peer_out = -1,
+                              .peer_in2 = -1,
+                              .src_buf = COLL_BUF_SEND,
+                              .dst_buf = COLL_BUF_RECV,
+                              .dst_off = (size_t)b * cnt,
+                              .count = cnt,
+                              .chunk = b};
+  add(st, ns, COLL_STEP_SEND, -1, x_next, COLL_BUF_SEND, 0, COLL_BUF_RECV, cnt, b, 0, 0);
+  for (int k = 1; k <= H - 2; k++) {
+    b = at[mod(h - k, H) * n + i];
+    add(st, ns, COLL_STEP_RECV_COPY_SEND, x_prev, x_next, COLL_BUF_RECV, (size_t)b * cnt,
+        COLL_BUF_RECV, cnt, b, 0, 0);
+  }
+  b = at[mod(h + 1, H) * n + i];
+  add(st, ns, COLL_STEP_RECV, x_prev, -1, COLL_BUF_RECV, (size_t)b * cnt, COLL_BUF_RECV, cnt, b, 0,
+      0);
+  /* Phase 2: H ring all-gathers inside the host, one after the other in step order: ring g
+   * passes round the blocks of host g's ranks.  (Each ring step sending its H blocks
+   * before receiving any needed FIFOs deeper than H: it deadlocked with 2 slots.) */
+  for (int g = 0; g < H; g++) {
+    b = at[g * n + i];
+    add(st, ns, COLL_STEP_SEND, -1, in_next, COLL_BUF_RECV, (size_t)b * cnt, COLL_BUF_RECV, cnt, b,
+        0, d1);
+    for (int k = 1; k <= n - 2; k++) {
+      b = at[g * n + mod(i - k, n)];
+      add(st, ns, COLL_STEP_RECV_COPY_SEND, in_prev, in_next, COLL_BUF_RECV, (size_t)b * cnt,
+          COLL_BUF_RECV, cnt, b, 0, d1);
+    }
+    b = at[g * n + mod(i + 1, n)];
+    add(st, ns, COLL_STEP_RECV, in_prev, -1, COLL_BUF_RECV, (size_t)b * cnt, COLL_BUF_RECV, cnt, b,
+        0, d1);
+  }
+}
+
 coll_result coll_hier_plan(const coll_plan_args *a, coll_step *st, size_t *ns) {
   const coll_hosts *hs = a->hosts;
   *ns = 0;
-  if (a->coll != COLL_COLL_ALL_REDUCE || !coll_hier_fits(hs, a->nranks))
+  bool ag = a->coll == COLL_COLL_ALL_GATHER;
+  if ((a->coll != COLL_COLL_ALL_REDUCE && !ag) || !coll_hier_fits(hs, a->nranks))
     return coll_ring_plan(a, st, ns); /* the table's promise: ring where it cannot serve */
+  if (ag) {
+    all_gather(a, st, ns);
+    return COLL_OK;
+  }
   int n = hs->per_host, H = hs->nhosts, h = hs->host[a->rank], i = hs->local[a->rank];
   const int *at = hs->by_host; /* at[h·n + i]: the rank with local index i on host h */
   int in_prev = at[h * n + mod(i - 1, n)], in_next = at[h * n + mod(i + 1, n)];
@@ -189,7 +257,8 @@ coll_result coll_hier_cost(coll_coll_kind c, double S, const coll_cost_model *m,
   char dummy[8];
   if (!formula) formula = dummy, formula_len = sizeof dummy;
   int H = m->hosts, n = m->local;
-  if (c != COLL_COLL_ALL_REDUCE || !(S >= 0)) return COLL_ERR_INVALID_ARG;
+  if ((c != COLL_COLL_ALL_REDUCE && c != COLL_COLL_ALL_GATHER) || !(S >= 0))
+    return COLL_ERR_INVALID_ARG;
   if (H < 2 || n < 2 || H * n != m->p) {
     snprintf(formula, formula_len,
              "not applicable: needs several hosts holding the same number (>= 2) of ranks "
@@ -197,6 +266,18 @@ coll_result coll_hier_cost(coll_coll_kind c, double S, const coll_cost_model *m,
              H, H == 1 ? "" : "s",
              n > 0 ? (n == 1 ? "one rank each" : "several ranks each") : "unequal ranks per host");
     return COLL_ERR_INVALID_ARG;
+  }
+  if (c == COLL_COLL_ALL_GATHER) { /* S: the whole output, N blocks */
+    double xs = H - 1.0, xb = (H - 1.0) / m->p * S, is = (n - 1.0) * H, ib = (n - 1.0) / n * S;
+    double tx = xs * m->alpha_net + xb * m->beta_net, ti = is * m->alpha + ib * m->beta;
+    *seconds = tx + ti;
+    snprintf(formula, formula_len,
+             "(H-1)*a_x + (H-1)/N*S*b_x + (n-1)H*a_in + (n-1)/n*S*b_in with H=%d hosts x n=%d, "
+             "S=%.0f B: across %.0f*%.3f us + %.0f B*%.4f ns/B = %.2f us, inside %.0f*%.3f us + "
+             "%.0f B*%.4f ns/B = %.2f us, = %.2f us",
+             H, n, S, xs, m->alpha_net * 1e6, xb, m->beta_net * 1e9, tx * 1e6, is, m->alpha * 1e6,
+             ib, m->beta * 1e9, ti * 1e6, *seconds * 1e6);
+    return COLL_OK;
   }
   double in_steps = 2.0 * (n - 1), in_bytes = 2.0 * (n - 1) / n * S;
   double x_steps = 2.0 * (H - 1), x_bytes = 2.0 * (H - 1) / H * S / n;
@@ -216,7 +297,8 @@ coll_result coll_hier_cost(coll_coll_kind c, double S, const coll_cost_model *m,
 
 bool coll_hier_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
   (void)count, (void)es;
-  return c == COLL_COLL_ALL_REDUCE && coll_hier_fits(&comm->hosts, comm->nranks);
+  return (c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER) &&
+         coll_hier_fits(&comm->hosts, comm->nranks);
 }
 
 coll_result coll_plan_link_bytes(const coll_plan_args *a, size_t es, coll_step *steps,

@@ -102,7 +102,7 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .run = coll_dev_twoshot_run},
     [COLL_ALGO_HIER] = {
         .id = COLL_ALGO_HIER, .name = "hier", .alias = "hierarchical",
-        .colls = B(ALL_REDUCE),
+        .colls = B(ALL_REDUCE) | B(ALL_GATHER),
         .usable = coll_hier_usable,
         .cost = coll_hier_cost, .handicap = 1.0, .link_classes = true,
         .plan = coll_hier_plan},

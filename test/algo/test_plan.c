@@ -1175,10 +1175,11 @@ Test(plan, hosts_build) {
   cr_assert(!coll_hier_fits(NULL, 4));
 }
 
-static void hier_sim(const int *ids, int n, size_t count, size_t slice, size_t cap, int in_place) {
+static void hier_sim(coll_coll_kind coll, const int *ids, int n, size_t count, size_t slice,
+                     size_t cap, int in_place) {
   layout l;
   make_layout(&l, ids, n);
-  sim_case c = {.coll = COLL_COLL_ALL_REDUCE,
+  sim_case c = {.coll = coll,
                 .algo = COLL_ALGO_HIER,
                 .n = n,
                 .in_place = in_place,
@@ -1203,8 +1204,12 @@ Test(plan, hier_sweep, .timeout = 240) {
     for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
       for (size_t si = 0; si < sizeof slices / sizeof *slices; si++)
         for (size_t cap = 2; cap <= 3; cap++) /* the ring needs 2 (sweep above) */
-          for (int ip = 0; ip < 2; ip++)
-            hier_sim(layouts[li].ids, layouts[li].n, counts[ci], slices[si], cap, ip);
+          for (int ip = 0; ip < 2; ip++) {
+            hier_sim(COLL_COLL_ALL_REDUCE, layouts[li].ids, layouts[li].n, counts[ci], slices[si],
+                     cap, ip);
+            hier_sim(COLL_COLL_ALL_GATHER, layouts[li].ids, layouts[li].n, counts[ci], slices[si],
+                     cap, ip);
+          }
 }
 
 /* Where the layout does not fit (unequal hosts, one host, one rank per host, no layout) and
@@ -1237,6 +1242,8 @@ Test(plan, hier_falls_back_to_the_ring) {
     }
   }
   cr_assert(!coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_BROADCAST, 4));
+  cr_assert(coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_ALL_GATHER, 4));
+  cr_assert(!coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_REDUCE_SCATTER, 4));
   cr_assert(coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_ALL_REDUCE, 4));
   cr_assert(coll_algo_has_plan(COLL_ALGO_HIER));
   bool ok;
@@ -1277,6 +1284,28 @@ Test(plan, hier_link_bytes) {
       hier_x += x;
     }
     cr_assert_float_eq((double)ring_x, H * 2.0 * (N - 1) / N * S, 1e-9);
+    /* All-gather of count/N per rank (S the whole output): hier (H-1)/N*S across and
+     * (n-1)/n*S inside per rank; the ring (N-1)/N*S, across at the boundaries. */
+    uint64_t ag_ring_x = 0, ag_hier_x = 0;
+    for (int r = 0; r < N; r++) {
+      uint64_t in, x;
+      coll_plan_args a = {.coll = COLL_COLL_ALL_GATHER,
+                          .algo = COLL_ALGO_HIER,
+                          .count = count / (size_t)N,
+                          .nranks = N,
+                          .rank = r,
+                          .hosts = &l.hs,
+                          .slice = 16};
+      cr_assert_eq(coll_plan_link_bytes(&a, es, st, &in, &x), COLL_OK);
+      cr_assert_float_eq((double)x, (H - 1.0) / N * S, 1e-9, "all-gather H=%d n=%d", H, nn);
+      cr_assert_float_eq((double)in, (nn - 1.0) / nn * S, 1e-9, "all-gather H=%d n=%d", H, nn);
+      ag_hier_x += x;
+      a.algo = COLL_ALGO_RING;
+      cr_assert_eq(coll_plan_link_bytes(&a, es, st, &in, &x), COLL_OK);
+      ag_ring_x += x;
+    }
+    cr_assert_float_eq((double)ag_ring_x, H * (N - 1.0) / N * S, 1e-9);
+    cr_assert_lt(ag_hier_x, ag_ring_x);
     cr_assert_float_eq((double)hier_x, 2.0 * (H - 1) * S, 1e-9);
     cr_assert_lt(hier_x, ring_x, "H=%d n=%d: the hierarchy sends less across hosts", H, nn);
   }
@@ -1302,6 +1331,11 @@ Test(plan, hier_cost) {
   cr_assert(strstr(f, "H=2") && strstr(f, "n=2") && strstr(f, "across"), "%s", f);
   cr_assert_eq(coll_hier_cost(COLL_COLL_BROADCAST, 4000, &m, &t, f, sizeof f),
                COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_hier_cost(COLL_COLL_REDUCE_SCATTER, 4000, &m, &t, f, sizeof f),
+               COLL_ERR_INVALID_ARG);
+  /* all-gather of S = 4000 B: 1*10 us + 1000 B*0.8 ns + 2*1 us + 2000 B*0.2 ns */
+  cr_assert_eq(coll_hier_cost(COLL_COLL_ALL_GATHER, 4000, &m, &t, f, sizeof f), COLL_OK);
+  cr_assert_float_eq(t, 10e-6 + 0.8e-6 + 2e-6 + 0.4e-6, 1e-12);
   coll_cost_model flat = m;
   flat.alpha = m.alpha_net, flat.beta = m.beta_net; /* the ring at its slowest link */
   for (double S = 8; S <= 1 << 30; S *= 8) {

@@ -5,18 +5,17 @@
  * would give it: shared memory between ranks of one host, TCP (over loopback) between
  * hosts.  No root, no namespaces: these run everywhere.
  *   2 hosts x 2 ranks   hier forced: all-reduce against tcp_matrix's checker for every dtype
- *                       and op, counts 0, 1, odd, just over a shm and a tcp slot, in place
- *                       and not; the layout as coll_comm_hosts reports it.
+ *                       and op, all-gather for every dtype, counts 0, 1, odd, just over a
+ *                       shm and a tcp slot, in place and not; the layout as
+ *                       coll_comm_hosts reports it.
  *   2 x 2, auto         the tuner (fixed defaults, COLL_TUNE=0) picks hier for all-reduce at
- *                       64 KiB and up and the call runs it; the bytes per link class
- *                       (coll_comm_link_bytes, what --explain prints): hier sends fewer
- *                       bytes across hosts than the flat ring, by the formulas.
- *   2 x 2, measured     the tuner measures the links across hosts (α_x, β_x) and the
- *                       all-reduce it then picks is right.
- *   3 hosts x 2         hier forced, fewer dtypes and ops.
- *   2 + 1 (unequal)     hier does not fit: forced, the tuner's choice runs instead (right
- *                       results), the auto choice never names it, and its plan is the ring's.
- * Every job is bounded (launcher timeout, COLL_TIMEOUT_MS) and leaves nothing in /dev/shm.
+ *                       64 KiB and up (all-gather at 1 MiB and up) and the call runs it; the bytes
+ * per link class (coll_comm_link_bytes, what --explain prints): hier sends fewer bytes across hosts
+ * than the flat ring, by the formulas. 2 x 2, measured     the tuner measures the links across
+ * hosts (α_x, β_x) and the all-reduce it then picks is right. 3 hosts x 2         hier forced,
+ * fewer dtypes and ops. 2 + 1 (unequal)     hier does not fit: forced, the tuner's choice runs
+ * instead (right results), the auto choice never names it, and its plan is the ring's. Every job is
+ * bounded (launcher timeout, COLL_TIMEOUT_MS) and leaves nothing in /dev/shm.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -55,7 +54,7 @@ static int check_layout(coll_comm_t comm, int rank, int n, const job *j) {
 static int rank_matrix(coll_comm_t comm, int rank, int n, void *arg) {
   const job *j = arg;
   if (check_layout(comm, rank, n, j)) return 1;
-  size_t cap = ((size_t)1 << 20) + 4096;
+  size_t cap = (size_t)n * 270000 + 4096; /* an all-gather's output of the largest count */
   uint8_t *a = malloc(cap), *b = malloc(cap);
   if (!a || !b) {
     free(a);
@@ -77,17 +76,21 @@ static int rank_matrix(coll_comm_t comm, int rank, int n, void *arg) {
     for (size_t oi = 0; oi < nops && !fails; oi++) {
       bool fl = dts[di] == COLL_FLOAT32 || dts[di] == COLL_FLOAT64 || dts[di] == COLL_BFLOAT16;
       if (ops[oi] == COLL_AVG && !fl) continue;
-      for (int ip = 0; ip < 2 && !fails; ip++)
-        for (size_t ci = 0; ci < sizeof counts / sizeof *counts && !fails; ci++) {
-          fails += tm_call(comm, rank, n, 0, dts[di], ops[oi], ip, counts[ci], 0, seed++, a, b);
-          const char *ran = coll_comm_last_algo(comm);
-          if (!fails && counts[ci] && j->want_algo && (!ran || strcmp(ran, j->want_algo)))
-            fails += t_failf("rank %d: all_reduce of %zu %s ran %s, expected %s", rank, counts[ci],
-                             coll_dtype_name(dts[di]), ran ? ran : "nothing", j->want_algo);
-          if (!fails && j->never_algo && ran && !strcmp(ran, j->never_algo))
-            fails += t_failf("rank %d: all_reduce of %zu %s ran %s", rank, counts[ci],
-                             coll_dtype_name(dts[di]), ran);
-        }
+      /* all-reduce (tm kind 0) with every op; all-gather (kind 2) once per dtype */
+      for (int kind = 0; kind <= (oi == 0 ? 2 : 0) && !fails; kind += 2)
+        for (int ip = 0; ip < 2 && !fails; ip++)
+          for (size_t ci = 0; ci < sizeof counts / sizeof *counts && !fails; ci++) {
+            const char *what = kind ? "all_gather" : "all_reduce";
+            fails += tm_call(comm, rank, n, kind, dts[di], ops[oi], ip, counts[ci], 0, seed++, a,
+                             b);
+            const char *ran = coll_comm_last_algo(comm);
+            if (!fails && counts[ci] && j->want_algo && (!ran || strcmp(ran, j->want_algo)))
+              fails += t_failf("rank %d: %s of %zu %s ran %s, expected %s", rank, what, counts[ci],
+                               coll_dtype_name(dts[di]), ran ? ran : "nothing", j->want_algo);
+            if (!fails && j->never_algo && ran && !strcmp(ran, j->never_algo))
+              fails += t_failf("rank %d: %s of %zu %s ran %s", rank, what, counts[ci],
+                               coll_dtype_name(dts[di]), ran);
+          }
     }
   }
   free(a);
@@ -139,6 +142,10 @@ static int rank_choice(coll_comm_t comm, int rank, int n, void *arg) {
     bool hier = pick && strcmp(pick, "hier") == 0;
     if (hier != (j->per_host > 1))
       return t_failf("rank %d: all_reduce of %zu B goes to %s (%s)", rank, bytes,
+                     pick ? pick : "nothing", why);
+    pick = coll_comm_algo_for(comm, "all_gather", bytes * 16, why, sizeof why);
+    if ((pick && strcmp(pick, "hier") == 0) != (j->per_host > 1))
+      return t_failf("rank %d: all_gather of %zu B goes to %s (%s)", rank, bytes * 16,
                      pick ? pick : "nothing", why);
   }
   /* The bytes each rank sends inside its host and across, from the plans, for a float32
