@@ -257,9 +257,8 @@ static void print_link_classes(bench_explain_ctx *e, const bench_data *d, const 
   bool ag = d->coll == BENCH_ALL_GATHER, ar = d->coll == BENCH_ALL_REDUCE || ag;
   fprintf(f,
           "# Bytes each rank sent per link class (%d hosts, %s; inside a host: shared memory, "
-          "across hosts: %s):\n",
-          nh, per ? "the same number of ranks on each" : "different numbers of ranks",
-          coll_comm_transport_name(e->comm));
+          "across hosts: the network):\n",
+          nh, per ? "the same number of ranks on each" : "different numbers of ranks");
   fprintf(f, "#    rank    host %-25s%s\n", "  this call (traced)",
           ar ? "  flat ring (its plan)       hier (its plan)" : "");
   fprintf(f, "#                       inside       across%s\n",
