@@ -1024,7 +1024,9 @@ static void print_run_header(run_ctx *x, const rank_info *ri) {
             "iters: %lu validation: %d blocking: %d\n",
             x->nranks, o->min_bytes, o->max_bytes, o->step_bytes, o->warmup, o->iters, o->check,
             o->blocking);
-  fprintf(f, "# transport: %s   algorithm: %s   hosts: %d\n", x->transport, x->algo, x->nhosts);
+  int lib_hosts = x->nhosts; /* as libcoll groups the ranks (COLL_HOST_ID may split one) */
+  coll_comm_hosts(x->comm, &lib_hosts, NULL, NULL);
+  fprintf(f, "# transport: %s   algorithm: %s   hosts: %d\n", x->transport, x->algo, lib_hosts);
   fprintf(f, "#\n# Using ranks\n");
   for (int r = 0; r < x->nranks; r++)
     fprintf(f, "#  Rank %2d Pid %6lld on %10s\n", r, (long long)ri[r].pid, ri[r].host);

@@ -94,6 +94,15 @@ static void print_choices(bench_explain_ctx *e) {
           "#   alpha %.3f us per step (token round the ring), beta %.4f ns/B (%.2f GB/s),"
           " gamma %.4f ns/B reduced, one-shot call %.3f us\n",
           a * 1e6, b * 1e9, b > 0 ? 1e-9 / b : 0.0, g * 1e9, amb * 1e6);
+  int nh = 0, per = 0;
+  double ax = 0, bx = 0;
+  if (coll_comm_hosts(e->comm, &nh, &per, NULL) == COLL_OK && nh > 1 &&
+      coll_comm_net_params(e->comm, &ax, &bx) == COLL_OK)
+    fprintf(f,
+            "#   %d hosts (%s): alpha and beta above are the links inside a host; across hosts "
+            "alpha %.3f us, beta %.4f ns/B (%.2f GB/s)\n",
+            nh, per ? "the same number of ranks on each" : "different numbers of ranks on each",
+            ax * 1e6, bx * 1e9, bx > 0 ? 1e-9 / bx : 0.0);
   static const char *colls[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
                                 "reduce",     "all_to_all", "gather",         "scatter"};
   fprintf(f, "# Algorithm chosen per size (COLL_ALGO=%s):\n",
@@ -227,6 +236,83 @@ static void expected_sent(bench_coll c, int n, int rank, int root, size_t count,
   }
 }
 
+/* Several hosts: the bytes each rank sent over links inside its host and across hosts —
+ * this call's from the trace, and the flat ring's and the host-aware all-reduce's from
+ * their schedules (coll_comm_link_bytes: the plans the executor would run) — so that
+ * "moves fewer bytes across hosts" is read off per rank and in all.  Formulas beside
+ * them (N ranks, H hosts of n, S bytes): ring 2(N-1)/N*S per rank, all of it across for
+ * a rank whose successor is on another host; hier 2(n-1)/n*S inside, 2(H-1)/H*S/n
+ * across (algo/hier.c). */
+static void print_link_classes(bench_explain_ctx *e, const bench_data *d, const bench_shape *sh,
+                               const coll_trace_event *all, const uint64_t *counts, size_t stride,
+                               const char *algo, const char *lib_coll) {
+  FILE *f = e->out;
+  int n = e->nranks, nh = 0, per = 0;
+  int *host = calloc((size_t)n, sizeof *host);
+  if (!host || coll_comm_hosts(e->comm, &nh, &per, host) != COLL_OK || nh < 2) {
+    free(host);
+    return;
+  }
+  /* the collectives hier serves: the ring's and hier's plans beside the call */
+  bool ag = d->coll == BENCH_ALL_GATHER, ar = d->coll == BENCH_ALL_REDUCE || ag;
+  fprintf(f,
+          "# Bytes each rank sent per link class (%d hosts, %s; inside a host: shared memory, "
+          "across hosts: the network):\n",
+          nh, per ? "the same number of ranks on each" : "different numbers of ranks");
+  fprintf(f, "#    rank    host %-25s%s\n", "  this call (traced)",
+          ar ? "  flat ring (its plan)       hier (its plan)" : "");
+  fprintf(f, "#                       inside       across%s\n",
+          ar ? "        inside       across        inside       across" : "");
+  unsigned long long tot[6] = {0};
+  for (int r = 0; r < n; r++) {
+    unsigned long long v[6] = {0};
+    for (uint64_t i = 0; i < counts[r]; i++) {
+      const coll_trace_event *ev = &all[(size_t)r * stride + i];
+      if (ev->step < 0 || ev->peer_out < 0 || ev->peer_out >= n) continue;
+      v[host[ev->peer_out] == host[r] ? 0 : 1] += ev->bytes_out;
+    }
+    uint64_t in, x;
+    if (ar &&
+        coll_comm_link_bytes(e->comm, lib_coll, sh->count, d->dtype, "ring", r, &in, &x) == COLL_OK)
+      v[2] = in, v[3] = x;
+    if (ar &&
+        coll_comm_link_bytes(e->comm, lib_coll, sh->count, d->dtype, "hier", r, &in, &x) == COLL_OK)
+      v[4] = in, v[5] = x;
+    fprintf(f, "#    rank %-3d @ %-3d  %12llu %12llu", r, host[r], v[0], v[1]);
+    if (ar) fprintf(f, "  %12llu %12llu  %12llu %12llu", v[2], v[3], v[4], v[5]);
+    fprintf(f, "\n");
+    for (int k = 0; k < 6; k++) tot[k] += v[k];
+  }
+  fprintf(f, "#    all ranks       %12llu %12llu", tot[0], tot[1]);
+  if (ar) fprintf(f, "  %12llu %12llu  %12llu %12llu", tot[2], tot[3], tot[4], tot[5]);
+  fprintf(f, "\n");
+  if (ar) {
+    double S = (double)sh->bytes;
+    int boundaries = 0;
+    for (int r = 0; r < n; r++) boundaries += host[r] != host[(r + 1) % n];
+    fprintf(f,
+            "# Across hosts in all: this call (%s) %llu B, the flat ring %llu B, hier %llu B.\n"
+            "#   flat ring: %s = %.0f B per rank; the %d ranks whose next rank is on "
+            "another host send all of it across\n",
+            algo, tot[1], tot[3], tot[5], ag ? "(N-1)/N*S" : "2(N-1)/N*S",
+            (ag ? 1.0 : 2.0) * (n - 1) / n * S, boundaries);
+    if (per && ag)
+      fprintf(f,
+              "#   hier (H=%d hosts x n=%d): (n-1)/n*S = %.0f B inside and (H-1)/N*S = %.0f B "
+              "across per rank\n",
+              nh, per, (per - 1.0) / per * S, (nh - 1.0) / n * S);
+    else if (per)
+      fprintf(f,
+              "#   hier (H=%d hosts x n=%d): 2(n-1)/n*S = %.0f B inside and 2(H-1)/H*S/n = %.0f "
+              "B across per rank\n",
+              nh, per, 2.0 * (per - 1) / per * S, 2.0 * (nh - 1) / nh * S / per);
+    else
+      fprintf(f, "#   hier: not applicable (hosts hold different numbers of ranks): its plan "
+                 "is the flat ring's\n");
+  }
+  free(host);
+}
+
 static void print_explanation(bench_explain_ctx *e, const bench_data *d, const bench_shape *sh,
                               const coll_trace_event *all, const uint64_t *counts, size_t stride,
                               double measured_us) {
@@ -320,8 +406,16 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
   }
   fprintf(f, "# Steps, as the executor ran them on every rank (slices of a step stream "
              "through the FIFO while later steps start):\n");
+  int nh = 0, per = 0; /* hier's phases: n steps, 2H-1 steps, n steps (algo/hier.c) */
+  bool hier = d->coll == BENCH_ALL_REDUCE && strcmp(algo, "hier") == 0 &&
+              coll_comm_hosts(e->comm, &nh, &per, NULL) == COLL_OK && per > 1 &&
+              sh->count >= (size_t)n;
   for (int s = 0; s <= max_step; s++) {
     const char *phase = "";
+    if (hier)
+      phase = s < per                ? "  (reduce-scatter inside each host)"
+              : s < per + 2 * nh - 1 ? "  (all-reduce across hosts, shard by shard)"
+                                     : "  (all-gather inside each host)";
     if (d->coll == BENCH_ALL_REDUCE && n > 1 && strcmp(algo, "ring") == 0)
       phase = s < n - 1    ? "  (reduce-scatter)"
               : s == n - 1 ? "  (receive ends the reduce-scatter, send starts the all-gather)"
@@ -383,6 +477,7 @@ static void print_explanation(bench_explain_ctx *e, const bench_data *d, const b
   static const char *lib_names[] = {"all_reduce", "all_gather", "reduce_scatter",
                                     "broadcast",  "reduce",     "sendrecv",
                                     "all_to_all", "gather",     "scatter"};
+  print_link_classes(e, d, sh, all, counts, stride, algo, lib_names[d->coll]);
   size_t slice = 0;
   coll_comm_slice_bytes(e->comm, &slice);
   double predicted = 0;

@@ -200,6 +200,9 @@ typedef struct {
   double alpha_cma;          /* s per process_vm_readv call, beyond its bytes */
   /* Per schedule (by coll_algo): its α as an 8-byte all-reduce measured it, 0: use alpha */
   double alpha_algo[COLL_NUM_ALGOS];
+  /* The links across hosts, on a communicator of several hosts (alpha and beta are then
+   * the links inside one, where the ranks have any): s per message, s per byte. */
+  double alpha_net, beta_net;
   int source; /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE */
 } coll_tune_params;
 #define COLL_TUNE_BUCKETS 48 /* size buckets: bit length of the byte count */
@@ -252,6 +255,10 @@ struct coll_comm {
   int timeout_ms;
   pid_t *pids;        /* per rank, for liveness checks on this host */
   uint64_t *host_ids; /* per rank */
+  /* The hosts the ranks run on, as the algorithms see them (schedule.h): built from
+   * host_ids after the exchange (comm.c), its arrays in host_layout (3 × nranks ints). */
+  coll_hosts hosts;
+  int *host_layout;
   /* What the transports see of this communicator (transport.h): comm.c fills it, and
    * every transport callback gets it instead of the communicator. */
   coll_comm_view view;

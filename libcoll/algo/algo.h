@@ -40,6 +40,12 @@ typedef struct {
   double alpha_mb;  /* s per one-shot call through the mailboxes (algo/oneshot.c) */
   double beta_cma;  /* s per byte read from a peer's memory (algo/direct.c) */
   double alpha_cma; /* s per process_vm_readv call beyond its bytes */
+  /* Link classes, for host-aware rows (hier.c): the hosts the p ranks run on, the ranks
+   * on each (0: hosts hold different numbers), and the links across hosts (α_x, β_x);
+   * alpha and beta above are then the links inside a host.  hosts 0 or 1: one class. */
+  int hosts, local;
+  double alpha_net; /* s per message across hosts */
+  double beta_net;  /* s per byte across hosts */
 } coll_cost_model;
 
 typedef struct coll_algo_entry {
@@ -70,6 +76,10 @@ typedef struct coll_algo_entry {
    * Collectives in plain_colls are taken at the formula's word whatever the handicap. */
   double handicap;
   uint32_t plain_colls;
+  /* Priced with the link classes (coll_cost_model's hosts, local, alpha_net, beta_net):
+   * a host-aware row.  Every other row is priced, on a communicator of several hosts, at
+   * its slowest link (exec/tune.c): a flat schedule's steps wait for the network. */
+  bool link_classes;
   /* Where the tuner may pick it on its own (COLL_ALGO may force it wherever it is
    * usable); NULL: wherever usable.  n = nccl-tests' size of the call. */
   bool (*preferable)(struct coll_comm *comm, coll_coll_kind c, double n);
@@ -114,6 +124,8 @@ coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *
                              char *formula, size_t formula_len);
 coll_result coll_dev_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                                   double *seconds, char *formula, size_t formula_len);
+coll_result coll_hier_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                           char *formula, size_t formula_len);
 coll_result coll_dev_twoshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                                   double *seconds, char *formula, size_t formula_len);
 
@@ -123,8 +135,24 @@ bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
 bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
 coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
+bool coll_hier_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_dev_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 coll_result coll_dev_oneshot_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 coll_result coll_dev_twoshot_run(struct coll_comm *comm, const coll_work *w, bool *ran);
+
+/* hier.c: whether a layout lets the host-aware all-reduce run (several hosts, the same
+ * number >= 2 of ranks on each); its schedule (the ring's where it does not fit); the
+ * layout built from per-rank host ids into the caller's arrays (nranks ints each),
+ * returning the number of hosts. */
+bool coll_hier_fits(const coll_hosts *hs, int nranks);
+coll_result coll_hier_plan(const coll_plan_args *a, coll_step *steps, size_t *nsteps);
+int coll_hosts_build(const uint64_t *ids, int nranks, int *host, int *local, int *by_host,
+                     coll_hosts *out);
+/* The bytes rank a->rank sends over links inside its host and across hosts when a's
+ * schedule runs (a->hosts: the layout; NULL counts everything inside), es bytes per
+ * element; steps: scratch of coll_plan_max_steps(a->nranks).  From the plan itself, the
+ * one the executor would run. */
+coll_result coll_plan_link_bytes(const coll_plan_args *a, size_t es, coll_step *steps,
+                                 uint64_t *inside, uint64_t *across);
 
 #endif

@@ -20,10 +20,12 @@
 
 #include "algo.h"
 
-/* ring: 2p + 2; tree: at most 5 per rank (up and down in two trees, one of them with a
- * second child); rd/rhd: a copy, the folds (all-gather's fold-out in two ranges) and
- * two steps per phase, at most 4·ceil(log2 p) + 4; pairwise: a copy and two steps per
- * peer, 2p - 1; linear: the root's copy and one step per peer, p. */
+/* ring: 2p + 2; hier: all-reduce n + (2H - 1) + n <= 2p + 1 for p = H·n (n, H >= 1),
+ * all-gather (H + 1) + p; tree: at most 5 per rank
+ * (up and down in two trees, one of them with a second child); rd/rhd: a copy, the folds
+ * (all-gather's fold-out in two ranges) and two steps per phase, at most 4·ceil(log2 p) + 4;
+ * pairwise: a copy and two steps per peer, 2p - 1; linear: the root's copy and one step per peer,
+ * p. */
 size_t coll_plan_max_steps(int nranks) {
   size_t p = (size_t)(nranks > 0 ? nranks : 1), lg = 0, ring = 2 * p + 2, rd;
   while (((size_t)1 << lg) < p) lg++;

@@ -58,9 +58,12 @@ typedef struct {
   int in_place;           /* send and recv buffers are the in-place pair */
   size_t recv_count;      /* sendrecv: elements received (count is elements sent) */
   int recv_peer;          /* sendrecv: the source (root is the destination) */
-  size_t slice;           /* elements per slice the executor will cut steps into; plans
-                             whose steps read what earlier steps wrote at other offsets
-                             (rhd) delay by it.  0: as if no step were ever cut. */
+  /* Which host each rank runs on (comm.c builds it once per communicator).  NULL: not
+   * known, as if every rank shared one host.  Only host-aware rows read it (hier.c). */
+  const coll_hosts *hosts;
+  size_t slice; /* elements per slice the executor will cut steps into; plans
+                   whose steps read what earlier steps wrote at other offsets
+                   (rhd) delay by it.  0: as if no step were ever cut. */
   /* COLL_COLL_GROUP_P2P: the operations in call order (count and slice in bytes), and
    * 2 * nranks scratch entries the plan may overwrite; steps needs ngroup entries. */
   const coll_group_op *group;

@@ -12,6 +12,8 @@
  *                  against the ring's 5.4.
  *   dev_oneshot,   1: device.c's defaults, until a GPU run measures them.
  *   dev_twoshot
+ *   hier           1: priced with the link classes (hier.c); the flat rows it is weighed
+ *                  against are priced at their slowest link on several hosts (tune.c).
  *   direct         2: its model (per-call and per-byte costs of process_vm_readv on
  *                  1 MiB) was 2x optimistic at 256 KiB - 4 MiB on 2 ranks (a 4 MiB
  *                  all-reduce: 425 us against the ring's 190 us); all-to-all is taken at
@@ -98,6 +100,12 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .device_only = true, .usable = coll_dev_usable,
         .cost = coll_dev_twoshot_cost, .handicap = 1.0,
         .run = coll_dev_twoshot_run},
+    [COLL_ALGO_HIER] = {
+        .id = COLL_ALGO_HIER, .name = "hier", .alias = "hierarchical",
+        .colls = B(ALL_REDUCE) | B(ALL_GATHER),
+        .usable = coll_hier_usable,
+        .cost = coll_hier_cost, .handicap = 1.0, .link_classes = true,
+        .plan = coll_hier_plan},
 };
 /* clang-format on */
 

@@ -100,6 +100,36 @@ static void bind_rank(int r) {
   }
 }
 
+/* COLL_LAUNCH_RANKS_PER_HOST=k (or a list "k0,k1,...": host h holds k_h ranks, the last
+ * number repeating): rank r is told it runs on host "launch-host-<h>" (COLL_HOST_ID,
+ * comm.c), ranks in order filling host 0 first.  One machine then looks like several
+ * hosts to the library: shared memory inside each, the network (tcp over loopback)
+ * between them, and the host-aware algorithms see the layout.  Unset: nothing is set
+ * (ranks keep any COLL_HOST_ID they were given).  A malformed list is ignored. */
+static void emulate_host(int r) {
+  const char *e = getenv("COLL_LAUNCH_RANKS_PER_HOST");
+  if (!e || !*e) return;
+  int h = 0, before = 0, k = 0;
+  const char *p = e;
+  for (;;) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 1 || v > 1 << 20 || (*end && *end != ',')) return;
+    k = (int)v;
+    if (r < before + k) break;
+    before += k, h++;
+    if (*end == ',') {
+      p = end + 1;
+      continue;
+    }
+    h += (r - before) / k; /* the last number repeats */
+    break;
+  }
+  char name[48];
+  snprintf(name, sizeof name, "launch-host-%d", h);
+  setenv("COLL_HOST_ID", name, 1);
+}
+
 static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *why, size_t why_len,
                   bool raw) {
   char dummy[8];
@@ -140,6 +170,7 @@ static int launch(int nranks, coll_rank_fn fn, void *arg, int timeout_ms, char *
       for (int o = 0; o < r; o++)
         if (pfs[o].fd >= 0) close(pfs[o].fd);
       bind_rank(r);
+      emulate_host(r);
       char buf[16];
       snprintf(buf, sizeof buf, "%d", r);
       setenv("COLL_LAUNCH_RANK", buf, 1);

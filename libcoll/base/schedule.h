@@ -28,9 +28,10 @@ typedef enum {
   COLL_ALGO_PAIRWISE,
   COLL_ALGO_LINEAR,
   COLL_ALGO_DEV_ONESHOT,
-  COLL_ALGO_DEV_TWOSHOT
+  COLL_ALGO_DEV_TWOSHOT,
+  COLL_ALGO_HIER
 } coll_algo;
-#define COLL_NUM_ALGOS 12
+#define COLL_NUM_ALGOS 13
 
 /* Which user buffer a range lives in. */
 typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;
@@ -76,6 +77,17 @@ typedef struct {
   int32_t item;   /* group point-to-point only: the grouped operation (its index
                      in coll_plan_args.group) whose buffers the step uses */
 } coll_step;
+
+/* The hosts a communicator's ranks run on (comm.c builds it from the exchanged host ids,
+ * algo/hier.c's coll_hosts_build): host[r] in 0..nhosts-1, numbered in order of first
+ * appearance, so ranks with equal values share memory; local[r] the rank's index among
+ * its host's ranks, in rank order.  per_host: the ranks on every host when all hosts hold
+ * the same number, else 0; by_host[h·per_host + i] is then the rank with local index i on
+ * host h (NULL when per_host is 0). */
+typedef struct {
+  int nhosts, per_host;
+  const int *host, *local, *by_host;
+} coll_hosts;
 
 /* One operation of a group's point-to-point work, in bytes (a group may mix dtypes):
  * SEND `count` bytes to `peer`, RECV `count` bytes from `peer`, or COPY them locally (a

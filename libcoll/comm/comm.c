@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "algo.h"
 #include "bootstrap_wire.h"
 #include "coll_config.h"
 #include "ib_wire.h"
@@ -96,9 +97,20 @@ static bool ib_usable(char *why, size_t len) {
 }
 
 /* Same hostname and same boot => same machine (containers with one hostname on two
- * machines differ in boot_id). */
+ * machines differ in boot_id).  COLL_HOST_ID=name replaces both (as NCCL_HOSTID does):
+ * ranks with the same name are one host (shared memory between them, the host-aware
+ * algorithms group them), ranks with different names are different hosts (the network
+ * between them) — for clusters whose nodes share a hostname, or to split one machine
+ * into several "hosts" (the local launcher's COLL_LAUNCH_RANKS_PER_HOST sets it). */
 static uint64_t host_id(void) {
   char buf[320] = {0};
+  const char *forced = getenv("COLL_HOST_ID");
+  if (forced && *forced) {
+    snprintf(buf, sizeof buf, "COLL_HOST_ID=%s", forced);
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = buf; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return h;
+  }
   gethostname(buf, 255);
   FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
   if (f) {
@@ -150,6 +162,7 @@ void coll_comm_free(struct coll_comm *comm) {
   pthread_mutex_destroy(&comm->connmu);
   free(comm->pids);
   free(comm->host_ids);
+  free(comm->host_layout);
   free(comm->mb_seen);
   free(comm->mb);
   free(comm->mb_waiters);
@@ -207,6 +220,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   memcpy(comm->secret, secret, COLL_SECRET_BYTES);
   comm->pids = calloc((size_t)nranks, sizeof *comm->pids);
   comm->host_ids = calloc((size_t)nranks, sizeof *comm->host_ids);
+  comm->host_layout = calloc(3 * (size_t)nranks, sizeof *comm->host_layout);
   comm->conn_send = calloc((size_t)nranks, sizeof *comm->conn_send);
   comm->conn_recv = calloc((size_t)nranks, sizeof *comm->conn_recv);
   comm->peer_t = malloc((size_t)nranks);
@@ -219,8 +233,9 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   rank_info *all = calloc((size_t)nranks, sizeof *all);
   coll_result r = COLL_OK;
   bool left = false; /* rv->leave called */
-  if (!comm->pids || !comm->host_ids || !comm->conn_send || !comm->conn_recv || !comm->peer_t ||
-      !comm->peer_warm || !comm->peer_blob || !comm->mb_seen || !comm->windows || !all) {
+  if (!comm->pids || !comm->host_ids || !comm->host_layout || !comm->conn_send ||
+      !comm->conn_recv || !comm->peer_t || !comm->peer_warm || !comm->peer_blob || !comm->mb_seen ||
+      !comm->windows || !all) {
     r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory creating a communicator of %d ranks",
                   nranks);
     goto fail;
@@ -289,6 +304,8 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
     comm->host_ids[p] = all[p].host_id;
     comm->local_ranks += all[p].host_id == me.host_id;
   }
+  coll_hosts_build(comm->host_ids, nranks, comm->host_layout, comm->host_layout + nranks,
+                   comm->host_layout + 2 * (size_t)nranks, &comm->hosts);
   {
     int cores = host_cores(all, nranks, me.host_id);
     comm->oversubscribed = cores > 0 && comm->local_ranks > cores;
@@ -336,15 +353,22 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
   comm->transport = comm->transports[most];
   /* The one-shot path needs every peer's mailbox mapped: one host, all shm. */
   comm->mailboxes = nranks > 1 && uses[COLL_T_SHM] == nranks - 1;
-  /* Second round: everyone has mapped everyone's segment, so names can go. */
+  /* Second round: everyone has mapped everyone's segment, so names can go.  Each rank's
+   * slot goes with it and all take the least: the executor cuts every step into slices of
+   * one slot, and the two ends of a connection must cut alike.  Ranks can differ: one
+   * alone on its host has only tcp peers (256 KiB slots) where ranks with shm peers too
+   * took shm's 64 KiB (2 + 1 ranks on two hosts failed with "received a 65536-byte
+   * slice ... but expected 262144"). */
   {
-    uint8_t token = 1, *tokens = calloc((size_t)nranks, 1);
-    if (!tokens) {
+    uint64_t mine = comm->slot_bytes, *slots = calloc((size_t)nranks, sizeof *slots);
+    if (!slots) {
       r = coll_fail(comm, COLL_ERR_SYSTEM, "out of memory");
       goto fail;
     }
-    r = rv->allgather(rv, comm, &token, tokens, 1);
-    free(tokens);
+    r = rv->allgather(rv, comm, &mine, slots, sizeof mine);
+    for (int p = 0; r == COLL_OK && p < nranks; p++)
+      if (slots[p] > 0 && slots[p] < comm->slot_bytes) comm->slot_bytes = (size_t)slots[p];
+    free(slots);
     if (r != COLL_OK) goto fail;
   }
   for (int t = 0; t < COLL_MAX_TRANSPORTS; t++)

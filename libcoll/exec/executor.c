@@ -339,6 +339,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
                       .root = w->root,
                       .recv_count = w->recv_count,
                       .recv_peer = w->recv_peer,
+                      .hosts = &comm->hosts,
                       .slice = comm->slot_bytes / es,
                       .sendcounts = w->sendcounts,
                       .sdispls = w->sdispls,

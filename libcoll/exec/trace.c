@@ -197,6 +197,18 @@ void coll_trace_record(struct coll_comm *comm, const coll_work *w, coll_algo alg
     }
     if (keep) e[i] = ev;
     if (t->text) log_text(comm, &ev);
+    if (t->text && i == 0 && comm->hosts.nhosts > 1 && comm->hosts.host) {
+      /* Several hosts: what this rank sent over each link class in the call. */
+      unsigned long long in = 0, x = 0;
+      for (size_t k = 0; k < nsteps; k++)
+        if (steps[k].peer_out >= 0 && steps[k].peer_out < comm->nranks)
+          *(comm->hosts.host[steps[k].peer_out] == comm->hosts.host[comm->rank]
+                ? &in
+                : &x) += (unsigned long long)steps[k].count * es;
+      coll_log(COLL_LOG_INFO, comm->rank,
+               "trace %s #%llu: sent %llu B inside host %d, %llu B across hosts", ev.coll,
+               (unsigned long long)ev.seq, in, comm->hosts.host[comm->rank], x);
+    }
   }
   if (keep) t->n += nsteps + 1;
   pthread_mutex_unlock(&t->mu);

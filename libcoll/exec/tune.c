@@ -6,6 +6,10 @@
  *          lap over the number of hops (on 2 ranks, half a ping-pong).
  *   β      ranks 0 and 1 bounce 1 MiB: (half the fastest round trip - α) / 1 MiB.
  *   γ      rank 0 reduces 64 KiB of float32 in cache: seconds per byte reduced.
+ *   on several hosts (comm->hosts): β between rank 0 and the first other rank of its
+ *          host, α the median half round trip of 8 bytes to it (the token's hop mixes
+ *          the classes); α_x and β_x the same to the first rank of another host.  Flat
+ *          rows are priced at the slower class, host-aware rows (hier) per class.
  *   per schedule (every row with a plan): a small call forced onto it — an 8-byte
  *          all-reduce, or a byte per rank of all-to-all (pairwise) or gather (linear) —
  *          median of 60, over the number of α terms in its formula: its own α.  With more
@@ -22,8 +26,8 @@
  * choice that wanders between runs changes the result's last bits.  Three things keep it
  * still: (1) every figure is rounded to a quarter octave (a factor 2^(1/4) = 1.19), so
  * the ±10% a quiet machine wanders mostly lands on the same value; (2) the figures are
- * cached by default, per shape of communicator (ranks, ranks on this host, transport,
- * slot size), in $XDG_CACHE_HOME/libcoll/tune (else ~/.cache/libcoll/tune): the first
+ * cached by default, per shape of communicator (ranks, ranks on this host, hosts,
+ * transport, slot size), in $XDG_CACHE_HOME/libcoll/tune (else ~/.cache/libcoll/tune): the first
  * run measures, every later run on this machine reads the same numbers and so builds
  * the same table; COLL_TUNE_FILE=path moves the cache, COLL_TUNE_FILE=none turns it off;
  * (3) COLL_ALGO=name pins the algorithm outright, and COLL_TUNE=0 uses fixed defaults.
@@ -90,7 +94,20 @@ static bool price(struct coll_comm *comm, const coll_algo_entry *e, coll_coll_ki
                        .gamma = t->gamma,
                        .alpha_mb = t->alpha_mb,
                        .beta_cma = t->beta_cma,
-                       .alpha_cma = t->alpha_cma};
+                       .alpha_cma = t->alpha_cma,
+                       .hosts = comm->hosts.nhosts,
+                       .local = comm->hosts.per_host,
+                       .alpha_net = t->alpha_net,
+                       .beta_net = t->beta_net};
+  /* Link classes: a host-aware row prices each class with its own α and β (α inside a
+   * host: the token's hop, never a row's own calibration, which a whole job measured);
+   * a flat schedule on several hosts waits, step after step, for its slowest link. */
+  if (e->link_classes)
+    m.alpha = t->alpha;
+  else if (comm->hosts.nhosts > 1) {
+    if (t->alpha_algo[e->id] <= 0 && t->alpha_net > m.alpha) m.alpha = t->alpha_net;
+    if (t->beta_net > m.beta) m.beta = t->beta_net;
+  }
   return e->cost(c, n, &m, sec, formula, flen) == COLL_OK;
 }
 
@@ -242,28 +259,43 @@ static coll_result ring_laps(struct coll_comm *comm, uint8_t *buf, double *hop) 
   return COLL_OK;
 }
 
-/* Half the round trip of BIG bytes between ranks 0 and 1, the fastest of BIG_REPS
- * (others return at once). */
-static coll_result big_pingpong(struct coll_comm *comm, uint8_t *buf, double *half) {
+/* Half the round trip of `bytes` between rank 0 and `peer` (others return at once): the
+ * fastest of `reps`, or with `median` the median (a small message's round trip is mostly
+ * waiting, and the fastest would flatter it). */
+static coll_result pingpong(struct coll_comm *comm, uint8_t *buf, size_t bytes, int peer, int reps,
+                            bool med, double *half) {
   int me = comm->rank;
   coll_result r;
+  double t[LAPS];
   *half = 0;
-  if (me > 1) return COLL_OK;
-  double best = INFINITY;
-  for (int i = -1; i < BIG_REPS; i++) {
+  if ((me != 0 && me != peer) || peer <= 0 || reps > LAPS) return COLL_OK;
+  for (int i = -1; i < reps; i++) {
     uint64_t t0 = coll_now_ns();
     if (me == 0) {
-      if ((r = run(comm, COLL_COLL_SEND, buf, BIG, 1)) != COLL_OK) return r;
-      if ((r = run(comm, COLL_COLL_RECV, buf, BIG, 1)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_SEND, buf, bytes, peer)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_RECV, buf, bytes, peer)) != COLL_OK) return r;
     } else {
-      if ((r = run(comm, COLL_COLL_RECV, buf, BIG, 0)) != COLL_OK) return r;
-      if ((r = run(comm, COLL_COLL_SEND, buf, BIG, 0)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_RECV, buf, bytes, 0)) != COLL_OK) return r;
+      if ((r = run(comm, COLL_COLL_SEND, buf, bytes, 0)) != COLL_OK) return r;
     }
-    double t = (double)(coll_now_ns() - t0) * 1e-9;
-    if (i >= 0 && t < best) best = t;
+    if (i >= 0) t[i] = (double)(coll_now_ns() - t0) * 1e-9;
   }
-  *half = best / 2;
+  qsort(t, (size_t)reps, sizeof *t, cmp_double);
+  *half = (med ? median(t, reps) : t[0]) / 2;
   return COLL_OK;
+}
+
+/* The peers rank 0 measures the links with: the first other rank on its host (else rank
+ * 1), and the first rank on another host (-1 on one host).  The same on every rank. */
+static void probe_peers(const struct coll_comm *comm, int *inside, int *across) {
+  const coll_hosts *hs = &comm->hosts;
+  *inside = -1, *across = -1;
+  for (int q = 1; q < comm->nranks; q++) {
+    bool same = !hs->host || hs->host[q] == hs->host[0];
+    if (same && *inside < 0) *inside = q;
+    if (!same && *across < 0) *across = q;
+  }
+  if (*inside < 0) *inside = 1;
 }
 
 static double measure_gamma(void) {
@@ -284,16 +316,20 @@ static void defaults(coll_tune_params *t) {
   t->alpha_mb = 0.5e-6;
   t->beta_cma = 1.0 / 10e9;
   t->alpha_cma = 2e-6;
+  /* Across hosts: 10 us and 10 Gb/s Ethernet, until measured. */
+  t->alpha_net = 10e-6;
+  t->beta_net = 1.0 / 1.25e9;
   t->source = 0;
 }
 
 /* ---- the cache: one line per shape of communicator ------------------------------------ */
 
-#define CACHE_FORMAT "libcoll-tune 4 "
+#define CACHE_FORMAT "libcoll-tune 5 "
 
 static void key_of(struct coll_comm *comm, char *key, size_t len) {
-  snprintf(key, len, "nranks=%d local=%d transport=%s slot=%zu", comm->nranks, comm->local_ranks,
-           comm->transport ? comm->transport->name : "none", comm->slot_bytes);
+  snprintf(key, len, "nranks=%d local=%d hosts=%d transport=%s slot=%zu", comm->nranks,
+           comm->local_ranks, comm->hosts.nhosts, comm->transport ? comm->transport->name : "none",
+           comm->slot_bytes);
 }
 
 /* COLL_TUNE_FILE, else $XDG_CACHE_HOME/libcoll/tune, else $HOME/.cache/libcoll/tune;
@@ -336,12 +372,13 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
     double *aa = x.alpha_algo;
     if (sscanf(at,
                " alpha=%lg beta=%lg gamma=%lg alpha_mb=%lg beta_cma=%lg alpha_cma=%lg "
-               "ring=%lg tree=%lg rd=%lg rhd=%lg pairwise=%lg linear=%lg",
+               "ring=%lg tree=%lg rd=%lg rhd=%lg pairwise=%lg linear=%lg alpha_net=%lg "
+               "beta_net=%lg",
                &x.alpha, &x.beta, &x.gamma, &x.alpha_mb, &x.beta_cma, &x.alpha_cma,
                &aa[COLL_ALGO_RING], &aa[COLL_ALGO_TREE], &aa[COLL_ALGO_RD], &aa[COLL_ALGO_RHD],
-               &aa[COLL_ALGO_PAIRWISE], &aa[COLL_ALGO_LINEAR]) == 12 &&
+               &aa[COLL_ALGO_PAIRWISE], &aa[COLL_ALGO_LINEAR], &x.alpha_net, &x.beta_net) == 14 &&
         x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0 && x.beta_cma > 0 &&
-        x.alpha_cma >= 0) {
+        x.alpha_cma >= 0 && x.alpha_net > 0 && x.beta_net > 0) {
       *t = x;
       t->source = 2;
       found = true;
@@ -378,10 +415,10 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   fprintf(out,
           CACHE_FORMAT "%s alpha=%.17g beta=%.17g gamma=%.17g alpha_mb=%.17g "
                        "beta_cma=%.17g alpha_cma=%.17g ring=%.17g tree=%.17g rd=%.17g rhd=%.17g "
-                       "pairwise=%.17g linear=%.17g\n",
+                       "pairwise=%.17g linear=%.17g alpha_net=%.17g beta_net=%.17g\n",
           key, t->alpha, t->beta, t->gamma, t->alpha_mb, t->beta_cma, t->alpha_cma,
           aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD],
-          aa[COLL_ALGO_PAIRWISE], aa[COLL_ALGO_LINEAR]);
+          aa[COLL_ALGO_PAIRWISE], aa[COLL_ALGO_LINEAR], t->alpha_net, t->beta_net);
   bool ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
   ok = fclose(out) == 0 && ok;
   if (!ok || rename(tmp, path) != 0) {
@@ -401,6 +438,8 @@ static void quantize_all(coll_tune_params *t) {
   t->alpha_mb = quantize(t->alpha_mb);
   t->beta_cma = quantize(t->beta_cma);
   t->alpha_cma = quantize(t->alpha_cma);
+  t->alpha_net = quantize(t->alpha_net);
+  t->beta_net = quantize(t->beta_net);
   for (int a = 0; a < COLL_NUM_ALGOS; a++) t->alpha_algo[a] = quantize(t->alpha_algo[a]);
 }
 
@@ -430,6 +469,8 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
     if (a == COLL_ALGO_ONESHOT ? !coll_algo_usable(coll_algo_get(a), comm, &probe, 1)
                                : !coll_algo_has_plan(a) || !found)
       continue;
+    /* A host-aware row has no single α to calibrate: its classes are measured apart. */
+    if (coll_algo_get(a)->link_classes) continue;
     comm->probe_algo = a;
     for (int k = -10; k < CAL_LAPS && r == COLL_OK; k++) {
       coll_work w = {.coll = c,
@@ -467,6 +508,7 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   /* Rank 0 decides whether to measure (its cache), then everyone does the same. */
   struct {
     double alpha, beta, gamma, alpha_mb, beta_cma, alpha_cma, alpha_algo[COLL_NUM_ALGOS];
+    double alpha_net, beta_net;
     int32_t source, pad;
   } msg = {0};
   uint8_t buf[64];
@@ -481,10 +523,17 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
     uint8_t *big = malloc(BIG);
     if (!big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory measuring the links");
     memset(big, 1, BIG);
-    double hop = 0, half = 0;
+    double hop = 0, half = 0, in_small = 0, x_small = 0, x_big = 0;
+    int inside, across;
+    probe_peers(comm, &inside, &across);
     memset(buf, 0, sizeof buf);
     r = ring_laps(comm, buf, &hop);
-    if (r == COLL_OK) r = big_pingpong(comm, big, &half);
+    /* β inside a host (ranks 0 and its first neighbour there); across hosts, α and β
+     * between rank 0 and the first rank of another host. */
+    if (r == COLL_OK) r = pingpong(comm, big, BIG, inside, BIG_REPS, false, &half);
+    if (r == COLL_OK && across > 0) r = pingpong(comm, big, 8, inside, CAL_LAPS, true, &in_small);
+    if (r == COLL_OK && across > 0) r = pingpong(comm, big, 8, across, CAL_LAPS, true, &x_small);
+    if (r == COLL_OK && across > 0) r = pingpong(comm, big, BIG, across, BIG_REPS, false, &x_big);
     if (r == COLL_OK) r = calibrate(comm, &t);
     free(big);
     if (r != COLL_OK) return r;
@@ -492,6 +541,14 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
       t.alpha = hop > 0 ? hop : t.alpha;
       double b = (half - hop) / BIG;
       t.beta = b > 1e-12 ? b : t.beta;
+      if (across > 0 && x_small > 0) {
+        /* Several hosts: the token's hop averages both classes; α is the one inside (a
+         * flat row is priced at the slower of the two anyway: price()). */
+        if (in_small > 0) t.alpha = in_small;
+        t.alpha_net = x_small;
+        double bx = (x_big - x_small) / BIG;
+        t.beta_net = bx > 1e-12 ? bx : t.beta_net;
+      }
       t.gamma = measure_gamma();
       if (t.gamma <= 0) t.gamma = 1e-12;
       t.source = 1;
@@ -502,12 +559,14 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   msg.alpha = t.alpha, msg.beta = t.beta, msg.gamma = t.gamma, msg.alpha_mb = t.alpha_mb;
   msg.beta_cma = t.beta_cma;
   msg.alpha_cma = t.alpha_cma;
+  msg.alpha_net = t.alpha_net, msg.beta_net = t.beta_net;
   memcpy(msg.alpha_algo, t.alpha_algo, sizeof msg.alpha_algo);
   msg.source = t.source;
   if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
   t.alpha = msg.alpha, t.beta = msg.beta, t.gamma = msg.gamma, t.alpha_mb = msg.alpha_mb;
   t.beta_cma = msg.beta_cma;
   t.alpha_cma = msg.alpha_cma;
+  t.alpha_net = msg.alpha_net, t.beta_net = msg.beta_net;
   memcpy(t.alpha_algo, msg.alpha_algo, sizeof t.alpha_algo);
   t.source = msg.source;
   *tp = t;
@@ -561,6 +620,11 @@ coll_result coll_tune_init(struct coll_comm *comm) {
                             : "defaults",
             t.alpha * 1e6, t.beta * 1e9, 1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6,
             comm->direct_ok ? "allowed" : "not allowed", t.beta_cma * 1e9);
+  if (comm->hosts.nhosts > 1)
+    COLL_INFO(comm->rank,
+              "%d hosts (%s ranks each): across hosts alpha %.3f us, beta %.4f ns/B (%.2f GB/s)",
+              comm->hosts.nhosts, comm->hosts.per_host ? "the same number of" : "different",
+              t.alpha_net * 1e6, t.beta_net * 1e9, 1e-9 / t.beta_net);
   return COLL_OK;
 }
 
@@ -636,5 +700,53 @@ coll_result coll_comm_algo_cost(coll_comm_t comm, const char *coll, size_t bytes
                      "coll_comm_algo_cost: \"%s\" has no row \"%s\" "
                      "that serves it",
                      coll, algo);
+  return COLL_OK;
+}
+
+coll_result coll_comm_hosts(coll_comm_t comm, int *nhosts, int *per_host, int *host_of) {
+  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_hosts: comm is NULL");
+  const coll_hosts *hs = &comm->hosts;
+  if (nhosts) *nhosts = hs->nhosts;
+  if (per_host) *per_host = hs->per_host;
+  for (int r = 0; host_of && r < comm->nranks; r++) host_of[r] = hs->host ? hs->host[r] : 0;
+  return COLL_OK;
+}
+
+coll_result coll_comm_net_params(coll_comm_t comm, double *alpha_net, double *beta_net) {
+  if (!comm) return coll_fail(NULL, COLL_ERR_INVALID_ARG, "coll_comm_net_params: comm is NULL");
+  if (alpha_net) *alpha_net = comm->tune.alpha_net;
+  if (beta_net) *beta_net = comm->tune.beta_net;
+  return COLL_OK;
+}
+
+coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t count, coll_dtype dtype,
+                                 const char *algo, int rank, uint64_t *inside, uint64_t *across) {
+  if (!comm || !coll || !algo || !inside || !across)
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "coll_comm_link_bytes: comm, coll, algo, inside and across must not be NULL");
+  int c = -1;
+  for (int i = 0; i < COLL_NUM_COLLS; i++)
+    if (strcmp(coll_coll_name((coll_coll_kind)i), coll) == 0) c = i;
+  bool ok = false;
+  coll_algo a = coll_algo_from_name(algo, &ok);
+  size_t es = coll_elem_bytes(dtype);
+  if (c < 0 || !ok || !coll_algo_has_plan(a) || rank < 0 || rank >= comm->nranks || !es)
+    return coll_fail(comm, COLL_ERR_INVALID_ARG,
+                     "coll_comm_link_bytes: \"%s\" by \"%s\" on rank %d: no such collective, "
+                     "schedule or rank (%d ranks)",
+                     coll, algo, rank, comm->nranks);
+  coll_step *steps = calloc(coll_plan_max_steps(comm->nranks), sizeof *steps);
+  if (!steps) return coll_fail(comm, COLL_ERR_SYSTEM, "coll_comm_link_bytes: out of memory");
+  coll_plan_args pa = {.coll = (coll_coll_kind)c,
+                       .algo = a,
+                       .count = count,
+                       .nranks = comm->nranks,
+                       .rank = rank,
+                       .hosts = &comm->hosts,
+                       .slice = comm->slot_bytes / es};
+  coll_result r = coll_plan_link_bytes(&pa, es, steps, inside, across);
+  free(steps);
+  if (r != COLL_OK)
+    return coll_fail(comm, r, "coll_comm_link_bytes: no schedule for %s by %s", coll, algo);
   return COLL_OK;
 }

@@ -77,6 +77,24 @@ COLL_API const char *coll_comm_algo_for(coll_comm_t comm, const char *coll, size
 COLL_API coll_result coll_comm_algo_cost(coll_comm_t comm, const char *coll, size_t bytes,
                                          const char *algo, double *seconds, char *formula,
                                          size_t formula_len);
+/* The hosts this communicator's ranks run on (same COLL_HOST_ID, else same hostname and
+ * boot: one host): *nhosts; *per_host, the ranks on every host when all hosts hold the
+ * same number, else 0; host_of[r] (nranks entries), hosts numbered 0.. in order of their
+ * first rank.  Any pointer may be NULL. */
+COLL_API coll_result coll_comm_hosts(coll_comm_t comm, int *nhosts, int *per_host, int *host_of);
+/* The cost model's links across hosts (measured at creation between rank 0 and the first
+ * rank of another host; defaults on one host): s per message, s per byte.  Either may be
+ * NULL. */
+COLL_API coll_result coll_comm_net_params(coll_comm_t comm, double *alpha_net, double *beta_net);
+/* The bytes `rank` sends over links inside its host (*inside) and across hosts (*across)
+ * when row `algo` ("ring", "hier", ...) runs `coll` on `count` elements of `dtype` (the
+ * count the collective's call takes: per rank for all_gather and reduce_scatter) on this
+ * communicator: summed from the schedule the executor would run, not from a formula.
+ * COLL_ERR_INVALID_ARG for an unknown name, a rank out of range, or a row that runs no
+ * schedule (oneshot, direct, mapped). */
+COLL_API coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, size_t count,
+                                          coll_dtype dtype, const char *algo, int rank,
+                                          uint64_t *inside, uint64_t *across);
 /* The algorithm the last finished collective of this communicator ran ("ring",
  * "oneshot", "mapped", ...), NULL before the first. */
 COLL_API const char *coll_comm_last_algo(coll_comm_t comm);

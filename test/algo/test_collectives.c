@@ -525,9 +525,9 @@ static void forced_big(coll_algo a, int n1, int n2) {
  * for all-to-all, gather and scatter.  A row added to the table without a forced test
  * fails here. */
 Test(collectives, every_table_row_is_forced) {
-  static const coll_algo here[] = {COLL_ALGO_RING,  COLL_ALGO_TREE,    COLL_ALGO_RD,
-                                   COLL_ALGO_RHD,   COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
-                                   COLL_ALGO_MAPPED};
+  static const coll_algo here[] = {COLL_ALGO_RING,   COLL_ALGO_TREE,    COLL_ALGO_RD,
+                                   COLL_ALGO_RHD,    COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
+                                   COLL_ALGO_MAPPED, COLL_ALGO_HIER};
   static const coll_algo in_alltoall[] = {COLL_ALGO_PAIRWISE, COLL_ALGO_LINEAR, COLL_ALGO_ONESHOT,
                                           COLL_ALGO_DIRECT, COLL_ALGO_MAPPED};
   for (int a = 1; a < COLL_NUM_ALGOS; a++) {
@@ -547,6 +547,16 @@ Test(collectives, every_table_row_is_forced) {
 }
 
 Test(collectives, ring_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_RING); }
+/* hier needs several hosts with the same number of ranks: the launcher emulates hosts of
+ * two ranks (COLL_LAUNCH_RANKS_PER_HOST: shm inside, tcp across), so N = 4 and 6 run it
+ * (run_call checks they did) and N = 5 (2 + 2 + 1) runs the tuner's choice instead; on
+ * one host (N = 1..3 here would be one or unequal hosts) it never runs. */
+Test(collectives, hier_hosts_of_two, .timeout = 600) {
+  setenv("COLL_LAUNCH_RANKS_PER_HOST", "2", 1);
+  for (int n = 4; n <= 6; n++) run_matrix_kinds(n, false, "hier", row_kinds(COLL_ALGO_HIER));
+  run_matrix_kinds(4, true, "hier", row_kinds(COLL_ALGO_HIER));
+  unsetenv("COLL_LAUNCH_RANKS_PER_HOST");
+}
 Test(collectives, tree_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_TREE); }
 Test(collectives, rd_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_RD); }
 Test(collectives, rhd_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_RHD); }

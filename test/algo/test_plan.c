@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "algo.h"
 #include "coll_test.h"
 #include "plan.h"
 #include "tree.h"
@@ -57,9 +58,10 @@ typedef struct {
   coll_algo algo;
   int n, root, in_place;
   size_t count, slice, cap;
-  bool tick_mode;   /* one step-slice per rank per sweep, messages seen `latency` later */
-  uint64_t latency; /* tick mode: sweeps before a message can be read (0 means 1) */
-  bool zero_delays; /* run the plans with every delay cleared (to measure what delays buy) */
+  bool tick_mode;          /* one step-slice per rank per sweep, messages seen `latency` later */
+  uint64_t latency;        /* tick mode: sweeps before a message can be read (0 means 1) */
+  bool zero_delays;        /* run the plans with every delay cleared (to measure what delays buy) */
+  const coll_hosts *hosts; /* the host layout host-aware plans read (hier), NULL: none */
   /* all_to_allv: per rank, its sendcounts, sdispls, recvcounts, rdispls (n each, one
    * after the other) */
   size_t *const *v;
@@ -183,6 +185,7 @@ static uint64_t run_sim(const sim_case *c) {
                         .rank = r,
                         .root = c->root,
                         .in_place = c->in_place,
+                        .hosts = c->hosts,
                         .slice = c->slice};
     if (c->coll == COLL_COLL_ALL_TO_ALLV) {
       a.sendcounts = c->v[r], a.sdispls = c->v[r] + n, a.recvcounts = c->v[r] + 2 * n;
@@ -677,8 +680,10 @@ Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
 }
 
 Test(plan, algo_names_and_table) {
-  const char *names[] = {"auto",   "ring",   "tree",     "rd",     "rhd",         "oneshot",
-                         "direct", "mapped", "pairwise", "linear", "dev_oneshot", "dev_twoshot"};
+  const char *names[] = {"auto",        "ring",        "tree",   "rd",       "rhd",
+                         "oneshot",     "direct",      "mapped", "pairwise", "linear",
+                         "dev_oneshot", "dev_twoshot", "hier"};
+  cr_assert_eq(sizeof names / sizeof *names, COLL_NUM_ALGOS);
   for (int a = 0; a < COLL_NUM_ALGOS; a++) {
     bool ok = false;
     cr_assert_str_eq(coll_algo_name((coll_algo)a), names[a]);
@@ -1112,5 +1117,242 @@ Test(plan, newer_collectives_costs) {
   /* all-to-allv has no single n: not priced. */
   cr_assert_eq(coll_algo_cost(COLL_ALGO_PAIRWISE, COLL_COLL_ALL_TO_ALLV, 4, 1000, 65536, 1e-6, 1e-9,
                               0, &t, f, sizeof f),
+               COLL_ERR_INVALID_ARG);
+}
+
+/* ---- the host-aware all-reduce (algo/hier.c) -------------------------------------------
+ * Layouts as comm.c builds them (coll_hosts_build from per-rank host ids), run through the
+ * executor's model above: every element reduced once over all N ranks, AVG divided once,
+ * no deadlock with FIFOs of two and three slots (the ring needs two), odd counts, counts below N,
+ * in place. */
+
+typedef struct {
+  int host[64], local[64], by_host[64];
+  coll_hosts hs;
+} layout;
+
+/* ids[r] = the host of rank r as a small number (any order: ranks need not be
+ * contiguous per host). */
+static void make_layout(layout *l, const int *ids, int n) {
+  uint64_t u[64];
+  for (int r = 0; r < n; r++) u[r] = 1000 + (uint64_t)ids[r] * 7919;
+  coll_hosts_build(u, n, l->host, l->local, l->by_host, &l->hs);
+}
+
+Test(plan, hosts_build) {
+  layout l;
+  const int blocks[] = {0, 0, 1, 1, 2, 2};
+  make_layout(&l, blocks, 6);
+  cr_assert_eq(l.hs.nhosts, 3);
+  cr_assert_eq(l.hs.per_host, 2);
+  cr_assert(coll_hier_fits(&l.hs, 6));
+  for (int r = 0; r < 6; r++) {
+    cr_assert_eq(l.hs.host[r], r / 2);
+    cr_assert_eq(l.hs.local[r], r % 2);
+    cr_assert_eq(l.hs.by_host[r], r);
+  }
+  const int mixed[] = {5, 9, 5, 9}; /* interleaved: hosts numbered by first rank */
+  make_layout(&l, mixed, 4);
+  cr_assert_eq(l.hs.nhosts, 2);
+  cr_assert_eq(l.hs.per_host, 2);
+  cr_assert_eq(l.hs.host[1], 1);
+  cr_assert_eq(l.hs.local[2], 1);
+  cr_assert_eq(l.hs.by_host[0 * 2 + 1], 2);
+  cr_assert_eq(l.hs.by_host[1 * 2 + 1], 3);
+  const int unequal[] = {0, 0, 1};
+  make_layout(&l, unequal, 3);
+  cr_assert_eq(l.hs.nhosts, 2);
+  cr_assert_eq(l.hs.per_host, 0, "2 + 1 ranks: no common number per host");
+  cr_assert(!coll_hier_fits(&l.hs, 3));
+  const int one_each[] = {0, 1, 2};
+  make_layout(&l, one_each, 3);
+  cr_assert_eq(l.hs.per_host, 1);
+  cr_assert(!coll_hier_fits(&l.hs, 3), "one rank per host: nothing inside to use");
+  const int one_host[] = {4, 4, 4, 4};
+  make_layout(&l, one_host, 4);
+  cr_assert_eq(l.hs.nhosts, 1);
+  cr_assert(!coll_hier_fits(&l.hs, 4), "one host");
+  cr_assert(!coll_hier_fits(NULL, 4));
+}
+
+static void hier_sim(coll_coll_kind coll, const int *ids, int n, size_t count, size_t slice,
+                     size_t cap, int in_place) {
+  layout l;
+  make_layout(&l, ids, n);
+  sim_case c = {.coll = coll,
+                .algo = COLL_ALGO_HIER,
+                .n = n,
+                .in_place = in_place,
+                .count = count,
+                .slice = slice,
+                .cap = cap,
+                .hosts = &l.hs};
+  run_sim(&c);
+}
+
+Test(plan, hier_sweep, .timeout = 240) {
+  static const int l22[] = {0, 0, 1, 1}, l32[] = {0, 0, 1, 1, 2, 2}, l23[] = {0, 0, 0, 1, 1, 1},
+                   l43[] = {0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3}, mix[] = {0, 1, 0, 1},
+                   mix3[] = {2, 0, 1, 0, 2, 1}, l21[] = {0, 0, 1}, one[] = {0, 0, 0, 0};
+  const struct {
+    const int *ids;
+    int n;
+  } layouts[] = {{l22, 4}, {l32, 6}, {l23, 6}, {l43, 12}, {mix, 4}, {mix3, 6}, {l21, 3}, {one, 4}};
+  const size_t counts[] = {0, 1, 2, 3, 5, 7, 12, 13, 64, 101, 1000};
+  const size_t slices[] = {1, 3, 64, 100000};
+  for (size_t li = 0; li < sizeof layouts / sizeof *layouts; li++)
+    for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+      for (size_t si = 0; si < sizeof slices / sizeof *slices; si++)
+        for (size_t cap = 2; cap <= 3; cap++) /* the ring needs 2 (sweep above) */
+          for (int ip = 0; ip < 2; ip++) {
+            hier_sim(COLL_COLL_ALL_REDUCE, layouts[li].ids, layouts[li].n, counts[ci], slices[si],
+                     cap, ip);
+            hier_sim(COLL_COLL_ALL_GATHER, layouts[li].ids, layouts[li].n, counts[ci], slices[si],
+                     cap, ip);
+          }
+}
+
+/* Where the layout does not fit (unequal hosts, one host, one rank per host, no layout) and
+ * for anything but all-reduce, the row's plan is the ring's, step for step. */
+Test(plan, hier_falls_back_to_the_ring) {
+  static const int l21[] = {0, 0, 1}, one[] = {0, 0, 0, 0}, each[] = {0, 1, 2};
+  const struct {
+    const int *ids;
+    int n;
+  } layouts[] = {{l21, 3}, {one, 4}, {each, 3}, {NULL, 4}};
+  coll_step a_st[64], b_st[64];
+  for (size_t li = 0; li < 4; li++) {
+    layout l;
+    if (layouts[li].ids) make_layout(&l, layouts[li].ids, layouts[li].n);
+    for (int r = 0; r < layouts[li].n; r++) {
+      size_t na, nb;
+      coll_plan_args a = {.coll = COLL_COLL_ALL_REDUCE,
+                          .algo = COLL_ALGO_HIER,
+                          .count = 1001,
+                          .nranks = layouts[li].n,
+                          .rank = r,
+                          .hosts = layouts[li].ids ? &l.hs : NULL,
+                          .slice = 64};
+      coll_plan_args b = a;
+      b.algo = COLL_ALGO_RING;
+      cr_assert_eq(coll_plan_build(&a, a_st, &na), COLL_OK);
+      cr_assert_eq(coll_plan_build(&b, b_st, &nb), COLL_OK);
+      cr_assert_eq(na, nb);
+      cr_assert(memcmp(a_st, b_st, na * sizeof *a_st) == 0, "layout %zu rank %d", li, r);
+    }
+  }
+  cr_assert(!coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_BROADCAST, 4));
+  cr_assert(coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_ALL_GATHER, 4));
+  cr_assert(!coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_REDUCE_SCATTER, 4));
+  cr_assert(coll_algo_serves(COLL_ALGO_HIER, COLL_COLL_ALL_REDUCE, 4));
+  cr_assert(coll_algo_has_plan(COLL_ALGO_HIER));
+  bool ok;
+  cr_assert_eq(coll_algo_from_name("hierarchical", &ok), COLL_ALGO_HIER);
+}
+
+/* The bytes each rank sends per link class, from the plans, against hier.c's formulas:
+ * ring 2(N-1)/N*S per rank, all of it across at the H host boundaries; hier 2(n-1)/n*S
+ * inside and 2(H-1)/H*S/n across per rank.  S divisible by N·H so both are exact. */
+Test(plan, hier_link_bytes) {
+  const int HS[] = {2, 3, 2, 4}, NS[] = {2, 2, 3, 3};
+  coll_step st[64];
+  for (int k = 0; k < 4; k++) {
+    int H = HS[k], nn = NS[k], N = H * nn, ids[16];
+    for (int r = 0; r < N; r++) ids[r] = r / nn;
+    layout l;
+    make_layout(&l, ids, N);
+    size_t count = (size_t)N * H * 10, es = 4;
+    double S = (double)(count * es);
+    uint64_t ring_x = 0, hier_x = 0;
+    for (int r = 0; r < N; r++) {
+      uint64_t in, x;
+      coll_plan_args a = {.coll = COLL_COLL_ALL_REDUCE,
+                          .algo = COLL_ALGO_RING,
+                          .count = count,
+                          .nranks = N,
+                          .rank = r,
+                          .hosts = &l.hs,
+                          .slice = 16};
+      cr_assert_eq(coll_plan_link_bytes(&a, es, st, &in, &x), COLL_OK);
+      cr_assert_float_eq((double)(in + x), 2.0 * (N - 1) / N * S, 1e-9);
+      cr_assert_eq(x != 0, (r + 1) % nn == 0, "ring: only host boundaries cross (rank %d)", r);
+      ring_x += x;
+      a.algo = COLL_ALGO_HIER;
+      cr_assert_eq(coll_plan_link_bytes(&a, es, st, &in, &x), COLL_OK);
+      cr_assert_float_eq((double)in, 2.0 * (nn - 1) / nn * S, 1e-9, "H=%d n=%d", H, nn);
+      cr_assert_float_eq((double)x, 2.0 * (H - 1) / H * S / nn, 1e-9, "H=%d n=%d", H, nn);
+      hier_x += x;
+    }
+    cr_assert_float_eq((double)ring_x, H * 2.0 * (N - 1) / N * S, 1e-9);
+    /* All-gather of count/N per rank (S the whole output): hier (H-1)/N*S across and
+     * (n-1)/n*S inside per rank; the ring (N-1)/N*S, across at the boundaries. */
+    uint64_t ag_ring_x = 0, ag_hier_x = 0;
+    for (int r = 0; r < N; r++) {
+      uint64_t in, x;
+      coll_plan_args a = {.coll = COLL_COLL_ALL_GATHER,
+                          .algo = COLL_ALGO_HIER,
+                          .count = count / (size_t)N,
+                          .nranks = N,
+                          .rank = r,
+                          .hosts = &l.hs,
+                          .slice = 16};
+      cr_assert_eq(coll_plan_link_bytes(&a, es, st, &in, &x), COLL_OK);
+      cr_assert_float_eq((double)x, (H - 1.0) / N * S, 1e-9, "all-gather H=%d n=%d", H, nn);
+      cr_assert_float_eq((double)in, (nn - 1.0) / nn * S, 1e-9, "all-gather H=%d n=%d", H, nn);
+      ag_hier_x += x;
+      a.algo = COLL_ALGO_RING;
+      cr_assert_eq(coll_plan_link_bytes(&a, es, st, &in, &x), COLL_OK);
+      ag_ring_x += x;
+    }
+    cr_assert_float_eq((double)ag_ring_x, H * (N - 1.0) / N * S, 1e-9);
+    cr_assert_lt(ag_hier_x, ag_ring_x);
+    cr_assert_float_eq((double)hier_x, 2.0 * (H - 1) * S, 1e-9);
+    cr_assert_lt(hier_x, ring_x, "H=%d n=%d: the hierarchy sends less across hosts", H, nn);
+  }
+}
+
+/* Its cost: applicable only with several hosts of equal size; cheaper than the ring priced
+ * at its slowest link wherever the network is the slower link; the formula's parts. */
+Test(plan, hier_cost) {
+  coll_cost_model m = {.p = 4,
+                       .slice = 65536,
+                       .alpha = 1e-6,
+                       .beta = 0.2e-9,
+                       .gamma = 0.1e-9,
+                       .hosts = 2,
+                       .local = 2,
+                       .alpha_net = 10e-6,
+                       .beta_net = 0.8e-9};
+  char f[512];
+  double t, ring;
+  cr_assert_eq(coll_hier_cost(COLL_COLL_ALL_REDUCE, 4000, &m, &t, f, sizeof f), COLL_OK);
+  /* 2*1 us + 4000*0.2 ns + 2*10 us + 2000*0.8 ns + 3000*0.1 ns */
+  cr_assert_float_eq(t, 2e-6 + 0.8e-6 + 20e-6 + 1.6e-6 + 0.3e-6, 1e-12);
+  cr_assert(strstr(f, "H=2") && strstr(f, "n=2") && strstr(f, "across"), "%s", f);
+  cr_assert_eq(coll_hier_cost(COLL_COLL_BROADCAST, 4000, &m, &t, f, sizeof f),
+               COLL_ERR_INVALID_ARG);
+  cr_assert_eq(coll_hier_cost(COLL_COLL_REDUCE_SCATTER, 4000, &m, &t, f, sizeof f),
+               COLL_ERR_INVALID_ARG);
+  /* all-gather of S = 4000 B: 1*10 us + 1000 B*0.8 ns + 2*1 us + 2000 B*0.2 ns */
+  cr_assert_eq(coll_hier_cost(COLL_COLL_ALL_GATHER, 4000, &m, &t, f, sizeof f), COLL_OK);
+  cr_assert_float_eq(t, 10e-6 + 0.8e-6 + 2e-6 + 0.4e-6, 1e-12);
+  coll_cost_model flat = m;
+  flat.alpha = m.alpha_net, flat.beta = m.beta_net; /* the ring at its slowest link */
+  for (double S = 8; S <= 1 << 30; S *= 8) {
+    cr_assert_eq(coll_hier_cost(COLL_COLL_ALL_REDUCE, S, &m, &t, f, sizeof f), COLL_OK);
+    cr_assert_eq(coll_ring_cost(COLL_COLL_ALL_REDUCE, S, &flat, &ring, f, sizeof f), COLL_OK);
+    cr_assert_lt(t, ring, "S=%.0f", S);
+  }
+  const int bad[][3] = {{1, 4, 4}, {4, 1, 4}, {2, 0, 3}, {2, 2, 6}};
+  for (int k = 0; k < 4; k++) {
+    coll_cost_model b = m;
+    b.hosts = bad[k][0], b.local = bad[k][1], b.p = bad[k][2];
+    cr_assert_eq(coll_hier_cost(COLL_COLL_ALL_REDUCE, 4000, &b, &t, f, sizeof f),
+                 COLL_ERR_INVALID_ARG);
+    cr_assert(strstr(f, "not applicable"), "%s", f);
+  }
+  /* The plain model (no link classes, as coll_algo_cost builds it): not applicable. */
+  cr_assert_eq(coll_algo_cost(COLL_ALGO_HIER, COLL_COLL_ALL_REDUCE, 4, 4000, 65536, 1e-6, 1e-9, 0,
+                              &t, f, sizeof f),
                COLL_ERR_INVALID_ARG);
 }

@@ -817,6 +817,46 @@ static size_t chunk_len(size_t count, int n, int i) {
   return count / (size_t)n + ((size_t)i < count % (size_t)n ? 1 : 0);
 }
 
+/* --explain on 2 emulated hosts x 2 ranks (COLL_LAUNCH_RANKS_PER_HOST): the tuner picks
+ * hier, and the bytes per link class are the formulas' (algo/hier.c): S = 4000 B, the flat
+ * ring sends 3S across hosts in all (1.5S from each of the 2 ranks at a host boundary),
+ * hier 2S (0.5S from every rank) and S inside per rank. */
+Test(bench_explain, hosts_bytes_per_link_class, .timeout = 120) {
+  const char *args[] = {"all_reduce", "--ranks", "4",  "--explain", "-b", "4000",  "-e", "4000",
+                        "-n",         "2",       "-w", "1",         "-d", "float", NULL};
+  const char *env[] = {"COLL_LAUNCH_RANKS_PER_HOST=2", "COLL_TUNE=0", NULL};
+  run_result r = run_bench(args, env, 100);
+  if (r.status != 0) free_run(&r);
+  cr_assert_eq(r.status, 0, "--explain on 2 x 2 hosts: status %d", r.status);
+  const char *want[] = {"Bytes each rank sent per link class (2 hosts", "Why hier:",
+                        "Across hosts in all: this call (hier) 8000 B, the flat ring 12000 B, "
+                        "hier 8000 B.",
+                        "2(n-1)/n*S = 4000 B inside and 2(H-1)/H*S/n = 2000 B across per rank",
+                        "across hosts alpha"};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    cr_expect(strstr(r.out, want[i]), "no \"%s\" in:\n%s", want[i], r.out);
+  int rows = 0;
+  char *text = strdup(r.out), *save = NULL;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    int rk, h;
+    unsigned long long v[6];
+    if (sscanf(line, "#    rank %d @ %d %llu %llu %llu %llu %llu %llu", &rk, &h, &v[0], &v[1],
+               &v[2], &v[3], &v[4], &v[5]) != 8)
+      continue;
+    rows++;
+    cr_expect_eq(h, rk / 2, "rank %d on host %d", rk, h);
+    cr_expect(v[0] == 4000 && v[1] == 2000, "rank %d: this call %llu inside, %llu across", rk, v[0],
+              v[1]);
+    cr_expect_eq(v[2] + v[3], 6000, "rank %d: the ring sends 2(N-1)/N*S", rk);
+    cr_expect_eq(v[3], rk % 2 ? 6000ull : 0ull, "rank %d: ring across %llu", rk, v[3]);
+    cr_expect(v[4] == 4000 && v[5] == 2000, "rank %d: hier %llu inside, %llu across", rk, v[4],
+              v[5]);
+  }
+  free(text);
+  cr_expect_eq(rows, 4, "per-rank link rows:\n%s", r.out);
+  free_run(&r);
+}
+
 /* --explain for all-reduce: per-rank sent bytes are (S-|c_r|)+(S-|c_r+1|), which is
  * 2(N-1)/N*S when N divides S; received = what the previous rank sent; the total is
  * 2(N-1)*S; and there are 2N-1 schedule steps (the middle one receives and sends). */
