@@ -1025,8 +1025,8 @@ static bool can_go(ib_conn *c) {
  * IB_SPIN_NS of each call (the executor waits in 100 ms calls) before it naps, as MPI's
  * and NCCL's progress loops spin: a nap that starts just before the completion arrives
  * costs up to the nap's length.  On the soft-RoCE bed, where one small message takes
- * ~0.4-0.8 ms, spinning for a count of polls (4000) ran out before the message came, and
- * 2-rank 8 B calls took ~10x perftest's latency (docs/ib-bed.md).  20 ms covers a 128 KiB
+ * ~0.4-0.8 ms, a count of polls (4000) can run out before the message comes (2-rank 8 B
+ * calls took ~10x perftest's latency then; docs/ib-bed.md).  20 ms covers a 128 KiB
  * slice on that ~10 MB/s wire; on real hardware a wait that long is a late peer, not the
  * wire, and the rest of the call naps, so a stuck job burns a fifth of its core, not all
  * of it, and probes its peer.  Oversubscribed ranks never spin: the peer they wait for
