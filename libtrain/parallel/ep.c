@@ -208,6 +208,18 @@ static int check_same(ep_ctx *c, train_model *m, train_backend *b, int expert, c
   return rc;
 }
 
+/* The run of consecutive tensors of one kind (expert or dense) from tensor i: its kind,
+ * its range [off, end) of the flat arrays; returns the index after it.  Both syncs (DDP's
+ * all-reduces, ZeRO-1's shards) cut the model into these runs, since each kind syncs
+ * over its own group. */
+static int kind_run(const train_model *m, int i, int *ex, size_t *off, size_t *end) {
+  *ex = train_moe_is_expert_tensor(&m->tensors[i]);
+  *off = *end = m->tensors[i].offset;
+  for (; i < m->ntensors && train_moe_is_expert_tensor(&m->tensors[i]) == *ex; i++)
+    *end = m->tensors[i].offset + m->tensors[i].numel;
+  return i;
+}
+
 /* The gradients after backward: runs of tensors of one kind, each one all-reduce — the
  * dense ones averaged over the D ranks, the experts' summed over the expert-DP group and
  * divided by D (each rank's experts saw the tokens of its whole EP group). */
@@ -225,11 +237,9 @@ static int sync_grads(ep_ctx *c, train_model *m, char *err) {
   }
   int nr = 0, rc = 0;
   for (int i = 0; i < m->ntensors;) {
-    int ex = train_moe_is_expert_tensor(&m->tensors[i]), j = i;
-    size_t off = m->tensors[i].offset, end = off;
-    for (; j < m->ntensors && train_moe_is_expert_tensor(&m->tensors[j]) == ex; j++)
-      end = m->tensors[j].offset + m->tensors[j].numel;
-    i = j;
+    int ex;
+    size_t off, end;
+    i = kind_run(m, i, &ex, &off, &end);
     if (end == off) continue;
     run *r = &runs[nr++];
     r->off = off;
@@ -265,11 +275,9 @@ static int zero1_setup(ep_ctx *c, train_model *m, char *err) {
   if (!c->runs) goto oom;
   size_t big = 0, bigs = 0;
   for (int i = 0; i < m->ntensors;) {
-    int ex = train_moe_is_expert_tensor(&m->tensors[i]), j = i;
-    size_t off = m->tensors[i].offset, end = off;
-    for (; j < m->ntensors && train_moe_is_expert_tensor(&m->tensors[j]) == ex; j++)
-      end = m->tensors[j].offset + m->tensors[j].numel;
-    i = j;
+    int ex;
+    size_t off, end;
+    i = kind_run(m, i, &ex, &off, &end);
     if (end == off) continue;
     struct zrun *z = &c->runs[c->nruns++];
     z->expert = ex;
