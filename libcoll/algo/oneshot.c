@@ -39,7 +39,8 @@
  * 2(p-1)/p·n: it wins below a crossover the tuner computes (tune.c).  All-to-allv is not
  * served: whether it fits a mailbox depends on counts the other ranks do not know.
  *
- * Waiting: spin (cores to spare), then sched_yield (ranks outnumber cores), then sleep
+ * Waiting: spin (cores to spare), then yield (coll_yield: not while something outside the
+ * job holds the core, backoff.c), then sleep
  * on a futex on the flag word after announcing it in the owner's waiter count, which
  * the owner reads after every post (one load of a line nobody else writes while busy).
  *
@@ -51,7 +52,6 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdlib.h>
-#include <sched.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -104,8 +104,7 @@ static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer
     coll_cpu_relax();
     if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
   }
-  for (int i = 0; i < 256; i++) {
-    sched_yield();
+  for (int i = 0; i < 256 && coll_yield(); i++) { /* false: a busy core, sleep now */
     if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
   }
   _Atomic uint32_t *waiters = comm->mb_waiters[peer];

@@ -45,4 +45,11 @@ bool coll_env_int(const char *name, long def, long *out);
 int coll_env_timeout_ms(void);
 uint64_t coll_now_ns(void);
 
+/* ---- waiting (backoff.c) ------------------------------------------------------------ */
+
+/* sched_yield(), unless a recent yield in this process kept it off the core for long
+ * (something outside the job holds the core): then false at once, and the caller should
+ * sleep (futex) instead of yielding again. */
+bool coll_yield(void);
+
 #endif

@@ -26,7 +26,6 @@
  * or touch a user buffer outside the ranges the plan names.
  */
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,7 +500,8 @@ static queued *qslot(struct coll_comm *comm, uint64_t i);
  * empty and slept again: a wake-up and two switches per call, 8-10 us at 16 KiB on two
  * ranks where the call takes 3.  Yielding instead hands the core to the caller, which
  * posts the rest without waking anybody.  64 yields are 20-40 us of a core nobody else
- * wanted (a yield returns at once when nothing else is runnable). */
+ * wanted (a yield returns at once when nothing else is runnable); none while another
+ * process holds the core (coll_yield, backoff.c). */
 enum { EXEC_IDLE_YIELDS = 64 };
 
 /* Takes the right to execute (the one flag the progress thread, inline blocking calls
@@ -538,8 +538,7 @@ static void *progress_main(void *arg) {
         goto out; /* shutdown with nothing left */
       } else if (idle_yields < EXEC_IDLE_YIELDS) {
         pthread_mutex_unlock(&comm->qmu);
-        sched_yield();
-        idle_yields++;
+        idle_yields = coll_yield() ? idle_yields + 1 : EXEC_IDLE_YIELDS; /* busy core: sleep */
         pthread_mutex_lock(&comm->qmu);
         continue;
       }

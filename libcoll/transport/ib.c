@@ -1049,9 +1049,8 @@ static coll_result ib_wait(const coll_comm_view *view, coll_conn *cc, int max_ms
       coll_cpu_relax();
       continue;
     }
-    if (yields < 64) {
+    if (yields < 64 && coll_yield()) { /* false: a busy core (backoff.c), nap now */
       yields++;
-      sched_yield();
       continue;
     }
     if (now - p->last_probe_ns > IB_PROBE_NS && p->sq_out + 1 < IB_SQ_DEPTH) {
