@@ -99,8 +99,21 @@ def split_who(w):
     return base, setting
 
 
+def impi_setting(setting):
+    """Intel MPI's setting words: '13+wait' -> ('13', True); 'wait' -> ('', True).
+    'wait' is I_MPI_WAIT_MODE=1: a rank waiting for a message sleeps in the kernel instead
+    of polling, which is what Intel MPI needs with more ranks than cores (4 ranks on this
+    machine's 2: 16-17 ms per 64 KiB all-reduce polling, 39-48 us waiting)."""
+    words = setting.split("+") if setting else []
+    wait = "wait" in words
+    return "+".join(x for x in words if x != "wait"), wait
+
+
 def label(w):
     base, setting = split_who(w)
+    if base in ("impi", "imb"):
+        alg, wait = impi_setting(setting)
+        return LABELS[base] + (f", alg {alg}" if alg else "") + (", wait mode" if wait else "")
     return LABELS[base] + (f", alg {setting}" if setting else "")
 
 
@@ -110,38 +123,50 @@ def expand_who(words):
     out = []
     for w in words:
         base, setting = split_who(w)
+        suffix = ""
+        if base in ("impi", "imb"):  # impi@all+wait, impi@1-13+wait: every one in wait mode
+            setting, wait = impi_setting(setting)
+            suffix = "+wait" if wait else ""
         if setting == "all" and base in ("impi", "imb"):
             setting = f"1-{max(IMPI_PRESETS.values())}"
         lo, dash, hi = setting.partition("-")
         if dash and lo.isdigit() and hi.isdigit() and ":" not in setting:
-            out += [f"{base}@{k}" for k in range(int(lo), int(hi) + 1)]
+            out += [f"{base}@{k}{suffix}" for k in range(int(lo), int(hi) + 1)]
         else:
             out.append(w)
     return out
 
+# IMB-MPI1's flags: -iter bounds the repetitions per size (-time does not, with the
+# policy off: 100000 repetitions of 4 MiB at 4 ranks ran past 600 s), -msglog 26 lets
+# -msglen go to 64 MiB (IMB clips lengths at 4 MiB by default).
+IMB_ARGS = "-iter 400 -time 1 -iter_policy off -msglog 26 -mem 4"
+
 # What docs/perf.md ran (section "Shared memory on one host").
 PRESETS = {
-    # issue 44's table: all-reduce against Intel MPI (default, and alg 13, its best at
-    # large sizes here; with --best the better of the two per cell), the newer MPIs and
-    # IMB-MPI1 as a second opinion on Intel MPI's figure
+    # issue 44's table: all-reduce against Intel MPI at the settings its sweep found best
+    # here (impi-sweep, 2026-11-29: polling with algorithms 8 and 13 on 2 ranks; wait mode
+    # with 2, 10, 12, 13 and 26 on 4 ranks, where polling takes 16-20 ms a call); with
+    # --best the best of them per cell; the newer MPIs, and IMB-MPI1 as a second opinion
     "headline": dict(ranks="2,4", colls="all_reduce", sizes="8,1K,64K,1M,16M,64M",
-                     who="impi,impi@13,imb,imb@13,openmpi5,mpich5,openmpi,mpich,libcoll",
+                     who="impi,impi@8,impi@13,impi@wait,impi@2+wait,impi@10+wait,"
+                         "impi@12+wait,impi@13+wait,impi@26+wait,imb,imb@wait,"
+                         "openmpi5,mpich5,openmpi,mpich,libcoll",
                      metric="time", tuned=False, best=True,
                      peer_args="-t 0.5 -n 5 -w 5 -c 0",
-                     imb_args="-iter 100000 -time 0.5 -iter_policy off -mem 2",
+                     imb_args=IMB_ARGS,
                      coll_args="-n auto -c 0 -z 1"),
     # issue 44's third criterion: the other collectives at 1 and 64 MiB against Intel MPI
     # (every preset: the best per cell) and the rest
     "headline-colls": dict(ranks="2,4", colls="all_gather,reduce_scatter,broadcast,all_to_all",
-                           sizes="1M,64M", who="impi,impi@all,imb,openmpi5,mpich5,openmpi,"
-                           "mpich,libcoll", metric="time", tuned=False, best=True,
+                           sizes="1M,64M", who="impi,impi@all,impi@wait,impi@all+wait,imb,"
+                           "imb@wait,openmpi5,mpich5,openmpi,mpich,libcoll", metric="time", tuned=False, best=True,
                            peer_args="-t 0.5 -n 5 -w 5 -c 0",
-                           imb_args="-iter 100000 -time 0.5 -iter_policy off -mem 2",
+                           imb_args=IMB_ARGS,
                            coll_args="-n auto -c 0 -z 1"),
-    # Intel MPI's all-reduce algorithms one by one, to choose I_MPI_ADJUST_ALLREDUCE per
-    # size (docs: bench/peers/README.md, "Best settings")
+    # Intel MPI's all-reduce algorithms one by one, polling and in wait mode, to choose
+    # I_MPI_ADJUST_ALLREDUCE per size (docs: bench/peers/README.md, "Best settings")
     "impi-sweep": dict(ranks="2,4", colls="all_reduce", sizes="8,1K,64K,1M,16M,64M",
-                       who="impi,impi@all", metric="time", tuned=False, best=False,
+                       who="impi,impi@wait,impi@all,impi@all+wait", metric="time", tuned=False, best=False,
                        peer_args="-t 0.3 -n 3 -w 3 -c 0", coll_args=""),
     "large": dict(ranks="2,4", colls="all_reduce,all_gather,reduce_scatter", sizes="64M,256M",
                   who="openmpi,mpich,libcoll,libcoll-windows", metric="busbw", tuned=True,
@@ -252,8 +277,11 @@ class Runner:
         env = {}
         if base_who in ("impi", "imb"):
             env["I_MPI_FABRICS"] = "shm"  # one host, without libfabric
-            if setting:
-                env["I_MPI_ADJUST_" + OPS[coll][0]] = setting
+            alg, wait = impi_setting(setting)
+            if alg:
+                env["I_MPI_ADJUST_" + OPS[coll][0]] = alg
+            if wait:
+                env["I_MPI_WAIT_MODE"] = "1"
         if base_who in ("mpich", "mpich5") and setting:
             env[f"MPIR_CVAR_{OPS[coll][3]}_INTRA_ALGORITHM"] = setting
         bench = [f"{b}/bench/peers/mpi_coll_bench.{base_who}", coll, "-s", slist] + a.peer_args
@@ -300,8 +328,8 @@ class Runner:
 
     def run(self, rep, np_, coll, who, sizes):
         base_who, setting = split_who(who)
-        if base_who in ("impi", "imb") and setting.isdigit() and \
-                int(setting) > IMPI_PRESETS[coll]:
+        alg = impi_setting(setting)[0] if base_who in ("impi", "imb") else ""
+        if alg.isdigit() and int(alg) > IMPI_PRESETS[coll]:
             return  # Intel MPI would ignore it and run its default
         for i, (cmd, extra) in enumerate(self.commands(who, np_, coll, sizes)):
             name = f"rep{rep}_n{np_}_{coll}_{who}{'_' + str(i) if i else ''}.txt"
@@ -464,7 +492,7 @@ def main():
         ranks="2,4", colls="all_reduce", sizes="64M", who="openmpi,mpich,gloo,libcoll",
         metric="busbw", tuned=False, best=False, peer_args="-n 20 -w 5 -c 0",
         coll_args="-n 20 -w 5 -c 0 -z 1"))
-    base.setdefault("imb_args", "-iter 1000 -time 1 -iter_policy off -mem 2")
+    base.setdefault("imb_args", IMB_ARGS)
     for k in base:
         if getattr(a, k) is None:
             setattr(a, k, base[k])
