@@ -63,7 +63,7 @@ done'
 out=${keep:-$(mktemp -d)}
 mkdir -p "$out"
 [ -n "$keep" ] || trap 'rm -rf "$out"' EXIT
-limit=$((180 + reps * 420))
+limit=$((180 + reps * 600))
 "$src/scripts/ib-bed.sh" -k 2 -n 1 -t "$limit" -o "$out" -p "$hook" -- \
   "$src/scripts/ib-bed-perf-rank.sh" "$reps" "$bench" "$mpi" "$mpiexec" -- "${sweep[@]}" \
   >"$out/bed.txt" 2>&1

@@ -104,7 +104,8 @@ static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer
     coll_cpu_relax();
     if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
   }
-  for (int i = 0; i < 256 && coll_yield(); i++) { /* false: a busy core, sleep now */
+  for (int i = 0; i < 256 && coll_yield(comm->oversubscribed);
+       i++) { /* false: a busy core, sleep now */
     if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
   }
   _Atomic uint32_t *waiters = comm->mb_waiters[peer];

@@ -14,16 +14,24 @@
  * case: a 4-rank 64 KiB all-reduce on 2 cores took 170 us instead of 27, every hand-over
  * between two ranks of one core becoming a futex sleep and a cross-core wake.
  *
- * So coll_yield() times its own yield.  A yield that kept the caller off the core longer
- * than YIELD_LONG_NS is a hint that something outside the job holds the core; a second
- * within YIELD_PAIR_NS of the first confirms it (a quiet job sees a long yield now and
- * then — a peer page-faulting its buffers at start-up — but seldom two close together: at
- * most one per process in the runs measured, against one every few milliseconds beside a
- * busy loop).  Then for YIELD_OFF_NS every coll_yield() in this process returns false at
- * once and its caller sleeps instead (a futex wake puts a sleeper back ahead of a busy
- * loop; a yield puts it behind).  After that, yields are tried again: beside a busy loop
- * that costs two slices per YIELD_OFF_NS, a few per cent.  The state is per process (the
- * core is the process's): two atomic words, written only on a long yield.
+ * So coll_yield() times its own yield, when the job's ranks have a core each (not
+ * oversubscribed: ranks are bound one to a core, api/launch.c), so that nothing of the job
+ * but the rank's own progress thread can take the core it yields.  A yield that kept the
+ * caller off the core longer than YIELD_LONG_NS then says something outside the job holds
+ * the core; a second within YIELD_PAIR_NS of the first confirms it (a kernel worker may
+ * take a millisecond once).  Then for YIELD_OFF_NS every coll_yield() in this process returns false
+ * at once and its caller sleeps instead (a futex wake puts a sleeper back ahead of a busy loop; a
+ * yield puts it behind).  After that, yields are tried again: beside a busy loop that costs two
+ * slices per YIELD_OFF_NS, a few per cent.  The state is per process (the core is the process's):
+ * two atomic words, written only on a long yield.
+ *
+ * With more ranks than cores the yield goes to another rank of the job as often as not,
+ * and that rank may work for milliseconds (the tuner's 1 MiB ping-pong at start-up, a
+ * peer faulting in its buffers): timed there, the rule fired in quiet 4-rank runs on 2
+ * cores, the tuner then measured its latencies in futex mode (15 µs for an 8-byte
+ * one-shot against 1.6) and chose the tree for 8 B.  So oversubscribed callers yield
+ * plainly, as before: beside a busy loop they still pay its slices (docs/perf.md,
+ * "Steadiness").
  *
  * Must never: block, sleep or allocate; name a communicator.
  */
@@ -39,7 +47,11 @@
 static _Atomic uint64_t yields_off_until; /* coll_now_ns() before which no one yields */
 static _Atomic uint64_t last_long;        /* when the last long yield ended */
 
-bool coll_yield(void) {
+bool coll_yield(bool oversubscribed) {
+  if (oversubscribed) { /* a long yield may be a rank of the job at work: no telling */
+    sched_yield();
+    return true;
+  }
   uint64_t t0 = coll_now_ns();
   if (t0 < atomic_load_explicit(&yields_off_until, memory_order_relaxed)) return false;
   sched_yield();

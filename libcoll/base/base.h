@@ -49,7 +49,8 @@ uint64_t coll_now_ns(void);
 
 /* sched_yield(), unless a recent yield in this process kept it off the core for long
  * (something outside the job holds the core): then false at once, and the caller should
- * sleep (futex) instead of yielding again. */
-bool coll_yield(void);
+ * sleep (futex) instead of yielding again.  `oversubscribed` (more local ranks than CPUs):
+ * always yield, since the core may have gone to a rank of the job. */
+bool coll_yield(bool oversubscribed);
 
 #endif

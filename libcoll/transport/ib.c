@@ -8,10 +8,15 @@
  * Sending slice `tail`: the executor fills staging slot tail % nslots; send_post writes
  * it with RDMA WRITE WITH IMMEDIATE into the peer's receive FIFO at the same slot; the
  * immediate (the byte count) makes a completion on the peer, which bumps its `tail` and
- * records the size.  Receiving: when the executor releases a slot it bumps `head` and
- * RDMA-writes head into the sender's control page (the credit word); the sender may
- * fill slot tail % nslots only while tail - head < nslots (ib_wire.h).  A credit also
- * proves the staging slot is free: the peer consumed it, so the HCA finished reading it.
+ * records the size.  Receiving: when the executor releases a slot it bumps `head`, which
+ * goes back to the sender as a credit; the sender may fill slot tail % nslots only while
+ * tail - head < nslots (ib_wire.h).  A credit rides in the immediate of this rank's next
+ * data write to that peer; it is RDMA-written into the sender's control page (the credit
+ * word) on its own only when IB_CREDIT_BATCH released slots are owed, or before this rank
+ * waits for anything (flush_owed), so a rank never waits while it holds a credit back.
+ * In an exchange (both ranks send, then receive) no credit packet is written at all.  A
+ * credit also proves the staging slot is free: the peer consumed it, so the HCA finished
+ * reading it.
  * Completion-queue polling happens in every data-path call and in wait(); an error
  * completion marks the peer lost with ibv_wc_status_str's words, and every wait then
  * fails with COLL_ERR_REMOTE.  A quiet wait probes the peer with a zero-byte write once
@@ -67,6 +72,11 @@ _Static_assert((IB_NSLOTS & (IB_NSLOTS - 1)) == 0,
                "slots index by counter % nslots across the wrap");
 #define IB_PAGE 4096
 #define IB_SQ_DEPTH (4 * IB_NSLOTS) /* data <= nslots, credits, probes */
+/* A receiver writes a credit of its own only once this many released slots are owed
+ * (or before it waits); below that the credit rides on its next data write (ib_wire.h). */
+#define IB_CREDIT_BATCH (IB_NSLOTS / 2)
+_Static_assert(IB_SLOT_BYTES < (1u << COLL_IB_IMM_BYTES_BITS),
+               "a slice's size must fit the immediate");
 #define IB_RQ_DEPTH (IB_NSLOTS + 1)
 #define IB_CQ_DEPTH (IB_SQ_DEPTH + IB_RQ_DEPTH)
 #define IB_POLL_BATCH 16
@@ -101,6 +111,9 @@ typedef struct ib_peer {
   uint32_t shead;  /* sender's view of the peer's head */
   uint32_t sq_out; /* send work requests not yet completed */
   bool credit_pending;
+  uint32_t credited; /* the receive head last sent to the peer (write or immediate) */
+  bool owed;         /* on ctx->owed: released slots not yet credited */
+  struct ib_peer *owed_next;
   coll_ib_port_info rport;
   coll_ib_pair_info remote;
   /* Under ctx->mu: built (region, CQ, QP in INIT), have_remote (QP at RTS), ready (the
@@ -129,6 +142,7 @@ typedef struct ib_ctx {
    * first): mu guards peers, order, npeers and each peer's built/have_remote/ready. */
   pthread_mutex_t mu;
   ib_peer **peers; /* by rank */
+  ib_peer *owed;   /* peers owed a credit (executor's thread only): written before a wait */
   int *order;
   int npeers;
   pthread_t sideband;
@@ -915,6 +929,7 @@ static void post_credit(ib_peer *p) {
     return;
   }
   p->credit_pending = false;
+  p->credited = *p->credit_out;
   /* The source word may change before the HCA reads it: head only grows, so a later
    * value is still a true credit. */
   post_write(p, WR_CREDIT, (void *)p->credit_out, 4, p->remote.credit_addr, p->remote.credit_rkey,
@@ -946,8 +961,8 @@ static void poll_cq(ib_peer *p) {
         if (p->sq_out) p->sq_out--;
         continue;
       }
-      uint32_t bytes = ntohl(wc[i].imm_data);
-      if (!coll_ib_imm_ok(bytes, IB_SLOT_BYTES)) {
+      uint32_t imm = ntohl(wc[i].imm_data), bytes = coll_ib_imm_bytes(imm);
+      if (!coll_ib_imm_ok(imm, IB_SLOT_BYTES)) {
         lose(p,
              "rank %d: rank %d wrote a %u-byte slice (slot %u bytes): not a libcoll peer "
              "of this version",
@@ -956,6 +971,8 @@ static void poll_cq(ib_peer *p) {
       }
       p->recv_bytes[coll_ib_slot(p->rtail, IB_NSLOTS)] = bytes;
       p->rtail++;
+      if (coll_ib_imm_has_credit(imm)) /* the peer's credit for our sends, on its data */
+        p->shead = coll_ib_accept_credit(p->shead, coll_ib_imm_credit(imm, p->shead), p->send.pos);
       if (!post_recv(p))
         lose(p, "rank %d: ibv_post_recv re-posting a receive for rank %d failed",
              p->ctx->view->rank, p->rank);
@@ -980,8 +997,11 @@ static void ib_send_post(coll_conn *cc, uint32_t bytes) {
   ib_conn *c = (ib_conn *)cc;
   ib_peer *p = c->p;
   uint64_t off = coll_ib_slot_offset(c->pos, IB_NSLOTS, IB_SLOT_BYTES);
+  uint32_t head = p->recv.pos;
+  bool credit = head != p->credited; /* owed: it rides on this write */
   post_write(p, WR_DATA, p->staging + off, bytes, p->remote.fifo_addr + off, p->remote.fifo_rkey,
-             true, bytes);
+             true, coll_ib_imm_pack(bytes, credit, head));
+  if (credit) p->credited = head;
   c->pos++;
 }
 
@@ -1002,8 +1022,32 @@ static void ib_recv_release(coll_conn *cc) {
   ib_peer *p = c->p;
   c->pos++;
   *p->credit_out = c->pos;
+  if (c->pos - p->credited < IB_CREDIT_BATCH) {
+    /* Owed, not yet written: the next data write to this peer carries it, or the next
+     * wait writes it (flush_owed), so no rank ever waits while it holds a credit back. */
+    if (!p->owed) {
+      p->owed = true;
+      p->owed_next = p->ctx->owed;
+      p->ctx->owed = p;
+    }
+    return;
+  }
   if (p->sq_out >= IB_SQ_DEPTH) poll_cq(p);
   post_credit(p);
+}
+
+/* Writes every credit this rank still owes, before it waits: the peer it owes may be
+ * blocked on it, and what this rank waits for may depend on that peer. */
+static void flush_owed(ib_ctx *ctx) {
+  for (ib_peer *p = ctx->owed, *next; p; p = next) {
+    next = p->owed_next;
+    p->owed = false;
+    if (p->recv.pos != p->credited && !atomic_load(&p->dead)) {
+      if (p->sq_out >= IB_SQ_DEPTH) poll_cq(p);
+      post_credit(p);
+    }
+  }
+  ctx->owed = NULL;
 }
 
 static bool can_go(ib_conn *c) {
@@ -1039,6 +1083,7 @@ static coll_result ib_wait(const coll_comm_view *view, coll_conn *cc, int max_ms
   uint64_t spin_ns = view->oversubscribed ? 0 : IB_SPIN_NS;
   long nap_ns = 50000;
   int yields = 0;
+  flush_owed(p->ctx);
   for (;;) {
     poll_cq(p);
     if (atomic_load(&p->dead)) return coll_view_fail(view, COLL_ERR_REMOTE, "%s", p->why);
@@ -1049,7 +1094,8 @@ static coll_result ib_wait(const coll_comm_view *view, coll_conn *cc, int max_ms
       coll_cpu_relax();
       continue;
     }
-    if (yields < 64 && coll_yield()) { /* false: a busy core (backoff.c), nap now */
+    if (yields < 64 &&
+        coll_yield(view->oversubscribed)) { /* false: a busy core (backoff.c), nap now */
       yields++;
       continue;
     }

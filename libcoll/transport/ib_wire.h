@@ -17,7 +17,7 @@
 
 #define COLL_IB_MAGIC_PORT 0x434c4950u /* "CLIP": a rank's port info (setup blob) */
 #define COLL_IB_MAGIC_PAIR 0x434c4951u /* "CLIQ": one queue pair's info (sideband) */
-#define COLL_IB_WIRE_VERSION 1u
+#define COLL_IB_WIRE_VERSION 2u        /* 2: credits ride in the immediate (below) */
 
 #define COLL_IB_PORT_BYTES 64 /* encoded coll_ib_port_info, fits COLL_CONN_BLOB */
 #define COLL_IB_PAIR_BYTES 96 /* encoded coll_ib_pair_info */
@@ -90,9 +90,44 @@ static inline uint32_t coll_ib_accept_credit(uint32_t known_head, uint32_t credi
   uint32_t ahead = credit - known_head, outstanding = tail - known_head;
   return ahead <= outstanding ? credit : known_head;
 }
-/* The immediate of the write that fills a slot carries the slice's byte count; the
- * receiver refuses one larger than a slot. */
-static inline bool coll_ib_imm_ok(uint32_t imm, uint32_t slot_bytes) { return imm <= slot_bytes; }
+/* The immediate of the write that fills a slot carries the slice's byte count and, when
+ * the writer owes its peer a credit for the other direction, that credit: the writer's
+ * receive head, low COLL_IB_IMM_CREDIT_BITS bits.
+ *
+ *   bits  0-17  bytes (a slot is at most 2^18 - 1 bytes)
+ *   bit   18    a credit follows
+ *   bits 19-31  head mod 2^13
+ *
+ * The low bits suffice: the head the sender of the data is owed lies between the head it
+ * already knows and its own tail, at most nslots (<= COLL_IB_MAX_SLOTS) apart, so
+ * known + ((low - known) mod 2^13) is the head itself (coll_ib_imm_credit), and
+ * coll_ib_accept_credit bounds it like any credit.  A credit that rides on data costs no
+ * packet; on soft-RoCE, where every packet is a round of the kernel's work, a credit
+ * written on its own doubled the packets of a small exchange.  The receiver refuses a
+ * byte count larger than a slot. */
+#define COLL_IB_IMM_BYTES_BITS 18
+#define COLL_IB_IMM_CREDIT_BITS 13
+static inline uint32_t coll_ib_imm_pack(uint32_t bytes, bool credit, uint32_t head) {
+  uint32_t imm = bytes & ((1u << COLL_IB_IMM_BYTES_BITS) - 1);
+  if (credit)
+    imm |= 1u << COLL_IB_IMM_BYTES_BITS | (head & ((1u << COLL_IB_IMM_CREDIT_BITS) - 1))
+                                              << (COLL_IB_IMM_BYTES_BITS + 1);
+  return imm;
+}
+static inline uint32_t coll_ib_imm_bytes(uint32_t imm) {
+  return imm & ((1u << COLL_IB_IMM_BYTES_BITS) - 1);
+}
+static inline bool coll_ib_imm_has_credit(uint32_t imm) {
+  return imm >> COLL_IB_IMM_BYTES_BITS & 1u;
+}
+/* The head the immediate's low bits name, given the head the receiver knows. */
+static inline uint32_t coll_ib_imm_credit(uint32_t imm, uint32_t known_head) {
+  uint32_t low = imm >> (COLL_IB_IMM_BYTES_BITS + 1), mask = (1u << COLL_IB_IMM_CREDIT_BITS) - 1;
+  return known_head + ((low - known_head) & mask);
+}
+static inline bool coll_ib_imm_ok(uint32_t imm, uint32_t slot_bytes) {
+  return coll_ib_imm_bytes(imm) <= slot_bytes;
+}
 
 /* ---- device / port / GID choice ------------------------------------------------------ */
 

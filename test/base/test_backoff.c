@@ -33,18 +33,17 @@ Test(backoff, a_busy_core_turns_yields_off, .timeout = 60) {
   cr_assert(spinner >= 0, "fork failed");
   if (spinner == 0) {
     alarm(30); /* never outlives a lost parent by long */
-    for (volatile unsigned long i = 0;; i++) {
-    }
+    for (volatile unsigned long i = 0;; i++) {}
   }
   int yields = 0;
   bool off = false;
   while (yields < 200 && !off) {
-    off = !coll_yield();
+    off = !coll_yield(false);
     if (!off) yields++;
   }
   uint64_t t0 = coll_now_ns();
   bool still_off = true;
-  for (int i = 0; i < 1000; i++) still_off = still_off && !coll_yield();
+  for (int i = 0; i < 1000; i++) still_off = still_off && !coll_yield(false);
   uint64_t dt = coll_now_ns() - t0;
   kill(spinner, SIGKILL);
   int status;

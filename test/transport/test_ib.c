@@ -261,6 +261,29 @@ Test(ib_fifo, slot_math_across_wrap) {
   cr_assert(!coll_ib_imm_ok(UINT32_MAX, 64));
 }
 
+/* The immediate carries the byte count and, when flagged, the low bits of a head that the
+ * receiver rebuilds from the head it knows: exact whenever the true head is no more than
+ * 2^13 - 1 ahead (it is at most nslots ahead), across the 2^32 wrap too. */
+Test(ib_fifo, immediate_carries_bytes_and_credit) {
+  const uint32_t sizes[] = {0, 1, 64, 4096, 131072, (1u << COLL_IB_IMM_BYTES_BITS) - 1};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    uint32_t plain = coll_ib_imm_pack(sizes[i], false, 12345);
+    cr_assert_eq(coll_ib_imm_bytes(plain), sizes[i]);
+    cr_assert(!coll_ib_imm_has_credit(plain));
+    for (uint32_t head = 0xffffffc0u; head != 0x40u; head++)
+      for (uint32_t behind = 0; behind <= COLL_IB_MAX_SLOTS; behind++) {
+        uint32_t imm = coll_ib_imm_pack(sizes[i], true, head);
+        cr_assert_eq(coll_ib_imm_bytes(imm), sizes[i]);
+        cr_assert(coll_ib_imm_has_credit(imm));
+        cr_assert_eq(coll_ib_imm_credit(imm, head - behind), head, "head %u known %u", head,
+                     head - behind);
+      }
+  }
+  /* A slot's worth of bytes is fine; the flag and credit bits never read as a size. */
+  cr_assert(coll_ib_imm_ok(coll_ib_imm_pack(131072, true, 0xffffffffu), 131072));
+  cr_assert(!coll_ib_imm_ok(coll_ib_imm_pack(131073, false, 0), 131072));
+}
+
 Test(ib_fifo, credit_acceptance) {
   /* known 10, tail 14: credits 10..14 move forward, anything else (stale, from the
    * future, wrapped) is ignored. */
