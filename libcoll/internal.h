@@ -408,6 +408,10 @@ void coll_copy_nt(void *dst, const void *src, size_t n);
 void coll_copy_nt_fence(void);
 /* Calls whose user buffers exceed this stream their final copies (COLL_NT_BYTES). */
 #define COLL_NT_DEFAULT (16u << 20)
+/* Does a host call of collective c, count elements of es bytes on nranks ranks, stream
+ * its final copies at this threshold?  The executor's rule, and the simulator's. */
+bool coll_copy_streams(coll_coll_kind c, size_t count, size_t es, int nranks, bool in_place,
+                       size_t nt_bytes);
 
 /* ---- one-shot small collectives (oneshot.c) ----------------------------------------- */
 

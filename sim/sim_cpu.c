@@ -71,6 +71,7 @@
  */
 #include <math.h>
 
+#include "internal.h"
 #include "sim.h"
 
 /* Kernel k's cost at the call's W from a measured curve: linear in log W between the
@@ -200,12 +201,8 @@ double sim_cpu_buffers(const sim_model *m, const sim_call *call) {
   return local * (in + out);
 }
 
-/* The executor's nt rule (executor.c: x.nt), for one call. */
+/* The executor's nt rule (copy.c: coll_copy_streams), for one call. */
 bool sim_cpu_nt(const sim_call *call, int nranks, double nt_bytes) {
-  double user = (double)call->count * (double)call->es;
-  if (call->coll == COLL_COLL_ALL_GATHER || call->coll == COLL_COLL_REDUCE_SCATTER ||
-      call->coll == COLL_COLL_ALL_TO_ALL || call->coll == COLL_COLL_GATHER ||
-      call->coll == COLL_COLL_SCATTER)
-    user *= nranks;
-  return nt_bytes > 0 && user >= nt_bytes && !call->in_place;
+  return nt_bytes > 0 && coll_copy_streams(call->coll, call->count, call->es, nranks,
+                                           call->in_place, (size_t)nt_bytes);
 }

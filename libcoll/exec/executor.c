@@ -420,15 +420,7 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     size_t k = (steps[i].count + slice - 1) / slice + steps[i].delay;
     if (k > rounds) rounds = k;
   }
-  {
-    size_t user = w->count * es;
-    if (w->coll == COLL_COLL_ALL_GATHER || w->coll == COLL_COLL_REDUCE_SCATTER ||
-        w->coll == COLL_COLL_ALL_TO_ALL || w->coll == COLL_COLL_GATHER ||
-        w->coll == COLL_COLL_SCATTER)
-      user *= (size_t)comm->nranks;
-    /* In place the output lines are read as inputs anyway: nothing to save there. */
-    x.nt = !g && user >= comm->nt_bytes && !a.in_place;
-  }
+  x.nt = !g && coll_copy_streams(w->coll, w->count, es, comm->nranks, a.in_place, comm->nt_bytes);
   /* Tracing: when each step's first slice starts and its last slice ends.  The trace
    * holds coll_plan_max_steps() steps per call: a larger group has only those traced. */
   uint64_t *t0 = NULL, *t1 = NULL;

@@ -491,6 +491,17 @@ Test(collectives, n4_big, .timeout = 300) { run_matrix(4, true); }
 Test(collectives, n5_big, .timeout = 300) { run_matrix(5, true); }
 Test(collectives, n8_big, .timeout = 400) { run_matrix(8, true); }
 
+/* The few-MiB matrix with every call's final copies streamed (copy.c: COLL_NT_BYTES=1 in
+ * place of 16 MiB), in place too where the output is never an input (broadcast,
+ * all-gather): the streamed stores must land before the call completes, on every rank. */
+static void run_matrix_streamed(int n) {
+  cr_assert_eq(setenv("COLL_NT_BYTES", "1", 1), 0);
+  run_matrix(n, true);
+  unsetenv("COLL_NT_BYTES");
+}
+Test(collectives, n2_big_streamed, .timeout = 300) { run_matrix_streamed(2); }
+Test(collectives, n3_big_streamed, .timeout = 300) { run_matrix_streamed(3); }
+
 /* ---- every row of the algorithm table forced through COLL_ALGO ------------------------
  * The same matrix, row by row of the table (algo/algo.h) — read from the table, so a row
  * added there is tested here — for the collectives the row serves (kinds 0 all-reduce,
