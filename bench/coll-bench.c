@@ -63,6 +63,7 @@ typedef struct {
   unsigned long iters, warmup;
   int check, blocking;
   int reg;         /* -R 1: buffers from coll_mem_alloc (every rank maps every rank's) */
+  int huge;        /* -H 1: the buffers on transparent huge pages (MADV_HUGEPAGE) */
   int local_ranks; /* 0: join the job described by the environment */
   const char *algo;
   int stats;
@@ -112,6 +113,9 @@ static void usage(FILE *f) {
       "  -R, --register 0|1        1: allocate the buffers with coll_mem_alloc, so that\n"
       "                            ranks on one host store into each other's buffers\n"
       "                            (the \"mapped\" path; default 0: posix_memalign)\n"
+      "  -H, --hugepages 0|1       1: posix_memalign'd buffers on transparent huge pages\n"
+      "                            (2 MiB aligned, MADV_HUGEPAGE), as IMB-MPI1's are under\n"
+      "                            Intel MPI (default 0: 4 KiB pages)\n"
       "ours:\n"
       "  --ranks N                 fork N ranks on this machine (else join the job that\n"
       "                            mpirun / torchrun / srun describe in the environment)\n"
@@ -238,6 +242,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
       {"check", required_argument, 0, 'c'},
       {"blocking", required_argument, 0, 'z'},
       {"register", required_argument, 0, 'R'},
+      {"hugepages", required_argument, 0, 'H'},
       {"algo", required_argument, 0, 'A'},
       {"help", no_argument, 0, 'h'},
       {"ranks", required_argument, 0, OPT_RANKS},
@@ -249,7 +254,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
       {"device", required_argument, 0, OPT_DEVICE},
       {0, 0, 0, 0},
   };
-  static const char shorts[] = "+:b:e:f:i:o:d:r:n:w:c:z:R:A:h";
+  static const char shorts[] = "+:b:e:f:i:o:d:r:n:w:c:z:R:H:A:h";
   int sub_argc = argc - 1;
   char **sub_argv = argv + 1;
   opterr = 0;
@@ -292,6 +297,7 @@ static void parse_args(int argc, char **argv, bench_opts *o) {
     case 'c': o->check = (int)opt_uint("-c", optarg, 0, 1); break;
     case 'z': o->blocking = (int)opt_uint("-z", optarg, 0, 1); break;
     case 'R': o->reg = (int)opt_uint("-R", optarg, 0, 1); break;
+    case 'H': o->huge = (int)opt_uint("-H", optarg, 0, 1); break;
     case 'A':
       if (!*optarg) die_usage("-A: empty algorithm name");
       o->algo = optarg;
@@ -1058,11 +1064,23 @@ static int setup_and_run(run_ctx *x) {
       return EXIT_RUNTIME;
     }
     x->registered = true;
-  } else if (posix_memalign(&sb, 4096, x->buf_bytes) || posix_memalign(&rb, 4096, x->buf_bytes)) {
-    fprintf(stderr, "coll-bench: rank %d: cannot allocate two buffers of %zu bytes\n", x->rank,
-            x->buf_bytes);
-    free(sb);
-    return EXIT_RUNTIME;
+  } else {
+    size_t align = o->huge ? (size_t)2 << 20 : 4096;
+    if (o->huge) x->buf_bytes = (x->buf_bytes + align - 1) & ~(align - 1);
+    if (posix_memalign(&sb, align, x->buf_bytes) || posix_memalign(&rb, align, x->buf_bytes)) {
+      fprintf(stderr, "coll-bench: rank %d: cannot allocate two buffers of %zu bytes\n", x->rank,
+              x->buf_bytes);
+      free(sb);
+      return EXIT_RUNTIME;
+    }
+    if (o->huge &&
+        (madvise(sb, x->buf_bytes, MADV_HUGEPAGE) || madvise(rb, x->buf_bytes, MADV_HUGEPAGE))) {
+      fprintf(stderr, "coll-bench: rank %d: madvise(MADV_HUGEPAGE): %s\n", x->rank,
+              strerror(errno));
+      free(sb);
+      free(rb);
+      return EXIT_RUNTIME;
+    }
   }
   x->sendbuf = sb;
   x->recvbuf = rb;

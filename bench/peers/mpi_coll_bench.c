@@ -72,6 +72,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 enum { EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
@@ -210,6 +211,7 @@ typedef struct {
   unsigned long iters, warmup;
   double target_s; /* -t: iterations chosen to fill this many seconds (0: -n exactly) */
   int check;
+  int huge;       /* -H 1: the buffers on transparent huge pages (MADV_HUGEPAGE) */
   int fault_rank; /* PEERS_BENCH_FAULT */
   size_t fault_index;
   char *cmdline;
@@ -237,6 +239,8 @@ static void usage(FILE *f) {
           "  -c, --check 0|1        check every result (default 1)\n"
           "ours:\n"
           "  -s, --sizes LIST       explicit sizes, e.g. 8,1K,64M (instead of -b/-e/-f/-i)\n"
+          "  -H, --hugepages 0|1    1: the buffers on transparent huge pages (2 MiB aligned,\n"
+          "                         MADV_HUGEPAGE), as IMB-MPI1's are under Intel MPI\n"
           "  -t, --target SECONDS   time about SECONDS per row and placement (at least -n\n"
           "                         calls, at most 10^6) after a calibration\n"
           "  -h, --help             this text\n"
@@ -327,7 +331,7 @@ static const char *long_to_short(const char *a) {
       {"--minbytes", "-b"},     {"--maxbytes", "-e"}, {"--stepfactor", "-f"}, {"--stepbytes", "-i"},
       {"--op", "-o"},           {"--datatype", "-d"}, {"--root", "-r"},       {"--iters", "-n"},
       {"--warmup_iters", "-w"}, {"--check", "-c"},    {"--sizes", "-s"},      {"--target", "-t"},
-      {"--help", "-h"},
+      {"--hugepages", "-H"},    {"--help", "-h"},
   };
   for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
     if (strcmp(a, m[i].l) == 0) return m[i].s;
@@ -406,6 +410,7 @@ static void parse_args(int argc, char **argv, opts *o) {
     case 'n': o->iters = opt_uint("-n", v, 1, 100000000); break;
     case 'w': o->warmup = opt_uint("-w", v, 0, 100000000); break;
     case 'c': o->check = (int)opt_uint("-c", v, 0, 1); break;
+    case 'H': o->huge = (int)opt_uint("-H", v, 0, 1); break;
     case 't': {
       char *end;
       o->target_s = strtod(v, &end);
@@ -960,9 +965,16 @@ int main(int argc, char **argv) {
   size_t buf_bytes = o.max_bytes < 64 ? 64 : o.max_bytes;
   buf_bytes = (buf_bytes + 4095) & ~(size_t)4095;
   void *sendbuf = NULL, *recvbuf = NULL;
-  if (posix_memalign(&sendbuf, 4096, buf_bytes) || posix_memalign(&recvbuf, 4096, buf_bytes)) {
+  size_t align = o.huge ? (size_t)2 << 20 : 4096;
+  if (o.huge) buf_bytes = (buf_bytes + align - 1) & ~(align - 1);
+  if (posix_memalign(&sendbuf, align, buf_bytes) || posix_memalign(&recvbuf, align, buf_bytes)) {
     fprintf(stderr, "mpi_coll_bench: rank %d: cannot allocate two buffers of %zu bytes\n", rank,
             buf_bytes);
+    MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
+  }
+  if (o.huge &&
+      (madvise(sendbuf, buf_bytes, MADV_HUGEPAGE) || madvise(recvbuf, buf_bytes, MADV_HUGEPAGE))) {
+    fprintf(stderr, "mpi_coll_bench: rank %d: madvise(MADV_HUGEPAGE): %s\n", rank, strerror(errno));
     MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
   }
   memset(sendbuf, 0, buf_bytes);

@@ -566,6 +566,13 @@ Test(bench_run, registered_buffers_take_the_mapped_path, .timeout = 300) {
   }
 }
 
+/* -H 1: the buffers 2 MiB aligned and madvised onto huge pages (as IMB-MPI1's are);
+ * every collective still right, up to sizes that span several huge pages. */
+Test(bench_run, huge_page_buffers, .timeout = 300) {
+  static const char *const huge[] = {"-H", "1", "-e", "8M", "-f", "32", NULL};
+  for (int i = 0; i < NCOLLS; i++) run_and_check(all_colls[i], "2", huge, 5);
+}
+
 /* --explain on windows: no FIFO steps to list, and it says so and why (not the
  * one-shot exchanges of the call dressed up as steps). */
 Test(bench_explain, registered_buffers_explain_the_mapped_path, .timeout = 120) {
@@ -780,6 +787,7 @@ Test(bench_run, bad_flags_one_line_and_status_2, .timeout = 120) {
       {"all_reduce", "-o", "xor", NULL},
       {"all_reduce", "-d", "float7", NULL},
       {"all_reduce", "-c", "2", NULL},
+      {"all_reduce", "-H", "2", NULL},
       {"all_reduce", "-z", "yes", NULL},
       {"all_reduce", "-n", "0", NULL},
       {"all_reduce", "-f", "0", NULL},
