@@ -2,8 +2,9 @@
  *
  * A ring moves a small message through 2(p-1) FIFO handshakes; for 8 bytes that is all
  * latency.  Here every rank instead writes its whole contribution once into its own
- * mailbox (a flag word and the data, the first 56 data bytes in the flag's cache line,
- * see transport.h) and every rank that needs it reads it straight from there:
+ * mailbox (a flag word and the data: up to 56 bytes in the flag's cache line, longer
+ * data from the next line on, see shm.h) and every rank that needs it reads it straight
+ * from there:
  *
  *   call k:  rank r   writes data_r into mailbox[r][k % 2], then seq = k (release)
  *            reader   waits for seq >= k (acquire) in each mailbox it needs, reads
@@ -160,6 +161,27 @@ static coll_result may_write(struct coll_comm *comm, const coll_work *w, uint32_
   return COLL_OK;
 }
 
+/* Does a rank write its whole input of nranks blocks (count elements each)?  And the
+ * bytes a writer puts in its mailbox in this call: that whole input for reduce-scatter,
+ * all-to-all and scatter, else its one buffer. */
+static bool whole_input(coll_coll_kind c) {
+  return c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_SCATTER;
+}
+static size_t written_bytes(const struct coll_comm *comm, const coll_work *w) {
+  size_t es = w->coll == COLL_COLL_BARRIER ? 1 : coll_elem_bytes(w->dtype);
+  size_t bytes = w->count * es;
+  return whole_input(w->coll) ? bytes * (size_t)comm->nranks : bytes;
+}
+
+/* Where the data of a mailbox starts.  Up to 56 bytes ride in the flag's cache line, so a
+ * reader that sees `seq` change has them already.  Longer data starts on the next line:
+ * 8 bytes past a line, every 64-byte load of the reduction spans two lines (2 ranks,
+ * 1 KiB all-reduce: 0.76 us against Intel MPI's 0.70).  Every rank computes the same
+ * offset from the call (the segment leaves a page of room behind each mailbox). */
+static uint8_t *data_of(coll_mailbox *mb, size_t wbytes) {
+  return wbytes <= COLL_MAILBOX_INLINE ? mb->data : (uint8_t *)mb + 64;
+}
+
 /* Mailbox of `p` for call k, once it holds call k's data. */
 static coll_result fetch(struct coll_comm *comm, const coll_work *w, int p, uint32_t k,
                          const uint8_t **data) {
@@ -169,7 +191,7 @@ static coll_result fetch(struct coll_comm *comm, const coll_work *w, int p, uint
     if (r != COLL_OK) return r;
     comm->mb_seen[p] = k;
   }
-  *data = mb->data;
+  *data = data_of(mb, written_bytes(comm, w));
   return COLL_OK;
 }
 
@@ -202,10 +224,6 @@ static bool writes_mailbox(const coll_work *w, int me) {
   }
 }
 
-/* Does a rank write its whole input of nranks blocks (count elements each)? */
-static bool whole_input(coll_coll_kind c) {
-  return c == COLL_COLL_REDUCE_SCATTER || c == COLL_COLL_ALL_TO_ALL || c == COLL_COLL_SCATTER;
-}
 
 /* Does rank `me` read rank p's mailbox in this call? */
 static bool reads_mailbox_of(const coll_work *w, int me, int p) {
@@ -228,10 +246,10 @@ static coll_result run_call(struct coll_comm *comm, const coll_work *w, coll_mai
   size_t bytes = w->count * es;
   coll_result r;
   bool writes = writes_mailbox(w, me);
-  size_t wbytes = whole_input(w->coll) ? bytes * (size_t)n : bytes;
+  size_t wbytes = written_bytes(comm, w);
   if (writes) {
     if ((r = may_write(comm, w, k)) != COLL_OK) return r;
-    memcpy(mine->data, src, wbytes);
+    memcpy(data_of(mine, wbytes), src, wbytes);
   }
   post(mine, k);
 

@@ -75,6 +75,8 @@ typedef struct {
 typedef coll_fifo_ctl shm_ctl;
 typedef coll_fifo_conn shm_conn;
 _Static_assert(sizeof(shm_ctl) <= PAGE, "control block fits a page");
+_Static_assert(64 + (size_t)COLL_MAILBOX_BYTES <= MB_STRIDE,
+               "a mailbox's data may start a cache line past its flag (oneshot.c)");
 _Static_assert(SHM_NSLOTS <= COLL_FIFO_MAX_SLOTS && (SHM_NSLOTS & (SHM_NSLOTS - 1)) == 0,
                "slots: a power of two the control block has room for");
 

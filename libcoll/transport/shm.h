@@ -16,9 +16,11 @@
 
 /* ---- shm mailboxes: the one-shot path for small collectives (oneshot.c) ------------
  * Every rank's segment holds two mailboxes (calls alternate between them).  `seq` is
- * the one-shot call the mailbox speaks for; the data starts in the same cache line, so
- * a reader that sees `seq` change has usually pulled the first 56 bytes with it. */
+ * the one-shot call the mailbox speaks for.  Data of up to 56 bytes starts in the same
+ * cache line, so a reader that sees `seq` change has usually pulled it with it; longer
+ * data starts on the next line, aligned for the reduction's vector loads (oneshot.c). */
 #define COLL_MAILBOX_BYTES (64 * 1024)
+#define COLL_MAILBOX_INLINE 56 /* data bytes in the flag's line; longer data starts a line on */
 typedef struct {
   _Alignas(64) _Atomic uint32_t seq;
   uint32_t pad;
