@@ -224,7 +224,6 @@ static bool writes_mailbox(const coll_work *w, int me) {
   }
 }
 
-
 /* Does rank `me` read rank p's mailbox in this call? */
 static bool reads_mailbox_of(const coll_work *w, int me, int p) {
   if (p == me) return false;
