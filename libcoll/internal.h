@@ -290,6 +290,7 @@ struct coll_comm {
   uint32_t *mb_seen;             /* per rank: the highest one-shot call seen in its mailbox */
   coll_mailbox **mb;             /* [2p + parity]: rank p's mailboxes */
   _Atomic uint32_t **mb_waiters; /* per rank: sleepers on its mailboxes */
+  bool fanout_warm;              /* this rank's fan-out ring is resident (fanout.c) */
   bool direct_ok;                /* ranks may read each other's memory (direct.c) */
   uint8_t *direct_scratch;
   void *direct_addrs;   /* per rank: its buffers' addresses in the running call */
@@ -304,6 +305,7 @@ struct coll_comm {
   void *mapped_where;    /* [nranks] coll_mapped_where of the running call */
   int local_ranks;       /* ranks on this host */
   bool oversubscribed;   /* more local ranks than the CPUs they may run on: spinning only hurts */
+  int cores;             /* the CPUs this host's ranks may run on (0: unknown) */
 
   /* executor */
   pthread_mutex_t qmu;

@@ -40,6 +40,7 @@ typedef struct {
   double alpha_mb;  /* s per one-shot call through the mailboxes (algo/oneshot.c) */
   double beta_cma;  /* s per byte read from a peer's memory (algo/direct.c) */
   double alpha_cma; /* s per process_vm_readv call beyond its bytes */
+  int cores;        /* CPUs the ranks of a host share (0: unknown, taken as one a rank) */
   /* Link classes, for host-aware rows (hier.c): the hosts the p ranks run on, the ranks
    * on each (0: hosts hold different numbers), and the links across hosts (α_x, β_x);
    * alpha and beta above are then the links inside a host.  hosts 0 or 1: one class. */
@@ -124,6 +125,8 @@ coll_result coll_linear_cost(coll_coll_kind c, double n, const coll_cost_model *
                              char *formula, size_t formula_len);
 coll_result coll_dev_oneshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                                   double *seconds, char *formula, size_t formula_len);
+coll_result coll_fanout_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t formula_len);
 coll_result coll_hier_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
                            char *formula, size_t formula_len);
 coll_result coll_dev_twoshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
@@ -134,6 +137,9 @@ bool coll_oneshot_usable(struct coll_comm *comm, coll_coll_kind c, size_t count,
 bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
+bool coll_fanout_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+bool coll_fanout_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
+coll_result coll_fanout_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
 bool coll_hier_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_dev_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);

@@ -40,10 +40,10 @@
  * 2(p-1)/p·n: it wins below a crossover the tuner computes (tune.c).  All-to-allv is not
  * served: whether it fits a mailbox depends on counts the other ranks do not know.
  *
- * Waiting: spin (cores to spare), then yield (coll_yield: not while something outside the
- * job holds the core, backoff.c), then sleep
+ * Waiting (shm_wait.c, shared with the fan-out ring): spin (cores to spare), then yield
+ * (coll_yield: not while something outside the job holds the core, backoff.c), then sleep
  * on a futex on the flag word after announcing it in the owner's waiter count, which
- * the owner reads after every post (one load of a line nobody else writes while busy).
+ * the owner reads after every call (one load of a line nobody else writes while busy).
  *
  * Must never: write a mailbox before every peer has arrived at the previous call,
  * allocate, or wait without checking abort, peer health and the deadline.
@@ -59,15 +59,9 @@
 #include <unistd.h>
 
 #include "algo.h"
+#include "shm_wait.h"
 #include "reduce.h"
 
-/* shm's context on comm, whose segments hold the mailboxes (NULL: shm is not in use). */
-static void *shm_ctx(struct coll_comm *comm) {
-  return comm->transports[COLL_T_SHM] == &coll_transport_shm ? comm->transport_ctxs[COLL_T_SHM]
-                                                             : NULL;
-}
-
-static bool reached(uint32_t v, uint32_t want) { return (int32_t)(v - want) >= 0; }
 
 bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count, size_t es) {
   if (!comm->mailboxes || comm->nranks < 2) return false;
@@ -86,52 +80,10 @@ bool coll_oneshot_fits(struct coll_comm *comm, coll_coll_kind coll, size_t count
   }
 }
 
-static coll_result timed_out(struct coll_comm *comm, const coll_work *w, int peer, uint32_t want,
-                             uint32_t seen) {
-  return coll_fail(comm, COLL_ERR_TIMEOUT,
-                   "rank %d timed out after %d ms waiting for rank %d in %s #%llu (count %zu, "
-                   "%s, one-shot call %u): rank %d was last seen at one-shot call %u",
-                   comm->rank, comm->timeout_ms, peer, coll_coll_name(w->coll),
-                   (unsigned long long)w->seq, w->count, coll_dtype_name(w->dtype), want, peer,
-                   seen);
-}
-
 /* Waits until `peer`'s mailbox `mb` says seq >= want. */
 static coll_result wait_seq(struct coll_comm *comm, const coll_work *w, int peer, coll_mailbox *mb,
                             uint32_t want) {
-  if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
-  int spins = comm->oversubscribed ? 0 : 1000; /* ~25 us of pause here */
-  for (int i = 0; i < spins; i++) {
-    coll_cpu_relax();
-    if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
-  }
-  for (int i = 0; i < 256 && coll_yield(comm->oversubscribed);
-       i++) { /* false: a busy core, sleep now */
-    if (reached(atomic_load_explicit(&mb->seq, memory_order_acquire), want)) return COLL_OK;
-  }
-  _Atomic uint32_t *waiters = comm->mb_waiters[peer];
-  uint64_t start = coll_now_ns();
-  for (;;) {
-    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed))
-      return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator aborted during %s #%llu",
-                       comm->rank, coll_coll_name(w->coll), (unsigned long long)w->seq);
-    uint32_t seen = atomic_load_explicit(&mb->seq, memory_order_acquire);
-    if (reached(seen, want)) return COLL_OK;
-    /* Dekker pairing with the owner's "post seq, fence, read waiters". */
-    atomic_fetch_add(waiters, 1);
-    if (!reached(atomic_load(&mb->seq), want)) {
-      struct timespec ts = {.tv_sec = 0, .tv_nsec = 100 * 1000000L};
-      syscall(SYS_futex, (uint32_t *)&mb->seq, FUTEX_WAIT, seen, &ts, NULL, 0);
-    }
-    atomic_fetch_sub(waiters, 1);
-    seen = atomic_load_explicit(&mb->seq, memory_order_acquire);
-    if (reached(seen, want)) return COLL_OK;
-    coll_result r = coll_shm_peer_check(&comm->view, shm_ctx(comm), peer);
-    if (r != COLL_OK) return r;
-    if ((r = comm->exec_ops->watch(comm, w)) != COLL_OK) return r; /* a failure elsewhere */
-    if (comm->timeout_ms && coll_now_ns() - start > (uint64_t)comm->timeout_ms * 1000000u)
-      return timed_out(comm, w, peer, want, seen);
-  }
+  return coll_shm_wait(comm, w, peer, &mb->seq, want, comm->mb_waiters[peer], "one-shot call");
 }
 
 /* Publishes call k in my mailbox (after the data, if any, was written).  No fence here:
@@ -142,18 +94,14 @@ static void post(coll_mailbox *mine, uint32_t k) {
   atomic_store_explicit(&mine->seq, k, memory_order_release);
 }
 
-/* Dekker pairing with a sleeper's "count myself in waiters, re-read seq, sleep": after
- * the fence one of the two sees the other's store. */
 static void wake_sleepers(struct coll_comm *comm, coll_mailbox *mine) {
-  atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(comm->mb_waiters[comm->rank], memory_order_relaxed))
-    syscall(SYS_futex, (uint32_t *)&mine->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+  coll_shm_wake(&mine->seq, comm->mb_waiters[comm->rank]);
 }
 
 /* Before writing mailbox[k % 2]: every peer has arrived at call k-1. */
 static coll_result may_write(struct coll_comm *comm, const coll_work *w, uint32_t k) {
   for (int p = 0; p < comm->nranks; p++) {
-    if (p == comm->rank || reached(comm->mb_seen[p], k - 1)) continue;
+    if (p == comm->rank || coll_shm_reached(comm->mb_seen[p], k - 1)) continue;
     coll_result r = wait_seq(comm, w, p, comm->mb[2 * p + ((k - 1) & 1)], k - 1);
     if (r != COLL_OK) return r;
     comm->mb_seen[p] = k - 1;
@@ -357,7 +305,7 @@ coll_result coll_oneshot_setup(struct coll_comm *comm) {
   comm->mb_waiters = calloc((size_t)n, sizeof *comm->mb_waiters);
   if (!comm->mb || !comm->mb_waiters)
     return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory setting up one-shot mailboxes");
-  void *shm = shm_ctx(comm);
+  void *shm = coll_shm_ctx(comm);
   for (int p = 0; p < n; p++) {
     comm->mb[2 * p] = coll_shm_mailbox(&comm->view, shm, p, 0);
     comm->mb[2 * p + 1] = coll_shm_mailbox(&comm->view, shm, p, 1);

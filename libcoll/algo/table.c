@@ -106,6 +106,13 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .usable = coll_hier_usable,
         .cost = coll_hier_cost, .handicap = 1.0, .link_classes = true,
         .plan = coll_hier_plan},
+    [COLL_ALGO_FANOUT] = {
+        .id = COLL_ALGO_FANOUT, .name = "fanout",
+        .colls = B(BROADCAST),
+        .host_only = true, .usable = coll_fanout_usable,
+        .cost = coll_fanout_cost, .handicap = 1.0,
+        .preferable = coll_fanout_preferable,
+        .run = coll_fanout_run},
 };
 /* clang-format on */
 

@@ -308,6 +308,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
                    comm->host_layout + 2 * (size_t)nranks, &comm->hosts);
   {
     int cores = host_cores(all, nranks, me.host_id);
+    comm->cores = cores;
     comm->oversubscribed = cores > 0 && comm->local_ranks > cores;
     comm->view.oversubscribed = comm->oversubscribed;
   }

@@ -95,6 +95,7 @@ static bool price(struct coll_comm *comm, const coll_algo_entry *e, coll_coll_ki
                        .alpha_mb = t->alpha_mb,
                        .beta_cma = t->beta_cma,
                        .alpha_cma = t->alpha_cma,
+                       .cores = comm->cores,
                        .hosts = comm->hosts.nhosts,
                        .local = comm->hosts.per_host,
                        .alpha_net = t->alpha_net,

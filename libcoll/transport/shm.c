@@ -2,7 +2,8 @@
  *
  * Each rank creates one segment holding the FIFOs it *receives* on, one per peer:
  *
- *   [header page][fifo from rank 0][fifo from rank 1]...   (no fifo from itself is used)
+ *   [header page][2 mailboxes][fan-out control][fan-out ring][fifo from rank 0][fifo from
+ *   rank 1]...   (no fifo from itself is used; mailboxes and fan-out: shm.h)
  *   fifo = [control page: tail | head | slot sizes][nslots x slot_bytes of data]
  *
  * The sender maps the receiver's segment and writes (or reduces) straight into the slot,
@@ -97,11 +98,23 @@ typedef struct {
 } shm_blob;
 
 static size_t fifo_stride(void) { return PAGE + (size_t)SHM_NSLOTS * SHM_SLOT_STRIDE; }
-static size_t fifos_off(void) { return PAGE + 2 * MB_STRIDE; }
-static size_t seg_size(int nranks) { return fifos_off() + (size_t)nranks * fifo_stride(); }
+/* The fan-out block after the mailboxes: its control (a line each for the owner, its
+ * sleepers and every rank), then its ring. */
+static size_t fanout_off(void) { return PAGE + 2 * MB_STRIDE; }
+static size_t fanout_ctl_bytes(int nranks) {
+  size_t b = sizeof(coll_fanout) + (size_t)nranks * sizeof(coll_fanout_reader);
+  return (b + PAGE - 1) / PAGE * PAGE;
+}
+static size_t fifos_off_n(int nranks) {
+  return fanout_off() + fanout_ctl_bytes(nranks) + COLL_FANOUT_BYTES;
+}
+static size_t seg_size(int nranks) { return fifos_off_n(nranks) + (size_t)nranks * fifo_stride(); }
 
+/* (Every segment's header says its communicator's size: checked against ours before a
+ * peer's segment is used.) */
 static shm_ctl *fifo_ctl(uint8_t *base, int from) {
-  return (shm_ctl *)(base + fifos_off() + (size_t)from * fifo_stride());
+  int n = (int)((shm_header *)base)->nranks;
+  return (shm_ctl *)(base + fifos_off_n(n) + (size_t)from * fifo_stride());
 }
 static coll_mailbox *mailbox_at(uint8_t *base, unsigned parity) {
   return (coll_mailbox *)(base + PAGE + (size_t)(parity & 1) * MB_STRIDE);
@@ -283,14 +296,16 @@ static coll_result shm_setup(const coll_comm_view *view, void **ctxp, void *blob
   coll_result cr = coll_shm_create(view, ctx->name, ctx->size, &p);
   if (cr != COLL_OK) return cr;
   ctx->base = p;
-  /* The mailboxes serve every call of the one-shot path with every peer: resident now.
-   * The FIFOs stay sparse until warm().  Both start as zero, as a fresh page reads. */
-  int pe = populate(ctx->base, fifos_off());
+  /* The mailboxes serve every call of the one-shot path with every peer, and the fan-out
+   * control every broadcast it runs: resident now.  The fan-out ring and the FIFOs stay
+   * sparse until first used.  All start as zero, as a fresh page reads. */
+  size_t hot = fanout_off() + fanout_ctl_bytes(n);
+  int pe = populate(ctx->base, hot);
   if (pe)
     return coll_view_fail(view, COLL_ERR_SYSTEM,
                           "rank %d: no memory for the header and "
                           "mailboxes of %s (%zu bytes): %s (is /dev/shm full?)",
-                          view->rank, ctx->name, fifos_off(), strerror(pe));
+                          view->rank, ctx->name, hot, strerror(pe));
   shm_header *h = (shm_header *)ctx->base;
   h->nranks = (uint32_t)n;
   h->nslots = SHM_NSLOTS;
@@ -418,6 +433,35 @@ coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *vctx, int rank,
   if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
   uint8_t *base = rank == view->rank ? ctx->base : ctx->peer_base[rank];
   return base ? mailbox_at(base, parity) : NULL;
+}
+
+/* ---- the fan-out area (used by fanout.c) --------------------------------------------- */
+
+static uint8_t *base_of(const coll_comm_view *view, shm_ctx *ctx, int rank) {
+  if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
+  return rank == view->rank ? ctx->base : ctx->peer_base[rank];
+}
+
+coll_fanout *coll_shm_fanout(const coll_comm_view *view, void *vctx, int rank) {
+  uint8_t *base = base_of(view, vctx, rank);
+  return base ? (coll_fanout *)(base + fanout_off()) : NULL;
+}
+
+uint8_t *coll_shm_fanout_area(const coll_comm_view *view, void *vctx, int rank) {
+  uint8_t *base = base_of(view, vctx, rank);
+  return base ? base + fanout_off() + fanout_ctl_bytes(view->nranks) : NULL;
+}
+
+coll_result coll_shm_fanout_warm(const coll_comm_view *view, void *vctx) {
+  shm_ctx *ctx = vctx;
+  if (!ctx) return COLL_OK;
+  int e = populate(coll_shm_fanout_area(view, ctx, view->rank), COLL_FANOUT_BYTES);
+  if (e)
+    return coll_view_fail(view, COLL_ERR_SYSTEM,
+                          "rank %d: no memory for the %u-byte fan-out ring of %s: %s (is "
+                          "/dev/shm full?)",
+                          view->rank, COLL_FANOUT_BYTES, ctx->name, strerror(e));
+  return COLL_OK;
 }
 
 _Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *vctx, int rank) {

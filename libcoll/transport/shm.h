@@ -30,6 +30,32 @@ typedef struct {
  * `shm_ctx`: shm's context on this communicator (NULL: shm is not in use). */
 coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *shm_ctx, int rank,
                                unsigned parity);
+/* ---- shm fan-out area: one writer, every other rank a reader (fanout.c) ------------
+ * Every rank's segment holds a byte ring of COLL_FANOUT_BYTES that it alone writes, when
+ * it is the root of a broadcast, and the others read.  Positions are byte counts since
+ * the communicator began, modulo 2^32 (the ring's size divides 2^32, so a position's
+ * place in the ring survives the wrap): `written` is the owner's, readers[q].read rank
+ * q's, each on a line of its own.  `waiters` counts readers asleep on `written`;
+ * `owner_waiting` says the owner is asleep on a reader's `read`.  The area stays sparse
+ * until its owner first writes it. */
+#define COLL_FANOUT_BYTES (4u << 20)
+typedef struct {
+  _Alignas(64) _Atomic uint32_t read;
+} coll_fanout_reader;
+typedef struct {
+  _Alignas(64) _Atomic uint32_t written;
+  _Atomic uint32_t owner_waiting;
+  _Alignas(64) _Atomic uint32_t waiters;
+  coll_fanout_reader readers[]; /* one per rank (the owner's unused) */
+} coll_fanout;
+/* `rank`'s fan-out control block and its ring, or NULL when rank is not reached
+ * through shm. */
+coll_fanout *coll_shm_fanout(const coll_comm_view *view, void *shm_ctx, int rank);
+uint8_t *coll_shm_fanout_area(const coll_comm_view *view, void *shm_ctx, int rank);
+/* Makes this rank's own ring resident (once, before it first writes it): COLL_OK, or a
+ * sentence when /dev/shm has no room for it. */
+coll_result coll_shm_fanout_warm(const coll_comm_view *view, void *shm_ctx);
+
 /* The count of ranks sleeping (futex) on one of `rank`'s mailboxes. */
 _Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *shm_ctx, int rank);
 /* COLL_ERR_REMOTE (with a sentence) if `peer` aborted or died, else COLL_OK. */

@@ -538,7 +538,7 @@ static void forced_big(coll_algo a, int n1, int n2) {
 Test(collectives, every_table_row_is_forced) {
   static const coll_algo here[] = {COLL_ALGO_RING,   COLL_ALGO_TREE,    COLL_ALGO_RD,
                                    COLL_ALGO_RHD,    COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
-                                   COLL_ALGO_MAPPED, COLL_ALGO_HIER};
+                                   COLL_ALGO_MAPPED, COLL_ALGO_HIER,    COLL_ALGO_FANOUT};
   static const coll_algo in_alltoall[] = {COLL_ALGO_PAIRWISE, COLL_ALGO_LINEAR, COLL_ALGO_ONESHOT,
                                           COLL_ALGO_DIRECT, COLL_ALGO_MAPPED};
   for (int a = 1; a < COLL_NUM_ALGOS; a++) {
@@ -574,11 +574,13 @@ Test(collectives, rhd_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_RH
 Test(collectives, oneshot_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_ONESHOT); }
 Test(collectives, direct_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_DIRECT); }
 Test(collectives, mapped_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_MAPPED); }
+Test(collectives, fanout_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_FANOUT); }
 Test(collectives, tree_big, .timeout = 600) { forced_big(COLL_ALGO_TREE, 5, 8); }
 Test(collectives, rd_big, .timeout = 600) { forced_big(COLL_ALGO_RD, 3, 0); }
 Test(collectives, rhd_big, .timeout = 600) { forced_big(COLL_ALGO_RHD, 5, 8); }
 Test(collectives, direct_big, .timeout = 600) { forced_big(COLL_ALGO_DIRECT, 2, 0); }
 Test(collectives, mapped_big, .timeout = 600) { forced_big(COLL_ALGO_MAPPED, 5, 2); }
+Test(collectives, fanout_big, .timeout = 600) { forced_big(COLL_ALGO_FANOUT, 3, 2); }
 
 /* COLL_ALGO=tree cannot serve reduce-scatter (nor all-gather): the call falls back to
  * the ring (with a warning) and still gives the right answer. */
@@ -589,4 +591,48 @@ Test(collectives, tree_forced_on_reduce_scatter_falls_back, .timeout = 300) {
 /* An unknown name is refused the same way: the ring runs. */
 Test(collectives, unknown_algo_falls_back, .timeout = 300) {
   run_matrix_kinds(3, false, "no-such-algorithm", K(0));
+}
+
+/* ---- the fan-out ring across its own end ----------------------------------------------
+ * A broadcast longer than the root's ring (algo/fanout.c: 4 MiB) makes the root wait,
+ * mid-call, for the slowest reader to leave a place before writing it again; sizes that
+ * are not whole chunks move every later call's start.  Roots, placements and sizes
+ * alternate, and every byte is checked. */
+static int fanout_laps(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  static const size_t sizes[] = {(9u << 20) + 5, 1, 65536 + 3, (4u << 20) + 64, 777};
+  size_t cap = (9u << 20) + 64;
+  uint8_t *a = malloc(cap), *b = malloc(cap);
+  if (!a || !b) return t_failf("rank %d: out of memory", rank);
+  int fails = 0;
+  for (int k = 0; k < 10 && !fails; k++) {
+    size_t len = sizes[k % 5];
+    int root = (k * 2 + 1) % n;
+    bool in_place = k % 3 == 0;
+    for (size_t i = 0; i < len; i++) a[i] = rank == root ? (uint8_t)(i * 7 + (size_t)k) : 0xee;
+    memset(b, 0xee, len);
+    uint8_t *out = in_place ? a : b;
+    if (coll_broadcast(a, out, len, COLL_INT8, root, comm, NULL) != COLL_OK)
+      return t_failf("rank %d: broadcast %d: %s", rank, k, coll_comm_last_error(comm));
+    if (n > 1 && strcmp(coll_comm_last_algo(comm), "fanout") != 0)
+      return t_failf("rank %d: broadcast %d ran on %s", rank, k, coll_comm_last_algo(comm));
+    for (size_t i = 0; i < len && !fails; i++)
+      if (out[i] != (uint8_t)(i * 7 + (size_t)k))
+        fails = t_failf("rank %d: broadcast %d (root %d, %zu bytes, %s): byte %zu is %u", rank, k,
+                        root, len, in_place ? "in place" : "out of place", i, out[i]);
+  }
+  free(a);
+  free(b);
+  return fails;
+}
+
+Test(collectives, fanout_calls_longer_than_the_ring, .timeout = 300) {
+  char why[256];
+  cr_assert_eq(setenv("COLL_ALGO", "fanout", 1), 0);
+  for (int n = 2; n <= 4; n++) {
+    int rc = t_launch(n, fanout_laps, NULL, 240000, why, sizeof why);
+    cr_assert_eq(rc, 0, "%d ranks: %s", n, why);
+  }
+  unsetenv("COLL_ALGO");
+  T_ASSERT_NO_LEFTOVERS("after the job");
 }

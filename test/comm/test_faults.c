@@ -50,6 +50,7 @@ enum { ROLE_SURVIVOR, ROLE_VICTIM, ROLE_LAGGARD };
 typedef struct {
   int n, port;
   const char *transport;
+  bool fanout; /* the pending call: a broadcast from the victim through its fan-out ring */
   int rep[2];  /* children -> parent: one byte 'v'/'r', or a report */
   int gate[2]; /* parent -> laggard: a byte lets it into the second all-reduce */
   int rel[2];  /* parent closes it: survivors exit */
@@ -97,7 +98,13 @@ static int child(job *j, int rank, int role) {
   if (role == ROLE_LAGGARD && read(j->gate[0], &c, 1) != 1) return 4;
   report rp = {.rank = rank};
   double t0 = now_ms();
-  rp.pending = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  if (j->fanout) {
+    setenv("COLL_ALGO", "fanout", 1); /* read at every call */
+    rp.pending = coll_broadcast(x, x, COUNT, COLL_FLOAT32, 1, comm, NULL);
+    unsetenv("COLL_ALGO");
+  } else {
+    rp.pending = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
+  }
   rp.ms = (int)(now_ms() - t0);
   snprintf(rp.msg, sizeof rp.msg, "%s", coll_comm_last_error(comm));
   rp.later = coll_barrier(comm, NULL);
@@ -149,8 +156,8 @@ static bool read_full(int fd, void *buf, size_t len) {
 }
 
 /* Runs the scenario: victim `vic` gets `sig` once the others are pending. */
-static void scenario(int n, int vic, int sig, const char *transport, outcome *o) {
-  job j = {.n = n, .port = t_free_port(), .transport = transport};
+static void scenario_of(int n, int vic, int sig, const char *transport, bool fanout, outcome *o) {
+  job j = {.n = n, .port = t_free_port(), .transport = transport, .fanout = fanout};
   cr_assert_eq(pipe(j.rep), 0);
   cr_assert_eq(pipe(j.gate), 0);
   cr_assert_eq(pipe(j.rel), 0);
@@ -207,6 +214,10 @@ static void scenario(int n, int vic, int sig, const char *transport, outcome *o)
             coll_result_string((coll_result)o->rep[k].pending), o->rep[k].ms, o->rep[k].msg);
 }
 
+static void scenario(int n, int vic, int sig, const char *transport, outcome *o) {
+  scenario_of(n, vic, sig, transport, false, o);
+}
+
 static void expect_dead(const char *transport, bool must_name) {
   outcome o;
   scenario(4, 1, SIGKILL, transport, &o);
@@ -261,6 +272,26 @@ Test(faults, sigkill_zombie_is_dead_shm, .timeout = 40) {
   }
   /* Rank 2 receives from rank 1 in the ring: it waits on the dead rank itself. */
   cr_expect(named >= 1, "no survivor reported rank 1 dead (COLL_ERR_REMOTE)");
+}
+
+/* The readers of a broadcast through the root's fan-out ring (algo/fanout.c) wait on the
+ * ring's counter, not on a FIFO: when the root dies there, they must say so too. */
+Test(faults, sigkill_root_of_fanout_broadcast_shm, .timeout = 40) {
+  outcome o;
+  scenario_of(3, 1, SIGKILL, "shm", true, &o);
+  int named = 0;
+  for (int k = 0; k < o.nrep; k++) {
+    report *r = &o.rep[k];
+    cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: pending broadcast returned %s: %s", r->rank,
+              coll_result_string((coll_result)r->pending), r->msg);
+    cr_expect(r->later != COLL_OK, "rank %d: a later call succeeded after the death", r->rank);
+    cr_expect(r->ms < 1500, "rank %d: the death took %d ms to notice", r->rank, r->ms);
+    named += strstr(r->msg, "rank 1") != NULL;
+  }
+  cr_expect_eq(named, o.nrep, "a survivor did not name rank 1");
+  char left[512];
+  cr_expect_eq(t_prefix_segments(o.prefix, 1, left, sizeof left), 0,
+               "segments of the job left in /dev/shm: %s", left);
 }
 
 Test(faults, sigstop_times_out_tcp, .timeout = 40) {

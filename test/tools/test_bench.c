@@ -455,10 +455,12 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     int nf = split(copy, f, 32);
     CHECK(nf == (stats ? 22 : 14), "row has %d fields: %s", nf, line);
     {
-      static const char *const algos[] = {"ring",   "tree",   "rd",  "rhd",      "oneshot",
-                                          "direct", "mapped", "p2p", "pairwise", "linear"};
+      static const char *const algos[] = {"ring",     "tree",   "rd",     "rhd",
+                                          "oneshot",  "direct", "mapped", "p2p",
+                                          "pairwise", "linear", "fanout"};
       bool known = false;
-      for (int i = 0; i < 10; i++) known = known || strcmp(f[nf - 1], algos[i]) == 0;
+      for (size_t i = 0; i < sizeof algos / sizeof *algos; i++)
+        known = known || strcmp(f[nf - 1], algos[i]) == 0;
       CHECK(known, "unknown algorithm column: %s", line);
     }
     size_t size = strtoull(f[0], NULL, 10), count = strtoull(f[1], NULL, 10);
