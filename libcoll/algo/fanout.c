@@ -17,26 +17,30 @@
  * n in all; here there are p (the root's one, a reader's one each), and the readers
  * copy at the same time instead of one after the other.
  *
- * Cost (p ranks, n bytes, k = ⌈n/G⌉ chunks, α_mb one hand-over between cores (the
- * one-shot figure, the same mechanism), β per byte through shared memory):
- *   a core per rank    (k+1)·α_mb + (n + min(n, G))·β
- *                      (the root writes chunk i while the readers read chunk i-1)
- *   c < p cores        (k+1)·α_mb + the chain's copying × p / (2(p-1))
+ * Cost (p ranks, n bytes, k = ⌈n/G⌉ chunks; α and β the FIFO's, per pipeline stage and
+ * per byte, as the chain is priced: a chunk's hand-over is a slot's):
+ *   a core per rank    (k+1)·α + (n + min(n, G))·β
+ *                      (k+1 stages: the root writes chunk i while the readers read i-1;
+ *                      the chain has p-1+k-1, so from 3 ranks on this is cheaper)
+ *   c < p cores        (k+1)·α + the chain's copying × p / (2(p-1))
  *                      (the ranks take turns on the cores, so the time is the copying:
  *                      p copies of n here, 2(p-1) there)
  * Measured on 2 cores (2026-11-29, 1 MiB, in place): 3 ranks 128 µs against the chain's
  * 174, 4 ranks 154-178 against 216; 2 ranks the same as the chain (a chain of one link
- * is this with one reader), which the model keeps, pricing this one hand-over dearer.
+ * is this with one reader), which the model keeps, pricing one stage more.
  *
  * Chunks of 64 KiB (the FIFO's slot: small enough to pipeline, large enough that a
  * hand-over is a twentieth of its copy), whether or not ranks share cores: 4 ranks on 2
  * cores took 132-135 µs at 1 MiB with 64 or 256 KiB chunks and 136-146 with 1 MiB ones.
  *
- * With one reader (2 ranks) this is a chain of one link, and the tuner keeps the chain
- * (`preferable`): in place they are level (1 MiB 64-68 µs against 63-64, 64 MiB
- * 6.5-7.2 ms against 7.3-7.6), but out of place the chain's root makes its own copy first,
- * alone, and here the copy meets the reader's (64 MiB: 13.8-14.9 ms against 11.7-12.2).
- * COLL_ALGO=fanout still runs it there.
+ * The root's own copy, out of place, goes chunk by chunk right after the chunk is
+ * published, from the cache, while the readers copy (64 MiB out of place: 2 ranks 15.0-15.7
+ * ms with the copy after the last chunk, 12.2-12.4 this way; 4 ranks 20.4-20.7, 17.3-17.4).
+ *
+ * With one reader (2 ranks) this is a chain of one link: the two are level (1 MiB
+ * 60-66 µs against 62-64 in place, 98-104 against 99-117 out of place; 64 MiB 6.9-7.7 ms
+ * against 7.2-8.0, 12.1-12.2 against 12.0-12.7), and the tuner keeps the chain there
+ * (`preferable`); COLL_ALGO=fanout still runs it.
  *
  * Must never: write a place in the ring before every reader has read what was there,
  * read one before the root published it, or wait without checking abort, peer health
@@ -75,7 +79,8 @@ static void put(void *dst, const void *src, size_t len, bool nt) {
 
 /* The root: every chunk into the ring once the readers have left its place. */
 static coll_result write_ring(struct coll_comm *comm, const coll_work *w, coll_fanout *fo,
-                              uint8_t *area, const uint8_t *src, size_t bytes, uint32_t g) {
+                              uint8_t *area, const uint8_t *src, uint8_t *dst, size_t bytes,
+                              uint32_t g, bool nt) {
   int n = comm->nranks, me = comm->rank;
   uint32_t base = atomic_load_explicit(&fo->written, memory_order_relaxed); /* ours alone */
   /* Every reader has read up to `free_to` at least: places before free_to + ring size
@@ -101,6 +106,7 @@ static coll_result write_ring(struct coll_comm *comm, const coll_work *w, coll_f
     memcpy(slot(area, start), src + o, len);
     atomic_store_explicit(&fo->written, end, memory_order_release);
     coll_shm_wake(&fo->written, &fo->waiters);
+    if (dst != src) put(dst + o, src + o, len, nt); /* from the cache, while they read */
   }
   atomic_store_explicit(&fo->written, next_start(base, bytes, g), memory_order_release);
   return COLL_OK;
@@ -108,8 +114,7 @@ static coll_result write_ring(struct coll_comm *comm, const coll_work *w, coll_f
 
 /* A reader: every chunk out of the root's ring once the root has published it. */
 static coll_result read_ring(struct coll_comm *comm, const coll_work *w, coll_fanout *fo,
-                             const uint8_t *area, uint8_t *dst, size_t bytes, uint32_t g,
-                             bool nt) {
+                             const uint8_t *area, uint8_t *dst, size_t bytes, uint32_t g, bool nt) {
   int me = comm->rank;
   _Atomic uint32_t *mine = &fo->readers[me].read;
   uint32_t base = atomic_load_explicit(mine, memory_order_relaxed); /* ours alone */
@@ -180,8 +185,7 @@ coll_result coll_fanout_run(struct coll_comm *comm, const coll_work *w, bool *ra
       if ((r = coll_shm_fanout_warm(&comm->view, shm)) != COLL_OK) return r;
       comm->fanout_warm = true;
     }
-    r = write_ring(comm, w, fo, area, src, bytes, g);
-    if (r == COLL_OK && dst != src) put(dst, src, bytes, nt); /* the readers are at it */
+    r = write_ring(comm, w, fo, area, src, dst, bytes, g, nt);
   } else {
     r = read_ring(comm, w, fo, area, dst, bytes, g, nt);
   }
@@ -205,16 +209,16 @@ coll_result coll_fanout_cost(coll_coll_kind c, double n, const coll_cost_model *
     coll_result r = coll_ring_cost(c, n, &copying, &chain, f, sizeof f);
     if (r != COLL_OK) return r;
     double share = p > 1 ? (double)p / (2.0 * (p - 1)) : 1.0;
-    *seconds = (k + 1) * m->alpha_mb + chain * share;
+    *seconds = (k + 1) * m->alpha + chain * share;
     snprintf(formula, flen,
-             "(k+1)*a_mb + the chain's copying x p/(2(p-1)) with p=%d on %d cores, k=%.0f: "
+             "(k+1)*a + the chain's copying x p/(2(p-1)) with p=%d on %d cores, k=%.0f: "
              "%.2f us + %.2f us x %.3f = %.2f us",
-             p, m->cores, k, (k + 1) * m->alpha_mb * 1e6, chain * 1e6, share, *seconds * 1e6);
+             p, m->cores, k, (k + 1) * m->alpha * 1e6, chain * 1e6, share, *seconds * 1e6);
     return COLL_OK;
   }
-  *seconds = (k + 1) * m->alpha_mb + (n + fill) * m->beta;
+  *seconds = (k + 1) * m->alpha + (n + fill) * m->beta;
   snprintf(formula, flen,
-           "(k+1)*a_mb + (n + min(n,G))*b with p=%d, n=%.0f B, G=%.0f B, k=%.0f: %.2f us", p, n,
-           g, k, *seconds * 1e6);
+           "(k+1)*a + (n + min(n,G))*b with p=%d, n=%.0f B, G=%.0f B, k=%.0f: %.2f us", p, n, g, k,
+           *seconds * 1e6);
   return COLL_OK;
 }

@@ -10,9 +10,7 @@ void *coll_shm_ctx(struct coll_comm *comm);
 
 /* v has reached want, counting modulo 2^32 (both sides of a wrap compare right while
  * they are less than 2^31 apart). */
-static inline bool coll_shm_reached(uint32_t v, uint32_t want) {
-  return (int32_t)(v - want) >= 0;
-}
+static inline bool coll_shm_reached(uint32_t v, uint32_t want) { return (int32_t)(v - want) >= 0; }
 
 /* Waits until *word reaches want.  `peer` is the rank that advances it (its health is
  * looked at while we sleep); a sleeper counts itself in *sleepers, which the poster reads
