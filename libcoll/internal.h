@@ -406,6 +406,8 @@ void coll_stream_enqueued(struct coll_stream *s);
 
 /* memcpy with streaming stores for large outputs nobody reads soon (see copy.c). */
 void coll_copy_nt(void *dst, const void *src, size_t n);
+/* memcpy for bytes another core wrote a moment ago or reads next (a fan-out ring). */
+void coll_copy_shared(void *dst, const void *src, size_t n);
 /* Orders every streamed store before what follows (the call's completion). */
 void coll_copy_nt_fence(void);
 /* Calls whose user buffers exceed this stream their final copies (COLL_NT_BYTES). */

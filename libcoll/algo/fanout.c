@@ -70,9 +70,13 @@ static uint8_t *slot(uint8_t *area, uint32_t place) {
   return area + (place & (COLL_FANOUT_BYTES - 1));
 }
 
-static void put(void *dst, const void *src, size_t len, bool nt) {
+/* Into a user's buffer: streamed for large calls (copy.c); else from the ring with the
+ * copy for lines another core wrote (a reader), or from this core's cache (the root). */
+static void put(void *dst, const void *src, size_t len, bool nt, bool from_ring) {
   if (nt)
     coll_copy_nt(dst, src, len);
+  else if (from_ring)
+    coll_copy_shared(dst, src, len);
   else
     memcpy(dst, src, len);
 }
@@ -106,7 +110,7 @@ static coll_result write_ring(struct coll_comm *comm, const coll_work *w, coll_f
     memcpy(slot(area, start), src + o, len);
     atomic_store_explicit(&fo->written, end, memory_order_release);
     coll_shm_wake(&fo->written, &fo->waiters);
-    if (dst != src) put(dst + o, src + o, len, nt); /* from the cache, while they read */
+    if (dst != src) put(dst + o, src + o, len, nt, false); /* from the cache, as they read */
   }
   atomic_store_explicit(&fo->written, next_start(base, bytes, g), memory_order_release);
   return COLL_OK;
@@ -124,7 +128,7 @@ static coll_result read_ring(struct coll_comm *comm, const coll_work *w, coll_fa
     coll_result r = coll_shm_wait(comm, w, w->root, &fo->written, end, &fo->waiters,
                                   "fan-out byte");
     if (r != COLL_OK) return r;
-    put(dst + o, slot((uint8_t *)area, start), len, nt);
+    put(dst + o, slot((uint8_t *)area, start), len, nt, true);
     atomic_store_explicit(mine, end, memory_order_release);
     coll_shm_wake(mine, &fo->owner_waiting);
   }

@@ -82,7 +82,36 @@ void coll_copy_nt(void *dst, const void *src, size_t n) {
 }
 
 void coll_copy_nt_fence(void) { _mm_sfence(); }
+
+/* Four lines a step, each step asking for the lines 2 KiB ahead: the lines another core
+ * just wrote come over one at a time unless asked for early. */
+__attribute__((target("avx512f"))) static void pf_lines_avx512(uint8_t *d, const uint8_t *s,
+                                                               size_t steps) {
+  for (; steps; steps--, d += 256, s += 256) {
+    _mm_prefetch((const char *)s + 2048, _MM_HINT_T0);
+    _mm_prefetch((const char *)s + 2048 + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)s + 2048 + 128, _MM_HINT_T0);
+    _mm_prefetch((const char *)s + 2048 + 192, _MM_HINT_T0);
+    __m512i a = _mm512_loadu_si512((const void *)s), b = _mm512_loadu_si512((const void *)(s + 64));
+    __m512i c = _mm512_loadu_si512((const void *)(s + 128));
+    __m512i e = _mm512_loadu_si512((const void *)(s + 192));
+    _mm512_storeu_si512((void *)d, a);
+    _mm512_storeu_si512((void *)(d + 64), b);
+    _mm512_storeu_si512((void *)(d + 128), c);
+    _mm512_storeu_si512((void *)(d + 192), e);
+  }
+}
+
+void coll_copy_shared(void *dst, const void *src, size_t n) {
+  if (have_avx512 <= 0 || n < 4096) {
+    memcpy(dst, src, n);
+    return;
+  }
+  pf_lines_avx512(dst, src, n / 256);
+  memcpy((uint8_t *)dst + n / 256 * 256, (const uint8_t *)src + n / 256 * 256, n % 256);
+}
 #else
 void coll_copy_nt(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 void coll_copy_nt_fence(void) {}
+void coll_copy_shared(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 #endif
