@@ -138,7 +138,6 @@ bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
 bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
 bool coll_fanout_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
-bool coll_fanout_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
 coll_result coll_fanout_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
 bool coll_hier_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
