@@ -596,12 +596,13 @@ Test(collectives, unknown_algo_falls_back, .timeout = 300) {
 /* ---- the fan-out ring across its own end ----------------------------------------------
  * A broadcast longer than the root's ring (algo/fanout.c: 4 MiB) makes the root wait,
  * mid-call, for the slowest reader to leave a place before writing it again; sizes that
- * are not whole chunks move every later call's start.  Roots, placements and sizes
- * alternate, and every byte is checked. */
+ * are not whole chunks move every later call's start, and large calls take larger chunks
+ * (9 MiB: 128 KiB, 33 MiB: 512 KiB) that must start on their own multiple.  Roots,
+ * placements and sizes alternate, and every byte is checked. */
 static int fanout_laps(coll_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
-  static const size_t sizes[] = {(9u << 20) + 5, 1, 65536 + 3, (4u << 20) + 64, 777};
-  size_t cap = (9u << 20) + 64;
+  static const size_t sizes[] = {(9u << 20) + 5, 1, (33u << 20) + 3, (4u << 20) + 64, 777};
+  size_t cap = (33u << 20) + 64;
   uint8_t *a = malloc(cap), *b = malloc(cap);
   if (!a || !b) return t_failf("rank %d: out of memory", rank);
   int fails = 0;
