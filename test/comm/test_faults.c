@@ -30,6 +30,9 @@
 #include "internal.h"
 
 #define COUNT (1u << 20) /* floats: 4 MiB, many FIFO slots */
+/* The fan-out broadcast's floats: twice the root's ring, so the root waits for the gated
+ * laggard to read before it can write the rest (algo/fanout.c). */
+#define FANOUT_COUNT (2 * COUNT)
 
 typedef struct {
   int rank;
@@ -79,15 +82,20 @@ static int child(job *j, int rank, int role) {
     fprintf(stderr, "rank %d: init: %s\n", rank, coll_comm_last_error(NULL));
     return 2;
   }
-  float *x = malloc(sizeof(float) * COUNT);
-  for (unsigned i = 0; i < COUNT; i++) x[i] = 1;
+  float *x = malloc(sizeof(float) * FANOUT_COUNT);
+  for (unsigned i = 0; i < FANOUT_COUNT; i++) x[i] = 1;
   if (coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL) != COLL_OK) return 3;
   char c;
   if (role == ROLE_VICTIM) {
     /* Enter the second all-reduce (its first slices leave), then say so and wait to die. */
     coll_stream_t s;
     coll_stream_create(&s);
-    coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, s);
+    if (j->fanout) { /* the same call as the others' (COLL_CHECK compares them) */
+      setenv("COLL_ALGO", "fanout", 1);
+      coll_broadcast(x, x, FANOUT_COUNT, COLL_FLOAT32, 1, comm, s);
+    } else {
+      coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, s);
+    }
     put_byte(j->rep[1], 'v');
     for (;;) pause();
   }
@@ -100,7 +108,7 @@ static int child(job *j, int rank, int role) {
   double t0 = now_ms();
   if (j->fanout) {
     setenv("COLL_ALGO", "fanout", 1); /* read at every call */
-    rp.pending = coll_broadcast(x, x, COUNT, COLL_FLOAT32, 1, comm, NULL);
+    rp.pending = coll_broadcast(x, x, FANOUT_COUNT, COLL_FLOAT32, 1, comm, NULL);
     unsetenv("COLL_ALGO");
   } else {
     rp.pending = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
