@@ -48,15 +48,9 @@
  * Must never: write a mailbox before every peer has arrived at the previous call,
  * allocate, or wait without checking abort, peer health and the deadline.
  */
-#include <errno.h>
 #include <stdio.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "algo.h"
 #include "shm_wait.h"
