@@ -428,19 +428,23 @@ static void shm_close(const coll_comm_view *view, void *vctx, coll_comm_end how)
 
 /* ---- one-shot mailboxes (used by oneshot.c) ----------------------------------------- */
 
-coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *vctx, int rank, unsigned parity) {
-  shm_ctx *ctx = vctx;
-  if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
-  uint8_t *base = rank == view->rank ? ctx->base : ctx->peer_base[rank];
-  return base ? mailbox_at(base, parity) : NULL;
-}
-
-/* ---- the fan-out area (used by fanout.c) --------------------------------------------- */
-
+/* A rank's segment as this rank maps it (its own, or a peer's), NULL when not mapped. */
 static uint8_t *base_of(const coll_comm_view *view, shm_ctx *ctx, int rank) {
   if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
   return rank == view->rank ? ctx->base : ctx->peer_base[rank];
 }
+
+coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *vctx, int rank, unsigned parity) {
+  uint8_t *base = base_of(view, vctx, rank);
+  return base ? mailbox_at(base, parity) : NULL;
+}
+
+_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *vctx, int rank) {
+  uint8_t *base = base_of(view, vctx, rank);
+  return base ? &((shm_header *)base)->mb_waiters : NULL;
+}
+
+/* ---- the fan-out area (used by fanout.c) --------------------------------------------- */
 
 coll_fanout *coll_shm_fanout(const coll_comm_view *view, void *vctx, int rank) {
   uint8_t *base = base_of(view, vctx, rank);
@@ -462,13 +466,6 @@ coll_result coll_shm_fanout_warm(const coll_comm_view *view, void *vctx) {
                           "/dev/shm full?)",
                           view->rank, COLL_FANOUT_BYTES, ctx->name, strerror(e));
   return COLL_OK;
-}
-
-_Atomic uint32_t *coll_shm_mailbox_waiters(const coll_comm_view *view, void *vctx, int rank) {
-  shm_ctx *ctx = vctx;
-  if (!ctx || rank < 0 || rank >= view->nranks) return NULL;
-  uint8_t *base = rank == view->rank ? ctx->base : ctx->peer_base[rank];
-  return base ? &((shm_header *)base)->mb_waiters : NULL;
 }
 
 coll_result coll_shm_peer_check(const coll_comm_view *view, void *vctx, int peer) {
