@@ -25,9 +25,10 @@
  *   c < p cores        (k+1)·α + the chain's copying × p / (2(p-1))
  *                      (the ranks take turns on the cores, so the time is the copying:
  *                      p copies of n here, 2(p-1) there)
- * Measured on 2 cores (2026-11-29, in place, lab/perf-log.md): 1 MiB on 3 ranks 127-139
- * µs against the chain's 135-159, on 4 ranks 132-135 against 196-217, on 8 ranks 252
- * against 372; 64 MiB on 4 ranks 12.2-12.9 ms against 18.2-18.9.
+ * Measured on 2 cores (2026-11-29, in place, `coll-bench broadcast -c 0 -z 1 -A ring|fanout`,
+ * two alternating runs, lab/perf-log.md): 1 MiB on 3 ranks 143-144 µs against the chain's
+ * 157-161, on 4 ranks 137-139 against 209, on 8 ranks 270-271 against 460-468; 64 MiB on
+ * 4 ranks 11.7 ms against 17.6-18.3.
  *
  * Chunks of 64 KiB (the FIFO's slot: small enough to pipeline, large enough that a
  * hand-over is a twentieth of its copy), whether or not ranks share cores: 4 ranks on 2
