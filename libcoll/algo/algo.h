@@ -127,6 +127,8 @@ coll_result coll_dev_oneshot_cost(coll_coll_kind c, double n, const coll_cost_mo
                                   double *seconds, char *formula, size_t formula_len);
 coll_result coll_fanout_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
                              char *formula, size_t formula_len);
+coll_result coll_staged_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t formula_len);
 coll_result coll_hier_cost(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
                            char *formula, size_t formula_len);
 coll_result coll_dev_twoshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
@@ -139,6 +141,8 @@ bool coll_mapped_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
 bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n);
 bool coll_fanout_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 coll_result coll_fanout_run(struct coll_comm *comm, const coll_work *w, bool *ran);
+bool coll_staged_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 coll_result coll_oneshot_run_row(struct coll_comm *comm, const coll_work *w, bool *ran);
 bool coll_hier_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 bool coll_dev_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);

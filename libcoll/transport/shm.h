@@ -30,10 +30,10 @@ typedef struct {
  * `shm_ctx`: shm's context on this communicator (NULL: shm is not in use). */
 coll_mailbox *coll_shm_mailbox(const coll_comm_view *view, void *shm_ctx, int rank,
                                unsigned parity);
-/* ---- shm fan-out area: one writer, every other rank a reader (fanout.c) ------------
+/* ---- shm fan-out area: one writer, every other rank a reader (fanout.c, staged.c) ----
  * Every rank's segment holds a byte ring of COLL_FANOUT_BYTES that it alone writes, when
- * it is the root of a broadcast, and the others read.  Positions are byte counts since
- * the communicator began, modulo 2^32 (the ring's size divides 2^32, so a position's
+ * it is the root of a broadcast or stages an all-reduce, and the others read.  Positions are byte
+ * counts since the communicator began, modulo 2^32 (the ring's size divides 2^32, so a position's
  * place in the ring survives the wrap): `written` is the owner's, readers[q].read rank
  * q's, each on a line of its own.  `waiters` counts readers asleep on `written`;
  * `owner_waiting` says the owner is asleep on a reader's `read`.  The area stays sparse
@@ -46,6 +46,10 @@ typedef struct {
   _Alignas(64) _Atomic uint32_t written;
   _Atomic uint32_t owner_waiting;
   _Alignas(64) _Atomic uint32_t waiters;
+  /* staged.c: the owner's part of each staged chunk is reduced, up to this place; and
+   * the count of ranks asleep on it. */
+  _Alignas(64) _Atomic uint32_t reduced;
+  _Atomic uint32_t reduced_waiters;
   coll_fanout_reader readers[]; /* one per rank (the owner's unused) */
 } coll_fanout;
 /* `rank`'s fan-out control block and its ring, or NULL when rank is not reached

@@ -14,6 +14,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,8 @@
 #include "algo.h"
 #include "coll_trace.h"
 #include "coll_test.h"
+#include "shm.h"
+#include "shm_wait.h"
 
 /* ---- inputs --------------------------------------------------------------------- */
 
@@ -538,7 +541,8 @@ static void forced_big(coll_algo a, int n1, int n2) {
 Test(collectives, every_table_row_is_forced) {
   static const coll_algo here[] = {COLL_ALGO_RING,   COLL_ALGO_TREE,    COLL_ALGO_RD,
                                    COLL_ALGO_RHD,    COLL_ALGO_ONESHOT, COLL_ALGO_DIRECT,
-                                   COLL_ALGO_MAPPED, COLL_ALGO_HIER,    COLL_ALGO_FANOUT};
+                                   COLL_ALGO_MAPPED, COLL_ALGO_HIER,    COLL_ALGO_FANOUT,
+                                   COLL_ALGO_STAGED};
   static const coll_algo in_alltoall[] = {COLL_ALGO_PAIRWISE, COLL_ALGO_LINEAR, COLL_ALGO_ONESHOT,
                                           COLL_ALGO_DIRECT, COLL_ALGO_MAPPED};
   for (int a = 1; a < COLL_NUM_ALGOS; a++) {
@@ -575,12 +579,14 @@ Test(collectives, oneshot_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALG
 Test(collectives, direct_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_DIRECT); }
 Test(collectives, mapped_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_MAPPED); }
 Test(collectives, fanout_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_FANOUT); }
+Test(collectives, staged_small_n1_to_8, .timeout = 600) { forced_small(COLL_ALGO_STAGED); }
 Test(collectives, tree_big, .timeout = 600) { forced_big(COLL_ALGO_TREE, 5, 8); }
 Test(collectives, rd_big, .timeout = 600) { forced_big(COLL_ALGO_RD, 3, 0); }
 Test(collectives, rhd_big, .timeout = 600) { forced_big(COLL_ALGO_RHD, 5, 8); }
 Test(collectives, direct_big, .timeout = 600) { forced_big(COLL_ALGO_DIRECT, 2, 0); }
 Test(collectives, mapped_big, .timeout = 600) { forced_big(COLL_ALGO_MAPPED, 5, 2); }
 Test(collectives, fanout_big, .timeout = 600) { forced_big(COLL_ALGO_FANOUT, 3, 2); }
+Test(collectives, staged_big, .timeout = 600) { forced_big(COLL_ALGO_STAGED, 5, 2); }
 
 /* COLL_ALGO=tree cannot serve reduce-scatter (nor all-gather): the call falls back to
  * the ring (with a warning) and still gives the right answer. */
@@ -635,5 +641,104 @@ Test(collectives, fanout_calls_longer_than_the_ring, .timeout = 300) {
     cr_assert_eq(rc, 0, "%d ranks: %s", n, why);
   }
   unsetenv("COLL_ALGO");
+  T_ASSERT_NO_LEFTOVERS("after the job");
+}
+
+/* ---- the staged all-reduce and the fan-out broadcast on the same rings ------------------
+ * Both rows write a rank's ring (algo/staged.c, algo/fanout.c) and count its places the
+ * same way: calls of one may follow calls of the other, longer than the ring, of sizes
+ * that are not whole chunks, in place and out of place, with every rank's ring moved by
+ * a different amount (each broadcast moves its root's only).  Integer sums, so every
+ * element is checked exactly. */
+static int shared_ring_laps(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)arg;
+  static const size_t counts[] = {(9u << 18) + 5, 1, (1u << 20) + 16, 3, (5u << 18) + 1};
+  size_t cap = (9u << 18) + 64;
+  int32_t *a = malloc(cap * 4), *b = malloc(cap * 4);
+  if (!a || !b) return t_failf("rank %d: out of memory", rank);
+  int fails = 0;
+  for (int k = 0; k < 12 && !fails; k++) {
+    size_t len = counts[k % 5];
+    bool in_place = k % 3 == 1, bcast = k % 4 == 3;
+    int root = k % n;
+    const char *want = bcast ? "fanout" : "staged";
+    /* The row for this call (COLL_ALGO is read once, when the communicator is made). */
+    comm->forced = bcast ? COLL_ALGO_FANOUT : COLL_ALGO_STAGED;
+    for (size_t i = 0; i < len; i++) a[i] = (int32_t)(i * 3 + (size_t)k) * (rank + 1);
+    for (size_t i = 0; i < len; i++) b[i] = -7;
+    int32_t *out = in_place ? a : b;
+    coll_result r = bcast ? coll_broadcast(a, out, len, COLL_INT32, root, comm, NULL)
+                          : coll_all_reduce(a, out, len, COLL_INT32, COLL_SUM, comm, NULL);
+    if (r != COLL_OK) return t_failf("rank %d: call %d: %s", rank, k, coll_comm_last_error(comm));
+    if (n > 1 && strcmp(coll_comm_last_algo(comm), want) != 0)
+      return t_failf("rank %d: call %d ran on %s", rank, k, coll_comm_last_algo(comm));
+    int32_t times = bcast ? root + 1 : n * (n + 1) / 2;
+    for (size_t i = 0; i < len && !fails; i++)
+      if (out[i] != (int32_t)(i * 3 + (size_t)k) * times)
+        fails = t_failf("rank %d: call %d (%s, %zu elements, %s): element %zu is %d", rank, k, want,
+                        len, in_place ? "in place" : "out of place", i, out[i]);
+  }
+  free(a);
+  free(b);
+  return fails;
+}
+
+Test(collectives, staged_and_fanout_share_the_rings, .timeout = 300) {
+  char why[256];
+  for (int n = 2; n <= 5; n++) {
+    if (T_SANITIZED && n == 4) continue; /* 2, 3 and 5 take every path */
+    int rc = t_launch(n, shared_ring_laps, NULL, 240000, why, sizeof why);
+    cr_assert_eq(rc, 0, "%d ranks: %s", n, why);
+  }
+  T_ASSERT_NO_LEFTOVERS("after the job");
+}
+
+/* A broadcast that fills the root's ring but for one chunk returns at once on the root,
+ * whose next call, a staged all-reduce, stages its first chunk where the broadcast's
+ * first chunk lies (staged.c's chunks are larger): it must wait for the reader to have
+ * read it.  Here the reader enters the broadcast only once the root is either asleep
+ * waiting for it (right) or has published that chunk without waiting (wrong: the
+ * broadcast's first bytes are then the all-reduce's, and the check below sees them).
+ * Both are states of the shared counters, so the order is forced, not timed. */
+static int staged_after_full_ring(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)arg, (void)n;
+  size_t bcast = COLL_FANOUT_BYTES - 64 * 1024, count = 1u << 18; /* 1 MiB of int32 */
+  uint8_t *a = malloc(bcast);
+  int32_t *x = malloc(count * 4);
+  if (!a || !x) return t_failf("rank %d: out of memory", rank);
+  for (size_t i = 0; i < bcast; i++) a[i] = rank == 0 ? (uint8_t)(i * 13 + 1) : 0;
+  for (size_t i = 0; i < count; i++) x[i] = (int32_t)i * (rank + 1);
+  coll_fanout *fo = coll_shm_fanout(&comm->view, coll_shm_ctx(comm), 0);
+  if (!fo) return t_failf("rank %d: no fan-out ring for rank 0", rank);
+  if (rank == 1) {
+    uint32_t end = atomic_load(&fo->readers[1].read) + (uint32_t)bcast; /* a whole chunk */
+    while (!coll_shm_reached(atomic_load(&fo->written), end)) sched_yield();
+    while (atomic_load(&fo->owner_waiting) == 0 &&
+           !coll_shm_reached(atomic_load(&fo->written), end + 1))
+      sched_yield();
+  }
+  comm->forced = COLL_ALGO_FANOUT;
+  if (coll_broadcast(a, a, bcast, COLL_UINT8, 0, comm, NULL) != COLL_OK)
+    return t_failf("rank %d: broadcast: %s", rank, coll_comm_last_error(comm));
+  comm->forced = COLL_ALGO_STAGED;
+  if (coll_all_reduce(x, x, count, COLL_INT32, COLL_SUM, comm, NULL) != COLL_OK)
+    return t_failf("rank %d: all-reduce: %s", rank, coll_comm_last_error(comm));
+  comm->forced = COLL_ALGO_AUTO;
+  int fails = 0;
+  for (size_t i = 0; i < bcast && !fails; i++)
+    if (a[i] != (uint8_t)(i * 13 + 1))
+      fails = t_failf("rank %d: broadcast byte %zu is %u", rank, i, a[i]);
+  for (size_t i = 0; i < count && !fails; i++)
+    if (x[i] != (int32_t)i * 3)
+      fails = t_failf("rank %d: all-reduce element %zu is %d", rank, i, x[i]);
+  free(a);
+  free(x);
+  return fails;
+}
+
+Test(collectives, staged_waits_for_the_last_broadcasts_reader, .timeout = 120) {
+  char why[256];
+  int rc = t_launch(2, staged_after_full_ring, NULL, 60000, why, sizeof why);
+  cr_assert_eq(rc, 0, "%s", why);
   T_ASSERT_NO_LEFTOVERS("after the job");
 }

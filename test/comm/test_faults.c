@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "coll_test.h"
+#include "coll_trace.h"
 #include "internal.h"
 
 #define COUNT (1u << 20) /* floats: 4 MiB, many FIFO slots */
@@ -38,6 +39,7 @@ typedef struct {
   int rank;
   int pending, later; /* coll_result of the interrupted call and of a call after it */
   int ms;             /* time the interrupted call took */
+  char algo[16];      /* the row it ran on */
   char msg[400];
 } report;
 
@@ -54,6 +56,7 @@ typedef struct {
   int n, port;
   const char *transport;
   bool fanout; /* the pending call: a broadcast from the victim through its fan-out ring */
+  bool staged; /* every all-reduce on the staged rings (algo/staged.c) */
   int rep[2];  /* children -> parent: one byte 'v'/'r', or a report */
   int gate[2]; /* parent -> laggard: a byte lets it into the second all-reduce */
   int rel[2];  /* parent closes it: survivors exit */
@@ -77,6 +80,7 @@ static int child(job *j, int rank, int role) {
   setenv("COLL_ADDR", v, 1);
   setenv("COLL_TRANSPORT", j->transport, 1);
   setenv("COLL_TIMEOUT_MS", "2000", 1);
+  if (j->staged) setenv("COLL_ALGO", "staged", 1);
   coll_comm_t comm;
   if (coll_comm_init_from_env(&comm) != COLL_OK) {
     fprintf(stderr, "rank %d: init: %s\n", rank, coll_comm_last_error(NULL));
@@ -91,7 +95,6 @@ static int child(job *j, int rank, int role) {
     coll_stream_t s;
     coll_stream_create(&s);
     if (j->fanout) { /* the same call as the others' (COLL_CHECK compares them) */
-      setenv("COLL_ALGO", "fanout", 1);
       coll_broadcast(x, x, FANOUT_COUNT, COLL_FLOAT32, 1, comm, s);
     } else {
       coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, s);
@@ -107,13 +110,12 @@ static int child(job *j, int rank, int role) {
   report rp = {.rank = rank};
   double t0 = now_ms();
   if (j->fanout) {
-    setenv("COLL_ALGO", "fanout", 1); /* read at every call */
     rp.pending = coll_broadcast(x, x, FANOUT_COUNT, COLL_FLOAT32, 1, comm, NULL);
-    unsetenv("COLL_ALGO");
   } else {
     rp.pending = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
   }
   rp.ms = (int)(now_ms() - t0);
+  snprintf(rp.algo, sizeof rp.algo, "%s", coll_comm_last_algo(comm));
   snprintf(rp.msg, sizeof rp.msg, "%s", coll_comm_last_error(comm));
   rp.later = coll_barrier(comm, NULL);
   if (write(j->rep[1], &rp, sizeof rp) != (ssize_t)sizeof rp) return 5;
@@ -164,8 +166,11 @@ static bool read_full(int fd, void *buf, size_t len) {
 }
 
 /* Runs the scenario: victim `vic` gets `sig` once the others are pending. */
-static void scenario_of(int n, int vic, int sig, const char *transport, bool fanout, outcome *o) {
-  job j = {.n = n, .port = t_free_port(), .transport = transport, .fanout = fanout};
+static void scenario_of(int n, int vic, int sig, const char *transport, const char *algo,
+                        outcome *o) {
+  bool fanout = algo && strcmp(algo, "fanout") == 0, staged = algo && strcmp(algo, "staged") == 0;
+  job j = {
+      .n = n, .port = t_free_port(), .transport = transport, .fanout = fanout, .staged = staged};
   cr_assert_eq(pipe(j.rep), 0);
   cr_assert_eq(pipe(j.gate), 0);
   cr_assert_eq(pipe(j.rel), 0);
@@ -223,7 +228,7 @@ static void scenario_of(int n, int vic, int sig, const char *transport, bool fan
 }
 
 static void scenario(int n, int vic, int sig, const char *transport, outcome *o) {
-  scenario_of(n, vic, sig, transport, false, o);
+  scenario_of(n, vic, sig, transport, NULL, o);
 }
 
 static void expect_dead(const char *transport, bool must_name) {
@@ -286,12 +291,35 @@ Test(faults, sigkill_zombie_is_dead_shm, .timeout = 40) {
  * ring's counter, not on a FIFO: when the root dies there, they must say so too. */
 Test(faults, sigkill_root_of_fanout_broadcast_shm, .timeout = 40) {
   outcome o;
-  scenario_of(3, 1, SIGKILL, "shm", true, &o);
+  scenario_of(3, 1, SIGKILL, "shm", "fanout", &o);
   int named = 0;
   for (int k = 0; k < o.nrep; k++) {
     report *r = &o.rep[k];
     cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: pending broadcast returned %s: %s", r->rank,
               coll_result_string((coll_result)r->pending), r->msg);
+    /* The tuner's row for 8 MiB from one root on 3 ranks of one host. */
+    cr_expect_str_eq(r->algo, "fanout", "rank %d: the broadcast ran on %s", r->rank, r->algo);
+    cr_expect(r->later != COLL_OK, "rank %d: a later call succeeded after the death", r->rank);
+    cr_expect(r->ms < 1500, "rank %d: the death took %d ms to notice", r->rank, r->ms);
+    named += strstr(r->msg, "rank 1") != NULL;
+  }
+  cr_expect_eq(named, o.nrep, "a survivor did not name rank 1");
+  char left[512];
+  cr_expect_eq(t_prefix_segments(o.prefix, 1, left, sizeof left), 0,
+               "segments of the job left in /dev/shm: %s", left);
+}
+
+/* The staged all-reduce (algo/staged.c) waits on its peers' ring counters: a rank that
+ * dies with its part unreduced must be named by everyone waiting for that part. */
+Test(faults, sigkill_mid_staged_all_reduce_shm, .timeout = 40) {
+  outcome o;
+  scenario_of(4, 1, SIGKILL, "shm", "staged", &o);
+  int named = 0;
+  for (int k = 0; k < o.nrep; k++) {
+    report *r = &o.rep[k];
+    cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: pending all-reduce returned %s: %s", r->rank,
+              coll_result_string((coll_result)r->pending), r->msg);
+    cr_expect_str_eq(r->algo, "staged", "rank %d: the all-reduce ran on %s", r->rank, r->algo);
     cr_expect(r->later != COLL_OK, "rank %d: a later call succeeded after the death", r->rank);
     cr_expect(r->ms < 1500, "rank %d: the death took %d ms to notice", r->rank, r->ms);
     named += strstr(r->msg, "rank 1") != NULL;

@@ -457,7 +457,7 @@ static table_summary check_tables(const char *out, const char *coll, int nranks,
     {
       static const char *const algos[] = {"ring",     "tree",   "rd",     "rhd",
                                           "oneshot",  "direct", "mapped", "p2p",
-                                          "pairwise", "linear", "fanout"};
+                                          "pairwise", "linear", "fanout", "staged"};
       bool known = false;
       for (size_t i = 0; i < sizeof algos / sizeof *algos; i++)
         known = known || strcmp(f[nf - 1], algos[i]) == 0;
