@@ -236,8 +236,8 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
   return COLL_OK;
 }
 
-coll_result coll_staged_cost(coll_coll_kind c, double nb, const coll_cost_model *m,
-                             double *seconds, char *formula, size_t flen) {
+coll_result coll_staged_cost(coll_coll_kind c, double nb, const coll_cost_model *m, double *seconds,
+                             char *formula, size_t flen) {
   if (c != COLL_COLL_ALL_REDUCE || m->p < 1 || !(nb >= 0)) return COLL_ERR_INVALID_ARG;
   int p = m->p;
   double g = STAGED_CHUNK, k = nb > g ? ceil(nb / g) : 1, f = (double)(p - 1) / p;
