@@ -587,6 +587,13 @@ Test(collectives, direct_big, .timeout = 600) { forced_big(COLL_ALGO_DIRECT, 2, 
 Test(collectives, mapped_big, .timeout = 600) { forced_big(COLL_ALGO_MAPPED, 5, 2); }
 Test(collectives, fanout_big, .timeout = 600) { forced_big(COLL_ALGO_FANOUT, 3, 2); }
 Test(collectives, staged_big, .timeout = 600) { forced_big(COLL_ALGO_STAGED, 5, 2); }
+/* Streamed, the staged row stages up to its whole ring ahead of what it gathers
+ * (staged.c): the few-MiB matrix with every call streamed (COLL_NT_BYTES=1). */
+Test(collectives, staged_big_streamed, .timeout = 600) {
+  cr_assert_eq(setenv("COLL_NT_BYTES", "1", 1), 0);
+  forced_big(COLL_ALGO_STAGED, 3, 4);
+  unsetenv("COLL_NT_BYTES");
+}
 
 /* COLL_ALGO=tree cannot serve reduce-scatter (nor all-gather): the call falls back to
  * the ring (with a warning) and still gives the right answer. */
