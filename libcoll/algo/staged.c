@@ -1,6 +1,7 @@
-/* staged.c — all-reduce on one host through every rank's shared ring: each rank stages
- * its input there once, reduces its own part of every staged chunk from all the rings,
- * and copies the other parts, already reduced, out of their owners' rings.
+/* staged.c — all-reduce and all-gather on one host through every rank's shared ring:
+ * each rank stages its input there once; for an all-reduce it reduces its own part of
+ * every staged chunk from all the rings, and copies the other parts, already reduced,
+ * out of their owners' rings; for an all-gather it copies every peer's block out.
  *
  * The rings are the fan-out rings (shm.h, fanout.c): COLL_FANOUT_BYTES in each rank's
  * segment, written by its owner alone.  The call goes in chunks of G bytes; for chunk i
@@ -13,6 +14,10 @@
  *      output, copies the result over its own staged part r, and publishes `reduced`;
  *   3. gathers: for every peer q, waits for q's `reduced` to cover chunk i, copies part q
  *      of q's chunk out of q's ring into its output, and publishes its `read` in q's ring.
+ * An all-gather has no step 2: its parts are the ranks' whole blocks, gathered as soon as
+ * they are staged (`written`), in chunks of 64 KiB growing with the block as the
+ * fan-out's do, and its own block, out of place, is copied right after each chunk is
+ * staged, from the cache.
  * Each part is reduced by one rank, in rank order, so every rank returns the same bits.
  * Places are byte counts modulo 2^32 in each ring, as fanout.c counts them: a ring's
  * owner and its readers start a call at the same whole chunk without a message, and the
@@ -27,7 +32,7 @@
  * 4.5n, and the ring stays; for p = 3, 5.3n against 6n; 4, 5.25n against 6.75n; 8, 5.1n
  * against 7.9n.  On shared cores the job's bytes are its time.
  *
- * Cost (p ranks, n bytes, k = ⌈n/G⌉ chunks; β a byte through a FIFO, in and out, so one
+ * All-reduce cost (p ranks, n bytes, k = ⌈n/G⌉ chunks; β a byte through a FIFO, in and out, so one
  * copy is β/2; γ a byte reduced; α_mb a hand-over through shared lines, the mailboxes'):
  *   3k·α_mb + (n + (p-1)/p·n + n/p)·β/2 + (p-1)/p·n·γ
  *   (staging n, gathering (p-1)/p·n, putting the reduced part back n/p; three hand-overs
@@ -39,6 +44,14 @@
  * against the ring's 8.5-9.6 / 7.3-8.1; 1 MiB 356 us against 477; 64 MiB 32.0 ms against
  * 37-45; 8 ranks 64 KiB 45 us against 72, 1 MiB 775 against 934; 3 ranks 1 MiB 325 against
  * 413; 2 ranks 1 MiB 165 against 153 (the ring's).
+ *
+ * All-gather: per rank the block in (2n/p) and the p-1 others out (2(p-1)/p·n), 2n, against
+ * the ring's 4(p-1)/p·n (the FIFO in and out at each of p-1 steps): level at 2 ranks,
+ * half at many.  Priced (k+1)·α_mb + n·β/2 (k chunks of the block); the ring stays at 2
+ * ranks.  Measured (out / in place, 2026-11-29, `coll-bench all_gather -A ring|staged`):
+ * 4 ranks 1 MiB 167-171 us / 147-149 against the ring's 237 / 215-227, 64 MiB 13.5-13.8
+ * ms / 12.3-12.5 against 18.4-19.0 / 16.9-17.8; 2 ranks 1 MiB 87-89 / 62 against 90 / 66,
+ * 64 MiB 7.0 / 5.7-5.8 against 7.9-9.0 / 6.0.
  *
  * Large calls out of place stream the output (coll_copy_streams): the gathered parts are
  * copied with streaming stores, and the own part is reduced in the cache-sized scratch,
@@ -62,6 +75,15 @@
 #define STAGED_CHUNK (256u * 1024)
 _Static_assert(COLL_FANOUT_BYTES % STAGED_CHUNK == 0 && COLL_FANOUT_BYTES / STAGED_CHUNK >= 2,
                "whole chunks, at least two, fit the ring");
+
+/* An all-gather's chunk, by its block: 64 KiB (a FIFO slot: small enough to pipeline a
+ * block of a few hundred KiB), doubling with the block from 8 MiB up to 512 KiB, as the
+ * fan-out's (fanout.c). */
+static uint32_t gather_chunk(size_t block) {
+  uint32_t g = 64u * 1024;
+  for (size_t b = block / (4u << 20); b >= 2 && g < (512u << 10); b /= 2) g *= 2;
+  return g;
+}
 
 static uint32_t start_of(uint32_t at, uint32_t g) { return (at + g - 1) & ~(g - 1); }
 static uint32_t next_start(uint32_t base, size_t bytes, uint32_t g) {
@@ -145,7 +167,8 @@ static void record(struct coll_comm *comm, const coll_work *w, size_t es, uint64
 
 bool coll_staged_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
   (void)count, (void)es;
-  return c == COLL_COLL_ALL_REDUCE && comm->mailboxes && comm->nranks <= STAGED_MAX_RANKS;
+  return (c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER) && comm->mailboxes &&
+         comm->nranks <= STAGED_MAX_RANKS;
 }
 
 /* One call's progress: chunks staged (s), reduced (d) and gathered (gc, of which gq-1
@@ -159,17 +182,19 @@ typedef struct {
   const uint8_t *src;
   uint8_t *dst;
   bool nt, scanned;
-  size_t ahead;     /* chunks it may stage past the one it is gathering */
-  uint32_t free_to; /* every peer has read this rank's ring up to here at least */
+  bool gathers_only; /* all-gather: no reduction; the parts are whole blocks */
+  size_t g;          /* bytes a chunk */
+  size_t ahead;      /* chunks it may stage past the one it is gathering */
+  uint32_t free_to;  /* every peer has read this rank's ring up to here at least */
 } staged_call;
 
 static size_t len_of(const staged_call *c, size_t i) {
-  size_t o = i * STAGED_CHUNK;
-  return c->bytes - o < STAGED_CHUNK ? c->bytes - o : STAGED_CHUNK;
+  size_t o = i * c->g;
+  return c->bytes - o < c->g ? c->bytes - o : c->g;
 }
 /* Where chunk i ends in rank q's ring. */
 static uint32_t end_of(const staged_call *c, int q, size_t i) {
-  return c->rv[q].base + (uint32_t)(i * STAGED_CHUNK + len_of(c, i));
+  return c->rv[q].base + (uint32_t)(i * c->g + len_of(c, i));
 }
 
 /* Whether every peer has left the place of this rank's chunk i (without waiting). */
@@ -199,15 +224,23 @@ static int unstaged_peer(const staged_call *c, size_t i) {
 }
 
 static void stage(staged_call *c) {
-  size_t i = c->s++, o = i * STAGED_CHUNK, len = len_of(c, i);
+  size_t i = c->s++, o = i * c->g, len = len_of(c, i);
   coll_fanout *fo = c->rv[c->me].fo;
   memcpy(slot(c->rv[c->me].area, c->rv[c->me].base + (uint32_t)o), c->src + o, len);
   atomic_store_explicit(&fo->written, end_of(c, c->me, i), memory_order_release);
   coll_shm_wake(&fo->written, &fo->waiters);
+  /* An all-gather's own block, out of place: from the cache, while the peers read. */
+  uint8_t *own = c->dst + (size_t)c->me * c->bytes;
+  if (c->gathers_only && own != c->src) {
+    if (c->nt)
+      coll_copy_nt(own + o, c->src + o, len);
+    else
+      memcpy(own + o, c->src + o, len);
+  }
 }
 
 static void reduce(staged_call *c) {
-  size_t i = c->d++, o = i * STAGED_CHUNK, lo, hi;
+  size_t i = c->d++, o = i * c->g, lo, hi;
   part(len_of(c, i) / c->es, c->es, c->n, c->me, &lo, &hi);
   coll_fanout *fo = c->rv[c->me].fo;
   uint8_t *mine = slot(c->rv[c->me].area, c->rv[c->me].base + (uint32_t)o);
@@ -218,14 +251,18 @@ static void reduce(staged_call *c) {
 
 /* Peer q's part of chunk gc, reduced, out of q's ring; then this rank's `read` there. */
 static void gather(staged_call *c, int q) {
-  size_t i = c->gc, o = i * STAGED_CHUNK, lo, hi;
-  part(len_of(c, i) / c->es, c->es, c->n, q, &lo, &hi);
+  size_t i = c->gc, o = i * c->g, lo = 0, hi = len_of(c, i) / c->es;
+  uint8_t *to = c->dst + o; /* all-reduce: part q of the chunk; all-gather: all of it */
+  if (c->gathers_only)
+    to += (size_t)q * c->bytes;
+  else
+    part(hi, c->es, c->n, q, &lo, &hi);
   if (hi > lo) {
     const uint8_t *from = slot(c->rv[q].area, c->rv[q].base + (uint32_t)o) + lo * c->es;
     if (c->nt)
-      coll_copy_nt(c->dst + o + lo * c->es, from, (hi - lo) * c->es);
+      coll_copy_nt(to + lo * c->es, from, (hi - lo) * c->es);
     else
-      coll_copy_shared(c->dst + o + lo * c->es, from, (hi - lo) * c->es);
+      coll_copy_shared(to + lo * c->es, from, (hi - lo) * c->es);
   }
   coll_fanout *fq = c->rv[q].fo;
   atomic_store_explicit(&fq->readers[c->me].read, end_of(c, q, i), memory_order_release);
@@ -245,24 +282,32 @@ static void gather(staged_call *c, int q) {
  * Otherwise one chunk: an output written in the cache wants the chunk's lines, read
  * when it was staged, still there (in place, 16 MiB: 5.6-6.0 ms one chunk ahead,
  * 6.2-6.6 the whole ring; 1 MiB out of place 362 us against 402-421). */
+/* The word that says peer q's parts of a chunk may be gathered: reduced (all-reduce), or
+ * staged (all-gather). */
+static _Atomic uint32_t *ready_word(const staged_call *c, int q) {
+  return c->gathers_only ? &c->rv[q].fo->written : &c->rv[q].fo->reduced;
+}
+
 static coll_result run_call(staged_call *c) {
-  while (c->gc < c->nch) {
+  while (c->gc < c->nch || c->s < c->nch) { /* an all-gather may gather all before it stages all */
     bool moved = false;
     while (c->gc < c->d) {
       int q = (c->me + c->gq) % c->n;
-      if (!coll_shm_reached(atomic_load_explicit(&c->rv[q].fo->reduced, memory_order_acquire),
+      if (!coll_shm_reached(atomic_load_explicit(ready_word(c, q), memory_order_acquire),
                             end_of(c, q, c->gc)))
         break;
       gather(c, q), moved = true;
     }
     while (c->d < c->s && unstaged_peer(c, c->d) < 0) reduce(c), moved = true;
+    if (c->gathers_only) c->d = c->nch; /* nothing to reduce: every chunk may be gathered */
     while (c->s < c->nch && c->s < c->gc + c->ahead && room_for(c, c->s)) stage(c), moved = true;
     if (moved) continue;
     coll_result r;
     if (c->gc < c->d) {
       int q = (c->me + c->gq) % c->n;
-      r = coll_shm_wait(c->comm, c->w, q, &c->rv[q].fo->reduced, end_of(c, q, c->gc),
-                        &c->rv[q].fo->reduced_waiters, "staged byte");
+      coll_fanout *fq = c->rv[q].fo;
+      r = coll_shm_wait(c->comm, c->w, q, ready_word(c, q), end_of(c, q, c->gc),
+                        c->gathers_only ? &fq->waiters : &fq->reduced_waiters, "staged byte");
     } else if (c->d < c->s) {
       int q = unstaged_peer(c, c->d);
       r = q < 0 ? COLL_OK
@@ -282,8 +327,9 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
   int n = comm->nranks, me = comm->rank;
   void *shm = coll_shm_ctx(comm);
   ring_view rv[STAGED_MAX_RANKS];
-  size_t es = coll_elem_bytes(w->dtype), bytes = w->count * es;
-  uint32_t g = STAGED_CHUNK;
+  size_t es = coll_elem_bytes(w->dtype), bytes = w->count * es; /* all-gather: a block */
+  bool ag = w->coll == COLL_COLL_ALL_GATHER;
+  uint32_t g = ag ? gather_chunk(bytes) : STAGED_CHUNK;
   for (int q = 0; q < n; q++) {
     rv[q].fo = coll_shm_fanout(&comm->view, shm, q);
     rv[q].area = coll_shm_fanout_area(&comm->view, shm, q);
@@ -310,10 +356,15 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
                    .es = es,
                    .bytes = bytes,
                    .nch = (bytes + g - 1) / g,
+                   .g = g,
+                   .gathers_only = ag,
                    .src = w->sendbuf,
                    .dst = w->recvbuf};
-  c.nt = coll_copy_streams(COLL_COLL_ALL_REDUCE, w->count, es, n, c.src == c.dst, comm->nt_bytes);
-  c.ahead = c.nt ? COLL_FANOUT_BYTES / STAGED_CHUNK : 1;
+  bool in_place = ag ? c.src == c.dst + (size_t)me * bytes : c.src == c.dst;
+  c.nt = coll_copy_streams(w->coll, w->count, es, n, in_place, comm->nt_bytes);
+  /* An all-gather writes nothing it staged: it may run the whole ring ahead, as the
+   * fan-out's root does. */
+  c.ahead = c.nt || ag ? COLL_FANOUT_BYTES / g : 1;
   uint64_t t_start = comm->exec_ops->trace_on(comm) ? coll_now_ns() : 0;
   coll_result r = run_call(&c);
   if (r != COLL_OK) return r;
@@ -335,8 +386,17 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
 
 coll_result coll_staged_cost(coll_coll_kind c, double nb, const coll_cost_model *m, double *seconds,
                              char *formula, size_t flen) {
-  if (c != COLL_COLL_ALL_REDUCE || m->p < 1 || !(nb >= 0)) return COLL_ERR_INVALID_ARG;
+  if ((c != COLL_COLL_ALL_REDUCE && c != COLL_COLL_ALL_GATHER) || m->p < 1 || !(nb >= 0))
+    return COLL_ERR_INVALID_ARG;
   int p = m->p;
+  if (c == COLL_COLL_ALL_GATHER) {
+    double block = nb / p, g = gather_chunk(block < 1e18 ? (size_t)block : (size_t)1 << 60);
+    double k = block > g ? ceil(block / g) : 1;
+    *seconds = (k + 1) * m->alpha_mb + nb * m->beta / 2;
+    snprintf(formula, flen, "(k+1)*a_mb + n*b/2 with p=%d, n=%.0f B, k=%.0f: %.2f us", p, nb, k,
+             *seconds * 1e6);
+    return COLL_OK;
+  }
   double g = STAGED_CHUNK, k = nb > g ? ceil(nb / g) : 1, f = (double)(p - 1) / p;
   double copy = (nb + f * nb + nb / p) * m->beta / 2, red = f * nb * m->gamma;
   *seconds = 3 * k * m->alpha_mb + copy + red;

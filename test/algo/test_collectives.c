@@ -651,39 +651,54 @@ Test(collectives, fanout_calls_longer_than_the_ring, .timeout = 300) {
   T_ASSERT_NO_LEFTOVERS("after the job");
 }
 
-/* ---- the staged all-reduce and the fan-out broadcast on the same rings ------------------
- * Both rows write a rank's ring (algo/staged.c, algo/fanout.c) and count its places the
- * same way: calls of one may follow calls of the other, longer than the ring, of sizes
+/* ---- the staged rows and the fan-out broadcast on the same rings ----------------------
+ * All three write a rank's ring (algo/staged.c, algo/fanout.c) and count its places the
+ * same way: calls of one may follow calls of another, longer than the ring, of sizes
  * that are not whole chunks, in place and out of place, with every rank's ring moved by
- * a different amount (each broadcast moves its root's only).  Integer sums, so every
- * element is checked exactly. */
+ * a different amount (each broadcast moves its root's only; all-gather and all-reduce
+ * chunks differ).  Integer sums, so every element is checked exactly.  The calls go
+ * all-reduce, all-gather, all-reduce, broadcast, round and round. */
+static int32_t lap_value(size_t i, int k, int rank) {
+  return (int32_t)(i * 3 + (size_t)k) * (rank + 1);
+}
+
 static int shared_ring_laps(coll_comm_t comm, int rank, int n, void *arg) {
   (void)arg;
   static const size_t counts[] = {(9u << 18) + 5, 1, (1u << 20) + 16, 3, (5u << 18) + 1};
-  size_t cap = (9u << 18) + 64;
+  size_t cap = ((9u << 18) + 64) * (size_t)n;
   int32_t *a = malloc(cap * 4), *b = malloc(cap * 4);
   if (!a || !b) return t_failf("rank %d: out of memory", rank);
   int fails = 0;
-  for (int k = 0; k < 12 && !fails; k++) {
+  for (int k = 0; k < 16 && !fails; k++) {
     size_t len = counts[k % 5];
-    bool in_place = k % 3 == 1, bcast = k % 4 == 3;
+    bool in_place = k % 3 == 1, bcast = k % 4 == 3, gather = k % 4 == 1;
     int root = k % n;
     const char *want = bcast ? "fanout" : "staged";
     /* The row for this call (COLL_ALGO is read once, when the communicator is made). */
     comm->forced = bcast ? COLL_ALGO_FANOUT : COLL_ALGO_STAGED;
-    for (size_t i = 0; i < len; i++) a[i] = (int32_t)(i * 3 + (size_t)k) * (rank + 1);
-    for (size_t i = 0; i < len; i++) b[i] = -7;
-    int32_t *out = in_place ? a : b;
-    coll_result r = bcast ? coll_broadcast(a, out, len, COLL_INT32, root, comm, NULL)
-                          : coll_all_reduce(a, out, len, COLL_INT32, COLL_SUM, comm, NULL);
+    size_t total = gather ? len * (size_t)n : len;
+    for (size_t i = 0; i < total; i++) a[i] = b[i] = -7;
+    int32_t *in = gather && in_place ? a + (size_t)rank * len : a, *out = in_place ? a : b;
+    for (size_t i = 0; i < len; i++) in[i] = lap_value(i, k, rank);
+    coll_result r = bcast    ? coll_broadcast(in, out, len, COLL_INT32, root, comm, NULL)
+                    : gather ? coll_all_gather(in, out, len, COLL_INT32, comm, NULL)
+                             : coll_all_reduce(in, out, len, COLL_INT32, COLL_SUM, comm, NULL);
     if (r != COLL_OK) return t_failf("rank %d: call %d: %s", rank, k, coll_comm_last_error(comm));
     if (n > 1 && strcmp(coll_comm_last_algo(comm), want) != 0)
       return t_failf("rank %d: call %d ran on %s", rank, k, coll_comm_last_algo(comm));
-    int32_t times = bcast ? root + 1 : n * (n + 1) / 2;
-    for (size_t i = 0; i < len && !fails; i++)
-      if (out[i] != (int32_t)(i * 3 + (size_t)k) * times)
-        fails = t_failf("rank %d: call %d (%s, %zu elements, %s): element %zu is %d", rank, k, want,
-                        len, in_place ? "in place" : "out of place", i, out[i]);
+    for (size_t i = 0; i < total && !fails; i++) {
+      size_t e = gather ? i % len : i;
+      int32_t expect = bcast    ? lap_value(e, k, root)
+                       : gather ? lap_value(e, k, (int)(i / len))
+                                : (int32_t)(e * 3 + (size_t)k) * (n * (n + 1) / 2);
+      if (out[i] != expect)
+        fails = t_failf("rank %d: call %d (%s, %zu elements, %s): element %zu is %d, not %d", rank,
+                        k,
+                        bcast    ? "broadcast"
+                        : gather ? "all-gather"
+                                 : "all-reduce",
+                        len, in_place ? "in place" : "out of place", i, out[i], expect);
+    }
   }
   free(a);
   free(b);
