@@ -110,6 +110,8 @@ typedef struct {
   uint32_t base; /* where this call starts in that rank's ring */
 } ring_view;
 
+/* The rings a call looks at live on its stack: beyond this many ranks the row is not
+ * usable (the same answer on every rank) and the ring runs. */
 #define STAGED_MAX_RANKS 64
 
 /* Waits until every peer has left the places before `end` - a ring in this rank's ring. */
@@ -155,7 +157,8 @@ static void reduce_part(struct coll_comm *comm, const coll_work *w, const ring_v
 static void record(struct coll_comm *comm, const coll_work *w, size_t es, uint64_t t_start,
                    uint64_t t_end) {
   coll_step *st = comm->steps;
-  st[0] = (coll_step){.kind = COLL_STEP_RECV_REDUCE_COPY,
+  st[0] = (coll_step){.kind = w->coll == COLL_COLL_ALL_GATHER ? COLL_STEP_RECV
+                                                              : COLL_STEP_RECV_REDUCE_COPY,
                       .peer_in = -1,
                       .peer_out = -1,
                       .count = w->count,
