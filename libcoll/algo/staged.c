@@ -154,20 +154,6 @@ static void reduce_part(struct coll_comm *comm, const coll_work *w, const ring_v
   }
 }
 
-static void record(struct coll_comm *comm, const coll_work *w, size_t es, uint64_t t_start,
-                   uint64_t t_end) {
-  coll_step *st = comm->steps;
-  st[0] = (coll_step){.kind = w->coll == COLL_COLL_ALL_GATHER ? COLL_STEP_RECV
-                                                              : COLL_STEP_RECV_REDUCE_COPY,
-                      .peer_in = -1,
-                      .peer_out = -1,
-                      .count = w->count,
-                      .chunk = comm->rank};
-  uint64_t *t0 = comm->exec_ops->trace_t0(comm), *t1 = comm->exec_ops->trace_t1(comm);
-  t0[0] = t_start, t1[0] = t_end;
-  comm->exec_ops->trace_record(comm, w, COLL_ALGO_STAGED, st, 1, es, t_start, t_end);
-}
-
 bool coll_staged_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
   (void)count, (void)es;
   return (c == COLL_COLL_ALL_REDUCE || c == COLL_COLL_ALL_GATHER) && comm->mailboxes &&
@@ -271,6 +257,48 @@ static void gather(staged_call *c, int q) {
   atomic_store_explicit(&fq->readers[c->me].read, end_of(c, q, i), memory_order_release);
   coll_shm_wake(&fq->readers[c->me].read, &fq->owner_waiting);
   if (++c->gq == c->n) c->gc++, c->gq = 1;
+}
+
+/* Elements of peer q's part summed over the call's chunks (all-reduce). */
+static size_t part_total(const staged_call *c, int q) {
+  size_t sum = 0, lo, hi;
+  for (size_t i = 0; i < c->nch; i++) {
+    part(len_of(c, i) / c->es, c->es, c->n, q, &lo, &hi);
+    sum += hi - lo;
+  }
+  return sum;
+}
+
+/* For the trace, as the one-shot path records itself: the staging of the input (a copy
+ * into the own ring), then what was read from each peer's ring — for an all-reduce this
+ * rank's part of its staged input (reduced) and its reduced part; for an all-gather its
+ * block — all timed as the whole call.  So the trace's bytes in are what came from
+ * peers: 2(p-1)/p·n per rank for an all-reduce and (p-1)/p·n for an all-gather, the
+ * ring's figures. */
+static void record(const staged_call *c, uint64_t t_start, uint64_t t_end) {
+  struct coll_comm *comm = c->comm;
+  const coll_work *w = c->w;
+  coll_step *st = comm->steps;
+  size_t ns = 0, mine = c->gathers_only ? 0 : part_total(c, c->me);
+  st[ns++] = (coll_step){
+      .kind = COLL_STEP_COPY, .peer_in = -1, .peer_out = -1, .count = w->count, .chunk = c->me};
+  for (int k = 1; k < c->n; k++) {
+    int q = (c->me + k) % c->n;
+    if (!c->gathers_only)
+      st[ns++] = (coll_step){.kind = COLL_STEP_RECV_REDUCE_COPY,
+                             .peer_in = q,
+                             .peer_out = -1,
+                             .count = mine,
+                             .chunk = c->me};
+    st[ns++] = (coll_step){.kind = COLL_STEP_RECV,
+                           .peer_in = q,
+                           .peer_out = -1,
+                           .count = c->gathers_only ? w->count : part_total(c, q),
+                           .chunk = q};
+  }
+  uint64_t *t0 = comm->exec_ops->trace_t0(comm), *t1 = comm->exec_ops->trace_t1(comm);
+  for (size_t i = 0; i < ns; i++) t0[i] = t_start, t1[i] = t_end;
+  comm->exec_ops->trace_record(comm, w, COLL_ALGO_STAGED, st, ns, c->es, t_start, t_end);
 }
 
 /* Does whatever is ready — gathers, reductions, stagings — and waits only when nothing
@@ -383,7 +411,7 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
     }
   }
   if (c.nt) coll_copy_nt_fence();
-  if (t_start && !w->inner) record(comm, w, es, t_start, coll_now_ns());
+  if (t_start && !w->inner) record(&c, t_start, coll_now_ns());
   return COLL_OK;
 }
 
