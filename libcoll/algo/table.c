@@ -19,11 +19,15 @@
  *                  (a rank preempted on these 2 shared cores) does not stop the other:
  *                  2 ranks, 1 MiB in place, the mean of 8000 calls was 58-60 us against
  *                  the chain's 81-87, whose model is 6 % cheaper.
- *   staged         1: its model (staged.c) puts it level with the ring at 2 ranks (the
- *                  ring keeps them) and ahead from 3, where it measured so (all-reduce,
- *                  4 ranks, 16 MiB: 7.5-8.0 ms against 8.5-9.6; all-gather, 4 ranks,
- *                  1 MiB: 167-171 us against 237); the one-shot keeps calls up to 4-16
- *                  KiB, as measured.
+ *   staged       0.9 for all-gather, the formula's word for all-reduce: the all-reduce
+ *                  model (staged.c) puts it level with the ring at 2 ranks (the ring keeps
+ *                  them: it measured ahead there) and ahead from 3, where it measured so
+ *                  (4 ranks, 16 MiB: 7.5-8.0 ms against 8.5-9.6).  The all-gather model,
+ *                  like the fan-out's, prices one call and leaves out that a rank may run
+ *                  the whole ring ahead and copies its own block from the cache: 2 ranks,
+ *                  out of place, medians of 5 (side_by_side.py), 1 MiB 82.4 us against
+ *                  the ring's 87.0, 64 MiB 7.04 ms against 8.83.  The one-shot keeps
+ *                  calls up to 4-16 KiB, as measured.
  *   direct         2: its model (per-call and per-byte costs of process_vm_readv on
  *                  1 MiB) was 2x optimistic at 256 KiB - 4 MiB on 2 ranks (a 4 MiB
  *                  all-reduce: 425 us against the ring's 190 us); all-to-all is taken at
@@ -126,7 +130,7 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .id = COLL_ALGO_STAGED, .name = "staged",
         .colls = B(ALL_REDUCE) | B(ALL_GATHER),
         .host_only = true, .usable = coll_staged_usable,
-        .cost = coll_staged_cost, .handicap = 1.0,
+        .cost = coll_staged_cost, .handicap = 0.9, .plain_colls = B(ALL_REDUCE),
         .run = coll_staged_run},
 };
 /* clang-format on */
