@@ -57,36 +57,8 @@
 
 #include "algo.h"
 #include "ring.h"
+#include "shm_ring.h"
 #include "shm_wait.h"
-
-#define FANOUT_CHUNK (64u * 1024)
-#define FANOUT_CHUNK_MAX (512u * 1024)
-_Static_assert((COLL_FANOUT_BYTES & (COLL_FANOUT_BYTES - 1)) == 0,
-               "the ring's size divides 2^32: a place modulo 2^32 keeps its slot");
-_Static_assert(COLL_FANOUT_BYTES % FANOUT_CHUNK_MAX == 0 &&
-                   COLL_FANOUT_BYTES / FANOUT_CHUNK_MAX >= 2,
-               "whole chunks, at least two, fit the ring");
-
-/* A call's chunk: 64 KiB up to 8 MiB, then doubling with the call up to 512 KiB from
- * 32 MiB (the same on every rank: it depends on the call alone). */
-static uint32_t chunk_of(size_t bytes) {
-  uint32_t g = FANOUT_CHUNK;
-  for (size_t b = bytes / (4u << 20); b >= 2 && g < FANOUT_CHUNK_MAX; b /= 2) g *= 2;
-  return g;
-}
-
-/* Where a call of chunk g starts: the first whole chunk at or after `at`, so that no chunk
- * wraps round the ring's end (g divides the ring). */
-static uint32_t start_of(uint32_t at, uint32_t g) { return (at + g - 1) & ~(g - 1); }
-
-/* The place after a call of `bytes` that started at `base`: the next whole chunk. */
-static uint32_t next_start(uint32_t base, size_t bytes, uint32_t g) {
-  return start_of(base + (uint32_t)bytes, g); /* modulo 2^32, as places count */
-}
-
-static uint8_t *slot(uint8_t *area, uint32_t place) {
-  return area + (place & (COLL_FANOUT_BYTES - 1));
-}
 
 /* Into a user's buffer: streamed for large calls (copy.c); else from the ring with the
  * copy for lines another core wrote (a reader), or from this core's cache (the root). */
@@ -103,34 +75,20 @@ static void put(void *dst, const void *src, size_t len, bool nt, bool from_ring)
 static coll_result write_ring(struct coll_comm *comm, const coll_work *w, coll_fanout *fo,
                               uint8_t *area, const uint8_t *src, uint8_t *dst, size_t bytes,
                               uint32_t g, bool nt) {
-  int n = comm->nranks, me = comm->rank;
-  uint32_t base = start_of(atomic_load_explicit(&fo->written, memory_order_relaxed), g);
-  /* Every reader has read up to `free_to` at least: places before free_to + ring size
-   * may be written without looking again. */
-  uint32_t free_to = base - COLL_FANOUT_BYTES;
+  uint32_t base = coll_shm_ring_start(atomic_load_explicit(&fo->written, memory_order_relaxed), g);
+  uint32_t free_to = 0; /* every reader has read up to here, once scanned */
   bool scanned = false;
   for (size_t o = 0; o < bytes; o += g) {
     size_t len = bytes - o < g ? bytes - o : g;
     uint32_t start = base + (uint32_t)o, end = start + (uint32_t)len;
-    uint32_t need = end - COLL_FANOUT_BYTES;
-    if (!scanned || !coll_shm_reached(free_to, need)) {
-      uint32_t least = end; /* the slowest reader, once all have read what `need` asks */
-      for (int q = 0; q < n; q++) {
-        if (q == me) continue;
-        _Atomic uint32_t *rd = &fo->readers[q].read;
-        coll_result r = coll_shm_wait(comm, w, q, rd, need, &fo->owner_waiting, "fan-out byte");
-        if (r != COLL_OK) return r;
-        uint32_t at = atomic_load_explicit(rd, memory_order_acquire);
-        if (!coll_shm_reached(at, least)) least = at;
-      }
-      free_to = least, scanned = true;
-    }
-    memcpy(slot(area, start), src + o, len);
+    coll_result r = coll_shm_ring_wait_room(comm, w, fo, end, &free_to, &scanned, "fan-out byte");
+    if (r != COLL_OK) return r;
+    memcpy(coll_shm_ring_slot(area, start), src + o, len);
     atomic_store_explicit(&fo->written, end, memory_order_release);
     coll_shm_wake(&fo->written, &fo->waiters);
     if (dst != src) put(dst + o, src + o, len, nt, false); /* from the cache, as they read */
   }
-  atomic_store_explicit(&fo->written, next_start(base, bytes, g), memory_order_release);
+  atomic_store_explicit(&fo->written, coll_shm_ring_next(base, bytes, g), memory_order_release);
   return COLL_OK;
 }
 
@@ -139,19 +97,20 @@ static coll_result read_ring(struct coll_comm *comm, const coll_work *w, coll_fa
                              const uint8_t *area, uint8_t *dst, size_t bytes, uint32_t g, bool nt) {
   int me = comm->rank;
   _Atomic uint32_t *mine = &fo->readers[me].read;
-  uint32_t base = start_of(atomic_load_explicit(mine, memory_order_relaxed), g); /* ours alone */
+  uint32_t base = coll_shm_ring_start(atomic_load_explicit(mine, memory_order_relaxed),
+                                      g); /* ours alone */
   for (size_t o = 0; o < bytes; o += g) {
     size_t len = bytes - o < g ? bytes - o : g;
     uint32_t start = base + (uint32_t)o, end = start + (uint32_t)len;
     coll_result r = coll_shm_wait(comm, w, w->root, &fo->written, end, &fo->waiters,
                                   "fan-out byte");
     if (r != COLL_OK) return r;
-    put(dst + o, slot((uint8_t *)area, start), len, nt, true);
+    put(dst + o, coll_shm_ring_slot((uint8_t *)area, start), len, nt, true);
     atomic_store_explicit(mine, end, memory_order_release);
     coll_shm_wake(mine, &fo->owner_waiting);
   }
   /* The root's next call starts at the next whole chunk and may wait for us to be there. */
-  atomic_store_explicit(mine, next_start(base, bytes, g), memory_order_release);
+  atomic_store_explicit(mine, coll_shm_ring_next(base, bytes, g), memory_order_release);
   coll_shm_wake(mine, &fo->owner_waiting);
   return COLL_OK;
 }
@@ -195,7 +154,7 @@ coll_result coll_fanout_run(struct coll_comm *comm, const coll_work *w, bool *ra
   bool in_place = me == w->root ? src == dst : true;
   bool nt = coll_copy_streams(COLL_COLL_BROADCAST, w->count, es, comm->nranks, in_place,
                               comm->nt_bytes);
-  uint32_t g = chunk_of(bytes);
+  uint32_t g = coll_shm_ring_chunk(bytes);
   uint64_t t_start = comm->exec_ops->trace_on(comm) ? coll_now_ns() : 0;
   coll_result r = COLL_OK;
   if (me == w->root) {
@@ -216,7 +175,8 @@ coll_result coll_fanout_cost(coll_coll_kind c, double n, const coll_cost_model *
                              char *formula, size_t flen) {
   if (c != COLL_COLL_BROADCAST || m->p < 1 || !(n >= 0)) return COLL_ERR_INVALID_ARG;
   int p = m->p;
-  double g = chunk_of(n < 1e18 ? (size_t)n : (size_t)1 << 60), k = n > g ? ceil(n / g) : 1;
+  double g = coll_shm_ring_chunk(n < 1e18 ? (size_t)n : (size_t)1 << 60),
+         k = n > g ? ceil(n / g) : 1;
   double fill = n < g ? n : g;
   if (m->cores > 0 && m->cores < p) {
     /* Ranks take turns on the cores: the copying is priced against the chain's, by the

@@ -1,5 +1,6 @@
 /* shm_wait.c — waiting for a word in a shared segment to reach a value: the one-shot
- * mailboxes' call numbers (oneshot.c) and the fan-out ring's byte counts (fanout.c).
+ * mailboxes' call numbers (oneshot.c) and the shared rings' byte counts (fanout.c,
+ * staged.c), and a ring's owner waiting for room (every reader's count).
  *
  * A waiter spins while it has a core of its own, then yields (coll_yield: not while
  * something outside the job holds the core, backoff.c says why), then sleeps on a futex
@@ -16,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "shm_ring.h"
 #include "shm_wait.h"
 
 void *coll_shm_ctx(struct coll_comm *comm) {
@@ -71,4 +73,22 @@ void coll_shm_wake(_Atomic uint32_t *word, _Atomic uint32_t *sleepers) {
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(sleepers, memory_order_relaxed))
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+coll_result coll_shm_ring_wait_room(struct coll_comm *comm, const coll_work *w, coll_fanout *fo,
+                                    uint32_t end, uint32_t *free_to, bool *scanned,
+                                    const char *what) {
+  uint32_t need = end - COLL_FANOUT_BYTES;
+  if (*scanned && coll_shm_reached(*free_to, need)) return COLL_OK;
+  uint32_t least = end; /* the slowest reader, once all have read what `need` asks */
+  for (int q = 0; q < comm->nranks; q++) {
+    if (q == comm->rank) continue;
+    _Atomic uint32_t *rd = &fo->readers[q].read;
+    coll_result r = coll_shm_wait(comm, w, q, rd, need, &fo->owner_waiting, what);
+    if (r != COLL_OK) return r;
+    uint32_t at = atomic_load_explicit(rd, memory_order_acquire);
+    if (!coll_shm_reached(at, least)) least = at;
+  }
+  *free_to = least, *scanned = true;
+  return COLL_OK;
 }

@@ -47,11 +47,12 @@
  *
  * All-gather: per rank the block in (2n/p) and the p-1 others out (2(p-1)/p·n), 2n, against
  * the ring's 4(p-1)/p·n (the FIFO in and out at each of p-1 steps): level at 2 ranks,
- * half at many.  Priced (k+1)·α_mb + n·β/2 (k chunks of the block); the ring stays at 2
- * ranks.  Measured (out / in place, 2026-11-29, `coll-bench all_gather -A ring|staged`):
- * 4 ranks 1 MiB 167-171 us / 147-149 against the ring's 237 / 215-227, 64 MiB 13.5-13.8
- * ms / 12.3-12.5 against 18.4-19.0 / 16.9-17.8; 2 ranks 1 MiB 87-89 / 62 against 90 / 66,
- * 64 MiB 7.0 / 5.7-5.8 against 7.9-9.0 / 6.0.
+ * half at many.  Priced (k+1)·α_mb + n·β/2 (k chunks of the block), level with the ring
+ * at 2 ranks; the row's handicap for it (table.c) stands for the run-ahead and the own
+ * block's copy from the cache, which the model leaves out.  Measured (out / in place, 2026-11-29,
+ * `coll-bench all_gather -A ring|staged`): 4 ranks 1 MiB 167-171 us / 147-149 against the ring's
+ * 237 / 215-227, 64 MiB 13.5-13.8 ms / 12.3-12.5 against 18.4-19.0 / 16.9-17.8; 2 ranks 1 MiB 87-89
+ * / 62 against 90 / 66, 64 MiB 7.0 / 5.7-5.8 against 7.9-9.0 / 6.0.
  *
  * Large calls out of place stream the output (coll_copy_streams): the gathered parts are
  * copied with streaming stores, and the own part is reduced in the cache-sized scratch,
@@ -68,6 +69,7 @@
 
 #include "algo.h"
 #include "reduce.h"
+#include "shm_ring.h"
 #include "shm_wait.h"
 
 /* Chunks of 256 KiB: 16 fit the ring.  4 ranks, 1 and 64 MiB, and 8 ranks, 1 MiB, on 2
@@ -75,23 +77,6 @@
 #define STAGED_CHUNK (256u * 1024)
 _Static_assert(COLL_FANOUT_BYTES % STAGED_CHUNK == 0 && COLL_FANOUT_BYTES / STAGED_CHUNK >= 2,
                "whole chunks, at least two, fit the ring");
-
-/* An all-gather's chunk, by its block: 64 KiB (a FIFO slot: small enough to pipeline a
- * block of a few hundred KiB), doubling with the block from 8 MiB up to 512 KiB, as the
- * fan-out's (fanout.c). */
-static uint32_t gather_chunk(size_t block) {
-  uint32_t g = 64u * 1024;
-  for (size_t b = block / (4u << 20); b >= 2 && g < (512u << 10); b /= 2) g *= 2;
-  return g;
-}
-
-static uint32_t start_of(uint32_t at, uint32_t g) { return (at + g - 1) & ~(g - 1); }
-static uint32_t next_start(uint32_t base, size_t bytes, uint32_t g) {
-  return start_of(base + (uint32_t)bytes, g);
-}
-static uint8_t *slot(uint8_t *area, uint32_t place) {
-  return area + (place & (COLL_FANOUT_BYTES - 1));
-}
 
 /* Part q of a chunk of m elements: [lo, hi), parts of whole 64-byte lines where they can
  * be. */
@@ -114,24 +99,6 @@ typedef struct {
  * usable (the same answer on every rank) and the ring runs. */
 #define STAGED_MAX_RANKS 64
 
-/* Waits until every peer has left the places before `end` - a ring in this rank's ring. */
-static coll_result wait_room(struct coll_comm *comm, const coll_work *w, coll_fanout *fo,
-                             uint32_t end, uint32_t *free_to, bool *scanned) {
-  uint32_t need = end - COLL_FANOUT_BYTES;
-  if (*scanned && coll_shm_reached(*free_to, need)) return COLL_OK;
-  uint32_t least = end;
-  for (int q = 0; q < comm->nranks; q++) {
-    if (q == comm->rank) continue;
-    _Atomic uint32_t *rd = &fo->readers[q].read;
-    coll_result r = coll_shm_wait(comm, w, q, rd, need, &fo->owner_waiting, "staged byte");
-    if (r != COLL_OK) return r;
-    uint32_t at = atomic_load_explicit(rd, memory_order_acquire);
-    if (!coll_shm_reached(at, least)) least = at;
-  }
-  *free_to = least, *scanned = true;
-  return COLL_OK;
-}
-
 /* Part [lo, hi) of the chunk at o: reduced from every ring in rank order, into this
  * rank's output and over its own staged part.  Streamed (out of place, large): through
  * the cache-sized scratch, so the output's lines are written once and never read. */
@@ -142,12 +109,13 @@ static void reduce_part(struct coll_comm *comm, const coll_work *w, const ring_v
   for (size_t a = lo; a < hi; a += step) {
     size_t k = hi - a < step ? hi - a : step;
     uint8_t *acc = nt ? comm->scratch : out + a * es;
-    const uint8_t *c0 = slot(rv[0].area, rv[0].base + (uint32_t)o) + a * es;
-    const uint8_t *c1 = slot(rv[1].area, rv[1].base + (uint32_t)o) + a * es;
+    const uint8_t *c0 = coll_shm_ring_slot(rv[0].area, rv[0].base + (uint32_t)o) + a * es;
+    const uint8_t *c1 = coll_shm_ring_slot(rv[1].area, rv[1].base + (uint32_t)o) + a * es;
     coll_kernel_reduce(acc, c0, c1, k, w->dtype, w->op);
     for (int q = 2; q < n; q++)
-      coll_kernel_reduce(acc, acc, slot(rv[q].area, rv[q].base + (uint32_t)o) + a * es, k, w->dtype,
-                         w->op);
+      coll_kernel_reduce(acc, acc,
+                         coll_shm_ring_slot(rv[q].area, rv[q].base + (uint32_t)o) + a * es, k,
+                         w->dtype, w->op);
     if (w->op == COLL_AVG) coll_kernel_avg(acc, k, w->dtype, n);
     memcpy(my_chunk + a * es, acc, k * es);
     if (nt) coll_copy_nt(out + a * es, acc, k * es);
@@ -215,7 +183,7 @@ static int unstaged_peer(const staged_call *c, size_t i) {
 static void stage(staged_call *c) {
   size_t i = c->s++, o = i * c->g, len = len_of(c, i);
   coll_fanout *fo = c->rv[c->me].fo;
-  memcpy(slot(c->rv[c->me].area, c->rv[c->me].base + (uint32_t)o), c->src + o, len);
+  memcpy(coll_shm_ring_slot(c->rv[c->me].area, c->rv[c->me].base + (uint32_t)o), c->src + o, len);
   atomic_store_explicit(&fo->written, end_of(c, c->me, i), memory_order_release);
   coll_shm_wake(&fo->written, &fo->waiters);
   /* An all-gather's own block, out of place: from the cache, while the peers read. */
@@ -232,7 +200,7 @@ static void reduce(staged_call *c) {
   size_t i = c->d++, o = i * c->g, lo, hi;
   part(len_of(c, i) / c->es, c->es, c->n, c->me, &lo, &hi);
   coll_fanout *fo = c->rv[c->me].fo;
-  uint8_t *mine = slot(c->rv[c->me].area, c->rv[c->me].base + (uint32_t)o);
+  uint8_t *mine = coll_shm_ring_slot(c->rv[c->me].area, c->rv[c->me].base + (uint32_t)o);
   reduce_part(c->comm, c->w, c->rv, o, lo, hi, c->es, mine, c->dst + o, c->nt);
   atomic_store_explicit(&fo->reduced, end_of(c, c->me, i), memory_order_release);
   coll_shm_wake(&fo->reduced, &fo->reduced_waiters);
@@ -247,7 +215,8 @@ static void gather(staged_call *c, int q) {
   else
     part(hi, c->es, c->n, q, &lo, &hi);
   if (hi > lo) {
-    const uint8_t *from = slot(c->rv[q].area, c->rv[q].base + (uint32_t)o) + lo * c->es;
+    const uint8_t *from = coll_shm_ring_slot(c->rv[q].area, c->rv[q].base + (uint32_t)o) +
+                          lo * c->es;
     if (c->nt)
       coll_copy_nt(to + lo * c->es, from, (hi - lo) * c->es);
     else
@@ -345,8 +314,8 @@ static coll_result run_call(staged_call *c) {
                 : coll_shm_wait(c->comm, c->w, q, &c->rv[q].fo->written, end_of(c, q, c->d),
                                 &c->rv[q].fo->waiters, "staged byte");
     } else {
-      r = wait_room(c->comm, c->w, c->rv[c->me].fo, end_of(c, c->me, c->s), &c->free_to,
-                    &c->scanned);
+      r = coll_shm_ring_wait_room(c->comm, c->w, c->rv[c->me].fo, end_of(c, c->me, c->s),
+                                  &c->free_to, &c->scanned, "staged byte");
     }
     if (r != COLL_OK) return r;
   }
@@ -360,7 +329,7 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
   ring_view rv[STAGED_MAX_RANKS];
   size_t es = coll_elem_bytes(w->dtype), bytes = w->count * es; /* all-gather: a block */
   bool ag = w->coll == COLL_COLL_ALL_GATHER;
-  uint32_t g = ag ? gather_chunk(bytes) : STAGED_CHUNK;
+  uint32_t g = ag ? coll_shm_ring_chunk(bytes) : STAGED_CHUNK;
   for (int q = 0; q < n; q++) {
     rv[q].fo = coll_shm_fanout(&comm->view, shm, q);
     rv[q].area = coll_shm_fanout_area(&comm->view, shm, q);
@@ -368,7 +337,7 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
       return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: rank %d's ring is not mapped", me, q);
     uint32_t at = q == me ? atomic_load_explicit(&rv[q].fo->written, memory_order_relaxed)
                           : atomic_load_explicit(&rv[q].fo->readers[me].read, memory_order_relaxed);
-    rv[q].base = start_of(at, g);
+    rv[q].base = coll_shm_ring_start(at, g);
   }
   if (!comm->fanout_warm) {
     coll_result r = coll_shm_fanout_warm(&comm->view, shm);
@@ -401,7 +370,7 @@ coll_result coll_staged_run(struct coll_comm *comm, const coll_work *w, bool *ra
   if (r != COLL_OK) return r;
   /* The next call on each ring starts at its next whole chunk, on every rank alike. */
   for (int q = 0; q < n; q++) {
-    uint32_t next = next_start(rv[q].base, bytes, g);
+    uint32_t next = coll_shm_ring_next(rv[q].base, bytes, g);
     if (q == me) {
       atomic_store_explicit(&mine->reduced, next, memory_order_relaxed);
       atomic_store_explicit(&mine->written, next, memory_order_release);
@@ -421,7 +390,7 @@ coll_result coll_staged_cost(coll_coll_kind c, double nb, const coll_cost_model 
     return COLL_ERR_INVALID_ARG;
   int p = m->p;
   if (c == COLL_COLL_ALL_GATHER) {
-    double block = nb / p, g = gather_chunk(block < 1e18 ? (size_t)block : (size_t)1 << 60);
+    double block = nb / p, g = coll_shm_ring_chunk(block < 1e18 ? (size_t)block : (size_t)1 << 60);
     double k = block > g ? ceil(block / g) : 1;
     *seconds = (k + 1) * m->alpha_mb + nb * m->beta / 2;
     snprintf(formula, flen, "(k+1)*a_mb + n*b/2 with p=%d, n=%.0f B, k=%.0f: %.2f us", p, nb, k,
