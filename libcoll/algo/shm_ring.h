@@ -19,7 +19,9 @@ _Static_assert((COLL_FANOUT_BYTES & (COLL_FANOUT_BYTES - 1)) == 0,
                "the ring's size divides 2^32: a place modulo 2^32 keeps its slot");
 
 /* The first whole chunk of g at or after `at`. */
-static inline uint32_t coll_shm_ring_start(uint32_t at, uint32_t g) { return (at + g - 1) & ~(g - 1); }
+static inline uint32_t coll_shm_ring_start(uint32_t at, uint32_t g) {
+  return (at + g - 1) & ~(g - 1);
+}
 
 /* Where the call after one of `bytes` that started at `base` starts. */
 static inline uint32_t coll_shm_ring_next(uint32_t base, size_t bytes, uint32_t g) {
@@ -50,6 +52,7 @@ static inline uint32_t coll_shm_ring_chunk(size_t bytes) {
  * passed, once *scanned) saves looking again while it still covers what is asked.
  * `what` names the unit in a timeout's sentence. */
 coll_result coll_shm_ring_wait_room(struct coll_comm *comm, const coll_work *w, coll_fanout *fo,
-                                uint32_t end, uint32_t *free_to, bool *scanned, const char *what);
+                                    uint32_t end, uint32_t *free_to, bool *scanned,
+                                    const char *what);
 
 #endif
