@@ -287,18 +287,19 @@ Test(faults, sigkill_zombie_is_dead_shm, .timeout = 40) {
   cr_expect(named >= 1, "no survivor reported rank 1 dead (COLL_ERR_REMOTE)");
 }
 
-/* The readers of a broadcast through the root's fan-out ring (algo/fanout.c) wait on the
- * ring's counter, not on a FIFO: when the root dies there, they must say so too. */
-Test(faults, sigkill_root_of_fanout_broadcast_shm, .timeout = 40) {
+/* The shared-ring rows (algo/fanout.c, algo/staged.c) wait on ring counters, not on a
+ * FIFO: when a rank dies there, the others must say so too.  A pending call on n ranks,
+ * rank 1 killed: every survivor must have run it on `algo`, name rank 1 as dead within
+ * 1.5 s, fail the next call, and leave no segment behind. */
+static void expect_ring_row_names_the_dead(int n, const char *algo, const char *call) {
   outcome o;
-  scenario_of(3, 1, SIGKILL, "shm", "fanout", &o);
+  scenario_of(n, 1, SIGKILL, "shm", algo, &o);
   int named = 0;
   for (int k = 0; k < o.nrep; k++) {
     report *r = &o.rep[k];
-    cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: pending broadcast returned %s: %s", r->rank,
+    cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: pending %s returned %s: %s", r->rank, call,
               coll_result_string((coll_result)r->pending), r->msg);
-    /* The tuner's row for 8 MiB from one root on 3 ranks of one host. */
-    cr_expect_str_eq(r->algo, "fanout", "rank %d: the broadcast ran on %s", r->rank, r->algo);
+    cr_expect_str_eq(r->algo, algo, "rank %d: the %s ran on %s", r->rank, call, r->algo);
     cr_expect(r->later != COLL_OK, "rank %d: a later call succeeded after the death", r->rank);
     cr_expect(r->ms < 1500, "rank %d: the death took %d ms to notice", r->rank, r->ms);
     named += strstr(r->msg, "rank 1") != NULL;
@@ -309,25 +310,16 @@ Test(faults, sigkill_root_of_fanout_broadcast_shm, .timeout = 40) {
                "segments of the job left in /dev/shm: %s", left);
 }
 
+/* The fan-out's root dies: the tuner's row for 8 MiB from one root on 3 ranks of one
+ * host is the fan-out. */
+Test(faults, sigkill_root_of_fanout_broadcast_shm, .timeout = 40) {
+  expect_ring_row_names_the_dead(3, "fanout", "broadcast");
+}
+
 /* The staged all-reduce (algo/staged.c) waits on its peers' ring counters: a rank that
  * dies with its part unreduced must be named by everyone waiting for that part. */
 Test(faults, sigkill_mid_staged_all_reduce_shm, .timeout = 40) {
-  outcome o;
-  scenario_of(4, 1, SIGKILL, "shm", "staged", &o);
-  int named = 0;
-  for (int k = 0; k < o.nrep; k++) {
-    report *r = &o.rep[k];
-    cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: pending all-reduce returned %s: %s", r->rank,
-              coll_result_string((coll_result)r->pending), r->msg);
-    cr_expect_str_eq(r->algo, "staged", "rank %d: the all-reduce ran on %s", r->rank, r->algo);
-    cr_expect(r->later != COLL_OK, "rank %d: a later call succeeded after the death", r->rank);
-    cr_expect(r->ms < 1500, "rank %d: the death took %d ms to notice", r->rank, r->ms);
-    named += strstr(r->msg, "rank 1") != NULL;
-  }
-  cr_expect_eq(named, o.nrep, "a survivor did not name rank 1");
-  char left[512];
-  cr_expect_eq(t_prefix_segments(o.prefix, 1, left, sizeof left), 0,
-               "segments of the job left in /dev/shm: %s", left);
+  expect_ring_row_names_the_dead(4, "staged", "all-reduce");
 }
 
 Test(faults, sigstop_times_out_tcp, .timeout = 40) {
