@@ -58,6 +58,20 @@ for a in "$@"; do
 done
 ((${#STAGES[@]})) || STAGES=(build test bench train)
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+# GPU_BUDGET=S: the whole run must end within S seconds of its start (a device call's
+# limit); the bench and train stages then start no run that the budget cannot hold, and
+# bound each by what is left.  0 (default): no budget.
+T0=$(date +%s)
+BUDGET=${GPU_BUDGET:-0}
+# bound SECS: prints the timeout for a run of at most SECS, or nothing when the budget
+# has less than 10 s left.
+bound() {
+  local want=$1 left
+  ((BUDGET > 0)) || { echo "$want"; return; }
+  left=$((BUDGET - ($(date +%s) - T0)))
+  ((left >= 10)) || return 0
+  echo $((want < left ? want : left))
+}
 have_gpu() { nvidia-smi -L >/dev/null 2>&1; }
 
 # ---- the carried prefix -------------------------------------------------------------
@@ -178,7 +192,12 @@ stage_bench() {
   : >"$f"
   # a run that hangs (the stream-ordered one did, 2026-11-24) must not take the stage
   local tmo=60
-  run() { echo "\$ ${COLL_ALGO:+COLL_ALGO=$COLL_ALGO }$*" >>"$f"; timeout $tmo "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }; }
+  run() {
+    echo "\$ ${COLL_ALGO:+COLL_ALGO=$COLL_ALGO }$*" >>"$f"
+    local t; t=$(bound $tmo)
+    [ -n "$t" ] || { rc=1; echo "(not run: GPU_BUDGET spent)" >>"$f"; return; }
+    timeout "$t" "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }
+  }
   local big=1G
   have_gpu || big=1K
   # the small-message latency first (blocking, then stream-ordered), and one checked
@@ -208,7 +227,12 @@ stage_train() {
   ensure_built || { summary "train: not run (no build)"; return 1; }
   local ct="$B/libtrain/coll-train" f="$OUT/train.txt" rc=0
   : >"$f"
-  run() { echo "\$ $*" >>"$f"; timeout 420 "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }; }
+  run() {
+    echo "\$ $*" >>"$f"
+    local t; t=$(bound 420)
+    [ -n "$t" ] || { rc=1; echo "(not run: GPU_BUDGET spent)" >>"$f"; return; }
+    timeout "$t" "$@" >>"$f" 2>&1; local st=$?; [ $st = 0 ] || { rc=1; echo "(exit $st)" >>"$f"; }
+  }
   local gpt2=(--layers 12 --channels 768 --heads 12 --seq 1024 --max-seq 1024 --batch 4)
   local steps=12
   have_gpu || steps=2
