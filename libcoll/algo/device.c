@@ -180,8 +180,10 @@ coll_result coll_dev_oneshot_run(struct coll_comm *comm, const coll_work *w, boo
   if (!w->dev)
     return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: dev_oneshot without mapped buffers",
                      comm->rank);
-  /* In place, past the scratch: the two-shot, which never overwrites what a peer reads. */
-  if (w->coll == COLL_COLL_ALL_REDUCE && w->sendbuf == w->recvbuf &&
+  /* In place, past the scratch: the two-shot, which never overwrites what a peer reads.
+   * Whether a call is in place may differ between ranks, and every rank must take the
+   * same schedule (its barriers count the same epochs): any rank in place decides. */
+  if (w->coll == COLL_COLL_ALL_REDUCE && w->dev->any_in_place &&
       w->count * coll_elem_bytes(w->dtype) > COLL_DEV_SCRATCH)
     return all_reduce_twoshot(comm, w);
   return oneshot(comm, w);

@@ -71,6 +71,13 @@ typedef struct {
 } peer_desc;
 _Static_assert(sizeof(peer_desc) <= COLL_PEER_DESC_BYTES, "a descriptor fits its slot");
 
+/* Rank p's descriptor in the exchanged array, whose slots are COLL_PEER_DESC_BYTES long,
+ * not sizeof(peer_desc) (184): indexed as a peer_desc array, every peer's descriptor was
+ * read 8 bytes per rank too early (the first GPU run of the path, 2026-11-30). */
+static inline const peer_desc *desc_at(const void *descs, int p) {
+  return (const peer_desc *)((const uint8_t *)descs + (size_t)p * COLL_PEER_DESC_BYTES);
+}
+
 #if COLL_HAVE_CUDA
 #include <cuda.h> /* driver API types only: libcoll never links libcuda */
 #include <cuda_runtime_api.h>
@@ -451,10 +458,10 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
   w->peer_ok = false;
   if (!path_ready(comm) || w->cuda_dev != cc->device)
     return COLL_OK; /* not ready: the host-driven path says why (or serves, as it can) */
-  const peer_desc *all = descs, *mine = &all[comm->rank];
+  const peer_desc *mine = desc_at(descs, comm->rank);
   bool ok = true;
   for (int p = 0; p < n; p++) {
-    const peer_desc *d = &all[p];
+    const peer_desc *d = desc_at(descs, p);
     if (d->magic != DESC_MAGIC)
       return coll_fail(comm, COLL_ERR_INTERNAL,
                        "rank %d: rank %d's device-path descriptor is "
@@ -477,9 +484,16 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
     }
     ok &= d->ok;
   }
+  bool any_in_place = false;
+  for (int p = 0; p < n; p++) {
+    const peer_desc *d = desc_at(descs, p);
+    any_in_place |= d->buf[0].id && d->buf[0].id == d->buf[1].id &&
+                    d->buf[0].offset == d->buf[1].offset;
+  }
   if (!ok) return COLL_OK; /* some rank's buffer cannot be shared: all take the host path */
   coll_dev_call *dc = &cc->call;
   memset(dc, 0, sizeof *dc);
+  dc->any_in_place = any_in_place;
   int old = -1;
   if (cudaGetDevice(&old) == cudaSuccess && old != cc->device)
     cudaSetDevice(cc->device);
@@ -493,8 +507,9 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
       continue;
     }
     void *s = NULL, *v = NULL;
-    r = import(comm, p, all[p].pid, &all[p].buf[0], &s);
-    if (r == COLL_OK) r = import(comm, p, all[p].pid, &all[p].buf[1], &v);
+    const peer_desc *d = desc_at(descs, p);
+    r = import(comm, p, d->pid, &d->buf[0], &s);
+    if (r == COLL_OK) r = import(comm, p, d->pid, &d->buf[1], &v);
     dc->send[p] = s;
     dc->recv[p] = v;
   }

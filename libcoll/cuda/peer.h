@@ -33,6 +33,9 @@ typedef struct coll_dev_call {
   void *stream; /* cudaStream_t: the caller's, or the legacy default stream */
   const void *send[COLL_PEER_MAX];
   void *recv[COLL_PEER_MAX];
+  /* Some rank's call is in place (its send and receive buffers are one): the schedules
+   * must agree on every rank, and whether a call is in place may differ between ranks. */
+  bool any_in_place;
 } coll_dev_call;
 
 /* cuda.c's lazy set-up, once cuda_ipc is up on every rank, on GPU `device` with
