@@ -251,6 +251,8 @@ struct coll_comm {
    * in a build with CUDA, else coll_device_host.  exec/ reaches devices only through it. */
   const struct coll_device_ops *dev;
   struct coll_peer *peer; /* the device data path (cuda/peer.c), once set up */
+  int dev_gpus;           /* distinct GPUs the device path's ranks run on (peer.c; 0: not set up):
+                           * the tuner prices the device rows with it (coll_cost_model.gpus) */
   uint8_t secret[COLL_SECRET_BYTES];
   int timeout_ms;
   pid_t *pids;        /* per rank, for liveness checks on this host */

@@ -47,6 +47,9 @@ typedef struct {
   int hosts, local;
   double alpha_net; /* s per message across hosts */
   double beta_net;  /* s per byte across hosts */
+  /* The device rows: distinct GPUs the ranks' buffers are on (0: one GPU a rank).  On
+   * one GPU every rank's kernels share one memory and time-slice (device.c). */
+  int gpus;
 } coll_cost_model;
 
 typedef struct coll_algo_entry {
@@ -133,6 +136,8 @@ coll_result coll_hier_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                            char *formula, size_t formula_len);
 coll_result coll_dev_twoshot_cost(coll_coll_kind c, double n, const coll_cost_model *m,
                                   double *seconds, char *formula, size_t formula_len);
+coll_result coll_dev_onegpu_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                                 double *seconds, char *formula, size_t formula_len);
 
 /* The rows' `usable` and `run` (each in its file). */
 bool coll_oneshot_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
@@ -148,6 +153,8 @@ bool coll_hier_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, si
 bool coll_dev_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
 coll_result coll_dev_oneshot_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 coll_result coll_dev_twoshot_run(struct coll_comm *comm, const coll_work *w, bool *ran);
+bool coll_dev_onegpu_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es);
+coll_result coll_dev_onegpu_run(struct coll_comm *comm, const coll_work *w, bool *ran);
 
 /* hier.c: whether a layout lets the host-aware all-reduce run (several hosts, the same
  * number >= 2 of ranks on each); its schedule (the ring's where it does not fit); the

@@ -1,5 +1,6 @@
-/* device.c — the device data path's two schedules: one-shot and two-shot, every rank's
- * buffers read directly by GPU kernels (cuda/peer.c maps them and gives the primitives).
+/* device.c — the device data path's schedules: one-shot, two-shot and one-GPU, every
+ * rank's buffers read directly by GPU kernels (cuda/peer.c maps them and gives the
+ * primitives).
  *
  * One-shot (dev_oneshot), each collective one kernel between two barriers (B):
  *   all-reduce      B; recv_i = send_0 OP ... OP send_(N-1)                    ; B
@@ -17,17 +18,41 @@
  *   B; chunk i of recv_i = chunk i of send_0 OP ... OP send_(N-1); B;
  *      chunk j of recv_i = chunk j of recv_j, for every j != i; B
  *
- * Cost (per rank, S bytes, N ranks, α a barrier, β a byte through device memory, read
- * or written — on one GPU shared by N ranks every rank's bytes go through the same memory,
- * so the call takes about N times this; on N GPUs the peers' reads cross the links):
- *   one-shot all-reduce:  2α + (N + 1)·S·β           (N inputs read, one output written)
- *   two-shot all-reduce:  3α + (3 − 1/N)·S·β         (S read + S/N written; (N−1)/N·S
- *                                                     read and written again)
- *   reduce-scatter:       2α + (1 + 1/N)·S·β;  all-gather, broadcast: 2α + 2·S·β (S the
- *                          whole vector, nccl-tests' size); reduce: 2α + (N + 1)·S·β/N
- *                          on average over the ranks.
- * α and β are defaults until a GPU run measures them (docs/perf.md has that run).  The
- * two-shot wins from 2α/(N − 2 + 1/N)/β: at N = 2 about 2α/(0.5β), at N = 8 much sooner.
+ * One-GPU (dev_onegpu), where every rank's buffers are on the same GPU: one rank (the
+ * leader, rank 0) launches the whole collective as one kernel; the others launch none.
+ *   every rank but the leader:  arrive (flag to the leader), wait for the leader's flag
+ *   the leader:                 wait for every arrival; the kernel; a flag to everyone
+ * An arrival says the rank's inputs are ready and its outputs free (both are stream
+ * order on its own stream), the leader's flag that every output is written and no input
+ * is read any more.  The kernel reads each input once and writes every output:
+ *   all-reduce      out_r = in_0 OP ... OP in_(N-1), for every r, from one read
+ *   reduce-scatter  out_r = chunk r of in_0 OP ... OP chunk r of in_(N-1)
+ *   all-gather      chunk j of out_r = in_j, for every r, from one read of in_j
+ *   broadcast       out_r = in_root;  reduce: out_root = in_0 OP ... OP in_(N-1)
+ * Why: ranks that share a GPU time-slice it, one context at a time.  When every rank
+ * launches kernels between barriers, each barrier waits for the GPU to switch contexts:
+ * on one H200 (2026-11-30) the 8-byte all-reduce took 168 us (p50) at 2 ranks and ~600
+ * at 4 on the one- and two-shot rows, but an in-place broadcast, where one rank alone
+ * launches a kernel, 24 us.  It also moves less: N inputs and N outputs, 2N·S bytes for
+ * an all-reduce, against N·(3 − 1/N)·S for N two-shots.  On several GPUs it would put
+ * all the work on one of them: it serves one GPU only (usable).
+ *
+ * Cost (S bytes, nccl-tests' size; N ranks; α a barrier; β a byte through device memory,
+ * read or written; on one GPU shared by N ranks, a barrier of the per-rank rows costs
+ * α_s·(N − 1) — the context switches — and their bytes add up on the one memory, N
+ * times a rank's):
+ *   per rank          one-shot all-reduce:  2α + (N + 1)·S·β   (N inputs read, one written)
+ *                     two-shot all-reduce:  3α + (3 − 1/N)·S·β (S read + S/N written;
+ *                                           (N−1)/N·S read and written again)
+ *                     reduce-scatter:       2α + (1 + 1/N)·S·β;  all-gather, broadcast:
+ *                                           2α + 2·S·β;  reduce: 2α + (N + 1)·S·β/N (the
+ *                                           ranks' average)
+ *   one GPU, per call one-GPU all-reduce:   2α + 2N·S·β;  the other four: 2α + (N + 1)·S·β
+ * Measured on one H200 (2026-11-30, docs/perf.md): β = 1/(4.2 TB/s) (a 1 GiB copy moved
+ * 2.08 TB/s, each byte read and written); α_s = 100 us (above).  α on separate GPUs is
+ * still a default (10 us; not measured: no machine with several GPUs has run this).
+ * The two-shot wins from 2α/(N − 2 + 1/N)/β: at N = 2 about 2α/(0.5β), at N = 8 much
+ * sooner.
  *
  * Must never: run for host buffers (the rows are device_only), or write a buffer a peer
  * may still read before the barrier after its last reader.
@@ -37,14 +62,16 @@
 #include "algo.h"
 #include "peer.h"
 
-/* Defaults: a barrier of stream memory operations, and a byte of device memory traffic
- * (an H100's copy moves about 3 TB/s counting bytes read and written). */
+/* A barrier of stream memory operations (default), a barrier's context switches per
+ * extra rank on one shared GPU, and a byte of device memory traffic (both measured). */
 #define DEV_ALPHA 10e-6
-#define DEV_BETA (1.0 / 3.0e12)
+#define DEV_ALPHA_SLICED 100e-6
+#define DEV_BETA (1.0 / 4.2e12)
 
 static coll_result price(coll_coll_kind c, double n, const coll_cost_model *m, bool two,
                          double *seconds, char *f, size_t flen) {
   double p = m->p, bytes, barriers = two ? 3 : 2;
+  bool shared = m->gpus == 1 && p > 1; /* every rank's kernels on one GPU */
   switch (c) {
   case COLL_COLL_ALL_REDUCE: bytes = two ? (3 - 1 / p) * n : (p + 1) * n; break;
   case COLL_COLL_REDUCE:
@@ -62,9 +89,29 @@ static coll_result price(coll_coll_kind c, double n, const coll_cost_model *m, b
     break;
   default: return COLL_ERR_INVALID_ARG;
   }
-  *seconds = barriers * DEV_ALPHA + bytes * DEV_BETA;
+  double alpha = shared ? DEV_ALPHA_SLICED * (p - 1) : DEV_ALPHA;
+  if (shared) bytes *= p;
+  *seconds = barriers * alpha + bytes * DEV_BETA;
   if (f && flen)
-    snprintf(f, flen, "%.0f*%.3gus (barriers) + %.4g bytes*%.3gns (device memory)", barriers,
+    snprintf(f, flen, "%.0f*%.3gus (barriers%s) + %.4g bytes*%.3gns (device memory)", barriers,
+             alpha * 1e6, shared ? ", one GPU time-sliced" : "", bytes, DEV_BETA * 1e9);
+  return COLL_OK;
+}
+
+coll_result coll_dev_onegpu_cost(coll_coll_kind c, double n, const coll_cost_model *m,
+                                 double *seconds, char *f, size_t flen) {
+  double p = m->p, bytes;
+  switch (c) {
+  case COLL_COLL_ALL_REDUCE: bytes = 2 * p * n; break;
+  case COLL_COLL_REDUCE:
+  case COLL_COLL_REDUCE_SCATTER:
+  case COLL_COLL_ALL_GATHER:
+  case COLL_COLL_BROADCAST: bytes = (p + 1) * n; break;
+  default: return COLL_ERR_INVALID_ARG;
+  }
+  *seconds = 2 * DEV_ALPHA + bytes * DEV_BETA;
+  if (f && flen)
+    snprintf(f, flen, "2*%.3gus (arrivals, release) + %.4g bytes*%.3gns (one kernel)",
              DEV_ALPHA * 1e6, bytes, DEV_BETA * 1e9);
   return COLL_OK;
 }
@@ -187,6 +234,63 @@ coll_result coll_dev_oneshot_run(struct coll_comm *comm, const coll_work *w, boo
       w->count * coll_elem_bytes(w->dtype) > COLL_DEV_SCRATCH)
     return all_reduce_twoshot(comm, w);
   return oneshot(comm, w);
+}
+
+bool coll_dev_onegpu_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
+  return coll_dev_usable(comm, c, count, es) && comm->peer->one_gpu;
+}
+
+/* The leader's kernel for the call (the table at the top). */
+static coll_result onegpu_kernel(struct coll_comm *comm, const coll_work *w) {
+  const coll_dev_call *d = w->dev;
+  int n = comm->nranks;
+  size_t es = coll_elem_bytes(w->dtype), bytes = w->count * es;
+  const void *src[COLL_PEER_MAX];
+  void *dst[COLL_PEER_MAX * COLL_PEER_MAX];
+  size_t len[COLL_PEER_MAX];
+  for (int k = 0; k < n; k++) src[k] = d->send[k];
+  switch (w->coll) {
+  case COLL_COLL_ALL_REDUCE:
+  case COLL_COLL_REDUCE_SCATTER:
+    for (int r = 0; r < n; r++) dst[r] = d->recv[r];
+    return coll_dev_reduce_fan(comm, d, dst, n, w->coll == COLL_COLL_REDUCE_SCATTER ? w->count : 0,
+                               src, n, w->count, w->dtype, w->op);
+  case COLL_COLL_REDUCE:
+    dst[0] = d->recv[w->root];
+    return coll_dev_reduce_fan(comm, d, dst, 1, 0, src, n, w->count, w->dtype, w->op);
+  case COLL_COLL_ALL_GATHER:
+    for (int j = 0; j < n; j++) { /* segment j: rank j's input to block j of every output */
+      len[j] = bytes;
+      for (int r = 0; r < n; r++) dst[j * n + r] = chunk(d->recv[r], j, w->count, es);
+    }
+    return coll_dev_copy_fan(comm, d, dst, n, src, len, n);
+  case COLL_COLL_BROADCAST:
+    for (int r = 0; r < n; r++) dst[r] = d->recv[r];
+    src[0] = d->send[w->root];
+    len[0] = bytes;
+    return coll_dev_copy_fan(comm, d, dst, n, src, len, 1);
+  default:
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: dev_onegpu was handed %s", comm->rank,
+                     coll_coll_name(w->coll));
+  }
+}
+
+coll_result coll_dev_onegpu_run(struct coll_comm *comm, const coll_work *w, bool *ran) {
+  *ran = true;
+  if (!w->dev)
+    return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: dev_onegpu without mapped buffers",
+                     comm->rank);
+  const int leader = 0;
+  int n = comm->nranks, k = 0, others[COLL_PEER_MAX];
+  uint32_t epoch = coll_dev_epoch(comm);
+  if (comm->rank != leader) /* arrive, then wait for the leader's release */
+    return coll_dev_signal(comm, w->dev, epoch, &leader, 1, &leader, 1);
+  for (int p = 0; p < n; p++)
+    if (p != leader) others[k++] = p;
+  coll_result r = coll_dev_signal(comm, w->dev, epoch, NULL, 0, others, k);
+  if (r == COLL_OK) r = onegpu_kernel(comm, w);
+  if (r == COLL_OK) r = coll_dev_signal(comm, w->dev, epoch, others, k, NULL, 0);
+  return r;
 }
 
 coll_result coll_dev_twoshot_run(struct coll_comm *comm, const coll_work *w, bool *ran) {

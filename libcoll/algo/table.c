@@ -10,8 +10,9 @@
  *                  overlap; halving phases and tree levels wait for each other): a near
  *                  tie at 64 MiB on 4 ranks went to Rabenseifner at 3.5 GB/s busbw
  *                  against the ring's 5.4.
- *   dev_oneshot,   1: device.c's defaults, until a GPU run measures them.
- *   dev_twoshot
+ *   dev_oneshot,   1: device.c's constants, from the first GPU run (one H200 shared by
+ *   dev_twoshot,     every rank, 2026-11-30).
+ *   dev_onegpu
  *   hier           1: priced with the link classes (hier.c); the flat rows it is weighed
  *                  against are priced at their slowest link on several hosts (tune.c).
  *   fanout       0.9: its α-β model prices one call; it leaves out that the root may run
@@ -132,6 +133,12 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .host_only = true, .usable = coll_staged_usable,
         .cost = coll_staged_cost, .handicap = 0.9, .plain_colls = B(ALL_REDUCE),
         .run = coll_staged_run},
+    [COLL_ALGO_DEV_ONEGPU] = {
+        .id = COLL_ALGO_DEV_ONEGPU, .name = "dev_onegpu",
+        .colls = FIVE,
+        .device_only = true, .usable = coll_dev_onegpu_usable,
+        .cost = coll_dev_onegpu_cost, .handicap = 1.0,
+        .run = coll_dev_onegpu_run},
 };
 /* clang-format on */
 

@@ -31,9 +31,10 @@ typedef enum {
   COLL_ALGO_DEV_TWOSHOT,
   COLL_ALGO_HIER,
   COLL_ALGO_FANOUT,
-  COLL_ALGO_STAGED
+  COLL_ALGO_STAGED,
+  COLL_ALGO_DEV_ONEGPU
 } coll_algo;
-#define COLL_NUM_ALGOS 15
+#define COLL_NUM_ALGOS 16
 
 /* Which user buffer a range lives in. */
 typedef enum { COLL_BUF_SEND = 0, COLL_BUF_RECV = 1 } coll_buf;

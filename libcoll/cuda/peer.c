@@ -341,16 +341,33 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_device_exchange xc
   coll_result r = xchg(comm, name, all_names, sizeof name);
   if (r != COLL_OK) return r;
   if (ok) ok = all_names[0][0] && setup_local(comm, all_names[0]);
-  uint8_t token = ok, tokens[COLL_PEER_MAX];
-  r = xchg(comm, &token, tokens, 1);
+  /* Whether the path is up here, and on which GPU (its PCI address): ranks that share one
+   * GPU time-slice it, and the one-GPU row (algo/device.c) serves them with one kernel. */
+  typedef struct {
+    uint8_t ok;
+    char pci[31];
+  } token_t;
+  token_t token = {.ok = ok}, tokens[COLL_PEER_MAX];
+  if (ok && cudaDeviceGetPCIBusId(token.pci, sizeof token.pci, device) != cudaSuccess) {
+    cudaGetLastError();
+    token.pci[0] = 0;
+  }
+  r = xchg(comm, &token, tokens, sizeof token);
   if (comm->rank == 0 && cc->flag_name[0]) {
     shm_unlink(cc->flag_name); /* everyone has mapped it (or failed to) by now */
     cc->flag_name[0] = 0;
   }
   if (r != COLL_OK) return r;
   bool all = true;
+  int gpus = 0;
+  for (int p = 0; p < n; p++) {
+    bool seen = false; /* a GPU counted already (no address: a GPU of its own) */
+    for (int q = 0; q < p && tokens[p].pci[0]; q++)
+      seen |= strncmp(tokens[q].pci, tokens[p].pci, sizeof tokens[p].pci) == 0;
+    gpus += !seen;
+  }
   for (int p = 0; p < n; p++)
-    if (!tokens[p]) {
+    if (!tokens[p].ok) {
       all = false;
       if (ok)
         snprintf(cc->why, sizeof cc->why,
@@ -359,6 +376,11 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_device_exchange xc
                  p);
     }
   cc->ok = all;
+  cc->one_gpu = all && gpus == 1 && n > 1;
+  comm->dev_gpus = all ? gpus : 0;
+  if (all)
+    COLL_INFO(comm->rank, "CUDA: device data path up: %d ranks on %d GPU(s)%s", n, gpus,
+              cc->one_gpu ? " (one GPU: the dev_onegpu row serves the ranks with one kernel)" : "");
   if (!all)
     COLL_INFO(comm->rank,
               "CUDA: no device data path (%s): device buffers take the "
@@ -565,29 +587,39 @@ void *coll_cuda_peer_done_event(struct coll_comm *comm) { return comm->peer->don
 
 /* ---- the primitives algo/device.c schedules with ------------------------------------------ */
 
+uint32_t coll_dev_epoch(struct coll_comm *comm) { return ++comm->peer->epoch; }
+
 coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d) {
+  int n = comm->nranks, me = comm->rank, k = 0, others[COLL_PEER_MAX];
+  for (int p = 0; p < n; p++)
+    if (p != me) others[k++] = p;
+  return coll_dev_signal(comm, d, coll_dev_epoch(comm), others, k, others, k);
+}
+
+coll_result coll_dev_signal(struct coll_comm *comm, const coll_dev_call *d, uint32_t epoch,
+                            const int *to, int nto, const int *from, int nfrom) {
   struct coll_peer *cc = comm->peer;
-  int n = comm->nranks, me = comm->rank, k = 0;
-  uint32_t epoch = ++cc->epoch;
+  int me = comm->rank, k = 0;
   CUstreamBatchMemOpParams ops[2 * COLL_PEER_MAX];
   memset(ops, 0, sizeof ops);
-  for (int p = 0; p < n; p++) {
-    if (p == me) continue;
+  for (int i = 0; i < nto; i++) {
     CUstreamBatchMemOpParams *o = &ops[k++];
     o->writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    o->writeValue.address =
-        (CUdeviceptr)(cc->flags_dev + 4ull * ((uint64_t)p * COLL_PEER_FLAG_STRIDE + (uint64_t)me));
+    o->writeValue.address = (CUdeviceptr)(cc->flags_dev +
+                                          4ull * ((uint64_t)to[i] * COLL_PEER_FLAG_STRIDE +
+                                                  (uint64_t)me));
     o->writeValue.value = epoch; /* default flags: ordered after the stream's earlier writes */
   }
-  for (int p = 0; p < n; p++) {
-    if (p == me) continue;
+  for (int i = 0; i < nfrom; i++) {
     CUstreamBatchMemOpParams *o = &ops[k++];
     o->waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    o->waitValue.address =
-        (CUdeviceptr)(cc->flags_dev + 4ull * ((uint64_t)me * COLL_PEER_FLAG_STRIDE + (uint64_t)p));
+    o->waitValue.address = (CUdeviceptr)(cc->flags_dev +
+                                         4ull * ((uint64_t)me * COLL_PEER_FLAG_STRIDE +
+                                                 (uint64_t)from[i]));
     o->waitValue.value = epoch;
     o->waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
   }
+  if (!k) return COLL_OK;
   int old = enter_device(comm);
   CUresult cr = batch_memop((CUstream)d->stream, (unsigned)k, ops, 0);
   leave_device(comm, old);
@@ -630,6 +662,36 @@ coll_result coll_dev_copy(struct coll_comm *comm, const coll_dev_call *d, void *
   return COLL_OK;
 }
 
+coll_result coll_dev_reduce_fan(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
+                                int ndst, size_t seg, const void *const *src, int nsrc,
+                                size_t count, coll_dtype dtype, coll_op op) {
+  int old = enter_device(comm);
+  cudaError_t e = (cudaError_t)coll_cuda_launch_reduce_fan(dst, ndst, seg, src, nsrc, count,
+                                                           (int)dtype, (int)op, comm->nranks,
+                                                           comm->peer->max_blocks, d->stream);
+  leave_device(comm, old);
+  if (e != cudaSuccess)
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "rank %d: launching the %d-way %s %s reduction into %d outputs "
+                     "(%zu elements) failed: %s",
+                     comm->rank, nsrc, coll_dtype_name(dtype), coll_op_name(op), ndst, count,
+                     cudaGetErrorName(e));
+  return COLL_OK;
+}
+
+coll_result coll_dev_copy_fan(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
+                              int ndst, const void *const *src, const size_t *bytes, int nseg) {
+  int old = enter_device(comm);
+  cudaError_t e = (cudaError_t)coll_cuda_launch_copy_fan(dst, ndst, src, bytes, nseg,
+                                                         comm->peer->max_blocks, d->stream);
+  leave_device(comm, old);
+  if (e != cudaSuccess)
+    return coll_fail(comm, COLL_ERR_SYSTEM,
+                     "rank %d: launching the copy of %d segments to %d outputs each failed: %s",
+                     comm->rank, nseg, ndst, cudaGetErrorName(e));
+  return COLL_OK;
+}
+
 void *coll_dev_scratch(struct coll_comm *comm) { return comm->peer->scratch; }
 
 #else
@@ -640,8 +702,29 @@ static coll_result no_cuda(struct coll_comm *comm) {
   return coll_fail(comm, COLL_ERR_INTERNAL, "rank %d: the device path in a build without CUDA",
                    comm->rank);
 }
+uint32_t coll_dev_epoch(struct coll_comm *comm) {
+  (void)comm;
+  return 0;
+}
 coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d) {
   (void)d;
+  return no_cuda(comm);
+}
+coll_result coll_dev_signal(struct coll_comm *comm, const coll_dev_call *d, uint32_t epoch,
+                            const int *to, int nto, const int *from, int nfrom) {
+  (void)d, (void)epoch, (void)to, (void)nto, (void)from, (void)nfrom;
+  return no_cuda(comm);
+}
+coll_result coll_dev_reduce_fan(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
+                                int ndst, size_t seg, const void *const *src, int nsrc,
+                                size_t count, coll_dtype dtype, coll_op op) {
+  (void)d, (void)dst, (void)ndst, (void)seg, (void)src, (void)nsrc, (void)count, (void)dtype,
+      (void)op;
+  return no_cuda(comm);
+}
+coll_result coll_dev_copy_fan(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
+                              int ndst, const void *const *src, const size_t *bytes, int nseg) {
+  (void)d, (void)dst, (void)ndst, (void)src, (void)bytes, (void)nseg;
   return no_cuda(comm);
 }
 coll_result coll_dev_reduce(struct coll_comm *comm, const coll_dev_call *d, void *dst,

@@ -66,6 +66,19 @@ void *coll_cuda_peer_done_event(struct coll_comm *comm);
 
 /* The primitives algo/device.c schedules with, all enqueued on d->stream. */
 coll_result coll_dev_barrier(struct coll_comm *comm, const coll_dev_call *d);
+/* The next epoch of this communicator's flags (every rank takes the same number per
+ * call, in the same order: the rows run the same schedule everywhere). */
+uint32_t coll_dev_epoch(struct coll_comm *comm);
+/* Half-barriers, on the call's stream: write `epoch` into my flag at each rank of
+ * to[0..nto), then wait until my flag from each rank of from[0..nfrom) holds it. */
+coll_result coll_dev_signal(struct coll_comm *comm, const coll_dev_call *d, uint32_t epoch,
+                            const int *to, int nto, const int *from, int nfrom);
+/* The kernels fanned out (peer_kernels.h): one launch serving every rank's outputs. */
+coll_result coll_dev_reduce_fan(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
+                                int ndst, size_t seg, const void *const *src, int nsrc,
+                                size_t count, coll_dtype dtype, coll_op op);
+coll_result coll_dev_copy_fan(struct coll_comm *comm, const coll_dev_call *d, void *const *dst,
+                              int ndst, const void *const *src, const size_t *bytes, int nseg);
 coll_result coll_dev_reduce(struct coll_comm *comm, const coll_dev_call *d, void *dst,
                             const void *const *src, int nsrc, size_t count, coll_dtype dtype,
                             coll_op op);
@@ -77,6 +90,7 @@ void *coll_dev_scratch(struct coll_comm *comm);
 /* The communicator's device data path (comm->peer; peer.c's alone). */
 struct coll_peer {
   bool ok;          /* set up on every rank: the device rows may run */
+  bool one_gpu;     /* every rank on the same GPU (its PCI address): dev_onegpu may run */
   char why[192];    /* why not */
   int device;       /* the communicator's GPU */
   void *stream;     /* libcoll's own stream there (the set-up's trial) */

@@ -99,7 +99,8 @@ static bool price(struct coll_comm *comm, const coll_algo_entry *e, coll_coll_ki
                        .hosts = comm->hosts.nhosts,
                        .local = comm->hosts.per_host,
                        .alpha_net = t->alpha_net,
-                       .beta_net = t->beta_net};
+                       .beta_net = t->beta_net,
+                       .gpus = comm->dev_gpus};
   /* Link classes: a host-aware row prices each class with its own α and β (α inside a
    * host: the token's hop, never a row's own calibration, which a whole job measured);
    * a flat schedule on several hosts waits, step after step, for its slowest link. */

@@ -680,9 +680,9 @@ Test(plan, forced_algo_that_cannot_serve_is_the_ring) {
 }
 
 Test(plan, algo_names_and_table) {
-  const char *names[] = {"auto",        "ring",        "tree",   "rd",       "rhd",
-                         "oneshot",     "direct",      "mapped", "pairwise", "linear",
-                         "dev_oneshot", "dev_twoshot", "hier",   "fanout",   "staged"};
+  const char *names[] = {"auto",   "ring",   "tree",     "rd",        "rhd",         "oneshot",
+                         "direct", "mapped", "pairwise", "linear",    "dev_oneshot", "dev_twoshot",
+                         "hier",   "fanout", "staged",   "dev_onegpu"};
   cr_assert_eq(sizeof names / sizeof *names, COLL_NUM_ALGOS);
   for (int a = 0; a < COLL_NUM_ALGOS; a++) {
     bool ok = false;

@@ -405,9 +405,48 @@ Test(cuda, device_rows_priced_and_chosen) {
   c->nranks = 8;
   cr_assert_eq(device_choice(c, COLL_COLL_ALL_REDUCE, (16u << 20) / 4, true),
                COLL_ALGO_DEV_TWOSHOT);
+  /* Every rank on one GPU: the one-GPU row, whose single kernel neither time-slices nor
+   * moves a byte twice, at every size; the per-rank rows priced as they ran on one H200
+   * (~100 us a barrier for each extra rank, every rank's bytes through one memory). */
+  const coll_algo_entry *onegpu = coll_algo_get(COLL_ALGO_DEV_ONEGPU);
+  cr_assert(onegpu->device_only && onegpu->run && !onegpu->plan);
+  cr_assert(!coll_algo_usable(onegpu, c, &mapped, 4), "not one GPU: not usable");
+  cc->one_gpu = true;
+  c->dev_gpus = 1;
+  c->nranks = 2;
+  cr_assert(coll_algo_usable(onegpu, c, &mapped, 4));
+  cr_assert(!coll_algo_usable(onegpu, c, &unmapped, 4));
+  const coll_coll_kind five[] = {COLL_COLL_BROADCAST, COLL_COLL_REDUCE, COLL_COLL_ALL_REDUCE,
+                                 COLL_COLL_REDUCE_SCATTER, COLL_COLL_ALL_GATHER};
+  for (size_t i = 0; i < sizeof five / sizeof *five; i++) {
+    cr_assert_eq(device_choice(c, five[i], 2, true), COLL_ALGO_DEV_ONEGPU, "%s",
+                 coll_coll_name(five[i]));
+    cr_assert_eq(device_choice(c, five[i], (256u << 20) / 4, true), COLL_ALGO_DEV_ONEGPU, "%s",
+                 coll_coll_name(five[i]));
+  }
+  double sh1, sh2, og;
+  coll_cost_model one_h200 = {.p = 2, .gpus = 1};
+  cr_assert_eq(coll_dev_oneshot_cost(COLL_COLL_ALL_REDUCE, 8, &one_h200, &sh1, f, sizeof f),
+               COLL_OK);
+  cr_assert(strstr(f, "time-sliced"), "%s", f);
+  cr_assert(sh1 > 150e-6 && sh1 < 250e-6, "8 B on one GPU, one-shot: %g s (measured 168-225 us)",
+            sh1);
+  cr_assert_eq(coll_dev_twoshot_cost(COLL_COLL_ALL_REDUCE, 268435456.0, &one_h200, &sh2, f,
+                                     sizeof f),
+               COLL_OK);
+  cr_assert(sh2 > 550e-6 && sh2 < 800e-6,
+            "256 MiB on one GPU, two-shot: %g s (measured 700-800 us)", sh2);
+  cr_assert_eq(coll_dev_onegpu_cost(COLL_COLL_ALL_REDUCE, 268435456.0, &one_h200, &og, f, sizeof f),
+               COLL_OK);
+  cr_assert(og < sh2 / 2, "one kernel %g s against two two-shots %g s", og, sh2);
+  cr_assert_eq(coll_dev_onegpu_cost(COLL_COLL_ALL_TO_ALL, 1e6, &one_h200, &og, f, sizeof f),
+               COLL_ERR_INVALID_ARG);
+  cc->one_gpu = false;
+  c->dev_gpus = 0;
   /* more ranks than one kernel reads, or a path that is not up: the host-driven rows */
   c->nranks = COLL_PEER_MAX + 1;
   cr_assert(!coll_algo_usable(one, c, &mapped, 4));
+  cr_assert(!coll_algo_usable(onegpu, c, &mapped, 4));
   c->nranks = 2;
   cc->ok = false;
   cr_assert(!coll_algo_usable(one, c, &mapped, 4));
@@ -743,9 +782,15 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
     }
   }
   gen(hs, sendn, d, op, r, seed);
-  cudaError_t e = cudaMemcpy(m->dr, m->hr, big, cudaMemcpyHostToDevice);
-  if (e == cudaSuccess && !in_place) e = cudaMemcpy(m->ds, m->hs, big, cudaMemcpyHostToDevice);
-  if (e != cudaSuccess) return t_failf("cudaMemcpy: %s", cudaGetErrorString(e));
+  /* Uploaded on the stream the device call will run on: a call on a cudaStream_t is
+   * ordered after that stream's work only (as NCCL's), and cudaMemcpy from pageable memory
+   * may return before its DMA lands (on the legacy stream, which a non-blocking stream
+   * does not wait for: the first GPU run read such inputs half-landed, 2026-11-30). */
+  cudaStream_t up = m->s ? m->cs : 0;
+  cudaError_t e = cudaMemcpyAsync(m->dr, m->hr, big, cudaMemcpyHostToDevice, up);
+  if (e == cudaSuccess && !in_place)
+    e = cudaMemcpyAsync(m->ds, m->hs, big, cudaMemcpyHostToDevice, up);
+  if (e != cudaSuccess) return t_failf("cudaMemcpyAsync: %s", cudaGetErrorString(e));
   coll_result res = call(m, c, hs, hr, count, d, op, root, NULL);
   if (res != COLL_OK) return t_failf("host %s: %s", mname[c], coll_comm_last_error(m->comm));
   if (m->s) {
