@@ -34,8 +34,7 @@ static inline void th_parity_write(train_session *s, const train_options *o, int
   size_t bt = (size_t)o->batch * o->seq;
   train_loader_state ls = {.seed = o->seed};
   for (int k = 0; k < steps; k++)
-    train_data_next_batch(train_session_data(s), &ls, o->batch, o->seq, in + k * bt,
-                          tg + k * bt);
+    train_data_next_batch(train_session_data(s), &ls, o->batch, o->seq, in + k * bt, tg + k * bt);
   cr_assert_eq(th_write(inp, in, steps * bt * sizeof(int)), 0);
   cr_assert_eq(th_write(tgt, tg, steps * bt * sizeof(int)), 0);
   free(ckpt), free(inp), free(tgt);
@@ -44,8 +43,8 @@ static inline void th_parity_write(train_session *s, const train_options *o, int
 /* Runs `py` tools/reference.py (TRAIN_REFERENCE) on device ("cpu" or "cuda") over the
  * files th_parity_write left in dir, its outputs into dir; fails the test with the
  * reference's stderr unless it exits 0. */
-static inline void th_reference_run(const char *py, const char *dir, int batch, int seq,
-                                    int steps, const char *device) {
+static inline void th_reference_run(const char *py, const char *dir, int batch, int seq, int steps,
+                                    const char *device) {
   const char *ref = getenv("TRAIN_REFERENCE");
   cr_assert(ref, "TRAIN_REFERENCE (path of tools/reference.py) is not set");
   char *cmd = th_fmt("'%s' '%s' --ckpt %s/init.ckpt --inputs %s/inputs.bin "
