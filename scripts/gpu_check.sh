@@ -19,7 +19,8 @@
 #          nvcc, torch).  A later stage builds first if build-gpu is missing.
 #   test   the CUDA tests, none skipped when a GPU is there: test_cuda (kernels against
 #          reduce.c, the device matrix at 2, 4 and 8 ranks, through a cudaStream_t too, a
-#          killed and an aborted rank) and libtrain's train_cuda (tests.log); then the
+#          killed and an aborted rank) and libtrain's train_cuda (the GPU against the CPU,
+#          and its losses against PyTorch's on the GPU) (tests.log); then the
 #          closing line of scripts/summary.py over them.
 #   bench  coll-bench --device cuda: all_reduce, all_gather, reduce_scatter and broadcast
 #          at N = 2, 4, 8 ranks on the machine's GPUs, 1 KiB to 1 GiB (256 MiB at 4 and 8
@@ -165,9 +166,12 @@ stage_test() {
     echo "== $(date -u +%T) $name: exit $?"
   }
   # Two groups at a time (16 cores; the ranks share the one GPU either way), each bounded
-  # so that a hang costs its group only: at most 60 + 150 s.
+  # so that a hang costs its group only: at most 90 + 150 s. train_cuda gets 90 s for
+  # cuda::losses_match_pytorch, which imports torch twice (its probe, then
+  # tools/reference.py --device cuda; ~10 s warm, more from a cold disk) with the python3
+  # first on PATH whose torch sees the GPU, or $TRAIN_CUDA_PYTHON when it is set.
   {
-    group train_cuda 60 train_cuda >"$OUT/tests_train.log" 2>&1 &
+    group train_cuda 90 train_cuda >"$OUT/tests_train.log" 2>&1 &
     group cuda_plain 60 cuda $plain
     wait $! # not `wait`: that would wait for the background torch build too
     group cuda_stream 150 cuda $stream >"$OUT/tests_stream.log" 2>&1 &

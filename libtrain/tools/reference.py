@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""reference.py — the PyTorch reference for libtrain's model (run with Debian's
-/usr/bin/python3 and python3-torch, CPU, fp32).
+"""reference.py — the PyTorch reference for libtrain's model, fp32: on the CPU (Debian's
+/usr/bin/python3 and python3-torch; the default) or with --device cuda on the GPU (a
+python3 whose torch has CUDA; TF32 off, deterministic kernels where torch has them).
 
 It is written independently of the C code from the model description in
 docs/training.md: it builds the same GPT-2-style model with torch.nn modules, loads
@@ -15,15 +16,22 @@ shard; format in libtrain/parallel/checkpoint.c), and for the batches it is give
   norms.bin    (S,)    float32  global gradient norm before clipping, per step
 
 usage: reference.py --ckpt CKPT --inputs IN.bin --targets TG.bin --batch B --seq T
-                    --steps S --out DIR [--threads N]
+                    --steps S --out DIR [--threads N] [--device cpu|cuda]
 IN.bin/TG.bin hold S*B*T int32 token ids. The optimizer hyper-parameters (lr schedule,
-betas, eps, weight decay, clipping) are read from the checkpoint header.
+betas, eps, weight decay, clipping) are read from the checkpoint header. The outputs are
+the same files, in the same layout, on either device. It must never fall back to the CPU
+when --device cuda finds no GPU (it exits with the reason), nor leave TF32 on.
 """
 import argparse
 import math
 import os
 import struct
 import sys
+
+# cuBLAS is deterministic under use_deterministic_algorithms only with a fixed workspace,
+# which it reads from the environment when CUDA starts: before torch is imported. On the
+# CPU it is never read.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import numpy as np
 import torch
@@ -144,12 +152,27 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    torch.use_deterministic_algorithms(True)
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("reference.py: --device cuda: torch %s (CUDA %s) sees no GPU "
+                     "(torch.cuda.is_available() is False)" % (torch.__version__,
+                                                                torch.version.cuda))
+        # plain fp32 products, as coll-train's cuBLAS calls: TF32 would round the inputs
+        # to 10 mantissa bits (relative error ~5e-4), far above the tolerances compared.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        # warn_only: a CUDA kernel without a deterministic variant warns instead of
+        # stopping the run; the comparison's tolerance covers its reordered sums.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True)
+    dev = torch.device(a.device)
 
     h, flat = read_checkpoint(a.ckpt)
-    model = GPT(h["vocab"], h["max_seq"], h["layers"], h["channels"], h["heads"])
+    model = GPT(h["vocab"], h["max_seq"], h["layers"], h["channels"], h["heads"]).to(dev)
     layout = model.flat_layout()
     assert sum(t.numel() for t, _ in layout) == h["nparams"], "layout size mismatch"
     off = 0
@@ -167,12 +190,15 @@ def main():
         np.asarray(arr, dtype="<f4").tofile(os.path.join(a.out, name))
 
     # 1. one forward/backward: logits, loss, all gradients
-    x0, y0 = torch.from_numpy(inp[0]).long(), torch.from_numpy(tgt[0]).long()
+    def batch(k):
+        return (torch.from_numpy(inp[k]).long().to(dev), torch.from_numpy(tgt[k]).long().to(dev))
+
+    x0, y0 = batch(0)
     logits, loss = model(x0, y0)
     loss.backward()
-    w("logits.bin", logits.detach().numpy().ravel())
+    w("logits.bin", logits.detach().cpu().numpy().ravel())
     w("loss.bin", [loss.item()])
-    w("grads.bin", np.concatenate([t.grad.numpy().ravel() for t, _ in layout]))
+    w("grads.bin", np.concatenate([t.grad.cpu().numpy().ravel() for t, _ in layout]))
 
     # 2. S AdamW steps with clipping and the learning-rate schedule
     with torch.no_grad():
@@ -190,8 +216,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr_at(h, step)
         opt.zero_grad(set_to_none=False)
-        _, loss = model(torch.from_numpy(inp[step]).long(),
-                        torch.from_numpy(tgt[step]).long())
+        _, loss = model(*batch(step))
         loss.backward()
         clip = h["grad_clip"] if h["grad_clip"] > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)

@@ -18,6 +18,7 @@
  */
 #include <criterion/criterion.h>
 
+#include "common/parity.h"
 #include "common/train_test.h"
 #include "train.h"
 
@@ -26,26 +27,14 @@
 #define STEPS 10
 #define TOL 1e-5
 
-static float *read_floats(const char *dir, const char *name, size_t want) {
-  char *path = th_fmt("%s/%s", dir, name);
-  size_t len = 0;
-  char *buf = th_read(path, &len);
-  cr_assert(buf, "reference did not write %s", path);
-  free(path);
-  cr_assert_eq(len, want * sizeof(float), "%s: %zu bytes, expected %zu", name, len,
-               want * sizeof(float));
-  return (float *)buf;
-}
-
 Test(parity, pytorch_forward_backward_and_adamw, .timeout = 120) {
   const char *py = getenv("TRAIN_PYTHON") ? getenv("TRAIN_PYTHON") : "/usr/bin/python3";
-  const char *ref = getenv("TRAIN_REFERENCE");
-  cr_assert(ref, "TRAIN_REFERENCE (path of tools/reference.py) is not set");
   char *cmd = th_fmt("%s -c 'import torch, numpy' >/dev/null 2>&1", py);
   if (system(cmd) != 0)
     cr_assert_fail("%s cannot import torch and numpy: install python3-torch "
                    "python3-numpy (Debian) to run the PyTorch parity test",
                    py);
+  free(cmd);
 
   char *dir = th_tmpdir();
   cr_assert(dir);
@@ -58,33 +47,16 @@ Test(parity, pytorch_forward_backward_and_adamw, .timeout = 120) {
   train_model *m = train_session_model(s);
   size_t np = train_num_params(m);
 
-  char *ckpt = th_fmt("%s/init.ckpt", dir), *inp = th_fmt("%s/inputs.bin", dir),
-       *tgt = th_fmt("%s/targets.bin", dir);
-  cr_assert_eq(train_session_save(s, ckpt, err), 0, "%s", err);
-
-  /* the batches the session will draw: same loader, same seed */
+  /* the initial weights and the batches the session will draw, then torch on them */
   static int in[STEPS][B * T], tg[STEPS][B * T];
-  train_loader_state ls = {.seed = o.seed};
-  for (int k = 0; k < STEPS; k++)
-    train_data_next_batch(train_session_data(s), &ls, B, T, in[k], tg[k]);
-  cr_assert_eq(th_write(inp, in, sizeof in), 0);
-  cr_assert_eq(th_write(tgt, tg, sizeof tg), 0);
-
-  char *out = th_fmt("%s/ref.out", dir), *errf = th_fmt("%s/ref.err", dir);
-  free(cmd);
-  cmd = th_fmt("%s %s --ckpt %s --inputs %s --targets %s --batch %d --seq %d --steps %d "
-               "--out %s",
-               py, ref, ckpt, inp, tgt, B, T, STEPS, dir);
-  int rc = th_run(cmd, out, errf);
-  char *msg = th_read(errf, NULL);
-  cr_assert_eq(rc, 0, "reference.py failed (%d): %s", rc, msg ? msg : "");
-  free(msg);
+  th_parity_write(s, &o, STEPS, dir, &in[0][0], &tg[0][0]);
+  th_reference_run(py, dir, B, T, STEPS, "cpu");
 
   /* 1. forward + backward of batch 0 */
   int V = o.cfg.vocab;
-  float *rlogits = read_floats(dir, "logits.bin", (size_t)B * T * V);
-  float *rloss = read_floats(dir, "loss.bin", 1);
-  float *rgrads = read_floats(dir, "grads.bin", np);
+  float *rlogits = th_read_floats(dir, "logits.bin", (size_t)B * T * V);
+  float *rloss = th_read_floats(dir, "loss.bin", 1);
+  float *rgrads = th_read_floats(dir, "grads.bin", np);
   float loss = train_forward(m, in[0], tg[0], B, T);
   train_zero_grad(m);
   train_backward(m);
@@ -114,8 +86,8 @@ Test(parity, pytorch_forward_backward_and_adamw, .timeout = 120) {
               worst_name);
 
   /* 2. ten AdamW steps (warmup + cosine lr, clipping, weight decay) */
-  float *rlosses = read_floats(dir, "losses.bin", STEPS);
-  float *rnorms = read_floats(dir, "norms.bin", STEPS);
+  float *rlosses = th_read_floats(dir, "losses.bin", STEPS);
+  float *rnorms = th_read_floats(dir, "norms.bin", STEPS);
   for (int k = 0; k < STEPS; k++) {
     train_step_stats st = train_session_step(s);
     double el = fabs((double)st.loss - rlosses[k]) / fabs(rlosses[k]);
@@ -136,12 +108,6 @@ Test(parity, pytorch_forward_backward_and_adamw, .timeout = 120) {
   free(rnorms);
   free(logits);
   free(grads);
-  free(cmd);
-  free(out);
-  free(errf);
-  free(ckpt);
-  free(inp);
-  free(tgt);
   train_session_free(s);
   th_rmrf(dir);
   free(dir);
