@@ -1,7 +1,9 @@
 // backend.cpp — the torch 2.x adapter: a c10d::Backend whose every method forwards to the
 // core (core.cpp), the Python module `libcoll_torch`, and the registration of "libcoll"
-// for CPU tensors.  Built against torch 2.15 (C++20) by the project's set-up, and against
-// the GPU machine's torch 2.11 by scripts/gpu_check.sh.
+// for CPU and CUDA tensors (one backend serves both; a build without CUDA refuses CUDA
+// tensors with its own sentence rather than torch's "no backend for cuda").  Built against
+// torch 2.15 (C++20) by the project's set-up, and against the GPU machine's torch 2.11 by
+// scripts/gpu_check.sh.
 //
 // It must never hold logic of its own beyond forwarding, and never block with the GIL held.
 #include <torch/extension.h>
@@ -248,6 +250,7 @@ PYBIND11_MODULE(libcoll_torch, m) {
   if (!backend.attr("_plugins").contains("LIBCOLL")) {
     py::list devices;
     devices.append("cpu");
+    devices.append("cuda");
     backend.attr("register_backend")("libcoll", m.attr("create_process_group"),
                                      py::arg("devices") = devices);
   }

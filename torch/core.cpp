@@ -10,6 +10,12 @@
 // Bitwise reductions are refused.  Non-contiguous tensors go through a contiguous copy
 // that is copied back once the operation finished.
 //
+// CUDA tensors (all of one call on one device) take the same mapping on device memory:
+// staging copies, libcoll's calls and the copies back are all enqueued on the device's
+// current CUDA stream, in that order, so no thread waits for any of them (launch_cuda).
+// libcoll's device data path serves all-reduce, reduce, reduce-scatter, all-gather and
+// broadcast; the other collectives on device buffers take its host-driven path.
+//
 // It must never block the caller on the network (only wait() and the completion thread
 // wait), never print, and never swallow libcoll's sentence.
 #include "core.hpp"
@@ -17,6 +23,14 @@
 #include <climits>
 #include <cstring>
 #include <stdexcept>
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "coll_config.h"
+#if COLL_HAVE_CUDA
+#include <coll_cuda.h>
+#endif
 
 namespace libcoll_torch {
 
@@ -33,20 +47,53 @@ std::string failure(coll_result r, const char *sentence) {
   return r == COLL_ERR_TIMEOUT ? "its timeout passed: " + s : s;
 }
 
-void check_cpu(const at::Tensor &t, const char *what) {
-  if (!t.device().is_cpu())
-    throw error(what,
-                "the libcoll backend takes CPU tensors only, this one is on " + t.device().str());
-  if (t.is_sparse())
-    throw error(what, "the libcoll backend takes dense tensors only, this one is sparse");
+// Where one call's tensors are: nullopt for the CPU, else their CUDA device.
+using Dev = std::optional<c10::Device>;
+
+std::string where(const Dev &d) { return d ? d->str() : "cpu"; }
+
+// The device of every tensor in `ts`, which must all be dense and on one device: the CPU,
+// or one CUDA device where this build has CUDA.
+Dev place(const std::vector<at::Tensor> &ts, const char *what) {
+  Dev dev;
+  bool first = true;
+  for (const at::Tensor &t : ts) {
+    if (t.is_sparse())
+      throw error(what, "the libcoll backend takes dense tensors only, this one is sparse");
+    c10::Device d = t.device();
+    if (!d.is_cpu() && !d.is_cuda())
+      throw error(what,
+                  "the libcoll backend takes CPU and CUDA tensors, this one is on " + d.str());
+    if (d.is_cuda() && !COLL_HAVE_CUDA)
+      throw error(what, "this libcoll_torch was built without CUDA (meson -Dcuda, nvcc), so it "
+                        "takes CPU tensors only; this one is on " +
+                            d.str());
+    Dev here = d.is_cuda() ? Dev(d) : std::nullopt;
+    if (first) {
+      dev = here;
+      first = false;
+    } else if (here != dev) {
+      throw error(what, "the tensors of one call must all be on one device, this call has "
+                        "tensors on " +
+                            where(dev) + " and on " + d.str());
+    }
+  }
+  return dev;
 }
 
-void check_one(const std::vector<at::Tensor> &ts, const char *what) {
+Dev check_one(const std::vector<at::Tensor> &ts, const char *what) {
   if (ts.size() != 1)
     throw error(what, "the libcoll backend takes one tensor per call (one process per "
                       "device), got " +
                           std::to_string(ts.size()));
-  check_cpu(ts[0], what);
+  return place(ts, what);
+}
+
+// `a` followed by every tensor of `lists`, for place().
+std::vector<at::Tensor> all_of(std::vector<at::Tensor> a,
+                               const std::vector<std::vector<at::Tensor>> &lists) {
+  for (auto &l : lists) a.insert(a.end(), l.begin(), l.end());
+  return a;
 }
 
 size_t nbytes(const at::Tensor &t) { return (size_t)t.numel() * t.element_size(); }
@@ -79,6 +126,37 @@ void unpack(const at::Tensor &dst, const uint8_t *src) {
 
 at::Tensor byte_buffer(size_t n) { return at::empty({(int64_t)n}, at::kByte); }
 uint8_t *bytes_of(const at::Tensor &t) { return (uint8_t *)t.data_ptr(); }
+
+// A staging buffer of n bytes on the call's device.
+at::Tensor byte_buffer(size_t n, const Dev &dev) {
+  if (!dev) return byte_buffer(n);
+  return at::empty({(int64_t)n}, at::TensorOptions().dtype(at::kByte).device(*dev));
+}
+
+// The bytes of contiguous `t` as a 1-D uint8 tensor sharing its memory.
+at::Tensor byte_view(const at::Tensor &t) { return t.reshape({-1}).view(at::kByte); }
+
+// Bytes of `src` (any layout) into `flat` (a byte buffer) at byte `off`: memcpy on the
+// CPU, a copy enqueued on the current stream for CUDA (a kernel cannot memcpy).
+void pack_into(const at::Tensor &flat, size_t off, const at::Tensor &src) {
+  if (!flat.is_cuda()) return pack(bytes_of(flat) + off, src);
+  if (src.numel())
+    flat.narrow(0, (int64_t)off, (int64_t)nbytes(src)).copy_(byte_view(src.contiguous()));
+}
+
+// Bytes of `flat` at byte `off` into `dst` (any layout), as pack_into.
+void unpack_from(const at::Tensor &dst, const at::Tensor &flat, size_t off) {
+  if (!flat.is_cuda()) return unpack(dst, bytes_of(flat) + off);
+  if (!dst.numel()) return;
+  at::Tensor region = flat.narrow(0, (int64_t)off, (int64_t)nbytes(dst));
+  if (dst.is_contiguous()) {
+    byte_view(dst).copy_(region);
+    return;
+  }
+  at::Tensor c = at::empty(dst.sizes(), dst.options());
+  byte_view(c).copy_(region);
+  dst.copy_(c);
+}
 
 // A reduction's libcoll dtype and element multiplier (2 for complex), or a refusal.
 struct Typed {
@@ -210,6 +288,15 @@ Work::Work(int rank, c10d::OpType type, Stream stream, std::string what,
       after_(std::move(after)), future_(c10::make_intrusive<c10::ivalue::Future>(
                                     c10::ListType::create(c10::TensorType::get()))) {}
 
+Work::Work(int rank, c10d::OpType type, Stream stream, std::string what,
+           std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, c10::Stream on,
+           c10::Event done)
+    : Work(rank, type, std::move(stream), std::move(what), std::move(outputs), std::move(keep),
+           nullptr) {
+  on_ = on;
+  done_.emplace(std::move(done));
+}
+
 void Work::record(coll_result r, const char *sentence) {
   std::exception_ptr e;
   if (r != COLL_OK) {
@@ -239,13 +326,46 @@ void Work::complete_future() {
     future_->markCompleted(c10::IValue(outputs_));
 }
 
+// libcoll counts a CUDA stream's calls and keeps the first error per stream, not per
+// call: once `done_` completed this operation has ended, but coll_stream_query answers
+// "in progress" while later calls on the same CUDA stream run.  Then this one counts as
+// done, and an error stays with the stream for the first Work that finds it idle (or the
+// next call, on a communicator libcoll has marked failed).  Drops the stream: a settled
+// Work outliving the core must not hold what shutdown destroys.
+void Work::record_cuda() {
+  coll_result r = coll_stream_query(stream_.get());
+  const char *sentence = nullptr;
+  if (r == COLL_IN_PROGRESS)
+    r = COLL_OK;
+  else if (r != COLL_OK)
+    sentence = coll_comm_last_error(nullptr);
+  std::string s = sentence ? sentence : "";
+  stream_.reset();
+  record(r, sentence ? s.c_str() : nullptr);
+}
+
 void Work::settle() {
   if (follower_) return;  // its region's Work settles it
   {
     std::lock_guard<std::mutex> g(settle_mu_);
     if (settled_) return;
-    coll_result r = coll_stream_synchronize(stream_.get());
-    record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
+    if (done_) {
+      std::string bad;
+      try {
+        done_->synchronize();  // the operation's end, not the stream's
+      } catch (const c10::Error &x) {
+        bad = x.what_without_backtrace();
+      } catch (const std::exception &x) { bad = x.what(); }
+      if (bad.empty()) {
+        record_cuda();
+      } else {
+        stream_.reset();
+        record(COLL_ERR_SYSTEM, ("waiting for its CUDA event: " + bad).c_str());
+      }
+    } else {
+      coll_result r = coll_stream_synchronize(stream_.get());
+      record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
+    }
   }
   complete_future();
 }
@@ -269,6 +389,25 @@ bool Work::isCompleted() {
     std::unique_lock<std::mutex> g(settle_mu_, std::try_to_lock);
     if (!g.owns_lock()) return false;  // another thread is synchronizing it right now
     if (settled_) return true;
+    if (done_) {
+      bool ended = true;
+      std::string bad;
+      try {
+        ended = done_->query();
+      } catch (const c10::Error &x) {
+        bad = x.what_without_backtrace();
+      } catch (const std::exception &x) { bad = x.what(); }
+      if (!ended) return false;
+      if (bad.empty()) {
+        record_cuda();
+      } else {
+        stream_.reset();
+        record(COLL_ERR_SYSTEM, ("querying its CUDA event: " + bad).c_str());
+      }
+      g.unlock();
+      complete_future();
+      return true;
+    }
     coll_result r = coll_stream_query(stream_.get());
     if (r == COLL_IN_PROGRESS) return false;
     record(r, r == COLL_OK ? nullptr : coll_comm_last_error(nullptr));
@@ -277,7 +416,31 @@ bool Work::isCompleted() {
   return true;
 }
 
+void Work::rethrow_failure() {
+  std::exception_ptr e = exception();
+  if (e) std::rethrow_exception(e);
+}
+
+void Work::synchronize() {
+  if (!done_) {
+    c10d::Work::synchronize();  // a host operation: as before CUDA came
+    return;
+  }
+  rethrow_failure();
+  // The caller's current stream on the operation's device; nothing to wait for on the
+  // stream the operation went on (stream order already puts it first).
+  auto *impl = c10::impl::getDeviceGuardImpl(on_->device_type());
+  c10::Stream cur = impl->getStream(on_->device());
+  if (cur != *on_) done_->block(cur);
+}
+
 bool Work::wait(std::chrono::milliseconds timeout) {
+  // A CUDA operation: as NCCL's, the wait is the current stream's, not the caller's (a
+  // timeout has nothing to bound: no thread waits).  A failure already known is raised.
+  if (done_) {
+    synchronize();
+    return true;
+  }
   if (!armed_)
     throw error(what_, "was waited for inside its coalescing region: its libcoll calls run only "
                        "once the region ends (endCoalescing), so wait for it after that");
@@ -347,6 +510,14 @@ void Core::shutdown() {
   }
   qcv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Every Work was settled and let go of its CUDA stream's coll_stream: destroying them
+  // drains their CUDA streams, which needs the communicator still alive.
+  std::map<std::pair<int, void *>, Stream> streams;
+  {
+    std::lock_guard<std::mutex> g(cuda_mu_);
+    streams.swap(cuda_streams_);
+  }
+  streams.clear();
   if (comm_) coll_comm_destroy(comm_);
   comm_ = nullptr;
 }
@@ -397,7 +568,9 @@ void Core::now(const std::function<void()> &op) {
 
 Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
                            std::function<coll_result(coll_stream_t)> enqueue,
-                           std::function<void()> after) {
+                           std::function<void()> after, std::optional<c10::Device> dev) {
+  if (dev)
+    return launch_cuda(type, what, std::move(outputs), std::move(keep), enqueue, after, *dev);
   if (blocking_now) {  // Core::now: libcoll's blocking call (a NULL stream), then the copy back
     coll_result r = enqueue(nullptr);
     if (r != COLL_OK)
@@ -420,6 +593,59 @@ Core::WorkPtr Core::launch(c10d::OpType type, const char *what, Tensors outputs,
     co_parts_.push_back(w);  // armed and queued by end_coalescing
     return w;
   }
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    queue_.push_back(w);
+  }
+  qcv_.notify_one();
+  return w;
+}
+
+Stream Core::cuda_stream(c10::Device dev, void *cs, const char *what) {
+  std::lock_guard<std::mutex> g(cuda_mu_);
+  auto key = std::make_pair((int)dev.index(), cs);
+  auto it = cuda_streams_.find(key);
+  if (it != cuda_streams_.end()) return it->second;
+#if COLL_HAVE_CUDA
+  coll_stream_t s;
+  if (coll_stream_create_cuda(&s, (cudaStream_t)cs) != COLL_OK)
+    throw error(what, coll_comm_last_error(nullptr));
+  Stream st(s, [](coll_stream_t p) { coll_stream_destroy(p); });  // drains the CUDA stream
+  cuda_streams_.emplace(key, st);
+  return st;
+#else
+  (void)cs;
+  throw error(what, "this libcoll_torch was built without CUDA");
+#endif
+}
+
+// The device's current CUDA stream carries everything: the staging copies the caller
+// already enqueued, libcoll's calls, then `after` (copies back), then the event the Work
+// waits for.  Nothing here waits for the GPU.  A coalescing region's stream is a host
+// coll_stream, and libcoll groups no point-to-point calls on device memory: CUDA tensors
+// stay out of regions.  Core::now's blocking call is NCCL's for a device: ordered on the
+// stream, no Work.
+Core::WorkPtr Core::launch_cuda(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
+                                const std::function<coll_result(coll_stream_t)> &enqueue,
+                                const std::function<void()> &after, c10::Device dev) {
+  if (co_thread_.load() == std::this_thread::get_id())
+    throw error(what, "the libcoll backend cannot take CUDA tensors inside a coalescing region "
+                      "(batch_isend_irecv, _coalescing_manager): issue these calls one by one");
+  c10::DeviceGuard guard(dev);
+  auto *impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  c10::Stream on = impl->getStream(dev);
+  Stream st = cuda_stream(dev, on.native_handle(), what);
+  coll_result r = enqueue(st.get());
+  if (r != COLL_OK) {
+    std::string s = coll_comm_last_error(comm_);
+    throw error(what, s.empty() ? coll_result_string(r) : s);
+  }
+  if (after) after();
+  if (blocking_now) return WorkPtr();
+  c10::Event done(c10::DeviceType::CUDA);
+  done.record(on);
+  auto w = c10::make_intrusive<Work>(rank_, type, st, what, std::move(outputs), std::move(keep), on,
+                                     std::move(done));
   {
     std::lock_guard<std::mutex> g(qmu_);
     queue_.push_back(w);
@@ -488,7 +714,7 @@ Core::WorkPtr Core::end_coalescing() {
 
 Core::WorkPtr Core::broadcast(Tensors &tensors, const c10d::BroadcastOptions &opts) {
   const char *what = "broadcast";
-  check_one(tensors, what);
+  Dev dev = check_one(tensors, what);
   int root = check_root(opts.rootRank, size_, what);
   at::Tensor t = tensors[0], w = wire_of(t);
   return launch(
@@ -496,12 +722,12 @@ Core::WorkPtr Core::broadcast(Tensors &tensors, const c10d::BroadcastOptions &op
       [=, this](coll_stream_t s) {
         return coll_broadcast(w.data_ptr(), w.data_ptr(), nbytes(w), COLL_UINT8, root, comm_, s);
       },
-      [=] { copy_back(t, w); });
+      [=] { copy_back(t, w); }, dev);
 }
 
 Core::WorkPtr Core::allreduce(Tensors &tensors, const c10d::AllreduceOptions &opts) {
   const char *what = "all_reduce";
-  check_one(tensors, what);
+  Dev dev = check_one(tensors, what);
   at::Tensor t = tensors[0];
   Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
   at::Tensor w = wire_of(t);
@@ -512,7 +738,7 @@ Core::WorkPtr Core::allreduce(Tensors &tensors, const c10d::AllreduceOptions &op
         return coll_all_reduce(w.data_ptr(), w.data_ptr(), count_of(red, w), red.ty.dtype, red.op,
                                comm_, s);
       },
-      [=] { copy_back(t, w); });
+      [=] { copy_back(t, w); }, dev);
 }
 
 // One all-reduce per dtype over a flat buffer holding that dtype's tensors end to end
@@ -527,8 +753,8 @@ Core::WorkPtr Core::allreduce_coalesced(Tensors &tensors,
     at::Tensor flat;
   };
   std::vector<Bucket> buckets;
+  Dev dev = place(tensors, what);
   for (size_t i = 0; i < tensors.size(); i++) {
-    check_cpu(tensors[i], what);
     Bucket *b = nullptr;
     for (auto &x : buckets)
       if (tensors[x.members[0]].scalar_type() == tensors[i].scalar_type()) b = &x;
@@ -570,12 +796,13 @@ Core::WorkPtr Core::allreduce_coalesced(Tensors &tensors,
             if (u.numel() && u.data_ptr() != part.data_ptr()) u.copy_(part.view(u.sizes()));
           }
         }
-      });
+      },
+      dev);
 }
 
 Core::WorkPtr Core::reduce(Tensors &tensors, const c10d::ReduceOptions &opts) {
   const char *what = "reduce";
-  check_one(tensors, what);
+  Dev dev = check_one(tensors, what);
   int root = check_root(opts.rootRank, size_, what);
   at::Tensor t = tensors[0];
   Reduction red = reduction(opts.reduceOp, t.scalar_type(), what);
@@ -590,22 +817,21 @@ Core::WorkPtr Core::reduce(Tensors &tensors, const c10d::ReduceOptions &opts) {
       },
       [=] {
         if (is_root) copy_back(t, w);
-      });
+      },
+      dev);
 }
 
 Core::WorkPtr Core::allgather(TensorLists &outputs, Tensors &inputs,
                               const c10d::AllgatherOptions &) {
   const char *what = "all_gather";
-  check_one(inputs, what);
+  Dev dev = check_one(inputs, what);
   if (outputs.size() != 1 || outputs[0].size() != (size_t)size_)
     throw error(what, "takes one list of " + std::to_string(size_) + " output tensors");
+  place(all_of(inputs, outputs), what);
   at::Tensor in = wire_of(inputs[0]);
-  for (auto &o : outputs[0]) {
-    check_cpu(o, what);
-    same_shape(o, in, what, "an output tensor");
-  }
+  for (auto &o : outputs[0]) same_shape(o, in, what, "an output tensor");
   size_t b = nbytes(in);
-  at::Tensor flat = byte_buffer(b * size_);
+  at::Tensor flat = byte_buffer(b * size_, dev);
   Tensors outs = outputs[0];
   return launch(
       c10d::OpType::ALLGATHER, what, outs, {in, flat},
@@ -613,15 +839,15 @@ Core::WorkPtr Core::allgather(TensorLists &outputs, Tensors &inputs,
         return coll_all_gather(in.data_ptr(), flat.data_ptr(), b, COLL_UINT8, comm_, s);
       },
       [=] {
-        for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(flat) + i * b);
-      });
+        for (size_t i = 0; i < outs.size(); i++) unpack_from(outs[i], flat, i * b);
+      },
+      dev);
 }
 
 Core::WorkPtr Core::allgather_base(at::Tensor &output, at::Tensor &input,
                                    const c10d::AllgatherOptions &) {
   const char *what = "all_gather_into_tensor";
-  check_cpu(output, what);
-  check_cpu(input, what);
+  Dev dev = place({output, input}, what);
   if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * size_)
     throw error(what, "the output tensor must hold " + std::to_string(size_) +
                           " times the input's elements, of the same dtype");
@@ -631,7 +857,7 @@ Core::WorkPtr Core::allgather_base(at::Tensor &output, at::Tensor &input,
       [=, this](coll_stream_t s) {
         return coll_all_gather(in.data_ptr(), out.data_ptr(), nbytes(in), COLL_UINT8, comm_, s);
       },
-      [=] { copy_back(user, out); });
+      [=] { copy_back(user, out); }, dev);
 }
 
 Core::WorkPtr Core::allgather_coalesced(TensorLists &outputs, Tensors &inputs,
@@ -639,23 +865,18 @@ Core::WorkPtr Core::allgather_coalesced(TensorLists &outputs, Tensors &inputs,
   const char *what = "all_gather_coalesced";
   if (outputs.size() != (size_t)size_)
     throw error(what, "takes " + std::to_string(size_) + " output lists, one per rank");
+  Dev dev = place(all_of(inputs, outputs), what);
   size_t total = 0;
-  for (auto &t : inputs) {
-    check_cpu(t, what);
-    total += nbytes(t);
-  }
+  for (auto &t : inputs) total += nbytes(t);
   for (auto &l : outputs) {
     if (l.size() != inputs.size())
       throw error(what, "every output list must hold one tensor per input tensor");
-    for (size_t j = 0; j < l.size(); j++) {
-      check_cpu(l[j], what);
-      same_shape(l[j], inputs[j], what, "an output tensor");
-    }
+    for (size_t j = 0; j < l.size(); j++) same_shape(l[j], inputs[j], what, "an output tensor");
   }
-  at::Tensor in = byte_buffer(total), flat = byte_buffer(total * size_);
+  at::Tensor in = byte_buffer(total, dev), flat = byte_buffer(total * size_, dev);
   size_t off = 0;
   for (auto &t : inputs) {
-    pack(bytes_of(in) + off, t);
+    pack_into(in, off, t);
     off += nbytes(t);
   }
   Tensors outs;
@@ -670,16 +891,17 @@ Core::WorkPtr Core::allgather_coalesced(TensorLists &outputs, Tensors &inputs,
         for (size_t i = 0; i < lists.size(); i++) {
           size_t o = i * total;
           for (auto &t : lists[i]) {
-            unpack(t, bytes_of(flat) + o);
+            unpack_from(t, flat, o);
             o += nbytes(t);
           }
         }
-      });
+      },
+      dev);
 }
 
 Core::WorkPtr Core::gather(TensorLists &outputs, Tensors &inputs, const c10d::GatherOptions &opts) {
   const char *what = "gather";
-  check_one(inputs, what);
+  Dev dev = check_one(inputs, what);
   int root = check_root(opts.rootRank, size_, what);
   at::Tensor in = wire_of(inputs[0]);
   size_t b = nbytes(in);
@@ -689,12 +911,10 @@ Core::WorkPtr Core::gather(TensorLists &outputs, Tensors &inputs, const c10d::Ga
   if (is_root) {
     if (outputs.size() != 1 || outputs[0].size() != (size_t)size_)
       throw error(what, "the root takes one list of " + std::to_string(size_) + " output tensors");
-    for (auto &o : outputs[0]) {
-      check_cpu(o, what);
-      same_shape(o, in, what, "an output tensor");
-    }
+    place(all_of(inputs, outputs), what);
+    for (auto &o : outputs[0]) same_shape(o, in, what, "an output tensor");
     outs = outputs[0];
-    flat = byte_buffer(b * size_);
+    flat = byte_buffer(b * size_, dev);
   } else if (!outputs.empty() && !outputs[0].empty()) {
     throw error(what, "only the root (rank " + std::to_string(root) + ") takes output tensors");
   }
@@ -705,14 +925,15 @@ Core::WorkPtr Core::gather(TensorLists &outputs, Tensors &inputs, const c10d::Ga
                            comm_, s);
       },
       [=] {
-        for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(flat) + i * b);
-      });
+        for (size_t i = 0; i < outs.size(); i++) unpack_from(outs[i], flat, i * b);
+      },
+      dev);
 }
 
 Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs,
                             const c10d::ScatterOptions &opts) {
   const char *what = "scatter";
-  check_one(outputs, what);
+  Dev dev = check_one(outputs, what);
   int root = check_root(opts.rootRank, size_, what);
   at::Tensor user = outputs[0], out = wire_of(user);
   size_t b = nbytes(out);
@@ -721,11 +942,11 @@ Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs,
   if (is_root) {
     if (inputs.size() != 1 || inputs[0].size() != (size_t)size_)
       throw error(what, "the root takes one list of " + std::to_string(size_) + " input tensors");
-    flat = byte_buffer(b * size_);
+    place(all_of(outputs, inputs), what);
+    flat = byte_buffer(b * size_, dev);
     for (size_t i = 0; i < inputs[0].size(); i++) {
-      check_cpu(inputs[0][i], what);
       same_shape(inputs[0][i], out, what, "an input tensor");
-      pack(bytes_of(flat) + i * b, inputs[0][i]);
+      pack_into(flat, i * b, inputs[0][i]);
     }
   } else if (!inputs.empty() && !inputs[0].empty()) {
     throw error(what, "only the root (rank " + std::to_string(root) + ") takes input tensors");
@@ -736,21 +957,21 @@ Core::WorkPtr Core::scatter(Tensors &outputs, TensorLists &inputs,
         return coll_scatter(is_root ? flat.data_ptr() : nullptr, out.data_ptr(), b, COLL_UINT8,
                             root, comm_, s);
       },
-      [=] { copy_back(user, out); });
+      [=] { copy_back(user, out); }, dev);
 }
 
 Core::WorkPtr Core::reduce_scatter(Tensors &outputs, TensorLists &inputs,
                                    const c10d::ReduceScatterOptions &opts) {
   const char *what = "reduce_scatter";
-  check_one(outputs, what);
+  Dev dev = check_one(outputs, what);
   if (inputs.size() != 1 || inputs[0].size() != (size_t)size_)
     throw error(what, "takes one list of " + std::to_string(size_) + " input tensors");
   at::Tensor user = outputs[0], out = wire_of(user);
   Reduction red = reduction(opts.reduceOp, out.scalar_type(), what);
   int64_t n = out.numel();
+  place(all_of(outputs, inputs), what);
   at::Tensor flat = at::empty({n * size_}, out.options());
   for (size_t i = 0; i < inputs[0].size(); i++) {
-    check_cpu(inputs[0][i], what);
     same_shape(inputs[0][i], out, what, "an input tensor");
     flat.narrow(0, (int64_t)i * n, n).copy_(inputs[0][i].reshape({-1}));
   }
@@ -761,14 +982,13 @@ Core::WorkPtr Core::reduce_scatter(Tensors &outputs, TensorLists &inputs,
         return coll_reduce_scatter(flat.data_ptr(), out.data_ptr(), count_of(red, out),
                                    red.ty.dtype, red.op, comm_, s);
       },
-      [=] { copy_back(user, out); });
+      [=] { copy_back(user, out); }, dev);
 }
 
 Core::WorkPtr Core::reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                                         const c10d::ReduceScatterOptions &opts) {
   const char *what = "reduce_scatter_tensor";
-  check_cpu(output, what);
-  check_cpu(input, what);
+  Dev dev = place({output, input}, what);
   if (output.scalar_type() != input.scalar_type() || input.numel() != output.numel() * size_)
     throw error(what, "the input tensor must hold " + std::to_string(size_) +
                           " times the output's elements, of the same dtype");
@@ -780,7 +1000,7 @@ Core::WorkPtr Core::reduce_scatter_base(at::Tensor &output, at::Tensor &input,
         return coll_reduce_scatter(in.data_ptr(), out.data_ptr(), count_of(red, out), red.ty.dtype,
                                    red.op, comm_, s);
       },
-      [=] { copy_back(user, out); });
+      [=] { copy_back(user, out); }, dev);
 }
 
 // Each input gathered into its output (size_ times its elements): one libcoll all-gather
@@ -793,9 +1013,8 @@ Core::WorkPtr Core::allgather_into_tensor_coalesced(Tensors &outputs, Tensors &i
                           std::to_string(outputs.size()) + " outputs for " +
                           std::to_string(inputs.size()) + " inputs");
   Tensors users = outputs, ins, outs, keep;
+  Dev dev = place(all_of(outputs, {inputs}), what);
   for (size_t i = 0; i < inputs.size(); i++) {
-    check_cpu(outputs[i], what);
-    check_cpu(inputs[i], what);
     if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
         outputs[i].numel() != inputs[i].numel() * size_)
       throw error(what, "output tensor " + std::to_string(i) + " must hold " +
@@ -818,7 +1037,8 @@ Core::WorkPtr Core::allgather_into_tensor_coalesced(Tensors &outputs, Tensors &i
       },
       [=] {
         for (size_t i = 0; i < users.size(); i++) copy_back(users[i], outs[i]);
-      });
+      },
+      dev);
 }
 
 // Each input (size_ times its output's elements) reduce-scattered into its output, each
@@ -832,9 +1052,8 @@ Core::WorkPtr Core::reduce_scatter_tensor_coalesced(Tensors &outputs, Tensors &i
                           std::to_string(inputs.size()) + " inputs");
   Tensors users = outputs, ins, outs, keep;
   std::vector<Reduction> reds;
+  Dev dev = place(all_of(outputs, {inputs}), what);
   for (size_t i = 0; i < inputs.size(); i++) {
-    check_cpu(outputs[i], what);
-    check_cpu(inputs[i], what);
     if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
         inputs[i].numel() != outputs[i].numel() * size_)
       throw error(what, "input tensor " + std::to_string(i) + " must hold " +
@@ -859,7 +1078,8 @@ Core::WorkPtr Core::reduce_scatter_tensor_coalesced(Tensors &outputs, Tensors &i
       },
       [=] {
         for (size_t i = 0; i < users.size(); i++) copy_back(users[i], outs[i]);
-      });
+      },
+      dev);
 }
 
 namespace {
@@ -904,8 +1124,7 @@ Core::WorkPtr Core::alltoall_base(at::Tensor &output, at::Tensor &input,
                                   std::vector<int64_t> &input_splits,
                                   const c10d::AllToAllOptions &) {
   const char *what = "all_to_all_single";
-  check_cpu(output, what);
-  check_cpu(input, what);
+  Dev dev = place({output, input}, what);
   if (output.scalar_type() != input.scalar_type())
     throw error(what, "the input and output tensors must have the same dtype");
   at::Tensor user = output, out = wire_of(output), in = wire_of(input);
@@ -919,7 +1138,7 @@ Core::WorkPtr Core::alltoall_base(at::Tensor &output, at::Tensor &input,
         return coll_all_to_allv(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(),
                                 rd.data(), COLL_UINT8, comm_, s);
       },
-      [=] { copy_back(user, out); });
+      [=] { copy_back(user, out); }, dev);
 }
 
 Core::WorkPtr Core::alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllToAllOptions &) {
@@ -928,9 +1147,8 @@ Core::WorkPtr Core::alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllT
     throw error(what, "takes " + std::to_string(size_) + " input and output tensors, one per rank");
   std::vector<size_t> sc(size_), sd(size_), rc(size_), rd(size_);
   size_t sin = 0, sout = 0;
+  Dev dev = place(all_of(inputs, {outputs}), what);
   for (int i = 0; i < size_; i++) {
-    check_cpu(inputs[i], what);
-    check_cpu(outputs[i], what);
     sc[i] = nbytes(inputs[i]);
     sd[i] = sin;
     sin += sc[i];
@@ -938,8 +1156,8 @@ Core::WorkPtr Core::alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllT
     rd[i] = sout;
     sout += rc[i];
   }
-  at::Tensor in = byte_buffer(sin), out = byte_buffer(sout);
-  for (int i = 0; i < size_; i++) pack(bytes_of(in) + sd[i], inputs[i]);
+  at::Tensor in = byte_buffer(sin, dev), out = byte_buffer(sout, dev);
+  for (int i = 0; i < size_; i++) pack_into(in, sd[i], inputs[i]);
   Tensors outs = outputs;
   return launch(
       c10d::OpType::ALLTOALL, what, outs, {in, out},
@@ -948,30 +1166,34 @@ Core::WorkPtr Core::alltoall(Tensors &outputs, Tensors &inputs, const c10d::AllT
                                 rd.data(), COLL_UINT8, comm_, s);
       },
       [=] {
-        for (size_t i = 0; i < outs.size(); i++) unpack(outs[i], bytes_of(out) + rd[i]);
-      });
+        for (size_t i = 0; i < outs.size(); i++) unpack_from(outs[i], out, rd[i]);
+      },
+      dev);
 }
 
 // Tags: libcoll has none; messages between two ranks match in the order they were sent.
 Core::WorkPtr Core::send(Tensors &tensors, int dst, int) {
   const char *what = "send";
-  check_one(tensors, what);
+  Dev dev = check_one(tensors, what);
   at::Tensor w = wire_of(tensors[0]);
-  return launch(c10d::OpType::SEND, what, {tensors[0]}, {w}, [=, this](coll_stream_t s) {
-    return coll_send(w.data_ptr(), nbytes(w), COLL_UINT8, dst, comm_, s);
-  });
+  return launch(
+      c10d::OpType::SEND, what, {tensors[0]}, {w},
+      [=, this](coll_stream_t s) {
+        return coll_send(w.data_ptr(), nbytes(w), COLL_UINT8, dst, comm_, s);
+      },
+      nullptr, dev);
 }
 
 Core::WorkPtr Core::recv(Tensors &tensors, int src, int) {
   const char *what = "recv";
-  check_one(tensors, what);
+  Dev dev = check_one(tensors, what);
   at::Tensor t = tensors[0], w = wire_of(t);
   return launch(
       c10d::OpType::RECV, what, {t}, {w},
       [=, this](coll_stream_t s) {
         return coll_recv(w.data_ptr(), nbytes(w), COLL_UINT8, src, comm_, s);
       },
-      [=] { copy_back(t, w); });
+      [=] { copy_back(t, w); }, dev);
 }
 
 Core::WorkPtr Core::recv_anysource(Tensors &, int) {

@@ -1,6 +1,9 @@
 // core.hpp — the PyTorch binding's core, independent of which c10d base class exposes it:
 // a libcoll communicator made through a c10d store, every torch collective mapped onto
 // libcoll calls enqueued on a coll_stream, and the Work that waits for that stream.
+// CUDA tensors go on the coll_stream that wraps the tensor's current CUDA stream (NCCL's
+// semantics), reached through c10's device-generic interfaces so that the module never
+// links libc10_cuda nor the CUDA runtime.
 //
 // The adapter (backend.cpp, torch 2.x's c10d::Backend) only forwards its virtual methods
 // here.  This file must never include the adapter's headers (Backend.hpp) nor touch Python.
@@ -11,14 +14,18 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -38,13 +45,26 @@ using Stream = std::shared_ptr<coll_stream>;
 // An operation of a coalescing region (in_region) is a follower: its libcoll calls run only
 // once the region ends, so until arm() it cannot be waited for, and then the region's Work
 // (its leader) synchronizes the stream they share and hands it the result (follow()).
+//
+// A CUDA operation (the second constructor) was enqueued on the current CUDA stream of its
+// device, copies back included, and `done` was recorded there after it.  Its wait() blocks
+// no thread: it makes the caller's current stream wait for `done` (nothing to do on the
+// same stream).  The completion thread settles it by synchronizing `done`, not the whole
+// stream, then completes the future.  libcoll reports a CUDA stream's errors per stream:
+// a failure reaches the Work settled first once the stream is idle (see settle()).
 class Work : public c10d::Work {
  public:
   Work(int rank, c10d::OpType type, Stream stream, std::string what,
        std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, std::function<void()> after,
        bool in_region = false);
+  Work(int rank, c10d::OpType type, Stream stream, std::string what,
+       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, c10::Stream on,
+       c10::Event done);
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
+  // NCCL's meaning for a CUDA operation: the current stream waits for it.  A host
+  // operation keeps c10d's (nothing to order with a stream).
+  void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   // Blocks until the stream is done, then finishes the Work and completes the future.
@@ -61,6 +81,10 @@ class Work : public c10d::Work {
   // whether the future should be completed (by the caller, without the lock).
   void record(coll_result r, const char *sentence);
   void complete_future();
+  // A CUDA operation's end: its result once `done` completed, with settle_mu_ held.
+  void record_cuda();
+  // A CUDA operation that already failed throws its error.
+  void rethrow_failure();
 
   std::mutex settle_mu_;
   bool settled_ = false;
@@ -73,6 +97,9 @@ class Work : public c10d::Work {
   std::vector<at::Tensor> keep_;
   std::function<void()> after_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // A CUDA operation: the CUDA stream it went on, and the event recorded after it.
+  std::optional<c10::Stream> on_;
+  std::optional<c10::Event> done_;
 };
 
 class Core {
@@ -151,9 +178,18 @@ class Core {
   // Makes a stream, lets `enqueue` put libcoll calls on it, hands the Work to the
   // completion thread (in a coalescing region: the region's stream, and the Work waits
   // for end_coalescing).  A call libcoll refuses throws its sentence.
+  // On a CUDA device (`dev`: a CUDA device, from place()), the libcoll calls and `after`
+  // go on that device's current CUDA stream (launch_cuda).
   WorkPtr launch(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
                  std::function<coll_result(coll_stream_t)> enqueue,
-                 std::function<void()> after = nullptr);
+                 std::function<void()> after = nullptr,
+                 std::optional<c10::Device> dev = std::nullopt);
+  WorkPtr launch_cuda(c10d::OpType type, const char *what, Tensors outputs, Tensors keep,
+                      const std::function<coll_result(coll_stream_t)> &enqueue,
+                      const std::function<void()> &after, c10::Device dev);
+  // The coll_stream wrapping CUDA stream `cs` of device `dev`, made on first use and kept
+  // until shutdown (making one allocates pinned memory; destroying one drains `cs`).
+  Stream cuda_stream(c10::Device dev, void *cs, const char *what);
   [[noreturn]] void fail(const char *what, coll_result r) const;
   void completion_main();
 
@@ -169,6 +205,9 @@ class Core {
   std::atomic<std::thread::id> co_thread_{};
   Stream co_stream_;
   std::vector<c10::intrusive_ptr<Work>> co_parts_;
+  // The coll_streams of CUDA streams, by (device index, cudaStream_t).
+  std::mutex cuda_mu_;
+  std::map<std::pair<int, void *>, Stream> cuda_streams_;
 };
 
 }  // namespace libcoll_torch
