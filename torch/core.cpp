@@ -36,6 +36,24 @@ namespace libcoll_torch {
 
 namespace {
 
+// The OpTypes of the coalesced tensor collectives came after torch 2.11 (the first GPU
+// run of this binding, on torch 2.11, stopped at them in the compiler): where the
+// enum lacks one, the Work says COALESCED, which every torch 2.x has.
+template <typename T = c10d::OpType>
+constexpr T allgather_into_tensor_coalesced_op() {
+  if constexpr (requires { T::ALLGATHER_INTO_TENSOR_COALESCED; })
+    return T::ALLGATHER_INTO_TENSOR_COALESCED;
+  else
+    return T::COALESCED;
+}
+template <typename T = c10d::OpType>
+constexpr T reduce_scatter_tensor_coalesced_op() {
+  if constexpr (requires { T::REDUCE_SCATTER_TENSOR_COALESCED; })
+    return T::REDUCE_SCATTER_TENSOR_COALESCED;
+  else
+    return T::COALESCED;
+}
+
 std::runtime_error error(const std::string &what, const std::string &sentence) {
   return std::runtime_error("libcoll " + what + ": " + sentence);
 }
@@ -1026,7 +1044,7 @@ Core::WorkPtr Core::allgather_into_tensor_coalesced(Tensors &outputs, Tensors &i
   keep = ins;
   keep.insert(keep.end(), outs.begin(), outs.end());
   return launch(
-      c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, what, users, keep,
+      allgather_into_tensor_coalesced_op(), what, users, keep,
       [=, this](coll_stream_t s) {
         for (size_t i = 0; i < ins.size(); i++) {
           coll_result r = coll_all_gather(ins[i].data_ptr(), outs[i].data_ptr(), nbytes(ins[i]),
@@ -1066,7 +1084,7 @@ Core::WorkPtr Core::reduce_scatter_tensor_coalesced(Tensors &outputs, Tensors &i
   keep = ins;
   keep.insert(keep.end(), outs.begin(), outs.end());
   return launch(
-      c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, what, users, keep,
+      reduce_scatter_tensor_coalesced_op(), what, users, keep,
       [=, this](coll_stream_t s) {
         for (size_t i = 0; i < ins.size(); i++) {
           coll_result r = coll_reduce_scatter(ins[i].data_ptr(), outs[i].data_ptr(),
