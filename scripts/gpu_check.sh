@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# gpu_check.sh — the GPU run of issues 18 and 19, on a machine with a GPU and no network.
+# gpu_check.sh — the GPU run (issue 43), on a machine with a GPU and no network.
 #
 #   scripts/gpu_prepare.sh                       # HERE, once: fetches .gpu/debs
-#   # on the GPU machine (device tool: carry [".gpu"]), calls of < 10 min each; a call
-#   # that finds the machine warm reuses build-gpu, else it builds again (15 s):
-#   scripts/gpu_check.sh build test              # env, build, CUDA tests -> $OUT
-#   scripts/gpu_check.sh bench train torch       # coll-bench --device cuda, coll-train,
-#                                                # the torch 2.x binding -> $OUT
-#   scripts/gpu_check.sh --rehearse build test bench   # here, without a GPU: every step
-#                                                # up to the first one that needs a GPU
+#   # on the GPU machine (device tool: carry [".gpu"]), all of it in one call of about
+#   # 4 minutes on an H200 (2026-11-30: 238 s), bounded by GPU_BUDGET:
+#   GPU_BUDGET=330 scripts/gpu_check.sh torchbuild build test torch bench train
+#   # here, without a GPU, every step up to the first one that needs a GPU (GPU_PYTHON:
+#   # a python3 with torch >= 2 for the torch stages, e.g. /opt/libcoll/torch-2.15/bin/python3):
+#   GPU_PYTHON=... scripts/gpu_check.sh --rehearse torchbuild build test bench train torch
 #
 # Stages (any order, each appends to its own file under $OUT, default ./gpu-results):
 #   build  unpacks .gpu/debs into /tmp/gpu-prefix (Criterion, OpenBLAS, pkgconf; a
@@ -30,14 +29,16 @@
 #   train  libtrain on the GPU (train.txt): GPT-2 small's shape (12 layers, 768 channels,
 #          12 heads, sequence 1024; byte vocabulary) in coll-train --device cuda against
 #          the same model in PyTorch (libtrain/tools/bench_torch.py), both fp32 with TF32
-#          off, interleaved twice; DDP over libcoll with 2 and 4 ranks on the GPU(s), the
+#          off, once each; DDP over libcoll with 2 and 4 ranks on the GPU(s), the
 #          first with --trace (ddp2.json); NCCL with 2 ranks (on one GPU it refuses: its
 #          answer is recorded).
+#   torchbuild  starts the torch stage's build in the background (first in a call, so
+#          that it overlaps the GPU stages).
 #   torch  the PyTorch binding (torch/backend.cpp, a c10d::Backend) built against the
-#          machine's python3 and its torch in build-torch (-Dtorch_python), then its suite
-#          case (test_torch: ops, async, bad ops, a killed rank, dropped Works, PyTorch's
-#          own distributed_test, its parallelism beside Gloo) and what it answers for a CUDA tensor
-#          (torch/tools/cuda_probe.py) -> torch.txt.
+#          machine's python3 and its torch in build-torch (-Dtorch_python; the module and
+#          libcoll only), then torch/tools/cuda_probe.py: CUDA tensors on 2 ranks against
+#          CPU references, async ordering, 20 DDP steps -> torch.txt.  GPU_TORCH_SUITE=1
+#          also builds and runs the binding's whole suite case (test_torch; minutes).
 # Every stage prints what it runs; summary.txt gets one line per stage with its status.
 # Must never: download anything, install into / (the prefix is under /tmp), or stop at
 # the first failure (each stage runs whatever it can and says what failed).
