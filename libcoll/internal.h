@@ -173,6 +173,9 @@ typedef struct {
    * exchange of buffers (an all-gather numbered as the user's call, not COLL_CHECKed);
    * every rank's buffers mapped (peer_ok) and where (dev). */
   bool peer_candidate, peer_exchange, peer_ok;
+  /* Device buffers on a coll_stream_t: the progress thread tries the device data path
+   * for it when it runs (executor.c), with the communicator's own CUDA stream. */
+  bool peer_queued;
   struct coll_dev_call *dev;
   /* A step of another path (mapped.c's and direct.c's exchanges and barriers through
    * the one-shot mailboxes): not traced as a call of its own. */
@@ -379,6 +382,15 @@ coll_result coll_exec_watch(struct coll_comm *comm, const coll_work *w);
 /* Hands checked work to the executor (exec/submit.c): device buffers, the device data
  * path and cudaStream_t handled. */
 coll_result coll_submit(struct coll_comm *comm, const char *fn, coll_work *w);
+/* How the device data path's exchange of descriptors `x` runs for the user's call `call`:
+ * submitted from the caller's thread, or run in place by the progress thread. */
+typedef coll_result (*coll_device_run_exchange)(struct coll_comm *comm, coll_work *x,
+                                                coll_work *call);
+/* One call of the device data path (exec/device_path.c).  *served: a device row ran it
+ * (else the host-driven path must, on every rank alike); *exchanged: the exchange was
+ * made, so every peer is in this call and a failure must reach them. */
+coll_result coll_device_path(struct coll_comm *comm, const char *fn, coll_work *w, bool *served,
+                             bool *exchanged, coll_device_run_exchange xchg);
 /* Classifies w's buffers (w->device) and refuses what cannot run, as coll_submit would,
  * without running anything (group.c's look at a grouped point-to-point call). */
 coll_result coll_submit_classify(struct coll_comm *comm, const char *fn, coll_work *w);

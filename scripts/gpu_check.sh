@@ -158,7 +158,8 @@ stage_test() {
   local blocking="cuda::matrix_2_ranks cuda::matrix_4_ranks cuda::matrix_8_ranks
     cuda::matrix_4_ranks_dev_oneshot cuda::matrix_4_ranks_dev_twoshot cuda::matrix_2_ranks_ring"
   local stream="cuda::matrix_2_ranks_stream cuda::matrix_4_ranks_stream cuda::matrix_8_ranks_stream
-    cuda::matrix_3_ranks_dev_twoshot_stream"
+    cuda::matrix_3_ranks_dev_twoshot_stream cuda::matrix_2_ranks_coll_stream
+    cuda::matrix_4_ranks_coll_stream"
   group() { # name seconds suite [cases...]
     local name=$1 secs=$2 suite=$3; shift 3
     echo "== $(date -u +%T) $name ($suite ${*:-all cases}; at most ${secs}s)"
@@ -167,7 +168,7 @@ stage_test() {
     echo "== $(date -u +%T) $name: exit $?"
   }
   # Two groups at a time (16 cores; the ranks share the one GPU either way), each bounded
-  # so that a hang costs its group only: at most 90 + 150 s. train_cuda gets 90 s for
+  # so that a hang costs its group only: at most 90 + 200 s. train_cuda gets 90 s for
   # cuda::losses_match_pytorch, which imports torch twice (its probe, then
   # tools/reference.py --device cuda; ~10 s warm, more from a cold disk) with the python3
   # first on PATH whose torch sees the GPU, or $TRAIN_CUDA_PYTHON when it is set.
@@ -175,7 +176,7 @@ stage_test() {
     group train_cuda 90 train_cuda >"$OUT/tests_train.log" 2>&1 &
     group cuda_plain 60 cuda $plain
     wait $! # not `wait`: that would wait for the background torch build too
-    group cuda_stream 150 cuda $stream >"$OUT/tests_stream.log" 2>&1 &
+    group cuda_stream 200 cuda $stream >"$OUT/tests_stream.log" 2>&1 &
     group cuda_blocking 150 cuda $blocking
     wait $!
     pkill -9 -x test_cuda; pkill -9 -x test_train_cuda

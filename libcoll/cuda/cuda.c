@@ -755,10 +755,13 @@ coll_result coll_cuda_prepare(struct coll_comm *comm, const char *fn, coll_work 
   /* The device data path (peer.c) may serve the five collectives on device buffers of
    * a communicator of several ranks, blocking or on a cudaStream_t: api.c asks it first,
    * and comes back to coll_cuda_prepare_stream where it does not. */
-  w->peer_candidate = w->device && comm->nranks > 1 && (!w->stream || x) &&
-                      (w->coll == COLL_COLL_ALL_REDUCE || w->coll == COLL_COLL_BROADCAST ||
-                       w->coll == COLL_COLL_REDUCE || w->coll == COLL_COLL_REDUCE_SCATTER ||
-                       w->coll == COLL_COLL_ALL_GATHER);
+  bool five = w->coll == COLL_COLL_ALL_REDUCE || w->coll == COLL_COLL_BROADCAST ||
+              w->coll == COLL_COLL_REDUCE || w->coll == COLL_COLL_REDUCE_SCATTER ||
+              w->coll == COLL_COLL_ALL_GATHER;
+  w->peer_candidate = w->device && comm->nranks > 1 && (!w->stream || x) && five;
+  /* On a coll_stream_t the progress thread asks it when the call's turn comes (exec/
+   * executor.c), after the event on the legacy default stream recorded below. */
+  w->peer_queued = w->device && comm->nranks > 1 && w->stream && !x && !w->group && five;
   if (w->peer_candidate) return COLL_OK;
   return coll_cuda_prepare_stream(comm, fn, w);
 }

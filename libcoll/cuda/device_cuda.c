@@ -20,11 +20,11 @@
 #include "cuda_internal.h"
 
 /* The device data path maps the peers' buffers for the caller's cudaStream_t, the one
- * its stream wraps (a blocking call: none, the legacy default stream). */
+ * its stream wraps (a blocking call or a coll_stream_t: none; peer.c picks). */
 static coll_result peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
                             const void *descs) {
   return coll_cuda_peer_map(comm, fn, w, descs,
-                            w->stream ? coll_cuda_stream_user(w->stream) : NULL);
+                            w->stream && w->stream->cuda ? coll_cuda_stream_user(w->stream) : NULL);
 }
 
 static const coll_device_ops cuda_device = {

@@ -14,8 +14,11 @@
  *   3. import: every peer's buffers are opened (cudaIpcOpenMemHandle, cached per
  *      process and allocation), so this rank holds a pointer to every rank's buffers;
  *   4. enqueue (algo/device.c, through coll_dev_barrier / _reduce / _copy below): on the
- *      caller's stream, barriers and one or two kernels;
- *   5. a blocking call (NULL stream) waits, bounded, for the legacy default stream.
+ *      caller's stream, barriers and one or two kernels (a coll_stream_t's work, which
+ *      the progress thread serves: on the communicator's own stream, after the caller's
+ *      legacy default stream as it was at the call);
+ *   5. a blocking call (NULL stream) waits, bounded, for the legacy default stream, and
+ *      a coll_stream_t's work for the communicator's stream.
  *
  * Barriers without a thread and without an SM.  A barrier is stream memory operations
  * (cuStreamBatchMemOp): each rank writes its epoch into a flag of every peer, then waits
@@ -535,7 +538,25 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
     dc->send[p] = s;
     dc->recv[p] = v;
   }
-  dc->stream = stream ? stream : (void *)cudaStreamLegacy;
+  /* The caller's cudaStream_t; for a blocking call the legacy default stream (stream
+   * order with what the caller enqueued there, as NCCL's stream 0); for a coll_stream_t's
+   * work, served by the progress thread, the communicator's own non-blocking stream,
+   * after the event coll_cuda_prepare_stream recorded on the legacy stream at the call:
+   * on the legacy stream its barriers would also hold back every kernel the caller
+   * enqueues meanwhile (a trainer's backward), and overlap would be lost. */
+  dc->stream = stream                         ? stream
+               : w->peer_queued && cc->stream ? cc->stream
+                                              : (void *)cudaStreamLegacy;
+  if (r == COLL_OK && w->peer_queued && w->cuda_event && dc->stream == cc->stream) {
+    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)dc->stream, (cudaEvent_t)w->cuda_event, 0);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      r = coll_fail(comm, COLL_ERR_SYSTEM,
+                    "rank %d: ordering %s after the caller's default stream "
+                    "(cudaStreamWaitEvent) failed: %s",
+                    comm->rank, fn, cudaGetErrorName(e));
+    }
+  }
   /* A communicator's device calls run in call order, whatever streams they are on (as
    * NCCL's do): the scratch of an in-place one-shot, and the barriers' epochs, assume
    * it.  On a stream other than the last call's, wait for the last call's end first. */

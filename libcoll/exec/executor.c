@@ -288,6 +288,28 @@ static coll_result exchange(struct coll_comm *comm, const void *mine, void *all,
   return COLL_OK;
 }
 
+static void number(struct coll_comm *comm, coll_work *w);
+
+/* The device data path's exchange for a queued call (device_path.c), run here by the
+ * thread that holds the right to execute: it takes the call's own number, as the
+ * caller's thread's exchange takes the number the call would have had (submit.c). */
+static coll_result exchange_in_place(struct coll_comm *comm, coll_work *x, coll_work *call) {
+  x->seq = call->seq;
+  return coll_exec_run(comm, x);
+}
+
+/* Device buffers on a coll_stream_t (w->peer_queued): the device data path, as for a
+ * blocking call, on the communicator's CUDA stream, from this thread.  Not served: the
+ * host-driven path runs the call under the next number, as a caller's thread would
+ * after its exchange. */
+static coll_result device_queued(struct coll_comm *comm, coll_work *w, bool *served) {
+  bool exchanged = false;
+  coll_result r = coll_device_path(comm, coll_coll_name(w->coll), w, served, &exchanged,
+                                   exchange_in_place);
+  if (r == COLL_OK && !*served && exchanged) number(comm, w);
+  return r;
+}
+
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
   if (atomic_load(&comm->aborted))
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
@@ -295,6 +317,11 @@ coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
     return comm->sticky; /* the sentence of the first failure stays in errbuf */
   coll_result wr = coll_exec_watch(comm, w);
   if (wr != COLL_OK) return wr;
+  if (w->peer_queued) {
+    bool served = false;
+    coll_result dr = device_queued(comm, w, &served);
+    if (dr != COLL_OK || served) return dr;
+  }
   /* COLL_CHECK, on the user's calls only */
   coll_result cr = comm->check && !w->internal && !w->peer_exchange ? coll_check_call(comm, w)
                                                                     : COLL_OK;

@@ -1,7 +1,8 @@
 /* submit.c — where a checked call enters the executor: device buffers recognised (and
  * refused when they cannot run), the device data path tried first where it may serve
- * (the back end maps every rank's buffers; the table's device rows, algo/device.c,
- * enqueue the call on the caller's stream), else the queue (executor.c), with the
+ * (device_path.c: the back end maps every rank's buffers; the table's device rows,
+ * algo/device.c, enqueue the call on the caller's stream), else the queue (executor.c,
+ * whose progress thread serves device buffers on a coll_stream_t the same way), with the
  * cudaStream_t's event before and its wait after.  Every device question goes through
  * the communicator's device table, comm->dev (kernels/device_ops.h: cuda/'s in a build
  * with CUDA, else the host table, whose answers are "host memory" and "nothing to do").
@@ -34,49 +35,17 @@ static coll_result host_only(struct coll_comm *comm, const char *fn, const coll_
                              : "the stream wraps a cudaStream_t");
 }
 
-/* The device data path: every rank describes its buffers (comm->dev: cuda/peer.c), one
- * all-gather of the descriptions over the host path (numbered as the user's call, not
- * COLL_CHECKed: peer.c compares the calls itself; the first one sets the device path up),
- * peer.c maps every rank's buffers, the tuner picks one of the table's device rows (algo/device.c),
- * which enqueues the call on the caller's stream.  *served false: the host-driven path
- * takes the call, on every rank alike. */
+/* The caller's thread hands the device path's exchange to the executor like any call
+ * (device_path.c); past the exchange every peer is in this call, so a failure after it
+ * must reach them. */
+static coll_result submit_exchange(struct coll_comm *comm, coll_work *x, coll_work *call) {
+  (void)call;
+  return coll_exec_submit(comm, x);
+}
+
 static coll_result device_path(struct coll_comm *comm, const char *fn, coll_work *w, bool *served) {
-  *served = false;
-  w->peer_ok = false;
-  const coll_device_ops *dev = comm->dev;
-  if (!dev->peer_wanted(comm)) return COLL_OK;
-  size_t n = (size_t)comm->nranks;
-  uint8_t mine[COLL_DEVICE_DESC_BYTES], *all = malloc(n * COLL_DEVICE_DESC_BYTES);
-  if (!all) return coll_fail(comm, COLL_ERR_SYSTEM, "%s on rank %d: out of memory", fn, comm->rank);
-  memset(mine, 0, sizeof mine);
-  dev->peer_describe(comm, fn, w, mine);
-  coll_work x = {.coll = COLL_COLL_ALL_GATHER,
-                 .sendbuf = mine,
-                 .recvbuf = all,
-                 .count = COLL_DEVICE_DESC_BYTES,
-                 .dtype = COLL_UINT8,
-                 .peer_exchange = true,
-                 .cuda_dev = w->cuda_dev,
-                 .inner = true};
-  coll_result r = coll_exec_submit(comm, &x);
-  bool exchanged = r == COLL_OK; /* a failed exchange has told the peers itself */
-  if (r == COLL_OK) r = dev->peer_map(comm, fn, w, all);
-  free(all);
-  if (r == COLL_OK && w->peer_ok) {
-    const coll_algo_entry *e = coll_tune_row(comm, w, coll_elem_bytes(w->dtype), 0);
-    if (e->device_only) { /* else COLL_ALGO named a host-driven schedule */
-      bool ran = true;
-      *served = true;
-      atomic_store_explicit(&comm->last_algo, (int)e->id + 1, memory_order_relaxed);
-      r = dev->peer_finish(comm, w, e->run(comm, w, &ran));
-      /* A blocking call returns with its result in place (bounded by the timeout). */
-      if (r == COLL_OK && !w->stream &&
-          (r = dev->wait_event(comm, dev->peer_done_event(comm), coll_coll_name(w->coll))) !=
-              COLL_OK)
-        dev->peer_poison(comm);
-    }
-  }
-  /* Past the exchange every peer is in this call: a failure here must reach them. */
+  bool exchanged = false;
+  coll_result r = coll_device_path(comm, fn, w, served, &exchanged, submit_exchange);
   if (r != COLL_OK && exchanged) coll_exec_failed(comm, r);
   return r;
 }

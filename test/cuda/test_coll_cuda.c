@@ -691,8 +691,12 @@ typedef enum {
 static const char *mname[] = {"all_reduce",     "reduce",     "broadcast",
                               "reduce_scatter", "all_gather", "sendrecv"};
 
+/* How the device calls are made: blocking, on a cudaStream_t, or on a coll_stream_t
+ * (served by the progress thread on the communicator's own CUDA stream, as a trainer's
+ * DDP posts its buckets). */
+typedef enum { M_BLOCKING, M_CUDA_STREAM, M_HOST_STREAM } mmode;
 typedef struct {
-  bool use_stream;
+  mmode mode;
 } marg;
 
 /* A finite value exact in every dtype (a multiple of 1/8 in [-8, 8), or near 1 for
@@ -734,8 +738,9 @@ static void gen(void *dst, size_t n, coll_dtype d, coll_op op, int rank, uint64_
 typedef struct {
   coll_comm_t comm;
   int rank, n;
-  cudaStream_t cs;
-  coll_stream_t s;
+  cudaStream_t cs; /* M_CUDA_STREAM's */
+  coll_stream_t s; /* M_CUDA_STREAM's, wrapping cs, or M_HOST_STREAM's */
+  mmode mode;
   size_t cap; /* bytes per buffer */
   uint8_t *hs, *hr, *back;
   void *ds, *dr;
@@ -786,14 +791,23 @@ static int one_case(mctx *m, mcoll c, coll_dtype d, coll_op op, size_t count, bo
    * ordered after that stream's work only (as NCCL's), and cudaMemcpy from pageable memory
    * may return before its DMA lands (on the legacy stream, which a non-blocking stream
    * does not wait for: the first GPU run read such inputs half-landed, 2026-11-30). */
-  cudaStream_t up = m->s ? m->cs : 0;
+  cudaStream_t up = m->mode == M_CUDA_STREAM ? m->cs : 0;
   cudaError_t e = cudaMemcpyAsync(m->dr, m->hr, big, cudaMemcpyHostToDevice, up);
   if (e == cudaSuccess && !in_place)
     e = cudaMemcpyAsync(m->ds, m->hs, big, cudaMemcpyHostToDevice, up);
   if (e != cudaSuccess) return t_failf("cudaMemcpyAsync: %s", cudaGetErrorString(e));
   coll_result res = call(m, c, hs, hr, count, d, op, root, NULL);
   if (res != COLL_OK) return t_failf("host %s: %s", mname[c], coll_comm_last_error(m->comm));
-  if (m->s) {
+  if (m->mode == M_HOST_STREAM) {
+    /* On a coll_stream_t: ordered after the uploads on the legacy stream (the event at
+     * the call), complete when the stream says so. */
+    res = call(m, c, ds, dr, count, d, op, root, m->s);
+    if (res == COLL_OK) res = coll_stream_synchronize(m->s);
+    if (res != COLL_OK)
+      return t_failf("device %s on a coll_stream_t: %s", mname[c], coll_comm_last_error(m->comm));
+    e = cudaMemcpy(m->back, m->dr, big, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) return t_failf("copy back: %s", cudaGetErrorString(e));
+  } else if (m->s) {
     /* Through the cudaStream_t: the result is copied back on the same stream, so the
      * copy must wait for the collective. */
     res = call(m, c, ds, dr, count, d, op, root, m->s);
@@ -866,7 +880,7 @@ static int matrix_rank(coll_comm_t unused, int rank, int n, void *varg) {
   if (e != cudaSuccess || ndev < 1) return t_failf("rank %d: no GPU", rank);
   if ((e = cudaSetDevice(rank % ndev)) != cudaSuccess)
     return t_failf("cudaSetDevice: %s", cudaGetErrorString(e));
-  mctx m = {.rank = rank, .n = n};
+  mctx m = {.rank = rank, .n = n, .mode = a->mode};
   if (coll_comm_init_rank(&m.comm, n, coll_launch_unique_id(), rank) != COLL_OK)
     return t_failf("rank %d: init: %s", rank, coll_comm_last_error(NULL));
   /* Lazy: nothing of CUDA is set up before the first call on device memory. */
@@ -879,11 +893,13 @@ static int matrix_rank(coll_comm_t unused, int rank, int n, void *varg) {
   if (cudaMallocHost((void **)&m.back, m.cap) != cudaSuccess) return t_failf("cudaMallocHost");
   if (cudaMalloc(&m.ds, m.cap) != cudaSuccess || cudaMalloc(&m.dr, m.cap) != cudaSuccess)
     return t_failf("cudaMalloc of %zu bytes", m.cap);
-  if (a->use_stream) {
+  if (a->mode == M_CUDA_STREAM) {
     if ((e = cudaStreamCreateWithFlags(&m.cs, cudaStreamNonBlocking)) != cudaSuccess)
       return t_failf("cudaStreamCreate: %s", cudaGetErrorString(e));
     if (coll_stream_create_cuda(&m.s, m.cs) != COLL_OK)
       return t_failf("coll_stream_create_cuda: %s", coll_comm_last_error(NULL));
+  } else if (a->mode == M_HOST_STREAM && coll_stream_create(&m.s) != COLL_OK) {
+    return t_failf("coll_stream_create: %s", coll_comm_last_error(NULL));
   }
   int fails = 0, cases = 0;
   uint64_t seed = 1;
@@ -928,11 +944,15 @@ static int matrix_rank(coll_comm_t unused, int rank, int n, void *varg) {
   if (coll_comm_destroy(m.comm) != COLL_OK) fails++;
   if (!fails && rank == 0)
     fprintf(stderr, "cuda matrix: %d ranks on %d GPU(s)%s: %d cases, device == host bit for bit\n",
-            n, ndev, a->use_stream ? ", through a cudaStream_t" : "", cases);
+            n, ndev,
+            a->mode == M_CUDA_STREAM   ? ", through a cudaStream_t"
+            : a->mode == M_HOST_STREAM ? ", through a coll_stream_t"
+                                       : "",
+            cases);
   return fails ? 1 : 0;
 }
 
-static void run_matrix_algo(int n, bool stream, const char *algo) {
+static void run_matrix_algo(int n, mmode mode, const char *algo) {
   char why[256];
   if (!gpu_in_child(why, sizeof why)) cr_skip_test("%s", why);
   setenv("COLL_TIMEOUT_MS", "60000", 1);
@@ -941,31 +961,42 @@ static void run_matrix_algo(int n, bool stream, const char *algo) {
     setenv("COLL_ALGO", algo, 1);
   else
     unsetenv("COLL_ALGO");
-  marg a = {.use_stream = stream};
+  marg a = {.mode = mode};
   int rc = coll_launch_local_raw(n, matrix_rank, &a, 900000, why, sizeof why);
   unsetenv("COLL_ALGO");
-  cr_assert_eq(rc, 0, "device matrix on %d ranks%s%s%s: %s", n, stream ? " (cudaStream_t)" : "",
+  cr_assert_eq(rc, 0, "device matrix on %d ranks%s%s%s: %s", n,
+               mode == M_CUDA_STREAM   ? " (cudaStream_t)"
+               : mode == M_HOST_STREAM ? " (coll_stream_t)"
+                                       : "",
                algo ? ", COLL_ALGO=" : "", algo ? algo : "", why);
   T_ASSERT_NO_LEFTOVERS("after the job");
 }
-static void run_matrix(int n, bool stream) { run_matrix_algo(n, stream, NULL); }
+static void run_matrix(int n, mmode mode) { run_matrix_algo(n, mode, NULL); }
 
-Test(cuda, matrix_2_ranks, .timeout = 900) { run_matrix(2, false); }
-Test(cuda, matrix_4_ranks, .timeout = 900) { run_matrix(4, false); }
-Test(cuda, matrix_8_ranks, .timeout = 900) { run_matrix(8, false); }
-Test(cuda, matrix_2_ranks_stream, .timeout = 900) { run_matrix(2, true); }
-Test(cuda, matrix_4_ranks_stream, .timeout = 900) { run_matrix(4, true); }
-Test(cuda, matrix_8_ranks_stream, .timeout = 900) { run_matrix(8, true); }
+Test(cuda, matrix_2_ranks, .timeout = 900) { run_matrix(2, M_BLOCKING); }
+Test(cuda, matrix_4_ranks, .timeout = 900) { run_matrix(4, M_BLOCKING); }
+Test(cuda, matrix_8_ranks, .timeout = 900) { run_matrix(8, M_BLOCKING); }
+Test(cuda, matrix_2_ranks_stream, .timeout = 900) { run_matrix(2, M_CUDA_STREAM); }
+Test(cuda, matrix_4_ranks_stream, .timeout = 900) { run_matrix(4, M_CUDA_STREAM); }
+Test(cuda, matrix_8_ranks_stream, .timeout = 900) { run_matrix(8, M_CUDA_STREAM); }
+/* Device buffers on a coll_stream_t (a trainer's DDP buckets): the device rows from the
+ * progress thread, checked bit for bit and by the row that ran (one_case). */
+Test(cuda, matrix_2_ranks_coll_stream, .timeout = 900) { run_matrix(2, M_HOST_STREAM); }
+Test(cuda, matrix_4_ranks_coll_stream, .timeout = 900) { run_matrix(4, M_HOST_STREAM); }
 /* Each row of the device data path forced (the others' collectives take the tuner's
  * choice, with a warning): the one-shot on every collective, the two-shot on
  * all-reduce, blocking and on a stream; and the host-driven path (ring) for device
  * buffers, which the tuner no longer picks where the device path is up. */
-Test(cuda, matrix_4_ranks_dev_oneshot, .timeout = 900) { run_matrix_algo(4, false, "dev_oneshot"); }
-Test(cuda, matrix_4_ranks_dev_twoshot, .timeout = 900) { run_matrix_algo(4, false, "dev_twoshot"); }
-Test(cuda, matrix_3_ranks_dev_twoshot_stream, .timeout = 900) {
-  run_matrix_algo(3, true, "dev_twoshot");
+Test(cuda, matrix_4_ranks_dev_oneshot, .timeout = 900) {
+  run_matrix_algo(4, M_BLOCKING, "dev_oneshot");
 }
-Test(cuda, matrix_2_ranks_ring, .timeout = 900) { run_matrix_algo(2, false, "ring"); }
+Test(cuda, matrix_4_ranks_dev_twoshot, .timeout = 900) {
+  run_matrix_algo(4, M_BLOCKING, "dev_twoshot");
+}
+Test(cuda, matrix_3_ranks_dev_twoshot_stream, .timeout = 900) {
+  run_matrix_algo(3, M_CUDA_STREAM, "dev_twoshot");
+}
+Test(cuda, matrix_2_ranks_ring, .timeout = 900) { run_matrix_algo(2, M_BLOCKING, "ring"); }
 
 /* ---- a rank that dies or aborts during device collectives ---------------------------------
  *
