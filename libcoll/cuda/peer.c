@@ -476,6 +476,17 @@ void coll_cuda_peer_describe(struct coll_comm *comm, const char *fn, const coll_
   memcpy(out, &mine, sizeof mine);
 }
 
+/* Orders `stream` after `event` (cudaStreamWaitEvent), saying what it waited for. */
+static coll_result stream_after(struct coll_comm *comm, void *stream, void *event, const char *fn,
+                                const char *what) {
+  cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
+  if (e == cudaSuccess) return COLL_OK;
+  cudaGetLastError();
+  return coll_fail(comm, COLL_ERR_SYSTEM,
+                   "rank %d: ordering %s after %s (cudaStreamWaitEvent) failed: %s", comm->rank, fn,
+                   what, cudaGetErrorName(e));
+}
+
 coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work *w,
                                const void *descs, void *stream) {
   struct coll_peer *cc = comm->peer;
@@ -547,29 +558,13 @@ coll_result coll_cuda_peer_map(struct coll_comm *comm, const char *fn, coll_work
   dc->stream = stream                         ? stream
                : w->peer_queued && cc->stream ? cc->stream
                                               : (void *)cudaStreamLegacy;
-  if (r == COLL_OK && w->peer_queued && w->cuda_event && dc->stream == cc->stream) {
-    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)dc->stream, (cudaEvent_t)w->cuda_event, 0);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      r = coll_fail(comm, COLL_ERR_SYSTEM,
-                    "rank %d: ordering %s after the caller's default stream "
-                    "(cudaStreamWaitEvent) failed: %s",
-                    comm->rank, fn, cudaGetErrorName(e));
-    }
-  }
+  if (r == COLL_OK && w->peer_queued && w->cuda_event && dc->stream == cc->stream)
+    r = stream_after(comm, dc->stream, w->cuda_event, fn, "the caller's default stream");
   /* A communicator's device calls run in call order, whatever streams they are on (as
    * NCCL's do): the scratch of an in-place one-shot, and the barriers' epochs, assume
    * it.  On a stream other than the last call's, wait for the last call's end first. */
-  if (r == COLL_OK && cc->epoch && cc->last_stream != dc->stream) {
-    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)dc->stream, (cudaEvent_t)cc->done_ev, 0);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      r = coll_fail(comm, COLL_ERR_SYSTEM,
-                    "rank %d: ordering %s after the previous device "
-                    "call (cudaStreamWaitEvent) failed: %s",
-                    comm->rank, fn, cudaGetErrorName(e));
-    }
-  }
+  if (r == COLL_OK && cc->epoch && cc->last_stream != dc->stream)
+    r = stream_after(comm, dc->stream, cc->done_ev, fn, "the previous device call");
   if (old >= 0) cudaSetDevice(old);
   if (r != COLL_OK) return r;
   cc->last_stream = dc->stream;
