@@ -254,6 +254,8 @@ stage_train() {
   local small=(--layers 12 --channels 768 --heads 12 --seq 256 --max-seq 256 --batch 8
                --steps 10 --eval-every 0 --sample-len 0)
   run "$ct" --device cuda --parallel ddp --ranks 2 --backend coll "${small[@]}" --trace "$OUT/ddp2.json"
+  # the same without overlap: what the buckets cost when nothing hides them
+  run "$ct" --device cuda --parallel ddp --ranks 2 --backend coll --no-overlap "${small[@]}"
   run "$ct" --device cuda --parallel ddp --ranks 4 --backend coll "${small[@]}"
   run "$ct" --device cuda --parallel ddp --ranks 2 --backend nccl "${small[@]}"
   summary "train: $([ $rc = 0 ] && echo ok || echo 'some runs failed (NCCL on one GPU is expected to), see train.txt')"
