@@ -311,6 +311,10 @@ static coll_result device_queued(struct coll_comm *comm, coll_work *w, bool *ser
 }
 
 coll_result coll_exec_run(struct coll_comm *comm, coll_work *w) {
+  /* A user's call that ends before any row runs it (a failure already known, a peer
+   * already dead) ran none: coll_comm_last_algo must not name the call before it. */
+  if (!w->internal && !w->inner && !w->peer_exchange)
+    atomic_store_explicit(&comm->last_algo, 0, memory_order_relaxed);
   if (atomic_load(&comm->aborted))
     return coll_fail(comm, COLL_ERR_REMOTE, "rank %d: communicator was aborted", comm->rank);
   if (comm->sticky != COLL_OK)

@@ -96,7 +96,8 @@ COLL_API coll_result coll_comm_link_bytes(coll_comm_t comm, const char *coll, si
                                           coll_dtype dtype, const char *algo, int rank,
                                           uint64_t *inside, uint64_t *across);
 /* The algorithm the last finished collective of this communicator ran ("ring",
- * "oneshot", "mapped", ...), NULL before the first. */
+ * "oneshot", "mapped", ...); NULL before the first, and after a call that failed before
+ * any algorithm ran it (the communicator had already failed, or a peer was known dead). */
 COLL_API const char *coll_comm_last_algo(coll_comm_t comm);
 /* Bytes of one FIFO slot (the pipelining slice) on this communicator. */
 COLL_API coll_result coll_comm_slice_bytes(coll_comm_t comm, size_t *bytes);

@@ -134,7 +134,8 @@ static int child(job *j, int rank, int role) {
     rp.pending = coll_all_reduce(x, x, COUNT, COLL_FLOAT32, COLL_SUM, comm, NULL);
   }
   rp.ms = (int)(now_ms() - t0);
-  snprintf(rp.algo, sizeof rp.algo, "%s", coll_comm_last_algo(comm));
+  const char *ran = coll_comm_last_algo(comm); /* NULL: it failed before any row ran it */
+  snprintf(rp.algo, sizeof rp.algo, "%s", ran ? ran : "");
   snprintf(rp.msg, sizeof rp.msg, "%s", coll_comm_last_error(comm));
   rp.later = coll_barrier(comm, NULL);
   if (write(j->rep[1], &rp, sizeof rp) != (ssize_t)sizeof rp) return 5;
@@ -318,17 +319,25 @@ Test(faults, sigkill_zombie_is_dead_shm, .timeout = 40) {
 static void expect_ring_row_names_the_dead(int n, const char *algo, const char *call) {
   outcome o;
   scenario_of(n, 1, SIGKILL, "shm", algo, &o);
-  int named = 0;
+  int named = 0, inside = 0;
   for (int k = 0; k < o.nrep; k++) {
     report *r = &o.rep[k];
     cr_expect(r->pending == COLL_ERR_REMOTE, "rank %d: pending %s returned %s: %s", r->rank, call,
               coll_result_string((coll_result)r->pending), r->msg);
-    cr_expect_str_eq(r->algo, algo, "rank %d: the %s ran on %s", r->rank, call, r->algo);
+    /* A survivor that reaches the call after the death is known (the laggard, or any
+     * rank on a loaded machine) fails before a row runs it: it reports none.  One inside
+     * the call must have been on the row under test. */
+    if (r->algo[0])
+      cr_expect_str_eq(r->algo, algo, "rank %d: the %s ran on %s", r->rank, call, r->algo);
+    inside += r->algo[0] != 0;
     cr_expect(r->later != COLL_OK, "rank %d: a later call succeeded after the death", r->rank);
     cr_expect(r->ms < NOTICE_MS, "rank %d: the death took %d ms to notice", r->rank, r->ms);
     named += strstr(r->msg, "rank 1") != NULL;
   }
   cr_expect_eq(named, o.nrep, "a survivor did not name rank 1");
+  cr_log_info("%d of %d survivors were inside the %s row when rank 1 died; the rest heard of "
+              "it before a row ran their call\n",
+              inside, o.nrep, algo);
   char left[512];
   cr_expect_eq(t_prefix_segments(o.prefix, 1, left, sizeof left), 0,
                "segments of the job left in /dev/shm: %s", left);
