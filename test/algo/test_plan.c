@@ -130,6 +130,7 @@ static uint64_t add_checked(uint64_t a, uint64_t b, const sim_case *c, int r) {
 /* Runs every rank's plan; returns the number of sweeps (ticks in tick mode). */
 static uint64_t run_sim(const sim_case *c) {
   int n = c->n;
+  if (n < 1) cr_assert_fail("a case needs at least one rank, has %d", n);
   size_t cnt = c->count, maxs = coll_plan_max_steps(n);
   size_t send_len = 0, recv_len = 0; /* the largest of any rank */
   for (int r = 0; r < n; r++) {

@@ -5,7 +5,8 @@
  * sentences), then the disagreement: rank 1 (the "odd" rank) calls something else.  The
  * first disagreement in rank order is between ranks 0 and 1, so every rank must report
  * exactly "rank 0 called <A> but rank 1 called <B>".  COLL_TIMEOUT_MS is 10 s and every
- * rank must have its answer within 2 s, so a hang or a timeout fails the test.
+ * rank must have its answer within half of it (ANSWER_MS), so a hang or a timeout fails the
+ * test; a quiet machine answers in milliseconds (the log lines say how many).
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -20,6 +21,9 @@
 #include "coll_test.h"
 #include "internal.h"
 #include "tcp_matrix.h"
+
+#define ANSWER_MS 5000 /* a mismatch must be reported within this: half of COLL_TIMEOUT_MS */
+#define SLACK_MS 6000  /* past a timeout, for it to be reported on a loaded machine */
 
 typedef enum {
   C_ALL_REDUCE,
@@ -108,7 +112,7 @@ static int mismatch_rank(coll_comm_t comm, int rank, int n, void *arg) {
   char want[400];
   snprintf(want, sizeof want, "rank 0 called %s but rank 1 called %s", mc->want_a, mc->want_b);
   if (!strstr(msg, want)) return t_failf("rank %d: sentence\n  %s\nlacks\n  %s", rank, msg, want);
-  if (ms > 2000) return t_failf("rank %d: the mismatch took %.0f ms to report", rank, ms);
+  if (ms > ANSWER_MS) return t_failf("rank %d: the mismatch took %.0f ms to report", rank, ms);
   if (coll_barrier(comm, NULL) == COLL_OK)
     return t_failf("rank %d: the communicator still works after a mismatch", rank);
   fprintf(stderr, "  rank %d (%.2f ms): %s\n", rank, ms, msg);
@@ -286,7 +290,8 @@ static int absent_rank(coll_comm_t comm, int rank, int n, void *arg) {
   if (r != COLL_ERR_TIMEOUT) return t_failf("rank 0: got %s: %s", coll_result_string(r), msg);
   if (!strstr(msg, "waiting for the call descriptor of rank 1 in step 0 (COLL_CHECK"))
     return t_failf("rank 0: sentence does not name the absent rank: %s", msg);
-  if (ms < 900 || ms > 2500) return t_failf("rank 0: timed out after %.0f ms (limit 1000)", ms);
+  if (ms < 900 || ms > 1000 + SLACK_MS)
+    return t_failf("rank 0: timed out after %.0f ms (limit 1000)", ms);
   fprintf(stderr, "  rank 0 (%.0f ms): %s\n", ms, msg);
   return 0;
 }

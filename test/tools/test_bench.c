@@ -875,7 +875,7 @@ Test(bench_explain, all_reduce_byte_totals, .timeout = 300) {
   for (int n = 2; n <= 5; n++) {
     for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
       size_t count = counts[ci], S = count * 4;
-      char ranks[8], size[32];
+      char ranks[16], size[32];
       snprintf(ranks, sizeof ranks, "%d", n);
       snprintf(size, sizeof size, "%zu", S);
       /* The ring's accounting: force it (small sizes would go one-shot). */

@@ -18,8 +18,9 @@
  * and that dir has the same number of entries as before. */
 static void expect_failure(const char *dir, const char *args, const char *want) {
   int before = th_count_entries(dir);
-  char *out = th_fmt("%s/../%s.out", dir, strrchr(dir, '/') + 1);
-  char *err = th_fmt("%s/../%s.err", dir, strrchr(dir, '/') + 1);
+  const char *slash = strrchr(dir, '/'), *name = slash ? slash + 1 : dir;
+  char *out = th_fmt("%s/../%s.out", dir, name);
+  char *err = th_fmt("%s/../%s.err", dir, name);
   char *cmd = th_fmt("cd '%s' && %s %s --ckpt-dir '%s/ck' --plot '%s/loss.svg'", dir, th_cli(),
                      args, dir, dir);
   int rc = th_run(cmd, out, err);
