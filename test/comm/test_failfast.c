@@ -13,10 +13,10 @@
  *
  * Every survivor must return COLL_ERR_REMOTE within NOTICE_MS, a quarter of COLL_TIMEOUT_MS
  * (so a timeout cannot pass for fail-fast), with a sentence naming the victim, and a later
- * call must fail too.  A quiet machine hears a failure in milliseconds (the log lines say
- * how many); the bound leaves room for a loaded CI machine's scheduler.  The survivors report
- * through a pipe; the parent kills and reaps every child on every path; each child has alarm() as a
- * last resort.
+ * call must fail too.  A quiet machine hears a failure in milliseconds (the log lines
+ * say how many); the bound leaves room for a loaded CI machine's scheduler.  The survivors
+ * report through a pipe; the parent kills and reaps every child on every path; each child
+ * has alarm() as a last resort.
  */
 #include <criterion/criterion.h>
 #include <poll.h>
@@ -36,7 +36,6 @@
 #define SLOW_MS 20000    /* COLL_TIMEOUT_MS for the fail-fast cases */
 #define STOP_MS 2000     /* ... and for the stopped rank */
 #define NOTICE_MS 5000   /* a failure must arrive within this (a quarter of SLOW_MS) */
-#define SLACK_MS 6000    /* past STOP_MS, for the stopped rank's timeout to be reported */
 
 typedef enum { F_INVALID, F_ABORT, F_KILL, F_INIT, F_STOP } fault;
 
@@ -232,7 +231,7 @@ static void run_case(int n, fault f, const char *transport) {
     if (f == F_STOP) {
       cr_expect(r->pending == COLL_ERR_TIMEOUT || r->pending == COLL_ERR_REMOTE, "rank %d: %s",
                 r->rank, coll_result_string((coll_result)r->pending));
-      cr_expect(r->ms >= STOP_MS - 100 && r->ms < STOP_MS + SLACK_MS,
+      cr_expect(r->ms >= STOP_MS - 100 && r->ms < STOP_MS + T_SLACK_MS,
                 "rank %d: the stopped rank was given up after %d ms (COLL_TIMEOUT_MS %d)", r->rank,
                 r->ms, STOP_MS);
       continue;

@@ -23,7 +23,6 @@
 #include "tcp_matrix.h"
 
 #define ANSWER_MS 5000 /* a mismatch must be reported within this: half of COLL_TIMEOUT_MS */
-#define SLACK_MS 6000  /* past a timeout, for it to be reported on a loaded machine */
 
 typedef enum {
   C_ALL_REDUCE,
@@ -290,7 +289,7 @@ static int absent_rank(coll_comm_t comm, int rank, int n, void *arg) {
   if (r != COLL_ERR_TIMEOUT) return t_failf("rank 0: got %s: %s", coll_result_string(r), msg);
   if (!strstr(msg, "waiting for the call descriptor of rank 1 in step 0 (COLL_CHECK"))
     return t_failf("rank 0: sentence does not name the absent rank: %s", msg);
-  if (ms < 900 || ms > 1000 + SLACK_MS)
+  if (ms < 900 || ms > 1000 + T_SLACK_MS)
     return t_failf("rank 0: timed out after %.0f ms (limit 1000)", ms);
   fprintf(stderr, "  rank 0 (%.0f ms): %s\n", ms, msg);
   return 0;
