@@ -237,7 +237,9 @@ coll_result coll_dev_oneshot_run(struct coll_comm *comm, const coll_work *w, boo
 }
 
 bool coll_dev_onegpu_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, size_t es) {
-  return coll_dev_usable(comm, c, count, es) && comm->peer->one_gpu;
+  /* dev_gpus counts distinct GPUs once the device path is up (peer.c): one GPU, two or
+   * more ranks on it. */
+  return coll_dev_usable(comm, c, count, es) && comm->dev_gpus == 1 && comm->nranks > 1;
 }
 
 /* The leader's kernel for the call (the table at the top). */

@@ -379,11 +379,11 @@ coll_result coll_cuda_peer_setup(struct coll_comm *comm, coll_device_exchange xc
                  p);
     }
   cc->ok = all;
-  cc->one_gpu = all && gpus == 1 && n > 1;
   comm->dev_gpus = all ? gpus : 0;
   if (all)
     COLL_INFO(comm->rank, "CUDA: device data path up: %d ranks on %d GPU(s)%s", n, gpus,
-              cc->one_gpu ? " (one GPU: the dev_onegpu row serves the ranks with one kernel)" : "");
+              gpus == 1 && n > 1 ? " (one GPU: the dev_onegpu row serves the ranks with one kernel)"
+                                 : "");
   if (!all)
     COLL_INFO(comm->rank,
               "CUDA: no device data path (%s): device buffers take the "

@@ -90,7 +90,6 @@ void *coll_dev_scratch(struct coll_comm *comm);
 /* The communicator's device data path (comm->peer; peer.c's alone). */
 struct coll_peer {
   bool ok;          /* set up on every rank: the device rows may run */
-  bool one_gpu;     /* every rank on the same GPU (its PCI address): dev_onegpu may run */
   char why[192];    /* why not */
   int device;       /* the communicator's GPU */
   void *stream;     /* libcoll's own stream there (the set-up's trial) */

@@ -411,7 +411,6 @@ Test(cuda, device_rows_priced_and_chosen) {
   const coll_algo_entry *onegpu = coll_algo_get(COLL_ALGO_DEV_ONEGPU);
   cr_assert(onegpu->device_only && onegpu->run && !onegpu->plan);
   cr_assert(!coll_algo_usable(onegpu, c, &mapped, 4), "not one GPU: not usable");
-  cc->one_gpu = true;
   c->dev_gpus = 1;
   c->nranks = 2;
   cr_assert(coll_algo_usable(onegpu, c, &mapped, 4));
@@ -441,7 +440,6 @@ Test(cuda, device_rows_priced_and_chosen) {
   cr_assert(og < sh2 / 2, "one kernel %g s against two two-shots %g s", og, sh2);
   cr_assert_eq(coll_dev_onegpu_cost(COLL_COLL_ALL_TO_ALL, 1e6, &one_h200, &og, f, sizeof f),
                COLL_ERR_INVALID_ARG);
-  cc->one_gpu = false;
   c->dev_gpus = 0;
   /* more ranks than one kernel reads, or a path that is not up: the host-driven rows */
   c->nranks = COLL_PEER_MAX + 1;
