@@ -4,6 +4,13 @@
  *
  *   pingpong_bench [-n ROUND_TRIPS (default 200000; a tenth for futex and pipe)]
  *                  [-p 0|1 (pin the two processes to cpus 0 and 1, default 1)]
+ *                  [-m spin|yield|futex|pipe (one mode only; default all four)]
+ *
+ * The spin round trip is also a reading of where the two cpus sit: on the development VM
+ * the host moves its two vCPUs between a shared physical core (~0.06 µs) and cores far
+ * apart (0.25-0.46 µs), and the 2-rank figures move with it (docs/perf.md, "The
+ * machine's two placements"); bench/peers/side_by_side.py records it before every
+ * repetition with `-m spin -n 20000`.
  *
  * Modes, each repeated 5 times (min / median / max round-trip time, the first round trip
  * of each repeat left out):
@@ -132,25 +139,33 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   long iters = 200000;
-  int dopin = 1, c;
-  while ((c = getopt(argc, argv, "n:p:h")) != -1) {
+  int dopin = 1, c, only = -1;
+  while ((c = getopt(argc, argv, "n:p:m:h")) != -1) {
     if (c == 'n')
       iters = atol(optarg);
     else if (c == 'p')
       dopin = atoi(optarg);
-    else {
-      fprintf(stderr, "usage: pingpong_bench [-n ROUND_TRIPS] [-p 0|1]\n");
+    else if (c == 'm') {
+      for (int m = 0; m < NUM_MODES; m++)
+        if (strcmp(optarg, mode_names[m]) == 0) only = m;
+      if (only < 0) {
+        fprintf(stderr, "pingpong_bench: -m %s: not one of spin, yield, futex, pipe\n", optarg);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usage: pingpong_bench [-n ROUND_TRIPS] [-p 0|1] [-m MODE]\n");
       return 2;
     }
   }
   if (iters < 20 || optind < argc) {
-    fprintf(stderr, "usage: pingpong_bench [-n ROUND_TRIPS >= 20] [-p 0|1]\n");
+    fprintf(stderr, "usage: pingpong_bench [-n ROUND_TRIPS >= 20] [-p 0|1] [-m MODE]\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IONBF, 0);
   printf("# pingpong_bench: round trip between 2 processes, pinned %d, %ld cpus online\n", dopin,
          sysconf(_SC_NPROCESSORS_ONLN));
   for (int m = 0; m < NUM_MODES; m++) {
+    if (only >= 0 && m != only) continue;
     long it = m >= FUTEX ? iters / 10 : iters;
     double v[5];
     for (int r = 0; r < 5; r++) v[r] = once(m, it, dopin);

@@ -50,6 +50,12 @@ per-call scratch buffers are not fresh memory each time (see the design notes).
 Every program's whole output is kept in --out (default /tmp/side_by_side-DATE), one file
 per run, its command line and settings first; runs.txt there has one line per measurement:
   rep ranks collective size who placement time_us busbw_gbps [algorithm]
+Before every run it reads where the host has put cpus 0 and 1: the spin round trip of
+BUILD/bench/peers/pingpong_bench -m spin -n 20000 (about 0.1 s).  On the development VM
+the host moves its two vCPUs between one shared physical core (~0.06 us) and cores far
+apart (0.25-0.46 us), and the 2-rank figures move with it (docs/perf.md, "The machine's
+two placements").  Each raw file's header has the reading taken before it, and the
+summary ends with their range per repetition, so a table says where it ran.
 Must never: run two programs at once, or print a figure that is not the median of runs
 whose output files are kept.
 """
@@ -191,6 +197,22 @@ def load_average():
         return "?"
 
 
+def cross_core_rt(build):
+    """The spin round trip between cpus 0 and 1 in us (pingpong_bench's median of 5), or
+    None when the program is not built or does not answer."""
+    prog = os.path.join(build, "bench", "peers", "pingpong_bench")
+    try:
+        out = subprocess.run([prog, "-m", "spin", "-n", "20000"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        f = line.split()
+        if f[:1] == ["spin"] and "median" in f:
+            return float(f[f.index("median") + 1])
+    return None
+
+
 def parse_size(s):
     s = s.strip()
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -271,6 +293,7 @@ class Runner:
         self.runs = open(os.path.join(a.out, "runs.txt"), "a")
         self.data = {}  # (np, coll, size, who, placement) -> [(time, busbw, algo)]
         self.failed = []
+        self.rt = {}  # rep -> [cross-core round trips (us) read before its runs]
 
     def commands(self, who, np_, coll, sizes):
         """[(argv, extra environment)] for one library at one (ranks, collective)."""
@@ -338,6 +361,9 @@ class Runner:
         for i, (cmd, extra) in enumerate(self.commands(who, np_, coll, sizes)):
             name = f"rep{rep}_n{np_}_{coll}_{who}{'_' + str(i) if i else ''}.txt"
             path = os.path.join(self.a.out, name)
+            rt = cross_core_rt(self.a.build)
+            if rt is not None:
+                self.rt.setdefault(rep, []).append(rt)
             started = datetime.datetime.now().isoformat(timespec="seconds")
             t0 = time.monotonic()
             env = dict(self.env, **extra)
@@ -355,7 +381,8 @@ class Runner:
             with open(path, "w") as f:
                 f.write(f"# side_by_side: {settings + ' ' if settings else ''}{shlex.join(cmd)}\n"
                         f"# started {started}, load average {load_average()}, "
-                        f"GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '')}\n{out}"
+                        f"GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '')}, cross-core round trip "
+                        f"{'?' if rt is None else f'{rt:.3f}'} us\n{out}"
                         f"# exit status: {rc}, {time.monotonic() - t0:.1f} s\n")
             if rc != 0:
                 self.failed.append(f"{name}: exit status {rc}")
@@ -374,7 +401,8 @@ class Runner:
                     line = f"{rep} {np_} {coll} {size} {who} {placement} {pl[0]} {pl[1]} {algo}"
                     print(line.rstrip(), file=self.runs, flush=True)
                     if self.a.verbose:
-                        print(line, file=sys.stderr)
+                        print(f"{line.rstrip()}   (round trip {'?' if rt is None else rt})",
+                              file=sys.stderr)
 
     def cell(self, np_, coll, size, who, placement, metric):
         """(median, marked, algorithm) of one library at one point, or None."""
@@ -453,6 +481,17 @@ def summary(r, a, metric, placement):
                     if cols:
                         row.append(f"{c[0] / best:.2f}x" if c is not None and best else "n/a")
                 print("| " + " | ".join(row) + " |")
+
+
+def placements_text(rt):
+    """One line: the cross-core round trips read before each repetition's runs."""
+    if not rt:
+        return "(cross-core round trip: not read; build bench/peers/pingpong_bench)"
+    reps = "; ".join(f"{k}: {min(v):.2f}-{max(v):.2f}" for k, v in sorted(rt.items()))
+    every = [x for v in rt.values() for x in v]
+    near = sum(x < 0.15 for x in every)
+    return (f"(cross-core round trip before each run, us, per repetition: {reps}; "
+            f"{near} of {len(every)} runs with both cpus on one physical core (< 0.15 us))")
 
 
 def size_text(s):
@@ -550,6 +589,7 @@ def main():
             summary(r, a, metric, placement)
     print(f"\n(* the other placement: that library's call has only this one.  Raw: {a.out})",
           flush=True)
+    print(placements_text(r.rt), flush=True)
     if r.failed:
         print("side_by_side: runs that failed:\n  " + "\n  ".join(r.failed), file=sys.stderr)
         sys.exit(1)

@@ -25,9 +25,16 @@
  * Python with torch; skipped when it has none) and checks the same, the clean rows and
  * the injected wrong elements in one run.
  *
+ * The placement part runs pingpong_bench with one mode (-m spin), the reading of where the
+ * host put cpus 0 and 1, and side_by_side.py on libcoll alone, and checks that every raw
+ * file and the summary carry that reading (docs/perf.md, "The machine's two placements").
+ * It needs no MPI.
+ *
  * Every run is bounded in time; its whole process group is killed on a timeout.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -411,6 +418,92 @@ Test(peers_imb, allreduce_table, .timeout = 120) {
     rows++;
   }
   cr_assert_eq(rows, 8, "%d rows, want 0 and 64 B to 4 KiB\n%s", rows, r.out);
+  free_run(&r);
+}
+
+/* ---- the placement reading --------------------------------------------------------- */
+
+static const char *build_dir(void) {
+  const char *b = getenv("COLL_TEST_BUILD_DIR");
+  cr_assert(b && *b, "COLL_TEST_BUILD_DIR is not set (run through meson test)");
+  return b;
+}
+
+/* -m spin runs that mode alone: one line, min <= median <= max, all positive; an unknown
+ * mode is refused with status 2 and a sentence. */
+Test(peers_placement, pingpong_one_mode, .timeout = 60) {
+  char prog[4096];
+  snprintf(prog, sizeof prog, "%s/bench/peers/pingpong_bench", build_dir());
+  const char *argv[] = {prog, "-m", "spin", "-n", "2000", NULL};
+  run_result r = run(argv, NULL, 30);
+  cr_assert_eq(r.status, 0, "status %d\n%s%s", r.status, r.out, r.err);
+  const char *line = strstr(r.out, "\nspin ");
+  cr_assert(line, "no spin line\n%s", r.out);
+  double mn, med, mx;
+  cr_assert_eq(sscanf(line, "\nspin round trip us: min %lf median %lf max %lf", &mn, &med, &mx), 3,
+               "%s", r.out);
+  cr_assert(mn > 0 && mn <= med && med <= mx, "min %g median %g max %g", mn, med, mx);
+  cr_assert(!strstr(r.out, "yield") && !strstr(r.out, "futex") && !strstr(r.out, "pipe "),
+            "-m spin ran other modes too\n%s", r.out);
+  free_run(&r);
+  const char *bad[] = {prog, "-m", "nap", NULL};
+  r = run(bad, NULL, 30);
+  cr_assert_eq(r.status, 2, "status %d for -m nap", r.status);
+  cr_assert(strstr(r.err, "-m nap: not one of spin, yield, futex, pipe"), "%s", r.err);
+  free_run(&r);
+}
+
+/* side_by_side.py reads the round trip before every run: each raw file's header has it, and
+ * the summary ends with its range per repetition. */
+Test(peers_placement, side_by_side_records_it, .timeout = 180) {
+  const char *src = getenv("COLL_TEST_SOURCE_DIR");
+  cr_assert(src && *src, "COLL_TEST_SOURCE_DIR is not set (run through meson test)");
+  char script[4096], dir[] = "/tmp/coll_test_sbs_XXXXXX";
+  snprintf(script, sizeof script, "%s/bench/peers/side_by_side.py", src);
+  cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+  /* clang-format off */
+  const char *argv[] = {"/usr/bin/python3", script, "--ranks", "2", "--colls", "all_reduce",
+                        "--sizes", "4K", "--reps", "2", "--who", "libcoll", "--metric", "time",
+                        "--coll-args", "-n 20 -w 2 -c 1 -z 1", "--build", build_dir(),
+                        "--out", dir, NULL};
+  /* clang-format on */
+  /* the tuner's cache of the tests, not the user's (~/.cache/libcoll/tune) */
+  char tune[4200];
+  snprintf(tune, sizeof tune, "COLL_TUNE_FILE=%s/tune-cache", build_dir());
+  const char *env[] = {tune, NULL};
+  run_result r = run(argv, env, 150);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/rep2_n2_all_reduce_libcoll.txt", dir);
+  char *raw = t_slurp(path);
+  /* the directory holds what the script wrote, nothing below it: emptied before asserting */
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      unlink(path);
+    }
+  }
+  if (d) closedir(d);
+  rmdir(dir);
+  cr_assert_eq(r.status, 0, "status %d\n%s%s", r.status, r.out, r.err);
+  cr_assert(strstr(r.out, "| 2 | all_reduce | 4 KiB |"), "no 4 KiB row\n%s", r.out);
+  const char *p = strstr(r.out, "(cross-core round trip before each run, us, per repetition: 1: ");
+  cr_assert(p, "no placement line\n%s", r.out);
+  double lo1, hi1, lo2, hi2;
+  int near, runs;
+  cr_assert_eq(sscanf(p,
+                      "(cross-core round trip before each run, us, per repetition: 1: %lf-%lf; "
+                      "2: %lf-%lf; %d of %d runs",
+                      &lo1, &hi1, &lo2, &hi2, &near, &runs),
+               6, "%s", p);
+  cr_assert(lo1 > 0 && lo1 <= hi1 && lo2 > 0 && lo2 <= hi2 && runs == 2 && near >= 0 &&
+                near <= runs,
+            "%s", p);
+  const char *h = strstr(raw, ", cross-core round trip ");
+  double rt;
+  cr_assert(h && sscanf(h, ", cross-core round trip %lf us", &rt) == 1 && rt > 0,
+            "raw file header without the reading:\n%.400s", raw);
+  free(raw);
   free_run(&r);
 }
 
