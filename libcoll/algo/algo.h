@@ -76,10 +76,11 @@ typedef struct coll_algo_entry {
   coll_result (*cost)(coll_coll_kind c, double n, const coll_cost_model *m, double *seconds,
                       char *formula, size_t formula_len);
   /* The tuner compares cost × handicap: 1 takes the formula at its word; above 1 for
-   * rows whose model is known to flatter them (the numbers and why are in table.c).
-   * Collectives in plain_colls are taken at the formula's word whatever the handicap. */
+   * rows whose model is known to flatter them, below 1 for what it leaves out in their
+   * favour (the numbers and why are in table.c).  coll_handicap[c], where set (> 0),
+   * replaces it for collective c. */
   double handicap;
-  uint32_t plain_colls;
+  double coll_handicap[COLL_NUM_COLLS];
   /* Priced with the link classes (coll_cost_model's hosts, local, alpha_net, beta_net):
    * a host-aware row.  Every other row is priced, on a communicator of several hosts, at
    * its slowest link (exec/tune.c): a flat schedule's steps wait for the network. */

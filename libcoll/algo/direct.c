@@ -389,10 +389,19 @@ bool coll_direct_usable(struct coll_comm *comm, coll_coll_kind c, size_t count, 
  * runs: 256 KiB 58 us vs 163, 1 MiB 157 vs 483, 4 MiB 1290 vs 1579, 16 MiB 7098 vs
  * 5545): a first measurement under load had pairwise ahead there, which kept direct
  * away from oversubscribed jobs and cost them 3x at 1 MiB.  So the tuner takes it for
- * all-to-all up to 4 MiB, at the formula's word (table.c: plain_colls). */
+ * all-to-all up to 4 MiB, at the formula's word (table.c: coll_handicap). */
 #define A2A_DIRECT_MAX (4u << 20)
+/* All-gather the same way, for the same reason: staged copies every block into a ring and
+ * out again, direct once.  2 ranks on 2 cores (2026-11-30, two runs each, out / in place,
+ * µs): 64 KiB 4.7-6.1 / 3.7-3.8 against staged's 9.5-9.9 / 4.5-5.5, 1 MiB 67-71 / 29-33
+ * against 102-105 / 75, 16 MiB 1540-1559 / 891-963 against 1631-1662 / 1278-1355; but
+ * 64 MiB 13.2-13.5 ms against 8.2 (the kernel pins 32 MiB of pages per read).  With more
+ * ranks than cores it was no better (4 ranks on 2 cores: 256 KiB 42-98 against 41-53,
+ * 16 MiB 2.8-4.2 ms against 2.9-3.0).  So up to 16 MiB, ranks with a core each, with the
+ * handicap table.c gives for it. */
+#define AG_DIRECT_MAX (16u << 20)
 bool coll_direct_preferable(struct coll_comm *comm, coll_coll_kind c, double n) {
-  (void)comm;
+  if (c == COLL_COLL_ALL_GATHER) return !comm->oversubscribed && n <= AG_DIRECT_MAX;
   if (c != COLL_COLL_ALL_TO_ALL) return true;
   return n <= A2A_DIRECT_MAX;
 }

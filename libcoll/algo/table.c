@@ -33,6 +33,12 @@
  *                  1 MiB) was 2x optimistic at 256 KiB - 4 MiB on 2 ranks (a 4 MiB
  *                  all-reduce: 425 us against the ring's 190 us); all-to-all is taken at
  *                  its word, but only where it measured faster (direct.c: preferable).
+ *                  All-gather 0.6, also only where it measured faster: its model and
+ *                  staged's price one byte alike (β_cma defaults to β), but direct
+ *                  copies a byte once and staged twice.  Measured against each model on
+ *                  2 ranks (2026-11-30, 1 MiB out of place): direct 67-71 us against
+ *                  its 44.9, staged 102-109 against its 47.4; 1.5x against 2.2x, so
+ *                  0.9 × 1.5 / 2.2 ≈ 0.6 beside staged's 0.9.
  *
  * Must never: hold state (the table is const), or name an algorithm anywhere but here.
  */
@@ -84,7 +90,8 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .colls = B(BROADCAST) | B(ALL_REDUCE) | B(REDUCE_SCATTER) | B(ALL_GATHER) |
                  B(ALL_TO_ALL) | B(ALL_TO_ALLV),
         .host_only = true, .usable = coll_direct_usable,
-        .cost = coll_direct_cost, .handicap = 2.0, .plain_colls = B(ALL_TO_ALL),
+        .cost = coll_direct_cost, .handicap = 2.0,
+        .coll_handicap = {[COLL_COLL_ALL_TO_ALL] = 1.0, [COLL_COLL_ALL_GATHER] = 0.6},
         .preferable = coll_direct_preferable,
         .run = coll_direct_run},
     [COLL_ALGO_MAPPED] = {
@@ -131,7 +138,8 @@ const coll_algo_entry coll_algo_table[COLL_NUM_ALGOS] = {
         .id = COLL_ALGO_STAGED, .name = "staged",
         .colls = B(ALL_REDUCE) | B(ALL_GATHER),
         .host_only = true, .usable = coll_staged_usable,
-        .cost = coll_staged_cost, .handicap = 0.9, .plain_colls = B(ALL_REDUCE),
+        .cost = coll_staged_cost, .handicap = 0.9,
+        .coll_handicap = {[COLL_COLL_ALL_REDUCE] = 1.0},
         .run = coll_staged_run},
     [COLL_ALGO_DEV_ONEGPU] = {
         .id = COLL_ALGO_DEV_ONEGPU, .name = "dev_onegpu",

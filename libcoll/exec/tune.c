@@ -138,7 +138,7 @@ static void build_table(struct coll_comm *comm) {
         const coll_algo_entry *e = coll_algo_get((coll_algo)a);
         comm->cost_at[a][c][b] = INFINITY;
         if (!e || !price(comm, e, (coll_coll_kind)c, n, &s, f, sizeof f)) continue;
-        s *= e->plain_colls & COLL_BIT(c) ? 1.0 : e->handicap;
+        s *= e->coll_handicap[c] > 0 ? e->coll_handicap[c] : e->handicap;
         comm->cost_at[a][c][b] = s;
         if (e->per_call || !coll_algo_usable(e, comm, &w, 1)) continue;
         if (e->preferable && !e->preferable(comm, (coll_coll_kind)c, n)) continue;
