@@ -26,6 +26,23 @@
  * Every rank sends 2(p-1)/p·n bytes in all-reduce, which is the lower bound for any
  * algorithm, hence "bandwidth-optimal"; the price is the 2(p-1) latency terms.
  *
+ * Lead (all-reduce, 2 ranks).  The executor runs slice j of every step in round j, so
+ * without delays each round is a lockstep: copy slice j in, wait for the peer's slice j,
+ * reduce it and pass it back, wait for the peer's reduced slice j, copy it out.  Every
+ * round then waits twice on the other core, and a stall on either core stops both.
+ * With a lead of one round per phase (the reduction runs one slice behind the send, the
+ * final copy one behind the reduction) each wait is for a slice the peer posted a round
+ * earlier, and a latency shorter than a slice's transfer hides behind the next slice:
+ *   all-reduce, p = 2, α below a slice's n/(2k)·β     α + n·β   (the bound, and one hop)
+ * A connection then holds up to 2·lead + 2 = 4 unread slices (the send of slice j and
+ * the reduction of j-1 posted while the peer's reduction of j-1 still waits for room):
+ * every transport's FIFO has 4 slots or more.  test_plan's sweep runs two ranks with 4
+ * (with 3 it finds the deadlock).  Measured on this repository's 2-core VM, 1 MiB float
+ * sum, six interleaved rounds: 166-232 µs out of place (mean 193) against 174-256 (mean
+ * 204) without the lead, in place mean 163 against 180 (lab/perf-log.md, 2026-11-30).
+ * More ranks keep lead 0 (not tried: their 2p-2 phases in flight would hold more slices
+ * per FIFO, and the sweep would have to prove each p).
+ *
  * Broadcast and reduce are pipelined chains rooted anywhere: broadcast runs
  * root -> root+1 -> ... -> root-1; reduce runs root+1 -> ... -> root-1 -> root.  Cut into
  * k slices of n/k bytes, the slices flow down the chain like a pipeline:
@@ -60,9 +77,12 @@ static void add(coll_step *steps, size_t *n, coll_step_kind kind, int in, int ou
                               .final = final};
 }
 
+/* Two ranks: each phase runs one round behind the one before it (see "Lead" above). */
+#define RING_LEAD_2 1u
+
 static void all_reduce(int p, int r, size_t count, coll_step *st, size_t *n) {
   int prev = mod(r - 1, p), next = mod(r + 1, p);
-  size_t off, len;
+  size_t first = *n, off, len;
   int c = mod(r - 1, p);
   coll_ring_chunk(count, p, c, &off, &len);
   add(st, n, COLL_STEP_SEND, -1, next, COLL_BUF_SEND, off, COLL_BUF_RECV, off, len, c, 0);
@@ -84,6 +104,13 @@ static void all_reduce(int p, int r, size_t count, coll_step *st, size_t *n) {
   c = mod(r + 1, p);
   coll_ring_chunk(count, p, c, &off, &len);
   add(st, n, COLL_STEP_RECV, prev, -1, COLL_BUF_RECV, off, COLL_BUF_RECV, off, len, c, 0);
+  /* By phase, not by position: a step with nothing to move is left out, and the two ends
+   * of a connection must still agree on the round of every slice. */
+  if (p == 2)
+    for (size_t i = first; i < *n; i++)
+      st[i].delay = st[i].kind == COLL_STEP_SEND                    ? 0
+                    : st[i].kind == COLL_STEP_RECV_REDUCE_COPY_SEND ? RING_LEAD_2
+                                                                    : 2 * RING_LEAD_2;
 }
 
 static void reduce_scatter(int p, int r, size_t rc, coll_step *st, size_t *n) {
