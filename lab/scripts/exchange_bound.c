@@ -11,11 +11,22 @@
  *
  * Each repetition starts both threads on a barrier; its time is from the later start
  * to the later finish.  Prints min and median over the repetitions, and the GB/s each
- * way at the median.
+ * way at the median.  That is not how coll-bench and mpi_coll_bench time a call: they
+ * run the calls back to back and divide.  With -b the repetitions run back to back too
+ * (one barrier before the first), and the line gives that mean; compare a library with
+ * the -b line, not with the median (2026-11-30: at 1 MiB the median read 145-152 µs
+ * while the back-to-back mean read 172-192, level with libcoll's ring).
  *
- * Usage: exchange_bound M_KiB B_KiB NS REPS [-r] [-1]
+ * Usage: exchange_bound M_KiB B_KiB NS REPS [-r] [-1] [-b] [-i] [-n] [-d] [-pK] [-c]
  *   -r  the receiver adds the slot to its own source into the destination (a reduce)
  *   -1  one way only: CPU 0 sends, CPU 1 receives
+ *   -b  back to back: also print the mean over the repetitions run without a barrier
+ *   -i  in place: the destination is the source (the footprint of an in-place call)
+ * and the variants tried on 2026-11-30 (lab/perf-log.md; none was faster):
+ *   -n  the sender fills a slot with non-temporal stores
+ *   -d  the sender cldemotes every line of a slot it filled (push it towards the L3)
+ *   -pK the adder prefetches the slot K lines ahead
+ *   -c  the receiver copies the slot into the destination, then adds there
  * Build: cc -O2 -mavx512f -pthread lab/scripts/exchange_bound.c -o /tmp/exchange_bound
  * Lab only: not built by meson, not part of the library.
  */
@@ -37,7 +48,16 @@ typedef struct {
 
 static size_t M, B;
 static uint32_t NS;
-static int REPS, REDUCE, ONEWAY;
+static int REPS, REDUCE, ONEWAY, BACK_TO_BACK, IN_PLACE, NT_FILL, DEMOTE, PREFETCH, COPY_ADD;
+
+static void fill_nt(uint8_t *d, const uint8_t *s, size_t n) {
+  for (size_t i = 0; i < n; i += 64) _mm512_stream_si512((void *)(d + i), _mm512_load_si512(s + i));
+  _mm_sfence();
+}
+
+__attribute__((target("cldemote"))) static void demote(uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i += 64) _cldemote(p + i);
+}
 static ring_ctl ctl[2]; /* ctl[r]: the ring that CPU r sends on */
 static uint8_t *slots[2];
 static pthread_barrier_t bar;
@@ -50,8 +70,10 @@ static double now(void) {
 }
 
 static void add(float *o, const float *a, const float *b, size_t n) {
-  for (size_t i = 0; i < n; i += 16)
+  for (size_t i = 0; i < n; i += 16) {
+    if (PREFETCH) _mm_prefetch((const char *)(a + i) + 64 * PREFETCH, _MM_HINT_T0);
     _mm512_store_ps(o + i, _mm512_add_ps(_mm512_load_ps(a + i), _mm512_load_ps(b + i)));
+  }
 }
 
 static void *run(void *arg) {
@@ -60,27 +82,36 @@ static void *run(void *arg) {
   CPU_ZERO(&cs);
   CPU_SET(me, &cs);
   pthread_setaffinity_np(pthread_self(), sizeof cs, &cs);
-  uint8_t *src = aligned_alloc(4096, M), *dst = aligned_alloc(4096, M);
+  uint8_t *src = aligned_alloc(4096, M), *dst = IN_PLACE ? src : aligned_alloc(4096, M);
   memset(src, 1, M);
-  memset(dst, 0, M);
+  if (dst != src) memset(dst, 0, M);
   ring_ctl *out = &ctl[me], *in = &ctl[pe];
   uint32_t sent_total = 0, got_total = 0;
   size_t chunks = M / B;
   for (int it = 0; it < REPS; it++) {
-    pthread_barrier_wait(&bar);
+    if (!BACK_TO_BACK || it == 0) pthread_barrier_wait(&bar);
     t_start[me][it] = now();
     size_t sent = ONEWAY && me == 1 ? chunks : 0, got = ONEWAY && me == 0 ? chunks : 0;
     while (sent < chunks || got < chunks) {
       /* Send while the ring has room, else receive what has arrived. */
       if (sent < chunks &&
           sent_total - atomic_load_explicit(&out->head, memory_order_acquire) < NS) {
-        memcpy(slots[me] + (sent_total % NS) * B, src + sent * B, B);
+        uint8_t *slot = slots[me] + (sent_total % NS) * B;
+        if (NT_FILL)
+          fill_nt(slot, src + sent * B, B);
+        else
+          memcpy(slot, src + sent * B, B);
+        if (DEMOTE) demote(slot, B);
         atomic_store_explicit(&out->tail, ++sent_total, memory_order_release);
         sent++;
       } else if (got < chunks &&
                  atomic_load_explicit(&in->tail, memory_order_acquire) != got_total) {
         const uint8_t *s = slots[pe] + (got_total % NS) * B;
-        if (REDUCE)
+        if (REDUCE && COPY_ADD) {
+          memcpy(dst + got * B, s, B);
+          add((float *)(dst + got * B), (const float *)(dst + got * B),
+              (const float *)(src + got * B), B / 4);
+        } else if (REDUCE)
           add((float *)(dst + got * B), (const float *)s, (const float *)(src + got * B), B / 4);
         else
           memcpy(dst + got * B, s, B);
@@ -92,8 +123,8 @@ static void *run(void *arg) {
     }
     t_end[me][it] = now();
   }
+  if (dst != src) free(dst);
   free(src);
-  free(dst);
   return NULL;
 }
 
@@ -104,7 +135,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   if (argc < 5) {
-    fprintf(stderr, "usage: %s M_KiB B_KiB NS REPS [-r] [-1]\n", argv[0]);
+    fprintf(stderr, "usage: %s M_KiB B_KiB NS REPS [-r] [-1] [-b] [-i] [-n] [-d] [-pK] [-c]\n", argv[0]);
     return 2;
   }
   M = (size_t)atol(argv[1]) << 10;
@@ -114,6 +145,12 @@ int main(int argc, char **argv) {
   for (int i = 5; i < argc; i++) {
     if (!strcmp(argv[i], "-r")) REDUCE = 1;
     if (!strcmp(argv[i], "-1")) ONEWAY = 1;
+    if (!strcmp(argv[i], "-b")) BACK_TO_BACK = 1;
+    if (!strcmp(argv[i], "-i")) IN_PLACE = 1;
+    if (!strcmp(argv[i], "-n")) NT_FILL = 1;
+    if (!strcmp(argv[i], "-d")) DEMOTE = 1;
+    if (!strncmp(argv[i], "-p", 2)) PREFETCH = atoi(argv[i] + 2);
+    if (!strcmp(argv[i], "-c")) COPY_ADD = 1;
   }
   if (!M || !B || M % B || B % 64 || !NS || REPS < 1) {
     fprintf(stderr, "M must be a multiple of B, B of 64 bytes; NS, REPS >= 1\n");
@@ -129,6 +166,11 @@ int main(int argc, char **argv) {
   pthread_t t[2];
   for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, run, (void *)(intptr_t)i);
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  if (BACK_TO_BACK) { /* from the later first start to the later last end */
+    double s = t_start[0][0] > t_start[1][0] ? t_start[0][0] : t_start[1][0];
+    double e = t_end[0][REPS - 1] > t_end[1][REPS - 1] ? t_end[0][REPS - 1] : t_end[1][REPS - 1];
+    printf("back to back: mean %.1f us over %d repetitions\n", (e - s) * 1e6 / REPS, REPS);
+  }
   double *d = calloc((size_t)REPS, sizeof(double));
   for (int it = 0; it < REPS; it++) {
     double s = t_start[0][it] > t_start[1][it] ? t_start[0][it] : t_start[1][it];
@@ -137,9 +179,10 @@ int main(int argc, char **argv) {
   }
   qsort(d, (size_t)REPS, sizeof(double), cmp);
   double med = d[REPS / 2];
-  printf("%s %zu KiB each way, slots %u x %zu KiB: min %.1f us  median %.1f us  (%.2f GB/s each "
+  printf("%s%s %zu KiB each way, slots %u x %zu KiB: min %.1f us  median %.1f us  (%.2f GB/s each "
          "way at the median)\n",
-         ONEWAY ? "one-way" : (REDUCE ? "exchange+add" : "exchange"), M >> 10, NS, B >> 10, d[0],
+         ONEWAY ? "one-way" : (REDUCE ? "exchange+add" : "exchange"), IN_PLACE ? " in place" : "",
+         M >> 10, NS, B >> 10, d[0],
          med, (double)M / med / 1e3);
   return 0;
 }
