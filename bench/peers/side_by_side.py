@@ -35,6 +35,11 @@ wheels unpacked by bench/peers/get_wheels.sh into PEERS_DIR, default /opt/libcol
   libcoll   BUILD/bench/coll-bench COLL --ranks N -b S -e S COLL_ARGS (one run per size, or
                 -b MIN -e MAX -f F when the sizes are a geometric series)
   libcoll-windows   the same with -R 1 (buffers from coll_mem_alloc)
+libcoll may carry a row of its algorithm table too: libcoll@ring, libcoll@direct ... run
+coll-bench with COLL_ALGO set, each in a column of its own beside plain libcoll (the
+tuner's choice), which alone makes the ratio's numerator; --best never folds them in, so
+a table shows which row won each cell without crediting libcoll with a choice its tuner
+did not make.
 An MPI peer may carry a setting: WHO@ALG forces that library's algorithm for the collective
 measured (impi, imb: I_MPI_ADJUST_<OP>=ALG, which may be Intel's conditional form
 "13:65536-67108864"; openmpi, openmpi5: --mca coll_tuned_use_dynamic_rules 1 --mca
@@ -288,6 +293,9 @@ class Runner:
     def __init__(self, a):
         self.a = a
         self.env = dict(os.environ)
+        if self.env.pop("COLL_ALGO", None) is not None:  # plain libcoll is the tuner's choice
+            print("side_by_side: COLL_ALGO is ignored: name a row as libcoll@ROW",
+                  file=sys.stderr)
         if a.tuned:
             self.env["GLIBC_TUNABLES"] = TUNABLES
         self.runs = open(os.path.join(a.out, "runs.txt"), "a")
@@ -338,7 +346,9 @@ class Runner:
             return [([a.python, os.path.join(HERE, "gloo_bench.py"), coll, "--ranks", str(np_),
                       "-s", slist] + a.peer_args, env)]
         base = [f"{b}/bench/coll-bench", coll, "--ranks", str(np_)]
-        if who == "libcoll-windows":
+        if setting:
+            env["COLL_ALGO"] = setting  # the row forced (libcoll/algo/table.c)
+        if base_who == "libcoll-windows":
             base += ["-R", "1"]
         if "auto" in a.coll_args:  # -n auto: the count of calls follows the size
             out = []
@@ -462,7 +472,7 @@ def summary(r, a, metric, placement):
           f"{', best setting of each library (in parentheses)' if a.best else ''}\n")
     head = ["n", "collective", "size"] + [t for t, _ in cols]
     for w in ours:
-        head += [LABELS[w]] + (["ratio"] if cols else [])
+        head += [label(w)] + (["ratio"] if cols and not split_who(w)[1] else [])
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     sizes = sorted({k[2] for k in r.data})
@@ -476,9 +486,9 @@ def summary(r, a, metric, placement):
                 row = [str(np_), coll, size_text(size)] + [fmt(c, metric) for c in pc]
                 pv = [c[0] for c in pc if c is not None]
                 best = (min(pv) if metric == "time" else max(pv)) if pv else None
-                for c in oc:
+                for w, c in zip(ours, oc):
                     row.append(fmt(c, metric))
-                    if cols:
+                    if cols and not split_who(w)[1]:
                         row.append(f"{c[0] / best:.2f}x" if c is not None and best else "n/a")
                 print("| " + " | ".join(row) + " |")
 
@@ -511,7 +521,8 @@ def main():
     ap.add_argument("--colls", help="comma list of collectives")
     ap.add_argument("--sizes", help="comma list of sizes, K/M/G suffixes")
     ap.add_argument("--who", help="comma list of impi,imb,openmpi5,mpich5,openmpi,mpich,gloo,"
-                    "libcoll,libcoll-windows; an MPI may carry @ALG or @A-B (above)")
+                    "libcoll,libcoll-windows; an MPI may carry @ALG or @A-B, libcoll @ROW "
+                    "(above)")
     ap.add_argument("--best", action="store_true", default=None,
                     help="one column per library: the best of its settings per cell")
     ap.add_argument("--no-best", dest="best", action="store_false")
@@ -547,8 +558,10 @@ def main():
         b, setting = split_who(w)
         if b not in LABELS:
             ap.error(f"--who: unknown '{w}' ({', '.join(LABELS)})")
-        if setting and (b not in PEERS or b == "gloo"):
-            ap.error(f"--who: '{w}': only an MPI takes a setting")
+        if setting and b in ("gloo", "libcoll-windows"):
+            ap.error(f"--who: '{w}': only an MPI or libcoll takes a setting")
+        if setting and b == "libcoll" and not setting.replace("_", "").isalnum():
+            ap.error(f"--who: '{w}': libcoll@NAME takes a row of the algorithm table")
     a.metric = ["time", "busbw"] if a.metric in ("both", "time,busbw", "busbw,time") else [a.metric]
     a.peer_args = shlex.split(a.peer_args)
     a.coll_args = shlex.split(a.coll_args)

@@ -454,7 +454,9 @@ Test(peers_placement, pingpong_one_mode, .timeout = 60) {
 }
 
 /* side_by_side.py reads the round trip before every run: each raw file's header has it, and
- * the summary ends with its range per repetition. */
+ * the summary ends with its range per repetition.  libcoll@ROW runs coll-bench with that
+ * row forced, in a column of its own and without a ratio (the tuner's choice alone is
+ * divided by the peers'), and its raw file names the setting. */
 Test(peers_placement, side_by_side_records_it, .timeout = 180) {
   const char *src = getenv("COLL_TEST_SOURCE_DIR");
   cr_assert(src && *src, "COLL_TEST_SOURCE_DIR is not set (run through meson test)");
@@ -463,7 +465,8 @@ Test(peers_placement, side_by_side_records_it, .timeout = 180) {
   cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
   /* clang-format off */
   const char *argv[] = {"/usr/bin/python3", script, "--ranks", "2", "--colls", "all_reduce",
-                        "--sizes", "4K", "--reps", "2", "--who", "libcoll", "--metric", "time",
+                        "--sizes", "4K", "--reps", "2", "--who", "libcoll,libcoll@ring",
+                        "--metric", "time",
                         "--coll-args", "-n 20 -w 2 -c 1 -z 1", "--build", build_dir(),
                         "--out", dir, NULL};
   /* clang-format on */
@@ -475,6 +478,8 @@ Test(peers_placement, side_by_side_records_it, .timeout = 180) {
   char path[4200];
   snprintf(path, sizeof path, "%s/rep2_n2_all_reduce_libcoll.txt", dir);
   char *raw = t_slurp(path);
+  snprintf(path, sizeof path, "%s/rep1_n2_all_reduce_libcoll@ring.txt", dir);
+  char *forced = t_slurp(path);
   /* the directory holds what the script wrote, nothing below it: emptied before asserting */
   DIR *d = opendir(dir);
   for (struct dirent *e; d && (e = readdir(d));) {
@@ -486,7 +491,20 @@ Test(peers_placement, side_by_side_records_it, .timeout = 180) {
   if (d) closedir(d);
   rmdir(dir);
   cr_assert_eq(r.status, 0, "status %d\n%s%s", r.status, r.out, r.err);
-  cr_assert(strstr(r.out, "| 2 | all_reduce | 4 KiB |"), "no 4 KiB row\n%s", r.out);
+  cr_assert(strstr(r.out, "| n | collective | size | libcoll | libcoll, alg ring |"),
+            "no column for libcoll@ring\n%s", r.out);
+  const char *row = strstr(r.out, "| 2 | all_reduce | 4 KiB |");
+  cr_assert(row, "no 4 KiB row\n%s", r.out);
+  /* the forced column: coll-bench names the row that ran, and no ratio follows */
+  const char *eol = strchr(row, '\n');
+  cr_assert(eol && eol - row > 8 && !strncmp(eol - 8, "(ring) |", 8) &&
+                !memchr(row, 'x', (size_t)(eol - row)),
+            "the forced column is not the ring's, or has a ratio: %.*s",
+            (int)(eol ? eol - row : 80), row);
+  cr_assert(forced && !strncmp(forced, "# side_by_side: COLL_ALGO=ring ", 31),
+            "libcoll@ring's raw file does not name the setting:\n%.200s",
+            forced ? forced : "(none)");
+  free(forced);
   const char *p = strstr(r.out, "(cross-core round trip before each run, us, per repetition: 1: ");
   cr_assert(p, "no placement line\n%s", r.out);
   double lo1, hi1, lo2, hi2;
@@ -496,7 +514,8 @@ Test(peers_placement, side_by_side_records_it, .timeout = 180) {
                       "2: %lf-%lf; %d of %d runs",
                       &lo1, &hi1, &lo2, &hi2, &near, &runs),
                6, "%s", p);
-  cr_assert(lo1 > 0 && lo1 <= hi1 && lo2 > 0 && lo2 <= hi2 && runs == 2 && near >= 0 &&
+  /* two programs a repetition, libcoll and libcoll@ring */
+  cr_assert(lo1 > 0 && lo1 <= hi1 && lo2 > 0 && lo2 <= hi2 && runs == 4 && near >= 0 &&
                 near <= runs,
             "%s", p);
   const char *h = strstr(raw, ", cross-core round trip ");
