@@ -355,6 +355,7 @@ struct coll_comm {
 
   pthread_mutex_t errmu;
   char errbuf[COLL_ERRBUF];
+  coll_cpu_mates mates; /* view.mates: who else may run on this rank's CPU (backoff.c) */
 };
 
 coll_result coll_exec_start(struct coll_comm *comm);

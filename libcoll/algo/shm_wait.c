@@ -44,7 +44,7 @@ coll_result coll_shm_wait(struct coll_comm *comm, const coll_work *w, int peer,
     coll_cpu_relax();
     if (coll_shm_reached(atomic_load_explicit(word, memory_order_acquire), want)) return COLL_OK;
   }
-  for (int i = 0; i < 256 && coll_yield(comm->oversubscribed); i++) /* false: sleep now */
+  for (int i = 0; i < 256 && coll_yield(&comm->mates); i++) /* false: sleep now */
     if (coll_shm_reached(atomic_load_explicit(word, memory_order_acquire), want)) return COLL_OK;
   uint64_t start = coll_now_ns();
   for (;;) {

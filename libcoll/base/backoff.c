@@ -23,43 +23,96 @@
  * at once and its caller sleeps instead (a futex wake puts a sleeper back ahead of a busy loop; a
  * yield puts it behind).  After that, yields are tried again: beside a busy loop that costs two
  * slices per YIELD_OFF_NS, a few per cent.  The state is per process (the core is the process's):
- * two atomic words, written only on a long yield.
+ * four atomic words, written only on a long yield.
  *
  * With more ranks than cores the yield goes to another rank of the job as often as not,
  * and that rank may work for milliseconds (the tuner's 1 MiB ping-pong at start-up, a
- * peer faulting in its buffers): timed there, the rule fired in quiet 4-rank runs on 2
+ * peer faulting in its buffers): timed alone, the rule fired in quiet 4-rank runs on 2
  * cores, the tuner then measured its latencies in futex mode (15 µs for an 8-byte
- * one-shot against 1.6) and chose the tree for 8 B.  So oversubscribed callers yield
- * plainly, as before: beside a busy loop they still pay its slices (docs/perf.md,
- * "Steadiness").
+ * one-shot against 1.6) and chose the tree for 8 B.  Yielding plainly instead left such
+ * jobs paying the busy loop's slices: beside one on CPU 1, a 4-rank 64 KiB all-reduce on 2
+ * cores took 3.9 ms, a 1 MiB one 13 ms (Intel MPI in wait mode: 0.25 and 1.9).  So there
+ * a long yield asks whose it was.  Where the rank is bound to one CPU it knows the other
+ * ranks that may run there, its mates (comm.c).  The first long yield opens YIELD_PAIR_NS
+ * in which every yield reads the CPU-time clocks of the mates and of its own process (its
+ * progress thread's time is the job's too) before and after itself.  A long one in which
+ * the job got less than an eighth of the time went elsewhere: a busy loop's slice leaves
+ * the mates a few microseconds, a mate at work takes nearly all of a yield it lengthens.
+ * FOREIGN_RUN such yields in a row, each within YIELD_PAIR_NS of the last, stop yields as
+ * above; one that was the job's breaks the run.  Not two, as with a core each: at
+ * start-up the launcher and the kernel's workers hold a core for a few milliseconds
+ * (seen: two foreign long yields 8 ms apart in a quiet 4-rank run).  The clocks cost 0.2 µs
+ * each, read only within YIELD_PAIR_NS of a long yield.  Where the mates are not known
+ * (ranks not bound one to a CPU, more than COLL_CPU_MATES_MAX of them) an oversubscribed
+ * rank yields plainly, as before, and so does the tuner's measuring (exec/tune.c).
  *
  * Must never: block, sleep or allocate; name a communicator.
  */
 #include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "base.h"
 
 #define YIELD_LONG_NS 1000000ull  /* 1 ms: above a slot's work, below a slice beside a hog */
 #define YIELD_PAIR_NS 20000000ull /* 20 ms */
 #define YIELD_OFF_NS 100000000ull /* 100 ms */
+#define FOREIGN_RUN 3 /* oversubscribed: foreign long yields in a row that stop yields */
 
 static _Atomic uint64_t yields_off_until; /* coll_now_ns() before which no one yields */
-static _Atomic uint64_t last_long;        /* when the last long yield ended */
+static _Atomic uint64_t last_long;        /* when the last long yield (not the job's) ended */
+static _Atomic int long_run;              /* such yields in a row, each within YIELD_PAIR_NS */
+static _Atomic uint64_t ask_until; /* oversubscribed: time yields with the clocks till then */
 
-bool coll_yield(bool oversubscribed) {
-  if (oversubscribed) { /* a long yield may be a rank of the job at work: no telling */
+/* CPU time of this process and of the mates, in ns; 0 if a clock cannot be read (a mate
+ * gone): then nobody can tell whose the yield was. */
+static uint64_t job_cpu_ns(const coll_cpu_mates *m) {
+  struct timespec ts;
+  uint64_t sum = 0;
+  for (int i = -1; i < m->n; i++) {
+    if (clock_gettime(i < 0 ? CLOCK_PROCESS_CPUTIME_ID : m->clock[i], &ts) != 0) return 0;
+    sum += (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  }
+  return sum;
+}
+
+bool coll_yield(const coll_cpu_mates *m) {
+  if (m->oversubscribed &&
+      !atomic_load_explicit(
+          &m->known, memory_order_relaxed)) { /* a long yield may be a rank of the job at work */
     sched_yield();
     return true;
   }
   uint64_t t0 = coll_now_ns();
   if (t0 < atomic_load_explicit(&yields_off_until, memory_order_relaxed)) return false;
+  bool ask = m->oversubscribed && t0 < atomic_load_explicit(&ask_until, memory_order_relaxed);
+  uint64_t c0 = ask ? job_cpu_ns(m) : 0;
   sched_yield();
   uint64_t t1 = coll_now_ns();
-  if (t1 - t0 > YIELD_LONG_NS) {
-    uint64_t prev = atomic_exchange_explicit(&last_long, t1, memory_order_relaxed);
-    if (prev && t1 - prev < YIELD_PAIR_NS)
-      atomic_store_explicit(&yields_off_until, t1 + YIELD_OFF_NS, memory_order_relaxed);
+  if (t1 - t0 <= YIELD_LONG_NS) return true;
+  int need = 2;
+  if (m->oversubscribed) {
+    /* Whose was it?  The first long yield cannot say (its clocks were not read before
+     * it); it starts YIELD_PAIR_NS in which every yield reads them.  One in which the job
+     * got an eighth of the time or more was the job's, and breaks a run. */
+    uint64_t c1 = ask ? job_cpu_ns(m) : 0;
+    atomic_store_explicit(&ask_until, t1 + YIELD_PAIR_NS, memory_order_relaxed);
+    if (!c0 || !c1) return true;
+    if (c1 - c0 >= (t1 - t0) / 8) {
+      atomic_store_explicit(&long_run, 0, memory_order_relaxed);
+      return true;
+    }
+    need = FOREIGN_RUN;
+  }
+  uint64_t prev = atomic_exchange_explicit(&last_long, t1, memory_order_relaxed);
+  int run = 1;
+  if (prev && t1 - prev < YIELD_PAIR_NS)
+    run = atomic_fetch_add_explicit(&long_run, 1, memory_order_relaxed) + 1;
+  else
+    atomic_store_explicit(&long_run, 1, memory_order_relaxed);
+  if (run >= need) {
+    atomic_store_explicit(&yields_off_until, t1 + YIELD_OFF_NS, memory_order_relaxed);
+    atomic_store_explicit(&long_run, 0, memory_order_relaxed);
   }
   return true;
 }

@@ -7,8 +7,10 @@
 #ifndef COLL_BASE_H
 #define COLL_BASE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 /* ---- logging (debug.c) --------------------------------------------------------- */
 
@@ -47,10 +49,21 @@ uint64_t coll_now_ns(void);
 
 /* ---- waiting (backoff.c) ------------------------------------------------------------ */
 
+/* Who else of the job may run on this rank's CPU, for coll_yield to tell a yield that
+ * went to the job from one that went to something else (comm.c fills it at creation). */
+enum { COLL_CPU_MATES_MAX = 16 };
+typedef struct coll_cpu_mates {
+  bool oversubscribed; /* more local ranks than CPUs: a long yield may be the job's work */
+  /* This rank may run on one CPU only, and clock[] holds the CPU-time clocks of every
+   * other process of the communicator that may run there (none of the others can). */
+  _Atomic bool known; /* atomic: the tuner lowers it while it measures (exec/tune.c) */
+  int n;
+  clockid_t clock[COLL_CPU_MATES_MAX];
+} coll_cpu_mates;
+
 /* sched_yield(), unless a recent yield in this process kept it off the core for long
- * (something outside the job holds the core): then false at once, and the caller should
- * sleep (futex) instead of yielding again.  `oversubscribed` (more local ranks than CPUs):
- * always yield, since the core may have gone to a rank of the job. */
-bool coll_yield(bool oversubscribed);
+ * while nothing of the job ran (something outside the job holds the core): then false
+ * at once, and the caller should sleep (futex) instead of yielding again. */
+bool coll_yield(const coll_cpu_mates *m);
 
 #endif

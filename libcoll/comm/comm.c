@@ -73,6 +73,30 @@ static int host_cores(const rank_info *all, int nranks, uint64_t host) {
   return CPU_COUNT(&u);
 }
 
+/* The other processes of this host's ranks that may run on this rank's CPU (backoff.c's
+ * mates): known only when this rank may run on one CPU and every other rank of the host
+ * may run on exactly that CPU too or not on it at all; a rank whose affinity only
+ * overlaps it comes and goes, and then nobody can tell whose a long yield was.  Ranks in
+ * this process are covered by its own clock. */
+static void cpu_mates(const rank_info *all, int nranks, int rank, bool oversubscribed,
+                      coll_cpu_mates *m) {
+  memset(m, 0, sizeof *m);
+  m->oversubscribed = oversubscribed;
+  const cpu_set_t *mine = &all[rank].cpus;
+  if (CPU_COUNT(mine) != 1) return;
+  for (int p = 0; p < nranks; p++) {
+    if (all[p].host_id != all[rank].host_id || all[p].pid == all[rank].pid) continue;
+    cpu_set_t both;
+    CPU_AND(&both, mine, &all[p].cpus);
+    if (CPU_COUNT(&both) == 0) continue; /* never on this CPU */
+    if (!CPU_EQUAL(&all[p].cpus, mine) || m->n == COLL_CPU_MATES_MAX ||
+        clock_getcpuclockid(all[p].pid, &m->clock[m->n]) != 0)
+      return;
+    m->n++;
+  }
+  m->known = true;
+}
+
 /* COLL_TRANSPORT=auto|shm|tcp|ib: auto (the default) is shm within a host, ib across
  * where both ends have an InfiniBand/RoCE port, else tcp. */
 static coll_result read_transport_mode(struct coll_comm *comm, coll_transport_mode *mode) {
@@ -138,6 +162,7 @@ static void view_init(struct coll_comm *comm) {
                                 .host_ids = comm->host_ids,
                                 .pids = comm->pids,
                                 .timeout_ms = comm->timeout_ms,
+                                .mates = &comm->mates,
                                 .aborted = &comm->aborted,
                                 .local = &comm->boot_local,
                                 .cuda_device = -1,
@@ -311,6 +336,7 @@ coll_result coll_comm_build_rv(coll_comm_t *out, int nranks, int rank,
     comm->cores = cores;
     comm->oversubscribed = cores > 0 && comm->local_ranks > cores;
     comm->view.oversubscribed = comm->oversubscribed;
+    cpu_mates(all, nranks, rank, comm->oversubscribed, &comm->mates);
   }
   int uses[COLL_MAX_TRANSPORTS] = {0};
   for (int p = 0; p < nranks; p++) {

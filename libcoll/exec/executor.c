@@ -561,8 +561,8 @@ static void *progress_main(void *arg) {
         goto out; /* shutdown with nothing left */
       } else if (idle_yields < EXEC_IDLE_YIELDS) {
         pthread_mutex_unlock(&comm->qmu);
-        idle_yields = coll_yield(comm->oversubscribed) ? idle_yields + 1
-                                                       : EXEC_IDLE_YIELDS; /* busy core: sleep */
+        idle_yields = coll_yield(&comm->mates) ? idle_yields + 1
+                                               : EXEC_IDLE_YIELDS; /* busy core: sleep */
         pthread_mutex_lock(&comm->qmu);
         continue;
       }

@@ -598,6 +598,11 @@ coll_result coll_tune_init(struct coll_comm *comm) {
    * COLL_CHECK (which ranks may set differently) checks users' calls only. */
   bool check = comm->check;
   comm->check = false;
+  /* Nor is their waiting judged (backoff.c): at start-up the launcher and the kernel's
+   * workers take the cores for milliseconds, and a table measured in futex mode would
+   * misprice every small call (an oversubscribed rank yields plainly, as it did before
+   * it knew its mates). */
+  bool mates_known = atomic_exchange(&comm->mates.known, false);
   /* Direct reads are probed whatever COLL_TUNE says: whether they are allowed is a fact
    * every rank must agree on, not a measurement. */
   double bcma = 0, acma = 0;
@@ -605,6 +610,7 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   if (pr == COLL_OK && comm->rank == 0 && bcma > 0 && on) t.beta_cma = bcma, t.alpha_cma = acma;
   if (pr == COLL_OK && on && comm->nranks > 1) pr = probe(comm, &t);
   comm->check = check;
+  atomic_store(&comm->mates.known, mates_known);
   if (pr != COLL_OK) return pr;
   comm->tune = t;
   build_table(comm);

@@ -89,8 +89,7 @@ coll_result coll_fifo_wait(const coll_comm_view *view, coll_conn *cc, int max_ms
   }
   for (int i = 0; i < 64; i++) {
     if (can_go(c)) return COLL_OK;
-    if (!coll_yield(view->oversubscribed))
-      break; /* the core is held by something outside the job: sleep */
+    if (!coll_yield(view->mates)) break; /* the core is held by something outside the job: sleep */
   }
   _Atomic uint32_t *word = c->base.is_send ? &c->ctl->head : &c->ctl->tail;
   _Atomic uint32_t *flag = c->base.is_send ? &c->ctl->head_waiter : &c->ctl->tail_waiter;

@@ -1094,8 +1094,7 @@ static coll_result ib_wait(const coll_comm_view *view, coll_conn *cc, int max_ms
       coll_cpu_relax();
       continue;
     }
-    if (yields < 64 &&
-        coll_yield(view->oversubscribed)) { /* false: a busy core (backoff.c), nap now */
+    if (yields < 64 && coll_yield(view->mates)) { /* false: a busy core (backoff.c), nap now */
       yields++;
       continue;
     }

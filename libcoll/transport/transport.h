@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "base.h"
 #include "coll.h"
 
 #define COLL_SECRET_BYTES 16
@@ -48,7 +49,8 @@ typedef struct coll_comm_view {
   /* More ranks on this host than the CPUs they may run on (the union of their
    * affinities, comm.c): a wait yields at once, never spins. */
   bool oversubscribed;
-  const _Atomic int *aborted; /* coll_comm_abort ran: waits return, closes skip draining */
+  const coll_cpu_mates *mates; /* who else may run on this rank's CPU: for coll_yield */
+  const _Atomic int *aborted;  /* coll_comm_abort ran: waits return, closes skip draining */
   /* This rank's address on the route to the rendezvous: TCP and IB listen there. */
   const struct sockaddr_storage *local;
   socklen_t local_len;

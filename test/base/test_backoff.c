@@ -1,15 +1,22 @@
 /* test_backoff.c — coll_yield stops yielding when the core is held by a process outside the job.
  *
- * The test binds itself and a child that spins without end (bounded by alarm(), killed
+ * Each test binds itself and a child that spins without end (bounded by alarm(), killed
  * and reaped at the end) to one CPU, then yields.  Each yield hands the core to the
- * spinner for a scheduler slice, so two in a row are long, and coll_yield must then answer
- * false — the caller sleeps on its futex instead — within a few slices, and keep answering
- * false without yielding (each such call returns at once).  Its converse (a quiet core
- * keeps yielding) is not asserted here: on a loaded machine a yield may well be long.
+ * spinner for a scheduler slice, so every yield is long.
+ *   - ranks with a core each: coll_yield must answer false (the caller sleeps on its
+ *     futex instead) within a few slices, and keep answering false without yielding;
+ *   - oversubscribed, the spinner not of the job (this rank's mates known, and it is not
+ *     one): the same, after the run of foreign yields backoff.c asks for;
+ *   - oversubscribed, the spinner one of the job's ranks (its clock among the mates): it
+ *     gets every long yield, so coll_yield must keep yielding;
+ *   - oversubscribed, mates not known: it must keep yielding, whoever spins.
+ * The converse of the first two (a quiet core keeps yielding) is not asserted: on a
+ * loaded machine a yield may well be long.
  */
 #include <criterion/criterion.h>
 #include <sched.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,7 +34,8 @@ static bool bind_to_first_cpu(void) {
   return false;
 }
 
-Test(backoff, a_busy_core_turns_yields_off, .timeout = 60) {
+/* A child bound to this process's CPU that spins until killed (or 30 s). */
+static pid_t spin_beside(void) {
   cr_assert(bind_to_first_cpu(), "could not bind to a CPU");
   pid_t spinner = fork(); /* inherits the binding */
   cr_assert(spinner >= 0, "fork failed");
@@ -35,23 +43,76 @@ Test(backoff, a_busy_core_turns_yields_off, .timeout = 60) {
     alarm(30); /* never outlives a lost parent by long */
     for (volatile unsigned long i = 0;; i++) {}
   }
+  return spinner;
+}
+
+static void reap(pid_t spinner) {
+  int status;
+  kill(spinner, SIGKILL);
+  waitpid(spinner, &status, 0);
+}
+
+/* Yields until coll_yield answers false or `max` yields went by; the yields taken. */
+static int yields_until_off(const coll_cpu_mates *m, int max, bool *off) {
   int yields = 0;
-  bool off = false;
-  while (yields < 200 && !off) {
-    off = !coll_yield(false);
-    if (!off) yields++;
+  *off = false;
+  while (yields < max && !*off) {
+    *off = !coll_yield(m);
+    if (!*off) yields++;
   }
+  return yields;
+}
+
+/* After yields went off: 1000 more calls answer false at once. */
+static void stays_off(const coll_cpu_mates *m) {
   uint64_t t0 = coll_now_ns();
   bool still_off = true;
-  for (int i = 0; i < 1000; i++) still_off = still_off && !coll_yield(false);
+  for (int i = 0; i < 1000; i++) still_off = still_off && !coll_yield(m);
   uint64_t dt = coll_now_ns() - t0;
-  kill(spinner, SIGKILL);
-  int status;
-  waitpid(spinner, &status, 0);
-  cr_assert(off, "200 yields to a busy loop on the same core and coll_yield kept yielding");
-  cr_expect(yields <= 20, "coll_yield turned off only after %d yields (two long ones suffice)",
-            yields);
   cr_assert(still_off, "coll_yield yielded again within its off time");
   cr_assert(dt < 50000000ull, "1000 calls while off took %llu ns: they must not yield",
             (unsigned long long)dt);
+}
+
+Test(backoff, a_busy_core_turns_yields_off, .timeout = 60) {
+  pid_t spinner = spin_beside();
+  coll_cpu_mates alone = {.oversubscribed = false};
+  bool off;
+  int yields = yields_until_off(&alone, 200, &off);
+  if (off) stays_off(&alone);
+  reap(spinner);
+  cr_assert(off, "200 yields to a busy loop on the same core and coll_yield kept yielding");
+  cr_expect(yields <= 20, "coll_yield turned off only after %d yields (two long ones suffice)",
+            yields);
+}
+
+Test(backoff, oversubscribed_a_stranger_turns_yields_off, .timeout = 60) {
+  pid_t spinner = spin_beside();
+  coll_cpu_mates m = {.oversubscribed = true, .known = true, .n = 0}; /* the job: this process */
+  bool off;
+  int yields = yields_until_off(&m, 200, &off);
+  if (off) stays_off(&m);
+  reap(spinner);
+  cr_assert(off, "200 yields to a busy loop outside the job and coll_yield kept yielding");
+  cr_expect(yields <= 30, "coll_yield turned off only after %d yields (four long ones suffice)",
+            yields);
+}
+
+Test(backoff, oversubscribed_a_working_mate_keeps_yields_on, .timeout = 60) {
+  pid_t spinner = spin_beside();
+  coll_cpu_mates m = {.oversubscribed = true, .known = true, .n = 1};
+  cr_assert(clock_getcpuclockid(spinner, &m.clock[0]) == 0, "no CPU clock for the mate");
+  bool off;
+  int yields = yields_until_off(&m, 60, &off);
+  reap(spinner);
+  cr_assert(!off, "coll_yield stopped yielding after %d yields to a rank of the job", yields);
+}
+
+Test(backoff, oversubscribed_mates_unknown_keeps_yields_on, .timeout = 60) {
+  pid_t spinner = spin_beside();
+  coll_cpu_mates m = {.oversubscribed = true, .known = false};
+  bool off;
+  int yields = yields_until_off(&m, 60, &off);
+  reap(spinner);
+  cr_assert(!off, "coll_yield stopped yielding after %d yields, its mates unknown", yields);
 }

@@ -317,32 +317,45 @@ Test(launcher, segment_of_a_live_owner_is_refused) {
 
 /* ---- oversubscription is counted on the CPUs the ranks may use --------------------- */
 
-/* Each rank writes what its communicator concluded: [2r] oversubscribed, [2r+1] the
- * local ranks it counted. */
+/* Each rank writes what its communicator concluded: [4r] oversubscribed, [4r+1] the
+ * local ranks it counted, [4r+2] whether it knows its CPU's mates (backoff.c), [4r+3]
+ * how many it has. */
 static int report_placement(coll_comm_t comm, int rank, int n, void *arg) {
   (void)n;
   int *out = arg;
-  out[2 * rank] = comm->oversubscribed;
-  out[2 * rank + 1] = comm->local_ranks;
+  out[4 * rank] = comm->oversubscribed;
+  out[4 * rank + 1] = comm->local_ranks;
+  out[4 * rank + 2] = comm->mates.known;
+  out[4 * rank + 3] = comm->mates.n;
   return 0;
 }
 
 /* N ranks launched from this process as it is placed now: every one must agree that the
- * job is oversubscribed exactly when N exceeds the CPUs it may use. */
-static void expect_placement(int n, int cpus, const char *how) {
+ * job is oversubscribed exactly when N exceeds the CPUs it may use.  Bound (`bound`: the
+ * launcher puts rank r on the (r mod cpus)-th CPU), or on one CPU, a rank knows its
+ * mates, the ranks on its CPU; unbound on several CPUs it cannot. */
+static void expect_placement(int n, int cpus, bool bound, const char *how) {
   int *out = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   cr_assert_neq(out, MAP_FAILED);
-  for (int i = 0; i < 2 * n; i++) out[i] = -1;
+  for (int i = 0; i < 4 * n; i++) out[i] = -1;
   char why[256] = "";
   int rc = t_launch(n, report_placement, out, 30000, why, sizeof why);
-  int got[16];
-  memcpy(got, out, sizeof(int) * (size_t)(2 * n));
+  int got[32];
+  memcpy(got, out, sizeof(int) * (size_t)(4 * n));
   munmap(out, 4096);
   cr_assert_eq(rc, 0, "%s: %s", how, why);
   for (int r = 0; r < n; r++) {
-    cr_assert_eq(got[2 * r + 1], n, "%s: rank %d counted %d local ranks", how, r, got[2 * r + 1]);
-    cr_assert_eq(got[2 * r], n > cpus, "%s: rank %d of %d on %d CPU(s) says oversubscribed=%d", how,
-                 r, n, cpus, got[2 * r]);
+    cr_assert_eq(got[4 * r + 1], n, "%s: rank %d counted %d local ranks", how, r, got[4 * r + 1]);
+    cr_assert_eq(got[4 * r], n > cpus, "%s: rank %d of %d on %d CPU(s) says oversubscribed=%d", how,
+                 r, n, cpus, got[4 * r]);
+    bool one_cpu = bound || cpus == 1;
+    int mates = 0;
+    for (int q = 0; q < n; q++) mates += q != r && q % cpus == r % cpus;
+    cr_assert_eq(got[4 * r + 2], one_cpu, "%s: rank %d says its mates are known=%d", how, r,
+                 got[4 * r + 2]);
+    if (one_cpu)
+      cr_assert_eq(got[4 * r + 3], mates, "%s: rank %d counted %d mates on its CPU, not %d", how, r,
+                   got[4 * r + 3], mates);
   }
 }
 
@@ -361,11 +374,11 @@ Test(launcher, oversubscription_counts_the_cpus_ranks_may_use, .timeout = 90) {
       break;
     }
   cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0);
-  expect_placement(2, 1, "2 ranks under a 1-CPU affinity");
+  expect_placement(2, 1, true, "2 ranks under a 1-CPU affinity");
   cr_assert_eq(sched_setaffinity(0, sizeof all, &all), 0);
-  expect_placement(2, cpus, "2 ranks bound");
-  expect_placement(3, cpus, "3 ranks bound");
+  expect_placement(2, cpus, true, "2 ranks bound");
+  expect_placement(3, cpus, true, "3 ranks bound");
   setenv("COLL_LAUNCH_BIND", "0", 1);
-  expect_placement(3, cpus, "3 ranks unbound");
+  expect_placement(3, cpus, false, "3 ranks unbound");
   unsetenv("COLL_LAUNCH_BIND");
 }
