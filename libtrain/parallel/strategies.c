@@ -13,7 +13,7 @@
 static const struct {
   const char *name;
   train_parallel_create_fn create;
-} rows[] = {
+} strategy_rows[] = {
     {"none", train_none_create},
     {"ddp", train_ddp_strategy_create},
     {"fsdp", train_fsdp_strategy_create},
@@ -22,8 +22,8 @@ static const struct {
 train_parallel *train_parallel_create(train_session *s, train_grid *g,
                                       const train_parallel_options *opt, char *err) {
   train_parallel_create_fn create = NULL;
-  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-    if (strcmp(rows[i].name, opt->data) == 0) create = rows[i].create;
+  for (size_t i = 0; i < sizeof strategy_rows / sizeof strategy_rows[0]; i++)
+    if (strcmp(strategy_rows[i].name, opt->data) == 0) create = strategy_rows[i].create;
   if (!create) {
     train_errf(err, "--parallel: '%s' is not none, ddp or fsdp", opt->data);
     return NULL;
