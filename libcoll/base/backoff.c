@@ -77,9 +77,9 @@ static uint64_t job_cpu_ns(const coll_cpu_mates *m) {
 }
 
 bool coll_yield(const coll_cpu_mates *m) {
-  if (m->oversubscribed &&
-      !atomic_load_explicit(
-          &m->known, memory_order_relaxed)) { /* a long yield may be a rank of the job at work */
+  /* Oversubscribed, its mates not known: a long yield may be a rank of the job at work,
+   * and nothing can tell. */
+  if (m->oversubscribed && !atomic_load_explicit(&m->known, memory_order_relaxed)) {
     sched_yield();
     return true;
   }

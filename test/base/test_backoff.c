@@ -74,28 +74,27 @@ static void stays_off(const coll_cpu_mates *m) {
             (unsigned long long)dt);
 }
 
-Test(backoff, a_busy_core_turns_yields_off, .timeout = 60) {
+/* Beside a busy loop on its CPU, a rank with mates `m` stops yielding within `within`
+ * yields, and stays off. */
+static void expect_yields_off(const coll_cpu_mates *m, int within, const char *who) {
   pid_t spinner = spin_beside();
-  coll_cpu_mates alone = {.oversubscribed = false};
   bool off;
-  int yields = yields_until_off(&alone, 200, &off);
-  if (off) stays_off(&alone);
+  int yields = yields_until_off(m, 200, &off);
+  if (off) stays_off(m);
   reap(spinner);
-  cr_assert(off, "200 yields to a busy loop on the same core and coll_yield kept yielding");
-  cr_expect(yields <= 20, "coll_yield turned off only after %d yields (two long ones suffice)",
-            yields);
+  cr_assert(off, "%s: 200 yields to a busy loop on the same core and coll_yield kept yielding",
+            who);
+  cr_expect(yields <= within, "%s: coll_yield turned off only after %d yields", who, yields);
+}
+
+Test(backoff, a_busy_core_turns_yields_off, .timeout = 60) {
+  coll_cpu_mates alone = {.oversubscribed = false};
+  expect_yields_off(&alone, 20, "a core each (two long yields suffice)");
 }
 
 Test(backoff, oversubscribed_a_stranger_turns_yields_off, .timeout = 60) {
-  pid_t spinner = spin_beside();
   coll_cpu_mates m = {.oversubscribed = true, .known = true, .n = 0}; /* the job: this process */
-  bool off;
-  int yields = yields_until_off(&m, 200, &off);
-  if (off) stays_off(&m);
-  reap(spinner);
-  cr_assert(off, "200 yields to a busy loop outside the job and coll_yield kept yielding");
-  cr_expect(yields <= 30, "coll_yield turned off only after %d yields (four long ones suffice)",
-            yields);
+  expect_yields_off(&m, 30, "oversubscribed, the loop not of the job (four long yields suffice)");
 }
 
 Test(backoff, oversubscribed_a_working_mate_keeps_yields_on, .timeout = 60) {
