@@ -207,6 +207,9 @@ typedef struct {
    * the links inside one, where the ranks have any): s per message, s per byte. */
   double alpha_net, beta_net;
   int source; /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE */
+  /* Measured: the largest share of a rank's time that went to processes outside the job
+   * while it measured (base/foreign.c); -1 where no rank could tell. */
+  double foreign;
 } coll_tune_params;
 #define COLL_TUNE_BUCKETS 48 /* size buckets: bit length of the byte count */
 

@@ -64,18 +64,6 @@ static _Atomic uint64_t last_long;        /* when the last long yield (not the j
 static _Atomic int long_run;              /* such yields in a row, each within YIELD_PAIR_NS */
 static _Atomic uint64_t ask_until; /* oversubscribed: time yields with the clocks till then */
 
-/* CPU time of this process and of the mates, in ns; 0 if a clock cannot be read (a mate
- * gone): then nobody can tell whose the yield was. */
-static uint64_t job_cpu_ns(const coll_cpu_mates *m) {
-  struct timespec ts;
-  uint64_t sum = 0;
-  for (int i = -1; i < m->n; i++) {
-    if (clock_gettime(i < 0 ? CLOCK_PROCESS_CPUTIME_ID : m->clock[i], &ts) != 0) return 0;
-    sum += (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-  }
-  return sum;
-}
-
 bool coll_yield(const coll_cpu_mates *m) {
   /* Oversubscribed, its mates not known: a long yield may be a rank of the job at work,
    * and nothing can tell. */
@@ -86,7 +74,7 @@ bool coll_yield(const coll_cpu_mates *m) {
   uint64_t t0 = coll_now_ns();
   if (t0 < atomic_load_explicit(&yields_off_until, memory_order_relaxed)) return false;
   bool ask = m->oversubscribed && t0 < atomic_load_explicit(&ask_until, memory_order_relaxed);
-  uint64_t c0 = ask ? job_cpu_ns(m) : 0;
+  uint64_t c0 = ask ? coll_job_cpu_ns(m) : 0;
   sched_yield();
   uint64_t t1 = coll_now_ns();
   if (t1 - t0 <= YIELD_LONG_NS) return true;
@@ -95,7 +83,7 @@ bool coll_yield(const coll_cpu_mates *m) {
     /* Whose was it?  The first long yield cannot say (its clocks were not read before
      * it); it starts YIELD_PAIR_NS in which every yield reads them.  One in which the job
      * got an eighth of the time or more was the job's, and breaks a run. */
-    uint64_t c1 = ask ? job_cpu_ns(m) : 0;
+    uint64_t c1 = ask ? coll_job_cpu_ns(m) : 0;
     atomic_store_explicit(&ask_until, t1 + YIELD_PAIR_NS, memory_order_relaxed);
     if (!c0 || !c1) return true;
     if (c1 - c0 >= (t1 - t0) / 8) {

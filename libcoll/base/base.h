@@ -66,4 +66,21 @@ typedef struct coll_cpu_mates {
  * at once, and the caller should sleep (futex) instead of yielding again. */
 bool coll_yield(const coll_cpu_mates *m);
 
+/* ---- time that went outside the job (foreign.c) ------------------------------------- */
+
+/* CPU time of this process and of the mates `m` lists, ns; 0 if a clock cannot be read. */
+uint64_t coll_job_cpu_ns(const coll_cpu_mates *m);
+typedef struct coll_foreign_since {
+  bool ok; /* false: this rank cannot tell (see coll_foreign_share) */
+  uint64_t wall_ns, delay_ns, job_ns;
+} coll_foreign_since;
+/* Marks the start of a window, for the calling thread.  `mates_known`: m->known as it was
+ * (the tuner lowers it while it measures). */
+void coll_foreign_mark(const coll_cpu_mates *m, bool mates_known, coll_foreign_since *out);
+/* The share (0..1) of the window's wall time in which the calling thread was ready to run
+ * but its CPU ran something outside the job; -1 where that cannot be told (more ranks than
+ * CPUs and the mates not known, no schedstat in this kernel). */
+double coll_foreign_share(const coll_cpu_mates *m, bool mates_known,
+                          const coll_foreign_since *since);
+
 #endif

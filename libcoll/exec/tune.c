@@ -31,8 +31,11 @@
  * run measures, every later run on this machine reads the same numbers and so builds
  * the same table; COLL_TUNE_FILE=path moves the cache, COLL_TUNE_FILE=none turns it off;
  * (3) COLL_ALGO=name pins the algorithm outright, and COLL_TUNE=0 uses fixed defaults.
- * The cache keeps the first run's figures: a first run on a busy machine misprices until
- * COLL_TUNE=refresh measures again (and rewrites the line) on a quiet one.
+ * The cache keeps a shape's first figures, but only figures measured on a quiet machine:
+ * each rank reads how much of its time went to other processes while it measured
+ * (base/foreign.c), and above COLL_TUNE_BUSY per cent (default 10) the figures serve the
+ * communicator that measured them and are not written; the next one measures again.  The
+ * line records the share (foreign=).  COLL_TUNE=refresh measures again on demand.
  *
  * The table: for every collective and every power-of-two size bucket, the row with the
  * smallest predicted time × its handicap (algo/table.c), each priced by its own formula
@@ -322,11 +325,14 @@ static void defaults(coll_tune_params *t) {
   t->alpha_net = 10e-6;
   t->beta_net = 1.0 / 1.25e9;
   t->source = 0;
+  t->foreign = -1;
 }
 
 /* ---- the cache: one line per shape of communicator ------------------------------------ */
 
-#define CACHE_FORMAT "libcoll-tune 5 "
+/* 6: lines carry foreign=, the share of the measuring that went elsewhere; lines of 5
+ * and before may have been measured on a busy machine, so they are measured again. */
+#define CACHE_FORMAT "libcoll-tune 6 "
 
 static void key_of(struct coll_comm *comm, char *key, size_t len) {
   snprintf(key, len, "nranks=%d local=%d hosts=%d transport=%s slot=%zu", comm->nranks,
@@ -381,6 +387,8 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
                &aa[COLL_ALGO_PAIRWISE], &aa[COLL_ALGO_LINEAR], &x.alpha_net, &x.beta_net) == 14 &&
         x.alpha > 0 && x.beta > 0 && x.gamma > 0 && x.alpha_mb >= 0 && x.beta_cma > 0 &&
         x.alpha_cma >= 0 && x.alpha_net > 0 && x.beta_net > 0) {
+      const char *fo = strstr(at, " foreign=");
+      if (!fo || sscanf(fo, " foreign=%lg", &x.foreign) != 1) x.foreign = -1;
       *t = x;
       t->source = 2;
       found = true;
@@ -417,10 +425,10 @@ static void write_cache(struct coll_comm *comm, const char *path, const coll_tun
   fprintf(out,
           CACHE_FORMAT "%s alpha=%.17g beta=%.17g gamma=%.17g alpha_mb=%.17g "
                        "beta_cma=%.17g alpha_cma=%.17g ring=%.17g tree=%.17g rd=%.17g rhd=%.17g "
-                       "pairwise=%.17g linear=%.17g alpha_net=%.17g beta_net=%.17g\n",
+                       "pairwise=%.17g linear=%.17g alpha_net=%.17g beta_net=%.17g foreign=%.3f\n",
           key, t->alpha, t->beta, t->gamma, t->alpha_mb, t->beta_cma, t->alpha_cma,
           aa[COLL_ALGO_RING], aa[COLL_ALGO_TREE], aa[COLL_ALGO_RD], aa[COLL_ALGO_RHD],
-          aa[COLL_ALGO_PAIRWISE], aa[COLL_ALGO_LINEAR], t->alpha_net, t->beta_net);
+          aa[COLL_ALGO_PAIRWISE], aa[COLL_ALGO_LINEAR], t->alpha_net, t->beta_net, t->foreign);
   bool ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
   ok = fclose(out) == 0 && ok;
   if (!ok || rename(tmp, path) != 0) {
@@ -510,7 +518,7 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   /* Rank 0 decides whether to measure (its cache), then everyone does the same. */
   struct {
     double alpha, beta, gamma, alpha_mb, beta_cma, alpha_cma, alpha_algo[COLL_NUM_ALGOS];
-    double alpha_net, beta_net;
+    double alpha_net, beta_net, foreign;
     int32_t source, pad;
   } msg = {0};
   uint8_t buf[64];
@@ -555,23 +563,62 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
       if (t.gamma <= 0) t.gamma = 1e-12;
       t.source = 1;
       quantize_all(&t);
-      if (cached && cache_path(path, sizeof path, true)) write_cache(comm, path, &t);
     }
   }
   msg.alpha = t.alpha, msg.beta = t.beta, msg.gamma = t.gamma, msg.alpha_mb = t.alpha_mb;
   msg.beta_cma = t.beta_cma;
   msg.alpha_cma = t.alpha_cma;
-  msg.alpha_net = t.alpha_net, msg.beta_net = t.beta_net;
+  msg.alpha_net = t.alpha_net, msg.beta_net = t.beta_net, msg.foreign = t.foreign;
   memcpy(msg.alpha_algo, t.alpha_algo, sizeof msg.alpha_algo);
   msg.source = t.source;
   if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
   t.alpha = msg.alpha, t.beta = msg.beta, t.gamma = msg.gamma, t.alpha_mb = msg.alpha_mb;
   t.beta_cma = msg.beta_cma;
   t.alpha_cma = msg.alpha_cma;
-  t.alpha_net = msg.alpha_net, t.beta_net = msg.beta_net;
+  t.alpha_net = msg.alpha_net, t.beta_net = msg.beta_net, t.foreign = msg.foreign;
   memcpy(t.alpha_algo, msg.alpha_algo, sizeof t.alpha_algo);
   t.source = msg.source;
   *tp = t;
+  return COLL_OK;
+}
+
+/* A measurement just taken (t->source 1): how much of it went elsewhere, and whether the
+ * cache keeps it.  Every rank reads its own share since `since` (base/foreign.c); the
+ * largest counts, as the slowest rank set every figure it took part in.  Above
+ * COLL_TUNE_BUSY per cent (default BUSY_PCT) the figures serve this communicator but are
+ * not cached: the cache keeps a shape's first figures for good (the same table in every
+ * later run), and figures taken beside someone else's work would misprice every later
+ * run.  The next communicator of that shape measures again.  COLL_TUNE_BUSY=100 caches
+ * every measurement (the tests that need a cache on a loaded machine). */
+#define BUSY_PCT 10
+static coll_result keep(struct coll_comm *comm, coll_tune_params *t,
+                        const coll_foreign_since *since, bool mates_known) {
+  double share = coll_foreign_share(&comm->mates, mates_known, since);
+  coll_work w = {.coll = COLL_COLL_ALL_REDUCE,
+                 .sendbuf = &share,
+                 .recvbuf = &share,
+                 .count = 1,
+                 .dtype = COLL_FLOAT64,
+                 .op = COLL_MAX};
+  coll_result r = comm->exec_ops->submit(comm, &w);
+  if (r != COLL_OK) return r;
+  t->foreign = share;
+  long limit = BUSY_PCT;
+  if (!coll_env_int("COLL_TUNE_BUSY", BUSY_PCT, &limit) || limit < 0) {
+    COLL_WARN(comm->rank, "COLL_TUNE_BUSY must be a percentage, 0 to 100; using %d", BUSY_PCT);
+    limit = BUSY_PCT;
+  }
+  char path[640];
+  if (comm->rank != 0 || !cache_path(path, sizeof path, false)) return COLL_OK;
+  if (share * 100 > (double)limit) {
+    COLL_INFO(comm->rank,
+              "the tuner measured while %.0f%% of a rank's time went to other processes; "
+              "its figures serve this communicator but are not cached (above "
+              "COLL_TUNE_BUSY=%ld%%): the next one of this shape measures again",
+              share * 100, limit);
+    return COLL_OK;
+  }
+  if (cache_path(path, sizeof path, true)) write_cache(comm, path, t);
   return COLL_OK;
 }
 
@@ -603,12 +650,15 @@ coll_result coll_tune_init(struct coll_comm *comm) {
    * misprice every small call (an oversubscribed rank yields plainly, as it did before
    * it knew its mates). */
   bool mates_known = atomic_exchange(&comm->mates.known, false);
+  coll_foreign_since since;
+  coll_foreign_mark(&comm->mates, mates_known, &since);
   /* Direct reads are probed whatever COLL_TUNE says: whether they are allowed is a fact
    * every rank must agree on, not a measurement. */
   double bcma = 0, acma = 0;
   coll_result pr = comm->nranks > 1 ? coll_direct_probe(comm, &bcma, &acma) : COLL_OK;
   if (pr == COLL_OK && comm->rank == 0 && bcma > 0 && on) t.beta_cma = bcma, t.alpha_cma = acma;
   if (pr == COLL_OK && on && comm->nranks > 1) pr = probe(comm, &t);
+  if (pr == COLL_OK && t.source == 1) pr = keep(comm, &t, &since, mates_known);
   comm->check = check;
   atomic_store(&comm->mates.known, mates_known);
   if (pr != COLL_OK) return pr;
@@ -620,14 +670,20 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   pthread_mutex_lock(&comm->qmu);
   comm->next_seq = 0;
   pthread_mutex_unlock(&comm->qmu);
+  char busy_words[96] = "";
+  if (t.source != 0 && t.foreign >= 0)
+    snprintf(busy_words, sizeof busy_words, "%.0f%% of a rank's time went elsewhere meanwhile",
+             t.foreign * 100);
+  else if (t.source != 0)
+    snprintf(busy_words, sizeof busy_words, "whether the machine was busy meanwhile is unknown");
   COLL_INFO(comm->rank,
             "tuned (%s): alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f "
-            "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B)",
+            "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B); %s",
             t.source == 2   ? "from the cache"
             : t.source == 1 ? "measured"
                             : "defaults",
             t.alpha * 1e6, t.beta * 1e9, 1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6,
-            comm->direct_ok ? "allowed" : "not allowed", t.beta_cma * 1e9);
+            comm->direct_ok ? "allowed" : "not allowed", t.beta_cma * 1e9, busy_words);
   if (comm->hosts.nhosts > 1)
     COLL_INFO(comm->rank,
               "%d hosts (%s ranks each): across hosts alpha %.3f us, beta %.4f ns/B (%.2f GB/s)",

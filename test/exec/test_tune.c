@@ -2,14 +2,18 @@
  *
  * Checks that every rank makes the same choice at every size, that COLL_ALGO forces an
  * algorithm where it can serve the call and falls back (still correct) where it cannot,
- * that COLL_TUNE_FILE caches the measurement and COLL_TUNE=0 skips it, and that long
+ * that COLL_TUNE_FILE caches the measurement (not one taken beside a busy loop, above
+ * COLL_TUNE_BUSY) and COLL_TUNE=0 skips it, and that long
  * mixed sequences of one-shot calls (writers and non-writers alternating, the case the
  * mailbox reuse rule is about) give exact results for N = 2..6.
  */
 #include <criterion/criterion.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "coll_trace.h"
@@ -142,19 +146,37 @@ static int params(coll_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
-Test(tune, tune_file_is_written_then_read, .timeout = 60) {
-  char path[] = "/tmp/coll-tune-XXXXXX";
+/* A fresh path for a cache file, not created. */
+static void fresh_path(char *path) {
   int fd = mkstemp(path);
   cr_assert(fd >= 0);
   close(fd);
   unlink(path);
-  setenv("COLL_TUNE_FILE", path, 1);
-  run(2, params, NULL);
+}
+
+/* The first line of the cache at `path` ("" if none), and its foreign= share (-2 if none). */
+static double cache_line(const char *path, char *line, size_t len) {
   FILE *f = fopen(path, "r");
-  cr_assert(f, "rank 0 did not write %s", path);
-  char line[512] = "";
-  cr_assert(fgets(line, sizeof line, f));
+  line[0] = 0;
+  if (!f) return -2;
+  if (!fgets(line, (int)len, f)) line[0] = 0;
   fclose(f);
+  const char *fo = strstr(line, " foreign=");
+  double share = -2;
+  if (fo) sscanf(fo, " foreign=%lg", &share);
+  return share;
+}
+
+Test(tune, tune_file_is_written_then_read, .timeout = 60) {
+  char path[] = "/tmp/coll-tune-XXXXXX";
+  fresh_path(path);
+  setenv("COLL_TUNE_FILE", path, 1);
+  setenv("COLL_TUNE_BUSY", "100", 1); /* cached even on a loaded machine */
+  run(2, params, NULL);
+  char line[768];
+  double share = cache_line(path, line, sizeof line);
+  cr_assert(line[0], "rank 0 did not write %s", path);
+  cr_assert(share >= -1 && share <= 1, "the line does not say how busy the machine was: %s", line);
   double v[4];
   char *at = strstr(line, " alpha=");
   cr_assert(at, "line: %s", line);
@@ -163,7 +185,64 @@ Test(tune, tune_file_is_written_then_read, .timeout = 60) {
   /* The second communicator reads the cached numbers instead of measuring. */
   run(2, params, v);
   unsetenv("COLL_TUNE_FILE");
+  unsetenv("COLL_TUNE_BUSY");
   unlink(path);
+}
+
+/* With a busy loop on every CPU the ranks may use (at most two: this test binds itself to
+ * its first two), a measurement is busy: above COLL_TUNE_BUSY it is not cached, and with
+ * COLL_TUNE_BUSY=100 the line it writes says how busy (a loop on each core takes about
+ * half of every rank's time: at least 20 % is asserted).  The loops are killed and reaped
+ * before asserting. */
+Test(tune, a_measurement_beside_busy_loops_is_not_cached, .timeout = 120) {
+  cpu_set_t allowed, two;
+  cr_assert(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  CPU_ZERO(&two);
+  int cpus[2], ncpu = 0;
+  for (int c = 0; c < CPU_SETSIZE && ncpu < 2; c++)
+    if (CPU_ISSET(c, &allowed)) CPU_SET(c, &two), cpus[ncpu++] = c;
+  cr_assert(sched_setaffinity(0, sizeof two, &two) == 0);
+  pid_t loops[2];
+  for (int i = 0; i < ncpu; i++) {
+    loops[i] = fork();
+    cr_assert(loops[i] >= 0, "fork failed");
+    if (loops[i] == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[i], &one);
+      sched_setaffinity(0, sizeof one, &one);
+      alarm(60); /* never outlives a lost parent by long */
+      for (volatile unsigned long k = 0;; k++) {}
+    }
+  }
+  char quiet_path[] = "/tmp/coll-tune-busy-XXXXXX", kept_path[] = "/tmp/coll-tune-kept-XXXXXX";
+  fresh_path(quiet_path);
+  fresh_path(kept_path);
+  char why[512] = "";
+  setenv("COLL_TUNE_BUSY", "10", 1);
+  setenv("COLL_TUNE_FILE", quiet_path, 1);
+  int st1 = t_launch(2, params, NULL, 90000, why, sizeof why);
+  setenv("COLL_TUNE_BUSY", "100", 1);
+  setenv("COLL_TUNE_FILE", kept_path, 1);
+  int st2 = st1 == 0 ? t_launch(2, params, NULL, 90000, why, sizeof why) : -1;
+  unsetenv("COLL_TUNE_BUSY");
+  unsetenv("COLL_TUNE_FILE");
+  for (int i = 0; i < ncpu; i++) {
+    int status;
+    kill(loops[i], SIGKILL);
+    waitpid(loops[i], &status, 0);
+  }
+  char line[768];
+  bool written = access(quiet_path, F_OK) == 0;
+  double share = cache_line(kept_path, line, sizeof line);
+  unlink(quiet_path);
+  unlink(kept_path);
+  cr_assert_eq(st1, 0, "%s", why);
+  cr_assert_eq(st2, 0, "%s", why);
+  cr_assert(!written, "a measurement beside a busy loop on every core was cached");
+  cr_assert_geq(share, 0.2, "with COLL_TUNE_BUSY=100 the line says foreign=%g (want >= 0.2): %s",
+                share, line);
+  T_ASSERT_NO_LEFTOVERS("after the jobs");
 }
 
 Test(tune, coll_tune_0_uses_the_defaults, .timeout = 60) {
