@@ -30,8 +30,10 @@
  *
  * Must never: block, allocate, or name a communicator.
  */
-#include <stdio.h>
+#include <fcntl.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base.h"
 
@@ -50,15 +52,24 @@ uint64_t coll_job_cpu_ns(const coll_cpu_mates *m) {
   return sum;
 }
 
-/* run_delay of the calling thread, ns; false where the kernel does not count it. */
+/* run_delay of the calling thread, ns; false where the kernel does not count it.  The
+ * file is "cpu_time run_delay timeslices\n", read with open/read (no stdio buffer). */
 static bool run_delay_ns(uint64_t *out) {
-  FILE *f = fopen("/proc/thread-self/schedstat", "r");
-  if (!f) return false;
-  unsigned long long oncpu, delay;
-  bool ok = fscanf(f, "%llu %llu", &oncpu, &delay) == 2;
-  fclose(f);
-  *out = delay;
-  return ok;
+  int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[96];
+  ssize_t got = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (got <= 0) return false;
+  buf[got] = 0;
+  char *end;
+  strtoull(buf, &end, 10); /* the thread's CPU time: not needed */
+  if (end == buf || *end != ' ') return false;
+  const char *delay = end + 1;
+  unsigned long long v = strtoull(delay, &end, 10);
+  if (end == delay) return false;
+  *out = v;
+  return true;
 }
 
 void coll_foreign_mark(const coll_cpu_mates *m, bool mates_known, coll_foreign_since *out) {
