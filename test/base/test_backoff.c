@@ -14,42 +14,18 @@
  * loaded machine a yield may well be long.
  */
 #include <criterion/criterion.h>
-#include <sched.h>
-#include <signal.h>
 #include <time.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base.h"
+#include "coll_test.h"
 
-static bool bind_to_first_cpu(void) {
-  cpu_set_t allowed, one;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
-  for (int c = 0; c < CPU_SETSIZE; c++)
-    if (CPU_ISSET(c, &allowed)) {
-      CPU_ZERO(&one);
-      CPU_SET(c, &one);
-      return sched_setaffinity(0, sizeof one, &one) == 0;
-    }
-  return false;
-}
-
-/* A child bound to this process's CPU that spins until killed (or 30 s). */
+/* A child bound to this process's CPU that spins until killed (or 60 s). */
 static pid_t spin_beside(void) {
-  cr_assert(bind_to_first_cpu(), "could not bind to a CPU");
-  pid_t spinner = fork(); /* inherits the binding */
+  cr_assert(t_bind_to_first_cpu(), "could not bind to a CPU");
+  pid_t spinner = t_spin_child(-1); /* inherits the binding */
   cr_assert(spinner >= 0, "fork failed");
-  if (spinner == 0) {
-    alarm(30); /* never outlives a lost parent by long */
-    for (volatile unsigned long i = 0;; i++) {}
-  }
   return spinner;
-}
-
-static void reap(pid_t spinner) {
-  int status;
-  kill(spinner, SIGKILL);
-  waitpid(spinner, &status, 0);
 }
 
 /* Yields until coll_yield answers false or `max` yields went by; the yields taken. */
@@ -81,7 +57,7 @@ static void expect_yields_off(const coll_cpu_mates *m, int within, const char *w
   bool off;
   int yields = yields_until_off(m, 200, &off);
   if (off) stays_off(m);
-  reap(spinner);
+  t_spin_stop(spinner);
   cr_assert(off, "%s: 200 yields to a busy loop on the same core and coll_yield kept yielding",
             who);
   cr_expect(yields <= within, "%s: coll_yield turned off only after %d yields", who, yields);
@@ -103,7 +79,7 @@ Test(backoff, oversubscribed_a_working_mate_keeps_yields_on, .timeout = 60) {
   cr_assert(clock_getcpuclockid(spinner, &m.clock[0]) == 0, "no CPU clock for the mate");
   bool off;
   int yields = yields_until_off(&m, 60, &off);
-  reap(spinner);
+  t_spin_stop(spinner);
   cr_assert(!off, "coll_yield stopped yielding after %d yields to a rank of the job", yields);
 }
 
@@ -112,6 +88,6 @@ Test(backoff, oversubscribed_mates_unknown_keeps_yields_on, .timeout = 60) {
   coll_cpu_mates m = {.oversubscribed = true, .known = false};
   bool off;
   int yields = yields_until_off(&m, 60, &off);
-  reap(spinner);
+  t_spin_stop(spinner);
   cr_assert(!off, "coll_yield stopped yielding after %d yields, its mates unknown", yields);
 }

@@ -11,45 +11,13 @@
  * The quiet case (near 0) is not asserted: on a loaded machine it need not be.
  */
 #include <criterion/criterion.h>
-#include <sched.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "base.h"
+#include "coll_test.h"
 
 #define WINDOW_MS 200
 #define MIN_STRANGER 0.25
 #define MIN_GAP 0.2
-
-static bool bind_to_first_cpu(void) {
-  cpu_set_t allowed, one;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
-  for (int c = 0; c < CPU_SETSIZE; c++)
-    if (CPU_ISSET(c, &allowed)) {
-      CPU_ZERO(&one);
-      CPU_SET(c, &one);
-      return sched_setaffinity(0, sizeof one, &one) == 0;
-    }
-  return false;
-}
-
-/* A child bound to this process's CPU that spins until killed (or 30 s). */
-static pid_t spin_beside(void) {
-  pid_t spinner = fork(); /* inherits the binding */
-  cr_assert(spinner >= 0, "fork failed");
-  if (spinner == 0) {
-    alarm(30);
-    for (volatile unsigned long i = 0;; i++) {}
-  }
-  return spinner;
-}
-
-static void reap(pid_t spinner) {
-  int status;
-  kill(spinner, SIGKILL);
-  waitpid(spinner, &status, 0);
-}
 
 /* The share over WINDOW_MS in which this thread stays ready to run. */
 static double busy_window(const coll_cpu_mates *m, bool known) {
@@ -61,14 +29,15 @@ static double busy_window(const coll_cpu_mates *m, bool known) {
 }
 
 Test(foreign, a_stranger_counts_a_mate_does_not, .timeout = 60) {
-  cr_assert(bind_to_first_cpu(), "could not bind to a CPU");
-  pid_t spinner = spin_beside();
+  cr_assert(t_bind_to_first_cpu(), "could not bind to a CPU");
+  pid_t spinner = t_spin_child(-1); /* on this CPU: it inherits the binding */
+  cr_assert(spinner >= 0, "fork failed");
   coll_cpu_mates alone = {.oversubscribed = false, .known = true, .n = 0};
   double stranger = busy_window(&alone, true);
   coll_cpu_mates with = {.oversubscribed = true, .known = true, .n = 1};
   bool clock_ok = clock_getcpuclockid(spinner, &with.clock[0]) == 0;
   double mate = clock_ok ? busy_window(&with, true) : -1;
-  reap(spinner);
+  t_spin_stop(spinner);
   cr_log_info("beside a busy loop: %.0f%% as a stranger, %.0f%% as a mate", stranger * 100,
               mate * 100);
   cr_assert(clock_ok, "no CPU clock for the spinner");

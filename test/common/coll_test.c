@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include "internal.h"
 
@@ -116,4 +119,36 @@ int t_failf(const char *fmt, ...) {
   va_end(ap);
   fputc('\n', stderr);
   return 1;
+}
+
+bool t_bind_to_first_cpu(void) {
+  cpu_set_t allowed, one;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &allowed)) {
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      return sched_setaffinity(0, sizeof one, &one) == 0;
+    }
+  return false;
+}
+
+pid_t t_spin_child(int cpu) {
+  pid_t child = fork();
+  if (child != 0) return child;
+  if (cpu >= 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+  }
+  alarm(60);
+  for (volatile unsigned long i = 0;; i++) {}
+}
+
+void t_spin_stop(pid_t child) {
+  int status;
+  if (child <= 0) return;
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
 }

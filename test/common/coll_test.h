@@ -1,5 +1,5 @@
 /* coll_test.h — what the multi-process tests share: launching ranks with a bound on time,
- * checking that a job left nothing in /dev/shm, deterministic data.
+ * checking that a job left nothing in /dev/shm, deterministic data, busy loops.
  *
  * Leak checks count only the segments of the jobs the test itself made (by their name
  * prefix, /dev/shm/coll-<job>-..., libcoll/transport/shm.c), never every libcoll segment on the
@@ -62,4 +62,15 @@ uint64_t t_rand(uint64_t *state);
 /* Prints (to stderr) and returns 1 — for use inside rank functions, which must not call
  * Criterion's asserts (they run in forked children). */
 int t_failf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Busy loops beside the code under test (the waits' backoff, the tuner's busy rule). */
+#include <stdbool.h>
+#include <sys/types.h>
+/* Binds the calling process to the first CPU it may use; false if it cannot. */
+bool t_bind_to_first_cpu(void);
+/* A child that spins without end on `cpu` (-1: wherever this process may run), until
+ * killed or 60 s (alarm: it never outlives a lost test by long); -1 if fork failed. */
+pid_t t_spin_child(int cpu);
+/* SIGKILL and reap a child of t_spin_child. */
+void t_spin_stop(pid_t child);
 #endif

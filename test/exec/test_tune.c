@@ -9,11 +9,9 @@
  */
 #include <criterion/criterion.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "coll_trace.h"
@@ -204,16 +202,8 @@ Test(tune, a_measurement_beside_busy_loops_is_not_cached, .timeout = 120) {
   cr_assert(sched_setaffinity(0, sizeof two, &two) == 0);
   pid_t loops[2];
   for (int i = 0; i < ncpu; i++) {
-    loops[i] = fork();
+    loops[i] = t_spin_child(cpus[i]);
     cr_assert(loops[i] >= 0, "fork failed");
-    if (loops[i] == 0) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpus[i], &one);
-      sched_setaffinity(0, sizeof one, &one);
-      alarm(60); /* never outlives a lost parent by long */
-      for (volatile unsigned long k = 0;; k++) {}
-    }
   }
   char quiet_path[] = "/tmp/coll-tune-busy-XXXXXX", kept_path[] = "/tmp/coll-tune-kept-XXXXXX";
   fresh_path(quiet_path);
@@ -227,11 +217,7 @@ Test(tune, a_measurement_beside_busy_loops_is_not_cached, .timeout = 120) {
   int st2 = st1 == 0 ? t_launch(2, params, NULL, 90000, why, sizeof why) : -1;
   unsetenv("COLL_TUNE_BUSY");
   unsetenv("COLL_TUNE_FILE");
-  for (int i = 0; i < ncpu; i++) {
-    int status;
-    kill(loops[i], SIGKILL);
-    waitpid(loops[i], &status, 0);
-  }
+  for (int i = 0; i < ncpu; i++) t_spin_stop(loops[i]);
   char line[768];
   bool written = access(quiet_path, F_OK) == 0;
   double share = cache_line(kept_path, line, sizeof line);
