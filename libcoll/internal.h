@@ -206,7 +206,7 @@ typedef struct {
   /* The links across hosts, on a communicator of several hosts (alpha and beta are then
    * the links inside one, where the ranks have any): s per message, s per byte. */
   double alpha_net, beta_net;
-  int source; /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE */
+  int source; /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE, 3 defaults: measuring was busy */
   /* Measured: the largest share of a rank's time that went to processes outside the job
    * while it measured (base/foreign.c); -1 where no rank could tell. */
   double foreign;

@@ -33,9 +33,12 @@
  * (3) COLL_ALGO=name pins the algorithm outright, and COLL_TUNE=0 uses fixed defaults.
  * The cache keeps a shape's first figures, but only figures measured on a quiet machine:
  * each rank reads how much of its time went to other processes while it measured
- * (base/foreign.c), and above COLL_TUNE_BUSY per cent (default 10) the figures serve the
- * communicator that measured them and are not written; the next one measures again.  The
- * line records the share (foreign=).  COLL_TUNE=refresh measures again on demand.
+ * (base/foreign.c), and above COLL_TUNE_BUSY per cent (default 10) the figures are thrown
+ * away: the communicator takes the fixed defaults (COLL_TUNE=0's), nothing is written,
+ * and the next communicator of that shape measures again (judge()).  The ranks look once
+ * early, after a few token laps, so a busy machine stops the measuring in a tenth of the
+ * time (probe()).  The line records the share (foreign=).  COLL_TUNE=refresh measures
+ * again on demand.
  *
  * The table: for every collective and every power-of-two size bucket, the row with the
  * smallest predicted time × its handicap (algo/table.c), each priced by its own formula
@@ -244,12 +247,12 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Seconds per hop of an 8-byte token passed round the ring (median of LAPS laps). */
-static coll_result ring_laps(struct coll_comm *comm, uint8_t *buf, double *hop) {
+/* Seconds per hop of an 8-byte token passed round the ring (median of `laps` <= LAPS). */
+static coll_result ring_laps(struct coll_comm *comm, uint8_t *buf, int laps, double *hop) {
   int n = comm->nranks, me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
   double t[LAPS];
   coll_result r;
-  for (int lap = -5; lap < LAPS; lap++) {
+  for (int lap = -5; lap < laps; lap++) {
     uint64_t t0 = coll_now_ns();
     if (me == 0) {
       if ((r = run(comm, COLL_COLL_SEND, buf, 8, next)) != COLL_OK) return r;
@@ -260,7 +263,7 @@ static coll_result ring_laps(struct coll_comm *comm, uint8_t *buf, double *hop) 
     }
     if (lap >= 0) t[lap] = (double)(coll_now_ns() - t0) * 1e-9;
   }
-  *hop = median(t, LAPS) / n;
+  *hop = median(t, laps) / n;
   return COLL_OK;
 }
 
@@ -510,15 +513,55 @@ static coll_result calibrate(struct coll_comm *comm, coll_tune_params *t) {
   return r;
 }
 
-/* Measures (rank 0's figures win) or reads the cache; every rank runs the same calls. */
-static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
+/* ---- is the machine quiet enough to measure? ------------------------------------------ */
+
+/* COLL_TUNE_BUSY: the per cent of a rank's time that may go to other processes while the
+ * tuner measures (default BUSY_PCT; 100: always measure and cache).  Rank 0's counts. */
+#define BUSY_PCT 10
+#define BUSY_EARLY_LAPS 20        /* token laps before the first look */
+#define BUSY_EARLY_NS 20000000ull /* 20 ms: a shorter window is not judged early */
+static double busy_limit(struct coll_comm *comm) {
+  long pct = BUSY_PCT;
+  if (!coll_env_int("COLL_TUNE_BUSY", BUSY_PCT, &pct) || pct < 0 || pct > 100) {
+    COLL_WARN(comm->rank, "COLL_TUNE_BUSY must be a percentage, 0 to 100; using %d", BUSY_PCT);
+    pct = BUSY_PCT;
+  }
+  return (double)pct / 100;
+}
+
+/* The largest share, over the ranks, of their time since `since` that went to processes
+ * outside the job (base/foreign.c), the same on every rank; -1 where none could tell.  A
+ * rank whose window is shorter than `min_ns` does not judge (a quiet start-up is a few
+ * ms, and one kernel worker's millisecond in it would read as a large share). */
+static coll_result busy_share(struct coll_comm *comm, const coll_foreign_since *since,
+                              bool mates_known, uint64_t min_ns, double *share) {
+  *share = since->ok && coll_now_ns() - since->wall_ns >= min_ns
+               ? coll_foreign_share(&comm->mates, mates_known, since)
+               : -1;
+  coll_work w = {.coll = COLL_COLL_ALL_REDUCE,
+                 .sendbuf = share,
+                 .recvbuf = share,
+                 .count = 1,
+                 .dtype = COLL_FLOAT64,
+                 .op = COLL_MAX};
+  return comm->exec_ops->submit(comm, &w);
+}
+
+/* Measures (rank 0's figures win) or reads the cache; every rank runs the same calls.
+ * After BUSY_EARLY_LAPS token laps, if they took BUSY_EARLY_NS or more, the ranks look at
+ * how busy the machine is: above the limit they stop (*busy set; the figures are then
+ * not used, see coll_tune_init).  Beside a busy loop on one of two cores, 4 ranks took
+ * 3.7 s to measure everything; the first laps take a tenth of that. */
+static coll_result probe(struct coll_comm *comm, coll_tune_params *tp,
+                         const coll_foreign_since *since, bool mates_known, double *busy,
+                         double *limit) {
   coll_tune_params t = *tp;
   char path[640];
   bool cached = comm->rank == 0 && cache_path(path, sizeof path, false);
   /* Rank 0 decides whether to measure (its cache), then everyone does the same. */
   struct {
     double alpha, beta, gamma, alpha_mb, beta_cma, alpha_cma, alpha_algo[COLL_NUM_ALGOS];
-    double alpha_net, beta_net, foreign;
+    double alpha_net, beta_net, foreign, busy_limit;
     int32_t source, pad;
   } msg = {0};
   uint8_t buf[64];
@@ -528,7 +571,10 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   const char *mode = getenv("COLL_TUNE");
   bool refresh = mode && strcmp(mode, "refresh") == 0;
   if (cached && !refresh && read_cache(comm, path, &t)) msg.source = 2;
+  /* Rank 0's limit counts too: ranks that stopped at different limits would not pair up. */
+  if (comm->rank == 0) msg.busy_limit = busy_limit(comm);
   if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
+  *limit = msg.busy_limit;
   if (msg.source != 2) {
     uint8_t *big = malloc(BIG);
     if (!big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory measuring the links");
@@ -537,7 +583,16 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
     int inside, across;
     probe_peers(comm, &inside, &across);
     memset(buf, 0, sizeof buf);
-    r = ring_laps(comm, buf, &hop);
+    r = ring_laps(comm, buf, BUSY_EARLY_LAPS, &hop);
+    if (r == COLL_OK) r = busy_share(comm, since, mates_known, BUSY_EARLY_NS, busy);
+    if (r == COLL_OK && *busy > *limit) {
+      free(big);
+      t.source = 1;
+      *tp = t;
+      return COLL_OK;
+    }
+    *busy = -1;
+    if (r == COLL_OK) r = ring_laps(comm, buf, LAPS, &hop);
     /* β inside a host (ranks 0 and its first neighbour there); across hosts, α and β
      * between rank 0 and the first rank of another host. */
     if (r == COLL_OK) r = pingpong(comm, big, BIG, inside, BIG_REPS, false, &half);
@@ -582,43 +637,37 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp) {
   return COLL_OK;
 }
 
-/* A measurement just taken (t->source 1): how much of it went elsewhere, and whether the
- * cache keeps it.  Every rank reads its own share since `since` (base/foreign.c); the
- * largest counts, as the slowest rank set every figure it took part in.  Above
- * COLL_TUNE_BUSY per cent (default BUSY_PCT) the figures serve this communicator but are
- * not cached: the cache keeps a shape's first figures for good (the same table in every
- * later run), and figures taken beside someone else's work would misprice every later
- * run.  The next communicator of that shape measures again.  COLL_TUNE_BUSY=100 caches
- * every measurement (the tests that need a cache on a loaded machine). */
-#define BUSY_PCT 10
-static coll_result keep(struct coll_comm *comm, coll_tune_params *t,
-                        const coll_foreign_since *since, bool mates_known) {
-  double share = coll_foreign_share(&comm->mates, mates_known, since);
-  coll_work w = {.coll = COLL_COLL_ALL_REDUCE,
-                 .sendbuf = &share,
-                 .recvbuf = &share,
-                 .count = 1,
-                 .dtype = COLL_FLOAT64,
-                 .op = COLL_MAX};
-  coll_result r = comm->exec_ops->submit(comm, &w);
+/* A measurement just taken (t->source 1): how much of it went elsewhere (`early`: the
+ * share probe() stopped at, else -1 and it is read now over the whole measuring).  The
+ * largest share over the ranks counts, as the slowest rank set every figure it took
+ * part in.  Up to the limit, the figures serve and rank 0 caches them with their share.
+ * Above it they serve nobody: measured beside a busy loop, 4 ranks on 2 cores read α =
+ * 1,953 µs where a quiet machine reads 1.6-2.3, and the table then chose rd for a 128 KiB
+ * all-reduce (199-283 µs beside the loop, where staged took 90-167).  This communicator
+ * takes the fixed defaults (COLL_TUNE=0's figures) and nothing is cached: the cache keeps
+ * a shape's figures for good (the same table in every later run), and the next
+ * communicator of that shape measures again. */
+static coll_result judge(struct coll_comm *comm, coll_tune_params *t,
+                         const coll_foreign_since *since, bool mates_known, double early,
+                         double limit) {
+  double share = early;
+  coll_result r = COLL_OK;
+  if (share < 0) r = busy_share(comm, since, mates_known, 0, &share);
   if (r != COLL_OK) return r;
-  t->foreign = share;
-  long limit = BUSY_PCT;
-  if (!coll_env_int("COLL_TUNE_BUSY", BUSY_PCT, &limit) || limit < 0) {
-    COLL_WARN(comm->rank, "COLL_TUNE_BUSY must be a percentage, 0 to 100; using %d", BUSY_PCT);
-    limit = BUSY_PCT;
-  }
-  char path[640];
-  if (comm->rank != 0 || !cache_path(path, sizeof path, false)) return COLL_OK;
-  if (share * 100 > (double)limit) {
+  if (share > limit) {
     COLL_INFO(comm->rank,
-              "the tuner measured while %.0f%% of a rank's time went to other processes; "
-              "its figures serve this communicator but are not cached (above "
-              "COLL_TUNE_BUSY=%ld%%): the next one of this shape measures again",
-              share * 100, limit);
+              "the tuner measured while %.0f%% of a rank's time went to other processes "
+              "(above COLL_TUNE_BUSY=%.0f%%): this communicator takes the fixed defaults "
+              "and nothing is cached; the next one of this shape measures again",
+              share * 100, limit * 100);
+    defaults(t);
+    t->source = 3;
+    t->foreign = share;
     return COLL_OK;
   }
-  if (cache_path(path, sizeof path, true)) write_cache(comm, path, t);
+  t->foreign = share;
+  char path[640];
+  if (comm->rank == 0 && cache_path(path, sizeof path, true)) write_cache(comm, path, t);
   return COLL_OK;
 }
 
@@ -657,8 +706,10 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   double bcma = 0, acma = 0;
   coll_result pr = comm->nranks > 1 ? coll_direct_probe(comm, &bcma, &acma) : COLL_OK;
   if (pr == COLL_OK && comm->rank == 0 && bcma > 0 && on) t.beta_cma = bcma, t.alpha_cma = acma;
-  if (pr == COLL_OK && on && comm->nranks > 1) pr = probe(comm, &t);
-  if (pr == COLL_OK && t.source == 1) pr = keep(comm, &t, &since, mates_known);
+  double busy = -1, limit = 1;
+  if (pr == COLL_OK && on && comm->nranks > 1)
+    pr = probe(comm, &t, &since, mates_known, &busy, &limit);
+  if (pr == COLL_OK && t.source == 1) pr = judge(comm, &t, &since, mates_known, busy, limit);
   comm->check = check;
   atomic_store(&comm->mates.known, mates_known);
   if (pr != COLL_OK) return pr;
@@ -681,6 +732,7 @@ coll_result coll_tune_init(struct coll_comm *comm) {
             "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B); %s",
             t.source == 2   ? "from the cache"
             : t.source == 1 ? "measured"
+            : t.source == 3 ? "defaults: the machine was busy"
                             : "defaults",
             t.alpha * 1e6, t.beta * 1e9, 1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6,
             comm->direct_ok ? "allowed" : "not allowed", t.beta_cma * 1e9, busy_words);

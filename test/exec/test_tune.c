@@ -188,10 +188,10 @@ Test(tune, tune_file_is_written_then_read, .timeout = 60) {
 }
 
 /* With a busy loop on every CPU the ranks may use (at most two: this test binds itself to
- * its first two), a measurement is busy: above COLL_TUNE_BUSY it is not cached, and with
- * COLL_TUNE_BUSY=100 the line it writes says how busy (a loop on each core takes about
- * half of every rank's time: at least 20 % is asserted).  The loops are killed and reaped
- * before asserting. */
+ * its first two), a measurement is busy: above COLL_TUNE_BUSY the communicator takes the
+ * fixed defaults and nothing is cached, and with COLL_TUNE_BUSY=100 the line it writes
+ * says how busy (a loop on each core takes about half of every rank's time: at least 20 %
+ * is asserted).  The loops are killed and reaped before asserting. */
 Test(tune, a_measurement_beside_busy_loops_is_not_cached, .timeout = 120) {
   cpu_set_t allowed, two;
   cr_assert(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
@@ -211,7 +211,8 @@ Test(tune, a_measurement_beside_busy_loops_is_not_cached, .timeout = 120) {
   char why[512] = "";
   setenv("COLL_TUNE_BUSY", "10", 1);
   setenv("COLL_TUNE_FILE", quiet_path, 1);
-  int st1 = t_launch(2, params, NULL, 90000, why, sizeof why);
+  double defaults[4] = {1e-6, 1.0 / 5e9, 1.0 / 10e9, 0.5e-6}; /* as COLL_TUNE=0 */
+  int st1 = t_launch(2, params, defaults, 90000, why, sizeof why);
   setenv("COLL_TUNE_BUSY", "100", 1);
   setenv("COLL_TUNE_FILE", kept_path, 1);
   int st2 = st1 == 0 ? t_launch(2, params, NULL, 90000, why, sizeof why) : -1;
