@@ -549,8 +549,8 @@ static coll_result busy_share(struct coll_comm *comm, const coll_foreign_since *
 
 /* Measures (rank 0's figures win) or reads the cache; every rank runs the same calls.
  * After BUSY_EARLY_LAPS token laps, if they took BUSY_EARLY_NS or more, the ranks look at
- * how busy the machine is: above the limit they stop (*busy set; the figures are then
- * not used, see coll_tune_init).  Beside a busy loop on one of two cores, 4 ranks took
+ * how busy the machine is: above the limit they stop (*busy set; judge() then gives the
+ * communicator the defaults).  Beside a busy loop on one of two cores, 4 ranks took
  * 3.7 s to measure everything; the first laps take a tenth of that. */
 static coll_result probe(struct coll_comm *comm, coll_tune_params *tp,
                          const coll_foreign_since *since, bool mates_known, double *busy,
