@@ -88,12 +88,22 @@ static void print_choices(bench_explain_ctx *e) {
   FILE *f = e->out;
   double a, b, g, amb;
   if (coll_comm_tune_params(e->comm, &a, &b, &g, &amb) != COLL_OK) return;
+  double foreign = -1;
+  const char *src = coll_comm_tune_source(e->comm, &foreign);
+  const char *how = strcmp(src, "measured") == 0 ? "measured at communicator creation"
+                    : strcmp(src, "cache") == 0  ? "read from the tuner's cache"
+                    : strcmp(src, "busy") == 0
+                        ? "the fixed defaults, as the machine was busy while it measured"
+                        : "the fixed defaults of COLL_TUNE=0";
+  char share[96] = "";
+  if (foreign >= 0)
+    snprintf(share, sizeof share, "; %.0f%% of a rank's time went to other processes meanwhile",
+             foreign * 100);
   fprintf(f,
-          "# libcoll's own model, measured at communicator creation (tune.c; rank 0's figures"
-          " used by all ranks):\n"
+          "# libcoll's own model, %s (tune.c; rank 0's figures used by all ranks%s):\n"
           "#   alpha %.3f us per step (token round the ring), beta %.4f ns/B (%.2f GB/s),"
           " gamma %.4f ns/B reduced, one-shot call %.3f us\n",
-          a * 1e6, b * 1e9, b > 0 ? 1e-9 / b : 0.0, g * 1e9, amb * 1e6);
+          how, share, a * 1e6, b * 1e9, b > 0 ? 1e-9 / b : 0.0, g * 1e9, amb * 1e6);
   int nh = 0, per = 0;
   double ax = 0, bx = 0;
   if (coll_comm_hosts(e->comm, &nh, &per, NULL) == COLL_OK && nh > 1 &&

@@ -756,6 +756,19 @@ coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, double *beta,
   return COLL_OK;
 }
 
+const char *coll_comm_tune_source(coll_comm_t comm, double *foreign) {
+  if (foreign) *foreign = -1;
+  if (!comm) return NULL;
+  const coll_tune_params *t = &comm->tune;
+  if (foreign && t->source != 0) *foreign = t->foreign;
+  switch (t->source) {
+  case 1: return "measured";
+  case 2: return "cache";
+  case 3: return "busy";
+  default: return "defaults";
+  }
+}
+
 const char *coll_comm_last_algo(coll_comm_t comm) {
   int a = comm ? atomic_load_explicit(&comm->last_algo, memory_order_relaxed) : 0;
   return a > 0 ? coll_algo_name((coll_algo)(a - 1)) : NULL;

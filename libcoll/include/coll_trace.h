@@ -64,6 +64,12 @@ COLL_API coll_result coll_cost_predict(const char *coll, int nranks, size_t byte
  * alpha_oneshot the fixed cost of a one-shot call.  Any pointer may be NULL. */
 COLL_API coll_result coll_comm_tune_params(coll_comm_t comm, double *alpha, double *beta,
                                            double *gamma, double *alpha_oneshot);
+/* Where those parameters came from: "measured", "cache" (COLL_TUNE_FILE or the default
+ * cache), "defaults" (COLL_TUNE=0, or a single rank) or "busy" (measured while more than
+ * COLL_TUNE_BUSY per cent of a rank's time went to other processes, so the fixed defaults
+ * serve instead).  *foreign (may be NULL) gets that share, 0..1, for a measurement or a
+ * cache line that recorded it, else -1.  NULL if comm is NULL. */
+COLL_API const char *coll_comm_tune_source(coll_comm_t comm, double *foreign);
 /* The algorithm this communicator runs for `coll` ("all_reduce", ...) at `bytes` (as
  * nccl-tests counts them), honouring COLL_ALGO; `why` (may be NULL) gets every
  * candidate's predicted time, e.g. "ring 3.2 us, tree 2.1 us, oneshot 0.4 us".  NULL

@@ -144,6 +144,19 @@ static int params(coll_comm_t comm, int rank, int n, void *arg) {
   return 0;
 }
 
+/* Every rank's coll_comm_tune_source is `arg`, and its share is in range (or -1). */
+static int source_is(coll_comm_t comm, int rank, int n, void *arg) {
+  (void)n;
+  double share = -2;
+  const char *src = coll_comm_tune_source(comm, &share);
+  if (!src || strcmp(src, (const char *)arg) != 0)
+    return t_failf("rank %d: the figures came from %s, want %s", rank, src ? src : "NULL",
+                   (const char *)arg);
+  if (!(share == -1 || (share >= 0 && share <= 1)))
+    return t_failf("rank %d: foreign share %g", rank, share);
+  return 0;
+}
+
 /* A fresh path for a cache file, not created. */
 static void fresh_path(char *path) {
   int fd = mkstemp(path);
@@ -170,7 +183,7 @@ Test(tune, tune_file_is_written_then_read, .timeout = 60) {
   fresh_path(path);
   setenv("COLL_TUNE_FILE", path, 1);
   setenv("COLL_TUNE_BUSY", "100", 1); /* cached even on a loaded machine */
-  run(2, params, NULL);
+  run(2, source_is, "measured");
   char line[768];
   double share = cache_line(path, line, sizeof line);
   cr_assert(line[0], "rank 0 did not write %s", path);
@@ -182,6 +195,7 @@ Test(tune, tune_file_is_written_then_read, .timeout = 60) {
                4, "line: %s", line);
   /* The second communicator reads the cached numbers instead of measuring. */
   run(2, params, v);
+  run(2, source_is, "cache");
   unsetenv("COLL_TUNE_FILE");
   unsetenv("COLL_TUNE_BUSY");
   unlink(path);
@@ -213,9 +227,10 @@ Test(tune, a_measurement_beside_busy_loops_is_not_cached, .timeout = 120) {
   setenv("COLL_TUNE_FILE", quiet_path, 1);
   double defaults[4] = {1e-6, 1.0 / 5e9, 1.0 / 10e9, 0.5e-6}; /* as COLL_TUNE=0 */
   int st1 = t_launch(2, params, defaults, 90000, why, sizeof why);
+  int st3 = st1 == 0 ? t_launch(2, source_is, "busy", 90000, why, sizeof why) : -1;
   setenv("COLL_TUNE_BUSY", "100", 1);
   setenv("COLL_TUNE_FILE", kept_path, 1);
-  int st2 = st1 == 0 ? t_launch(2, params, NULL, 90000, why, sizeof why) : -1;
+  int st2 = st3 == 0 ? t_launch(2, params, NULL, 90000, why, sizeof why) : -1;
   unsetenv("COLL_TUNE_BUSY");
   unsetenv("COLL_TUNE_FILE");
   for (int i = 0; i < ncpu; i++) t_spin_stop(loops[i]);
@@ -225,6 +240,7 @@ Test(tune, a_measurement_beside_busy_loops_is_not_cached, .timeout = 120) {
   unlink(quiet_path);
   unlink(kept_path);
   cr_assert_eq(st1, 0, "%s", why);
+  cr_assert_eq(st3, 0, "%s", why);
   cr_assert_eq(st2, 0, "%s", why);
   cr_assert(!written, "a measurement beside a busy loop on every core was cached");
   cr_assert_geq(share, 0.2, "with COLL_TUNE_BUSY=100 the line says foreign=%g (want >= 0.2): %s",
@@ -236,6 +252,7 @@ Test(tune, coll_tune_0_uses_the_defaults, .timeout = 60) {
   setenv("COLL_TUNE", "0", 1);
   double want[4] = {1e-6, 1.0 / 5e9, 1.0 / 10e9, 0.5e-6};
   run(3, params, want);
+  run(2, source_is, "defaults");
   unsetenv("COLL_TUNE");
 }
 

@@ -982,13 +982,28 @@ Test(bench_explain, text_trace_logs_steps, .timeout = 120) {
   cr_assert(ok, "COLL_TRACE=text logged no steps");
 }
 
+/* --explain says where its model came from: COLL_TUNE=0's fixed figures are not called a
+ * measurement (test_tune checks every source through coll_comm_tune_source). */
+Test(bench_explain, says_where_the_model_came_from, .timeout = 60) {
+  const char *args[] = {"all_reduce", "--ranks", "2", "--explain", "-b", "8", "-e",
+                        "8",          "-n",      "1", "-w",        "0",  NULL};
+  const char *env[] = {"COLL_TUNE=0", NULL};
+  run_result r = run_bench(args, env, 60);
+  cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
+  cr_assert(strstr(r.out, "# libcoll's own model, the fixed defaults of COLL_TUNE=0"), "%s", r.out);
+  free_run(&r);
+}
+
 /* --explain with the tuner: the measured parameters, the choice per size with its
  * crossovers, and for every size why the chosen algorithm won; the table's algo column
  * agrees with the explanation. */
 Test(bench_explain, shows_the_choice_and_why, .timeout = 120) {
   const char *args[] = {"all_reduce", "--ranks", "3",  "--explain", "-b", "8", "-e", "4M",
                         "-f",         "512",     "-n", "2",         "-w", "1", NULL};
-  run_result r = run_bench(args, NULL, 120);
+  /* measured here, not read from the suite's cache (COLL_TUNE_BUSY=100 in the suite: never
+   * thrown away as busy) */
+  const char *env[] = {"COLL_TUNE_FILE=none", NULL};
+  run_result r = run_bench(args, env, 120);
   cr_assert_eq(r.status, 0, "status %d\n%s\n%s", r.status, r.out, r.err);
   cr_assert(strstr(r.out, "# libcoll's own model, measured at communicator creation"), "%s", r.out);
   cr_assert(strstr(r.out, "#   alpha ") && strstr(r.out, " one-shot call "), "%s", r.out);
