@@ -196,6 +196,14 @@ typedef struct {
 } coll_work;
 
 /* The cost model's parameters (tune.c), the same on every rank. */
+/* Where a communicator's tune figures came from (coll_comm_tune_source names them). */
+typedef enum {
+  COLL_TUNE_FROM_DEFAULTS = 0, /* COLL_TUNE=0, or a single rank: the fixed defaults */
+  COLL_TUNE_FROM_MEASURED = 1, /* measured at creation */
+  COLL_TUNE_FROM_CACHE = 2,    /* read from COLL_TUNE_FILE / the default cache */
+  COLL_TUNE_FROM_BUSY = 3,     /* measured while busy, thrown away: the fixed defaults */
+} coll_tune_from;
+
 typedef struct {
   double alpha, beta, gamma; /* s per message, per byte moved, per byte reduced */
   double alpha_mb;           /* fixed cost of a one-shot call */
@@ -206,7 +214,7 @@ typedef struct {
   /* The links across hosts, on a communicator of several hosts (alpha and beta are then
    * the links inside one, where the ranks have any): s per message, s per byte. */
   double alpha_net, beta_net;
-  int source; /* 0 defaults, 1 measured, 2 COLL_TUNE_FILE, 3 defaults: measuring was busy */
+  coll_tune_from source;
   /* Measured: the largest share of a rank's time that went to processes outside the job
    * while it measured (base/foreign.c); -1 where no rank could tell. */
   double foreign;

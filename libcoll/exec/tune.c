@@ -327,7 +327,7 @@ static void defaults(coll_tune_params *t) {
   /* Across hosts: 10 us and 10 Gb/s Ethernet, until measured. */
   t->alpha_net = 10e-6;
   t->beta_net = 1.0 / 1.25e9;
-  t->source = 0;
+  t->source = COLL_TUNE_FROM_DEFAULTS;
   t->foreign = -1;
 }
 
@@ -393,7 +393,7 @@ static bool read_cache(struct coll_comm *comm, const char *path, coll_tune_param
       const char *fo = strstr(at, " foreign=");
       if (!fo || sscanf(fo, " foreign=%lg", &x.foreign) != 1) x.foreign = -1;
       *t = x;
-      t->source = 2;
+      t->source = COLL_TUNE_FROM_CACHE;
       found = true;
     }
   }
@@ -570,12 +570,12 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp,
    * keeps the first run's measurement; one taken on a busy machine misprices). */
   const char *mode = getenv("COLL_TUNE");
   bool refresh = mode && strcmp(mode, "refresh") == 0;
-  if (cached && !refresh && read_cache(comm, path, &t)) msg.source = 2;
+  if (cached && !refresh && read_cache(comm, path, &t)) msg.source = COLL_TUNE_FROM_CACHE;
   /* Rank 0's limit counts too: ranks that stopped at different limits would not pair up. */
   if (comm->rank == 0) msg.busy_limit = busy_limit(comm);
   if ((r = run(comm, COLL_COLL_BROADCAST, &msg, sizeof msg, 0)) != COLL_OK) return r;
   *limit = msg.busy_limit;
-  if (msg.source != 2) {
+  if (msg.source != COLL_TUNE_FROM_CACHE) {
     uint8_t *big = malloc(BIG);
     if (!big) return coll_fail(comm, COLL_ERR_SYSTEM, "out of memory measuring the links");
     memset(big, 1, BIG);
@@ -587,7 +587,7 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp,
     if (r == COLL_OK) r = busy_share(comm, since, mates_known, BUSY_EARLY_NS, busy);
     if (r == COLL_OK && *busy > *limit) {
       free(big);
-      t.source = 1;
+      t.source = COLL_TUNE_FROM_MEASURED;
       *tp = t;
       return COLL_OK;
     }
@@ -616,7 +616,7 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp,
       }
       t.gamma = measure_gamma();
       if (t.gamma <= 0) t.gamma = 1e-12;
-      t.source = 1;
+      t.source = COLL_TUNE_FROM_MEASURED;
       quantize_all(&t);
     }
   }
@@ -632,12 +632,12 @@ static coll_result probe(struct coll_comm *comm, coll_tune_params *tp,
   t.alpha_cma = msg.alpha_cma;
   t.alpha_net = msg.alpha_net, t.beta_net = msg.beta_net, t.foreign = msg.foreign;
   memcpy(t.alpha_algo, msg.alpha_algo, sizeof t.alpha_algo);
-  t.source = msg.source;
+  t.source = (coll_tune_from)msg.source;
   *tp = t;
   return COLL_OK;
 }
 
-/* A measurement just taken (t->source 1): how much of it went elsewhere (`early`: the
+/* A measurement just taken (COLL_TUNE_FROM_MEASURED): how much of it went elsewhere (`early`: the
  * share probe() stopped at, else -1 and it is read now over the whole measuring).  The
  * largest share over the ranks counts, as the slowest rank set every figure it took
  * part in.  Up to the limit, the figures serve and rank 0 caches them with their share.
@@ -661,7 +661,7 @@ static coll_result judge(struct coll_comm *comm, coll_tune_params *t,
               "and nothing is cached; the next one of this shape measures again",
               share * 100, limit * 100);
     defaults(t);
-    t->source = 3;
+    t->source = COLL_TUNE_FROM_BUSY;
     t->foreign = share;
     return COLL_OK;
   }
@@ -709,7 +709,8 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   double busy = -1, limit = 1;
   if (pr == COLL_OK && on && comm->nranks > 1)
     pr = probe(comm, &t, &since, mates_known, &busy, &limit);
-  if (pr == COLL_OK && t.source == 1) pr = judge(comm, &t, &since, mates_known, busy, limit);
+  if (pr == COLL_OK && t.source == COLL_TUNE_FROM_MEASURED)
+    pr = judge(comm, &t, &since, mates_known, busy, limit);
   comm->check = check;
   atomic_store(&comm->mates.known, mates_known);
   if (pr != COLL_OK) return pr;
@@ -722,18 +723,18 @@ coll_result coll_tune_init(struct coll_comm *comm) {
   comm->next_seq = 0;
   pthread_mutex_unlock(&comm->qmu);
   char busy_words[96] = "";
-  if (t.source != 0 && t.foreign >= 0)
+  if (t.source != COLL_TUNE_FROM_DEFAULTS && t.foreign >= 0)
     snprintf(busy_words, sizeof busy_words, "%.0f%% of a rank's time went elsewhere meanwhile",
              t.foreign * 100);
-  else if (t.source != 0)
+  else if (t.source != COLL_TUNE_FROM_DEFAULTS)
     snprintf(busy_words, sizeof busy_words, "whether the machine was busy meanwhile is unknown");
   COLL_INFO(comm->rank,
             "tuned (%s): alpha %.3f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f "
             "ns/B, one-shot %.3f us, direct reads %s (%.4f ns/B); %s",
-            t.source == 2   ? "from the cache"
-            : t.source == 1 ? "measured"
-            : t.source == 3 ? "defaults: the machine was busy"
-                            : "defaults",
+            t.source == COLL_TUNE_FROM_CACHE      ? "from the cache"
+            : t.source == COLL_TUNE_FROM_MEASURED ? "measured"
+            : t.source == COLL_TUNE_FROM_BUSY     ? "defaults: the machine was busy"
+                                                  : "defaults",
             t.alpha * 1e6, t.beta * 1e9, 1e-9 / t.beta, t.gamma * 1e9, t.alpha_mb * 1e6,
             comm->direct_ok ? "allowed" : "not allowed", t.beta_cma * 1e9, busy_words);
   if (comm->hosts.nhosts > 1)
@@ -760,13 +761,14 @@ const char *coll_comm_tune_source(coll_comm_t comm, double *foreign) {
   if (foreign) *foreign = -1;
   if (!comm) return NULL;
   const coll_tune_params *t = &comm->tune;
-  if (foreign && t->source != 0) *foreign = t->foreign;
+  if (foreign && t->source != COLL_TUNE_FROM_DEFAULTS) *foreign = t->foreign;
   switch (t->source) {
-  case 1: return "measured";
-  case 2: return "cache";
-  case 3: return "busy";
-  default: return "defaults";
+  case COLL_TUNE_FROM_MEASURED: return "measured";
+  case COLL_TUNE_FROM_CACHE: return "cache";
+  case COLL_TUNE_FROM_BUSY: return "busy";
+  case COLL_TUNE_FROM_DEFAULTS: break;
   }
+  return "defaults";
 }
 
 const char *coll_comm_last_algo(coll_comm_t comm) {
